@@ -1,0 +1,178 @@
+"""The array backend: one place that decides between NumPy (CPU) and CuPy (GPU).
+
+Compute code never imports numpy or cupy for math. It asks for the array module of its inputs::
+
+    xp = get_array_module(x, weight)     # numpy or cupy, never a mix
+    y = xp.tanh(x)
+
+Rules (the same as CuPy's ``get_array_module`` and array-api-compat's ``array_namespace``):
+
+* arrays of one backend give that backend's module; NumPy arrays, Python scalars and ``None``
+  give ``numpy``;
+* a NumPy array mixed with a CuPy array raises :class:`TypeError` naming both types. Transfers
+  are always explicit: :func:`to_device` and :func:`to_numpy`;
+* ``import npformer`` never imports CuPy. CuPy is imported only when a backend is asked for by
+  name (:func:`get_backend`), and a missing CuPy or GPU is reported by
+  :class:`BackendUnavailableError`.
+
+Dtype policy: float32 is the default (:data:`DEFAULT_DTYPE`); float64 works everywhere and is
+what the gradient checks use. float16 (and bfloat16 where the backend has it) are accepted by
+the ops; reductions (softmax sums, layer-norm statistics, losses) then accumulate in float32 and
+the result is cast back to the input dtype. Every op returns the dtype it was given.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy
+
+BACKENDS = ("numpy", "cupy")
+DEFAULT_DTYPE = numpy.float32
+ENV_VAR = "NPFORMER_BACKEND"
+
+__all__ = [
+    "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
+    "default_backend_name", "get_backend", "backend_name", "get_array_module",
+    "is_cupy_array", "cupy_available", "to_numpy", "to_device", "default_rng",
+    "scatter_add", "erf", "accumulation_dtype",
+]
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend that was asked for cannot run here (CuPy not installed, or no GPU visible)."""
+
+
+def default_backend_name() -> str:
+    """The backend named by ``$NPFORMER_BACKEND``, or ``"numpy"`` when it is unset."""
+    name = os.environ.get(ENV_VAR, "numpy").strip().lower() or "numpy"
+    if name not in BACKENDS:
+        raise ValueError(f"{ENV_VAR}={name!r} is not a backend; expected one of {BACKENDS}")
+    return name
+
+
+def _import_cupy() -> ModuleType:
+    try:
+        cupy = importlib.import_module("cupy")
+    except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+        raise BackendUnavailableError(
+            "backend 'cupy' was requested but CuPy cannot be imported "
+            f"({type(exc).__name__}: {exc}); install the GPU extra: pip install 'npformer[gpu]'"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"backend 'cupy' was requested but no CUDA device is visible ({type(exc).__name__}: {exc})"
+        ) from exc
+    if count < 1:
+        raise BackendUnavailableError("backend 'cupy' was requested but no CUDA device is visible")
+    return cupy
+
+
+def get_backend(name: str | ModuleType | None = None) -> ModuleType:
+    """The array module for ``name`` ("numpy" or "cupy"; default from :func:`default_backend_name`).
+
+    A module that is already numpy or cupy is returned as it is.
+    """
+    if isinstance(name, ModuleType):
+        if name.__name__ in BACKENDS:
+            return name
+        raise ValueError(f"expected the numpy or cupy module, got module {name.__name__!r}")
+    if name is None:
+        name = default_backend_name()
+    if not isinstance(name, str) or name.lower() not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+    return numpy if name.lower() == "numpy" else _import_cupy()
+
+
+def cupy_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device (never raises)."""
+    try:
+        _import_cupy()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+def is_cupy_array(a: Any) -> bool:
+    """True for a CuPy ndarray; never imports CuPy (a CuPy array implies CuPy is loaded)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(a, cupy.ndarray)
+
+
+def get_array_module(*arrays: Any) -> ModuleType:
+    """numpy or cupy, from the arrays given; mixing the two raises ``TypeError``.
+
+    ``None`` and Python scalars are ignored, so optional arguments can be passed straight in.
+    """
+    found_numpy = found_cupy = None
+    for a in arrays:
+        if a is None or isinstance(a, (bool, int, float, complex)):
+            continue
+        if is_cupy_array(a):
+            found_cupy = found_cupy if found_cupy is not None else a
+        elif isinstance(a, (numpy.ndarray, numpy.generic)):
+            found_numpy = found_numpy if found_numpy is not None else a
+    if found_cupy is not None and found_numpy is not None:
+        raise TypeError(
+            "arrays from two backends were mixed in one call: "
+            f"{type(found_numpy).__module__}.{type(found_numpy).__name__} and "
+            f"{type(found_cupy).__module__}.{type(found_cupy).__name__}; "
+            "move them to one backend first with npformer.backend.to_device(array, 'numpy' or 'cupy')"
+        )
+    if found_cupy is not None:
+        return sys.modules["cupy"]
+    return numpy
+
+
+def backend_name(xp_or_array: Any) -> str:
+    """ "numpy" or "cupy" for a module or an array."""
+    if isinstance(xp_or_array, ModuleType):
+        return xp_or_array.__name__
+    return get_array_module(xp_or_array).__name__
+
+
+def to_numpy(a: Any) -> numpy.ndarray:
+    """A host (NumPy) copy of ``a``; NumPy input is returned as it is (no copy)."""
+    if is_cupy_array(a):
+        return a.get()
+    return numpy.asarray(a)
+
+
+def to_device(a: Any, backend: str | ModuleType | None = None) -> Any:
+    """``a`` as an array of ``backend`` ("numpy" or "cupy"); a no-op when it is there already."""
+    xp = get_backend(backend)
+    if xp is numpy:
+        return to_numpy(a)
+    return xp.asarray(a)
+
+
+def default_rng(seed: int | None = None, backend: str | ModuleType | None = None):
+    """A seeded random Generator of the backend (``numpy.random.default_rng`` / ``cupy.random.default_rng``).
+
+    The same seed gives the same stream on a backend; NumPy and CuPy streams differ from each other.
+    """
+    xp = get_backend(backend)
+    return xp.random.default_rng(seed)
+
+
+def scatter_add(target: Any, indices: Any, values: Any) -> None:
+    """``target[indices] += values`` with repeated indices summed (``np.add.at`` / ``cupyx.scatter_add``)."""
+    xp = get_array_module(target, indices, values)
+    if xp is numpy:
+        numpy.add.at(target, indices, values)
+    else:
+        importlib.import_module("cupyx").scatter_add(target, indices, values)
+
+
+def accumulation_dtype(dtype: Any) -> Any:
+    """The dtype reductions accumulate in: float32 for 16-bit floats, the dtype itself otherwise."""
+    dtype = numpy.dtype(dtype)
+    return numpy.dtype(numpy.float32) if dtype.itemsize < 4 else dtype
+
+
+from npformer.backend.special import erf  # noqa: E402  (needs the functions above)

@@ -1,0 +1,1 @@
+"""Pure forward/backward pairs: ``out, cache = <op>_forward(...)``, ``grads = <op>_backward(dout, cache)``."""

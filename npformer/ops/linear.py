@@ -1,0 +1,55 @@
+"""Linear (affine) map over the last axis, as ``torch.nn.functional.linear``.
+
+    out = x @ W^T + b          x: (..., C_in), W: (C_out, C_in), b: (C_out,)
+    dx = dout @ W,   dW = dout^T x,   db = sum of dout over every leading axis
+
+Leading axes are flattened into one batch axis so each gradient is a single matmul.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from npformer.backend import get_array_module
+from npformer.ops.checks import expect_float, expect_ndim, expect_same_dtype, expect_shape
+
+__all__ = ["LinearCache", "linear_forward", "linear_backward"]
+
+
+class LinearCache(NamedTuple):
+    """What the backward needs: the input and the weight (the output is not needed)."""
+
+    x: Any          # (..., C_in)
+    weight: Any     # (C_out, C_in)
+    has_bias: bool
+
+
+def linear_forward(x, weight, bias=None):
+    """``out = x @ W^T + b``; returns ``(out, cache)``."""
+    expect_float(x, "x")
+    expect_ndim(weight, "weight", 2, "(C_out, C_in)")
+    c_out, c_in = weight.shape
+    if x.ndim < 1 or x.shape[-1] != c_in:
+        raise ValueError(f"x: expected last axis of size C_in={c_in} to match weight (C_out, C_in)="
+                         f"{tuple(weight.shape)}, got shape {tuple(x.shape)}")
+    if bias is not None:
+        expect_shape(bias, "bias", (c_out,), "(C_out,)")
+    expect_same_dtype(x=x, weight=weight, bias=bias)
+    get_array_module(x, weight, bias)  # raises on mixed backends
+
+    out = x @ weight.T                                   # (..., C_out)
+    if bias is not None:
+        out += bias
+    return out, LinearCache(x, weight, bias is not None)
+
+
+def linear_backward(dout, cache: LinearCache):
+    """Returns ``(dx, dweight, dbias)``; ``dbias`` is None when the forward had no bias."""
+    x, weight, has_bias = cache
+    c_out, c_in = weight.shape
+    dout2 = dout.reshape(-1, c_out)                      # (N, C_out)
+    x2 = x.reshape(-1, c_in)                             # (N, C_in)
+    # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
+    dx = dout @ weight                                   # (..., C_in)
+    dweight = dout2.T @ x2                               # (C_out, C_in)
+    dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
+    return dx, dweight, dbias

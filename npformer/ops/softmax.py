@@ -1,0 +1,80 @@
+"""Softmax and log-softmax over the last axis.
+
+    y_i = exp(x_i - m) / sum_j exp(x_j - m),         m = max_j x_j (for stability)
+    log y_i = x_i - m - log sum_j exp(x_j - m)
+
+Backward from the output alone, never a Jacobian matrix:
+
+    softmax:      dx = y * (dy - sum_j dy_j y_j)
+    log-softmax:  dx = dy - exp(log y) * sum_j dy_j
+
+Masked entries are ``-inf`` and get probability 0. A row whose every entry is ``-inf`` (a query
+that may attend to nothing) gives softmax zeros, not NaN, and zero gradient; log-softmax gives
+``-inf`` everywhere for it (the log of those zeros) and passes ``dy`` through unchanged.
+16-bit inputs accumulate their sums in float32 and return their own dtype.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from npformer.backend import accumulation_dtype, get_array_module
+from npformer.ops.checks import expect_float
+
+__all__ = ["SoftmaxCache", "softmax_forward", "softmax_backward",
+           "log_softmax_forward", "log_softmax_backward"]
+
+
+class SoftmaxCache(NamedTuple):
+    """Softmax keeps its output y (..., N); log-softmax keeps log y (..., N)."""
+
+    y: Any
+
+
+def _shifted(x, xp):
+    """x - max(x) per row, with the max of an all -inf row taken as 0 (so no inf - inf)."""
+    m = x.max(axis=-1, keepdims=True)                    # (..., 1)
+    m = xp.where(xp.isfinite(m), m, 0)
+    return x - m                                         # (..., N), a fresh array
+
+
+def softmax_forward(x):
+    """Probabilities along the last axis; returns ``(y, cache)``."""
+    expect_float(x, "x")
+    xp = get_array_module(x)
+    y = _shifted(x, xp)                                  # (..., N)
+    xp.exp(y, out=y)
+    s = y.sum(axis=-1, keepdims=True, dtype=accumulation_dtype(x.dtype))   # (..., 1)
+    s[s == 0] = 1                                        # fully masked row: 0 / 1 = 0
+    y /= s.astype(y.dtype, copy=False)
+    return y, SoftmaxCache(y)
+
+
+def softmax_backward(dy, cache: SoftmaxCache):
+    """``dx = y * (dy - sum(dy * y))``."""
+    y = cache.y
+    xp = get_array_module(dy, y)
+    # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
+    dot = (dy * y).sum(axis=-1, keepdims=True, dtype=accumulation_dtype(y.dtype))   # (..., 1)
+    dx = dy - dot.astype(y.dtype, copy=False)            # (..., N)
+    xp.multiply(dx, y, out=dx)
+    return dx
+
+
+def log_softmax_forward(x):
+    """Log-probabilities along the last axis; returns ``(log_y, cache)``."""
+    expect_float(x, "x")
+    xp = get_array_module(x)
+    z = _shifted(x, xp)                                  # (..., N)
+    s = xp.exp(z).sum(axis=-1, keepdims=True, dtype=accumulation_dtype(x.dtype))   # (..., 1)
+    with_mass = s > 0
+    lse = xp.log(xp.where(with_mass, s, 1)).astype(x.dtype, copy=False)           # (..., 1)
+    z -= lse                                             # an all -inf row stays -inf
+    return z, SoftmaxCache(z)
+
+
+def log_softmax_backward(dy, cache: SoftmaxCache):
+    """``dx = dy - softmax * sum(dy)``; the softmax is recomputed as exp(log y), not stored."""
+    xp = get_array_module(dy, cache.y)
+    total = dy.sum(axis=-1, keepdims=True, dtype=accumulation_dtype(dy.dtype)).astype(dy.dtype, copy=False)
+    # fwd: log y = x - lse(x)  ->  dx = dy - softmax(x) * sum(dy)
+    return dy - xp.exp(cache.y) * total                  # (..., N)

@@ -1,0 +1,262 @@
+"""Finite-difference gradient checks for hand-written backward passes.
+
+The fake loss is ``L = sum(out * dout)`` with a random, non-uniform ``dout`` (an all-ones ``dout``
+hides terms such as layer norm's ``sum(dout * xhat)``). Its derivative along one input element is
+estimated by central differences in float64::
+
+    dL/dx_i  ~  sum((f(x + eps e_i) - f(x - eps e_i)) * dout) / (2 eps)
+
+Differencing the outputs element by element before the dot product keeps round-off at the level of
+each output element instead of the whole sum.
+
+Error measure (CS231n's relative error, with a floor): for each checked element
+``rel = |a - n| / max(|a| + |n|, FLOOR)``, and a tensor passes when its worst ``rel`` is below
+``TOL``. With ``EPS = 1e-6`` a float64 central difference of O(1) outputs carries about
+``2.2e-16 / 1e-6 ~ 1e-10`` of round-off and ``eps^2 ~ 1e-12`` of truncation, so elements whose
+gradient is below ``FLOOR = 1e-3`` are judged by their absolute error (``TOL * FLOOR = 1e-9``, ten
+times that noise) instead of a ratio of two noise-sized numbers. These three constants are stated
+here once and used by every test; they are never loosened to make a check pass.
+
+Two modes:
+
+* ``elements``: every element of each tensor (ops on small shapes), or a seeded random sample of
+  ``max_elements`` per tensor (CS231n's ``grad_check_sparse``);
+* ``direction``: one random direction ``v`` per tensor, comparing ``<grad, v>`` with
+  ``(L(x + eps v) - L(x - eps v)) / 2 eps`` (chainer's ``check_backward``): two forward calls per
+  tensor, for whole models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy  # host side only: sampling indices and the upstream gradient
+
+from npformer.backend import get_array_module
+
+EPS = 1e-6
+TOL = 1e-6
+FLOOR = 1e-3
+
+__all__ = ["EPS", "TOL", "FLOOR", "TensorCheck", "GradcheckReport", "GradcheckError",
+           "check_gradients", "gradcheck"]
+
+
+class GradcheckError(AssertionError):
+    """A hand-written gradient disagrees with finite differences (or has the wrong shape/dtype)."""
+
+
+@dataclass(frozen=True)
+class TensorCheck:
+    """The result for one differentiable tensor."""
+
+    name: str
+    shape: tuple
+    worst_rel_error: float
+    worst_index: tuple | None   # element index, or None in direction mode
+    analytic: float             # the hand-written value at the worst index (or <grad, v>)
+    numeric: float              # the finite-difference value there
+    n_checked: int
+    problem: str = ""           # shape/dtype/mutation failure, empty when none
+
+    @property
+    def passed(self) -> bool:
+        return not self.problem and self.worst_rel_error < TOL
+
+
+@dataclass
+class GradcheckReport:
+    """All tensors of one check, with the settings needed to reproduce it."""
+
+    label: str
+    checks: list[TensorCheck]
+    eps: float = EPS
+    tol: float = TOL
+    floor: float = FLOOR
+    seed: int = 0
+    mode: str = "elements"
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and all(c.passed for c in self.checks)
+
+    @property
+    def worst(self) -> float:
+        """The worst relative error over all tensors (0.0 when nothing was checked)."""
+        return max((c.worst_rel_error for c in self.checks), default=0.0)
+
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        """(label, tensor, shape, worst relative error, PASS/FAIL) per tensor, for tables."""
+        return [(self.label, c.name, str(c.shape), f"{c.worst_rel_error:.2e}",
+                 "PASS" if c.passed and not self.problems else "FAIL") for c in self.checks]
+
+    def __str__(self) -> str:
+        lines = [f"gradcheck {self.label} (mode={self.mode}, eps={self.eps:g}, tol={self.tol:g}, "
+                 f"floor={self.floor:g}, seed={self.seed})"]
+        for c in self.checks:
+            where = "" if c.worst_index is None else f" at {c.worst_index}"
+            status = "ok" if c.passed else "FAIL"
+            lines.append(f"  {status:4} {c.name:16} {str(c.shape):18} rel={c.worst_rel_error:.3e}{where} "
+                         f"analytic={c.analytic:.12g} numeric={c.numeric:.12g} ({c.n_checked} checked)"
+                         + (f" [{c.problem}]" if c.problem else ""))
+        lines.extend(f"  FAIL {p}" for p in self.problems)
+        return "\n".join(lines)
+
+    def raise_if_failed(self) -> "GradcheckReport":
+        if not self.passed:
+            raise GradcheckError(str(self))
+        return self
+
+
+def _relative_error(a, n, xp):
+    return xp.abs(a - n) / xp.maximum(xp.abs(a) + xp.abs(n), FLOOR)
+
+
+def _numeric_element(run, x, idx, dout, eps):
+    saved = x[idx].copy()
+    x[idx] = saved + eps
+    plus = run()
+    x[idx] = saved - eps
+    minus = run()
+    x[idx] = saved
+    return float(((plus - minus) * dout).sum() / (2 * eps))
+
+
+def _numeric_direction(run, x, v, dout, eps):
+    saved = x.copy()
+    x += eps * v
+    plus = run()
+    x[...] = saved - eps * v
+    minus = run()
+    x[...] = saved
+    return float(((plus - minus) * dout).sum() / (2 * eps))
+
+
+def check_gradients(run: Callable[[], Any], arrays: Mapping[str, Any], analytic: Mapping[str, Any],
+                    dout: Any, *, mode: str = "elements", max_elements: int | None = None,
+                    eps: float = EPS, seed: int = 0, label: str = "") -> GradcheckReport:
+    """Compare ``analytic`` gradients with finite differences of ``sum(run() * dout)``.
+
+    ``run()`` computes the output from the float64 ``arrays`` (which it reads in place: inputs of an
+    op, or a module's parameters); each array is perturbed in place and restored bit for bit.
+    ``analytic[name]`` is the hand-written gradient of ``arrays[name]``.
+    """
+    if mode not in ("elements", "direction"):
+        raise ValueError(f"mode must be 'elements' or 'direction', got {mode!r}")
+    host_rng = numpy.random.default_rng(seed)
+    checks = []
+    for name, x in arrays.items():
+        xp = get_array_module(x)
+        if x.dtype != xp.float64:
+            raise TypeError(f"gradcheck needs float64 arrays; {name} is {x.dtype}")
+        g = analytic.get(name)
+        if g is None:
+            checks.append(TensorCheck(name, tuple(x.shape), float("inf"), None, float("nan"),
+                                      float("nan"), 0, "backward returned no gradient"))
+            continue
+        problem = ""
+        if tuple(g.shape) != tuple(x.shape):
+            problem = f"gradient shape {tuple(g.shape)} != input shape {tuple(x.shape)}"
+        elif g.dtype != x.dtype:
+            problem = f"gradient dtype {g.dtype} != input dtype {x.dtype}"
+        if problem:
+            checks.append(TensorCheck(name, tuple(x.shape), float("inf"), None, float("nan"),
+                                      float("nan"), 0, problem))
+            continue
+        if mode == "direction":
+            v = xp.asarray(host_rng.standard_normal(x.shape))
+            a = float((g * v).sum())
+            n = _numeric_direction(run, x, v, dout, eps)
+            rel = abs(a - n) / max(abs(a) + abs(n), FLOOR)
+            checks.append(TensorCheck(name, tuple(x.shape), rel, None, a, n, 1))
+            continue
+        size = int(x.size)
+        flat = range(size) if max_elements is None or size <= max_elements else \
+            sorted(host_rng.choice(size, size=max_elements, replace=False).tolist())
+        idxs = [tuple(int(i) for i in numpy.unravel_index(k, x.shape)) for k in flat]
+        numeric = numpy.array([_numeric_element(run, x, idx, dout, eps) for idx in idxs])
+        ana = numpy.array([float(g[idx]) for idx in idxs])
+        rel = _relative_error(ana, numeric, numpy)
+        worst = int(numpy.argmax(rel)) if rel.size else 0
+        checks.append(TensorCheck(name, tuple(x.shape), float(rel[worst]) if rel.size else 0.0,
+                                  idxs[worst] if idxs else None,
+                                  float(ana[worst]) if rel.size else 0.0,
+                                  float(numeric[worst]) if rel.size else 0.0, len(idxs)))
+    return GradcheckReport(label, checks, eps=eps, seed=seed, mode=mode)
+
+
+def _array_fields(obj: Any) -> dict:
+    """The arrays reachable from a cache (NamedTuple, tuple, list, dict), keyed by their path."""
+    found = {}
+
+    def walk(o, path):
+        if hasattr(o, "shape") and hasattr(o, "dtype") and hasattr(o, "copy"):
+            found[path] = o
+        elif isinstance(o, tuple) and hasattr(o, "_fields"):
+            for k, v in zip(o._fields, o):
+                walk(v, f"{path}.{k}")
+        elif isinstance(o, (tuple, list)):
+            for i, v in enumerate(o):
+                walk(v, f"{path}[{i}]")
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, f"{path}[{k!r}]")
+
+    walk(obj, "cache")
+    return found
+
+
+def _same(a, b) -> bool:
+    xp = get_array_module(a, b)
+    return a.shape == b.shape and a.dtype == b.dtype and bool(xp.array_equal(a, b, equal_nan=True))
+
+
+def gradcheck(forward: Callable[..., tuple], backward: Callable[[Any, Any], Any],
+              inputs: Mapping[str, Any], *, kwargs: Mapping[str, Any] | None = None,
+              dout: Any = None, mode: str = "elements", max_elements: int | None = None,
+              eps: float = EPS, seed: int = 0, label: str | None = None) -> GradcheckReport:
+    """Check an op pair ``forward(**inputs, **kwargs) -> (out, ..., cache)``, ``backward(dout, cache)``.
+
+    Every floating array in ``inputs`` is differentiable; ``backward`` returns their gradients in
+    the order of ``inputs`` (a bare array when there is one; trailing ``None`` entries, such as the
+    gradient of an absent bias, are allowed). Integer arrays in ``inputs`` (token ids, targets) and
+    everything in ``kwargs`` (masks, flags, generators factories) are held fixed. The check also
+    fails when forward or backward mutates an input or backward mutates the cache.
+    """
+    kwargs = dict(kwargs or {})
+    arrays = {k: v.copy() for k, v in inputs.items()}
+    originals = {k: v.copy() for k, v in arrays.items()}
+    wrt = [k for k, v in arrays.items() if v.dtype.kind == "f"]
+    xp = get_array_module(*arrays.values())
+
+    result = forward(**arrays, **kwargs)
+    out, cache = result[0], result[-1]
+    if dout is None:
+        dout = xp.asarray(numpy.random.default_rng(seed + 7919).standard_normal(out.shape))
+    cache_before = {k: v.copy() for k, v in _array_fields(cache).items()}
+    grads = backward(dout, cache)
+    if not isinstance(grads, (tuple, list)):
+        grads = (grads,)
+
+    problems = []
+    extra = list(grads[len(wrt):])
+    if len(grads) < len(wrt) or any(g is not None for g in extra):
+        problems.append(f"backward returned {len(grads)} gradients for the {len(wrt)} differentiable "
+                        f"inputs {wrt}")
+    for k, v in originals.items():
+        if not _same(v, arrays[k]):
+            problems.append(f"input {k} was mutated by forward or backward")
+    for k, v in cache_before.items():
+        now = _array_fields(cache)[k]
+        if not _same(v, now):
+            problems.append(f"{k} was mutated by backward")
+
+    def run():
+        return forward(**arrays, **kwargs)[0]
+
+    report = check_gradients(run, {k: arrays[k] for k in wrt}, dict(zip(wrt, grads)), dout,
+                             mode=mode, max_elements=max_elements, eps=eps, seed=seed,
+                             label=label or getattr(forward, "__name__", "op"))
+    report.problems.extend(problems)
+    return report
