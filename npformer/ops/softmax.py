@@ -11,7 +11,9 @@ Backward from the output alone, never a Jacobian matrix:
 Masked entries are ``-inf`` and get probability 0. A row whose every entry is ``-inf`` (a query
 that may attend to nothing) gives softmax zeros, not NaN, and zero gradient; log-softmax gives
 ``-inf`` everywhere for it (the log of those zeros) and passes ``dy`` through unchanged.
-16-bit inputs accumulate their sums in float32 and return their own dtype.
+16-bit inputs are computed in float32 and rounded to their own dtype at the end: a log-probability
+below float16's range (about -65504, e.g. log-softmax of [6e4, -6e4]) rounds to ``-inf``, the
+nearest value float16 has, and never to NaN.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ class SoftmaxCache(NamedTuple):
 
 
 def _shifted(x, xp):
-    """x - max(x) per row, with the max of an all -inf row taken as 0 (so no inf - inf)."""
+    """x - max(x) per row in the accumulation dtype, an all -inf row's max taken as 0 (no inf - inf)."""
+    x = x.astype(accumulation_dtype(x.dtype), copy=False)   # 16-bit: the shift could overflow
     m = x.max(axis=-1, keepdims=True)                    # (..., 1)
     m = xp.where(xp.isfinite(m), m, 0)
     return x - m                                         # (..., N), a fresh array
@@ -43,9 +46,10 @@ def softmax_forward(x):
     xp = get_array_module(x)
     y = _shifted(x, xp)                                  # (..., N)
     xp.exp(y, out=y)
-    s = y.sum(axis=-1, keepdims=True, dtype=accumulation_dtype(x.dtype))   # (..., 1)
+    s = y.sum(axis=-1, keepdims=True)                    # (..., 1)
     s[s == 0] = 1                                        # fully masked row: 0 / 1 = 0
-    y /= s.astype(y.dtype, copy=False)
+    y /= s
+    y = y.astype(x.dtype, copy=False)
     return y, SoftmaxCache(y)
 
 
@@ -65,10 +69,9 @@ def log_softmax_forward(x):
     expect_float(x, "x")
     xp = get_array_module(x)
     z = _shifted(x, xp)                                  # (..., N)
-    s = xp.exp(z).sum(axis=-1, keepdims=True, dtype=accumulation_dtype(x.dtype))   # (..., 1)
-    with_mass = s > 0
-    lse = xp.log(xp.where(with_mass, s, 1)).astype(x.dtype, copy=False)           # (..., 1)
-    z -= lse                                             # an all -inf row stays -inf
+    s = xp.exp(z).sum(axis=-1, keepdims=True)            # (..., 1)
+    z -= xp.log(xp.where(s > 0, s, 1))                   # an all -inf row stays -inf
+    z = z.astype(x.dtype, copy=False)                    # 16-bit: below -65504 rounds to -inf
     return z, SoftmaxCache(z)
 
 

@@ -1,0 +1,79 @@
+"""Parameter initialisation, drawn on the host so a seed gives the same weights on every backend.
+
+The schemes are PyTorch's defaults, so a fresh npformer module is distributed like its PyTorch
+counterpart (the values differ: the generators differ):
+
+* ``linear_uniform``: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), what ``nn.Linear`` gets from
+  ``kaiming_uniform_(a=sqrt(5))`` for its weight and the same bound for its bias;
+* ``xavier_uniform``: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) (Glorot and Bengio, 2010);
+* ``normal``: N(0, std^2) (``nn.Embedding`` uses std 1; GPT-2 uses 0.02);
+* ``ones``/``zeros``: layer norm gains and biases.
+
+``rng`` is a host ``numpy.random.Generator`` (from ``npformer.backend.default_rng(seed, "numpy")``)
+or an int seed; ``None`` takes the module-wide generator reset by :func:`manual_seed`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from npformer.backend import DEFAULT_DTYPE, default_rng, get_backend, to_device
+
+__all__ = ["manual_seed", "host_generator", "linear_uniform", "xavier_uniform", "normal", "uniform",
+           "ones", "zeros"]
+
+_GLOBAL = {"rng": default_rng(0, "numpy")}
+
+
+def manual_seed(seed: int) -> None:
+    """Reset the generator that modules built without an ``rng`` draw from."""
+    _GLOBAL["rng"] = default_rng(seed, "numpy")
+
+
+def host_generator(rng: Any = None):
+    """A host Generator from ``None`` (the global one), an int seed, or a Generator (returned as is)."""
+    if rng is None:
+        return _GLOBAL["rng"]
+    if isinstance(rng, int):
+        return default_rng(rng, "numpy")
+    if not hasattr(rng, "uniform") or type(rng).__module__.split(".")[0] != "numpy":
+        raise TypeError(f"rng: expected None, an int seed or a numpy Generator, got {type(rng).__name__}")
+    return rng
+
+
+def _place(host, dtype, backend):
+    xp = get_backend(backend)
+    return to_device(host, backend).astype(xp.dtype(dtype or DEFAULT_DTYPE), copy=False)
+
+
+def uniform(shape: tuple, bound: float, *, rng=None, dtype=None, backend=None):
+    """U(-bound, bound) of ``shape``."""
+    return _place(host_generator(rng).uniform(-bound, bound, size=shape), dtype, backend)
+
+
+def linear_uniform(shape: tuple, fan_in: int, *, rng=None, dtype=None, backend=None):
+    """U(-1/sqrt(fan_in), 1/sqrt(fan_in)): ``nn.Linear``'s default for weight and bias."""
+    bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+    return uniform(shape, bound, rng=rng, dtype=dtype, backend=backend)
+
+
+def xavier_uniform(shape: tuple, *, gain: float = 1.0, rng=None, dtype=None, backend=None):
+    """U(-a, a) with a = gain * sqrt(6 / (fan_in + fan_out)) for a (fan_out, fan_in) matrix."""
+    fan_out, fan_in = shape[0], shape[1]
+    bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
+    return uniform(shape, bound, rng=rng, dtype=dtype, backend=backend)
+
+
+def normal(shape: tuple, std: float = 1.0, *, rng=None, dtype=None, backend=None):
+    """N(0, std^2) of ``shape``."""
+    return _place(host_generator(rng).standard_normal(size=shape) * std, dtype, backend)
+
+
+def ones(shape: tuple, *, dtype=None, backend=None):
+    xp = get_backend(backend)
+    return xp.ones(shape, dtype=xp.dtype(dtype or DEFAULT_DTYPE))
+
+
+def zeros(shape: tuple, *, dtype=None, backend=None):
+    xp = get_backend(backend)
+    return xp.zeros(shape, dtype=xp.dtype(dtype or DEFAULT_DTYPE))

@@ -1,0 +1,275 @@
+"""Parameters and the module base class, shaped like ``torch.nn.Module`` but with explicit backward.
+
+A :class:`Module` owns :class:`Parameter` objects (an array ``data`` and its accumulated ``grad``)
+and child modules, both found by attribute assignment exactly as in PyTorch, so the dotted names of
+:meth:`Module.named_parameters` and :meth:`Module.state_dict` are the ones the PyTorch counterpart
+uses and weights copy across unchanged.
+
+The rules that make hand-written backward work for shared and repeated use:
+
+* ``forward`` pushes the op caches of that call onto ``self._saved`` (a stack, one entry a call);
+  ``backward`` pops the newest. A module applied k times in one pass (ALBERT's shared layers, a
+  decoder stepped token by token) gets k backward calls, in reverse order.
+* Parameter gradients always accumulate (``+=``, :meth:`Parameter.accumulate`) and are reset in one
+  place, :meth:`Module.zero_grad`.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Iterator, Mapping
+
+from npformer.backend import backend_name, get_array_module, get_backend, to_device
+from npformer.ops.checks import describe
+
+__all__ = ["Parameter", "Module", "ModuleList", "StateDictError"]
+
+
+class StateDictError(KeyError, ValueError):
+    """A state dict that does not fit the module: missing or unexpected keys, or wrong shapes."""
+
+    def __str__(self) -> str:       # KeyError would quote the message; show it as written
+        return str(self.args[0]) if self.args else ""
+
+
+class Parameter:
+    """A trainable array and its accumulated gradient.
+
+    ``decay`` says whether weight decay applies by default (False for biases, norm gains and
+    embeddings, which the optimisers leave undecayed unless told otherwise).
+    """
+
+    __slots__ = ("data", "grad", "decay")
+
+    def __init__(self, data: Any, *, decay: bool = True):
+        self.data = data
+        self.grad = None
+        self.decay = decay
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def size(self) -> int:
+        return int(self.data.size)
+
+    def accumulate(self, g: Any) -> None:
+        """``grad += g`` (allocating on first use); ``g`` must have the parameter's shape."""
+        if tuple(g.shape) != self.shape:
+            raise ValueError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {self.shape}")
+        if self.grad is None:
+            self.grad = g.astype(self.data.dtype, copy=True)
+        else:
+            self.grad += g
+
+    def __repr__(self) -> str:
+        return f"Parameter({describe(self.data)})"
+
+
+class Module:
+    """Base class: parameters and children by attribute, per-call caches, train/eval, state dicts."""
+
+    training: bool
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_saved", [])
+        object.__setattr__(self, "training", True)
+
+    # -- registration by attribute, as in PyTorch ------------------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}.__init__ must call super().__init__() "
+                                 f"before assigning {name!r}")
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Like setting an attribute; ``None`` records an absent optional parameter (bias=False)."""
+        if param is None:
+            self._parameters.pop(name, None)
+            object.__setattr__(self, name, None)
+        else:
+            setattr(self, name, param)
+
+    # -- traversal -------------------------------------------------------------------------------
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, "Module"]]:
+        yield prefix, self
+        for name, child in self._modules.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def named_parameters(self, prefix: str = "", remove_duplicate: bool = True
+                         ) -> Iterator[tuple[str, Parameter]]:
+        """(dotted name, parameter); a shared parameter is listed once, under its first name."""
+        seen: set[int] = set()
+        for mod_name, mod in self.named_modules(prefix):
+            for name, p in mod._parameters.items():
+                if remove_duplicate:
+                    if id(p) in seen:
+                        continue
+                    seen.add(id(p))
+                yield (f"{mod_name}.{name}" if mod_name else name), p
+
+    def parameters(self) -> Iterator[Parameter]:
+        for _, p in self.named_parameters():
+            yield p
+
+    def num_parameters(self) -> int:
+        return sum(p.size for p in self.parameters())
+
+    # -- gradients -------------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        """Forget every accumulated gradient (the one place where gradients are reset)."""
+        for p in self.parameters():
+            p.grad = None
+
+    def grads(self) -> dict[str, Any]:
+        """Gradient per dotted parameter name (zeros for a parameter that received none)."""
+        out = {}
+        for name, p in self.named_parameters():
+            xp = get_array_module(p.data)
+            out[name] = p.grad if p.grad is not None else xp.zeros_like(p.data)
+        return out
+
+    def clear_saved(self) -> None:
+        """Drop the caches of forward calls that will not be back-propagated (e.g. after eval)."""
+        for m in self.modules():
+            m._saved.clear()
+
+    def _push(self, cache: Any) -> None:
+        self._saved.append(cache)
+
+    def _pop(self) -> Any:
+        if not self._saved:
+            raise RuntimeError(f"{type(self).__name__}.backward called more times than forward "
+                               "(each forward call can be back-propagated once)")
+        return self._saved.pop()
+
+    # -- modes and devices -----------------------------------------------------------------------
+    def train(self, mode: bool = True) -> "Module":
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    def to(self, backend: str | None = None, dtype: Any = None) -> "Module":
+        """Move every parameter to ``backend`` ("numpy"/"cupy") and/or cast it to ``dtype``."""
+        for p in self.parameters():
+            data = p.data if backend is None else to_device(p.data, backend)
+            if dtype is not None:
+                data = data.astype(get_array_module(data).dtype(dtype), copy=False)
+            p.data = data
+            p.grad = None
+        self.clear_saved()
+        return self
+
+    @property
+    def backend(self) -> str:
+        for p in self.parameters():
+            return backend_name(p.data)
+        return "numpy"
+
+    @property
+    def dtype(self):
+        for p in self.parameters():
+            return p.dtype
+        return get_backend("numpy").float32
+
+    # -- state dicts -----------------------------------------------------------------------------
+    def state_dict(self) -> "OrderedDict[str, Any]":
+        """Name -> array (the live arrays, not copies), keyed as in the PyTorch counterpart.
+
+        Shared parameters appear under every name that uses them, as PyTorch's state_dict does.
+        """
+        return OrderedDict((n, p.data) for n, p in self.named_parameters(remove_duplicate=False))
+
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> "Module":
+        """Copy arrays (NumPy, CuPy, or anything ``xp.asarray`` takes) into the parameters.
+
+        Values are converted to each parameter's backend and dtype. Every problem is reported at
+        once, and nothing is written unless everything fits.
+        """
+        own = dict(self.named_parameters(remove_duplicate=False))
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        staged, bad = {}, []
+        for k, p in own.items():
+            if k not in state:
+                continue
+            xp = get_array_module(p.data)
+            v = xp.asarray(to_device(state[k], backend_name(p.data)), dtype=p.data.dtype)
+            if tuple(v.shape) != p.shape:
+                bad.append(f"{k}: expected shape {p.shape}, got {tuple(v.shape)}")
+            staged[k] = v
+        problems = bad + ([f"missing keys: {missing}"] if strict and missing else []) \
+            + ([f"unexpected keys: {unexpected}"] if strict and unexpected else [])
+        if problems:
+            raise StateDictError(f"cannot load state dict into {type(self).__name__}: "
+                                 + "; ".join(problems))
+        for k, v in staged.items():
+            own[k].data = v.copy()
+        self.clear_saved()
+        return self
+
+    # -- calling ---------------------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define forward")
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define backward")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, child in self._modules.items():
+            body = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {body}")
+        return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+
+
+class ModuleList(Module):
+    """A list of modules named "0", "1", ... (as ``torch.nn.ModuleList``)."""
+
+    def __init__(self, modules: Any = ()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module: Module) -> "ModuleList":
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def __getitem__(self, i: int) -> Module:
+        return list(self._modules.values())[i]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(list(self._modules.values()))

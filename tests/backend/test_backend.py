@@ -1,0 +1,143 @@
+"""The backend module: choosing numpy/cupy, mixing rules, transfers, seeded generators, shims."""
+import math
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from npformer import backend
+from npformer.backend import (BackendUnavailableError, accumulation_dtype, default_backend_name,
+                              default_rng, erf, get_array_module, get_backend, scatter_add,
+                              to_device, to_numpy)
+
+
+def test_default_backend_is_numpy(monkeypatch):
+    monkeypatch.delenv("NPFORMER_BACKEND", raising=False)
+    assert default_backend_name() == "numpy"
+    assert get_backend() is np
+
+
+def test_env_var_selects_backend(monkeypatch):
+    monkeypatch.setenv("NPFORMER_BACKEND", "NumPy")
+    assert default_backend_name() == "numpy"
+    monkeypatch.setenv("NPFORMER_BACKEND", "jax")
+    with pytest.raises(ValueError, match=r"NPFORMER_BACKEND='jax' is not a backend; expected one of \('numpy', 'cupy'\)"):
+        default_backend_name()
+
+
+def test_unknown_backend_name():
+    with pytest.raises(ValueError, match=r"unknown backend 'torch'; expected one of"):
+        get_backend("torch")
+
+
+def test_cupy_unavailable_is_one_clear_error(monkeypatch):
+    # Make 'import cupy' fail the way it does on a machine without CuPy, whatever this one has.
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    with pytest.raises(BackendUnavailableError, match=r"backend 'cupy' was requested but CuPy cannot be imported.*pip install 'npformer\[gpu\]'"):
+        get_backend("cupy")
+    assert backend.cupy_available() is False
+
+
+def test_cupy_without_device_is_reported(monkeypatch):
+    fake = types.ModuleType("cupy")
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 0)
+    fake.cuda = types.SimpleNamespace(runtime=runtime)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(BackendUnavailableError, match="no CUDA device is visible"):
+        get_backend("cupy")
+
+
+def test_array_module_of_numpy_scalars_and_none():
+    a = np.zeros(3)
+    assert get_array_module(a, None, 2.0, 3) is np
+    assert get_array_module() is np
+    assert get_array_module(np.float32(1)) is np
+
+
+def test_mixing_backends_raises_naming_both(monkeypatch):
+    class FakeCupyArray:
+        shape, dtype, ndim = (3,), np.dtype("float32"), 1
+    FakeCupyArray.__module__ = "cupy"
+    FakeCupyArray.__name__ = "ndarray"
+    fake = types.ModuleType("cupy")
+    fake.ndarray = FakeCupyArray
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    gpu = FakeCupyArray()
+    assert get_array_module(gpu) is fake
+    with pytest.raises(TypeError, match=r"two backends were mixed in one call: numpy\.ndarray and cupy\.ndarray"):
+        get_array_module(np.zeros(3), gpu)
+
+
+def test_mixing_backends_inside_an_op_leaves_inputs_untouched(monkeypatch):
+    from npformer.ops.linear import linear_forward
+
+    class FakeCupyArray(np.ndarray):   # a numpy subclass posing as a CuPy array
+        pass
+    fake = types.ModuleType("cupy")
+    fake.ndarray = FakeCupyArray
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    x = np.ones((2, 3))
+    w = np.ones((4, 3)).view(FakeCupyArray)
+    with pytest.raises(TypeError, match="two backends were mixed"):
+        linear_forward(x, w)
+    assert (x == 1).all() and (np.asarray(w) == 1).all()
+
+
+def test_transfers_roundtrip_on_host():
+    a = np.arange(6.0).reshape(2, 3)
+    assert to_numpy(a) is a
+    b = to_device(a, "numpy")
+    np.testing.assert_array_equal(b, a)
+    assert to_numpy([1, 2]).tolist() == [1, 2]
+
+
+def test_seeded_generators_repeat():
+    a = default_rng(3, "numpy").random(5)
+    b = default_rng(3, "numpy").random(5)
+    c = default_rng(4, "numpy").random(5)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_scatter_add_sums_repeated_indices():
+    t = np.zeros((4, 2))
+    scatter_add(t, np.array([1, 1, 3]), np.ones((3, 2)))
+    np.testing.assert_array_equal(t, [[0, 0], [2, 2], [0, 0], [1, 1]])
+
+
+def test_accumulation_dtype():
+    assert accumulation_dtype(np.float16) == np.float32
+    assert accumulation_dtype(np.float32) == np.float32
+    assert accumulation_dtype(np.float64) == np.float64
+
+
+def test_erf_matches_math_erf_to_float64_precision():
+    x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, 0.46875, -0.46875, 4.0, -4.0, 1e-300, 27.0]])
+    ref = np.array([math.erf(v) for v in x])
+    got = erf(x)
+    assert got.dtype == np.float64
+    assert np.max(np.abs(got - ref) / np.maximum(np.abs(ref), 1e-300)) < 1e-15
+
+
+def test_erf_edges_and_dtypes():
+    got = erf(np.array([np.inf, -np.inf, np.nan, 0.0]))
+    assert got[0] == 1.0 and got[1] == -1.0 and np.isnan(got[2]) and got[3] == 0.0
+    assert erf(np.float32([0.5])).dtype == np.float32
+    assert erf(np.float16([0.5])).dtype == np.float16
+
+
+def test_import_npformer_never_imports_cupy():
+    code = ("import sys, npformer, npformer.ops, npformer.tools; "
+            "import npformer.cli; "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx', 'torch')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_import_npformer_works_when_cupy_is_broken():
+    code = "import sys; sys.modules['cupy'] = None; import npformer; print(npformer.backend.get_backend().__name__)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "numpy", res.stderr

@@ -1,0 +1,113 @@
+"""The gradient checker is tested too: correct backwards pass, broken ones fail, reports say where."""
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+from npformer.tools.gradcheck import EPS, FLOOR, TOL, GradcheckError, check_gradients, gradcheck
+
+
+class _Cache(NamedTuple):
+    x: Any
+    w: Any
+
+
+def fwd(x, w):
+    """out = x @ w^T + x * x (elementwise on matching shapes)."""
+    return x @ w.T + (x * x).sum(-1, keepdims=True), _Cache(x, w)
+
+
+def bwd(dout, c):
+    return dout @ c.w + 2 * c.x * dout.sum(-1, keepdims=True), dout.T @ c.x
+
+
+def bwd_flipped_sign(dout, c):
+    dx, dw = bwd(dout, c)
+    return dx, -dw
+
+
+def bwd_dropped_term(dout, c):
+    return dout @ c.w, dout.T @ c.x       # forgets d(x*x)/dx
+
+
+def bwd_mutating_cache(dout, c):
+    c.x[...] = 0
+    return bwd(dout, c)
+
+
+def _inputs(seed=0):
+    r = np.random.default_rng(seed)
+    return {"x": r.standard_normal((3, 4)), "w": r.standard_normal((5, 4))}
+
+
+def test_correct_backward_passes():
+    report = gradcheck(fwd, bwd, _inputs())
+    assert report.passed, str(report)
+    assert report.worst < 1e-8
+    assert [c.name for c in report.checks] == ["x", "w"]
+    assert [c.n_checked for c in report.checks] == [12, 20]
+
+
+@pytest.mark.parametrize("broken", [bwd_flipped_sign, bwd_dropped_term])
+def test_broken_backward_fails_and_says_where(broken):
+    report = gradcheck(fwd, broken, _inputs(), seed=11)
+    assert not report.passed
+    text = str(report)
+    assert "FAIL" in text and "eps=1e-06" in text and f"tol={TOL:g}" in text and "seed=11" in text
+    bad = [c for c in report.checks if not c.passed][0]
+    assert bad.worst_index is not None and bad.worst_rel_error > 1e-3
+    with pytest.raises(GradcheckError, match="analytic=.*numeric="):
+        report.raise_if_failed()
+
+
+def test_mutating_the_cache_is_caught():
+    report = gradcheck(fwd, bwd_mutating_cache, _inputs())
+    assert not report.passed
+    assert "cache.x was mutated by backward" in str(report)
+
+
+def test_mutating_an_input_is_caught():
+    def fwd_mutating(x, w):
+        out, cache = fwd(x, w)
+        x += 0.0 * x + 1e-3
+        return out, cache
+    report = gradcheck(fwd_mutating, bwd, _inputs())
+    assert not report.passed and "input x was mutated" in str(report)
+
+
+def test_wrong_gradient_shape_or_count_is_reported():
+    report = gradcheck(fwd, lambda d, c: (bwd(d, c)[0].T, bwd(d, c)[1]), _inputs())
+    assert not report.passed and "gradient shape (4, 3) != input shape (3, 4)" in str(report)
+    report = gradcheck(fwd, lambda d, c: bwd(d, c)[0], _inputs())
+    assert not report.passed and "backward returned 1 gradients for the 2 differentiable inputs" in str(report)
+
+
+def test_float32_is_refused():
+    with pytest.raises(TypeError, match="gradcheck needs float64 arrays; x is float32"):
+        gradcheck(fwd, bwd, {k: v.astype(np.float32) for k, v in _inputs().items()})
+
+
+def test_sampled_and_direction_modes():
+    big = {"x": np.random.default_rng(1).standard_normal((6, 9)), "w": np.random.default_rng(2).standard_normal((7, 9))}
+    report = gradcheck(fwd, bwd, big, max_elements=10)
+    assert report.passed and all(c.n_checked == 10 for c in report.checks)
+    report = gradcheck(fwd, bwd, big, mode="direction")
+    assert report.passed and all(c.n_checked == 1 for c in report.checks)
+    assert not gradcheck(fwd, bwd_dropped_term, big, mode="direction").passed
+
+
+def test_check_gradients_restores_arrays_bit_for_bit():
+    x = np.random.default_rng(0).standard_normal((2, 3))
+    before = x.copy()
+    dout = np.ones((2, 3)) * 0.5
+    report = check_gradients(lambda: np.sin(x), {"x": x}, {"x": np.cos(x) * dout}, dout)
+    assert report.passed
+    np.testing.assert_array_equal(x, before)
+
+
+def test_floor_judges_tiny_gradients_by_absolute_error():
+    # A gradient of 1e-7 computed as 0 is an absolute error of 1e-7 > TOL * FLOOR = 1e-9: it must fail.
+    x = np.array([0.3])
+    report = check_gradients(lambda: 1e-7 * x, {"x": x}, {"x": np.zeros(1)}, np.ones(1))
+    assert not report.passed
+    assert TOL * FLOOR == pytest.approx(1e-9) and EPS == 1e-6
