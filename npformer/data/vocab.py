@@ -1,0 +1,142 @@
+"""Character vocabularies with four fixed special tokens, for the built-in tasks and the char-level LM.
+
+    id 0 = <pad>,  id 1 = <bos>,  id 2 = <eos>,  id 3 = <unk>,  ids 4.. = the symbols, in order
+    encode(text)  = [id(c) for c in text]            (a character not in the vocabulary -> <unk>)
+    decode(ids)   = "".join(token(i) for i in ids)   (strip_special: drop <pad>/<bos>, stop at <eos>)
+
+Every symbol is a single character, so the specials (written with angle brackets, five or more
+characters long) can never be produced by ``encode``. ``<unk>`` is kept visible by ``decode`` in both
+modes: it stands for a character of the input, not for structure. Host-side code: ids are Python
+ints or NumPy integer arrays; move device arrays with ``npformer.backend.to_numpy`` first.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["SPECIALS", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "CharVocab"]
+
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+_KIND = "char"
+
+
+def _symbols_from(symbols: Any) -> tuple[str, ...]:
+    if isinstance(symbols, str):
+        items = list(symbols)
+    else:
+        try:
+            items = list(symbols)
+        except TypeError:
+            raise TypeError(f"symbols: expected a string or an iterable of 1-character strings, "
+                            f"got {type(symbols).__name__}") from None
+    for s in items:
+        if not isinstance(s, str):
+            raise TypeError(f"symbols: every symbol must be a 1-character str, got {type(s).__name__} {s!r}")
+        if len(s) != 1:
+            raise ValueError(f"symbols: every symbol must be exactly 1 character, got {s!r} "
+                             f"({len(s)} characters)")
+    return tuple(dict.fromkeys(items))     # first occurrence wins; later duplicates are dropped
+
+
+class CharVocab:
+    """A character vocabulary: ``CharVocab("abc")`` has ids a=4, b=5, c=6 after the four specials.
+
+    Duplicated symbols are ignored (the first occurrence keeps its id). ``from_texts`` builds one from
+    the sorted set of characters in some texts. Two vocabularies are equal when their symbols are.
+    """
+
+    pad_id, bos_id, eos_id, unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+
+    def __init__(self, symbols: str | Iterable[str] = ""):
+        self._symbols = _symbols_from(symbols)
+        self._tokens = SPECIALS + self._symbols
+        self._ids = {ch: i for i, ch in enumerate(self._symbols, start=len(SPECIALS))}
+
+    @classmethod
+    def from_texts(cls, texts: str | Iterable[str]) -> "CharVocab":
+        """The sorted set of characters in ``texts`` (one string, or an iterable of strings)."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"texts: expected strings, got {type(t).__name__} {t!r}"[:120])
+        return cls(sorted(set().union(*map(set, texts))))
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """The non-special symbols in id order (ids 4, 5, ...)."""
+        return self._symbols
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __contains__(self, ch: object) -> bool:
+        return ch in self._ids
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CharVocab) and other._symbols == self._symbols
+
+    def __hash__(self) -> int:
+        return hash(self._symbols)
+
+    def __repr__(self) -> str:
+        return f"CharVocab({''.join(self._symbols)!r}, size={len(self)})"
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Ids of the characters of ``text`` (unknown ones -> ``<unk>``), optionally framed by bos/eos."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode: expected a str, got {type(text).__name__}")
+        get = self._ids.get
+        ids = [get(ch, UNK_ID) for ch in text]
+        return ([BOS_ID] if add_bos else []) + ids + ([EOS_ID] if add_eos else [])
+
+    def decode(self, ids: Any, strip_special: bool = True) -> str:
+        """The text of ``ids`` (a sequence of ints or a 1-d NumPy integer array).
+
+        ``strip_special=True`` drops ``<pad>`` and ``<bos>`` and ends the text at the first ``<eos>``
+        (what follows it in a batched decode is padding or garbage); ``<unk>`` is always written as
+        ``"<unk>"``. ``strip_special=False`` writes every id, specials by their names.
+        """
+        if hasattr(ids, "dtype") and not isinstance(ids, np.ndarray):
+            raise TypeError(f"decode: expected a list of ints or a numpy array, got {type(ids).__name__}; "
+                            "move device arrays to the host first (npformer.backend.to_numpy)")
+        arr = np.asarray(ids)                                             # (n,)
+        if arr.ndim != 1:
+            raise ValueError(f"decode: expected a 1-d sequence of ids, got shape {arr.shape}")
+        if arr.size == 0:
+            return ""
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"decode: expected integer ids, got dtype {arr.dtype}")
+        bad = (arr < 0) | (arr >= len(self))
+        if bad.any():
+            raise ValueError(f"decode: id {int(arr[bad][0])} is out of range for a vocabulary of "
+                             f"size {len(self)} (valid ids are 0..{len(self) - 1})")
+        out = []
+        for i in arr.tolist():
+            if strip_special and i == EOS_ID:
+                break
+            if strip_special and i in (PAD_ID, BOS_ID):
+                continue
+            out.append(self._tokens[i])
+        return "".join(out)
+
+    def to_dict(self) -> dict:
+        """A JSON-able description: ``{"kind": "char", "specials": [...], "symbols": [...]}``."""
+        return {"kind": _KIND, "specials": list(SPECIALS), "symbols": list(self._symbols)}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "CharVocab":
+        """Inverse of :meth:`to_dict` (checks the kind and the special tokens)."""
+        if not isinstance(d, dict):
+            raise TypeError(f"from_dict: expected a dict from CharVocab.to_dict(), got {type(d).__name__}")
+        if d.get("kind") != _KIND:
+            raise ValueError(f"from_dict: expected kind {_KIND!r}, got {d.get('kind')!r}")
+        if list(d.get("specials", [])) != list(SPECIALS):
+            raise ValueError(f"from_dict: expected specials {list(SPECIALS)}, got {d.get('specials')!r}")
+        if "symbols" not in d:
+            raise ValueError("from_dict: the dict has no 'symbols' entry")
+        vocab = cls(d["symbols"])
+        if len(vocab.symbols) != len(d["symbols"]):     # a duplicate would shift every later id
+            raise ValueError("from_dict: 'symbols' holds a duplicate, so the ids would not match")
+        return vocab
