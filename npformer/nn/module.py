@@ -12,16 +12,35 @@ The rules that make hand-written backward work for shared and repeated use:
   decoder stepped token by token) gets k backward calls, in reverse order.
 * Parameter gradients always accumulate (``+=``, :meth:`Parameter.accumulate`) and are reset in one
   place, :meth:`Module.zero_grad`.
+* Inside ``with no_grad():`` (evaluation, decoding) forward saves nothing, so nothing piles up.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from npformer.backend import backend_name, get_array_module, get_backend, to_device
 from npformer.ops.checks import describe
 
-__all__ = ["Parameter", "Module", "ModuleList", "StateDictError"]
+__all__ = ["Parameter", "Module", "ModuleList", "StateDictError", "no_grad", "is_grad_enabled"]
+
+_GRAD = {"enabled": True}
+
+
+@contextmanager
+def no_grad():
+    """Forward passes inside keep no caches (and cannot be back-propagated), as ``torch.no_grad``."""
+    before = _GRAD["enabled"]
+    _GRAD["enabled"] = False
+    try:
+        yield
+    finally:
+        _GRAD["enabled"] = before
+
+
+def is_grad_enabled() -> bool:
+    return _GRAD["enabled"]
 
 
 class StateDictError(KeyError, ValueError):
@@ -156,7 +175,8 @@ class Module:
             m._saved.clear()
 
     def _push(self, cache: Any) -> None:
-        self._saved.append(cache)
+        if _GRAD["enabled"]:
+            self._saved.append(cache)
 
     def _pop(self) -> Any:
         if not self._saved:

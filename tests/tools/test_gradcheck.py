@@ -53,7 +53,7 @@ def test_broken_backward_fails_and_says_where(broken):
     report = gradcheck(fwd, broken, _inputs(), seed=11)
     assert not report.passed
     text = str(report)
-    assert "FAIL" in text and "eps=1e-06" in text and f"tol={TOL:g}" in text and "seed=11" in text
+    assert "FAIL" in text and "eps=0.0001" in text and f"tol={TOL:g}" in text and "seed=11" in text
     bad = [c for c in report.checks if not c.passed][0]
     assert bad.worst_index is not None and bad.worst_rel_error > 1e-3
     with pytest.raises(GradcheckError, match="analytic=.*numeric="):
@@ -110,4 +110,4 @@ def test_floor_judges_tiny_gradients_by_absolute_error():
     x = np.array([0.3])
     report = check_gradients(lambda: 1e-7 * x, {"x": x}, {"x": np.zeros(1)}, np.ones(1))
     assert not report.passed
-    assert TOL * FLOOR == pytest.approx(1e-9) and EPS == 1e-6
+    assert TOL * FLOOR == pytest.approx(1e-9) and EPS == 1e-4

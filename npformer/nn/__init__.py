@@ -1,0 +1,23 @@
+"""Modules with PyTorch's names and arguments, each with a hand-written ``backward``.
+
+``forward`` keeps what ``backward`` needs on a per-module stack (one entry a call), ``backward``
+returns the gradients of the forward's array inputs and accumulates parameter gradients into
+``Parameter.grad``. See :mod:`npformer.nn.module` for the rules.
+"""
+from npformer.nn import init
+from npformer.nn.attention import MultiheadAttention
+from npformer.nn.dropout import Dropout, dropout_generator, seed_dropout
+from npformer.nn.embedding import Embedding, PositionalEncoding, sinusoidal_table
+from npformer.nn.head import OutputHead
+from npformer.nn.linear import Linear
+from npformer.nn.module import Module, ModuleList, Parameter, StateDictError, is_grad_enabled, no_grad
+from npformer.nn.normalization import LayerNorm
+from npformer.nn.transformer import (FeedForwardBlock, Transformer, TransformerDecoder,
+                                     TransformerDecoderLayer, TransformerEncoder,
+                                     TransformerEncoderLayer)
+
+__all__ = ["init", "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding",
+           "PositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "seed_dropout",
+           "dropout_generator", "MultiheadAttention", "FeedForwardBlock", "TransformerEncoderLayer",
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
+           "OutputHead", "no_grad", "is_grad_enabled"]

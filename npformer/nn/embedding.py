@@ -1,0 +1,95 @@
+"""Token and position embeddings.
+
+* ``Embedding(num_embeddings, embedding_dim, padding_idx=None)``: a lookup table, as ``torch.nn.Embedding``
+  (initialised N(0, 1); the padding row starts at zero and receives no gradient).
+* ``sinusoidal_table(max_len, d)``: the paper's fixed encoding (Vaswani et al. 2017, section 3.5)
+  ``PE[pos, 2i] = sin(pos / 10000^(2i/d))``, ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d))``.
+* ``PositionalEncoding(d_model, max_len)``: ``x + PE[offset : offset + T]``, no parameters; the
+  gradient passes through unchanged.
+"""
+from __future__ import annotations
+
+import math
+
+from npformer.backend import DEFAULT_DTYPE, get_array_module, get_backend
+from npformer.nn import init
+from npformer.nn.module import Module, Parameter
+from npformer.ops.embedding import embedding_backward, embedding_forward
+
+__all__ = ["Embedding", "PositionalEncoding", "sinusoidal_table"]
+
+
+class Embedding(Module):
+    """``out = weight[ids]``; ``backward`` scatter-adds into ``weight.grad`` and returns None (ids are
+    integers: nothing flows further back)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, *,
+                 std: float = 1.0, dtype=None, backend=None, rng=None):
+        super().__init__()
+        rng = init.host_generator(rng)   # one stream for all of this module's draws
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"padding_idx must be in [-{num_embeddings}, {num_embeddings}), "
+                                 f"got {padding_idx}")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        weight = init.normal((num_embeddings, embedding_dim), std, rng=rng, dtype=dtype, backend=backend)
+        if padding_idx is not None:
+            weight[padding_idx] = 0
+        self.weight = Parameter(weight, decay=False)
+
+    def forward(self, ids):
+        out, cache = embedding_forward(ids, self.weight.data, padding_idx=self.padding_idx)
+        self._push(cache)
+        return out                                       # ids.shape + (C,)
+
+    def backward(self, dout):
+        self.weight.accumulate(embedding_backward(dout, self._pop()))
+        return None
+
+    def extra_repr(self) -> str:
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
+
+
+def sinusoidal_table(max_len: int, d_model: int, *, dtype=None, backend=None):
+    """The (max_len, d_model) table of the paper's sine/cosine encoding (odd d_model allowed)."""
+    xp = get_backend(backend)
+    pos = xp.arange(max_len, dtype=xp.float64)[:, None]                       # (L, 1)
+    freq = xp.exp(-math.log(10000.0) * xp.arange(0, d_model, 2, dtype=xp.float64) / d_model)  # (ceil(d/2),)
+    angles = pos * freq                                                       # (L, ceil(d/2))
+    table = xp.empty((max_len, d_model), dtype=xp.float64)                    # (L, d)
+    table[:, 0::2] = xp.sin(angles)
+    table[:, 1::2] = xp.cos(angles[:, : d_model // 2])
+    return table.astype(xp.dtype(dtype or DEFAULT_DTYPE))
+
+
+class PositionalEncoding(Module):
+    """Adds the sinusoidal table to (B, T, C) inputs, starting at position ``offset``."""
+
+    def __init__(self, d_model: int, max_len: int = 5000):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self._tables: dict = {}
+
+    def table(self, xp, dtype):
+        key = (xp.__name__, str(dtype))
+        if key not in self._tables:
+            self._tables[key] = sinusoidal_table(self.max_len, self.d_model, dtype=dtype, backend=xp.__name__)
+        return self._tables[key]
+
+    def forward(self, x, offset: int = 0):
+        t = x.shape[-2]
+        if offset + t > self.max_len:
+            raise ValueError(f"positions {offset}..{offset + t - 1} exceed max_len={self.max_len} of "
+                             "the positional encoding")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"x: expected last axis d_model={self.d_model}, got shape {tuple(x.shape)}")
+        xp = get_array_module(x)
+        return x + self.table(xp, x.dtype)[offset: offset + t]                # (B, T, C)
+
+    def backward(self, dout):
+        return dout                                      # fwd: y = x + PE  ->  dx = dy
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"

@@ -1,0 +1,219 @@
+"""The gradient checks behind ``npformer gradcheck``: every op (and, as they land, every layer and
+model) on small float64 inputs with masks and dropout, checked element by element.
+
+Each case is a function ``build(xp, seed) -> GradcheckReport``. The shapes are small but not
+trivial (Tq != Tk, several heads, padding that leaves one free key per row) so the table covers
+the same ground as the test suite in a few seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from npformer.backend import backend_name, default_rng, get_backend, to_device
+from npformer.ops import (activations, attention, cross_entropy, dropout, embedding, feedforward,
+                          layernorm, linear, multihead, residual, softmax)
+from npformer.tools.gradcheck import GradcheckReport, gradcheck
+
+__all__ = ["Case", "CASES", "run_suite"]
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str
+    build: Callable[..., GradcheckReport]
+
+
+def _randn(xp, seed, *shape, scale=1.0):
+    host = default_rng(seed, "numpy").standard_normal(shape) * scale
+    return to_device(host, backend_name(xp))
+
+
+def _away_from_zero(xp, seed, *shape):
+    a = _randn(xp, seed, *shape)
+    return a + xp.where(a >= 0, 0.05, -0.05)             # keeps ReLU's kink out of reach of eps
+
+
+def _padding(xp, b, tk, seed):
+    """Bool (B, Tk), True = padding, at least one free key per row."""
+    mask = default_rng(seed, "numpy").random((b, tk)) < 0.4
+    mask[:, 0] = False
+    return to_device(mask, backend_name(xp))
+
+
+def _seeded(forward, seed, xp, **fixed):
+    """``forward`` with a fresh dropout generator per call, so every evaluation draws the same mask."""
+    name = backend_name(xp)
+
+    def run(**inputs):
+        return forward(**inputs, **fixed, rng=default_rng(seed, name))
+    run.__name__ = forward.__name__
+    return run
+
+
+def _linear(xp, s):
+    inputs = {"x": _randn(xp, s, 2, 3, 4), "weight": _randn(xp, s + 1, 5, 4), "bias": _randn(xp, s + 2, 5)}
+    return gradcheck(linear.linear_forward, linear.linear_backward, inputs, seed=s, label="linear")
+
+
+def _embedding(xp, s):
+    # ids avoid the padding row: it is used by the forward but by definition gets no gradient
+    # (as in PyTorch), which the unit tests check on their own
+    ids = to_device(default_rng(s, "numpy").integers(1, 6, size=(2, 5)), backend_name(xp))
+    ids[0, :2] = 3                                       # repeated ids must add up
+    inputs = {"ids": ids, "weight": _randn(xp, s, 6, 4)}
+    return gradcheck(embedding.embedding_forward, embedding.embedding_backward, inputs,
+                     kwargs={"padding_idx": 0}, seed=s, label="embedding")
+
+
+def _softmax(xp, s):
+    return gradcheck(softmax.softmax_forward, softmax.softmax_backward,
+                     {"x": _randn(xp, s, 3, 5, scale=2.0)}, seed=s, label="softmax")
+
+
+def _log_softmax(xp, s):
+    return gradcheck(softmax.log_softmax_forward, softmax.log_softmax_backward,
+                     {"x": _randn(xp, s, 3, 5, scale=2.0)}, seed=s, label="log_softmax")
+
+
+def _cross_entropy(reduction):
+    def build(xp, s):
+        targets = to_device(default_rng(s, "numpy").integers(0, 7, size=(2, 4)), backend_name(xp))
+        targets[1, 3] = -100                             # an ignored position
+        return gradcheck(cross_entropy.cross_entropy_forward, cross_entropy.cross_entropy_backward,
+                         {"logits": _randn(xp, s, 2, 4, 7, scale=2.0), "targets": targets},
+                         kwargs={"reduction": reduction, "label_smoothing": 0.1}, seed=s,
+                         label=f"cross_entropy[{reduction}, smoothing, ignore_index]")
+    return build
+
+
+def _layer_norm(xp, s):
+    inputs = {"x": _randn(xp, s, 2, 3, 6), "weight": _randn(xp, s + 1, 6), "bias": _randn(xp, s + 2, 6)}
+    return gradcheck(layernorm.layer_norm_forward, layernorm.layer_norm_backward, inputs, seed=s,
+                     label="layer_norm")
+
+
+def _relu(xp, s):
+    return gradcheck(activations.relu_forward, activations.relu_backward,
+                     {"x": _away_from_zero(xp, s, 3, 7)}, seed=s, label="relu")
+
+
+def _gelu(approximate):
+    def build(xp, s):
+        return gradcheck(activations.gelu_forward, activations.gelu_backward,
+                         {"x": _randn(xp, s, 3, 7, scale=2.0)}, kwargs={"approximate": approximate},
+                         seed=s, label=f"gelu[{approximate}]")
+    return build
+
+
+def _dropout(xp, s):
+    return gradcheck(_seeded(dropout.dropout_forward, s, xp, p=0.3), dropout.dropout_backward,
+                     {"x": _randn(xp, s, 4, 5)}, seed=s, label="dropout[p=0.3]")
+
+
+def _feed_forward(activation):
+    def build(xp, s):
+        c, f = 4, 6
+        inputs = {"x": _away_from_zero(xp, s, 2, 3, c), "w1": _randn(xp, s + 1, f, c),
+                  "b1": _randn(xp, s + 2, f), "w2": _randn(xp, s + 3, c, f), "b2": _randn(xp, s + 4, c)}
+        fwd = _seeded(feedforward.feed_forward_forward, s, xp, activation=activation, dropout_p=0.25)
+        return gradcheck(fwd, feedforward.feed_forward_backward, inputs, seed=s,
+                         label=f"feed_forward[{activation}, dropout]")
+    return build
+
+
+def _add_norm(xp, s):
+    inputs = {"x": _randn(xp, s, 2, 3, 5), "h": _randn(xp, s + 1, 2, 3, 5),
+              "weight": _randn(xp, s + 2, 5), "bias": _randn(xp, s + 3, 5)}
+    fwd = _seeded(residual.add_norm_forward, s, xp, dropout_p=0.2)
+    return gradcheck(fwd, residual.add_norm_backward, inputs, seed=s, label="add_norm[dropout]")
+
+
+def _residual(xp, s):
+    inputs = {"x": _randn(xp, s, 2, 3, 5), "h": _randn(xp, s + 1, 2, 3, 5)}
+    fwd = _seeded(residual.residual_forward, s, xp, dropout_p=0.2)
+    return gradcheck(fwd, residual.residual_backward, inputs, seed=s, label="residual[dropout]")
+
+
+def _attention(label, tq, tk, **options):
+    def build(xp, s):
+        b, h, hs = 2, 2, 3
+        kwargs = dict(options)
+        if kwargs.pop("padding", False):
+            kwargs["key_padding_mask"] = _padding(xp, b, tk, s)
+        if kwargs.pop("float_mask", False):
+            kwargs["attn_mask"] = _randn(xp, s + 9, tq, tk)
+        inputs = {"q": _randn(xp, s, b, h, tq, hs), "k": _randn(xp, s + 1, b, h, tk, hs),
+                  "v": _randn(xp, s + 2, b, h, tk, hs)}
+        fwd = _seeded(attention.scaled_dot_product_attention_forward, s, xp, **kwargs)
+        return gradcheck(fwd, attention.scaled_dot_product_attention_backward, inputs, seed=s,
+                         label=f"attention[{label}]")
+    return build
+
+
+def _multi_head(label, tq, tk, self_attention, **options):
+    def build(xp, s):
+        b, e, heads = 2, 6, 3
+        kwargs = {"num_heads": heads, **options}
+        if kwargs.pop("padding", False):
+            kwargs["key_padding_mask"] = _padding(xp, b, tk, s)
+        params = {"in_proj_weight": _randn(xp, s + 3, 3 * e, e, scale=0.5),
+                  "in_proj_bias": _randn(xp, s + 4, 3 * e), "out_proj_weight": _randn(xp, s + 5, e, e),
+                  "out_proj_bias": _randn(xp, s + 6, e)}
+        fwd = _seeded(multihead.multi_head_attention_forward, s, xp, **kwargs)
+        if self_attention:
+            def run(x, **p):                             # query is key is value: the fused path
+                return fwd(query=x, key=x, value=x, **p)
+
+            def back(dout, cache):
+                g = multihead.multi_head_attention_backward(dout, cache)
+                return (g[0],) + tuple(g[3:])
+            inputs = {"x": _randn(xp, s, b, tq, e), **params}
+            return gradcheck(run, back, inputs, seed=s, label=f"multi_head_attention[{label}]")
+        inputs = {"query": _randn(xp, s, b, tq, e), "key": _randn(xp, s + 1, b, tk, e),
+                  "value": _randn(xp, s + 2, b, tk, e), **params}
+        return gradcheck(fwd, multihead.multi_head_attention_backward, inputs, seed=s,
+                         label=f"multi_head_attention[{label}]")
+    return build
+
+
+CASES: list[Case] = [
+    Case("linear", _linear),
+    Case("embedding", _embedding),
+    Case("softmax", _softmax),
+    Case("log_softmax", _log_softmax),
+    Case("cross_entropy", _cross_entropy("mean")),
+    Case("cross_entropy", _cross_entropy("sum")),
+    Case("cross_entropy", _cross_entropy("none")),
+    Case("layer_norm", _layer_norm),
+    Case("relu", _relu),
+    Case("gelu", _gelu("none")),
+    Case("gelu", _gelu("tanh")),
+    Case("dropout", _dropout),
+    Case("feed_forward", _feed_forward("relu")),
+    Case("feed_forward", _feed_forward("gelu")),
+    Case("residual", _residual),
+    Case("add_norm", _add_norm),
+    Case("attention", _attention("padding, causal", 4, 4, padding=True, is_causal=True)),
+    Case("attention", _attention("Tq!=Tk, bottom-right causal", 3, 5, is_causal=True,
+                                 causal_alignment="bottom_right")),
+    Case("attention", _attention("float mask, dropout, scale", 3, 4, float_mask=True,
+                                 dropout_p=0.3, scale=0.7)),
+    Case("multi_head_attention", _multi_head("self, padding, causal", 4, 4, True, padding=True,
+                                             is_causal=True)),
+    Case("multi_head_attention", _multi_head("cross, Tq!=Tk, dropout", 3, 5, False, padding=True,
+                                             dropout_p=0.2)),
+]
+
+
+def run_suite(backend: str = "numpy", seed: int = 0, only: str | None = None,
+              extra: list[Case] | None = None) -> list[GradcheckReport]:
+    """Run every case (or those whose op name contains ``only``) in float64 on ``backend``."""
+    xp = get_backend(backend)
+    cases = CASES + list(extra or [])
+    if only:
+        cases = [c for c in cases if only in c.op]
+        if not cases:
+            names = sorted({c.op for c in CASES + list(extra or [])})
+            raise ValueError(f"--only {only!r} matches no op; the ops are {names}")
+    return [c.build(xp, seed) for c in cases]

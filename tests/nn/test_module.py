@@ -1,0 +1,103 @@
+"""Module base: registration, names, state dicts, accumulation, the per-call cache stack, no_grad."""
+import numpy as np
+import pytest
+
+from npformer.nn import Linear, Module, ModuleList, Parameter, StateDictError, no_grad
+
+
+class Pair(Module):
+    def __init__(self):
+        super().__init__()
+        self.a = Linear(3, 4, rng=0, dtype="float64")
+        self.b = Linear(4, 2, bias=False, rng=1, dtype="float64")
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+    def backward(self, d):
+        return self.a.backward(self.b.backward(d))
+
+
+def test_names_follow_attribute_paths_as_in_pytorch():
+    m = Pair()
+    assert [n for n, _ in m.named_parameters()] == ["a.weight", "a.bias", "b.weight"]
+    assert list(m.state_dict()) == ["a.weight", "a.bias", "b.weight"]
+    lst = ModuleList([Linear(2, 2, rng=0), Linear(2, 2, rng=1)])
+    assert [n for n, _ in lst.named_parameters()] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+def test_load_state_dict_round_trip_and_errors():
+    m, other = Pair(), Pair()
+    other.load_state_dict({k: v * 2 for k, v in m.state_dict().items()})
+    np.testing.assert_array_equal(other.a.weight.data, m.a.weight.data * 2)
+    before = other.a.weight.data.copy()
+    with pytest.raises(StateDictError, match=r"missing keys: \['b.weight'\]"):
+        other.load_state_dict({"a.weight": np.zeros((4, 3)), "a.bias": np.zeros(4)})
+    with pytest.raises(StateDictError, match=r"unexpected keys: \['c'\]"):
+        other.load_state_dict({**m.state_dict(), "c": np.zeros(1)})
+    with pytest.raises(StateDictError, match=r"a.weight: expected shape \(4, 3\), got \(3, 4\)"):
+        other.load_state_dict({**m.state_dict(), "a.weight": np.zeros((3, 4))})
+    np.testing.assert_array_equal(other.a.weight.data, before)     # nothing written on failure
+    other.load_state_dict({"a.weight": np.zeros((4, 3))}, strict=False)
+    assert not other.a.weight.data.any()
+
+
+def test_gradients_accumulate_over_calls_and_zero_grad_resets():
+    m = Pair()
+    x = np.random.default_rng(0).standard_normal((5, 3))
+    d = np.random.default_rng(1).standard_normal((5, 2))
+    m(x)
+    m.backward(d)
+    once = m.a.weight.grad.copy()
+    m(x)
+    m(x)
+    m.backward(d)
+    m.backward(d)
+    np.testing.assert_allclose(m.a.weight.grad, 3 * once, rtol=1e-14)
+    m.zero_grad()
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_backward_without_forward_is_a_clear_error_and_no_grad_saves_nothing():
+    m = Pair()
+    with pytest.raises(RuntimeError, match="backward called more times than forward"):
+        m.backward(np.zeros((1, 2)))
+    with no_grad():
+        m(np.zeros((2, 3)))
+    assert all(len(mod._saved) == 0 for mod in m.modules())
+
+
+def test_shared_parameter_gets_the_sum_of_its_uses():
+    """A parameter used by two modules gets the sum of both contributions (what tying relies on)."""
+    shared = Linear(3, 3, rng=0, dtype="float64")
+    m = Module()
+    m.first, m.second = shared, Linear(3, 3, rng=1, dtype="float64")
+    m.second.weight = shared.weight                       # tie
+    assert len(list(m.named_parameters())) == 3          # listed once
+    assert "second.weight" in m.state_dict()             # but every name is in the state dict
+    x = np.random.default_rng(2).standard_normal((4, 3))
+    d = np.random.default_rng(3).standard_normal((4, 3))
+    h = m.first(x)
+    m.second(h)
+    m.first.backward(m.second.backward(d))
+    # the same computation with an untied copy: the shared gradient is the sum over the two uses
+    a, b = Linear(3, 3, rng=0, dtype="float64"), Linear(3, 3, rng=1, dtype="float64")
+    b.weight.data = a.weight.data.copy()
+    b(a(x))
+    a.backward(b.backward(d))
+    np.testing.assert_allclose(shared.weight.grad, a.weight.grad + b.weight.grad, rtol=1e-13)
+
+
+def test_to_casts_parameters_and_train_eval_propagate():
+    m = Pair().to(dtype="float32")
+    assert all(p.dtype == np.float32 for p in m.parameters())
+    m.eval()
+    assert not any(mod.training for mod in m.modules())
+    m.train()
+    assert all(mod.training for mod in m.modules())
+
+
+def test_parameter_accumulate_checks_shape():
+    p = Parameter(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"gradient of shape \(3, 2\) for a parameter of shape \(2, 3\)"):
+        p.accumulate(np.zeros((3, 2)))
