@@ -65,15 +65,18 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     logp, _ = log_softmax_forward(logits.astype(accumulation_dtype(logits.dtype), copy=False))  # (..., V)
     picked = xp.take_along_axis(logp, safe_t[..., None], axis=-1)[..., 0]     # (...)
     s = float(label_smoothing)
-    nll = -picked if s == 0 else -(1.0 - s) * picked - (s / v) * logp.sum(axis=-1)
+    if s == 0:
+        nll = -picked                                    # (...)
+    else:                                                # -sum_j q_j log p_j, q = (1-s) onehot + s/V
+        nll = -(1.0 - s) * picked - (s / v) * logp.sum(axis=-1)                  # (...)
     nll = xp.where(valid, nll, 0)                        # (...) ignored positions contribute 0
     if reduction == "none":
-        loss, count = nll, 1
+        loss, count = nll, 1                             # (...)
     else:
         count = int(valid.sum()) if reduction == "mean" else 1
-        loss = nll.sum() / max(count, 1)                 # all ignored: 0 / 1 = 0
+        loss = nll.sum() / max(count, 1)                 # () all ignored: 0 / 1 = 0
     cache = CrossEntropyCache(logp, safe_t, valid, max(count, 1), s, reduction, logits.dtype)
-    return xp.asarray(loss).astype(logits.dtype), cache
+    return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 
 
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
@@ -94,5 +97,5 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     dz = xp.where(onehot, dz - (1.0 - s), dz)            # (..., V) q's one-hot part
     scale = dloss.astype(logp.dtype) / count             # () or (...)
     scale = xp.where(valid, scale, 0)                    # (...) ignored rows get no gradient
-    dz *= scale[..., None]
+    dz *= scale[..., None]                               # (..., V)
     return dz.astype(dtype, copy=False)                  # (..., V)

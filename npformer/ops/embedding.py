@@ -44,7 +44,7 @@ def embedding_forward(ids, weight, padding_idx: int | None = None):
             raise TypeError(f"padding_idx must be an int or None, got {describe(padding_idx)}")
         if not -v <= padding_idx < v:
             raise ValueError(f"padding_idx must be in [-{v}, {v}), got {padding_idx}")
-        padding_idx = int(padding_idx) % v             # torch's rule: -1 is the last row
+        padding_idx = int(padding_idx) % v               # torch's rule: -1 is the last row
     out = xp.take(weight, ids, axis=0)                   # ids.shape + (C,)
     return out, EmbeddingCache(ids, v, padding_idx)
 
@@ -60,7 +60,8 @@ def embedding_backward(dout, cache: EmbeddingCache):
     c = dout.shape[-1]
     dweight = xp.zeros((v, c), dtype=accumulation_dtype(dout.dtype))   # (V, C)
     # fwd: out = W[ids]  ->  dW[ids] += dout  (repeated ids summed)
-    scatter_add(dweight, ids.reshape(-1), dout.reshape(-1, c).astype(dweight.dtype, copy=False))
+    rows = dout.reshape(-1, c).astype(dweight.dtype, copy=False)       # (N, C), N = ids.size
+    scatter_add(dweight, ids.reshape(-1), rows)          # (V, C) in place on the fresh dweight
     if padding_idx is not None:
         dweight[padding_idx] = 0                         # fresh array: no input is touched
     return dweight.astype(dout.dtype, copy=False)        # (V, C)
