@@ -1,0 +1,166 @@
+"""``BERT``: an encoder-only Transformer (Devlin et al. 2019) with token, position and segment
+embeddings, post-norm GELU layers, a pooled [CLS] output and an optional masked-LM head.
+
+    e = LayerNorm(word[ids] + position[0..T-1] + token_type[segments]);  x = dropout(e)
+    h = layer_L(... layer_1(x, key padding) ...)                          (B, T, C) post-norm
+    pooled = tanh(h[:, 0] W_p^T + b_p)                                    (B, C)
+    mlm logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b_v              (B, T, V) tied decoder
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from npformer.backend import get_array_module
+from npformer.nn import init
+from npformer.nn.dropout import Dropout
+from npformer.nn.embedding import Embedding
+from npformer.nn.head import OutputHead
+from npformer.nn.linear import Linear
+from npformer.nn.module import Module, ModuleList
+from npformer.nn.normalization import LayerNorm
+from npformer.nn.transformer import TransformerEncoderLayer
+from npformer.ops.activations import gelu_backward, gelu_forward
+
+__all__ = ["BERTConfig", "BERT", "BertEmbeddings", "Pooler", "MaskedLMHead"]
+
+
+@dataclass(frozen=True)
+class BERTConfig:
+    vocab_size: int
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    activation: str = "gelu"
+    pad_token_id: int = 0
+    mlm_head: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class BertEmbeddings(Module):
+    def __init__(self, c: BERTConfig, rng, kw):
+        super().__init__()
+        self.word_embeddings = Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id,
+                                         std=0.02, rng=rng, **kw)
+        self.position_embeddings = Embedding(c.max_position_embeddings, c.hidden_size, std=0.02, rng=rng, **kw)
+        self.token_type_embeddings = Embedding(c.type_vocab_size, c.hidden_size, std=0.02, rng=rng, **kw)
+        self.LayerNorm = LayerNorm(c.hidden_size, c.layer_norm_eps, **kw)
+        self.dropout = Dropout(c.dropout)
+
+    def forward(self, input_ids, token_type_ids):
+        xp = get_array_module(input_ids)
+        pos = xp.arange(input_ids.shape[1])                                       # (T,)
+        e = self.word_embeddings(input_ids) + self.position_embeddings(pos) \
+            + self.token_type_embeddings(token_type_ids)                          # (B, T, C)
+        return self.dropout(self.LayerNorm(e))
+
+    def backward(self, dout):
+        de = self.LayerNorm.backward(self.dropout.backward(dout))                # (B, T, C)
+        # fwd: e = word[ids] + position[pos] + type[seg]  ->  each table gets de (position: summed over B)
+        self.token_type_embeddings.backward(de)
+        self.position_embeddings.backward(de.sum(axis=0))
+        self.word_embeddings.backward(de)
+
+
+class Pooler(Module):
+    """``pooled = tanh(h[:, 0] W^T + b)``: the [CLS] position through a dense layer and tanh."""
+
+    def __init__(self, hidden, rng, kw):
+        super().__init__()
+        self.dense = Linear(hidden, hidden, rng=rng, **kw)
+
+    def forward(self, h):
+        xp = get_array_module(h)
+        y = xp.tanh(self.dense(h[:, 0]))                                          # (B, C)
+        self._push((y, h.shape))
+        return y
+
+    def backward(self, dpooled):
+        y, shape = self._pop()
+        xp = get_array_module(y)
+        # fwd: y = tanh(z)  ->  dz = dy * (1 - y^2)
+        dcls = self.dense.backward(dpooled * (1 - y * y))                         # (B, C)
+        dh = xp.zeros(shape, dtype=y.dtype)                                       # (B, T, C)
+        dh[:, 0] = dcls
+        return dh
+
+
+class MaskedLMHead(Module):
+    """``logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b`` with the decoder tied to the word embeddings."""
+
+    def __init__(self, c: BERTConfig, word_embeddings: Embedding, rng, kw):
+        super().__init__()
+        self.dense = Linear(c.hidden_size, c.hidden_size, rng=rng, **kw)
+        self.LayerNorm = LayerNorm(c.hidden_size, c.layer_norm_eps, **kw)
+        self.decoder = OutputHead(c.hidden_size, c.vocab_size, bias=True, tied=word_embeddings.weight, **kw)
+
+    def forward(self, h):
+        a, cache = gelu_forward(self.dense(h))                                    # (B, T, C)
+        self._push(cache)
+        return self.decoder(self.LayerNorm(a))                                    # (B, T, V)
+
+    def backward(self, dlogits):
+        da = self.LayerNorm.backward(self.decoder.backward(dlogits))
+        return self.dense.backward(gelu_backward(da, self._pop()))
+
+
+class BERT(Module):
+    def __init__(self, config: BERTConfig, *, dtype=None, backend=None, rng=None):
+        super().__init__()
+        c = self.config = config
+        rng = init.host_generator(rng)
+        kw = dict(dtype=dtype, backend=backend)
+        self.embeddings = BertEmbeddings(c, rng, kw)
+        self.layers = ModuleList(
+            TransformerEncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.dropout,
+                                    c.activation, c.layer_norm_eps, norm_first=False, rng=rng, **kw)
+            for _ in range(c.num_hidden_layers))
+        self.pooler = Pooler(c.hidden_size, rng, kw)
+        self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
+
+    def forward(self, input_ids, token_type_ids=None, key_padding_mask=None):
+        """input_ids (B, T); token_type_ids (B, T) (default zeros); key_padding_mask (B, T) bool,
+        True = padding (default: ``input_ids == pad_token_id``). Returns (hidden (B, T, C), pooled (B, C))."""
+        xp = get_array_module(input_ids)
+        if not hasattr(input_ids, "dtype") or input_ids.dtype.kind not in "iu" or input_ids.ndim != 2:
+            raise TypeError(f"input_ids: expected a 2-d integer array (B, T), got "
+                            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
+                            f"{tuple(getattr(input_ids, 'shape', ()))}")
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
+                             f"{self.config.max_position_embeddings}")
+        if token_type_ids is None:
+            token_type_ids = xp.zeros_like(input_ids)
+        if key_padding_mask is None:
+            key_padding_mask = input_ids == self.config.pad_token_id
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, src_key_padding_mask=key_padding_mask)
+        return x, self.pooler(x)
+
+    def mlm_logits(self, hidden):
+        if self.mlm is None:
+            raise ValueError("this BERT has no masked-LM head: build it with BERTConfig(mlm_head=True)")
+        return self.mlm(hidden)
+
+    def backward(self, dhidden=None, dpooled=None, dmlm_logits=None):
+        """Back-propagate any of the three outputs' gradients (each call of forward once, and
+        ``mlm_logits`` once if it was called); accumulates every parameter gradient."""
+        xp = get_array_module(*(a for a in (dhidden, dpooled, dmlm_logits) if a is not None))
+        d = xp.zeros_like(dhidden) if dhidden is not None else None
+        if dmlm_logits is not None:
+            d = self.mlm.backward(dmlm_logits) if d is None else d + self.mlm.backward(dmlm_logits)
+        if dhidden is not None:
+            d = d + dhidden
+        dp = self.pooler.backward(dpooled if dpooled is not None
+                                  else xp.zeros(d.shape[:1] + d.shape[2:], dtype=d.dtype))
+        d = dp if d is None else d + dp
+        for layer in reversed(list(self.layers)):
+            d = layer.backward(d)
+        self.embeddings.backward(d)

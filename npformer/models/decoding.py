@@ -1,0 +1,175 @@
+"""Decoding: greedy and beam search (with the GNMT length penalty) for ``Seq2Seq``; sampling with
+temperature, top-k and top-p for ``GPT``.
+
+Both encode the source once and run the decoder on the growing prefix under ``no_grad`` in eval
+mode. Beam search scores a finished hypothesis by ``log p(y | x) / lp(|y|)`` with
+``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016); ``alpha = 0`` is the plain log-probability.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from npformer.backend import get_array_module
+from npformer.nn.module import no_grad
+from npformer.ops.softmax import log_softmax_forward, softmax_forward
+
+__all__ = ["greedy_decode", "beam_search", "eval_mode", "strip_after_eos", "sample_next", "generate"]
+
+
+@contextmanager
+def eval_mode(model):
+    """Eval mode and no saved caches for the block; the model's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
+def strip_after_eos(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+    """The tokens before the first ``eos_id``, without padding."""
+    out = []
+    for t in ids:
+        if t == eos_id:
+            break
+        if t != pad_id:
+            out.append(t)
+    return out
+
+
+def greedy_decode(model, src, *, bos_id: int, eos_id: int, max_len: int,
+                  use_cache: bool = True) -> list[list[int]]:
+    """The arg-max token at each step until ``eos_id`` (or ``max_len`` tokens), per source row.
+
+    With ``use_cache`` each step feeds only the newest token through the decoder (key/value cache);
+    without, it reruns the decoder on the whole prefix (the reference the cache is tested against).
+    """
+    xp = get_array_module(src)
+    pad = model.config.pad_id
+    with eval_mode(model):
+        memory, src_pad = model.encode(src)                                       # (B, S, C)
+        ys = xp.full((src.shape[0], 1), bos_id, dtype=src.dtype)                  # (B, 1)
+        done = xp.zeros((src.shape[0],), dtype=bool)                              # (B,)
+        cache = model.new_decoder_cache() if use_cache else None
+        for _ in range(max_len):
+            if use_cache:
+                logits = model.decode_step(ys[:, -1:], memory, src_pad, cache)[:, -1]   # (B, V)
+            else:
+                logits = model.decode(ys, memory, src_pad)[:, -1]                 # (B, V)
+            nxt = xp.where(done, pad, logits.argmax(axis=-1)).astype(ys.dtype)    # (B,)
+            ys = xp.concatenate([ys, nxt[:, None]], axis=1)                       # (B, t + 1)
+            done |= nxt == eos_id
+            if bool(done.all()):
+                break
+    rows = ys[:, 1:].tolist()
+    return [strip_after_eos(r, eos_id, pad) for r in rows]
+
+
+def _length_penalty(n: int, alpha: float) -> float:
+    return ((5.0 + n) / 6.0) ** alpha
+
+
+def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size: int = 4,
+                length_penalty: float = 0.6) -> list[list[int]]:
+    """The best hypothesis per source row by length-normalised log-probability."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    xp = get_array_module(src)
+    results = []
+    with eval_mode(model):
+        for i in range(src.shape[0]):
+            memory, src_pad = model.encode(src[i:i + 1])                          # (1, S, C)
+            beams = xp.full((1, 1), bos_id, dtype=src.dtype)                      # (k, t)
+            scores = xp.zeros((1,), dtype=memory.dtype)                           # (k,)
+            finished: list[tuple[float, list[int]]] = []
+            for step in range(1, max_len + 1):
+                k = beams.shape[0]
+                mem = xp.broadcast_to(memory, (k,) + memory.shape[1:])            # (k, S, C)
+                pad = xp.broadcast_to(src_pad, (k,) + src_pad.shape[1:])          # (k, S)
+                logp, _ = log_softmax_forward(model.decode(beams, mem, pad)[:, -1])   # (k, V)
+                total = (scores[:, None] + logp).ravel()                          # (k * V,)
+                n_best = min(beam_size * 2, total.size)
+                top = xp.argsort(-total)[:n_best]                                 # (n,)
+                vocab = logp.shape[1]
+                keep_beams, keep_scores = [], []
+                for flat in top.tolist():
+                    b, tok = divmod(flat, vocab)
+                    s = float(total[flat])
+                    seq = beams[b].tolist()[1:] + [tok]
+                    if tok == eos_id:
+                        finished.append((s / _length_penalty(len(seq), length_penalty), seq[:-1]))
+                    else:
+                        keep_beams.append(beams[b].tolist() + [tok])
+                        keep_scores.append(s)
+                    if len(keep_beams) == beam_size:
+                        break
+                best_open = max(keep_scores, default=-float("inf"))
+                if len(finished) >= beam_size and finished and \
+                        max(f[0] for f in finished) >= best_open / _length_penalty(max_len, length_penalty):
+                    break   # no open beam can still beat the best finished one
+                if not keep_beams:
+                    break
+                beams = xp.asarray(keep_beams, dtype=src.dtype)                   # (k', t + 1)
+                scores = xp.asarray(keep_scores, dtype=memory.dtype)              # (k',)
+            if not finished:   # nothing reached eos within max_len: take the best open beam
+                finished = [(float(s) / _length_penalty(max_len, length_penalty), b[1:])
+                            for s, b in zip(scores.tolist(), beams.tolist())]
+            results.append(max(finished, key=lambda f: f[0])[1])
+    return results
+
+
+def sample_next(logits, rng, *, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None):
+    """One token id per row of ``logits`` (B, V): softmax(logits / temperature), restricted to the
+    ``top_k`` most likely tokens and/or the smallest set whose probability reaches ``top_p``
+    (nucleus sampling, Holtzman et al. 2020). ``temperature = 0`` is the arg-max."""
+    xp = get_array_module(logits)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits.argmax(axis=-1)                                             # (B,)
+    z = logits.astype(xp.float64) / temperature                                   # (B, V)
+    if top_k is not None:
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        k = min(top_k, z.shape[-1])
+        kth = xp.sort(z, axis=-1)[:, -k][:, None]                                 # (B, 1)
+        z = xp.where(z < kth, -xp.inf, z)
+    p, _ = softmax_forward(z)                                                     # (B, V)
+    if top_p is not None:
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        sorted_p = -xp.sort(-p, axis=-1)                                          # (B, V) descending
+        before = xp.cumsum(sorted_p, axis=-1) - sorted_p     # mass of the more likely tokens
+        n_keep = (before < top_p).sum(axis=-1, keepdims=True)   # >= 1: the first is always kept
+        smallest_kept = xp.take_along_axis(sorted_p, n_keep - 1, axis=-1)        # (B, 1)
+        p = xp.where(p < smallest_kept, 0.0, p)                                   # ties are kept
+        p /= p.sum(axis=-1, keepdims=True)
+    u = rng.random((p.shape[0], 1))                                               # (B, 1)
+    idx = (xp.cumsum(p, axis=-1) < u).sum(axis=-1)                                # inverse CDF
+    return xp.minimum(idx, p.shape[-1] - 1)                                       # (B,)
+
+
+def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True):
+    """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens with a decoder-only model (GPT).
+    With ``use_cache`` the prompt is run once and each new token alone (key/value cache)."""
+    xp = get_array_module(idx)
+    block = model.config.block_size
+    with eval_mode(model):
+        if use_cache and idx.shape[1] + max_new_tokens <= block:
+            cache = model.new_cache()
+            logits = model.forward_cached(idx, cache)[:, -1]                      # (B, V)
+            for _ in range(max_new_tokens):
+                nxt = sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+                idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+                if len(cache[0]) < block:
+                    logits = model.forward_cached(idx[:, -1:], cache)[:, -1]
+            return idx
+        for _ in range(max_new_tokens):       # no cache, or past the context: a sliding window
+            logits = model(idx[:, -block:])[:, -1]
+            nxt = sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
+            idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+    return idx

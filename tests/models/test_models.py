@@ -1,0 +1,165 @@
+"""Whole-model gradient checks (float64) for Seq2Seq, GPT and BERT over their options, through the
+real loss (cross-entropy with padding ignored), plus the key/value cache against the uncached forward."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer.backend import get_backend
+from npformer.models.bert import BERT, BERTConfig
+from npformer.models.decoding import beam_search, eval_mode, greedy_decode
+from npformer.models.gpt import GPT, GPTConfig
+from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from npformer.nn import no_grad
+from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.tools.gradcheck import gradcheck_module
+from tests.helpers import assert_gradcheck, randn, seeds
+
+PAD = 0
+
+
+def _ids(xp, shape, vocab, seed, pad_tail=0):
+    a = np.random.default_rng(seed).integers(1, vocab, size=shape)
+    if pad_tail:
+        a[-1, -pad_tail:] = PAD                            # padding at the end of the last row
+    return xp.asarray(a)
+
+
+def _unit_scale_embeddings(model, seed):
+    """Redraw every embedding table N(0, 1). GPT/BERT start them at std 0.02, which puts a layer norm
+    right after inputs of that scale: the function then bends on a length scale of ~1e-3, where
+    eps = 1e-4 is no longer small (measured: the stencil's h^4 error gave rel 1e-6 at eps 1e-4 and
+    1e-10 at 1e-5 on BERT's token-type table). The gradient's correctness does not depend on the scale."""
+    rng = np.random.default_rng(seed)
+    xp = get_backend(model.backend)
+    for name, p in model.named_parameters():              # tied tables are one Parameter: drawn once
+        if "embeddings" in name or name.startswith(("wte", "wpe")):
+            p.data = xp.asarray(rng.standard_normal(p.shape))
+    return model
+
+
+def _loss_forward(logits_fn, targets):
+    """A forward that returns the mean cross-entropy (padding ignored), and the matching backward."""
+    saved = {}
+
+    def forward(m, **inputs):
+        loss, cache = cross_entropy_forward(logits_fn(m, **inputs), targets, ignore_index=PAD,
+                                            label_smoothing=0.1)
+        saved["cache"] = cache
+        return loss
+
+    def backward(m, dloss):
+        m.backward(cross_entropy_backward(dloss, saved["cache"]))
+        return ()
+    return forward, backward
+
+
+@given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), activation=st.sampled_from(["gelu_tanh", "gelu"]),
+       s=st.integers(2, 5), t=st.integers(2, 5))
+def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t):
+    # smooth activations only: see test_full_transformer_gradcheck_with_float_mask on ReLU kinks
+    cfg = Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=6, d_model=4, nhead=2, num_encoder_layers=1,
+                        num_decoder_layers=2, dim_feedforward=6, dropout=0.1, activation=activation,
+                        norm_first=norm_first, max_len=8, tie_embeddings=tie)
+    model = Seq2Seq(cfg, dtype="float64", backend=xp.__name__, rng=seed)
+    src, tgt_in = _ids(xp, (2, s), 7, seed, pad_tail=1), _ids(xp, (2, t), 6, seed + 1, pad_tail=1)
+    tgt_out = _ids(xp, (2, t), 6, seed + 2, pad_tail=1)
+    fwd, bwd = _loss_forward(lambda m, src, tgt_in: m(src, tgt_in), tgt_out)
+    report = gradcheck_module(model, {"src": src, "tgt_in": tgt_in}, forward=fwd, backward=bwd,
+                              dropout_seed=seed, seed=seed, mode="elements", max_elements=6)
+    assert_gradcheck(report)
+
+
+@given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), t=st.integers(1, 6))
+def test_gpt_gradcheck(xp, seed, norm_first, tie, t):
+    cfg = GPTConfig(vocab_size=7, block_size=8, n_layer=2, n_head=2, d_model=4, dropout=0.1,
+                    norm_first=norm_first, tie_embeddings=tie)
+    model = _unit_scale_embeddings(GPT(cfg, dtype="float64", backend=xp.__name__, rng=seed), seed)
+    idx, targets = _ids(xp, (2, t), 7, seed), _ids(xp, (2, t), 7, seed + 1)
+    fwd, bwd = _loss_forward(lambda m, idx: m(idx), targets)
+    report = gradcheck_module(model, {"idx": idx}, forward=fwd, backward=bwd, dropout_seed=seed,
+                              seed=seed, max_elements=6)
+    assert_gradcheck(report)
+
+
+@given(seed=seeds, mlm=st.booleans(), t=st.integers(2, 6))
+def test_bert_gradcheck_all_outputs(xp, seed, mlm, t):
+    cfg = BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=6, max_position_embeddings=8, dropout=0.1, mlm_head=mlm)
+    model = _unit_scale_embeddings(BERT(cfg, dtype="float64", backend=xp.__name__, rng=seed), seed)
+    ids = _ids(xp, (2, t), 9, seed, pad_tail=1)
+    segments = xp.asarray((np.arange(t) >= t // 2).astype(np.int64)[None].repeat(2, 0))
+    # padded positions are left out of the scalar: the padding row of the word table gets no
+    # gradient by definition (as torch), so its influence must not reach the checked output
+    keep = (ids != PAD)[..., None].astype(xp.float64)                            # (B, T, 1)
+    w_h, w_p = randn(xp, (2, t, 4), seed + 3) * keep, randn(xp, (2, 4), seed + 4)
+
+    # a scalar mixing all three outputs, so every path is checked
+    def fwd2(m, ids):
+        h, pooled = m(ids, segments)
+        parts = [(h * w_h).sum(), (pooled * w_p).sum()]
+        if mlm:
+            logits = m.mlm_logits(h)
+            fwd2.logits = logits
+            parts.append((logits * logits * keep).sum() * 0.1)
+        return sum(parts)
+
+    def bwd2(m, d):
+        dml = 0.2 * fwd2.logits * keep * d if mlm else None
+        m.backward(dhidden=w_h * d, dpooled=w_p * d, dmlm_logits=dml)
+        return ()
+    report = gradcheck_module(model, {"ids": ids}, forward=fwd2, backward=bwd2, dropout_seed=seed,
+                              seed=seed, max_elements=6)
+    assert_gradcheck(report)
+
+
+def test_seq2seq_kv_cache_matches_uncached_decoder(xp):
+    cfg = Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=9, d_model=8, nhead=2, dim_feedforward=16,
+                        num_encoder_layers=2, num_decoder_layers=2, max_len=16)
+    for norm_first in (False, True):
+        model = Seq2Seq(Seq2SeqConfig(**{**cfg.to_dict(), "norm_first": norm_first}),
+                        backend=xp.__name__, rng=0)
+        src, tgt = _ids(xp, (3, 6), 9, 1, pad_tail=2), _ids(xp, (3, 7), 9, 2)
+        with eval_mode(model):
+            memory, src_pad = model.encode(src)
+            full = model.decode(tgt, memory, src_pad)                     # (B, T, V)
+            cache = model.new_decoder_cache()
+            steps = [model.decode_step(tgt[:, i:i + 1], memory, src_pad, cache) for i in range(7)]
+        np.testing.assert_allclose(np.asarray(xp.concatenate(steps, axis=1)), np.asarray(full),
+                                   rtol=0, atol=1e-6)
+        a = greedy_decode(model, src, bos_id=1, eos_id=2, max_len=6)
+        b = greedy_decode(model, src, bos_id=1, eos_id=2, max_len=6, use_cache=False)
+        assert a == b
+
+
+def test_gpt_kv_cache_matches_uncached_forward(xp):
+    for norm_first in (True, False):
+        model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=8,
+                              norm_first=norm_first), backend=xp.__name__, rng=0)
+        idx = _ids(xp, (2, 9), 11, 3)
+        with eval_mode(model):
+            full = model(idx)
+            cache = model.new_cache()
+            parts = [model.forward_cached(idx[:, :4], cache)]             # a prompt, then one by one
+            parts += [model.forward_cached(idx[:, i:i + 1], cache) for i in range(4, 9)]
+        np.testing.assert_allclose(np.asarray(xp.concatenate(parts, axis=1)), np.asarray(full),
+                                   rtol=0, atol=1e-6)
+
+
+def test_beam_search_with_one_beam_equals_greedy(xp):
+    model = Seq2Seq(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=9, d_model=8, nhead=2,
+                                  dim_feedforward=16, max_len=16), backend=xp.__name__, rng=0)
+    src = _ids(xp, (3, 5), 9, 1)
+    assert beam_search(model, src, bos_id=1, eos_id=2, max_len=6, beam_size=1, length_penalty=0.0) == \
+        greedy_decode(model, src, bos_id=1, eos_id=2, max_len=6)
+    wide = beam_search(model, src, bos_id=1, eos_id=2, max_len=6, beam_size=4)
+    assert len(wide) == 3 and all(isinstance(r, list) for r in wide)
+
+
+def test_model_input_errors(xp):
+    model = GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, d_model=4), backend=xp.__name__)
+    with pytest.raises(ValueError, match="exceeds block_size=4"):
+        model(xp.zeros((1, 5), dtype=xp.int64))
+    with pytest.raises(TypeError, match="expected a 2-d integer array"):
+        model(xp.zeros((1, 3)))
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 5\) .* got values from 7 to 7"):
+        model(xp.full((1, 3), 7))
