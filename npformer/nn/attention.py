@@ -18,6 +18,7 @@ from npformer.nn.dropout import dropout_generator
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, Parameter
 from npformer.ops.attention import scaled_dot_product_attention_forward
+from npformer.ops.linear import matmul_last
 from npformer.ops.multihead import multi_head_attention_backward, multi_head_attention_forward
 
 __all__ = ["MultiheadAttention", "KVCache"]
@@ -47,7 +48,7 @@ class KVCache:
 
 def _project(x, weight, bias, part, e):
     w = weight[part * e:(part + 1) * e]                  # (E, E)
-    y = x @ w.T                                          # (B, T, E)
+    y = matmul_last(x, w.T)                              # (B, T, E)
     return y if bias is None else y + bias[part * e:(part + 1) * e]
 
 
@@ -126,5 +127,5 @@ class MultiheadAttention(Module):
             causal_alignment="bottom_right")                                          # (B, H, Tq, hs)
         bsz, _, tq, _ = out.shape
         out = out.transpose(0, 2, 1, 3).reshape(bsz, tq, e)                           # (B, Tq, E)
-        out = out @ self.out_proj.weight.data.T
+        out = matmul_last(out, self.out_proj.weight.data.T)
         return out if self.out_proj.bias is None else out + self.out_proj.bias.data

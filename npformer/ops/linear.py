@@ -3,7 +3,8 @@
     out = x @ W^T + b          x: (..., C_in), W: (C_out, C_in), b: (C_out,)
     dx = dout @ W,   dW = dout^T x,   db = sum of dout over every leading axis
 
-Leading axes are flattened into one batch axis so each gradient is a single matmul.
+Leading axes are flattened into one batch axis so every product is a single 2-d matmul (NumPy runs
+a 3-d ``x @ W^T`` as one small matrix product per leading index, measured 2.3x slower here).
 """
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from typing import Any, NamedTuple
 from npformer.backend import get_array_module
 from npformer.ops.checks import expect_float, expect_ndim, expect_same_dtype, expect_shape
 
-__all__ = ["LinearCache", "linear_forward", "linear_backward"]
+__all__ = ["LinearCache", "linear_forward", "linear_backward", "matmul_last"]
+
+
+def matmul_last(x, w):
+    """``x @ w`` over the last axis of ``x`` (..., K) with ``w`` (K, N), as one 2-d matmul."""
+    return (x.reshape(-1, x.shape[-1]) @ w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
 
 
 class LinearCache(NamedTuple):
@@ -36,7 +42,7 @@ def linear_forward(x, weight, bias=None):
     expect_same_dtype(x=x, weight=weight, bias=bias)
     get_array_module(x, weight, bias)  # raises on mixed backends
 
-    out = x @ weight.T                                   # (..., C_out)
+    out = matmul_last(x, weight.T)                       # (..., C_out)
     if bias is not None:
         out += bias
     return out, LinearCache(x, weight, bias is not None)
@@ -49,7 +55,7 @@ def linear_backward(dout, cache: LinearCache):
     dout2 = dout.reshape(-1, c_out)                      # (N, C_out)
     x2 = x.reshape(-1, c_in)                             # (N, C_in)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
-    dx = dout @ weight                                   # (..., C_in)
+    dx = matmul_last(dout, weight)                       # (..., C_in)
     dweight = dout2.T @ x2                               # (C_out, C_in)
     dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
     return dx, dweight, dbias

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from npformer.backend import get_array_module
 from npformer.ops.attention import (scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward)
+from npformer.ops.linear import matmul_last
 from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
 
 __all__ = ["MultiHeadCache", "multi_head_attention_forward", "multi_head_attention_backward"]
@@ -75,22 +76,22 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
 
     if query is key and key is value:
         sharing, inputs = "self", (query,)
-        qkv = query @ in_proj_weight.T                   # (B, T, 3E), one fused matmul
+        qkv = matmul_last(query, in_proj_weight.T)                   # (B, T, 3E), one fused matmul
         if in_proj_bias is not None:
             qkv += in_proj_bias
         q, k, v = qkv[..., :e], qkv[..., e:2 * e], qkv[..., 2 * e:]
     else:
         w_q, w_k, w_v = in_proj_weight[:e], in_proj_weight[e:2 * e], in_proj_weight[2 * e:]
-        q = query @ w_q.T                                # (B, Tq, E)
+        q = matmul_last(query, w_q.T)                                # (B, Tq, E)
         if key is value:
             sharing, inputs = "kv", (query, key)
-            kv = key @ in_proj_weight[e:].T              # (B, Tk, 2E)
+            kv = matmul_last(key, in_proj_weight[e:].T)              # (B, Tk, 2E)
             if in_proj_bias is not None:
                 kv += in_proj_bias[e:]
             k, v = kv[..., :e], kv[..., e:]
         else:
             sharing, inputs = "none", (query, key, value)
-            k, v = key @ w_k.T, value @ w_v.T            # (B, Tk, E)
+            k, v = matmul_last(key, w_k.T), matmul_last(value, w_v.T)            # (B, Tk, E)
             if in_proj_bias is not None:
                 k += in_proj_bias[e:2 * e]
                 v += in_proj_bias[2 * e:]
@@ -102,7 +103,7 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
         is_causal=is_causal, causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng,
         training=training, need_weights=need_weights)                            # (B, H, Tq, hs)
     merged = _merge(heads)                                                        # (B, Tq, E)
-    out = merged @ out_proj_weight.T                                              # (B, Tq, E)
+    out = matmul_last(merged, out_proj_weight.T)                                              # (B, Tq, E)
     if out_proj_bias is not None:
         out += out_proj_bias
     if weights is not None and average_attn_weights:
@@ -120,7 +121,7 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
     dout2 = dout.reshape(-1, e)                                                   # (B*Tq, E)
     dw_out = dout2.T @ merged.reshape(-1, e)                                      # (E, E)
     db_out = dout2.sum(axis=0) if has_out_bias else None                          # (E,)
-    dmerged = dout @ w_out                                                        # (B, Tq, E)
+    dmerged = matmul_last(dout, w_out)                                                        # (B, Tq, E)
     dq, dk, dv = scaled_dot_product_attention_backward(_split(dmerged, h), attn)  # (B, H, T, hs) each
     dq, dk, dv = _merge(dq), _merge(dk), _merge(dv)                               # (B, T, E) each
     xp = get_array_module(dout)
@@ -131,20 +132,20 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
         d2 = dqkv.reshape(-1, 3 * e)
         dw_in = d2.T @ x.reshape(-1, e)                                           # (3E, E)
         db_in = d2.sum(axis=0) if has_in_bias else None
-        return dqkv @ w_in, None, None, dw_in, db_in, dw_out, db_out
+        return matmul_last(dqkv, w_in), None, None, dw_in, db_in, dw_out, db_out
     query = inputs[0]
-    dquery = dq @ w_in[:e]                                                        # (B, Tq, E)
+    dquery = matmul_last(dq, w_in[:e])                                                        # (B, Tq, E)
     dw_q = dq.reshape(-1, e).T @ query.reshape(-1, e)                             # (E, E)
     if sharing == "kv":
         kv_in = inputs[1]
         dkv = xp.concatenate([dk, dv], axis=-1)                                   # (B, Tk, 2E)
-        dkey = dkv @ w_in[e:]                                                     # (B, Tk, E)
+        dkey = matmul_last(dkv, w_in[e:])                                                     # (B, Tk, E)
         dw_kv = dkv.reshape(-1, 2 * e).T @ kv_in.reshape(-1, e)                   # (2E, E)
         dw_in = xp.concatenate([dw_q, dw_kv], axis=0)                             # (3E, E)
         dvalue = None
     else:
         key, value = inputs[1], inputs[2]
-        dkey, dvalue = dk @ w_in[e:2 * e], dv @ w_in[2 * e:]                      # (B, Tk, E)
+        dkey, dvalue = matmul_last(dk, w_in[e:2 * e]), matmul_last(dv, w_in[2 * e:])                      # (B, Tk, E)
         dw_in = xp.concatenate([dw_q, dk.reshape(-1, e).T @ key.reshape(-1, e),
                                 dv.reshape(-1, e).T @ value.reshape(-1, e)], axis=0)   # (3E, E)
     db_in = xp.concatenate([dq.reshape(-1, e).sum(axis=0), dk.reshape(-1, e).sum(axis=0),

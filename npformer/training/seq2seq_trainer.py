@@ -34,7 +34,7 @@ class TrainConfig:
     seed: int = 0
     backend: str = "numpy"
     dtype: str = "float32"
-    steps: int = 1200
+    steps: int = 800
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
@@ -51,10 +51,10 @@ class TrainConfig:
     norm_first: bool = False
     n_train: int | None = None
     n_valid: int | None = None
-    eval_every: int = 300
+    eval_every: int = 200
     log_every: int = 25
     checkpoint: str | None = None
-    checkpoint_every: int = 300
+    checkpoint_every: int = 200
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
