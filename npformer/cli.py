@@ -2,6 +2,7 @@
 
     npformer train [--task dates] [--steps N] [--backend numpy|cupy] [--checkpoint PATH] [--resume] ...
     npformer translate --checkpoint PATH "3rd of March 1997" ...
+    npformer generate --checkpoint PATH --prompt "The " [--temperature T] [--top-k K] [--top-p P]
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
 
 Sub-commands import what they need when they run, so ``npformer --help`` stays fast and
@@ -40,7 +41,7 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from npformer.training.seq2seq_trainer import Seq2SeqTrainer, TrainConfig
+    from npformer.training.trainer import TrainConfig, make_trainer
 
     overrides = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}
     if args.resume:
@@ -51,12 +52,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         explicit = {k: v for k, v in overrides.items() if k in ("steps", "checkpoint", "backend",
                                                                    "eval_every", "log_every")}
         config = TrainConfig.from_dict({**saved, **explicit})
-        trainer = Seq2SeqTrainer(config)
+        trainer = make_trainer(config)
         trainer.load(args.checkpoint)
         print(f"resumed from {args.checkpoint} at step {trainer.step}")
     else:
-        trainer = Seq2SeqTrainer(TrainConfig(**overrides))
+        trainer = make_trainer(TrainConfig(**overrides))
     result = trainer.fit()
+    if "predictions" not in result:
+        return 0
     print("\nexamples from the held-out set:")
     for src, pred, tgt in list(zip(result["sources"], result["predictions"], result["targets"]))[:8]:
         mark = "ok " if pred == tgt else "ERR"
@@ -66,7 +69,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from npformer.training.checkpoint import load_checkpoint
-    from npformer.training.seq2seq_trainer import Seq2SeqTrainer, TrainConfig
+    from npformer.training.trainer import Seq2SeqTrainer, TrainConfig
 
     config = TrainConfig.from_dict(load_checkpoint(args.checkpoint).meta["train_config"])
     config.backend = args.backend or config.backend
@@ -74,6 +77,25 @@ def cmd_translate(args: argparse.Namespace) -> int:
     trainer.load(args.checkpoint)
     for src, out in zip(args.text, trainer.translate(args.text)):
         print(f"{src}\t{out}")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from npformer.training.checkpoint import load_checkpoint
+    from npformer.training.lm_trainer import LMTrainer, sample_text
+    from npformer.training.trainer import TrainConfig
+
+    meta = load_checkpoint(args.checkpoint).meta
+    if meta.get("kind") != "gpt":
+        raise ValueError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
+                         "checkpoint from 'npformer train --task charlm'")
+    config = TrainConfig.from_dict(meta["train_config"])
+    config.backend = args.backend or config.backend
+    trainer = LMTrainer(config, log=lambda _: None)
+    trainer.load(args.checkpoint)
+    print(sample_text(trainer.model, trainer.vocab, args.prompt, args.tokens, seed=args.seed,
+                      backend=config.backend, temperature=args.temperature, top_k=args.top_k,
+                      top_p=args.top_p))
     return 0
 
 
@@ -93,7 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a Seq2Seq Transformer on a built-in task (default: dates)",
                        description="Trains the paper's encoder-decoder on a built-in task, reports "
                                    "validation loss and exact-match accuracy, prints examples.")
-    t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse"])
+    t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse", "charlm"],
+                   help="a Seq2Seq task (default dates) or charlm: a GPT on a text")
+    t.add_argument("--text", metavar="FILE", help="charlm: train on this UTF-8 text (default: the shipped corpus)")
+    t.add_argument("--block-size", type=int, dest="block_size", help="charlm: context length")
     t.add_argument("--steps", type=int)
     t.add_argument("--batch-size", type=int, dest="batch_size")
     t.add_argument("--lr", type=float)
@@ -103,8 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--layers", type=int, help="encoder and decoder layers (each)")
     t.add_argument("--ff", type=int, dest="dim_feedforward", help="feed-forward width")
     t.add_argument("--dropout", type=float)
-    t.add_argument("--activation", choices=["relu", "gelu"])
-    t.add_argument("--norm-first", action="store_true", default=None, dest="norm_first")
+    t.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"])
+    t.add_argument("--norm-first", action="store_true", default=None, dest="norm_first",
+                   help="pre-norm layers (GPT-2); default post-norm for seq2seq, pre-norm for charlm")
+    t.add_argument("--post-norm", action="store_false", default=None, dest="norm_first",
+                   help="post-norm layers (the paper, GPT-1)")
     t.add_argument("--label-smoothing", type=float, dest="label_smoothing")
     t.add_argument("--seed", type=int)
     t.add_argument("--backend", choices=["numpy", "cupy"])
@@ -122,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--backend", choices=["numpy", "cupy"])
     tr.add_argument("text", nargs="+")
     tr.set_defaults(func=cmd_translate)
+
+    gen = sub.add_parser("generate", help="sample text from a GPT checkpoint (npformer train --task charlm)")
+    gen.add_argument("--checkpoint", required=True, metavar="PATH")
+    gen.add_argument("--prompt", default="The ")
+    gen.add_argument("--tokens", type=int, default=200, help="characters to sample")
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-k", type=int, dest="top_k")
+    gen.add_argument("--top-p", type=float, dest="top_p", default=0.95)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--backend", choices=["numpy", "cupy"])
+    gen.set_defaults(func=cmd_generate)
     return parser
 
 

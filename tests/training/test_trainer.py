@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from npformer.training import checkpoint as ckpt
-from npformer.training.seq2seq_trainer import Seq2SeqTrainer, TrainConfig
+from npformer.training.trainer import Seq2SeqTrainer, TrainConfig
 
 SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, nhead=2, layers=1, dim_feedforward=32,
              batch_size=16, steps=40, warmup=5, lr=3e-3, eval_every=0, log_every=10)
@@ -73,3 +73,37 @@ def test_evaluate_and_translate_run():
     result = trainer.evaluate(limit=8)
     assert 0.0 <= result["exact_match"] <= 1.0 and np.isfinite(result["loss"])
     assert len(trainer.translate(["abc", "j"])) == 2
+
+
+LM = dict(task="charlm", d_model=16, nhead=2, layers=1, dim_feedforward=32, block_size=16,
+          batch_size=8, steps=40, warmup=5, lr=3e-3, eval_every=0, log_every=10)
+
+
+def test_charlm_gpt_loss_falls_and_resumes_exactly(tmp_path):
+    from npformer.training.trainer import make_trainer
+    trainer = make_trainer(TrainConfig(**LM), log=lambda _: None)
+    assert trainer.model.config.norm_first                      # GPT-2 style by default
+    losses = [trainer.train_step() for _ in range(40)]
+    uniform = np.log(len(trainer.vocab))                        # the loss of knowing nothing
+    assert losses[0] > uniform - 0.1 and np.mean(losses[-5:]) < uniform - 0.5, losses
+    short = TrainConfig(**{**LM, "steps": 8})
+    straight = make_trainer(short, log=lambda _: None)
+    expected = [straight.train_step() for _ in range(8)]
+    first = make_trainer(short, log=lambda _: None)
+    got = [first.train_step() for _ in range(4)]
+    first.save(tmp_path / "lm.npz")
+    resumed = make_trainer(short, log=lambda _: None)
+    resumed.load(tmp_path / "lm.npz")
+    got += [resumed.train_step() for _ in range(4)]
+    assert got == expected
+    result = resumed.evaluate(limit=4)
+    assert np.isfinite(result["loss"]) and result["sample"].startswith("The ")
+
+
+def test_loading_a_checkpoint_of_another_kind_is_a_clear_error(tmp_path):
+    from npformer.training.trainer import make_trainer
+    lm = make_trainer(TrainConfig(**{**LM, "steps": 2, "warmup": 1}), log=lambda _: None)
+    lm.save(tmp_path / "lm.npz")
+    s2s = _quiet(TrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
+    with pytest.raises(ValueError, match="holds a 'gpt' checkpoint, not a seq2seq one"):
+        s2s.load(tmp_path / "lm.npz")
