@@ -34,7 +34,7 @@ class TrainConfig:
     seed: int = 0
     backend: str = "numpy"
     dtype: str = "float32"
-    steps: int = 800
+    steps: int = 700
     batch_size: int = 64
     lr: float = 2e-3
     warmup: int = 100
@@ -51,7 +51,7 @@ class TrainConfig:
     norm_first: bool | None = None   # None: the model's default (Seq2Seq post-norm, GPT pre-norm)
     n_train: int | None = None
     n_valid: int | None = None
-    eval_every: int = 200
+    eval_every: int = 350
     log_every: int = 25
     checkpoint: str | None = None
     checkpoint_every: int = 200
