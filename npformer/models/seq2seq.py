@@ -72,12 +72,14 @@ class Seq2Seq(Module):
 
     def encode(self, src):
         """memory (B, S, C) and the source padding mask (B, S), True = padding."""
+        self._check_ids(src, "src", self.config.src_vocab_size)
         src_pad = src == self.config.pad_id                                       # (B, S)
         x = self._embed(self.src_embed, self.src_dropout, src)
         return self.transformer.encoder(x, src_key_padding_mask=src_pad), src_pad
 
     def decode(self, tgt_in, memory, src_pad):
         """Logits (B, T, V) of the next tokens for every prefix of ``tgt_in``."""
+        self._check_ids(tgt_in, "tgt_in", self.config.tgt_vocab_size)
         tgt_pad = tgt_in == self.config.pad_id                                    # (B, T)
         y = self._embed(self.tgt_embed, self.tgt_dropout, tgt_in)
         h = self.transformer.decoder(y, memory, tgt_key_padding_mask=tgt_pad,
@@ -103,8 +105,6 @@ class Seq2Seq(Module):
     # -- training ----------------------------------------------------------------------------------
     def forward(self, src, tgt_in):
         """src (B, S), tgt_in (B, T) integer ids -> logits (B, T, V)."""
-        self._check_ids(src, "src", self.config.src_vocab_size)
-        self._check_ids(tgt_in, "tgt_in", self.config.tgt_vocab_size)
         memory, src_pad = self.encode(src)
         return self.decode(tgt_in, memory, src_pad)
 
