@@ -21,17 +21,10 @@ from npformer.nn.dropout import Dropout
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
-from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward, relu_forward
+from npformer.ops.feedforward import ACTIVATIONS
 
 __all__ = ["FeedForwardBlock", "TransformerEncoderLayer", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerDecoder", "Transformer", "ACTIVATIONS"]
-
-ACTIVATIONS = {
-    "relu": (relu_forward, {}, relu_backward),
-    "gelu": (gelu_forward, {"approximate": "none"}, gelu_backward),
-    "gelu_tanh": (gelu_forward, {"approximate": "tanh"}, gelu_backward),
-}
-
 
 def _activation(name: str):
     if name not in ACTIVATIONS:
