@@ -7,14 +7,16 @@
         dgelu_tanh = dy * (1/2 (1 + t) + x/2 (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)),  t = tanh(u)
 
 The caches keep ``x`` (ReLU keeps its boolean mask); the GELU backward recomputes Phi or tanh
-rather than storing a second array.
+rather than storing a second array. GELU computes 16-bit inputs in float32 (``x^3`` overflows
+float16 from |x| > 40) and evaluates the tanh polynomial on x clipped to [-100, 100], where
+tanh is already exactly +-1 and 1 - t^2 exactly 0, so no inf * 0 can appear for any finite x.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, NamedTuple
 
-from npformer.backend import erf, get_array_module
+from npformer.backend import accumulation_dtype, erf, get_array_module
 from npformer.ops.checks import expect_float
 
 __all__ = ["ReluCache", "GeluCache", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward"]
@@ -50,24 +52,32 @@ def relu_backward(dy, cache: ReluCache):
 def gelu_forward(x, approximate: str = "none"):
     """``approximate`` is ``"none"`` (erf) or ``"tanh"``, as PyTorch's argument."""
     expect_float(x, "x")
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
     xp = get_array_module(x)
+    xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     if approximate == "none":
-        phi_cdf = erf(x * _INV_SQRT_2)                   # (...)
+        phi_cdf = erf(xa * _INV_SQRT_2)                  # (...)
         phi_cdf += 1.0
         phi_cdf *= 0.5
-        y = x * phi_cdf
-    elif approximate == "tanh":
-        t = xp.tanh(_SQRT_2_OVER_PI * (x + _C * (x * x * x)))
-        t += 1.0
-        y = 0.5 * x * t
+        y = xa * phi_cdf
     else:
-        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        t = xp.tanh(_tanh_arg(xa, xp))
+        t += 1.0
+        y = 0.5 * xa * t
     return y.astype(x.dtype, copy=False), GeluCache(x, approximate)
+
+
+def _tanh_arg(x, xp):
+    """sqrt(2/pi) (x + 0.044715 x^3) on x clipped to [-100, 100] (tanh is exactly +-1 beyond)."""
+    xc = xp.clip(x, -100.0, 100.0)
+    return _SQRT_2_OVER_PI * xc * (1.0 + _C * (xc * xc))
 
 
 def gelu_backward(dy, cache: GeluCache):
     x, approximate = cache
     xp = get_array_module(dy, x)
+    x = x.astype(accumulation_dtype(x.dtype), copy=False)
     if approximate == "none":
         # fwd: y = x Phi(x)  ->  dx = dy * (Phi(x) + x phi(x))
         d = erf(x * _INV_SQRT_2)
@@ -76,9 +86,9 @@ def gelu_backward(dy, cache: GeluCache):
         d += x * xp.exp(-0.5 * x * x) * _INV_SQRT_2PI
     else:
         # fwd: y = x/2 (1 + tanh(u))  ->  dx = dy * (1/2 (1 + t) + x/2 (1 - t^2) du/dx)
-        x2 = x * x
-        t = xp.tanh(_SQRT_2_OVER_PI * x * (1.0 + _C * x2))
-        d = 0.5 * x * (1.0 - t * t) * (_SQRT_2_OVER_PI * (1.0 + 3.0 * _C * x2))
+        xc = xp.clip(x, -100.0, 100.0)
+        t = xp.tanh(_tanh_arg(x, xp))
+        d = 0.5 * xc * (1.0 - t * t) * (_SQRT_2_OVER_PI * (1.0 + 3.0 * _C * (xc * xc)))
         d += 0.5 * (1.0 + t)
     d *= dy
     return d.astype(dy.dtype, copy=False)

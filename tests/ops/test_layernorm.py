@@ -1,0 +1,88 @@
+"""layer_norm_forward / layer_norm_backward: reference, invariants, gradcheck, extreme rows, bad input."""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
+from npformer.tools.gradcheck import gradcheck
+from tests.helpers import assert_gradcheck, host, randn, seeds
+
+shapes = st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(2, 8))
+
+
+def reference(x, w, b, eps):
+    x = np.asarray(x, np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(var + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+@given(shape=shapes, affine=st.sampled_from(["both", "weight", "none"]), seed=seeds)
+def test_layer_norm_gradcheck_and_reference(xp, shape, affine, seed):
+    c = shape[-1]
+    inputs = {"x": randn(xp, shape, seed, scale=2.0)}
+    if affine != "none":
+        inputs["weight"] = randn(xp, (c,), seed + 1)
+    if affine == "both":
+        inputs["bias"] = randn(xp, (c,), seed + 2)
+    y, _ = layer_norm_forward(**inputs)
+    ref = reference(host(inputs["x"]), host(inputs.get("weight", np.ones(c))), host(inputs.get("bias", np.zeros(c))), 1e-5)
+    np.testing.assert_allclose(host(y), ref, rtol=1e-12, atol=1e-12)
+    assert_gradcheck(gradcheck(layer_norm_forward, layer_norm_backward, inputs, seed=seed))
+
+
+def test_rows_have_zero_mean_and_unit_variance(xp):
+    x = randn(xp, (5, 64), 0, scale=3.0) + 7.0
+    eps = 1e-5
+    y, _ = layer_norm_forward(x, eps=eps)
+    yh = host(y)
+    var = host(x).var(-1)
+    np.testing.assert_allclose(yh.mean(-1), 0, atol=1e-13)
+    # the variance is var / (var + eps), exactly, not 1: eps is part of the definition
+    np.testing.assert_allclose(yh.var(-1), var / (var + eps), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_constant_rows_give_the_bias_and_no_nan(xp, dtype):
+    x = xp.full((3, 6), 1e4 if dtype != "float16" else 1e3, dtype=dtype)
+    w, b = xp.ones(6, dtype=dtype) * 2, xp.arange(6, dtype=dtype)
+    y, cache = layer_norm_forward(x, w, b)
+    assert y.dtype == x.dtype
+    np.testing.assert_array_equal(host(y), np.broadcast_to(host(b), (3, 6)))
+    dx, dw, db = layer_norm_backward(xp.ones_like(x), cache)
+    assert all(np.isfinite(host(g)).all() for g in (dx, dw, db))
+
+
+def test_long_rows_float32_match_float64(xp):
+    x64 = randn(xp, (4, 4096), 1, scale=5.0) + 3.0
+    w, b = randn(xp, (4096,), 2), randn(xp, (4096,), 3)
+    y32, c32 = layer_norm_forward(x64.astype(xp.float32), w.astype(xp.float32), b.astype(xp.float32))
+    y64, c64 = layer_norm_forward(x64, w, b)
+    np.testing.assert_allclose(host(y32), host(y64), rtol=1e-4, atol=1e-4)
+    d = randn(xp, (4, 4096), 4)
+    dx32 = layer_norm_backward(d.astype(xp.float32), c32)[0]
+    dx64 = layer_norm_backward(d, c64)[0]
+    np.testing.assert_allclose(host(dx32), host(dx64), rtol=1e-3, atol=1e-4)
+
+
+def test_pure_and_views(xp):
+    base = randn(xp, (6, 4), 0)
+    x = base.T                                            # (4, 6) non-contiguous
+    before = base.copy()
+    y, cache = layer_norm_forward(x)
+    layer_norm_backward(randn(xp, (4, 6), 1), cache)
+    assert xp.array_equal(base, before)
+    np.testing.assert_allclose(host(y), reference(host(x), None, None, 1e-5), rtol=1e-12)
+
+
+def test_layer_norm_bad_input(xp):
+    x = randn(xp, (2, 4), 0)
+    with pytest.raises(ValueError, match=r"weight: expected shape \(4,\)"):
+        layer_norm_forward(x, randn(xp, (3,), 1))
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        layer_norm_forward(x, eps=0.0)
+    with pytest.raises(TypeError, match="dtype mismatch"):
+        layer_norm_forward(x, xp.ones(4, dtype=xp.float32))
+    with pytest.raises(TypeError, match="x: expected a floating-point array"):
+        layer_norm_forward(xp.ones((2, 4), dtype=xp.int32))
