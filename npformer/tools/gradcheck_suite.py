@@ -217,3 +217,51 @@ def run_suite(backend: str = "numpy", seed: int = 0, only: str | None = None,
             names = sorted({c.op for c in CASES + list(extra or [])})
             raise ValueError(f"--only {only!r} matches no op; the ops are {names}")
     return [c.build(xp, seed) for c in cases]
+
+
+# -- layers and models: every parameter, sampled elements, dropout on with a fixed seed -----------
+
+def _module_case(label, build_module, make_inputs, forward, max_elements=4):
+    def build(xp, s):
+        from npformer.tools.gradcheck import gradcheck_module
+        module = build_module(xp, s).to(dtype="float64")
+        return gradcheck_module(module, make_inputs(xp, s), forward=forward, dropout_seed=s, seed=s,
+                                max_elements=max_elements, label=label)
+    return build
+
+
+def _layer_cases():
+    from npformer import nn
+
+    def enc(xp, s):
+        return nn.TransformerEncoderLayer(6, 2, 8, dropout=0.1, activation="gelu", rng=s, backend=xp.__name__)
+
+    def dec(xp, s):
+        return nn.TransformerDecoderLayer(6, 2, 8, dropout=0.1, norm_first=True, rng=s, backend=xp.__name__)
+
+    def mha(xp, s):
+        return nn.MultiheadAttention(6, 3, dropout=0.1, rng=s, backend=xp.__name__)
+    return [
+        Case("MultiheadAttention", _module_case(
+            "MultiheadAttention[cross, padding]", mha,
+            lambda xp, s: {"query": _randn(xp, s, 2, 3, 6), "key": _randn(xp, s + 1, 2, 4, 6),
+                           "value": _randn(xp, s + 2, 2, 4, 6)},
+            lambda m, query, key, value: m(query, key, value,
+                                           key_padding_mask=_padding(backend_of(query), 2, 4, 1))[0])),
+        Case("TransformerEncoderLayer", _module_case(
+            "TransformerEncoderLayer[post-norm, gelu, causal]", enc,
+            lambda xp, s: {"src": _randn(xp, s, 2, 4, 6)},
+            lambda m, src: m(src, is_causal=True))),
+        Case("TransformerDecoderLayer", _module_case(
+            "TransformerDecoderLayer[pre-norm, relu, memory padding]", dec,
+            lambda xp, s: {"tgt": _randn(xp, s, 2, 3, 6), "memory": _randn(xp, s + 1, 2, 5, 6)},
+            lambda m, tgt, memory: m(tgt, memory, tgt_is_causal=True,
+                                     memory_key_padding_mask=_padding(backend_of(tgt), 2, 5, 2)))),
+    ]
+
+
+def backend_of(a):
+    return get_backend(backend_name(a))
+
+
+CASES.extend(_layer_cases())
