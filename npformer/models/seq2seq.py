@@ -17,7 +17,7 @@ from npformer.backend import get_array_module
 from npformer.nn import init
 from npformer.nn.attention import KVCache
 from npformer.nn.dropout import Dropout
-from npformer.nn.embedding import Embedding, PositionalEncoding
+from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding
 from npformer.nn.head import OutputHead
 from npformer.nn.module import Module
 from npformer.nn.transformer import Transformer
@@ -40,6 +40,7 @@ class Seq2SeqConfig:
     max_len: int = 256
     pad_id: int = 0
     tie_embeddings: bool = True      # output head shares the target embedding (section 3.4)
+    positional: str = "sinusoidal"   # or "learned" (one trained table shared by source and target)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -54,7 +55,12 @@ class Seq2Seq(Module):
         std = c.d_model ** -0.5
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id, std=std, rng=rng, **kw)
         self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id, std=std, rng=rng, **kw)
-        self.pos = PositionalEncoding(c.d_model, c.max_len)
+        if c.positional == "sinusoidal":
+            self.pos = PositionalEncoding(c.d_model, c.max_len)
+        elif c.positional == "learned":
+            self.pos = LearnedPositionalEncoding(c.d_model, c.max_len, rng=rng, **kw)
+        else:
+            raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {c.positional!r}")
         self.src_dropout, self.tgt_dropout = Dropout(c.dropout), Dropout(c.dropout)
         self.transformer = Transformer(c.d_model, c.nhead, c.num_encoder_layers, c.num_decoder_layers,
                                        c.dim_feedforward, c.dropout, c.activation,

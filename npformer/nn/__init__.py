@@ -7,7 +7,7 @@ returns the gradients of the forward's array inputs and accumulates parameter gr
 from npformer.nn import init
 from npformer.nn.attention import MultiheadAttention
 from npformer.nn.dropout import Dropout, dropout_generator, seed_dropout
-from npformer.nn.embedding import Embedding, PositionalEncoding, sinusoidal_table
+from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding, sinusoidal_table
 from npformer.nn.head import OutputHead
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList, Parameter, StateDictError, is_grad_enabled, no_grad
@@ -17,7 +17,7 @@ from npformer.nn.transformer import (FeedForwardBlock, Transformer, TransformerD
                                      TransformerEncoderLayer)
 
 __all__ = ["init", "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding",
-           "PositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "seed_dropout",
+           "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "seed_dropout",
            "dropout_generator", "MultiheadAttention", "FeedForwardBlock", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
            "OutputHead", "no_grad", "is_grad_enabled"]

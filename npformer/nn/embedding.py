@@ -6,6 +6,8 @@
   ``PE[pos, 2i] = sin(pos / 10000^(2i/d))``, ``PE[pos, 2i+1] = cos(pos / 10000^(2i/d))``.
 * ``PositionalEncoding(d_model, max_len)``: ``x + PE[offset : offset + T]``, no parameters; the
   gradient passes through unchanged.
+* ``LearnedPositionalEncoding(d_model, max_len)``: ``x + P[offset : offset + T]`` with a trained
+  table P (BERT, GPT); ``dP[offset + t] += sum over the batch of dout[:, t]``.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from npformer.nn import init
 from npformer.nn.module import Module, Parameter
 from npformer.ops.embedding import embedding_backward, embedding_forward
 
-__all__ = ["Embedding", "PositionalEncoding", "sinusoidal_table"]
+__all__ = ["Embedding", "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table"]
 
 
 class Embedding(Module):
@@ -90,6 +92,37 @@ class PositionalEncoding(Module):
 
     def backward(self, dout):
         return dout                                      # fwd: y = x + PE  ->  dx = dy
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, max_len={self.max_len}"
+
+
+class LearnedPositionalEncoding(Module):
+    """Adds a trained (max_len, C) table to (B, T, C) inputs, starting at position ``offset``."""
+
+    def __init__(self, d_model: int, max_len: int = 512, *, std: float = 0.02, dtype=None, backend=None,
+                 rng=None):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.weight = Parameter(init.normal((max_len, d_model), std, rng=rng, dtype=dtype, backend=backend),
+                                decay=False)
+
+    def forward(self, x, offset: int = 0):
+        t = x.shape[-2]
+        if offset + t > self.max_len:
+            raise ValueError(f"positions {offset}..{offset + t - 1} exceed max_len={self.max_len} of "
+                             "the positional table")
+        self._push((offset, t))
+        return x + self.weight.data[offset: offset + t]                          # (B, T, C)
+
+    def backward(self, dout):
+        offset, t = self._pop()
+        xp = get_array_module(dout)
+        d = dout.reshape(-1, t, dout.shape[-1]).sum(axis=0)                      # (T, C)
+        grad = xp.zeros_like(self.weight.data)                                   # (L, C)
+        grad[offset: offset + t] = d
+        self.weight.accumulate(grad)                     # fwd: y = x + P[offset:]  ->  dP = sum_B dy
+        return dout
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, max_len={self.max_len}"

@@ -12,7 +12,7 @@ from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.nn import no_grad
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
-from tests.helpers import assert_gradcheck, randn, seeds
+from tests.helpers import assert_gradcheck, host, randn, seeds
 
 PAD = 0
 
@@ -54,12 +54,12 @@ def _loss_forward(logits_fn, targets):
 
 
 @given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), activation=st.sampled_from(["gelu_tanh", "gelu"]),
-       s=st.integers(2, 5), t=st.integers(2, 5))
-def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t):
+       s=st.integers(2, 5), t=st.integers(2, 5), positional=st.sampled_from(["sinusoidal", "learned"]))
+def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t, positional):
     # smooth activations only: see test_full_transformer_gradcheck_with_float_mask on ReLU kinks
     cfg = Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=6, d_model=4, nhead=2, num_encoder_layers=1,
                         num_decoder_layers=2, dim_feedforward=6, dropout=0.1, activation=activation,
-                        norm_first=norm_first, max_len=8, tie_embeddings=tie)
+                        norm_first=norm_first, max_len=8, tie_embeddings=tie, positional=positional)
     model = Seq2Seq(cfg, dtype="float64", backend=xp.__name__, rng=seed)
     src, tgt_in = _ids(xp, (2, s), 7, seed, pad_tail=1), _ids(xp, (2, t), 6, seed + 1, pad_tail=1)
     tgt_out = _ids(xp, (2, t), 6, seed + 2, pad_tail=1)
@@ -124,7 +124,7 @@ def test_seq2seq_kv_cache_matches_uncached_decoder(xp):
             full = model.decode(tgt, memory, src_pad)                     # (B, T, V)
             cache = model.new_decoder_cache()
             steps = [model.decode_step(tgt[:, i:i + 1], memory, src_pad, cache) for i in range(7)]
-        np.testing.assert_allclose(np.asarray(xp.concatenate(steps, axis=1)), np.asarray(full),
+        np.testing.assert_allclose(host(xp.concatenate(steps, axis=1)), host(full),
                                    rtol=0, atol=1e-6)
         a = greedy_decode(model, src, bos_id=1, eos_id=2, max_len=6)
         b = greedy_decode(model, src, bos_id=1, eos_id=2, max_len=6, use_cache=False)
@@ -141,7 +141,7 @@ def test_gpt_kv_cache_matches_uncached_forward(xp):
             cache = model.new_cache()
             parts = [model.forward_cached(idx[:, :4], cache)]             # a prompt, then one by one
             parts += [model.forward_cached(idx[:, i:i + 1], cache) for i in range(4, 9)]
-        np.testing.assert_allclose(np.asarray(xp.concatenate(parts, axis=1)), np.asarray(full),
+        np.testing.assert_allclose(host(xp.concatenate(parts, axis=1)), host(full),
                                    rtol=0, atol=1e-6)
 
 
@@ -163,3 +163,31 @@ def test_model_input_errors(xp):
         model(xp.zeros((1, 3)))
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 5\) .* got values from 7 to 7"):
         model(xp.full((1, 3), 7))
+
+
+def test_sampling_temperature_top_k_top_p(xp):
+    from npformer.backend import default_rng
+    from npformer.models.decoding import sample_next
+    logits = xp.log(xp.asarray([[0.5, 0.3, 0.15, 0.05]] * 4000))
+    rng = default_rng(0, xp.__name__)
+    freq = lambda ids: np.bincount(host(ids), minlength=4) / 4000   # noqa: E731
+    np.testing.assert_allclose(freq(sample_next(logits, rng)), [0.5, 0.3, 0.15, 0.05], atol=0.03)
+    assert (host(sample_next(logits, rng, temperature=0)) == 0).all()          # arg-max
+    top2 = freq(sample_next(logits, rng, top_k=2))
+    assert top2[2:].sum() == 0 and abs(top2[0] - 0.5 / 0.8) < 0.03
+    nucleus = freq(sample_next(logits, rng, top_p=0.7))        # 0.5 + 0.3 reaches 0.7: two tokens
+    assert nucleus[2:].sum() == 0 and abs(nucleus[0] - 0.625) < 0.03
+    sharp = freq(sample_next(logits, rng, temperature=0.25))
+    assert sharp[0] > 0.85
+    with pytest.raises(ValueError, match="top_p must be in"):
+        sample_next(logits, rng, top_p=0.0)
+
+
+def test_gpt_generate_with_and_without_cache_agree(xp):
+    from npformer.backend import default_rng
+    from npformer.models.decoding import generate
+    model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=8), backend=xp.__name__, rng=0)
+    prompt = _ids(xp, (2, 3), 11, 1)
+    a = generate(model, prompt, 8, default_rng(5, xp.__name__), temperature=0.9, top_k=5)
+    b = generate(model, prompt, 8, default_rng(5, xp.__name__), temperature=0.9, top_k=5, use_cache=False)
+    assert a.shape == (2, 11) and np.array_equal(host(a), host(b))

@@ -8,7 +8,7 @@ from hypothesis import given, strategies as st
 from npformer.nn import (MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer,
                          TransformerEncoder, TransformerEncoderLayer, LayerNorm)
 from npformer.tools.gradcheck import gradcheck_module
-from tests.helpers import assert_gradcheck, padding_masks, randn, seeds
+from tests.helpers import assert_gradcheck, host, padding_masks, randn, seeds
 
 options = st.fixed_dictionaries({
     "norm_first": st.booleans(), "activation": st.sampled_from(["relu", "gelu"]),
@@ -78,7 +78,7 @@ def test_a_layer_applied_twice_accumulates_both_uses(xp):
     first.backward(second.backward(dout))
     for (name, p), (_, p1), (_, p2) in zip(shared.named_parameters(), first.named_parameters(),
                                            second.named_parameters()):
-        np.testing.assert_allclose(np.asarray(p.grad), np.asarray(p1.grad + p2.grad), rtol=1e-12,
+        np.testing.assert_allclose(host(p.grad), host(p1.grad + p2.grad), rtol=1e-12,
                                    atol=1e-14, err_msg=name)
     report = gradcheck_module(shared, {"x": x}, forward=lambda m, x: m(m(x)),
                               backward=lambda m, d: m.backward(m.backward(d)))
