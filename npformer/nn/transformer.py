@@ -69,22 +69,26 @@ class FeedForwardBlock(_FeedForward):
         return self._ff_backward(dout)
 
 
-class TransformerEncoderLayer(_FeedForward):
-    """Self-attention and feed-forward, each with a residual connection and layer norm."""
+class _Layer(_FeedForward):
+    """What the encoder and decoder layers share: construction, self-attention with its dropout."""
 
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
-                 norm_first: bool = False, bias: bool = True, *, dtype=None, backend=None, rng=None):
-        super().__init__()
+    def _layer_init(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                    norm_first, bias, dtype, backend, rng, cross_attention: bool):
         if not batch_first:
             raise ValueError("npformer is batch-first: inputs are (B, T, C); batch_first must be True")
         kw = dict(dtype=dtype, backend=backend, rng=init.host_generator(rng))
         self.norm_first = norm_first
+        # registration order = PyTorch's state_dict order
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
+        if cross_attention:
+            self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
         self._ff_init(d_model, dim_feedforward, dropout, activation, bias, kw)
-        nkw = dict(eps=layer_norm_eps, bias=bias, dtype=dtype, backend=backend)
-        self.norm1, self.norm2 = LayerNorm(d_model, **nkw), LayerNorm(d_model, **nkw)
-        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        n = 3 if cross_attention else 2
+        for i in range(1, n + 1):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype,
+                                                backend=backend))
+        for i in range(1, n + 1):
+            setattr(self, f"dropout{i}", Dropout(dropout))
 
     def _sa(self, h, mask, padding, is_causal):
         a, _ = self.self_attn(h, h, h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
@@ -93,6 +97,17 @@ class TransformerEncoderLayer(_FeedForward):
 
     def _sa_backward(self, dout):
         return self.self_attn.backward(self.dropout1.backward(dout))[0]           # (B, T, C)
+
+
+class TransformerEncoderLayer(_Layer):
+    """Self-attention and feed-forward, each with a residual connection and layer norm."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
+                 norm_first: bool = False, bias: bool = True, *, dtype=None, backend=None, rng=None):
+        super().__init__()
+        self._layer_init(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, backend, rng, cross_attention=False)
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         x = src                                                                   # (B, T, C)
@@ -126,28 +141,15 @@ class TransformerEncoderLayer(_FeedForward):
         return d + self._sa_backward(d)
 
 
-class TransformerDecoderLayer(_FeedForward):
+class TransformerDecoderLayer(_Layer):
     """Masked self-attention, cross-attention over ``memory``, feed-forward; residual + norm each."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
                  norm_first: bool = False, bias: bool = True, *, dtype=None, backend=None, rng=None):
         super().__init__()
-        if not batch_first:
-            raise ValueError("npformer is batch-first: inputs are (B, T, C); batch_first must be True")
-        kw = dict(dtype=dtype, backend=backend, rng=init.host_generator(rng))
-        self.norm_first = norm_first
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
-        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
-        self._ff_init(d_model, dim_feedforward, dropout, activation, bias, kw)
-        nkw = dict(eps=layer_norm_eps, bias=bias, dtype=dtype, backend=backend)
-        self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, **nkw) for _ in range(3))
-        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
-
-    def _sa(self, h, mask, padding, is_causal):
-        a, _ = self.self_attn(h, h, h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
-                              is_causal=is_causal)
-        return self.dropout1(a)                                                   # (B, T, C)
+        self._layer_init(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, backend, rng, cross_attention=True)
 
     def _mha(self, h, memory, mask, padding, is_causal):
         a, _ = self.multihead_attn(h, memory, memory, attn_mask=mask, key_padding_mask=padding,
@@ -192,14 +194,13 @@ class TransformerDecoderLayer(_FeedForward):
             dx2 = dout + self.norm3.backward(self._ff_backward(self.dropout3.backward(dout)))
             dq, dmem = self._mha_backward(dx2)
             dx1 = dx2 + self.norm2.backward(dq)
-            dsa = self.self_attn.backward(self.dropout1.backward(dx1))[0]
-            return dx1 + self.norm1.backward(dsa), dmem
+            return dx1 + self.norm1.backward(self._sa_backward(dx1)), dmem
         d = self.norm3.backward(dout)
         dx2 = d + self._ff_backward(self.dropout3.backward(d))
         d = self.norm2.backward(dx2)
         dq, dmem = self._mha_backward(d)
         d = self.norm1.backward(d + dq)
-        return d + self.self_attn.backward(self.dropout1.backward(d))[0], dmem
+        return d + self._sa_backward(d), dmem
 
 
 class TransformerEncoder(Module):
