@@ -184,3 +184,17 @@ def test_fully_masked_row_differs_from_pytorch_on_purpose():
     assert np.isfinite(out).all()
     np.testing.assert_allclose(out[0, 1], ours.out_proj.bias.data)   # zero attention -> only the bias
     np.testing.assert_allclose(out[0, [0, 2]], tout.detach().numpy()[0, [0, 2]], atol=ATOL64)
+
+
+def test_weights_round_trip_npformer_to_pytorch():
+    """npformer's exported arrays load into PyTorch's Transformer, and both then agree."""
+    from npformer.interop import from_arrays, to_numpy_state_dict
+    ours = nn.Transformer(8, 2, 2, 1, 16, dropout=0.0, rng=3).to(dtype="float64")
+    theirs = torch.nn.Transformer(8, 2, 2, 1, 16, dropout=0.0, batch_first=True)
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in to_numpy_state_dict(ours).items()})
+    back = nn.Transformer(8, 2, 2, 1, 16, dropout=0.0).to(dtype="float64")
+    back.load_state_dict(from_arrays(theirs.state_dict()))
+    rng = np.random.default_rng(0)
+    src, tgt = rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 3, 8))
+    np.testing.assert_allclose(ours(src, tgt), theirs(_t(src), _t(tgt)).detach().numpy(), rtol=0, atol=ATOL64)
+    np.testing.assert_array_equal(back(src, tgt), ours(src, tgt))
