@@ -20,6 +20,14 @@ Elements whose gradient is below ``FLOOR = 1e-3`` are judged by their absolute e
 numbers. These three constants are stated here once and used by every test; they are never
 loosened to make a check pass. Inputs are kept at least ``2 EPS`` away from kinks (ReLU at 0).
 
+Kinks: at a point where the function is not differentiable within reach of the stencil (a ReLU
+input within 2 EPS of 0, somewhere inside a model), no finite difference means anything. The two
+central differences at h and 2h, or the second differences at h and 2h (times h), then disagree by
+more than ``KINK = 1e-2`` of the slope (for a smooth function the gaps are h^2 f^(3) / 2 and
+h^3 f^(4) / 4, about 5e-9 f^(3) and 2.5e-13 f^(4)), and that element is reported as "at a kink"
+and not compared; a direction that meets a kink is redrawn (up to 4 times). The report
+counts them, and a tensor whose every checked element is at a kink fails.
+
 Two modes:
 
 * ``elements``: every element of each tensor (ops on small shapes), or a seeded random sample of
@@ -39,8 +47,9 @@ from npformer.backend import get_array_module
 EPS = 1e-4
 TOL = 1e-6
 FLOOR = 1e-3
+KINK = 1e-2
 
-__all__ = ["EPS", "TOL", "FLOOR", "TensorCheck", "GradcheckReport", "GradcheckError",
+__all__ = ["EPS", "TOL", "FLOOR", "KINK", "TensorCheck", "GradcheckReport", "GradcheckError",
            "check_gradients", "gradcheck", "gradcheck_module"]
 
 
@@ -60,6 +69,7 @@ class TensorCheck:
     numeric: float              # the finite-difference value there
     n_checked: int
     problem: str = ""           # shape/dtype/mutation failure, empty when none
+    n_kinks: int = 0            # elements at a non-differentiable point, not compared
 
     @property
     def passed(self) -> bool:
@@ -100,7 +110,8 @@ class GradcheckReport:
             where = "" if c.worst_index is None else f" at {c.worst_index}"
             status = "ok" if c.passed else "FAIL"
             lines.append(f"  {status:4} {c.name:16} {str(c.shape):18} rel={c.worst_rel_error:.3e}{where} "
-                         f"analytic={c.analytic:.12g} numeric={c.numeric:.12g} ({c.n_checked} checked)"
+                         f"analytic={c.analytic:.12g} numeric={c.numeric:.12g} ({c.n_checked} checked"
+                         + (f", {c.n_kinks} at a kink, not compared" if c.n_kinks else "") + ")"
                          + (f" [{c.problem}]" if c.problem else ""))
         lines.extend(f"  FAIL {p}" for p in self.problems)
         return "\n".join(lines)
@@ -115,31 +126,43 @@ def _relative_error(a, n, xp):
     return xp.abs(a - n) / xp.maximum(xp.abs(a) + xp.abs(n), FLOOR)
 
 
-def _stencil(run, set_offset, dout, eps):
-    """Five-point central difference of ``sum(run() * dout)`` along the perturbation ``set_offset``."""
+def _stencil(run, set_offset, dout, eps, base):
+    """Five-point central difference of ``sum(run() * dout)`` along ``set_offset``, and whether the
+    function looked smooth there. ``base`` is the unperturbed output. Smooth means: the central
+    differences at h and 2h agree, and so do the second differences at h and 2h (a kink exactly at
+    the point makes them 1/h and 1/2h: a jump J in the slope shows as h |S1 - S2| = J / 2)."""
     outs = {}
     for k in (1, -1, 2, -2):
         set_offset(k * eps)
         outs[k] = run()
     set_offset(0.0)
-    diff = 8 * (outs[1] - outs[-1]) - (outs[2] - outs[-2])
-    return float((diff * dout).sum() / (12 * eps))
+
+    def dot(a):
+        return float((a * dout).sum())
+    d1 = dot(outs[1] - outs[-1]) / (2 * eps)
+    d2 = dot(outs[2] - outs[-2]) / (4 * eps)
+    s1 = dot(outs[1] - 2 * base + outs[-1]) / eps ** 2
+    s2 = dot(outs[2] - 2 * base + outs[-2]) / (4 * eps ** 2)
+    estimate = dot(8 * (outs[1] - outs[-1]) - (outs[2] - outs[-2])) / (12 * eps)
+    scale = KINK * max(abs(d1), abs(d2), FLOOR)
+    smooth = abs(d1 - d2) <= scale and eps * abs(s1 - s2) <= scale
+    return estimate, smooth
 
 
-def _numeric_element(run, x, idx, dout, eps):
+def _numeric_element(run, x, idx, dout, eps, base):
     saved = x[idx].copy()
 
     def set_offset(h):
         x[idx] = saved + h if h else saved
-    return _stencil(run, set_offset, dout, eps)
+    return _stencil(run, set_offset, dout, eps, base)
 
 
-def _numeric_direction(run, x, v, dout, eps):
+def _numeric_direction(run, x, v, dout, eps, base):
     saved = x.copy()
 
     def set_offset(h):
         x[...] = saved + h * v if h else saved
-    return _stencil(run, set_offset, dout, eps)
+    return _stencil(run, set_offset, dout, eps, base)
 
 
 def check_gradients(run: Callable[[], Any], arrays: Mapping[str, Any], analytic: Mapping[str, Any],
@@ -154,6 +177,7 @@ def check_gradients(run: Callable[[], Any], arrays: Mapping[str, Any], analytic:
     if mode not in ("elements", "direction"):
         raise ValueError(f"mode must be 'elements' or 'direction', got {mode!r}")
     host_rng = numpy.random.default_rng(seed)
+    base = run()                                         # the unperturbed output, for kink detection
     checks = []
     for name, x in arrays.items():
         xp = get_array_module(x)
@@ -174,24 +198,32 @@ def check_gradients(run: Callable[[], Any], arrays: Mapping[str, Any], analytic:
                                       float("nan"), 0, problem))
             continue
         if mode == "direction":
-            v = xp.asarray(host_rng.standard_normal(x.shape))
-            a = float((g * v).sum())
-            n = _numeric_direction(run, x, v, dout, eps)
+            for attempt in range(5):                     # a direction that meets a kink is redrawn
+                v = xp.asarray(host_rng.standard_normal(x.shape))
+                a = float((g * v).sum())
+                n, smooth = _numeric_direction(run, x, v, dout, eps, base)
+                if smooth:
+                    break
             rel = abs(a - n) / max(abs(a) + abs(n), FLOOR)
-            checks.append(TensorCheck(name, tuple(x.shape), rel, None, a, n, 1))
+            checks.append(TensorCheck(name, tuple(x.shape), rel, None, a, n, 1,
+                                      "" if smooth else "every direction tried met a kink", attempt))
             continue
         size = int(x.size)
         flat = range(size) if max_elements is None or size <= max_elements else \
             sorted(host_rng.choice(size, size=max_elements, replace=False).tolist())
         idxs = [tuple(int(i) for i in numpy.unravel_index(k, x.shape)) for k in flat]
-        numeric = numpy.array([_numeric_element(run, x, idx, dout, eps) for idx in idxs])
+        results = [_numeric_element(run, x, idx, dout, eps, base) for idx in idxs]
+        smooth = numpy.array([ok for _, ok in results], dtype=bool)
+        numeric = numpy.array([n for n, _ in results])
         ana = numpy.array([float(g[idx]) for idx in idxs])
-        rel = _relative_error(ana, numeric, numpy)
+        rel = numpy.where(smooth, _relative_error(ana, numeric, numpy), -1.0)   # kinks not compared
         worst = int(numpy.argmax(rel)) if rel.size else 0
-        checks.append(TensorCheck(name, tuple(x.shape), float(rel[worst]) if rel.size else 0.0,
+        kinks = int((~smooth).sum())
+        problem = "every checked element is at a kink" if idxs and kinks == len(idxs) else ""
+        checks.append(TensorCheck(name, tuple(x.shape), max(float(rel[worst]), 0.0) if rel.size else 0.0,
                                   idxs[worst] if idxs else None,
                                   float(ana[worst]) if rel.size else 0.0,
-                                  float(numeric[worst]) if rel.size else 0.0, len(idxs)))
+                                  float(numeric[worst]) if rel.size else 0.0, len(idxs), problem, kinks))
     return GradcheckReport(label, checks, eps=eps, seed=seed, mode=mode)
 
 

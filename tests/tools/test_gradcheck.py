@@ -111,3 +111,19 @@ def test_floor_judges_tiny_gradients_by_absolute_error():
     report = check_gradients(lambda: 1e-7 * x, {"x": x}, {"x": np.zeros(1)}, np.ones(1))
     assert not report.passed
     assert TOL * FLOOR == pytest.approx(1e-9) and EPS == 1e-4
+
+
+def test_a_kink_is_reported_not_compared_and_a_wrong_gradient_elsewhere_still_fails():
+    """relu at exactly 0 (and within 2 eps of it): no finite difference exists there."""
+    x = np.array([0.0, 5e-5, 0.7, -0.4])
+    dout = np.array([1.0, 1.0, 1.0, 1.0])
+    relu = lambda: np.maximum(x, 0)                      # noqa: E731
+    good = check_gradients(relu, {"x": x}, {"x": (x > 0) * dout}, dout)
+    assert good.passed and good.checks[0].n_kinks == 2 and "2 at a kink" in str(good)
+    bad = check_gradients(relu, {"x": x}, {"x": np.array([0.0, 1.0, 0.5, 0.0])}, dout)
+    assert not bad.passed and bad.checks[0].worst_index == (2,)
+    all_kinks = check_gradients(lambda: np.abs(x[:1]), {"x": x}, {"x": np.zeros(4)}, np.ones(1))
+    assert all_kinks.passed                               # elements 1..3 do not move |x[0]|: smooth
+    only = np.array([0.0])
+    stuck = check_gradients(lambda: np.abs(only), {"x": only}, {"x": np.zeros(1)}, np.ones(1))
+    assert not stuck.passed and "every checked element is at a kink" in str(stuck)
