@@ -1,76 +1,128 @@
-"""Attention masks: causal masks in both alignments, and the merge of every mask kind into one
-additive bias of 0 / -inf.
+"""Attention masks: the causal mask in two alignments, and the merge of every mask into one additive
+bias of the scores (Vaswani et al. 2017, sec. 3.2.3: "masking out (setting to -inf) ... illegal
+connections").
 
-Convention (``torch.nn.MultiheadAttention``'s, used everywhere in npformer): in a bool mask,
-``True`` means *may not attend*. A float mask is added to the scores as it is.
+Convention, as ``torch.nn.MultiheadAttention`` and everywhere in npformer: in a bool mask ``True``
+means *may not attend*; a float mask is added to the scores as it is. Blocked entries become
+``-inf`` in the bias, never a large finite number such as -1e9 (float16 tops out at 65504, so that
+is already -inf there, and in float32 a finite stand-in leaks probability into fully masked rows).
 (``torch.nn.functional.scaled_dot_product_attention`` uses the opposite bool convention, True =
 may attend; npformer does not follow it.)
 
-Causal alignment when Tq != Tk (x = blocked), for Tq = 2, Tk = 4::
+Causal alignment, x = may not attend::
 
-    top_left (PyTorch's is_causal)      bottom_right (key/value cache: queries are the last positions)
-        k0 k1 k2 k3                         k0 k1 k2 k3
-    q0   .  x  x  x                     q0   .  .  .  x
-    q1   .  .  x  x                     q1   .  .  .  .
+    top_left (PyTorch's is_causal)          bottom_right (key/value cache: the Tq queries are
+    query i sees keys j <= i                the last Tq of the Tk positions) j <= i + (Tk - Tq)
 
-top_left: query i sees keys j <= i.  bottom_right: query i sees keys j <= i + (Tk - Tq).
+    Tq=2, Tk=4   k0 k1 k2 k3                Tq=2, Tk=4   k0 k1 k2 k3
+            q0    .  x  x  x                        q0    .  .  .  x
+            q1    .  .  x  x                        q1    .  .  .  .
+
+    Tq=3, Tk=2   k0 k1                      Tq=3, Tk=2   k0 k1
+            q0    .  x                              q0    x  x      <- sees nothing: its output
+            q1    .  .                              q1    .  x         is zero (see ops.attention)
+            q2    .  .                              q2    .  .
+
+With Tq == Tk the two alignments are the same lower-triangular mask.
 """
 from __future__ import annotations
 
-from npformer.backend import get_backend
+from numbers import Integral
+
+from npformer.backend import get_array_module, get_backend
 from npformer.ops.checks import describe, expect_bool_or_float
 
-__all__ = ["causal_mask", "attention_bias", "ALIGNMENTS"]
+__all__ = ["ALIGNMENTS", "causal_mask", "attention_bias"]
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
 
-def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp=None):
-    """Bool (Tq, Tk), True = may not attend (a key in the query's future)."""
+def _check_alignment(alignment) -> None:
     if alignment not in ALIGNMENTS:
         raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {alignment!r}")
-    xp = xp or get_backend()
+
+
+def _check_length(n, name: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, Integral):
+        raise TypeError(f"{name}: expected an int length, got {describe(n)}")
+    if n < 0:
+        raise ValueError(f"{name}: expected a length >= 0, got {n}")
+
+
+def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp=None):
+    """Bool (Tq, Tk), True = may not attend: key j lies in query i's future.
+
+    ``alignment="top_left"``: query i may attend keys j <= i. ``"bottom_right"``: query i is
+    position i + (Tk - Tq), so it may attend j <= i + (Tk - Tq). ``xp`` defaults to the configured
+    backend (:func:`npformer.backend.get_backend`).
+    """
+    _check_length(tq, "tq")
+    _check_length(tk, "tk")
+    _check_alignment(alignment)
+    xp = get_backend(xp)
     shift = 0 if alignment == "top_left" else tk - tq
     return xp.arange(tk)[None, :] > xp.arange(tq)[:, None] + shift                  # (Tq, Tk)
 
 
 def _as_bias(mask, dtype, xp):
+    """Bool: True -> -inf, False -> 0. Float: cast to the scores' dtype (values kept)."""
     if mask.dtype.kind == "b":
-        return xp.where(mask, -xp.inf, 0.0).astype(dtype)
-    return mask.astype(dtype, copy=False)
+        return xp.where(mask, -xp.inf, 0.0).astype(dtype)                       # (mask's shape)
+    return mask.astype(dtype)                                                    # (mask's shape), a copy
 
 
-def attention_bias(b: int, h: int, tq: int, tk: int, dtype, *, attn_mask=None, key_padding_mask=None,
-                   is_causal: bool = False, causal_alignment: str = "top_left", xp=None):
-    """One additive bias broadcastable to the scores (B, H, Tq, Tk), or None when nothing is masked.
+def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None,
+                   is_causal: bool = False, causal_alignment: str = "top_left", xp):
+    """One additive bias for scores of ``scores_shape`` = (B, H, Tq, Tk), or None with no mask.
 
-    ``attn_mask``: (Tq, Tk), (B*H, Tq, Tk) or (B, H, Tq, Tk), bool or float.
-    ``key_padding_mask``: (B, Tk), bool (True = padding) or float (added).
+    The bias is 4-d and broadcasts against the scores ((1, 1, Tq, Tk), (B, 1, 1, Tk) or
+    (B, H, Tq, Tk) ...); it holds 0 where attention is allowed, -inf where a bool mask blocks, and
+    the sum of the float masks given. It is always a fresh array of ``dtype``.
+
+    ``attn_mask``: (Tq, Tk), (B*H, Tq, Tk) (row b*H + h, as torch) or (B, H, Tq, Tk); bool
+    (True = may not attend) or float (added). ``key_padding_mask``: (B, Tk); bool (True =
+    padding) or float (added). ``is_causal`` adds :func:`causal_mask` in ``causal_alignment`` to
+    whatever masks are given (PyTorch's MultiheadAttention only takes it as a hint that attn_mask
+    is causal). Float masks are cast to ``dtype``.
     """
-    xp = xp or get_backend()
-    bias = None
+    shape = tuple(scores_shape)
+    if len(shape) != 4 or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0
+                                  for n in shape):
+        raise ValueError(f"scores_shape: expected 4 lengths (B, H, Tq, Tk), got {scores_shape!r}")
+    b, h, tq, tk = (int(n) for n in shape)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
+    _check_alignment(causal_alignment)
+    xp = get_backend(xp)
+    if xp.dtype(dtype).kind != "f":
+        raise TypeError(f"dtype: expected the scores' floating dtype, got {dtype!r}")
+    for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+        if m is not None:
+            expect_bool_or_float(m, name)
+            if get_array_module(m) is not xp:
+                raise TypeError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
+
+    terms = []
     if attn_mask is not None:
-        expect_bool_or_float(attn_mask, "attn_mask")
-        shape = tuple(attn_mask.shape)
-        if shape == (tq, tk):
+        if tuple(attn_mask.shape) in ((tq, tk), (b, h, tq, tk)):
             m = attn_mask
-        elif shape == (b * h, tq, tk):
-            m = attn_mask.reshape(b, h, tq, tk)
-        elif shape == (b, h, tq, tk):
-            m = attn_mask
+        elif tuple(attn_mask.shape) == (b * h, tq, tk):
+            m = attn_mask.reshape(b, h, tq, tk)                                  # (B, H, Tq, Tk)
         else:
-            raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}), (B*H, Tq, Tk)="
+            raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
                              f"({b * h}, {tq}, {tk}) or (B, H, Tq, Tk)=({b}, {h}, {tq}, {tk}), "
                              f"got {describe(attn_mask)}")
-        bias = _as_bias(m, dtype, xp)
+        terms.append(_as_bias(m, dtype, xp))                                      # (Tq, Tk) | (B, H, Tq, Tk)
     if key_padding_mask is not None:
-        expect_bool_or_float(key_padding_mask, "key_padding_mask")
         if tuple(key_padding_mask.shape) != (b, tk):
-            raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}), True = padding, "
+            raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
                              f"got {describe(key_padding_mask)}")
-        pad = _as_bias(key_padding_mask, dtype, xp)[:, None, None, :]               # (B, 1, 1, Tk)
-        bias = pad if bias is None else bias + pad
+        terms.append(_as_bias(key_padding_mask, dtype, xp)[:, None, None, :])     # (B, 1, 1, Tk)
     if is_causal:
-        causal = _as_bias(causal_mask(tq, tk, alignment=causal_alignment, xp=xp), dtype, xp)   # (Tq, Tk)
-        bias = causal if bias is None else bias + causal
+        terms.append(_as_bias(causal_mask(tq, tk, alignment=causal_alignment, xp=xp), dtype, xp))  # (Tq, Tk)
+    if not terms:
+        return None
+    bias = terms[0].reshape((1,) * (4 - terms[0].ndim) + terms[0].shape)          # (.., .., Tq|1, Tk)
+    for t in terms[1:]:
+        bias = bias + t                                                           # broadcast to (.., .., Tq|1, Tk)
     return bias
