@@ -9,9 +9,9 @@ range and min/max; GPU calls synchronise the device before the clock stops. Per 
     GFLOP/s    = flops / median time / 1e9            (flops from the formulas in FLOPS below)
     % peak     = GFLOP/s / float32 n x n matmul GFLOP/s of the same backend in the same run
     vs torch   = npformer time / PyTorch time on the same device (below 1: npformer is faster)
-    peak MB    = the most memory one extra call adds over what was held before it: host peak RSS
-                 (VmHWM, reset through /proc/self/clear_refs) on CPU, the CuPy pool / torch.cuda
-                 peak on GPU
+    peak MB    = the most memory a call adds over what was held before it: on CPU the highest
+                 RSS sampled while it runs (or VmHWM if higher) minus RSS before, with free heap
+                 pages trimmed first; on GPU the CuPy pool's growth / torch.cuda's peak
 
 Host-side code: it may import numpy; torch and cupy are imported only when their backend is asked for.
 """
@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import re
+import threading
 import time
 from typing import Any, Callable
 
@@ -68,16 +69,44 @@ def _status_kb(field: str) -> int:
     raise OSError(f"{field} not in /proc/self/status")
 
 
-def host_peak_mb(fn: Callable[[], Any]) -> float | None:
-    """Peak resident memory one call of ``fn`` adds (MB), or None where /proc cannot tell."""
+def _glibc():
+    import ctypes
+    return ctypes.CDLL("libc.so.6")
+
+
+def host_peak_mb(fn: Callable[[], Any], min_s: float = 0.2) -> float | None:
+    """Peak resident memory calls of ``fn`` add (MB), or None where /proc cannot tell.
+
+    A thread samples VmRSS while ``fn`` runs (again and again for ``min_s``, so that a short-lived
+    peak is likely to be seen); the kernel's own high-water mark (VmHWM, reset first) is taken too
+    where it is higher, since it is updated lazily and can miss peaks on its own."""
+    try:
+        _glibc().malloc_trim(0)                           # free heap pages leave RSS: reuse shows
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")                                  # resets VmHWM to the current RSS
         base = _status_kb("VmRSS")
-        fn()
-        return max(_status_kb("VmHWM") - base, 0) / 1024.0
     except OSError:
         return None
+    peak, stop = [base], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _status_kb("VmRSS"))
+            time.sleep(2e-4)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        fn()
+        while time.perf_counter() - t0 < min_s:
+            fn()
+    finally:
+        stop.set()
+        sampler.join()
+    return max(peak[0], _status_kb("VmHWM"), base) / 1024.0 - base / 1024.0
 
 
 class Backend:
@@ -107,9 +136,9 @@ class Backend:
             return self.torch.from_numpy(numpy.ascontiguousarray(host)).to(self.device)
         return self.xp.asarray(host)
 
-    def peak_mb(self, fn: Callable[[], Any]) -> float | None:
+    def peak_mb(self, fn: Callable[[], Any], min_s: float = 0.2) -> float | None:
         if self.device == "cpu":
-            return host_peak_mb(fn)
+            return host_peak_mb(fn, min_s)
         if self.name == "cupy":
             pool = self.xp.get_default_memory_pool()
             pool.free_all_blocks()
@@ -181,10 +210,10 @@ def device_name(backends: list[Backend]) -> str:
 # -- the cases: sizes, FLOP counts, and the same computation built for npformer and for PyTorch ------
 FULL = dict(B=8, T=128, d=256, H=8, F=1024, V=512, model_B=8, model_T=128, warmup=2, repeats=10,
             budget_s=3.0, matmul_n=2048, sweep_B=1, sweep_T=(128, 256, 512, 1024, 2048, 4096, 8192),
-            sweep_stop_s=3.0, settle_s=0.3)
+            sweep_stop_s=3.0, settle_s=0.3, mem_min_s=0.2)
 QUICK = dict(B=2, T=64, d=256, H=8, F=1024, V=512, model_B=2, model_T=16, warmup=1, repeats=3,
              budget_s=0.05, matmul_n=512, sweep_B=1, sweep_T=(128, 256), sweep_stop_s=1.0,
-             settle_s=0.05)
+             settle_s=0.05, mem_min_s=0.02)
 MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width; dropout 0.1 everywhere
     "gpt-small": dict(kind="gpt", d=256, H=8, L=4, F=1024, V=512),
     "gpt-medium": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024),
@@ -455,7 +484,7 @@ def run_suite(backends: list[Backend], quick: bool, log: Callable[[str], None] =
             rows += new
             if not new or sum(r["ms"] for r in new) / 1e3 >= cfg["sweep_stop_s"]:
                 break
-    _memory_pass(rows, done, log)
+    _memory_pass(rows, done, cfg, log)
     _ratios(rows)
     return {"meta": _meta(backends, quick, cfg), "matmul_peak_gflops": peaks, "rows": rows}
 
@@ -490,16 +519,15 @@ def _measure(group, case, backends, cfg, peaks, done, log) -> list[dict]:
     return rows
 
 
-def _memory_pass(rows, done, log) -> None:
-    """One more call per row, after all timings, for its peak memory (see ``peak MB`` above).
+def _memory_pass(rows, done, cfg, log) -> None:
+    """More calls per row, after all timings, for its peak memory (see ``peak MB`` above).
 
-    On the host, glibc's dynamic mmap threshold is fixed first so that freed large arrays go back
-    to the system at once; otherwise a freed block stays resident and a later call's peak hides
-    in it. Doing this after the timings leaves the allocator as the timed calls had it."""
+    On the host, glibc's mmap threshold is fixed and free heap pages are trimmed before each
+    measurement, so that memory freed earlier is not still resident and hiding a call's peak.
+    Doing this after the timings leaves the allocator as the timed calls had it."""
     if any(b.device == "cpu" for _, _, b in done):
         try:
-            import ctypes
-            libc = ctypes.CDLL("libc.so.6")
+            libc = _glibc()
             libc.mallopt(-3, 1 << 16)                     # M_MMAP_THRESHOLD = 64 KiB
             libc.mallopt(-1, 1 << 16)                     # M_TRIM_THRESHOLD = 64 KiB
         except (OSError, AttributeError):
@@ -512,7 +540,7 @@ def _memory_pass(rows, done, log) -> None:
         for pas, fn in calls.items():
             if group == "model":
                 fn()                                      # the first step allocates AdamW's moments
-            by[(case["name"], pas, b.name)]["peak_mb"] = b.peak_mb(fn)
+            by[(case["name"], pas, b.name)]["peak_mb"] = b.peak_mb(fn, cfg["mem_min_s"])
         del calls
     log("peak memory measured")
 
@@ -663,13 +691,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="numpy,cupy,torch", help="comma list of numpy, cupy, torch")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="output folder")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                    help="CPU threads for PyTorch (default: the CPUs this process may use)")
+                    help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl when it "
+                         "is installed (default: the CPUs this process may use)")
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error(f"--threads: expected a positive count, got {args.threads}")
     names = [n.strip().lower() for n in args.backends.split(",") if n.strip()]
     try:
         backends, notes = make_backends(names, args.threads)
     except ValueError as exc:
         ap.error(str(exc))
+    try:                                                  # numpy's BLAS threads to match torch's
+        from threadpoolctl import threadpool_limits
+        threadpool_limits(args.threads)
+    except ImportError:
+        notes.append(f"numpy BLAS threads: library default (threadpoolctl absent); torch threads: "
+                     f"{args.threads}")
     for note in notes:
         print("note:", note)
     if not backends:
