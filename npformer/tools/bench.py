@@ -120,6 +120,9 @@ class Backend:
         if self.framework == "torch":
             import torch
             torch.set_num_threads(threads)
+            # The suite is float32 throughout; a caller (a test session) may have changed torch's
+            # default dtype, which would build float64 modules beside float32 inputs.
+            torch.set_default_dtype(torch.float32)
             self.torch = torch
         else:
             from npformer.backend import get_backend

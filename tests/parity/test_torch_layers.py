@@ -14,7 +14,15 @@ from tests.helpers import padding_masks, seeds  # noqa: E402
 
 ATOL64 = 1e-10
 pytestmark = pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _float64_modules():
+    """torch modules built here are float64; restore the default for the rest of the session."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
 
 
 def _t(a, grad=False):
