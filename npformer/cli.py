@@ -5,6 +5,7 @@
     npformer generate --checkpoint PATH --prompt "The " [--temperature T] [--top-k K] [--top-p P]
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
     npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
+    npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
 
 Sub-commands import what they need when they run, so ``npformer --help`` stays fast and
 ``import npformer.cli`` never loads CuPy.
@@ -120,7 +121,16 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    import importlib
+
+    return importlib.import_module(args.study_module).run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from npformer.study import EXPERIMENTS
+    from npformer.training.trainer import TRAINERS
+
     parser = argparse.ArgumentParser(prog="npformer", description="A Transformer written by hand in "
                                      "NumPy/CuPy: forward and backward of every op, checked.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -138,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "validation loss and exact-match accuracy, prints examples.")
     t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse", "charlm"],
                    help="a Seq2Seq task (default dates) or charlm: a GPT on a text")
+    t.add_argument("--model", choices=sorted(TRAINERS), help="the model to train (default: gpt for "
+                   "charlm, seq2seq for the other tasks)")
     t.add_argument("--text", metavar="FILE", help="charlm: train on this UTF-8 text (default: the shipped corpus)")
     t.add_argument("--block-size", type=int, dest="block_size", help="charlm: context length")
     t.add_argument("--steps", type=int)
@@ -193,6 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     em.add_argument("--similarity", action="store_true", help="print cosine similarities between the sentences")
     em.set_defaults(func=cmd_embed)
+
+    st = sub.add_parser("study", help="experiments from the Transformer literature: each writes a PNG "
+                        "and a CSV/JSON and prints a summary",
+                        description="Runs one experiment; see 'npformer study NAME --help'.")
+    st_sub = st.add_subparsers(dest="study", required=True, metavar="NAME")
+    for name, module in EXPERIMENTS.items():
+        mod = __import__(module, fromlist=["add_arguments"])
+        e = st_sub.add_parser(name, help=mod.DESCRIPTION, description=mod.DESCRIPTION)
+        e.add_argument("--out", default="runs/study", metavar="DIR",
+                       help="directory for the PNG and CSV/JSON files (default runs/study)")
+        mod.add_arguments(e)
+        e.set_defaults(func=cmd_study, study_module=module)
     return parser
 
 

@@ -31,6 +31,7 @@ __all__ = ["TrainConfig", "Trainer", "Seq2SeqTrainer", "make_trainer"]
 @dataclass
 class TrainConfig:
     task: str = "dates"
+    model: str | None = None         # a key of TRAINERS; None: gpt for charlm, seq2seq otherwise
     seed: int = 0
     backend: str = "numpy"
     dtype: str = "float32"
@@ -251,9 +252,24 @@ def _bar(frac: float, width: int = 20) -> str:
     return "[" + "#" * n + "." * (width - n) + "]"
 
 
+# model name -> (module, trainer class), imported only when chosen. Each trainer's build() checks
+# that it can run the task it was given.
+TRAINERS: dict[str, tuple[str, str]] = {
+    "seq2seq": ("npformer.training.trainer", "Seq2SeqTrainer"),
+    "gpt": ("npformer.training.lm_trainer", "LMTrainer"),
+}
+
+
+def default_model(task: str) -> str:
+    return "gpt" if task == "charlm" else "seq2seq"
+
+
 def make_trainer(config: TrainConfig, log: Callable[[str], None] = print) -> Trainer:
-    """The trainer for ``config.task``: ``charlm`` trains a GPT, every other task a Seq2Seq."""
-    if config.task == "charlm":
-        from npformer.training.lm_trainer import LMTrainer
-        return LMTrainer(config, log)
-    return Seq2SeqTrainer(config, log)
+    """The trainer for ``config.model`` (default: a GPT for ``charlm``, a Seq2Seq for the others)."""
+    import importlib
+
+    name = config.model or default_model(config.task)
+    if name not in TRAINERS:
+        raise ValueError(f"unknown model {name!r}; expected one of {sorted(TRAINERS)}")
+    module, cls = TRAINERS[name]
+    return getattr(importlib.import_module(module), cls)(config, log)

@@ -1,0 +1,73 @@
+"""Where an experiment's files go and how they are written: CSV and JSON always, PNG with matplotlib.
+
+Host-only code (files and plots), so plain NumPy is fine here.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy
+
+__all__ = ["out_dir", "write_csv", "write_json", "pyplot", "save_figure"]
+
+
+def out_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a directory, created if needed."""
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _plain(v: Any) -> Any:
+    """NumPy scalars and arrays as Python numbers and lists, for JSON."""
+    if isinstance(v, numpy.generic):
+        return v.item()
+    if isinstance(v, numpy.ndarray):
+        return v.tolist()
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[Mapping[str, Any]]) -> Path:
+    """Rows of equal keys as a CSV with a header line; returns the path."""
+    rows = [dict(r) for r in rows]
+    if not rows:
+        raise ValueError(f"no rows to write to {path}")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows({k: _plain(v) for k, v in r.items()} for r in rows)
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    with open(path, "w") as f:
+        json.dump(_plain(data), f, indent=2)
+        f.write("\n")
+    return Path(path)
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (with a note) when matplotlib is absent."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print('note: matplotlib is not installed, so no PNG is written (pip install "npformer[plot]")')
+        return None
+    return plt
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return Path(path)
