@@ -21,6 +21,7 @@ import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 
+from npformer.backend import to_numpy  # noqa: E402
 from npformer.cli import main  # noqa: E402
 from npformer.data.corpus import load_corpus  # noqa: E402
 from npformer.nn.module import StateDictError  # noqa: E402
@@ -145,6 +146,25 @@ def test_prefixless_sharded_checkpoint_with_mask_buffers(tmp_path):
     ref = load_gpt2(tmp_path / "hf", dtype="float64")(ids)
     np.testing.assert_array_equal(load_gpt2(tmp_path / "plain", dtype="float64")(ids), ref)
     np.testing.assert_array_equal(load_gpt2(tmp_path / "sharded", dtype="float64")(ids), ref)
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].unlink()
+    with pytest.raises(FileNotFoundError, match=f"lists shards that are not in the directory: \\['{shards[-1].name}'\\]"):
+        load_gpt2(tmp_path / "sharded")
+
+
+def test_every_backend_matches_transformers(xp, gpt2_dir):
+    """The same directory loaded on each backend (CuPy where a GPU is present): float64 logits
+    against transformers, and greedy completion through the key/value cache on the device."""
+    ours = load_gpt2(gpt2_dir, dtype="float64", backend=xp.__name__)
+    ids = np.arange(20).reshape(2, 10) % ours.config.vocab_size
+    logits = ours(xp.asarray(ids))
+    assert type(logits) is xp.ndarray
+    ref = hf_logits(transformers.GPT2LMHeadModel.from_pretrained(str(gpt2_dir)).eval(), ids, torch.float64)
+    np.testing.assert_allclose(to_numpy(logits), ref, rtol=0, atol=ATOL64)
+    tok = load_gpt2_tokenizer(gpt2_dir)
+    assert complete(ours, tok, "The river", 5, temperature=0) == \
+        complete(load_gpt2(gpt2_dir, dtype="float64"), tok, "The river", 5, temperature=0)
 
 
 def test_export_loads_into_transformers(tmp_path):
