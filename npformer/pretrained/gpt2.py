@@ -181,11 +181,13 @@ def complete(model: GPT, tokenizer, prompt: str, n: int, *, seed: int = 0, tempe
              top_k: int | None = None, top_p: float | None = 0.95) -> tuple[list[int], str]:
     """``prompt`` continued by ``n`` sampled tokens: (the new token ids, the decoded new text).
     ``temperature=0`` is greedy decoding."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n: expected the number of tokens to sample, an int >= 0, got {n!r}")
     ids = tokenizer.encode(prompt).ids
     if not ids:
         raise ValueError(f"the prompt {prompt!r} encodes to no tokens; give a non-empty prompt")
     backend = model.backend
-    out = generate(model, to_device(np.array([ids], dtype=np.int64), backend), int(n),
+    out = generate(model, to_device(np.array([ids], dtype=np.int64), backend), n,
                    default_rng(seed, backend), temperature=temperature, top_k=top_k, top_p=top_p)
     new = to_numpy(out)[0, len(ids):].tolist()
     return new, tokenizer.decode(new)

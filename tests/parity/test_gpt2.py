@@ -231,6 +231,8 @@ def test_generate_command_with_a_hf_directory(gpt2_dir, capsys):
         (gpt2_dir / "tokenizer.bak").rename(gpt2_dir / "tokenizer.json")
     assert main(["generate", "--model", str(gpt2_dir), "--prompt", ""]) == 2
     assert "encodes to no tokens" in capsys.readouterr().err
+    assert main(["generate", "--model", str(gpt2_dir), "--tokens", "-1"]) == 2
+    assert "n: expected the number of tokens to sample, an int >= 0, got -1" in capsys.readouterr().err
     with pytest.raises(SystemExit):                           # --model and --checkpoint exclude each other
         main(["generate", "--model", str(gpt2_dir), "--checkpoint", "x.npz"])
 
