@@ -3,6 +3,7 @@
     npformer train [--task dates] [--steps N] [--backend numpy|cupy] [--checkpoint PATH] [--resume] ...
     npformer translate --checkpoint PATH "3rd of March 1997" ...
     npformer generate --checkpoint PATH --prompt "The " [--temperature T] [--top-k K] [--top-p P]
+    npformer generate --model DIR --prompt "The " ...        (a Hugging Face GPT-2 directory)
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
     npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
@@ -83,6 +84,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    if args.model:
+        return _generate_pretrained(args)
     from npformer.training.checkpoint import load_checkpoint
     from npformer.training.lm_trainer import LMTrainer, sample_text
     from npformer.training.trainer import TrainConfig
@@ -98,6 +101,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(sample_text(trainer.model, trainer.vocab, args.prompt, args.tokens, seed=args.seed,
                       backend=config.backend, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p))
+    return 0
+
+
+def _generate_pretrained(args: argparse.Namespace) -> int:
+    try:
+        from npformer.pretrained import complete, load_gpt2, load_gpt2_tokenizer
+        tokenizer = load_gpt2_tokenizer(args.model)
+        model = load_gpt2(args.model, dtype=args.dtype, backend=args.backend)
+    except ImportError as exc:   # the optional extra is not installed
+        print(f"npformer generate: error: {exc}", file=sys.stderr)
+        return 2
+    _, text = complete(model, tokenizer, args.prompt, args.tokens, seed=args.seed,
+                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    print(args.prompt + text)
     return 0
 
 
@@ -184,15 +201,20 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("text", nargs="+")
     tr.set_defaults(func=cmd_translate)
 
-    gen = sub.add_parser("generate", help="sample text from a GPT checkpoint (npformer train --task charlm)")
-    gen.add_argument("--checkpoint", required=True, metavar="PATH")
+    gen = sub.add_parser("generate", help="sample text from a GPT checkpoint (npformer train --task charlm) "
+                         "or a Hugging Face GPT-2 directory")
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint from 'npformer train --task charlm'")
+    src.add_argument("--model", metavar="DIR", help="a Hugging Face GPT-2 directory (config.json, "
+                     "model.safetensors, tokenizer.json)")
     gen.add_argument("--prompt", default="The ")
-    gen.add_argument("--tokens", type=int, default=200, help="characters to sample")
+    gen.add_argument("--tokens", type=int, default=200, help="tokens to sample (characters for a charlm checkpoint)")
     gen.add_argument("--temperature", type=float, default=0.8)
     gen.add_argument("--top-k", type=int, dest="top_k")
     gen.add_argument("--top-p", type=float, dest="top_p", default=0.95)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--backend", choices=["numpy", "cupy"])
+    gen.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --model")
     gen.set_defaults(func=cmd_generate)
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT (all-MiniLM-L6-v2)",

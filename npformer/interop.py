@@ -7,7 +7,10 @@ unchanged and npformer's exported arrays load back into PyTorch:
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in to_numpy_state_dict(ours).items()})
 
 Anything array-like is accepted: NumPy or CuPy arrays, and tensors (converted through
-``.detach().cpu().numpy()`` by duck typing, so torch is never imported here).
+``.detach().cpu().numpy()`` by duck typing, so torch is never imported here; bfloat16 tensors,
+which NumPy cannot hold, become float32, exactly). Every ``torch.nn`` module npformer mirrors
+round-trips this way: MultiheadAttention, TransformerEncoderLayer/DecoderLayer,
+TransformerEncoder/Decoder and Transformer (tests/parity/test_torch_layers.py).
 """
 from __future__ import annotations
 
@@ -22,7 +25,10 @@ __all__ = ["from_arrays", "to_numpy_state_dict"]
 
 def _host(v: Any) -> numpy.ndarray:
     if hasattr(v, "detach") and hasattr(v, "cpu"):          # a torch tensor, without importing torch
-        v = v.detach().cpu().numpy()
+        v = v.detach().cpu()
+        if str(v.dtype) == "torch.bfloat16":                 # NumPy has no bfloat16: widen exactly
+            v = v.float()
+        v = v.numpy()
     return to_numpy(v)
 
 

