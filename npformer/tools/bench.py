@@ -456,7 +456,9 @@ def sweep_case(c: dict, T: int) -> dict:
 
 
 def flash_sweep_case(c: dict, T: int) -> dict:
-    """The sweep's attention as FlashAttention tiles (npformer.ops.flash_attention): O(T) memory."""
+    """The sweep's attention as FlashAttention tiles (npformer.ops.flash_attention): O(T) memory.
+    The torch column is the same ``scaled_dot_product_attention`` call as the plain sweep's (PyTorch
+    picks its own fused kernel, a flash kernel on CPU and CUDA where it applies)."""
     from npformer.ops import flash_attention as FA
     B, H, hs = c["sweep_B"], c["H"], c["d"] // c["H"]
     qkv = [_host((B, H, T, hs), s) for s in (1, 2, 3)]
@@ -464,7 +466,7 @@ def flash_sweep_case(c: dict, T: int) -> dict:
     case = _op_case(f"flash attention T={T}", None, f"q,k,v ({B}, {H}, {T}, {hs}), 128x128 tiles",
                     {"fwd": 4 * e * hs + 5 * e, "bwd": 10 * e * hs + 6 * e},   # bwd recomputes S = q k^T and P
                     lambda b: _npformer_pair(b, FA.flash_attention_forward, FA.flash_attention_backward, qkv),
-                    None, B=B, T=T)
+                    lambda b: _torch_pair(b, b.torch.nn.functional.scaled_dot_product_attention, qkv, 3), B=B, T=T)
     case["dims"], case["flash"] = (B, H, T, hs), True
     return case
 
@@ -473,7 +475,7 @@ def fits_memory(case: dict, b: Backend) -> bool:
     """Plain attention holds about six (B, H, T, T) float32 arrays at once; keep that under half
     of the memory available now (host MemAvailable, or the device's free memory)."""
     B, H, T, _ = case["dims"]
-    if case.get("flash"):
+    if case.get("flash") and b.framework == "npformer":
         return True                                       # a few (B, H, 128, 128) tiles and O(T) arrays
     need = 6 * B * H * T * T * 4
     if b.device == "cpu":
@@ -504,7 +506,7 @@ def run_suite(backends: list[Backend], quick: bool, log: Callable[[str], None] =
             rows += new
             if not new or sum(r["ms"] for r in new) / 1e3 >= cfg["sweep_stop_s"]:
                 break
-        for t in cfg["sweep_T"] if b.framework == "npformer" else ():   # the same sweep, flash attention
+        for t in cfg["sweep_T"]:                           # the same sweep, flash attention
             new = _measure("sweep", flash_sweep_case(cfg, t), [b], cfg, peaks, done, log)
             rows += new
             if not new or sum(r["ms"] for r in new) / 1e3 >= cfg["sweep_stop_s"]:
