@@ -18,6 +18,7 @@ from npformer.nn.dropout import dropout_generator
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, Parameter
 from npformer.ops.attention import scaled_dot_product_attention_forward
+from npformer.ops.flash_attention import check_implementation
 from npformer.ops.linear import matmul_last
 from npformer.ops.multihead import multi_head_attention_backward, multi_head_attention_forward
 
@@ -56,7 +57,7 @@ class MultiheadAttention(Module):
     """Self- or cross-attention over batch-first (B, T, E) inputs; ``forward`` returns (out, weights)."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, *,
-                 dtype=None, backend=None, rng=None):
+                 dtype=None, backend=None, rng=None, attention: str = "plain"):
         super().__init__()
         rng = init.host_generator(rng)   # one stream for all of this module's draws
         if num_heads <= 0 or embed_dim % num_heads:
@@ -64,6 +65,8 @@ class MultiheadAttention(Module):
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"dropout must be in [0, 1], got {dropout!r}")
         self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, float(dropout)
+        check_implementation(attention)
+        self.attention = attention       # "plain", or "flash": tiled, O(T) memory, no weights (ops.flash_attention)
         self.head_dim = embed_dim // num_heads
         kw = dict(dtype=dtype, backend=backend)
         # PyTorch's _reset_parameters: xavier-uniform packed projection, zero biases.
@@ -84,7 +87,7 @@ class MultiheadAttention(Module):
             attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
             causal_alignment=causal_alignment, dropout_p=self.dropout if active else 0.0,
             rng=dropout_generator(backend_name(query)) if active else None, training=active,
-            need_weights=need_weights, average_attn_weights=average_attn_weights)
+            need_weights=need_weights, average_attn_weights=average_attn_weights, attention=self.attention)
         self._push(cache)
         return out, weights                              # (B, Tq, E), (B, Tq, Tk) | (B, H, Tq, Tk) | None
 

@@ -29,6 +29,8 @@ from npformer.backend import get_array_module
 from npformer.ops.attention import (AttentionCache, scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward)
 from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.ops.flash_attention import (FlashAttentionCache, check_implementation, flash_attention_backward,
+                                          flash_attention_forward)
 from npformer.ops.linear import matmul_last
 
 __all__ = ["MultiHeadCache", "multi_head_attention_forward", "multi_head_attention_backward"]
@@ -98,11 +100,13 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
                                  key_padding_mask=None, is_causal: bool = False,
                                  causal_alignment: str = "top_left", dropout_p: float = 0.0, rng=None,
                                  training: bool = True, need_weights: bool = True,
-                                 average_attn_weights: bool = True):
+                                 average_attn_weights: bool = True, attention: str = "plain"):
     """Returns ``(out, weights or None, cache)``: out (B, Tq, E); weights (B, Tq, Tk) averaged over
     heads, or (B, H, Tq, Tk) with ``average_attn_weights=False``. Masks as in
-    :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch)."""
+    :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch).
+    ``attention="flash"`` runs :mod:`npformer.ops.flash_attention` (O(T) memory, no weights)."""
     _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias)
+    check_implementation(attention)
     e, h = query.shape[2], num_heads
     b_in = [None] * 3 if in_proj_bias is None else \
         [in_proj_bias[:e], in_proj_bias[e:2 * e], in_proj_bias[2 * e:]]          # 3 x (E,) views
@@ -122,10 +126,17 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
             k = _project(key, in_proj_weight[e:2 * e], b_in[1])                  # (B, Tk, E)
             v = _project(value, in_proj_weight[2 * e:], b_in[2])                 # (B, Tk, E)
 
-    heads, weights, attn = scaled_dot_product_attention_forward(
-        _split(q, h), _split(k, h), _split(v, h), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-        is_causal=is_causal, causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng,
-        training=training, need_weights=need_weights)                            # (B, H, Tq, hs)
+    if attention == "flash":
+        weights = None
+        heads, attn = flash_attention_forward(
+            _split(q, h), _split(k, h), _split(v, h), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+            is_causal=is_causal, causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng,
+            training=training, need_weights=need_weights)                        # (B, H, Tq, hs)
+    else:
+        heads, weights, attn = scaled_dot_product_attention_forward(
+            _split(q, h), _split(k, h), _split(v, h), attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+            is_causal=is_causal, causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng,
+            training=training, need_weights=need_weights)                        # (B, H, Tq, hs)
     merged = _merge(heads)                                                        # (B, Tq, E)
     out = _project(merged, out_proj_weight, out_proj_bias)                        # (B, Tq, E)
     if weights is not None and average_attn_weights:
@@ -153,7 +164,9 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
     # fwd: out = merged @ W_o^T + b_o  ->  dmerged = dout @ W_o,  dW_o = dout^T merged,  db_o = sum dout
     dmerged, dw_out, db_out = _linear_grads(dout, merged, w_out)                  # (B, Tq, E), (E, E), (E,)
     # fwd: merged = merge(heads), heads = attention(split(q), split(k), split(v))
-    dqh, dkh, dvh = scaled_dot_product_attention_backward(_split(dmerged, h), attn)   # (B, H, T, hs) each
+    attn_backward = flash_attention_backward if isinstance(attn, FlashAttentionCache) else \
+        scaled_dot_product_attention_backward
+    dqh, dkh, dvh = attn_backward(_split(dmerged, h), attn)                      # (B, H, T, hs) each
     dq, dk, dv = _merge(dqh), _merge(dkh), _merge(dvh)                            # (B, T, E) each
     # fwd: [q|k|v] = x @ W_in[slice]^T + b_in[slice]  ->  dx = d @ W_in[slice], dW_in[slice] = d^T x
     if sharing == "self":

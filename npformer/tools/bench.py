@@ -229,6 +229,7 @@ FLOPS = {
     "layer_norm": "fwd 8 per element, bwd 12 per element",
     "gelu": "fwd 10 per element (erf counted as 5), bwd 15 per element",
     "attention": "fwd 4*E*hs + 5*E (QK^T, PV, softmax), bwd 8*E*hs + 4*E",
+    "flash_attention": "fwd as attention, bwd 10*E*hs + 6*E (S = QK^T and P recomputed per tile)",
     "multi_head": "fwd 8*N*d^2 + 4*E*hs + 5*E (QKV and out projections), bwd twice the matmuls + 4*E",
     "ffn": "fwd 4*N*d*F + 10*N*F, bwd 8*N*d*F + 15*N*F",
     "cross_entropy": "fwd 5 per logit, bwd 3 per logit",
@@ -454,10 +455,28 @@ def sweep_case(c: dict, T: int) -> dict:
     return _attention_case(f"attention T={T}", c["sweep_B"], H, T, d // H)
 
 
+def flash_sweep_case(c: dict, T: int) -> dict:
+    """The sweep's attention as FlashAttention tiles (npformer.ops.flash_attention): O(T) memory.
+    The torch column is the same ``scaled_dot_product_attention`` call as the plain sweep's (PyTorch
+    picks its own fused kernel, a flash kernel on CPU and CUDA where it applies)."""
+    from npformer.ops import flash_attention as FA
+    B, H, hs = c["sweep_B"], c["H"], c["d"] // c["H"]
+    qkv = [_host((B, H, T, hs), s) for s in (1, 2, 3)]
+    e = B * H * T * T
+    case = _op_case(f"flash attention T={T}", None, f"q,k,v ({B}, {H}, {T}, {hs}), 128x128 tiles",
+                    {"fwd": 4 * e * hs + 5 * e, "bwd": 10 * e * hs + 6 * e},   # bwd recomputes S = q k^T and P
+                    lambda b: _npformer_pair(b, FA.flash_attention_forward, FA.flash_attention_backward, qkv),
+                    lambda b: _torch_pair(b, b.torch.nn.functional.scaled_dot_product_attention, qkv, 3), B=B, T=T)
+    case["dims"], case["flash"] = (B, H, T, hs), True
+    return case
+
+
 def fits_memory(case: dict, b: Backend) -> bool:
     """Plain attention holds about six (B, H, T, T) float32 arrays at once; keep that under half
     of the memory available now (host MemAvailable, or the device's free memory)."""
     B, H, T, _ = case["dims"]
+    if case.get("flash") and b.framework == "npformer":
+        return True                                       # a few (B, H, 128, 128) tiles and O(T) arrays
     need = 6 * B * H * T * T * 4
     if b.device == "cpu":
         with open("/proc/meminfo") as f:
@@ -484,6 +503,11 @@ def run_suite(backends: list[Backend], quick: bool, log: Callable[[str], None] =
     for b in backends:                                    # the sweep drops a backend once it is slow
         for t in cfg["sweep_T"]:
             new = _measure("sweep", sweep_case(cfg, t), [b], cfg, peaks, done, log)
+            rows += new
+            if not new or sum(r["ms"] for r in new) / 1e3 >= cfg["sweep_stop_s"]:
+                break
+        for t in cfg["sweep_T"]:                           # the same sweep, flash attention
+            new = _measure("sweep", flash_sweep_case(cfg, t), [b], cfg, peaks, done, log)
             rows += new
             if not new or sum(r["ms"] for r in new) / 1e3 >= cfg["sweep_stop_s"]:
                 break
@@ -617,7 +641,7 @@ def markdown(result: dict) -> str:
                 f, b = by.get((name, "fwd", n)), by.get((name, "bwd", n))
                 cells += ["-", "-"] if f is None else [
                     f"{f['ms']:.1f} / {b['ms']:.1f}", f"{_f(f['peak_mb'], '{:.0f}')} / {_f(b['peak_mb'], '{:.0f}')}"]
-            lines.append(f"| {name.split('=')[1]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {name.replace('attention T=', '')} | " + " | ".join(cells) + " |")
     lines += ["", "## Every row", "",
               "| case | pass | backend | ms | IQR | min-max | n | tokens/s | GFLOP/s | % peak | vs torch | peak MB |",
               "|" + "---|" * 12]
@@ -655,11 +679,13 @@ def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
     axes[0].axhline(1, color="gray", lw=0.5)
     sweep = [r for r in rows if r["group"] == "sweep"]
     for n in names:
-        pts = sorted((int(r["name"].split("=")[1]), r) for r in sweep if r["backend"] == n and r["pass"] == "fwd")
-        if pts:
-            ts = [t for t, _ in pts]
-            axes[1].plot(ts, [r["ms"] + by[(r["name"], "bwd", n)]["ms"] for _, r in pts], "o-", label=n)
-            axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for _, r in pts], "o-", label=n)
+        for impl in ("attention", "flash attention"):                      # flash: its own line
+            pts = sorted((int(r["name"].split("=")[1]), r) for r in sweep if r["backend"] == n
+                         and r["pass"] == "fwd" and r["name"].startswith(impl + " T="))
+            if pts:
+                ts, lab = [t for t, _ in pts], n if impl == "attention" else n + " flash"
+                axes[1].plot(ts, [r["ms"] + by[(r["name"], "bwd", n)]["ms"] for _, r in pts], "o-", label=lab)
+                axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for _, r in pts], "o-", label=lab)
     axes[1].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd+bwd ms")
     axes[2].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd peak MB")
     for ax in axes:

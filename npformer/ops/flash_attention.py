@@ -1,0 +1,251 @@
+"""Memory-efficient attention: FlashAttention's tiled forward with an online softmax and a backward
+that recomputes each tile (Dao et al. 2022, Algorithms 1-2; Dao 2023, FlashAttention-2, sec. 3.1).
+
+The results of :mod:`npformer.ops.attention` (same masks, both causal alignments, zero output and
+zero gradient for a fully masked row, 16-bit inputs accumulated in float32) without ever holding a
+(Tq, Tk) array. Queries go in blocks i of ``block_q`` rows; for each, the running row max m, sum l
+and output acc are updated key block j (``block_k`` keys) by key block j:
+
+    S = q_i k_j^T * scale + bias_ij                  (B, H, bq, bk): one tile
+    m' = max(m, rowmax S);  P = exp(S - m');  a = exp(m - m')
+    l = a l + rowsum P;     acc = a acc + dropout(P) v_j;   m = m'
+    out_i = acc / l;        lse_i = m + log l         (the row's log-sum-exp, kept for backward)
+
+Backward, key blocks outer and query blocks inner; P is recomputed from lse, never stored:
+
+    P = exp(S - lse_i);   dv_j += P_drop^T dout_i;   dP = dropout'(dout_i v_j^T)
+    dS = P * (dP - D_i),  D_i = rowsum(dout_i * out_i)   (= rowsum(P * dP): FlashAttention-2's trick)
+    dq_i += dS k_j * scale;   dk_j += dS^T q_i * scale
+
+Memory: the cache holds q, k, v, out and lse (B, H, Tq, 1): O(T), where the plain op keeps the
+(B, H, Tq, Tk) probabilities; the temporaries are a few (B, H, bq, bk) tiles. With ``is_causal`` a
+key block wholly in the future of a query block is skipped, and only tiles that straddle the
+diagonal build a causal bias. A fully masked row ends with l = 0: its output is 0 and its lse is
++inf, so the recomputed P is exactly 0 there and it passes no gradient.
+
+Dropout: element (b, h, i, j) is kept when a hash of one 64-bit seed drawn from ``rng`` and the
+element's index (splitmix64, a counter-based generator, as FlashAttention uses Philox) is >= p.
+Backward regenerates each tile's mask from the seed, and the mask does not depend on the block
+sizes. The stream differs from the plain op's (which draws the whole mask from ``rng``): with
+dropout on the two ops agree in distribution, not element by element.
+
+The attention weights are never formed, so ``need_weights=True`` raises; use the plain op for them.
+"""
+from __future__ import annotations
+
+from numbers import Integral
+from typing import Any, NamedTuple
+
+from npformer.backend import accumulation_dtype, get_array_module
+from npformer.ops.attention import _check_inputs   # the same input rules and messages as the plain op
+from npformer.ops.checks import describe, expect_bool_or_float
+from npformer.ops.masks import ALIGNMENTS
+
+__all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
+           "flash_attention_backward"]
+
+IMPLEMENTATIONS = ("plain", "flash")   # the ``attention=`` choices of multi-head attention
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # splitmix64
+
+
+def check_implementation(attention) -> None:
+    if attention not in IMPLEMENTATIONS:
+        raise ValueError(f"attention: expected one of {IMPLEMENTATIONS}, got {attention!r}")
+
+
+class Masks(NamedTuple):
+    attn: Any       # (Tq, Tk) or (B, H, Tq, Tk), bool (True = blocked) or float (added); or None
+    padding: Any    # (B, Tk) bool or float, or None
+    shift: Any      # causal: query i may attend keys j <= i + shift; None without is_causal
+
+
+class FlashAttentionCache(NamedTuple):
+    """O(T): no (Tq, Tk) array. P is recomputed tile by tile from lse; dropout masks from seed."""
+
+    q: Any             # (B, H, Tq, hs)
+    k: Any             # (B, H, Tk, hs)
+    v: Any             # (B, H, Tk, hv)
+    out: Any           # (B, H, Tq, hv)
+    lse: Any           # (B, H, Tq, 1) accumulation dtype; +inf on fully masked rows
+    masks: Masks
+    dropout_p: float   # 0.0 when no dropout ran
+    seed: Any          # () uint64 dropout seed, or None
+    scale: float
+    block_q: int
+    block_k: int
+
+
+def _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, alignment, xp) -> Masks:
+    """Checked as :func:`npformer.ops.masks.attention_bias` checks them, with its messages."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
+    if alignment not in ALIGNMENTS:
+        raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+    for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+        if m is not None:
+            expect_bool_or_float(m, name)
+            if get_array_module(m) is not xp:
+                raise TypeError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
+    if attn_mask is not None:
+        if tuple(attn_mask.shape) == (b * h, tq, tk):
+            attn_mask = attn_mask.reshape(b, h, tq, tk)                           # (B, H, Tq, Tk)
+        elif tuple(attn_mask.shape) not in ((tq, tk), (b, h, tq, tk)):
+            raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
+                             f"({b * h}, {tq}, {tk}) or (B, H, Tq, Tk)=({b}, {h}, {tq}, {tk}), "
+                             f"got {describe(attn_mask)}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (b, tk):
+        raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
+                         f"got {describe(key_padding_mask)}")
+    shift = None if not is_causal else 0 if alignment == "top_left" else tk - tq
+    return Masks(attn_mask, key_padding_mask, shift)
+
+
+def _bias(m, dtype, xp):
+    return xp.where(m, -xp.inf, 0.0).astype(dtype) if m.dtype.kind == "b" else m.astype(dtype)
+
+
+def _scores(qi, kj, masks, scale, i0, i1, j0, j1, xp):
+    """S = q_i k_j^T * scale + bias of the tile rows i0:i1, keys j0:j1."""
+    s = qi @ kj.swapaxes(-1, -2)                                                  # (B, H, bq, bk)
+    s *= scale                                                                    # s is fresh
+    if masks.attn is not None:
+        s += _bias(masks.attn[..., i0:i1, j0:j1], s.dtype, xp)                    # (.., .., bq, bk)
+    if masks.padding is not None:
+        s += _bias(masks.padding[:, None, None, j0:j1], s.dtype, xp)              # (B, 1, 1, bk)
+    if masks.shift is not None and j1 - 1 > i0 + masks.shift:                     # the tile straddles the diagonal
+        future = xp.arange(j0, j1)[None, :] > xp.arange(i0, i1)[:, None] + masks.shift   # (bq, bk)
+        s += _bias(future, s.dtype, xp)
+    return s
+
+
+def _visible(i1, j0, shift) -> bool:
+    """Some query of rows < i1 may attend key j0 (False: the tile is wholly in the future)."""
+    return shift is None or j0 <= i1 - 1 + shift
+
+
+def _keep(seed, p, shape, i0, i1, j0, j1, dtype, xp):
+    """Scaled keep-mask m / (1 - p) of the tile: u = splitmix64(seed + n * golden) / 2^64 >= p for the
+    element's flat index n = ((b H + h) Tq + i) Tk + j, taken in its top 24 bits."""
+    b, h, tq, tk = shape
+    u64 = xp.uint64
+    n = (xp.arange(b * h, dtype=u64).reshape(b, h, 1, 1) * u64(tq * tk)
+         + (xp.arange(i0, i1, dtype=u64)[:, None] * u64(tk) + xp.arange(j0, j1, dtype=u64)))  # (B, H, bq, bk)
+    z = n * u64(_GOLDEN) + seed                                                   # uint64 arithmetic wraps
+    z ^= z >> u64(30)
+    z *= u64(_MIX1)
+    z ^= z >> u64(27)
+    z *= u64(_MIX2)
+    z ^= z >> u64(31)
+    keep = (z >> u64(40)).astype(xp.float32) * (2.0 ** -24) >= p                  # (B, H, bq, bk)
+    return keep.astype(dtype) * (1.0 / (1.0 - p)) if p < 1 else xp.zeros(keep.shape, dtype)
+
+
+def _draw_seed(rng, like, xp):
+    if rng is None:
+        raise ValueError("dropout with p > 0 in training mode needs rng, a backend Generator "
+                         "(npformer.backend.default_rng(seed, backend))")
+    halves = (rng.random((2,), dtype=xp.float64) * 2.0 ** 32).astype(xp.uint64)   # (2,)
+    get_array_module(halves, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
+    return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
+
+
+def _check_block(n, name):
+    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
+        raise ValueError(f"{name}: expected a positive int tile size, got {describe(n)}")
+
+
+def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal: bool = False,
+                            causal_alignment: str = "top_left", dropout_p: float = 0.0, rng=None,
+                            training: bool = True, scale: float | None = None, need_weights: bool = False,
+                            block_q: int = 128, block_k: int = 128):
+    """Returns ``(out, cache)``, out (B, H, Tq, hv): the plain op's output, tile by tile.
+
+    Arguments as :func:`npformer.ops.attention.scaled_dot_product_attention_forward`; ``block_q`` and
+    ``block_k`` are the tile sizes (any positive ints: the last tile is shorter).
+    """
+    _check_inputs(q, k, v, scale, dropout_p)
+    if need_weights:
+        raise ValueError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
+                         "pass need_weights=False, or use the plain op (attention='plain') to get them")
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    xp = get_array_module(q, k, v)
+    b, h, tq, hs = q.shape
+    tk, hv = k.shape[2], v.shape[3]
+    masks = _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
+    scale = hs ** -0.5 if scale is None else float(scale)
+    acc_dt = accumulation_dtype(q.dtype)
+    p = float(dropout_p) if training and dropout_p > 0 else 0.0
+    seed = _draw_seed(rng, q, xp) if p > 0 else None
+    out = xp.empty((b, h, tq, hv), dtype=q.dtype)                                 # (B, H, Tq, hv)
+    lse = xp.empty((b, h, tq, 1), dtype=acc_dt)                                   # (B, H, Tq, 1)
+    for i0 in range(0, tq, block_q):
+        i1 = min(i0 + block_q, tq)
+        qi = q[:, :, i0:i1].astype(acc_dt, copy=False)                            # (B, H, bq, hs)
+        m = xp.full((b, h, i1 - i0, 1), -xp.inf, dtype=acc_dt)                    # running row max
+        l = xp.zeros((b, h, i1 - i0, 1), dtype=acc_dt)                            # running row sum
+        acc = xp.zeros((b, h, i1 - i0, hv), dtype=acc_dt)                         # running P_drop v
+        for j0 in range(0, tk, block_k):
+            j1 = min(j0 + block_k, tk)
+            if not _visible(i1, j0, masks.shift):
+                break                                                             # so is every later key block
+            s = _scores(qi, k[:, :, j0:j1].astype(acc_dt, copy=False), masks, scale, i0, i1, j0, j1, xp)
+            m_new = xp.maximum(m, s.max(axis=-1, keepdims=True))                 # (B, H, bq, 1)
+            shift = xp.where(xp.isinf(m_new), 0.0, m_new)                         # all -inf so far: no inf - inf
+            s -= shift
+            pt = xp.exp(s, out=s)                                                 # (B, H, bq, bk) P, unnormalised
+            alpha = xp.exp(m - shift)                                             # (B, H, bq, 1), 0 at the start
+            l *= alpha
+            l += pt.sum(axis=-1, keepdims=True)
+            if p > 0:
+                pt *= _keep(seed, p, (b, h, tq, tk), i0, i1, j0, j1, acc_dt, xp)
+            acc *= alpha
+            acc += pt @ v[:, :, j0:j1].astype(acc_dt, copy=False)                 # (B, H, bq, hv)
+            m = m_new
+        empty = l == 0                                                            # fully masked rows
+        out[:, :, i0:i1] = acc / xp.where(empty, 1.0, l)                          # (B, H, bq, hv)
+        lse[:, :, i0:i1] = xp.where(empty, xp.inf, m + xp.log(xp.where(empty, 1.0, l)))
+    return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
+
+
+def flash_attention_backward(dout, cache: FlashAttentionCache):
+    """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv), recomputing every tile of P."""
+    q, k, v, out, lse, masks, p, seed, scale, block_q, block_k = cache
+    xp = get_array_module(dout, q)
+    acc_dt = lse.dtype
+    b, h, tq, _ = q.shape
+    tk = k.shape[2]
+    do = dout.astype(acc_dt, copy=False)                                          # (B, H, Tq, hv)
+    d = (do * out.astype(acc_dt, copy=False)).sum(axis=-1, keepdims=True)         # (B, H, Tq, 1) D = rowsum(dO * O)
+    dq = xp.zeros(q.shape, dtype=acc_dt)                                          # (B, H, Tq, hs)
+    dk = xp.zeros(k.shape, dtype=acc_dt)                                          # (B, H, Tk, hs)
+    dv = xp.zeros(v.shape, dtype=acc_dt)                                          # (B, H, Tk, hv)
+    for j0 in range(0, tk, block_k):
+        j1 = min(j0 + block_k, tk)
+        kj = k[:, :, j0:j1].astype(acc_dt, copy=False)                            # (B, H, bk, hs)
+        vj = v[:, :, j0:j1].astype(acc_dt, copy=False)                            # (B, H, bk, hv)
+        for i0 in range(0, tq, block_q):
+            i1 = min(i0 + block_q, tq)
+            if not _visible(i1, j0, masks.shift):
+                continue                                                          # skipped in forward too
+            qi = q[:, :, i0:i1].astype(acc_dt, copy=False)                        # (B, H, bq, hs)
+            doi = do[:, :, i0:i1]                                                 # (B, H, bq, hv)
+            s = _scores(qi, kj, masks, scale, i0, i1, j0, j1, xp)                 # (B, H, bq, bk)
+            s -= lse[:, :, i0:i1]
+            pt = xp.exp(s, out=s)                                                 # (B, H, bq, bk) P, recomputed
+            keep = _keep(seed, p, (b, h, tq, tk), i0, i1, j0, j1, acc_dt, xp) if p > 0 else None
+            # fwd: acc += P_drop @ v_j  ->  dv_j += P_drop^T @ dout_i,  dP_drop = dout_i @ v_j^T
+            dv[:, :, j0:j1] += (pt if keep is None else pt * keep).swapaxes(-1, -2) @ doi
+            ds = doi @ vj.swapaxes(-1, -2)                                        # (B, H, bq, bk) dP_drop
+            # fwd: P_drop = P * m / (1 - p)  ->  dP = dP_drop * m / (1 - p)
+            if keep is not None:
+                ds *= keep
+            # fwd: P = exp(S - lse)  ->  dS = P * (dP - D_i)   (0 at masked keys and fully masked rows)
+            ds -= d[:, :, i0:i1]
+            ds *= pt
+            # fwd: S = q_i k_j^T * scale + bias  ->  dq_i += dS k_j * scale,  dk_j += dS^T q_i * scale
+            ds *= scale
+            dq[:, :, i0:i1] += ds @ kj                                            # (B, H, bq, hs)
+            dk[:, :, j0:j1] += ds.swapaxes(-1, -2) @ qi                           # (B, H, bk, hs)
+    return (dq.astype(q.dtype, copy=False), dk.astype(k.dtype, copy=False),
+            dv.astype(v.dtype, copy=False))

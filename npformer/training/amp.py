@@ -1,0 +1,181 @@
+"""Mixed-precision training: the model computes in float16 (or bfloat16), the optimiser updates float32
+master weights, and a dynamic loss scale keeps small float16 gradients from flushing to zero
+(Micikevicius et al. 2018, "Mixed Precision Training"; the rules of ``torch.amp.GradScaler``).
+
+One step (:meth:`MixedPrecision.step` does the part after the backward)::
+
+    model weights (16-bit) = master weights (float32), rounded     in place, so tied weights stay tied
+    loss = L(model(x)) in float32;  backward from dL = S             S: the loss scale; grads hold S * g
+    g = float32(grad) / S;  all finite?  ->  optimiser step on the masters with g, else skip the step
+    scaler: inf/NaN  -> S *= backoff_factor (0.5) and the step is skipped;
+            growth_interval finite steps in a row -> S *= growth_factor (2)
+
+Why: float16 has 5 exponent bits (largest 65504, smallest normal 6.1e-5, subnormals down to 6e-8).
+Gradients of a small model fall below that and vanish; multiplying the loss by S lifts them into
+range, and dividing by S in float32 undoes it exactly (S stays a power of two). An update lr * g of
+1e-6 added to a float16 weight near 1 (spacing 2^-10 there) is rounded away, so the weights the
+optimiser updates are float32. bfloat16 keeps float32's exponent range (scaling is then rarely
+needed; the scaler still catches inf/NaN) but only 8 significant bits.
+
+Recipe (a GPT; the loss is computed in float32 from float32 logits)::
+
+    amp = MixedPrecision(model, "float16")           # rounds the model's weights, keeps float32 masters
+    opt = AdamW(amp.named_parameters(), lr=3e-4)     # the optimiser sees the masters only
+    for step in ...:
+        logits = model(x)                                            # (B, T, V) float16
+        loss, cache = cross_entropy_forward(logits.astype(xp.float32), y)
+        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+        result = amp.step(opt, max_norm=1.0)          # unscale, check, clip, update, round down, zero grads
+
+Works on any backend: NumPy float16 runs on the CPU (slowly: NumPy has no float16 BLAS); bfloat16
+only where the backend has the dtype (neither NumPy nor CuPy does without an extension), with a
+TypeError saying so otherwise. A model whose gradients are non-finite at every scale never steps
+(the scale keeps halving, as torch's does); ``scaler.skipped`` counts the skipped steps.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from numbers import Integral, Real
+from typing import Any, Mapping, NamedTuple
+
+from npformer.backend import get_backend, to_device
+from npformer.nn.module import Module, Parameter
+from npformer.ops.checks import describe
+from npformer.training.optim import clip_grad_norm
+
+__all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]
+
+
+def _positive(v, name, low=0.0, high=math.inf):
+    if isinstance(v, bool) or not isinstance(v, Real) or not (low < float(v) < high):
+        raise ValueError(f"{name}: expected a real number in ({low}, {high}), got {describe(v)}")
+    return float(v)
+
+
+class DynamicLossScaler:
+    """The loss scale S: halved (``backoff_factor``) on a step with inf/NaN gradients, which is
+    skipped; doubled (``growth_factor``) after ``growth_interval`` finite steps in a row.
+    Defaults are ``torch.amp.GradScaler``'s."""
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self.scale = _positive(init_scale, "init_scale")
+        self.growth_factor = _positive(growth_factor, "growth_factor", low=1.0)
+        self.backoff_factor = _positive(backoff_factor, "backoff_factor", high=1.0)
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, Integral) or growth_interval < 1:
+            raise ValueError(f"growth_interval: expected a positive int, got {describe(growth_interval)}")
+        self.growth_interval = int(growth_interval)
+        self.growth_tracker = 0        # finite steps since the scale last changed
+        self.skipped = 0               # steps skipped for inf/NaN gradients, in all
+
+    def update(self, found_inf: bool) -> None:
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self.growth_tracker = 0
+            self.skipped += 1
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            self.scale *= self.growth_factor
+            self.growth_tracker = 0
+
+    def state_dict(self) -> dict:
+        return {"scale": self.scale, "growth_tracker": self.growth_tracker, "skipped": self.skipped}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        missing = {"scale", "growth_tracker", "skipped"} - set(state)
+        if missing:
+            raise ValueError(f"loss scaler state: missing keys {sorted(missing)}, got {sorted(state)}")
+        self.scale = _positive(float(state["scale"]), "scale")
+        self.growth_tracker, self.skipped = int(state["growth_tracker"]), int(state["skipped"])
+
+
+class AmpStep(NamedTuple):
+    stepped: bool              # False: inf/NaN gradients, the step was skipped
+    scale: float               # the loss scale the gradients carried
+    grad_norm: float | None    # the unscaled norm before clipping (max_norm given and stepped), else None
+
+
+def low_precision_dtype(dtype, xp):
+    """float16 or bfloat16 of backend ``xp``; TypeError naming the backend where bfloat16 is absent."""
+    if str(dtype) not in ("float16", "bfloat16") and getattr(dtype, "__name__", None) not in ("float16", "bfloat16"):
+        raise ValueError(f"dtype: expected 'float16' or 'bfloat16' for mixed precision, got {dtype!r}")
+    try:
+        return xp.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype bfloat16: backend {xp.__name__} has no bfloat16 dtype (NumPy and CuPy "
+                        "need an extension such as ml_dtypes); use 'float16'") from None
+
+
+class MixedPrecision:
+    """Float32 master copies of ``model``'s parameters; the model itself is rounded to ``dtype``.
+
+    Build the optimiser over :meth:`named_parameters` (the masters) and call :meth:`step` after each
+    backward; see the module docstring for the whole loop.
+    """
+
+    def __init__(self, model: Module, dtype: Any = "float16", scaler: DynamicLossScaler | None = None):
+        if not isinstance(model, Module):
+            raise TypeError(f"model: expected an npformer Module, got {describe(model)}")
+        self.xp = get_backend(model.backend)
+        self.dtype = low_precision_dtype(dtype, self.xp)
+        self.model = model
+        self.scaler = scaler if scaler is not None else DynamicLossScaler()
+        self._pairs = [(name, p, Parameter(p.data.astype(self.xp.float32, copy=True), decay=p.decay))
+                       for name, p in model.named_parameters()]      # tied parameters appear once
+        self._master_of = {id(p): m for _, p, m in self._pairs}
+        model.to(dtype=self.dtype)
+
+    def named_parameters(self):
+        """(name, float32 master) pairs, for the optimiser."""
+        return [(name, m) for name, _, m in self._pairs]
+
+    def parameters(self):
+        return [m for _, _, m in self._pairs]
+
+    def scaled_dloss(self):
+        """The upstream gradient of a float32 loss, S, as a 0-d float32 array: the loss's backward
+        takes it in place of 1."""
+        return self.xp.asarray(self.scaler.scale, dtype=self.xp.float32)
+
+    def step(self, optimizer, max_norm: float | None = None) -> AmpStep:
+        """Unscale the model's gradients into the masters, skip on inf/NaN, clip to ``max_norm``,
+        step ``optimizer``, round the masters back into the model, and zero every gradient."""
+        xp, scale = self.xp, self.scaler.scale
+        masters = {id(m) for m in self.parameters()}
+        foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in masters]
+        if foreign:
+            raise ValueError(f"optimizer holds {len(foreign)} parameters that are not this MixedPrecision's "
+                             "float32 masters; build it over amp.named_parameters()")
+        finite = []
+        for _, p, m in self._pairs:
+            # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
+            m.grad = None if p.grad is None else p.grad.astype(xp.float32) * (1.0 / scale)   # (same as p)
+            if m.grad is not None:
+                finite.append(xp.isfinite(m.grad).all())
+        ok = bool(xp.stack(finite).all()) if finite else True             # one device -> host sync
+        norm = None
+        if ok:
+            if max_norm is not None:
+                norm = clip_grad_norm(self.parameters(), max_norm)
+            optimizer.step()
+            for _, p, m in self._pairs:
+                p.data[...] = m.data                                      # rounded to the model's dtype, in place
+        for _, p, m in self._pairs:
+            m.grad = None
+        self.model.zero_grad()
+        self.scaler.update(not ok)
+        return AmpStep(ok, scale, norm)
+
+    def master_state_dict(self) -> "OrderedDict[str, Any]":
+        """The float32 masters under the model's state_dict names (tied weights under each name)."""
+        return OrderedDict((n, self._master_of[id(p)].data)
+                           for n, p in self.model.named_parameters(remove_duplicate=False))
+
+    def load_master_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Load float32 weights (a checkpoint) into the masters, checked by the model, then round them
+        into the model."""
+        self.model.load_state_dict(state)                                 # checks names and shapes, rounds
+        for name, _, m in self._pairs:
+            m.data[...] = to_device(state[name], self.model.backend)      # cast to float32 in place
