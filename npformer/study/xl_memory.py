@@ -117,11 +117,11 @@ def run(args: argparse.Namespace) -> int:
         for mem, (_, curve) in runs.items():
             a.plot([r["step"] for r in curve], [r["valid_loss"] for r in curve], marker="o", ms=3,
                    label=f"memory M={mem}" if mem else "no memory (M=0)")
-        for y, text in ((summary["uniform_loss"], "best without memory: ln(symbols)"),
-                        (summary["floor_loss"], "perfect recall")):
+        for y, text, va in ((summary["uniform_loss"], "best without memory: ln(symbols)", "top"),
+                            (summary["floor_loss"], "perfect recall", "bottom")):
             for ax in (a, b):
                 ax.axhline(y, color="gray", ls="--", lw=0.8)
-                ax.text(0.01, y, text, transform=ax.get_yaxis_transform(), va="bottom", fontsize=8, color="gray")
+                ax.text(0.01, y, text, transform=ax.get_yaxis_transform(), va=va, fontsize=8, color="gray")
         a.set(title=f"recall, period {summary['period']} > segment {args.segment}", xlabel="training step",
               ylabel="validation loss (nats)")
         a.legend()
