@@ -4,7 +4,7 @@ The keys and values cover [memory; segment]: Tk = M + Tq positions, the M memory
 query i of the segment sits at position M + i, the key j at position j, their distance is M + i - j.
 Per head (the head index is left out):
 
-    score[i, j] = (q_i + u)^T k_j  +  (q_i + v)^T W_r R_{M+i-j}        (a)+(c), (b)+(d) of eq. (3.3)
+    score[i, j] = (q_i + u)^T k_j  +  (q_i + v)^T W_r R_{M+i-j}        terms (a)+(c), (b)+(d) of sec. 3.3
     S = score * scale + bias,  P = softmax(S),  out = dropout(P) @ values
 
 R holds fixed encodings of the distances; ``r`` passes them as rows for Tk-1, Tk-2, ..., 0 (row m is
@@ -21,8 +21,9 @@ a query whose every key is blocked gets zero output and passes zero gradient, as
 Backward (dS = softmax backward of dP, as in ``ops.attention``):
 
     dAC = dBD = dS * scale,    dBD_raw = rel_shift_backward(dBD)
-    dq = dAC k + dBD_raw rk,   du = sum_{B, Tq} dAC k,   dv = sum_{B, Tq} dBD_raw rk,   dk = dAC^T (q + u)
-    drk = sum_B dBD_raw^T (q + v),   dW_r = drk^T r,   dr = drk W_r         (rk = r W_r^T per head)
+    dq = dAC k + dBD_raw rk,   du = sum_{B, Tq} dAC k,   d(bias v) = sum_{B, Tq} dBD_raw rk
+    dk = dAC^T (q + u),   dvalues = dropout(P)^T dout,   drk = sum_B dBD_raw^T (q + v)
+    dW_r = drk^T r,   dr = drk W_r                                          (rk = r W_r^T per head)
 """
 from __future__ import annotations
 
