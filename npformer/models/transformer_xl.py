@@ -85,6 +85,7 @@ class RelativeMultiheadAttention(Module):
 
     Parameters (the paper's symbols): ``q_net.weight`` W_q, ``kv_net.weight`` [W_{k,E}; W_v],
     ``r_weight`` W_{k,R} (H*hs, C), ``r_w_bias`` u and ``r_r_bias`` v (H, hs), ``o_net.weight`` W_o.
+    Each layer has its own u and v (the paper's code calls this ``untie_r``; by default it shares them).
     """
 
     def __init__(self, d_model, n_head, d_head, dropout=0.0, *, dtype=None, backend=None, rng=None):
