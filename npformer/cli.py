@@ -163,12 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a Seq2Seq Transformer on a built-in task (default: dates)",
                        description="Trains the paper's encoder-decoder on a built-in task, reports "
                                    "validation loss and exact-match accuracy, prints examples.")
-    t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse", "charlm"],
+    t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse", "charlm", "recall"],
                    help="a Seq2Seq task (default dates) or charlm: a GPT on a text")
     t.add_argument("--model", choices=sorted(TRAINERS), help="the model to train (default: gpt for "
                    "charlm, seq2seq for the other tasks)")
     t.add_argument("--text", metavar="FILE", help="charlm: train on this UTF-8 text (default: the shipped corpus)")
     t.add_argument("--block-size", type=int, dest="block_size", help="charlm: context length")
+    t.add_argument("--mem-len", type=int, dest="mem_len", help="transformer-xl: memory length (default: "
+                   "the segment length --block-size; 0: no memory)")
     t.add_argument("--steps", type=int)
     t.add_argument("--batch-size", type=int, dest="batch_size")
     t.add_argument("--lr", type=float)

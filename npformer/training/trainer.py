@@ -58,6 +58,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     text: str | None = None          # charlm: a text file (default: the shipped corpus)
     block_size: int = 64             # charlm: context length
+    mem_len: int | None = None       # transformer-xl: memory (None: block_size, its segment length; 0: none)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -257,6 +258,7 @@ def _bar(frac: float, width: int = 20) -> str:
 TRAINERS: dict[str, tuple[str, str]] = {
     "seq2seq": ("npformer.training.trainer", "Seq2SeqTrainer"),
     "gpt": ("npformer.training.lm_trainer", "LMTrainer"),
+    "transformer-xl": ("npformer.training.xl_trainer", "XLTrainer"),
 }
 
 

@@ -1,0 +1,181 @@
+"""Relative multi-head attention of Transformer-XL (Dai et al. 2019, sec. 3.3), over a memory.
+
+The keys and values cover [memory; segment]: Tk = M + Tq positions, the M memory positions first. The
+query i of the segment sits at position M + i, the key j at position j, their distance is M + i - j.
+Per head (the head index is left out):
+
+    score[i, j] = (q_i + u)^T k_j  +  (q_i + v)^T W_r R_{M+i-j}        terms (a)+(c), (b)+(d) of sec. 3.3
+    S = score * scale + bias,  P = softmax(S),  out = dropout(P) @ values
+
+R holds fixed encodings of the distances; ``r`` passes them as rows for Tk-1, Tk-2, ..., 0 (row m is
+R_{Tk-1-m}), so BD_raw = (q + v) (r W_r^T)^T has BD_raw[i, m] = (q_i + v)^T W_r R_{Tk-1-m}, and
+:func:`rel_shift_forward` moves each row so that column j holds distance M + i - j. u and v are the
+two learned biases (one per head), W_r (H * hs, C) projects the encodings to every head.
+
+The attention is causal by construction: distances are never negative, so a query may attend the
+memory and the segment's keys up to itself (the bottom-right causal mask of ``ops.masks``); the
+shifted entries beyond that are other rows' values, always masked. ``attn_mask`` and
+``key_padding_mask`` block more keys (bool True = may not attend, -inf; float masks are added), and
+a query whose every key is blocked gets zero output and passes zero gradient, as in ``ops.attention``.
+
+Backward (dS = softmax backward of dP, as in ``ops.attention``):
+
+    dAC = dBD = dS * scale,    dBD_raw = rel_shift_backward(dBD)
+    dq = dAC k + dBD_raw rk,   du = sum_{B, Tq} dAC k,   d(bias v) = sum_{B, Tq} dBD_raw rk
+    dk = dAC^T (q + u),   dvalues = dropout(P)^T dout,   drk = sum_B dBD_raw^T (q + v)
+    dW_r = drk^T r,   dr = drk W_r                                          (rk = r W_r^T per head)
+"""
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any, NamedTuple
+
+from npformer.backend import get_array_module
+from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward
+from npformer.ops.masks import attention_bias
+from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
+
+__all__ = ["RelShiftCache", "rel_shift_forward", "rel_shift_backward", "RelativeAttentionCache",
+           "relative_attention_forward", "relative_attention_backward"]
+
+
+class RelShiftCache(NamedTuple):
+    """Only the input's shape: the shift is a fixed rearrangement."""
+
+    shape: tuple            # (..., Tq, Tk)
+
+
+def rel_shift_forward(x):
+    """out[..., i, j] = x[..., i, j + Tq - 1 - i] for j <= i + Tk - Tq (the rest: other rows' entries).
+
+    The trick of the paper's code: pad one zero column in front, read the (Tq, Tk + 1) block as
+    (Tk + 1, Tq), drop its first row and read the rest as (Tq, Tk). Needs Tk >= Tq.
+    """
+    expect_float(x, "x")
+    if x.ndim < 2 or x.shape[-1] < x.shape[-2]:
+        raise ValueError(f"x: expected (..., Tq, Tk) with Tk >= Tq (keys = memory + segment), got {describe(x)}")
+    xp = get_array_module(x)
+    *lead, tq, tk = x.shape
+    padded = xp.concatenate([xp.zeros((*lead, tq, 1), dtype=x.dtype), x], axis=-1)   # (..., Tq, Tk+1)
+    flat = padded.reshape(*lead, tq * (tk + 1))                                     # (..., Tq*(Tk+1))
+    return flat[..., tq:].reshape(*lead, tq, tk), RelShiftCache(tuple(x.shape))    # (..., Tq, Tk)
+
+
+def rel_shift_backward(dout, cache: RelShiftCache):
+    """The same rearrangement run backwards: every output entry is one input entry (or the zero pad)."""
+    xp = get_array_module(dout)
+    *lead, tq, tk = cache.shape
+    # fwd: out = flat[Tq:] of [0 | x]  ->  dflat = [0 (dropped head) | dout],  dx = dpadded[:, 1:]
+    dflat = xp.zeros((*lead, tq * (tk + 1)), dtype=dout.dtype)                      # (..., Tq*(Tk+1))
+    dflat[..., tq:] = dout.reshape(*lead, tq * tk)
+    return dflat.reshape(*lead, tq, tk + 1)[..., 1:]                                 # (..., Tq, Tk)
+
+
+class RelativeAttentionCache(NamedTuple):
+    """What the backward needs; q + u and q + v are recomputed from q, and P_drop from P and the mask."""
+
+    q: Any                 # (B, H, Tq, hs)
+    k: Any                 # (B, H, Tk, hs)
+    v: Any                 # (B, H, Tk, hv)
+    r: Any                 # (Tk, C) encodings of distances Tk-1 .. 0
+    r_weight: Any          # (H*hs, C)
+    rk: Any                # (H, Tk, hs) the projected encodings, r W_r^T split into heads
+    bias_u: Any            # (H, hs)
+    bias_v: Any            # (H, hs)
+    p: Any                 # (B, H, Tq, Tk) softmax probabilities, before dropout
+    dropout: DropoutCache  # scaled keep-mask (B, H, Tq, Tk), or None inside
+    shift: RelShiftCache
+    scale: float
+
+
+def _check(q, k, v, r, r_weight, bias_u, bias_v, scale, dropout_p):
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        expect_float(a, name)
+        expect_ndim(a, name, 4, "(B, H, T, head_size)")
+    b, h, tq, hs = q.shape
+    if k.shape[:2] != (b, h) or k.shape[3] != hs:
+        raise ValueError(f"k: expected shape (B, H, Tk, hs)=({b}, {h}, *, {hs}) to match q "
+                         f"{tuple(q.shape)}, got {describe(k)}")
+    tk = k.shape[2]
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"v: expected shape (B, H, Tk, hv)=({b}, {h}, {tk}, *) to match k, got {describe(v)}")
+    if hs == 0 or tq == 0 or tk < tq:
+        raise ValueError(f"relative attention needs hs >= 1, Tq >= 1 and Tk = M + Tq >= Tq (memory first), "
+                         f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    expect_float(r, "r")
+    expect_ndim(r, "r", 2, "(Tk, C): encodings of distances Tk-1 .. 0")
+    if r.shape[0] != tk:
+        raise ValueError(f"r: expected one row per key, shape (Tk, C)=({tk}, *), got {describe(r)}")
+    expect_shape(r_weight, "r_weight", (h * hs, r.shape[1]), "(H*hs, C)")
+    expect_shape(bias_u, "bias_u", (h, hs), "(H, hs)")
+    expect_shape(bias_v, "bias_v", (h, hs), "(H, hs)")
+    expect_same_dtype(q=q, k=k, v=v, r=r, r_weight=r_weight, bias_u=bias_u, bias_v=bias_v)
+    get_array_module(q, k, v, r, r_weight, bias_u, bias_v)
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)
+                              or not math.isfinite(scale)):
+        raise TypeError(f"scale: expected a finite real number or None (1/sqrt(hs)), got {describe(scale)}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, Real) or not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1], got {describe(dropout_p)}")
+
+
+def relative_attention_forward(q, k, v, r, r_weight, bias_u, bias_v, *, attn_mask=None,
+                               key_padding_mask=None, dropout_p: float = 0.0, rng=None,
+                               training: bool = True, scale: float | None = None):
+    """Returns ``(out, cache)``: out (B, H, Tq, hv). Masks (Tq, Tk)/(B, H, Tq, Tk) and (B, Tk) as
+    :func:`npformer.ops.masks.attention_bias`, on top of the causal mask over memory + segment."""
+    _check(q, k, v, r, r_weight, bias_u, bias_v, scale, dropout_p)
+    xp = get_array_module(q, k, v)
+    b, h, tq, hs = q.shape
+    tk = k.shape[2]
+    scale = 1.0 / math.sqrt(hs) if scale is None else float(scale)
+    bias = attention_bias((b, h, tq, tk), q.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                          is_causal=True, causal_alignment="bottom_right", xp=xp)   # (.., .., Tq, Tk)
+    rk = (r @ r_weight.T).reshape(tk, h, hs).transpose(1, 0, 2)                     # (H, Tk, hs)
+    ac = (q + bias_u[:, None, :]) @ k.swapaxes(-1, -2)                              # (B, H, Tq, Tk)
+    bd_raw = (q + bias_v[:, None, :]) @ rk.swapaxes(-1, -2)                         # (B, H, Tq, Tk)
+    bd, shift = rel_shift_forward(bd_raw)                                           # (B, H, Tq, Tk)
+    s = ac + bd                                                                     # (B, H, Tq, Tk)
+    s *= scale                                                                      # s is fresh
+    s += bias                                                                       # -inf where blocked
+    p, _ = softmax_forward(s)                                                       # (B, H, Tq, Tk)
+    if training and dropout_p > 0:
+        p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)        # (B, H, Tq, Tk)
+    else:
+        p_drop, drop = p, DropoutCache(None)
+    out = p_drop @ v                                                                # (B, H, Tq, hv)
+    return out, RelativeAttentionCache(q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale)
+
+
+def relative_attention_backward(dout, cache: RelativeAttentionCache):
+    """Returns ``(dq, dk, dv, dr, dr_weight, dbias_u, dbias_v)`` for ``dout`` (B, H, Tq, hv)."""
+    q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale = cache
+    h, tk, hs = rk.shape
+    p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask                 # (B, H, Tq, Tk), recomputed
+    # fwd: out = P_drop @ values  ->  dP_drop = dout @ values^T,  dvalues = P_drop^T @ dout
+    dv = p_drop.swapaxes(-1, -2) @ dout                                             # (B, H, Tk, hv)
+    dp_drop = dout @ v.swapaxes(-1, -2)                                             # (B, H, Tq, Tk)
+    # fwd: P_drop = dropout(P)
+    dp = dp_drop if drop.scaled_mask is None else dropout_backward(dp_drop, drop)    # (B, H, Tq, Tk)
+    # fwd: P = softmax(S)  (0 at blocked keys and fully masked rows)
+    ds = softmax_backward(dp, SoftmaxCache(p))                                      # (B, H, Tq, Tk)
+    # fwd: S = (AC + BD) * scale + bias  ->  dAC = dBD = dS * scale
+    ds *= scale                                                                     # ds is fresh
+    # fwd: BD = rel_shift(BD_raw)
+    dbd_raw = rel_shift_backward(ds, shift)                                         # (B, H, Tq, Tk)
+    # fwd: AC = (q + u) @ k^T  ->  d(q + u) = dAC @ k,  dk = dAC^T @ (q + u)
+    dqu = ds @ k                                                                    # (B, H, Tq, hs)
+    dk = ds.swapaxes(-1, -2) @ (q + bias_u[:, None, :])                             # (B, H, Tk, hs)
+    # fwd: BD_raw = (q + v) @ rk^T  ->  d(q + v) = dBD_raw @ rk,  drk = sum_B dBD_raw^T @ (q + v)
+    dqv = dbd_raw @ rk                                                              # (B, H, Tq, hs)
+    drk = (dbd_raw.swapaxes(-1, -2) @ (q + bias_v[:, None, :])).sum(axis=0)         # (H, Tk, hs)
+    # fwd: q + u, q + v (u, v broadcast over B and Tq)  ->  dq = both,  du, dv summed over B and Tq
+    dq = dqu + dqv                                                                  # (B, H, Tq, hs)
+    dbias_u = dqu.sum(axis=(0, 2))                                                  # (H, hs)
+    dbias_v = dqv.sum(axis=(0, 2))                                                  # (H, hs)
+    # fwd: rk = split_heads(r @ W_r^T)  ->  dr = drk2 @ W_r,  dW_r = drk2^T @ r
+    drk2 = drk.transpose(1, 0, 2).reshape(tk, h * hs)                               # (Tk, H*hs)
+    dr = drk2 @ r_weight                                                            # (Tk, C)
+    dr_weight = drk2.T @ r                                                          # (H*hs, C)
+    return dq, dk, dv, dr, dr_weight, dbias_u, dbias_v
