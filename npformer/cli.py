@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Trains the paper's encoder-decoder on a built-in task, reports "
                                    "validation loss and exact-match accuracy, prints examples.")
     t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse", "charlm", "recall"],
-                   help="a Seq2Seq task (default dates) or charlm: a GPT on a text")
+                   help="a Seq2Seq task (default dates); charlm: a language model on a text (GPT by "
+                        "default); recall: the long-range copy task (Transformer-XL by default)")
     t.add_argument("--model", choices=sorted(TRAINERS), help="the model to train (default: gpt for "
                    "charlm, seq2seq for the other tasks)")
     t.add_argument("--text", metavar="FILE", help="charlm: train on this UTF-8 text (default: the shipped corpus)")

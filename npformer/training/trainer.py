@@ -262,8 +262,12 @@ TRAINERS: dict[str, tuple[str, str]] = {
 }
 
 
+# tasks whose default model is not the Seq2Seq
+DEFAULT_MODELS = {"charlm": "gpt", "recall": "transformer-xl"}
+
+
 def default_model(task: str) -> str:
-    return "gpt" if task == "charlm" else "seq2seq"
+    return DEFAULT_MODELS.get(task, "seq2seq")
 
 
 def make_trainer(config: TrainConfig, log: Callable[[str], None] = print) -> Trainer:
