@@ -13,6 +13,7 @@ from __future__ import annotations
 # name on the command line -> module
 EXPERIMENTS: dict[str, str] = {
     "positional": "npformer.study.positional",
+    "norms": "npformer.study.norms",
 }
 
 __all__ = ["EXPERIMENTS"]
