@@ -14,6 +14,7 @@ from __future__ import annotations
 EXPERIMENTS: dict[str, str] = {
     "positional": "npformer.study.positional",
     "norms": "npformer.study.norms",
+    "attention": "npformer.study.attention_maps",
 }
 
 __all__ = ["EXPERIMENTS"]
