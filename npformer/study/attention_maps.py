@@ -226,7 +226,7 @@ def head_summaries(maps: list[dict]) -> list[dict]:
     return rows
 
 
-def _print_summary(result: dict, rows: list[dict], show: int = 24) -> None:
+def _print_summary(result: dict, rows: list[dict], show: int = 32) -> None:
     by_head: dict = {}
     for r in rows:
         by_head.setdefault((r["group"], r["layer"], r["head"]), []).append(r)
@@ -266,7 +266,7 @@ def _plot(plt, maps: list[dict], group: str, label: str, path: Path, title: str)
     fig.supxlabel("key", fontsize=9)
     fig.supylabel("query", fontsize=9)
     fig.tight_layout()
-    fig.colorbar(im, ax=axes, shrink=0.6, label="attention weight")
+    fig.colorbar(im, ax=axes, shrink=0.6, fraction=0.02, pad=0.02, label="attention weight")
     return save_figure(fig, path)
 
 

@@ -1,6 +1,7 @@
 """``npformer study norms``: the task, batch-independence of LayerNorm (and its absence for BatchNorm),
 the files a tiny run writes."""
 import csv
+import importlib.util
 import json
 
 import numpy as np
@@ -99,6 +100,7 @@ def test_cli_tiny_run_writes_well_formed_files(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "batch stats B=1" in out and "wrote" in out
+    assert (tmp_path / "norms.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     rows = list(csv.DictReader(open(tmp_path / "norms.csv")))
     assert {r["norm"] for r in rows} == {"layer", "batch", "batch_masked"}
     assert {r["experiment"] for r in rows} == {"eval", "batch_size", "padding", "neighbours"}
