@@ -24,7 +24,8 @@ Backward in the closed form (no graph through mu and var), with g = dy * w and s
 
 Training needs n >= 2 (torch: "Expected more than 1 value per channel"): with one value the
 variance is 0, xhat = 0, y = b whatever x is, and the unbiased variance divides by zero; a
-ValueError says so. A constant feature (var = 0 with n >= 2) gives xhat = 0, y = b, no NaN.
+ValueError says so. A constant feature (var = 0 with n >= 2) gives xhat = 0, y = b, no NaN
+(eps > 0 keeps rstd = 1/sqrt(eps) finite, so dx = rstd * (g - mean(g)) is large but finite).
 16-bit inputs are normalised in float32 and rounded back, as layer norm.
 """
 from __future__ import annotations
