@@ -12,6 +12,7 @@ from npformer.nn.head import OutputHead
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList, Parameter, StateDictError, is_grad_enabled, no_grad
 from npformer.nn.normalization import LayerNorm
+from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.nn.transformer import (FeedForwardBlock, Transformer, TransformerDecoder,
                                      TransformerDecoderLayer, TransformerEncoder,
                                      TransformerEncoderLayer)

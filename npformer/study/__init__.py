@@ -14,6 +14,8 @@ from __future__ import annotations
 EXPERIMENTS: dict[str, str] = {
     "positional": "npformer.study.positional",
     "xl-memory": "npformer.study.xl_memory",
+    "norms": "npformer.study.norms",
+    "attention": "npformer.study.attention_maps",
 }
 
 __all__ = ["EXPERIMENTS"]
