@@ -13,6 +13,8 @@ from __future__ import annotations
 # name on the command line -> module
 EXPERIMENTS: dict[str, str] = {
     "positional": "npformer.study.positional",
+    "gradient-flow": "npformer.study.gradient_flow",
+    "layers": "npformer.study.layer_grads",
 }
 
 __all__ = ["EXPERIMENTS"]
