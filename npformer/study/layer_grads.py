@@ -231,4 +231,5 @@ def _plot(plt, res, args, path):
     for ax in (a, b, d):
         ax.legend(fontsize=8)
     c.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
     return save_figure(fig, path)
