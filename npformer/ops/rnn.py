@@ -71,12 +71,11 @@ def _check(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, gates: int):
     expect_shape(weight_hh, "weight_hh", (gates * h, h), f"({gates}*hidden_size, hidden_size)")
     if (bias_ih is None) != (bias_hh is None):
         raise ValueError("bias_ih and bias_hh: give both or neither (bias=False)")
-    for name, bias in (("bias_ih", bias_ih), ("bias_hh", bias_hh)):
-        if bias is not None:
-            expect_shape(bias, name, (gates * h,), f"({gates}*hidden_size,)")
-    for name, s in (("h0", h0), ("c0", c0)):
-        if s is not None:
-            expect_shape(s, name, (b, h), "(B, hidden_size)")
+    for name, a, shape, layout in (("bias_ih", bias_ih, (gates * h,), f"({gates}*hidden_size,)"),
+                                   ("bias_hh", bias_hh, (gates * h,), f"({gates}*hidden_size,)"),
+                                   ("h0", h0, (b, h), "(B, hidden_size)"), ("c0", c0, (b, h), "(B, hidden_size)")):
+        if a is not None:
+            expect_shape(a, name, shape, layout)
     expect_same_dtype(x=x, weight_ih=weight_ih, weight_hh=weight_hh, bias_ih=bias_ih, bias_hh=bias_hh,
                       h0=h0, c0=c0)
     xp = get_array_module(x, weight_ih, weight_hh, bias_ih, bias_hh, h0, c0)   # raises on mixed backends
@@ -91,19 +90,14 @@ def _input_part(x, weight_ih, bias_ih, bias_hh):
     return pre
 
 
-def _param_grads(dpre, x, h_prev, has_bias):
+def _param_grads(dpre, x, h0, h, has_bias, xp):
     """dW_ih, dW_hh, db_ih, db_hh from the pre-activation gradients of every step at once."""
-    g = dpre.shape[-1]
-    d2 = dpre.reshape(-1, g)                                         # (B*T, G*H)
+    h_prev = xp.concatenate([h0[:, None], h[:, :-1]], axis=1)      # (B, T, H) h_0..h_{T-1}, each step's input
+    d2 = dpre.reshape(-1, dpre.shape[-1])                            # (B*T, G*H)
     dweight_ih = d2.T @ x.reshape(-1, x.shape[-1])                   # (G*H, I)
     dweight_hh = d2.T @ h_prev.reshape(-1, h_prev.shape[-1])         # (G*H, H)
     dbias = d2.sum(axis=0) if has_bias else None                     # (G*H,)
     return dweight_ih, dweight_hh, dbias, (None if dbias is None else dbias.copy())
-
-
-def _previous(h0, h, xp):
-    """h_0..h_{T-1} (B, T, H): the state each step read."""
-    return xp.concatenate([h0[:, None], h[:, :-1]], axis=1)
 
 
 def rnn_forward(x, h0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
@@ -137,7 +131,7 @@ def rnn_backward(dout, cache: RNNCache):
         dh_next = da[:, s] @ weight_hh                   # (B, H)
     # fwd: a_t = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh  ->  all steps at once
     dx = matmul_last(da, weight_ih)                      # (B, T, I)
-    dweight_ih, dweight_hh, dbias_ih, dbias_hh = _param_grads(da, x, _previous(h0, h, xp), has_bias)
+    dweight_ih, dweight_hh, dbias_ih, dbias_hh = _param_grads(da, x, h0, h, has_bias, xp)
     return dx, dh_next, dweight_ih, dweight_hh, dbias_ih, dbias_hh
 
 
@@ -179,11 +173,9 @@ def lstm_backward(dout, cache: LSTMCache, dc_n=None):
     hid = h.shape[-1]
     dpre = xp.empty_like(gates)                          # (B, T, 4H)
     dh_next = xp.zeros_like(h0)                          # (B, H)
-    if dc_n is None:
-        dc_next = xp.zeros_like(c0)                      # (B, H)
-    else:
+    if dc_n is not None:
         expect_shape(dc_n, "dc_n", c0.shape, "(B, hidden_size)")
-        dc_next = dc_n
+    dc_next = xp.zeros_like(c0) if dc_n is None else dc_n                       # (B, H)
     for s in range(h.shape[1] - 1, -1, -1):
         gs, tc = gates[:, s], tanh_c[:, s]
         i, f, g, o = gs[:, :hid], gs[:, hid:2 * hid], gs[:, 2 * hid:3 * hid], gs[:, 3 * hid:]
@@ -204,5 +196,5 @@ def lstm_backward(dout, cache: LSTMCache, dc_n=None):
         dh_next = d @ weight_hh                          # (B, H)
     # fwd: z_t = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh  ->  all steps at once
     dx = matmul_last(dpre, weight_ih)                    # (B, T, I)
-    dweight_ih, dweight_hh, dbias_ih, dbias_hh = _param_grads(dpre, x, _previous(h0, h, xp), has_bias)
+    dweight_ih, dweight_hh, dbias_ih, dbias_hh = _param_grads(dpre, x, h0, h, has_bias, xp)
     return dx, dh_next, dc_next, dweight_ih, dweight_hh, dbias_ih, dbias_hh
