@@ -13,6 +13,7 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList, Parameter, StateDictError, is_grad_enabled, no_grad
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.normalization_batch import BatchNorm1d
+from npformer.nn.rnn import LSTM, RNN
 from npformer.nn.transformer import (FeedForwardBlock, Transformer, TransformerDecoder,
                                      TransformerDecoderLayer, TransformerEncoder,
                                      TransformerEncoderLayer)
@@ -21,4 +22,4 @@ __all__ = ["init", "Module", "ModuleList", "Parameter", "StateDictError", "Linea
            "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "seed_dropout",
            "dropout_generator", "MultiheadAttention", "FeedForwardBlock", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
-           "OutputHead", "no_grad", "is_grad_enabled"]
+           "OutputHead", "no_grad", "is_grad_enabled", "RNN", "LSTM", "BatchNorm1d"]

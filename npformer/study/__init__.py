@@ -16,6 +16,8 @@ EXPERIMENTS: dict[str, str] = {
     "xl-memory": "npformer.study.xl_memory",
     "norms": "npformer.study.norms",
     "attention": "npformer.study.attention_maps",
+    "gradient-flow": "npformer.study.gradient_flow",
+    "layers": "npformer.study.layer_grads",
 }
 
 __all__ = ["EXPERIMENTS"]

@@ -12,7 +12,7 @@ from typing import Callable
 
 from npformer.backend import backend_name, default_rng, get_backend, to_device
 from npformer.ops import (activations, attention, cross_entropy, dropout, embedding, feedforward,
-                          layernorm, linear, multihead, residual, softmax)
+                          layernorm, linear, multihead, residual, rnn, softmax)
 from npformer.tools.gradcheck import GradcheckReport, gradcheck
 
 __all__ = ["Case", "CASES", "run_suite"]
@@ -177,6 +177,28 @@ def _multi_head(label, tq, tk, self_attention, **options):
     return build
 
 
+def _recurrent(gates):
+    def build(xp, s):
+        b, t, i, h = 2, 4, 3, 3
+        inputs = {"x": _randn(xp, s, b, t, i), "h0": _randn(xp, s + 1, b, h)}
+        if gates == 4:
+            inputs["c0"] = _randn(xp, s + 2, b, h)
+        inputs.update(weight_ih=_randn(xp, s + 3, gates * h, i, scale=0.7),
+                      weight_hh=_randn(xp, s + 4, gates * h, h, scale=0.7),
+                      bias_ih=_randn(xp, s + 5, gates * h), bias_hh=_randn(xp, s + 6, gates * h))
+        if gates == 1:
+            return gradcheck(rnn.rnn_forward, rnn.rnn_backward, inputs, seed=s, label="rnn[tanh, BPTT]")
+
+        def run(**kw):                                   # c_n appended as a step: its gradient is checked too
+            out, c_n, cache = rnn.lstm_forward(**kw)
+            return get_backend(backend_name(out)).concatenate([out, c_n[:, None]], axis=1), cache
+
+        def back(dout, cache):
+            return rnn.lstm_backward(dout[:, :-1], cache, dout[:, -1])
+        return gradcheck(run, back, inputs, seed=s, label="lstm[BPTT, with c_n]")
+    return build
+
+
 CASES: list[Case] = [
     Case("linear", _linear),
     Case("embedding", _embedding),
@@ -203,6 +225,8 @@ CASES: list[Case] = [
                                              is_causal=True)),
     Case("multi_head_attention", _multi_head("cross, Tq!=Tk, dropout", 3, 5, False, padding=True,
                                              dropout_p=0.2)),
+    Case("rnn", _recurrent(1)),
+    Case("lstm", _recurrent(4)),
 ]
 
 
