@@ -49,6 +49,8 @@ __device__ __forceinline__ void npf_store(unsigned short* p, float v) {
 }
 """
 
+# The kernels. @NAME@ placeholders are filled from Python (_constants): the block shapes, and the GELU
+# constants as the exact float64 values the plain op uses (rounded to float once, as NumPy does).
 _COMMON = r"""
 #define NPF_MAX_THREADS @MAX_THREADS@
 #define NPF_COL_X @COL_X@
