@@ -1,0 +1,134 @@
+"""Fused GELU (contract: npformer.ops.activations), bias-add, and bias-add fused with GELU.
+
+    gelu(x) = x (1 + erf(x / sqrt 2)) / 2               (approximate="none")
+    gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (xc + 0.044715 xc^3))),  xc = clip(x, -100, 100)  ("tanh")
+    bias-add:       out = x + b over the last axis;   dbias = dout summed over the leading axes
+    bias + GELU:    h = z + b,  a = gelu(h)  ->  dz = da gelu'(h),  dbias = sum dz
+
+Each forward and backward is one kernel (bias + GELU backward writes ``dz`` and the column partial
+sums of ``dbias`` in the same pass). 16-bit inputs are computed in float32 and rounded once.
+"""
+from __future__ import annotations
+
+import numpy
+
+from npformer.ops.fused.runtime import (contiguous, device_xp, launch_columns, launch_elements,
+                                        rows_of)
+
+__all__ = ["gelu_forward", "gelu_backward", "bias_add_forward", "bias_grad",
+           "bias_gelu_forward", "bias_gelu_backward"]
+
+
+def _tanh_form(approximate) -> numpy.int32:
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+    return numpy.int32(approximate == "tanh")
+
+
+def _check_cached(name, d, a):
+    if d.shape != a.shape or d.dtype != a.dtype:
+        raise ValueError(f"{name} must match the cached input: got {d.dtype} {tuple(d.shape)}, "
+                         f"expected {a.dtype} {tuple(a.shape)}")
+
+
+def gelu_forward(x, approximate: str = "none"):
+    """Returns ``(y, GeluCache(x, approximate))``."""
+    from npformer.ops.activations import GeluCache   # here, not at the top: ops import this package
+    from npformer.ops.checks import expect_float
+
+    expect_float(x, "x")
+    form = _tanh_form(approximate)
+    xp = device_xp(x)
+    x = contiguous(xp, x)
+    y = xp.empty(x.shape, dtype=x.dtype)                 # (...)
+    if x.size:
+        launch_elements("gelu_fwd", x.dtype, x.size, (x, y, numpy.int64(x.size), form))
+    return y, GeluCache(x, approximate)
+
+
+def gelu_backward(dy, cache):
+    """``dx = dy * gelu'(x)``."""
+    x, approximate = cache
+    form = _tanh_form(approximate)
+    xp = device_xp(dy, x)
+    _check_cached("dy", dy, x)
+    dy, x = contiguous(xp, dy), contiguous(xp, x)
+    dx = xp.empty(x.shape, dtype=x.dtype)                # (...)
+    if x.size:
+        # fwd: y = gelu(x)  ->  dx = dy * gelu'(x)
+        launch_elements("gelu_bwd", x.dtype, x.size, (dy, x, dx, numpy.int64(x.size), form))
+    return dx
+
+
+def _check_bias(x, bias) -> int:
+    from npformer.ops.checks import expect_float, expect_same_dtype, expect_shape
+
+    expect_float(x, "x")
+    if x.ndim < 1:
+        raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
+    expect_shape(bias, "bias", (x.shape[-1],), "(C,) matching the last axis of x")
+    expect_same_dtype(x=x, bias=bias)
+    return x.shape[-1]
+
+
+def bias_add_forward(x, bias):
+    """``out = x + bias`` over the last axis; a fresh array (the inputs are not touched)."""
+    n = _check_bias(x, bias)
+    xp = device_xp(x, bias)
+    x, bias = contiguous(xp, x), contiguous(xp, bias)
+    out = xp.empty(x.shape, dtype=x.dtype)               # (..., C)
+    if x.size:
+        launch_elements("bias_add", x.dtype, x.size, (x, bias, out, numpy.int64(x.size), numpy.int32(n)))
+    return out
+
+
+def bias_grad(dout):
+    """``dbias`` (C,): ``dout`` (..., C) summed over every leading axis, in ``dout``'s dtype (summed
+    in float32 for 16-bit input): linear's ``dout2.sum(axis=0)`` as one coalesced column pass."""
+    from npformer.ops.checks import expect_float
+
+    expect_float(dout, "dout")
+    xp = device_xp(dout)
+    rows, n = rows_of(dout)
+    dout = contiguous(xp, dout)
+    if not rows:
+        return xp.zeros((n,), dtype=dout.dtype)
+    # fwd: out = x + b  ->  db = sum over rows of dout
+    (part,) = launch_columns(xp, "bias_grad", dout.dtype, rows, n, (dout,), (), 1)
+    return part.sum(axis=0).astype(dout.dtype)           # (C,)
+
+
+def bias_gelu_forward(z, bias, approximate: str = "none"):
+    """``h = z + bias``, ``a = gelu(h)``; returns ``(a, GeluCache(h, approximate))``.
+
+    ``z`` is a linear layer's output without its bias. The cache is the one ``gelu_forward(h)``
+    returns, so ``gelu_backward`` (fused or plain) accepts it too.
+    """
+    from npformer.ops.activations import GeluCache
+
+    n = _check_bias(z, bias)
+    form = _tanh_form(approximate)
+    xp = device_xp(z, bias)
+    z, bias = contiguous(xp, z), contiguous(xp, bias)
+    h = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
+    a = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
+    if z.size:
+        launch_elements("bias_gelu_fwd", z.dtype, z.size,
+                        (z, bias, h, a, numpy.int64(z.size), numpy.int32(n), form))
+    return a, GeluCache(h, approximate)
+
+
+def bias_gelu_backward(da, cache):
+    """Returns ``(dz, dbias)``: ``dz = da * gelu'(h)`` and ``dbias = sum of dz over the rows``."""
+    h, approximate = cache
+    form = _tanh_form(approximate)
+    xp = device_xp(da, h)
+    _check_cached("da", da, h)
+    rows, n = rows_of(h)
+    da, h = contiguous(xp, da), contiguous(xp, h)
+    dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)
+    if not rows:
+        return dz, xp.zeros((n,), dtype=h.dtype)
+    # fwd: a = gelu(h), h = z + b  ->  dz = da * gelu'(h),  db = sum over rows of dz
+    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (da, h, dz), (form,), 1)
+    return dz, part.sum(axis=0).astype(h.dtype)          # (..., F), (F,)

@@ -1,0 +1,47 @@
+"""Fused inverted dropout forward (contract: npformer.ops.dropout).
+
+    u ~ U[0, 1) from the Generator passed in, drawn exactly as the plain op draws it
+    m = [u >= p] / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
+
+so one seed gives the plain op's mask bit for bit; the compare, scale and multiply are one kernel
+that writes ``out`` and the cached scaled mask. The backward is the plain op's
+``dout * scaled_mask``, a single CuPy kernel already, so it has no fused twin.
+"""
+from __future__ import annotations
+
+import numpy
+
+from npformer.backend import accumulation_dtype, get_array_module
+from npformer.ops.fused.runtime import contiguous, device_xp, launch_elements
+
+__all__ = ["dropout_forward"]
+
+
+def dropout_forward(x, p: float, rng=None, training: bool = True):
+    """Returns ``(out, DropoutCache(scaled_mask))``; ``rng`` is required when training with p > 0."""
+    from npformer.ops.checks import expect_float
+    from npformer.ops.dropout import DropoutCache   # here, not at the top: ops import this package
+
+    expect_float(x, "x")
+    if not 0.0 <= float(p) <= 1.0:
+        raise ValueError(f"dropout probability p must be in [0, 1], got {p!r}")
+    if not training or p == 0.0:
+        return x.copy(), DropoutCache(None)
+    if rng is None:
+        raise ValueError("dropout with p > 0 in training mode needs rng, a backend Generator "
+                         "(npformer.backend.default_rng(seed, backend))")
+    xp = device_xp(x)
+    if p == 1.0:
+        scaled = xp.zeros_like(x)                        # (same as x)
+        return x * scaled, DropoutCache(scaled)
+    u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
+    get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
+    x, u = contiguous(xp, x), contiguous(xp, u)
+    scale = accumulation_dtype(x.dtype).type(x.dtype.type(1.0 / (1.0 - p)))
+    out = xp.empty(x.shape, dtype=x.dtype)               # (same as x)
+    scaled = xp.empty(x.shape, dtype=x.dtype)            # (same as x)
+    if x.size:
+        # out = x * [u >= p] / (1 - p), the mask kept for the backward
+        launch_elements("dropout_fwd", x.dtype, x.size,
+                        (x, u, out, scaled, numpy.int64(x.size), numpy.float32(p), scale))
+    return out, DropoutCache(scaled)

@@ -1,0 +1,79 @@
+"""Fused layer norm over the last axis (contract: npformer.ops.layernorm).
+
+Forward, one block per row: ``mu = mean x``, ``var = mean (x - mu)^2`` (two passes, as the plain
+op), ``rstd = 1 / sqrt(var + eps)``, ``xhat = (x - mu) rstd`` (cached, float32 for 16-bit input),
+``y = xhat w + b``. Backward: ``dx = rstd (g - mean g - xhat mean(g xhat))``, ``g = dy w``, one
+block per row; ``dw = sum dy xhat`` and ``db = sum dy`` in one coalesced column pass.
+"""
+from __future__ import annotations
+
+import numpy
+
+from npformer.backend import accumulation_dtype
+from npformer.ops.fused.runtime import contiguous, device_xp, launch_columns, launch_rows, rows_of
+
+__all__ = ["layer_norm_forward", "layer_norm_backward"]
+
+
+def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
+    """Returns ``(y, LayerNormCache(xhat, rstd, weight, has_bias, dtype))``."""
+    from npformer.ops.checks import expect_float, expect_same_dtype, expect_shape
+    from npformer.ops.layernorm import LayerNormCache
+
+    expect_float(x, "x")
+    if x.ndim < 1:
+        raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
+    c = x.shape[-1]
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None:
+            expect_shape(p, name, (c,), "(C,) matching the last axis of x")
+    expect_same_dtype(x=x, weight=weight, bias=bias)
+    if not float(eps) > 0:
+        raise ValueError(f"eps must be > 0 (it keeps constant rows finite), got {eps!r}")
+    xp = device_xp(x, weight, bias)
+    rows, n = rows_of(x)
+    acc = accumulation_dtype(x.dtype)
+    x = contiguous(xp, x)
+    w = contiguous(xp, weight) if weight is not None else x   # x stands in for an absent w or b:
+    b = contiguous(xp, bias) if bias is not None else x        # never read (has_w, has_b = 0)
+    y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
+    xhat = xp.empty(x.shape, dtype=acc)                  # (..., C)
+    rstd = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
+    if rows:
+        launch_rows("layer_norm_fwd", x.dtype, rows, n,
+                    (x, w, b, y, xhat, rstd, numpy.int64(rows), numpy.int32(n), acc.type(eps),
+                     numpy.int32(weight is not None), numpy.int32(bias is not None)))
+    return y, LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype)
+
+
+def layer_norm_backward(dy, cache):
+    """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
+    xhat, rstd, weight, has_bias, dtype = cache
+    xp = device_xp(dy, weight)
+    acc = accumulation_dtype(dtype)
+    if dy.shape != xhat.shape or dy.dtype != dtype:
+        raise ValueError(f"dy must match the forward input: got {dy.dtype} {tuple(dy.shape)}, "
+                         f"expected {numpy.dtype(dtype)} {tuple(xhat.shape)}")
+    if xhat.dtype != acc or rstd.dtype != acc:
+        raise TypeError(f"cache: expected xhat and rstd in {acc} for {numpy.dtype(dtype)} input, "
+                        f"got {xhat.dtype} and {rstd.dtype}")
+    rows, n = rows_of(xhat)
+    dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)
+    w = contiguous(xp, weight) if weight is not None else dy   # stand-in, never read
+    dx = xp.empty(dy.shape, dtype=dtype)                 # (..., C)
+    if rows:
+        # fwd: xhat = (x - mu) * rstd  ->  dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        launch_rows("layer_norm_bwd", dtype, rows, n,
+                    (dy, xhat, rstd, w, dx, numpy.int64(rows), numpy.int32(n),
+                     numpy.int32(weight is not None)))
+    if weight is None and not has_bias:
+        return dx, None, None
+    if rows:
+        # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy
+        part_dw, part_db = launch_columns(xp, "ln_param_grads", dtype, rows, n, (dy, xhat), (), 2)
+        sum_dw, sum_db = part_dw.sum(axis=0), part_db.sum(axis=0)   # (C,)
+    else:
+        sum_dw = sum_db = xp.zeros((n,), dtype=acc)
+    dweight = sum_dw.astype(dtype) if weight is not None else None
+    dbias = sum_db.astype(dtype) if has_bias else None
+    return dx, dweight, dbias

@@ -1,0 +1,151 @@
+"""The switch, the dispatch test, compiling the kernels once, and launching them.
+
+``import`` of this module never imports CuPy: :func:`use_fused` only looks at the arrays it is given
+(a CuPy array implies CuPy is loaded), and CuPy is imported when a kernel is first launched.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+import numpy
+
+from npformer.backend import accumulation_dtype, is_cupy_array
+from npformer.ops.fused.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
+
+__all__ = ["ENV_VAR", "fused_enabled", "fused_available", "use_fused"]
+
+ENV_VAR = "NPFORMER_FUSED"
+_ON, _OFF = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
+MAX_GRID = 65535        # blocks per launch axis; the kernels loop over what is left (grid-stride)
+MAX_CHUNKS = 512        # row chunks of a column pass (their partial sums are added at the end)
+
+
+def fused_enabled() -> bool:
+    """False when ``$NPFORMER_FUSED`` is 0/false/off/no; True when unset, empty or 1/true/on/yes."""
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value in _OFF:
+        return False
+    if value in _ON:
+        return True
+    raise ValueError(f"{ENV_VAR}={value!r} is not a switch; expected one of 1, 0, true, false, on, off")
+
+
+def fused_available(xp: Any) -> bool:
+    """True when ``xp`` is the cupy module and the fused path is switched on (numpy: always False)."""
+    return getattr(xp, "__name__", None) == "cupy" and fused_enabled()
+
+
+def is_device_array(a: Any) -> bool:
+    """A CuPy array (the tests' CPU emulation of the kernels swaps this test for NumPy arrays)."""
+    return is_cupy_array(a)
+
+
+def use_fused(*arrays: Any, dtype: Any = None) -> bool:
+    """Whether an op should take its fused path for these arrays (cheap; never imports CuPy).
+
+    True when the switch is on and every non-None argument is a non-empty CuPy array, all of one
+    dtype among float16/float32/float64 (and of ``dtype``, when given). Anything else (NumPy
+    arrays, bfloat16, mixed dtypes, empty arrays, non-arrays) goes to the plain op, which also
+    gives the error messages for bad input.
+    """
+    found = None
+    for a in arrays:
+        if a is None:
+            continue
+        if not is_device_array(a) or a.size == 0:
+            return False
+        if found is None:
+            found = a.dtype
+        elif a.dtype != found:
+            return False
+    if found is None or found not in TYPES or (dtype is not None and numpy.dtype(dtype) != found):
+        return False
+    return fused_enabled()
+
+
+def array_module():
+    """The array module of the fused path: cupy (the CPU emulation swaps in numpy)."""
+    return importlib.import_module("cupy")
+
+
+def compile_module(source: str, options: tuple):
+    """One ``cupy.RawModule`` (NVRTC compiles it on the first kernel lookup; CuPy caches the binary)."""
+    return importlib.import_module("cupy").RawModule(code=source, options=options)
+
+
+_cache: dict = {}
+
+
+def kernel(name: str, dtype: Any):
+    """The entry point ``npf_<name>_<f16|f32|f64>``, looked up once per name and dtype."""
+    key = (name, numpy.dtype(dtype))
+    fn = _cache.get(key)
+    if fn is None:
+        if "module" not in _cache:
+            _cache["module"] = compile_module(CUDA_SOURCE, NVRTC_OPTIONS)
+        fn = _cache[key] = _cache["module"].get_function(f"npf_{name}_{TYPES[key[1]][2]}")
+    return fn
+
+
+def device_xp(*arrays: Any):
+    """The array module for these arrays; TypeError unless each is a CuPy array of a supported dtype."""
+    for a in arrays:
+        if a is None:
+            continue
+        if not is_device_array(a):
+            raise TypeError(f"the fused CUDA kernels take CuPy arrays; got {type(a).__module__}."
+                            f"{type(a).__name__} (use the plain op for NumPy arrays)")
+        if a.dtype not in TYPES:
+            raise TypeError(f"the fused CUDA kernels take float16, float32 or float64 arrays; got {a.dtype}")
+    return array_module()
+
+
+def contiguous(xp, a):
+    """``a`` itself when C-contiguous (the kernels index flat rows), else a contiguous copy."""
+    return a if a.flags.c_contiguous else xp.ascontiguousarray(a)
+
+
+def rows_of(x) -> tuple[int, int]:
+    """(number of rows, row length) of ``x`` seen as (..., N); ValueError for 0-d or N = 0."""
+    if x.ndim < 1:
+        raise ValueError("x: expected at least 1 axis (..., N), got a 0-d array")
+    n = x.shape[-1]
+    if n == 0:
+        raise ValueError(f"x: the last axis is empty (shape {tuple(x.shape)}); rows need at least one value")
+    if n >= 2 ** 31:
+        raise ValueError(f"rows of {n} values are longer than the kernels' int index allows")
+    return x.size // n, n
+
+
+def row_threads(n: int) -> int:
+    """Threads per row block: the power of two >= n, between 32 (one warp) and MAX_THREADS."""
+    t = 32
+    while t < n and t < MAX_THREADS:
+        t *= 2
+    return t
+
+
+def launch_rows(name: str, dtype: Any, rows: int, n: int, args: tuple) -> None:
+    """One block per row (grid-stride over rows beyond MAX_GRID)."""
+    kernel(name, dtype)((min(rows, MAX_GRID),), (row_threads(n),), args)
+
+
+def launch_elements(name: str, dtype: Any, total: int, args: tuple) -> None:
+    """256 threads a block, one element per thread (grid-stride beyond MAX_GRID blocks)."""
+    kernel(name, dtype)((max(1, min(-(-total // 256), MAX_GRID)),), (256,), args)
+
+
+def launch_columns(xp, name: str, dtype: Any, rows: int, n: int, before: tuple, after: tuple,
+                   n_partials: int) -> list:
+    """A column pass over (rows, n); returns its ``n_partials`` partial sums, each (n_chunks, n).
+
+    The kernel's arguments are ``before``, the partial-sum arrays, ``rows, n, chunk``, ``after``.
+    """
+    chunk = max(COL_Y, -(-rows // MAX_CHUNKS))
+    n_chunks = -(-rows // chunk)
+    parts = [xp.empty((n_chunks, n), dtype=accumulation_dtype(dtype)) for _ in range(n_partials)]
+    args = tuple(before) + tuple(parts) + (numpy.int64(rows), numpy.int32(n), numpy.int64(chunk)) + tuple(after)
+    kernel(name, dtype)((-(-n // COL_X), n_chunks), (COL_X, COL_Y), args)
+    return parts

@@ -1,0 +1,155 @@
+"""The fused package on the CPU: no CuPy import, the switch, the dispatch test, refusal of NumPy
+arrays, the CUDA C compiling under nvcc, and the emulator catching barrier mistakes."""
+import os
+import shutil
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from npformer.backend import cupy_available, get_backend
+from npformer.ops import activations, fused
+from npformer.ops.fused import runtime, source
+from tests.helpers import host, randn
+from tests.ops.fused import emulator
+
+
+def test_importing_the_package_never_imports_cupy():
+    code = ("import sys, numpy, npformer.ops.fused as f; "
+            "assert not f.fused_available(numpy) and not f.use_fused(numpy.zeros(3)); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx')); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_fused_available_and_the_switch(monkeypatch):
+    fake_cupy = types.ModuleType("cupy")
+    monkeypatch.delenv(fused.ENV_VAR, raising=False)
+    assert fused.fused_available(fake_cupy) and not fused.fused_available(np) and not fused.fused_available(None)
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv(fused.ENV_VAR, off)
+        assert not fused.fused_enabled() and not fused.fused_available(fake_cupy)
+    for on in ("1", "true", "On", ""):
+        monkeypatch.setenv(fused.ENV_VAR, on)
+        assert fused.fused_enabled()
+    monkeypatch.setenv(fused.ENV_VAR, "maybe")
+    with pytest.raises(ValueError, match=r"NPFORMER_FUSED='maybe' is not a switch"):
+        fused.fused_enabled()
+
+
+def test_use_fused_is_false_for_numpy_and_non_arrays():
+    assert not fused.use_fused(np.zeros(3, np.float32))
+    assert not fused.use_fused(None)
+    assert not fused.use_fused()
+    assert not fused.use_fused([1.0, 2.0])
+
+
+def test_use_fused_rules(monkeypatch):
+    """As the ops see it with device arrays (here NumPy arrays posing as them)."""
+    monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
+    monkeypatch.delenv(fused.ENV_VAR, raising=False)
+    f32, f16 = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float16)
+    assert fused.use_fused(f32) and fused.use_fused(f16, None) and fused.use_fused(f32, np.ones(3, np.float32))
+    assert fused.use_fused(f32, dtype="float32") and not fused.use_fused(f32, dtype="float16")
+    assert not fused.use_fused(f32, f16)                             # mixed dtypes: the plain op decides
+    assert not fused.use_fused(np.zeros((0, 3), np.float32))         # empty: nothing to launch
+    assert not fused.use_fused(np.zeros(3, np.int64))                # not a float: the plain op raises
+    monkeypatch.setenv(fused.ENV_VAR, "0")
+    assert not fused.use_fused(f32)
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: fused.softmax_forward(x), lambda x: fused.log_softmax_forward(x),
+    lambda x: fused.layer_norm_forward(x), lambda x: fused.gelu_forward(x),
+    lambda x: fused.bias_add_forward(x, x[0]), lambda x: fused.bias_grad(x),
+    lambda x: fused.bias_gelu_forward(x, x[0]),
+    lambda x: fused.dropout_forward(x, 0.5, rng=np.random.default_rng(0))])
+def test_numpy_arrays_are_refused_with_a_clear_error(call):
+    with pytest.raises(TypeError, match=r"the fused CUDA kernels take CuPy arrays; got numpy\.ndarray"):
+        call(np.ones((2, 3), np.float32))
+
+
+def test_gelu_constants_are_the_plain_ops():
+    assert (source._SQRT_2_OVER_PI, source._INV_SQRT_2, source._INV_SQRT_2PI, source._C) == (
+        activations._SQRT_2_OVER_PI, activations._INV_SQRT_2, activations._INV_SQRT_2PI, activations._C)
+
+
+def test_every_entry_point_exists_for_every_dtype():
+    names = {name for name, _ in emulator._ENTRY.findall(source.CUDA_SOURCE)}
+    kernels = {e[0] for e in source._ENTRY_POINTS}
+    assert names == {f"npf_{k}_{s}" for k in kernels for s in ("f16", "f32", "f64")}
+    assert "@" not in source.CUDA_SOURCE                             # every constant substituted
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")
+def test_cuda_source_compiles_with_nvcc(tmp_path):
+    """The device compiler itself, no GPU needed: warnings are errors, with the NVRTC options."""
+    src = tmp_path / "kernels.cu"
+    src.write_text(source.CUDA_SOURCE)
+    cmd = ["nvcc", "-cubin", "-arch=sm_80", *source.NVRTC_OPTIONS, "-Werror", "all-warnings",
+           "-o", str(tmp_path / "kernels.cubin"), str(src)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+_DIVERGENT = r"""
+extern "C" __global__ void npf_divergent_f32(float* out) {
+    if (threadIdx.x == 0) return;            // thread 0 never reaches the barrier
+    __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+"""
+
+
+def test_the_emulator_catches_a_missing_or_divergent_barrier(tmp_path, emulated_module):
+    """The checker is tested too: drop the barrier that guards the reuse of the block-sum buffer
+    (layer norm sums twice in a row: the mean, then the variance), and add a kernel whose barrier
+    thread 0 skips; the first must give wrong rows, the second an error."""
+    guard = "    A total = buf[0];\n    __syncthreads();                       // buf is reused by the next reduction\n"
+    assert source.KERNELS_SOURCE.count(guard) == 1
+    broken = source.KERNELS_SOURCE.replace(guard, "    A total = buf[0];\n") + _DIVERGENT
+    module = emulator.EmulatedModule(emulator.build(tmp_path, broken), broken)
+    x = randn(np, (4, 64), 0, dtype="float32")
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    ref = (x - mu) / np.sqrt(var + np.float32(1e-5))
+
+    def run(mod):
+        y, xhat, rstd = np.empty_like(x), np.empty_like(x), np.empty((4, 1), np.float32)
+        mod.get_function("npf_layer_norm_fwd_f32")((4,), (64,), (x, x, x, y, xhat, rstd, np.int64(4), np.int32(64),
+                                                                  np.float32(1e-5), np.int32(0), np.int32(0)))
+        return y
+
+    assert np.abs(run(module) - ref).max() > 1e-2
+    with pytest.raises(AssertionError, match="disagreed on a __syncthreads"):
+        module.get_function("npf_divergent_f32")((1,), (32,), (np.zeros(32, np.float32),))
+    np.testing.assert_allclose(run(emulated_module), ref, atol=1e-5)   # the intact kernels are right
+
+
+def test_the_emulator_refuses_what_a_gpu_would_misread(emulated_module):
+    k = emulated_module.get_function("npf_softmax_fwd_f32")
+    x = np.ones((2, 4), np.float32)
+    with pytest.raises(AssertionError, match="not C-contiguous"):
+        k((2,), (32,), (x.T, np.empty((4, 2), np.float32), np.int64(2), np.int32(4), np.int32(0)))
+    with pytest.raises(AssertionError, match="float64 for a float"):
+        k((2,), (32,), (x.astype(np.float64), x, np.int64(2), np.int32(4), np.int32(0)))
+    with pytest.raises(AssertionError, match="int for a long long"):
+        k((2,), (32,), (x, x.copy(), 2, np.int32(4), np.int32(0)))
+    with pytest.raises(AssertionError, match="power-of-two block"):
+        k((2,), (48,), (x, x.copy(), np.int64(2), np.int32(4), np.int32(0)))
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_real_module_compiles_and_dispatches(monkeypatch):
+    if not cupy_available():
+        pytest.skip("CuPy is not installed or no CUDA device is visible")
+    cp = get_backend("cupy")
+    monkeypatch.delenv(fused.ENV_VAR, raising=False)
+    x = cp.asarray(randn(np, (3, 5), 0, dtype="float32"))
+    assert fused.use_fused(x) and fused.fused_available(cp)
+    y, _ = fused.softmax_forward(x)                      # NVRTC compiles the whole source here
+    np.testing.assert_allclose(host(y).sum(-1), 1.0, rtol=1e-6)
+    with pytest.raises(TypeError, match="two backends were mixed"):
+        fused.dropout_forward(x, 0.5, rng=np.random.default_rng(0))   # a NumPy Generator with CuPy data
