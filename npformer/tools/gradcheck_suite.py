@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from npformer.backend import backend_name, default_rng, get_backend, to_device
-from npformer.ops import (activations, attention, cross_entropy, dropout, embedding, feedforward,
-                          layernorm, linear, multihead, residual, rnn, softmax)
+from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding,
+                          feedforward, flash_attention, layernorm, linear, multihead,
+                          relative_attention, residual, rnn, softmax)
 from npformer.tools.gradcheck import GradcheckReport, gradcheck
 
 __all__ = ["Case", "CASES", "run_suite"]
@@ -199,6 +200,47 @@ def _recurrent(gates):
     return build
 
 
+def _flash(label, tq, tk, **options):
+    """The tiled attention with small tiles (2 x 3), so several tiles and a ragged edge are crossed."""
+    def build(xp, s):
+        b, h, hs = 2, 2, 3
+        kwargs = dict(options, block_q=2, block_k=3)
+        if kwargs.pop("padding", False):
+            kwargs["key_padding_mask"] = _padding(xp, b, tk, s)
+        inputs = {"q": _randn(xp, s, b, h, tq, hs), "k": _randn(xp, s + 1, b, h, tk, hs),
+                  "v": _randn(xp, s + 2, b, h, tk, hs)}
+        fwd = _seeded(flash_attention.flash_attention_forward, s, xp, **kwargs)
+        return gradcheck(fwd, flash_attention.flash_attention_backward, inputs, seed=s,
+                         label=f"flash_attention[{label}]")
+    return build
+
+
+def _rel_shift(xp, s):
+    return gradcheck(relative_attention.rel_shift_forward, relative_attention.rel_shift_backward,
+                     {"x": _randn(xp, s, 2, 3, 5)}, seed=s, label="rel_shift")
+
+
+def _relative(xp, s):
+    b, h, tq, m, hs, c = 2, 2, 3, 2, 3, 4                # a memory of 2 before a segment of 3
+    tk = m + tq
+    inputs = {"q": _randn(xp, s, b, h, tq, hs), "k": _randn(xp, s + 1, b, h, tk, hs),
+              "v": _randn(xp, s + 2, b, h, tk, hs), "r": _randn(xp, s + 3, tk, c),
+              "r_weight": _randn(xp, s + 4, h * hs, c, scale=0.5), "bias_u": _randn(xp, s + 5, h, hs),
+              "bias_v": _randn(xp, s + 6, h, hs)}
+    fwd = _seeded(relative_attention.relative_attention_forward, s, xp,
+                  key_padding_mask=_padding(xp, b, tk, s), dropout_p=0.2)
+    return gradcheck(fwd, relative_attention.relative_attention_backward, inputs, seed=s,
+                     label="relative_attention[memory 2, padding, dropout]")
+
+
+def _batch_norm(xp, s):
+    inputs = {"x": _randn(xp, s, 3, 4, 5), "weight": _randn(xp, s + 1, 5), "bias": _randn(xp, s + 2, 5)}
+    running = batchnorm.RunningStats(xp.zeros(5), xp.ones(5))
+    return gradcheck(batchnorm.batch_norm_forward, batchnorm.batch_norm_backward, inputs,
+                     kwargs={"running": running, "padding_mask": _padding(xp, 3, 4, s)}, seed=s,
+                     label="batch_norm[training, padding left out of the statistics]")
+
+
 CASES: list[Case] = [
     Case("linear", _linear),
     Case("embedding", _embedding),
@@ -225,6 +267,12 @@ CASES: list[Case] = [
                                              is_causal=True)),
     Case("multi_head_attention", _multi_head("cross, Tq!=Tk, dropout", 3, 5, False, padding=True,
                                              dropout_p=0.2)),
+    Case("flash_attention", _flash("padding, causal", 5, 5, padding=True, is_causal=True)),
+    Case("flash_attention", _flash("Tq!=Tk, bottom-right causal, dropout", 3, 7, is_causal=True,
+                                   causal_alignment="bottom_right", dropout_p=0.3)),
+    Case("rel_shift", _rel_shift),
+    Case("relative_attention", _relative),
+    Case("batch_norm", _batch_norm),
     Case("rnn", _recurrent(1)),
     Case("lstm", _recurrent(4)),
 ]
