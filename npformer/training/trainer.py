@@ -58,6 +58,8 @@ class TrainConfig:
     checkpoint_every: int = 200
     text: str | None = None          # charlm: a text file (default: the shipped corpus)
     block_size: int = 64             # charlm: context length
+    embedding_size: int | None = None  # albert: E of the factorised embedding (None: d_model // 4, 0: none)
+    share: str | None = None         # albert: cross-layer sharing, all|attention|ffn|none (None: all)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -257,6 +259,10 @@ def _bar(frac: float, width: int = 20) -> str:
 TRAINERS: dict[str, tuple[str, str]] = {
     "seq2seq": ("npformer.training.trainer", "Seq2SeqTrainer"),
     "gpt": ("npformer.training.lm_trainer", "LMTrainer"),
+    "gpt1": ("npformer.training.lm_trainer", "GPT1Trainer"),
+    "gpt2": ("npformer.training.lm_trainer", "GPT2Trainer"),
+    "bert": ("npformer.training.mlm_trainer", "BERTTrainer"),
+    "albert": ("npformer.training.mlm_trainer", "ALBERTTrainer"),
 }
 
 
