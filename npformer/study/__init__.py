@@ -13,6 +13,7 @@ from __future__ import annotations
 # name on the command line -> module
 EXPERIMENTS: dict[str, str] = {
     "positional": "npformer.study.positional",
+    "albert": "npformer.study.albert_params",
 }
 
 __all__ = ["EXPERIMENTS"]
