@@ -8,8 +8,9 @@ Three configurations of the same ``GPT`` (``--model``):
 
 * ``gpt``: pre-norm, tanh-GELU, scaled residual initialisation; ``--post-norm``/``--activation``
   change it;
-* ``gpt1`` (Radford et al. 2018): post-norm blocks ``x = LN(x + f(x))``, no final layer norm, exact
-  GELU, every weight matrix N(0, 0.02^2) with no depth scaling, learned positions, tied output;
+* ``gpt1`` (Radford et al. 2018): post-norm blocks ``x = LN(x + f(x))``, no final layer norm, GELU
+  (the tanh form, as in OpenAI's released finetune-transformer-lm code), every weight matrix
+  N(0, 0.02^2) with no depth scaling, learned positions, tied output;
 * ``gpt2`` (Radford et al. 2019): pre-norm blocks ``x = x + f(LN(x))``, a final layer norm, tanh-GELU,
   the residual projections (``out_proj``, ``linear2``) at N(0, (0.02 / sqrt(2 L))^2).
 """
@@ -40,7 +41,8 @@ class LMTrainer(Trainer):
     def build(self):
         c, p = self.cfg, self.preset
         if c.embedding_size is not None or c.share is not None:
-            raise ValueError(f"--embedding-size and --share are ALBERT options; --model {self.kind} has neither")
+            raise ValueError(f"--embedding-size and --share are ALBERT options; --model {self.kind} "
+                             "has neither")
         if "norm_first" in p and c.norm_first is not None and c.norm_first != p["norm_first"]:
             raise ValueError(f"--model {self.kind} is {'pre' if p['norm_first'] else 'post'}-norm by "
                              "definition; use --model gpt to choose the norm placement")
@@ -83,7 +85,8 @@ class LMTrainer(Trainer):
     def describe(self) -> str:
         c = self.cfg
         return (f"task charlm: {len(self.data.train_ids):,} train / {len(self.data.valid_ids):,} valid "
-                f"characters, vocabulary {len(self.vocab)}; {self.label} {self.model.num_parameters():,} parameters "
+                f"characters, vocabulary {len(self.vocab)}; {self.label} "
+                f"{self.model.num_parameters():,} parameters "
                 f"(d_model={c.d_model}, heads={c.nhead}, layers={c.layers}, block={c.block_size}) "
                 f"on {c.backend} {c.dtype}")
 
@@ -94,11 +97,11 @@ class LMTrainer(Trainer):
 
 
 class GPT1Trainer(LMTrainer):
-    """GPT-1: post-norm, exact GELU, no final layer norm, N(0, 0.02^2) weights without depth scaling."""
+    """GPT-1: post-norm, GELU (tanh form), no final layer norm, N(0, 0.02^2) weights without depth scaling."""
 
     kind = "gpt1"
     label = "GPT-1 (post-norm)"
-    preset = {"norm_first": False, "activation": "gelu", "scaled_residual_init": False}
+    preset = {"norm_first": False, "activation": "gelu_tanh", "scaled_residual_init": False}
 
 
 class GPT2Trainer(LMTrainer):

@@ -13,6 +13,9 @@ Validation masks the validation blocks with a generator fixed by the seed (the s
 evaluation) and reports the loss and the masked-token accuracy (arg-max = the original character),
 beside the accuracy of always answering the most frequent training character. As for every
 trainer, the batch and masks of step s are drawn from (seed, s), so a run resumes exactly.
+
+The layers' GELU is the tanh approximation by default, as in the released BERT and ALBERT code
+(google-research/bert ``modeling.py``); ``--activation gelu`` gives the exact erf form.
 """
 from __future__ import annotations
 
@@ -163,7 +166,8 @@ class MLMTrainer(Trainer):
     def report(self, result: dict, quick: bool) -> str:
         what = "valid" if quick else "final validation"
         text = (f"{what} ({result['masked']} masked characters): loss {result['loss']:.4f}  masked-token "
-                f"accuracy {result['accuracy']:.1%} (most frequent character: {result['baseline_accuracy']:.1%})")
+                f"accuracy {result['accuracy']:.1%} "
+                f"(most frequent character: {result['baseline_accuracy']:.1%})")
         if quick:
             return text
         shown, filled = result["example"]
@@ -185,7 +189,7 @@ class BERTTrainer(MLMTrainer):
         config = BERTConfig(vocab_size=vocab_size, hidden_size=c.d_model, num_hidden_layers=c.layers,
                             num_attention_heads=c.nhead, intermediate_size=c.dim_feedforward,
                             max_position_embeddings=c.block_size, dropout=c.dropout,
-                            activation=c.activation or "gelu", pad_token_id=PAD_ID, mlm_head=True)
+                            activation=c.activation or "gelu_tanh", pad_token_id=PAD_ID, mlm_head=True)
         return BERT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
 
@@ -202,7 +206,7 @@ class ALBERTTrainer(MLMTrainer):
         config = ALBERTConfig(vocab_size=vocab_size, embedding_size=e or None, hidden_size=c.d_model,
                               num_hidden_layers=c.layers, num_attention_heads=c.nhead,
                               intermediate_size=c.dim_feedforward, max_position_embeddings=c.block_size,
-                              dropout=c.dropout, activation=c.activation or "gelu", pad_token_id=PAD_ID,
+                              dropout=c.dropout, activation=c.activation or "gelu_tanh", pad_token_id=PAD_ID,
                               share=c.share or "all", mlm_head=True)
         return ALBERT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 

@@ -22,7 +22,7 @@ def test_gpt1_is_post_norm_without_final_norm_and_gpt2_is_pre_norm_with_one():
     g1, g2 = _quiet(model="gpt1").model, _quiet(model="gpt2").model
     assert all(not layer.norm_first for layer in g1.layers) and g1.ln_f is None
     assert all(layer.norm_first for layer in g2.layers) and g2.ln_f is not None
-    assert g1.config.activation == "gelu" and g2.config.activation == "gelu_tanh"
+    assert g1.config.activation == g2.config.activation == "gelu_tanh"   # both released codes: tanh form
     assert not g1.config.scaled_residual_init and g2.config.scaled_residual_init
     for m in (g1, g2):
         assert m.head.weight is m.wte.weight                       # tied output, learned positions
@@ -58,7 +58,7 @@ def test_preset_loss_falls(model):
 
 
 def test_gpt1_configuration_gradcheck():
-    """Post-norm with exact GELU (GPT-1) through the real loss, float64, every parameter."""
+    """The GPT-1 configuration as the trainer builds it, through the real loss, float64."""
     cfg = _quiet(model="gpt1", steps=2, warmup=1).model.config
     from dataclasses import replace
     cfg = replace(cfg, vocab_size=7, block_size=6, d_model=4, n_head=2, dim_feedforward=6)
@@ -87,7 +87,7 @@ def test_preset_option_errors():
         _quiet(model="gpt2", norm_first=False)
     with pytest.raises(ValueError, match="ALBERT options; --model gpt2"):
         _quiet(model="gpt2", embedding_size=8)
-    assert _quiet(model="gpt1", norm_first=False, activation="gelu_tanh").model.config.activation == "gelu_tanh"
+    assert _quiet(model="gpt1", norm_first=False, activation="gelu").model.config.activation == "gelu"
 
 
 TINY = ["--task", "charlm", "--d-model", "16", "--heads", "2", "--layers", "1", "--ff", "32",

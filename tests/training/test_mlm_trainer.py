@@ -45,7 +45,8 @@ def test_masking_of_short_rows_and_bad_input():
         mask_tokens(np.ones((2, 3), dtype=np.int64), np.random.default_rng(0), mask_id=9, low=9, high=9)
 
 
-@pytest.mark.parametrize("model,extra", [("bert", {}), ("albert", {}), ("albert", {"share": "ffn", "embedding_size": 0})])
+@pytest.mark.parametrize("model,extra", [("bert", {}), ("albert", {}),
+                                         ("albert", {"share": "ffn", "embedding_size": 0})])
 def test_masked_lm_loss_falls(model, extra):
     # 16 blocks of 32 characters: 80 masked positions a step (2 a step at the tiny MLM size)
     trainer = _quiet(model=model, block_size=32, batch_size=16, steps=40, lr=1e-2, **extra)
