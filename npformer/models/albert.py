@@ -192,7 +192,7 @@ class ALBERT(Module):
         self.embeddings.backward(d)
 
 
-def parameter_count(config: ALBERTConfig | BERTConfig, *, pooler: bool = True) -> dict:
+def parameter_count(config: ALBERTConfig | BERTConfig) -> dict:
     """The closed-form parameter counts of a BERT or ALBERT of ``config``, by part:
     ``tables``, ``mapping``, ``attention``, ``ffn``, ``norms`` (the layers' LayerNorms), ``pooler``,
     ``mlm_head`` (0 without one) and ``total``. The models' ``num_parameters()`` equals ``total``."""
@@ -211,7 +211,7 @@ def parameter_count(config: ALBERTConfig | BERTConfig, *, pooler: bool = True) -
         "attention": uses_a * (4 * h * h + 4 * h),
         "ffn": uses_f * (2 * h * f + f + h),
         "norms": uses_n * 4 * h,
-        "pooler": h * h + h if pooler else 0,
+        "pooler": h * h + h,
         "mlm_head": (h * e + e) + 2 * e + v if c.mlm_head else 0,
     }
     counts["total"] = sum(counts.values())

@@ -4,7 +4,8 @@
 Masking (Devlin et al. 2019, section 3.1): in every block of T characters, ``k = max(1, round(0.15 T))``
 positions, drawn uniformly without replacement, are to be predicted. Of those, 80% are replaced by
 ``[MASK]``, 10% by a random character and 10% are left unchanged (so the model cannot tell which
-visible characters to check). The loss is the cross-entropy at those k positions only::
+visible characters to check). The loss is the cross-entropy at those k positions only, and only
+their hidden states go through the masked-LM head::
 
     loss = -1/(B k) sum_{b, t in picked} log p(x[b, t] | corrupted x[b])
 
@@ -96,18 +97,32 @@ class MLMTrainer(Trainer):
         return mask_tokens(ids, rng, mask_id=self.mask_id, low=len(SPECIALS), high=len(self.vocab))
 
     def _loss(self, inputs, targets, reduction="mean"):
-        hidden, _ = self.model(to_device(inputs, self.cfg.backend))
-        logits = self.model.mlm_logits(hidden)                                    # (B, T, V + 1)
-        loss, cache = cross_entropy_forward(logits, to_device(targets, self.cfg.backend),
-                                            ignore_index=IGNORE, reduction=reduction)
-        return loss, cache, logits
+        """Cross-entropy at the picked positions only. Their hidden states are gathered before the
+        MLM head (as BERT's pre-training code does), so the head runs on B k positions, not B T.
+        Returns (loss, cross-entropy cache, logits (B, k, V + 1), picked positions (B, k), the
+        picked positions' targets (B, k))."""
+        backend = self.cfg.backend
+        hidden, _ = self.model(to_device(inputs, backend))                       # (B, T, H)
+        b = targets.shape[0]
+        cols = np.nonzero(targets != IGNORE)[1].reshape(b, -1)                   # (B, k) k a row, in order
+        rows = np.arange(b)[:, None]                                             # (B, 1)
+        picked = hidden[to_device(rows, backend), to_device(cols, backend)]     # (B, k, H)
+        logits = self.model.mlm_logits(picked)                                   # (B, k, V + 1)
+        answers = targets[rows, cols]                                            # (B, k)
+        loss, cache = cross_entropy_forward(logits, to_device(answers, backend), reduction=reduction)
+        return loss, cache, logits, cols, answers
 
     def loss_and_backward(self, step):
         c = self.cfg
         rng = default_rng((c.seed, step), "numpy")
         x, _ = self.data.random_batch("train", c.batch_size, rng=rng)
-        loss, cache, logits = self._loss(*self._mask(x, rng))
-        self.model.backward(dmlm_logits=cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache))
+        inputs, targets = self._mask(x, rng)
+        loss, cache, logits, cols, _ = self._loss(inputs, targets)
+        dpicked = self.model.mlm.backward(cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache))
+        # fwd: picked = hidden[rows, cols] (distinct cols in a row)  ->  dhidden[rows, cols] = dpicked
+        dhidden = self.xp.zeros(inputs.shape + dpicked.shape[-1:], dtype=dpicked.dtype)   # (B, T, H)
+        dhidden[to_device(np.arange(len(cols))[:, None], c.backend), to_device(cols, c.backend)] = dpicked
+        self.model.backward(dhidden=dhidden)
         return float(loss), int(x.size)
 
     def evaluate(self, limit: int | None = None, batch_size: int = 64) -> dict:
@@ -122,14 +137,12 @@ class MLMTrainer(Trainer):
         with eval_mode(self.model):
             for _ in range(passes):
                 for i in range(0, len(blocks), batch_size):
-                    inputs, targets = self._mask(blocks[i:i + batch_size], rng)
-                    loss, _, logits = self._loss(inputs, targets, reduction="sum")
-                    picked = targets != IGNORE
-                    guess = to_numpy(logits.argmax(axis=-1))
+                    loss, _, logits, _, answers = self._loss(*self._mask(blocks[i:i + batch_size], rng),
+                                                             reduction="sum")
                     total += float(loss)
-                    right += int((guess[picked] == targets[picked]).sum())
-                    baseline += int((targets[picked] == self.most_frequent).sum())
-                    count += int(picked.sum())
+                    right += int((to_numpy(logits.argmax(axis=-1)) == answers).sum())
+                    baseline += int((answers == self.most_frequent).sum())
+                    count += int(answers.size)
         return {"loss": total / count, "accuracy": right / count, "baseline_accuracy": baseline / count,
                 "masked": count, "example": self.fill_in(self.data.ids("valid")[:self.cfg.block_size])}
 

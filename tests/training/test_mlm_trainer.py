@@ -60,6 +60,31 @@ def test_masked_lm_loss_falls(model, extra):
     assert len(shown) == len(filled) == 32 and "_" in shown
 
 
+@pytest.mark.parametrize("model", ["bert", "albert"])
+def test_gathering_the_masked_positions_equals_the_full_head_with_ignored_targets(model):
+    """The trainer runs the MLM head on the k picked positions only and scatters their gradient back;
+    the reference runs it on all T positions with the rest ignored. Same loss, same gradients."""
+    from npformer.backend import default_rng
+    from npformer.nn.dropout import seed_dropout
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    trainer = _quiet(model=model, dtype="float64")
+    seed_dropout((0, 1), "numpy")
+    loss, _ = trainer.loss_and_backward(1)
+    got = {k: g.copy() for k, g in trainer.model.grads().items()}
+    trainer.model.zero_grad()
+    rng = default_rng((0, 1), "numpy")                       # the batch and masks of step 1, again
+    x, _ = trainer.data.random_batch("train", MLM["batch_size"], rng=rng)
+    inputs, targets = trainer._mask(x, rng)
+    seed_dropout((0, 1), "numpy")
+    hidden, _ = trainer.model(inputs)
+    ref, cache = cross_entropy_forward(trainer.model.mlm_logits(hidden), targets, ignore_index=IGNORE)
+    trainer.model.backward(dmlm_logits=cross_entropy_backward(np.ones(()), cache))
+    assert loss == pytest.approx(float(ref), rel=1e-12)
+    for name, g in trainer.model.grads().items():
+        np.testing.assert_allclose(got[name], g, rtol=1e-10, atol=1e-13, err_msg=name)
+    assert np.abs(got["embeddings.word_embeddings.weight"]).max() > 0
+
+
 def test_albert_trainer_defaults_and_options():
     default = _quiet(model="albert", steps=2, warmup=1).model
     assert default.config.embedding_size == 16 // 4 and default.config.share == "all"
