@@ -40,6 +40,9 @@ class LMTrainer(Trainer):
 
     def build(self):
         c, p = self.cfg, self.preset
+        if c.task != "charlm":
+            raise ValueError(f"the {self.kind} trainer is a character language model: use --task charlm "
+                             f"[--text FILE] (got --task {c.task})")
         if c.embedding_size is not None or c.share is not None:
             raise ValueError(f"--embedding-size and --share are ALBERT options; --model {self.kind} "
                              "has neither")

@@ -81,6 +81,8 @@ def test_gpt1_configuration_gradcheck():
 
 
 def test_preset_option_errors():
+    with pytest.raises(ValueError, match="use --task charlm"):
+        _quiet(model="gpt2", task="dates")
     with pytest.raises(ValueError, match="gpt1 is post-norm by definition"):
         _quiet(model="gpt1", norm_first=True)
     with pytest.raises(ValueError, match="gpt2 is pre-norm by definition"):
