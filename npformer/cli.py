@@ -168,8 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--post-norm", action="store_false", default=None, dest="norm_first",
                    help="post-norm layers (the paper, GPT-1)")
     t.add_argument("--label-smoothing", type=float, dest="label_smoothing")
-    t.add_argument("--embedding-size", type=int, dest="embedding_size", help="albert: E of the factorised "
-                   "embedding, V x E then E x H (default d_model/4; 0: no factorisation, tables V x H)")
+    t.add_argument("--embedding-size", type=int, dest="embedding_size", help="albert: factorise the "
+                   "embedding, V x E then E x H (default: not factorised, tables V x H)")
     t.add_argument("--share", choices=["all", "attention", "ffn", "none"], help="albert: which parameters "
                    "every layer shares (default all)")
     t.add_argument("--seed", type=int)

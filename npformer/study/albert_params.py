@@ -24,7 +24,7 @@ DESCRIPTION = ("parameter counts of BERT against ALBERT (factorised embedding, e
 
 # name -> (vocabulary V, hidden H, layers L, heads, feed-forward F, positions P, embedding E)
 SHAPES = {
-    "char": (64, 128, 2, 4, 256, 64, 32),          # npformer train --model albert at its defaults
+    "char": (64, 128, 2, 4, 256, 64, 32),          # npformer train --model albert --embedding-size 32
     "small": (8000, 256, 4, 4, 1024, 512, 64),
     "base": (30000, 768, 12, 12, 3072, 512, 128),  # BERT-base / ALBERT-base
     "large": (30000, 1024, 24, 16, 4096, 512, 128),

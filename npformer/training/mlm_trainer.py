@@ -207,14 +207,23 @@ class BERTTrainer(MLMTrainer):
 
 
 class ALBERTTrainer(MLMTrainer):
-    """ALBERT: ``embedding_size`` None -> d_model // 4, 0 -> no factorisation; ``share`` None -> all."""
+    """ALBERT: all layers shared unless ``share`` says otherwise; the embedding factorised only when
+    ``embedding_size`` is given (None or 0: tables V x H).
+
+    Why not factorised by default: the factorisation pays for a large vocabulary (V x H -> V x E + E x H,
+    23M -> 4M parameters at BERT-base size); with about 64 characters E = 32 saves 8k of 166k, and the E-wide
+    tables, which carry both the character and its position, slow learning. Measured on the shipped
+    corpus at the default size (700 steps, all shared): masked-token accuracy 47.7% without the
+    factorisation, 31.6% with E = 64, 26.0% with E = 32 (the unigram baseline is 19.2%); E = 32 gets
+    to 39.7% in 1,400 steps.
+    """
 
     kind = "albert"
 
     def model_for(self, vocab_size):
         c = self.cfg
-        e = max(1, c.d_model // 4) if c.embedding_size is None else c.embedding_size
-        if e < 0:
+        e = c.embedding_size
+        if e is not None and e < 0:
             raise ValueError(f"--embedding-size must be >= 0 (0: no factorisation), got {e}")
         config = ALBERTConfig(vocab_size=vocab_size, embedding_size=e or None, hidden_size=c.d_model,
                               num_hidden_layers=c.layers, num_attention_heads=c.nhead,

@@ -58,7 +58,7 @@ class TrainConfig:
     checkpoint_every: int = 200
     text: str | None = None          # charlm: a text file (default: the shipped corpus)
     block_size: int = 64             # charlm: context length
-    embedding_size: int | None = None  # albert: E of the factorised embedding (None: d_model // 4, 0: none)
+    embedding_size: int | None = None  # albert: E of the factorised embedding (None or 0: not factorised)
     share: str | None = None         # albert: cross-layer sharing, all|attention|ffn|none (None: all)
 
     @classmethod

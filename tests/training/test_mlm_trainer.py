@@ -46,7 +46,7 @@ def test_masking_of_short_rows_and_bad_input():
 
 
 @pytest.mark.parametrize("model,extra", [("bert", {}), ("albert", {}),
-                                         ("albert", {"share": "ffn", "embedding_size": 0})])
+                                         ("albert", {"share": "ffn", "embedding_size": 8})])
 def test_masked_lm_loss_falls(model, extra):
     # 16 blocks of 32 characters: 80 masked positions a step (2 a step at the tiny MLM size)
     trainer = _quiet(model=model, block_size=32, batch_size=16, steps=40, lr=1e-2, **extra)
@@ -87,11 +87,14 @@ def test_gathering_the_masked_positions_equals_the_full_head_with_ignored_target
 
 def test_albert_trainer_defaults_and_options():
     default = _quiet(model="albert", steps=2, warmup=1).model
-    assert default.config.embedding_size == 16 // 4 and default.config.share == "all"
-    assert default.layers[1] is default.layers[0]
+    assert default.config.embedding_size is None and default.embedding_hidden_mapping_in is None
+    assert default.config.share == "all" and default.layers[1] is default.layers[0]
     plain = _quiet(model="albert", steps=2, warmup=1, embedding_size=0, share="attention").model
     assert plain.config.embedding_size is None and plain.embedding_hidden_mapping_in is None
     assert plain.layers[1].self_attn is plain.layers[0].self_attn and plain.layers[1] is not plain.layers[0]
+    factorised = _quiet(model="albert", steps=2, warmup=1, embedding_size=4).model
+    assert factorised.embeddings.word_embeddings.weight.shape[1] == 4
+    assert factorised.embedding_hidden_mapping_in.weight.shape == (16, 4)
 
 
 @pytest.mark.parametrize("model,extra", [("bert", {}), ("albert", {"share": "attention"})])
