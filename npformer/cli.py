@@ -87,16 +87,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.model:
         return _generate_pretrained(args)
     from npformer.training.checkpoint import load_checkpoint
-    from npformer.training.lm_trainer import LMTrainer, sample_text
-    from npformer.training.trainer import TrainConfig
+    from npformer.training.lm_trainer import LM_KINDS, sample_text
+    from npformer.training.trainer import TrainConfig, make_trainer
 
     meta = load_checkpoint(args.checkpoint).meta
-    if meta.get("kind") != "gpt":
+    if meta.get("kind") not in LM_KINDS:
         raise ValueError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
-                         "checkpoint from 'npformer train --task charlm'")
+                         f"checkpoint ({', '.join(LM_KINDS)}) from 'npformer train --task charlm'")
     config = TrainConfig.from_dict(meta["train_config"])
     config.backend = args.backend or config.backend
-    trainer = LMTrainer(config, log=lambda _: None)
+    config.model = config.model or meta["kind"]       # the trainer (and preset) that wrote it
+    trainer = make_trainer(config, log=lambda _: None)
     trainer.load(args.checkpoint)
     print(sample_text(trainer.model, trainer.vocab, args.prompt, args.tokens, seed=args.seed,
                       backend=config.backend, temperature=args.temperature, top_k=args.top_k,
@@ -187,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--post-norm", action="store_false", default=None, dest="norm_first",
                    help="post-norm layers (the paper, GPT-1)")
     t.add_argument("--label-smoothing", type=float, dest="label_smoothing")
+    t.add_argument("--embedding-size", type=int, dest="embedding_size", help="albert: factorise the "
+                   "embedding, V x E then E x H (default: not factorised, tables V x H)")
+    t.add_argument("--share", choices=["all", "attention", "ffn", "none"], help="albert: which parameters "
+                   "every layer shares (default all)")
     t.add_argument("--seed", type=int)
     t.add_argument("--backend", choices=["numpy", "cupy"])
     t.add_argument("--dtype", choices=["float32", "float64"])

@@ -7,7 +7,8 @@
 A block is ``TransformerEncoderLayer`` with a causal mask: self-attention and a GELU feed-forward,
 each in a residual branch. GPT-2's initialisation: every weight matrix N(0, 0.02^2), biases zero,
 and the two projections that write into the residual stream (``self_attn.out_proj.weight``,
-``linear2.weight``) N(0, (0.02 / sqrt(2 L))^2) so the stream's variance does not grow with depth.
+``linear2.weight``) N(0, (0.02 / sqrt(2 L))^2) so the stream's variance does not grow with depth
+(``scaled_residual_init=False`` keeps them at 0.02, as GPT-1).
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class GPTConfig:
     layer_norm_eps: float = 1e-5
     bias: bool = True
     tie_embeddings: bool = True
+    scaled_residual_init: bool = True  # GPT-2's 0.02 / sqrt(2 L) on the residual projections; False: 0.02
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +65,7 @@ class GPT(Module):
         self.ln_f = LayerNorm(c.d_model, c.layer_norm_eps, bias=c.bias, **kw) if c.norm_first else None
         self.head = OutputHead(c.d_model, c.vocab_size, tied=self.wte.weight if c.tie_embeddings else None,
                                rng=rng, **kw)
-        residual_std = 0.02 / math.sqrt(2 * c.n_layer)
+        residual_std = 0.02 / math.sqrt(2 * c.n_layer) if c.scaled_residual_init else 0.02
         for name, p in self.named_parameters():
             if p.data.ndim == 2 and not name.startswith(("wte", "wpe", "head")):
                 std = residual_std if name.endswith(("out_proj.weight", "linear2.weight")) else 0.02

@@ -18,6 +18,7 @@ EXPERIMENTS: dict[str, str] = {
     "attention": "npformer.study.attention_maps",
     "gradient-flow": "npformer.study.gradient_flow",
     "layers": "npformer.study.layer_grads",
+    "albert": "npformer.study.albert_params",
 }
 
 __all__ = ["EXPERIMENTS"]

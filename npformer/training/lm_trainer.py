@@ -3,6 +3,16 @@
 The text is the corpus shipped with npformer or any UTF-8 file (``--text PATH``); validation is
 the last 10% of it. The batch of step s is drawn from (seed, s), as for every trainer, so runs
 resume exactly. Reports the validation loss in nats and bits per character and a sample.
+
+Three configurations of the same ``GPT`` (``--model``):
+
+* ``gpt``: pre-norm, tanh-GELU, scaled residual initialisation; ``--post-norm``/``--activation``
+  change it;
+* ``gpt1`` (Radford et al. 2018): post-norm blocks ``x = LN(x + f(x))``, no final layer norm, GELU
+  (the tanh form, as in OpenAI's released finetune-transformer-lm code), every weight matrix
+  N(0, 0.02^2) with no depth scaling, learned positions, tied output;
+* ``gpt2`` (Radford et al. 2019): pre-norm blocks ``x = x + f(LN(x))``, a final layer norm, tanh-GELU,
+  the residual projections (``out_proj``, ``linear2``) at N(0, (0.02 / sqrt(2 L))^2).
 """
 from __future__ import annotations
 
@@ -16,22 +26,36 @@ from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.trainer import Trainer
 
-__all__ = ["LMTrainer", "sample_text"]
+__all__ = ["LMTrainer", "GPT1Trainer", "GPT2Trainer", "LM_KINDS", "sample_text"]
+
+LM_KINDS = ("gpt", "gpt1", "gpt2")    # checkpoint kinds that npformer generate samples from
 
 
 class LMTrainer(Trainer):
     """A decoder-only GPT (pre-norm, GELU, tied embeddings) predicting the next character."""
 
     kind = "gpt"
+    label = "GPT"
+    preset: dict = {}      # the GPTConfig fields a named configuration fixes (gpt1, gpt2)
 
     def build(self):
-        c = self.cfg
+        c, p = self.cfg, self.preset
+        if c.task != "charlm":
+            raise ValueError(f"the {self.kind} trainer is a character language model: use --task charlm "
+                             f"[--text FILE] (got --task {c.task})")
+        if c.embedding_size is not None or c.share is not None:
+            raise ValueError(f"--embedding-size and --share are ALBERT options; --model {self.kind} "
+                             "has neither")
+        if "norm_first" in p and c.norm_first is not None and c.norm_first != p["norm_first"]:
+            raise ValueError(f"--model {self.kind} is {'pre' if p['norm_first'] else 'post'}-norm by "
+                             "definition; use --model gpt to choose the norm placement")
         self.data = CharLMData(load_corpus(c.text), block_size=c.block_size, seed=c.seed)
         self.vocab = self.data.vocab
         config = GPTConfig(vocab_size=len(self.vocab), block_size=c.block_size, n_layer=c.layers,
                            n_head=c.nhead, d_model=c.d_model, dim_feedforward=c.dim_feedforward,
-                           dropout=c.dropout, activation=c.activation or "gelu_tanh",
-                           norm_first=True if c.norm_first is None else c.norm_first)
+                           dropout=c.dropout, activation=c.activation or p.get("activation", "gelu_tanh"),
+                           norm_first=p.get("norm_first", True if c.norm_first is None else c.norm_first),
+                           scaled_residual_init=p.get("scaled_residual_init", True))
         return GPT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
     def loss_and_backward(self, step):
@@ -64,7 +88,8 @@ class LMTrainer(Trainer):
     def describe(self) -> str:
         c = self.cfg
         return (f"task charlm: {len(self.data.train_ids):,} train / {len(self.data.valid_ids):,} valid "
-                f"characters, vocabulary {len(self.vocab)}; GPT {self.model.num_parameters():,} parameters "
+                f"characters, vocabulary {len(self.vocab)}; {self.label} "
+                f"{self.model.num_parameters():,} parameters "
                 f"(d_model={c.d_model}, heads={c.nhead}, layers={c.layers}, block={c.block_size}) "
                 f"on {c.backend} {c.dtype}")
 
@@ -72,6 +97,22 @@ class LMTrainer(Trainer):
         what = "valid" if quick else "final validation"
         text = f"{what}: loss {result['loss']:.4f}  ({result['bits_per_char']:.3f} bits/char)"
         return text if quick else text + f"\nsample: {result['sample']!r}"
+
+
+class GPT1Trainer(LMTrainer):
+    """GPT-1: post-norm, GELU (tanh form), no final layer norm, N(0, 0.02^2) weights without depth scaling."""
+
+    kind = "gpt1"
+    label = "GPT-1 (post-norm)"
+    preset = {"norm_first": False, "activation": "gelu_tanh", "scaled_residual_init": False}
+
+
+class GPT2Trainer(LMTrainer):
+    """GPT-2: pre-norm, final layer norm, tanh-GELU, residual projections at 0.02 / sqrt(2 L)."""
+
+    kind = "gpt2"
+    label = "GPT-2 (pre-norm)"
+    preset = {"norm_first": True, "activation": "gelu_tanh", "scaled_residual_init": True}
 
 
 def sample_text(model: GPT, vocab: CharVocab, prompt: str, n: int, *, seed: int = 0, backend: str = "numpy",

@@ -59,6 +59,8 @@ class TrainConfig:
     text: str | None = None          # charlm: a text file (default: the shipped corpus)
     block_size: int = 64             # charlm: context length
     mem_len: int | None = None       # transformer-xl: memory (None: block_size, its segment length; 0: none)
+    embedding_size: int | None = None  # albert: E of the factorised embedding (None or 0: not factorised)
+    share: str | None = None         # albert: cross-layer sharing, all|attention|ffn|none (None: all)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -259,6 +261,10 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "seq2seq": ("npformer.training.trainer", "Seq2SeqTrainer"),
     "gpt": ("npformer.training.lm_trainer", "LMTrainer"),
     "transformer-xl": ("npformer.training.xl_trainer", "XLTrainer"),
+    "gpt1": ("npformer.training.lm_trainer", "GPT1Trainer"),
+    "gpt2": ("npformer.training.lm_trainer", "GPT2Trainer"),
+    "bert": ("npformer.training.mlm_trainer", "BERTTrainer"),
+    "albert": ("npformer.training.mlm_trainer", "ALBERTTrainer"),
 }
 
 

@@ -1,0 +1,218 @@
+"""``ALBERT``: BERT with a factorised embedding and cross-layer parameter sharing (Lan et al. 2019,
+sections 3.1 and 3.2).
+
+    e = LayerNorm(word[ids] + position[0..T-1] + token_type[segments])    (B, T, E)   tables V x E
+    x = dropout(e) W_in^T + b_in                                           (B, T, H)   E -> H
+    h = layer_L(... layer_1(x, key padding) ...)                           (B, T, H)   post-norm, as BERT
+    pooled = tanh(h[:, 0] W_p^T + b_p)                                     (B, H)
+    mlm logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b_v               (B, T, V)   W_t: H -> E, tied decoder
+
+Factorisation turns the V x H table into V x E plus E x H (``embedding_size=E``); with
+``embedding_size=None`` the tables are V x H and there is no mapping, and ``ALBERT(share="none")`` is
+then BERT, with BERT's parameter names (a state dict copies across).
+
+Sharing (``share``): ``"none"`` (L layers of their own), ``"all"`` (one layer applied L times: the
+paper's default), ``"attention"`` (one self-attention module in every layer; feed-forward and norms per
+layer), ``"ffn"`` (one ``linear1``/``linear2`` pair in every layer; attention and norms per layer).
+Sharing is real: one module object is registered under every layer's name
+(``model.layers[3].self_attn is model.layers[0].self_attn``). Each use pushes its cache on that
+module's stack and the reversed backward pops them newest first, so a weight used by L layers gets
+``dW = sum_l dW_l`` accumulated in its one ``grad``. ``named_parameters`` (and the optimiser, and
+``num_parameters``) list a shared parameter once, under layer 0; ``state_dict`` lists it under every
+name, as PyTorch does for shared modules.
+
+Parameter counts in closed form (V vocabulary, P positions, S segment types, E embedding, H hidden,
+F feed-forward, L layers; :func:`parameter_count`)::
+
+    tables(D) = (V + P + S) D + 2 D                  word, position, type tables and their LayerNorm
+    attention = 4 H^2 + 4 H,  ffn = 2 H F + F + H,  norms = 4 H          one layer's parts
+    BERT      = tables(H) + L (attention + ffn + norms) + (H^2 + H)      (+ pooler)
+    ALBERT    = tables(E) + (E H + H) + n_a attention + n_f ffn + n_n norms + (H^2 + H)
+                n_a = 1 if the attention is shared else L, likewise n_f; n_n = 1 only for share="all"
+    MLM head  = (H D + D) + 2 D + V,  D = E (ALBERT) or H          (its decoder weight is the word table)
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from npformer.backend import get_array_module
+from npformer.models.bert import BERTConfig, BertEmbeddings, Pooler
+from npformer.nn import init
+from npformer.nn.embedding import Embedding
+from npformer.nn.head import OutputHead
+from npformer.nn.linear import Linear
+from npformer.nn.module import Module, ModuleList
+from npformer.nn.normalization import LayerNorm
+from npformer.nn.transformer import TransformerEncoderLayer
+from npformer.ops.activations import gelu_backward, gelu_forward
+
+__all__ = ["SHARE_MODES", "ALBERTConfig", "ALBERT", "AlbertMLMHead", "parameter_count"]
+
+SHARE_MODES = ("none", "all", "attention", "ffn")
+# which submodules of a TransformerEncoderLayer each mode shares across the layers
+_SHARED_PARTS = {"none": (), "attention": ("self_attn",), "ffn": ("linear1", "linear2")}
+
+
+@dataclass(frozen=True)
+class ALBERTConfig:
+    vocab_size: int
+    embedding_size: int | None = 128     # E; None: no factorisation (tables V x H, no mapping)
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    activation: str = "gelu"
+    pad_token_id: int = 0
+    share: str = "all"                   # one of SHARE_MODES
+    mlm_head: bool = False
+
+    def __post_init__(self):
+        if self.share not in SHARE_MODES:
+            raise ValueError(f"share must be one of {SHARE_MODES}, got {self.share!r}")
+        if self.embedding_size is not None and (isinstance(self.embedding_size, bool)
+                                                or not isinstance(self.embedding_size, int)
+                                                or self.embedding_size < 1):
+            raise ValueError(f"embedding_size must be a positive int or None (no factorisation), "
+                             f"got {self.embedding_size!r}")
+
+    @property
+    def factorised(self) -> bool:
+        return self.embedding_size is not None
+
+    @property
+    def embedding_dim(self) -> int:
+        """E: the width of the tables (H when not factorised)."""
+        return self.embedding_size if self.factorised else self.hidden_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def as_bert(self, **changes) -> BERTConfig:
+        """The BERT of the same shape (no factorisation, no sharing), with ``changes`` applied."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("embedding_size", "share")}
+        return BERTConfig(**{**d, **changes})
+
+
+class AlbertMLMHead(Module):
+    """``logits = LayerNorm(gelu(h W^T + b)) word^T + b_v``: H -> E, then the tied V x E decoder."""
+
+    def __init__(self, c: ALBERTConfig, word_embeddings: Embedding, rng, kw):
+        super().__init__()
+        e = c.embedding_dim
+        self.dense = Linear(c.hidden_size, e, rng=rng, **kw)
+        self.LayerNorm = LayerNorm(e, c.layer_norm_eps, **kw)
+        self.decoder = OutputHead(e, c.vocab_size, bias=True, tied=word_embeddings.weight, **kw)
+
+    def forward(self, h):
+        a, cache = gelu_forward(self.dense(h))                                    # (B, T, E)
+        self._push(cache)
+        return self.decoder(self.LayerNorm(a))                                    # (B, T, V)
+
+    def backward(self, dlogits):
+        # fwd: logits = decoder(LayerNorm(gelu(dense(h))))  ->  back through each, newest first
+        da = self.LayerNorm.backward(self.decoder.backward(dlogits))              # (B, T, E)
+        return self.dense.backward(gelu_backward(da, self._pop()))                # (B, T, H)
+
+
+class ALBERT(Module):
+    def __init__(self, config: ALBERTConfig, *, dtype=None, backend=None, rng=None):
+        super().__init__()
+        c = self.config = config
+        rng = init.host_generator(rng)
+        kw = dict(dtype=dtype, backend=backend)
+        self.embeddings = BertEmbeddings(c.as_bert(hidden_size=c.embedding_dim), rng, kw)
+        self.embedding_hidden_mapping_in = Linear(c.embedding_size, c.hidden_size, rng=rng, **kw) \
+            if c.factorised else None
+
+        def layer():
+            return TransformerEncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size,
+                                           c.dropout, c.activation, c.layer_norm_eps, norm_first=False,
+                                           rng=rng, **kw)
+        if c.share == "all":
+            first = layer()
+            layers = [first] * c.num_hidden_layers           # one module object, L uses
+        else:
+            layers = [layer() for _ in range(c.num_hidden_layers)]
+            for later in layers[1:]:
+                for part in _SHARED_PARTS[c.share]:          # the same object in every layer
+                    setattr(later, part, getattr(layers[0], part))
+        self.layers = ModuleList(layers)
+        self.pooler = Pooler(c.hidden_size, rng, kw)
+        self.mlm = AlbertMLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
+
+    def forward(self, input_ids, token_type_ids=None, key_padding_mask=None):
+        """input_ids (B, T); token_type_ids (B, T) (default zeros); key_padding_mask (B, T) bool,
+        True = padding (default: ``input_ids == pad_token_id``). Returns (hidden (B, T, H), pooled (B, H))."""
+        xp = get_array_module(input_ids)
+        if not hasattr(input_ids, "dtype") or input_ids.dtype.kind not in "iu" or input_ids.ndim != 2:
+            raise TypeError(f"input_ids: expected a 2-d integer array (B, T), got "
+                            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
+                            f"{tuple(getattr(input_ids, 'shape', ()))}")
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
+                             f"{self.config.max_position_embeddings}")
+        if token_type_ids is None:
+            token_type_ids = xp.zeros_like(input_ids)
+        if key_padding_mask is None:
+            key_padding_mask = input_ids == self.config.pad_token_id
+        x = self.embeddings(input_ids, token_type_ids)                            # (B, T, E)
+        if self.embedding_hidden_mapping_in is not None:
+            x = self.embedding_hidden_mapping_in(x)                               # (B, T, H)
+        for layer in self.layers:                            # a shared layer pushes one cache a use
+            x = layer(x, src_key_padding_mask=key_padding_mask)
+        return x, self.pooler(x)
+
+    def mlm_logits(self, hidden):
+        if self.mlm is None:
+            raise ValueError("this ALBERT has no masked-LM head: build it with ALBERTConfig(mlm_head=True)")
+        return self.mlm(hidden)
+
+    def backward(self, dhidden=None, dpooled=None, dmlm_logits=None):
+        """Back-propagate any of the three outputs' gradients (each forward once, and ``mlm_logits``
+        once if it was called); accumulates every parameter gradient, shared ones summed over uses."""
+        given = [a for a in (dhidden, dpooled, dmlm_logits) if a is not None]
+        if not given:
+            raise ValueError("backward needs at least one of dhidden, dpooled, dmlm_logits")
+        xp = get_array_module(*given)
+        if dpooled is None:                                  # the pooler ran: pop its cache with zeros
+            dpooled = xp.zeros((given[0].shape[0], self.config.hidden_size), dtype=given[0].dtype)
+        d = self.pooler.backward(dpooled)                                         # (B, T, H)
+        if dhidden is not None:
+            d = d + dhidden
+        if dmlm_logits is not None:
+            d = d + self.mlm.backward(dmlm_logits)
+        for layer in reversed(list(self.layers)):            # newest use first: the stacks' order
+            d = layer.backward(d)
+        if self.embedding_hidden_mapping_in is not None:
+            d = self.embedding_hidden_mapping_in.backward(d)                      # (B, T, E)
+        self.embeddings.backward(d)
+
+
+def parameter_count(config: ALBERTConfig | BERTConfig) -> dict:
+    """The closed-form parameter counts of a BERT or ALBERT of ``config``, by part:
+    ``tables``, ``mapping``, ``attention``, ``ffn``, ``norms`` (the layers' LayerNorms), ``pooler``,
+    ``mlm_head`` (0 without one) and ``total``. The models' ``num_parameters()`` equals ``total``."""
+    c = config
+    v, p, s, h, f, n = (c.vocab_size, c.max_position_embeddings, c.type_vocab_size, c.hidden_size,
+                        c.intermediate_size, c.num_hidden_layers)
+    albert = isinstance(c, ALBERTConfig)
+    e = c.embedding_dim if albert else h
+    share = c.share if albert else "none"
+    uses_a = 1 if share in ("all", "attention") else n
+    uses_f = 1 if share in ("all", "ffn") else n
+    uses_n = 1 if share == "all" else n
+    counts = {
+        "tables": (v + p + s) * e + 2 * e,
+        "mapping": e * h + h if albert and c.factorised else 0,
+        "attention": uses_a * (4 * h * h + 4 * h),
+        "ffn": uses_f * (2 * h * f + f + h),
+        "norms": uses_n * 4 * h,
+        "pooler": h * h + h,
+        "mlm_head": (h * e + e) + 2 * e + v if c.mlm_head else 0,
+    }
+    counts["total"] = sum(counts.values())
+    return counts
