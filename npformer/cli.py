@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int)
     t.add_argument("--backend", choices=["numpy", "cupy"])
     t.add_argument("--dtype", choices=["float32", "float64"])
+    t.add_argument("--precision", choices=["float32", "float16", "bfloat16"],
+                   help="float16/bfloat16: mixed precision, a 16-bit model with float32 master weights and "
+                        "dynamic loss scaling (meant for the GPU: NumPy has no 16-bit matmul kernels)")
     t.add_argument("--n-train", type=int, dest="n_train")
     t.add_argument("--eval-every", type=int, dest="eval_every")
     t.add_argument("--log-every", type=int, dest="log_every")

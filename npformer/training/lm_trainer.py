@@ -23,7 +23,7 @@ from npformer.data.corpus import CharLMData, load_corpus
 from npformer.data.vocab import CharVocab
 from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
-from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.trainer import Trainer
 
 __all__ = ["LMTrainer", "GPT1Trainer", "GPT2Trainer", "LM_KINDS", "sample_text"]
@@ -63,8 +63,8 @@ class LMTrainer(Trainer):
         x, y = self.data.random_batch("train", c.batch_size, rng=default_rng((c.seed, step), "numpy"))
         x, y = to_device(x, c.backend), to_device(y, c.backend)
         logits = self.model(x)                                                    # (B, T, V)
-        loss, cache = cross_entropy_forward(logits, y)
-        self.model.backward(cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache))
+        loss, dlogits = self.cross_entropy(logits, y)
+        self.model.backward(dlogits)
         return float(loss), int(x.size)
 
     def evaluate(self, limit: int | None = None, batch_size: int = 32) -> dict:

@@ -30,7 +30,7 @@ from npformer.data.vocab import PAD_ID, SPECIALS
 from npformer.models.albert import ALBERT, ALBERTConfig
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import eval_mode
-from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.trainer import Trainer
 
 __all__ = ["MASK_RATE", "IGNORE", "mask_tokens", "MLMTrainer", "BERTTrainer", "ALBERTTrainer"]
@@ -97,10 +97,15 @@ class MLMTrainer(Trainer):
         return mask_tokens(ids, rng, mask_id=self.mask_id, low=len(SPECIALS), high=len(self.vocab))
 
     def _loss(self, inputs, targets, reduction="mean"):
-        """Cross-entropy at the picked positions only. Their hidden states are gathered before the
-        MLM head (as BERT's pre-training code does), so the head runs on B k positions, not B T.
-        Returns (loss, cross-entropy cache, logits (B, k, V + 1), picked positions (B, k), the
-        picked positions' targets (B, k))."""
+        """Cross-entropy at the picked positions only. Returns (loss, cross-entropy cache, logits
+        (B, k, V + 1), picked positions (B, k), the picked positions' targets (B, k))."""
+        logits, cols, answers = self._picked_logits(inputs, targets)
+        loss, cache = cross_entropy_forward(logits, to_device(answers, self.cfg.backend), reduction=reduction)
+        return loss, cache, logits, cols, answers
+
+    def _picked_logits(self, inputs, targets):
+        """The MLM logits of the picked positions only. Their hidden states are gathered before the
+        MLM head (as BERT's pre-training code does), so the head runs on B k positions, not B T."""
         backend = self.cfg.backend
         hidden, _ = self.model(to_device(inputs, backend))                       # (B, T, H)
         b = targets.shape[0]
@@ -109,16 +114,16 @@ class MLMTrainer(Trainer):
         picked = hidden[to_device(rows, backend), to_device(cols, backend)]     # (B, k, H)
         logits = self.model.mlm_logits(picked)                                   # (B, k, V + 1)
         answers = targets[rows, cols]                                            # (B, k)
-        loss, cache = cross_entropy_forward(logits, to_device(answers, backend), reduction=reduction)
-        return loss, cache, logits, cols, answers
+        return logits, cols, answers
 
     def loss_and_backward(self, step):
         c = self.cfg
         rng = default_rng((c.seed, step), "numpy")
         x, _ = self.data.random_batch("train", c.batch_size, rng=rng)
         inputs, targets = self._mask(x, rng)
-        loss, cache, logits, cols, _ = self._loss(inputs, targets)
-        dpicked = self.model.mlm.backward(cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache))
+        logits, cols, answers = self._picked_logits(inputs, targets)
+        loss, dlogits = self.cross_entropy(logits, to_device(answers, c.backend))
+        dpicked = self.model.mlm.backward(dlogits)                               # (B, k, H)
         # fwd: picked = hidden[rows, cols] (distinct cols in a row)  ->  dhidden[rows, cols] = dpicked
         dhidden = self.xp.zeros(inputs.shape + dpicked.shape[-1:], dtype=dpicked.dtype)   # (B, T, H)
         dhidden[to_device(np.arange(len(cols))[:, None], c.backend), to_device(cols, c.backend)] = dpicked

@@ -21,6 +21,7 @@ from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.nn.dropout import seed_dropout
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.schedules import cosine_with_warmup
@@ -61,6 +62,7 @@ class TrainConfig:
     mem_len: int | None = None       # transformer-xl: memory (None: block_size, its segment length; 0: none)
     embedding_size: int | None = None  # albert: E of the factorised embedding (None or 0: not factorised)
     share: str | None = None         # albert: cross-layer sharing, all|attention|ffn|none (None: all)
+    precision: str = "float32"       # float16/bfloat16: a 16-bit model, float32 master weights, loss scaling
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
@@ -80,9 +82,17 @@ class Trainer:
         c = config
         if not 0 <= c.warmup < c.steps:
             raise ValueError(f"steps ({c.steps}) must be greater than warmup ({c.warmup}), and warmup >= 0")
+        if c.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {c.precision!r}")
+        if c.precision != "float32" and c.dtype != "float32":
+            raise ValueError(f"--precision {c.precision} keeps float32 master weights: use --dtype float32, "
+                             f"not {c.dtype}")
         self.xp = get_backend(c.backend)
         self.model = self.build()
-        self.opt = AdamW(self.model.named_parameters(), lr=c.lr, weight_decay=c.weight_decay)
+        # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
+        self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
+        params = self.amp.named_parameters() if self.amp else self.model.named_parameters()
+        self.opt = AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
         self.step = 0
         self.history: list[dict] = []
 
@@ -104,8 +114,36 @@ class Trainer:
         raise NotImplementedError
 
     def meta(self) -> dict:
-        return {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
+        meta = {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
                 "model_config": self.model.config.to_dict()}
+        if self.amp:
+            meta["loss_scaler"] = self.amp.scaler.state_dict()
+        return meta
+
+    def cross_entropy(self, logits, targets, **kwargs):
+        """``(loss, dlogits)``: the cross-entropy of ``logits`` and its gradient, to start the backward.
+
+        Under mixed precision the loss is computed from float32 logits and the gradient is that of
+        ``S * loss`` (S the loss scale), rounded to the model's 16-bit dtype; ``amp.step`` divides
+        by S again in float32.
+        """
+        if self.amp is None:
+            loss, cache = cross_entropy_forward(logits, targets, **kwargs)
+            return loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache)
+        loss, cache = cross_entropy_forward(logits.astype(self.xp.float32), targets, **kwargs)
+        return loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype)
+
+    def model_state(self) -> dict:
+        """The weights a checkpoint keeps: the float32 masters under mixed precision."""
+        return self.amp.master_state_dict() if self.amp else self.model.state_dict()
+
+    def load_model_state(self, state, meta: dict) -> None:
+        if self.amp:
+            self.amp.load_master_state_dict(state)
+            if "loss_scaler" in meta:
+                self.amp.scaler.load_state_dict(meta["loss_scaler"])
+        else:
+            self.model.load_state_dict(state)
 
     # -- one step ----------------------------------------------------------------------------------
     def _lr(self, step: int) -> float:
@@ -117,22 +155,25 @@ class Trainer:
         seed_dropout((c.seed, step), c.backend)
         self.model.train()
         loss, self._tokens = self.loss_and_backward(step)
-        self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
         self.opt.lr = self._lr(step)
-        self.opt.step()
-        self.model.zero_grad()
+        if self.amp is None:
+            self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
+            self.opt.step()
+            self.model.zero_grad()
+        else:            # unscale, skip on inf/NaN (the scale halves), clip, step, round down, zero
+            self._grad_norm = self.amp.step(self.opt, max_norm=c.clip).grad_norm
         self.step = step
         return loss
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        return save_checkpoint(path, self.model.state_dict(), self.meta(), self.opt.state_dict())
+        return save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
 
     def load(self, path: str | Path) -> None:
         ck = load_checkpoint(path)
         if ck.meta.get("kind") != self.kind:
             raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
-        self.model.load_state_dict(ck.model)
+        self.load_model_state(ck.model, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])
 
@@ -203,9 +244,9 @@ class Seq2SeqTrainer(Trainer):
         pick = default_rng((c.seed, step), "numpy").choice(len(self.task.train), c.batch_size, replace=False)
         src, tgt_in, tgt_out, tokens = self._batch([self.task.train[i] for i in pick.tolist()])
         logits = self.model(src, tgt_in)                                          # (B, T, V)
-        loss, cache = cross_entropy_forward(logits, tgt_out, ignore_index=PAD_ID,
-                                            label_smoothing=c.label_smoothing)
-        self.model.backward(cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache))
+        loss, dlogits = self.cross_entropy(logits, tgt_out, ignore_index=PAD_ID,
+                                           label_smoothing=c.label_smoothing)
+        self.model.backward(dlogits)
         return float(loss), tokens
 
     # -- evaluation --------------------------------------------------------------------------------
@@ -248,6 +289,9 @@ class Seq2SeqTrainer(Trainer):
         n = len(result["targets"])
         what = f"valid ({n} examples)" if quick else f"final validation ({n} held-out examples)"
         return f"{what}: loss {result['loss']:.4f}  exact match {result['exact_match']:.1%}"
+
+
+PRECISIONS = ("float32", "float16", "bfloat16")
 
 
 def _bar(frac: float, width: int = 20) -> str:

@@ -21,7 +21,7 @@ from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.long_range import RecallTask
 from npformer.models.decoding import eval_mode
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
-from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
 from npformer.training.trainer import Trainer
 
@@ -76,8 +76,8 @@ class XLTrainer(Trainer):
         rows = default_rng((c.seed, k), "numpy").choice(len(self.task.train), c.batch_size, replace=False)
         x, y = self._segment(self.task.train[rows], j)
         logits, self.mems = self.model(x, self.mems)                              # (B, T, V)
-        loss, cache = cross_entropy_forward(logits, y)
-        self.model.backward(cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache))
+        loss, dlogits = self.cross_entropy(logits, y)
+        self.model.backward(dlogits)
         return float(loss), int(x.size)
 
     # -- evaluation --------------------------------------------------------------------------------
@@ -121,7 +121,7 @@ class XLTrainer(Trainer):
 
     # -- checkpoints: the memory travels with the weights ---------------------------------------------
     def save(self, path: str | Path) -> Path:
-        state = dict(self.model.state_dict())
+        state = dict(self.model_state())
         state.update({f"mems.{i}": m for i, m in enumerate(self.mems or [])})
         return save_checkpoint(path, state, self.meta(), self.opt.state_dict())
 
@@ -130,7 +130,7 @@ class XLTrainer(Trainer):
         if ck.meta.get("kind") != self.kind:
             raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
         mems = {k: v for k, v in ck.model.items() if k.startswith("mems.")}
-        self.model.load_state_dict({k: v for k, v in ck.model.items() if k not in mems})
+        self.load_model_state({k: v for k, v in ck.model.items() if k not in mems}, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])
         self.mems = [to_device(mems[f"mems.{i}"], self.cfg.backend).astype(self.model.dtype, copy=False)
