@@ -10,8 +10,8 @@ N is ``norm``: "layer" (LayerNorm: each position normalised over its own C featu
 (BatchNorm1d over all B*T positions, padding included, which is what ``torch.nn.BatchNorm1d`` does
 to a padded batch) or "batch_masked" (BatchNorm1d with the padding positions left out of the
 statistics). The layers are written here from ``MultiheadAttention``, ``FeedForwardBlock`` and the
-norms, so ``npformer.nn.transformer`` stays LayerNorm-only. Running statistics are saved by
-``state_dict`` (:class:`~npformer.nn.normalization_batch.BufferMixin`).
+norms, so ``npformer.nn.transformer`` stays LayerNorm-only. BatchNorm's running statistics are
+buffers, saved by ``state_dict`` with the parameters.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from npformer.nn.embedding import Embedding, PositionalEncoding
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
-from npformer.nn.normalization_batch import BatchNorm1d, BufferMixin
+from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.nn.transformer import FeedForwardBlock
 
 __all__ = ["NORMS", "NormEncoderConfig", "NormEncoderLayer", "NormEncoder"]
@@ -112,7 +112,7 @@ class NormEncoderLayer(Module):
         return d + sa_backward(d)
 
 
-class NormEncoder(BufferMixin, Module):
+class NormEncoder(Module):
     """Token ids (B, T) -> per-position class logits (B, T, K)."""
 
     def __init__(self, config: NormEncoderConfig, *, dtype=None, backend=None, rng=None):

@@ -13,6 +13,11 @@ The rules that make hand-written backward work for shared and repeated use:
 * Parameter gradients always accumulate (``+=``, :meth:`Parameter.accumulate`) and are reset in one
   place, :meth:`Module.zero_grad`.
 * Inside ``with no_grad():`` (evaluation, decoding) forward saves nothing, so nothing piles up.
+
+*Buffers* (:meth:`Module.register_buffer`) are state that is saved, loaded and moved with the
+parameters but never trained, such as BatchNorm's running statistics: ``state_dict`` lists each
+module's parameters then its buffers, as PyTorch does, and neither the optimisers nor ``grads()``
+see them.
 """
 from __future__ import annotations
 
@@ -97,6 +102,7 @@ class Module:
     def __init__(self) -> None:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_buffers", [])          # names of this module's buffers, in order
         object.__setattr__(self, "_saved", [])
         object.__setattr__(self, "training", True)
 
@@ -117,6 +123,27 @@ class Module:
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         object.__delattr__(self, name)
+
+    def register_buffer(self, name: str, value: Any) -> None:
+        """An array attribute kept in ``state_dict`` and moved by ``to`` but not trained (``None``:
+        an absent buffer, left out of the state dict). Reassign it as a plain attribute."""
+        if name in self._parameters or name in self._modules:
+            raise KeyError(f"{name!r} is already a parameter or submodule of {type(self).__name__}")
+        if name not in self._buffers:
+            self._buffers.append(name)
+        object.__setattr__(self, name, value)
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        """(dotted name, array) of every buffer that is not None, module by module."""
+        for mod_name, mod in self.named_modules(prefix):
+            for name in mod._buffers:
+                value = getattr(mod, name)
+                if value is not None:
+                    yield (f"{mod_name}.{name}" if mod_name else name), value
+
+    def _buffer_owners(self) -> dict[str, tuple["Module", str]]:
+        return {(f"{m}.{n}" if m else n): (mod, n) for m, mod in self.named_modules() for n in mod._buffers
+                if getattr(mod, n) is not None}
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Like setting an attribute; ``None`` records an absent optional parameter (bias=False)."""
@@ -194,13 +221,20 @@ class Module:
         return self.train(False)
 
     def to(self, backend: str | None = None, dtype: Any = None) -> "Module":
-        """Move every parameter to ``backend`` ("numpy"/"cupy") and/or cast it to ``dtype``."""
+        """Move every parameter and buffer to ``backend`` ("numpy"/"cupy") and/or cast it to
+        ``dtype`` (floating buffers only: a step counter stays an integer)."""
         for p in self.parameters():
             data = p.data if backend is None else to_device(p.data, backend)
             if dtype is not None:
                 data = data.astype(get_array_module(data).dtype(dtype), copy=False)
             p.data = data
             p.grad = None
+        for mod, name in self._buffer_owners().values():
+            v = getattr(mod, name)
+            v = v if backend is None else to_device(v, backend)
+            if dtype is not None and v.dtype.kind == "f":
+                v = v.astype(get_array_module(v).dtype(dtype), copy=False)
+            object.__setattr__(mod, name, v)
         self.clear_saved()
         return self
 
@@ -218,11 +252,20 @@ class Module:
 
     # -- state dicts -----------------------------------------------------------------------------
     def state_dict(self) -> "OrderedDict[str, Any]":
-        """Name -> array (the live arrays, not copies), keyed as in the PyTorch counterpart.
+        """Name -> array (the live arrays, not copies), keyed as in the PyTorch counterpart: per
+        module its parameters, then its buffers.
 
         Shared parameters appear under every name that uses them, as PyTorch's state_dict does.
         """
-        return OrderedDict((n, p.data) for n, p in self.named_parameters(remove_duplicate=False))
+        out: OrderedDict[str, Any] = OrderedDict()
+        for mod_name, mod in self.named_modules():
+            dot = f"{mod_name}." if mod_name else ""
+            for name, p in mod._parameters.items():
+                out[dot + name] = p.data
+            for name in mod._buffers:
+                if getattr(mod, name) is not None:
+                    out[dot + name] = getattr(mod, name)
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> "Module":
         """Copy arrays (NumPy, CuPy, or anything ``xp.asarray`` takes) into the parameters.
@@ -231,16 +274,18 @@ class Module:
         once, and nothing is written unless everything fits.
         """
         own = dict(self.named_parameters(remove_duplicate=False))
-        missing = [k for k in own if k not in state]
-        unexpected = [k for k in state if k not in own]
+        buffers = self._buffer_owners()
+        current = {**{k: p.data for k, p in own.items()}, **{k: getattr(m, n) for k, (m, n) in buffers.items()}}
+        missing = [k for k in current if k not in state]
+        unexpected = [k for k in state if k not in current]
         staged, bad = {}, []
-        for k, p in own.items():
+        for k, old in current.items():
             if k not in state:
                 continue
-            xp = get_array_module(p.data)
-            v = xp.asarray(to_device(state[k], backend_name(p.data)), dtype=p.data.dtype)
-            if tuple(v.shape) != p.shape:
-                bad.append(f"{k}: expected shape {p.shape}, got {tuple(v.shape)}")
+            xp = get_array_module(old)
+            v = xp.asarray(to_device(state[k], backend_name(old)), dtype=old.dtype)
+            if tuple(v.shape) != tuple(old.shape):
+                bad.append(f"{k}: expected shape {tuple(old.shape)}, got {tuple(v.shape)}")
             staged[k] = v
         problems = bad + ([f"missing keys: {missing}"] if strict and missing else []) \
             + ([f"unexpected keys: {unexpected}"] if strict and unexpected else [])
@@ -248,7 +293,11 @@ class Module:
             raise StateDictError(f"cannot load state dict into {type(self).__name__}: "
                                  + "; ".join(problems))
         for k, v in staged.items():
-            own[k].data = v.copy()
+            if k in own:
+                own[k].data = v.copy()
+            else:
+                mod, name = buffers[k]
+                object.__setattr__(mod, name, v.copy())
         self.clear_saved()
         return self
 

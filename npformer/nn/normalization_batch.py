@@ -4,95 +4,23 @@
 the running ones. ``forward(x, padding_mask=None)`` can leave padding positions (True) out of the
 batch statistics, an option torch does not have (see :mod:`npformer.ops.batchnorm`).
 
-Running statistics are *buffers*: state that is saved and loaded but never trained, so they are
-not parameters (the optimiser and ``grads()`` never see them). :class:`Module` knows only
-parameters, so buffers are handled here by :class:`BufferMixin`: ``state_dict`` holds torch's keys
-in torch's order (``weight, bias, running_mean, running_var, num_batches_tracked``, so a torch
-state dict, transposed nowhere, copies across unchanged), ``load_state_dict`` loads them and
-``to`` moves them. A model holding BatchNorm1d layers must inherit the mixin too (as
-:class:`npformer.models.norm_encoder.NormEncoder` does): plain ``Module.state_dict`` would save
-the parameters and drop the running statistics.
+Running statistics are *buffers* (:meth:`Module.register_buffer`): state that is saved, loaded
+and moved but never trained, so the optimiser and ``grads()`` never see them. ``state_dict`` holds
+torch's keys in torch's order (``weight, bias, running_mean, running_var, num_batches_tracked``),
+so a torch state dict copies across unchanged, in this module or in any model that holds it.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
-from typing import Any, Iterator, Mapping
-
-from npformer.backend import backend_name, get_array_module, to_device
+from npformer.backend import get_array_module
 from npformer.nn import init
-from npformer.nn.module import Module, Parameter, StateDictError
+from npformer.nn.module import Module, Parameter
 from npformer.ops.batchnorm import RunningStats, batch_norm_backward, batch_norm_forward
 
-__all__ = ["BatchNorm1d", "BufferMixin", "named_buffers"]
+__all__ = ["BatchNorm1d"]
 
 
-def named_buffers(module: Module, prefix: str = "") -> Iterator[tuple[str, Module, str]]:
-    """(dotted name, owning module, attribute) of every buffer below ``module`` that is not None."""
-    for mod_name, mod in module.named_modules(prefix):
-        for name in getattr(mod, "_buffer_names", ()):
-            if getattr(mod, name) is not None:
-                yield (f"{mod_name}.{name}" if mod_name else name), mod, name
-
-
-class BufferMixin:
-    """``state_dict``/``load_state_dict``/``to`` that include the buffers of every submodule.
-
-    Put it before :class:`Module` in the bases: ``class Model(BufferMixin, Module)``.
-    """
-
-    def state_dict(self) -> "OrderedDict[str, Any]":
-        """Per module, in module order, its parameters then its buffers (torch's order)."""
-        out: OrderedDict[str, Any] = OrderedDict()
-        for mod_name, mod in self.named_modules():
-            dot = f"{mod_name}." if mod_name else ""
-            for name, p in mod._parameters.items():
-                out[dot + name] = p.data
-            for name in getattr(mod, "_buffer_names", ()):
-                if getattr(mod, name) is not None:
-                    out[dot + name] = getattr(mod, name)
-        return out
-
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True):
-        """Parameters as :meth:`Module.load_state_dict`, buffers converted to each buffer's backend and
-        dtype; every problem is reported and nothing is written unless everything fits."""
-        buffers = {k: (mod, name) for k, mod, name in named_buffers(self)}
-        staged, problems = {}, []
-        for k, (mod, name) in buffers.items():
-            if k not in state:
-                if strict:
-                    problems.append(f"missing buffer {k}")
-                continue
-            old = getattr(mod, name)
-            xp = get_array_module(old)
-            v = xp.asarray(to_device(state[k], backend_name(old)), dtype=old.dtype)
-            if v.shape != old.shape:
-                problems.append(f"{k}: expected shape {tuple(old.shape)}, got {tuple(v.shape)}")
-            staged[k] = v.copy()
-        if problems:
-            raise StateDictError(f"cannot load state dict into {type(self).__name__}: " + "; ".join(problems))
-        Module.load_state_dict(self, {k: v for k, v in state.items() if k not in buffers}, strict)
-        for k, v in staged.items():
-            mod, name = buffers[k]
-            object.__setattr__(mod, name, v)
-        return self
-
-    def to(self, backend: str | None = None, dtype: Any = None):
-        """Moves parameters and buffers; the running statistics take ``dtype``, the step counter
-        stays an integer."""
-        Module.to(self, backend, dtype)
-        for _, mod, name in list(named_buffers(self)):
-            v = getattr(mod, name)
-            v = v if backend is None else to_device(v, backend)
-            if dtype is not None and v.dtype.kind == "f":
-                v = v.astype(get_array_module(v).dtype(dtype), copy=False)
-            object.__setattr__(mod, name, v)
-        return self
-
-
-class BatchNorm1d(BufferMixin, Module):
+class BatchNorm1d(Module):
     """``y = (x - mean) / sqrt(var + eps) * weight + bias`` per feature, statistics over the batch."""
-
-    _buffer_names = ("running_mean", "running_var", "num_batches_tracked")
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, *, dtype=None, backend=None):
@@ -110,13 +38,14 @@ class BatchNorm1d(BufferMixin, Module):
         c = num_features
         self.weight = Parameter(init.ones((c,), **kw), decay=False) if affine else None
         self.bias = Parameter(init.zeros((c,), **kw), decay=False) if affine else None
+        mean = var = count = None
         if self.track_running_stats:
-            self.running_mean = init.zeros((c,), **kw)                           # (C,)
-            self.running_var = init.ones((c,), **kw)                             # (C,)
-            xp = get_array_module(self.running_mean)
-            self.num_batches_tracked = xp.zeros((), dtype=xp.int64)
-        else:
-            self.running_mean = self.running_var = self.num_batches_tracked = None
+            mean, var = init.zeros((c,), **kw), init.ones((c,), **kw)                 # (C,) each
+            xp = get_array_module(mean)
+            count = xp.zeros((), dtype=xp.int64)
+        self.register_buffer("running_mean", mean)
+        self.register_buffer("running_var", var)
+        self.register_buffer("num_batches_tracked", count)
 
     def forward(self, x, padding_mask=None):
         """x (N, C) or (B, T, C); ``padding_mask`` (B, T) bool, True = left out of the statistics."""

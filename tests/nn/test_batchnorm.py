@@ -102,7 +102,7 @@ def test_state_dict_round_trip_and_errors(xp):
     bad = dict(a.state_dict())
     del bad["running_var"]
     bad["weight"] = xp.ones(5)
-    with pytest.raises(StateDictError, match="missing buffer running_var"):
+    with pytest.raises(StateDictError, match=r"missing keys: \['running_var'\]"):
         c.load_state_dict(bad)
     bad = dict(a.state_dict(), running_mean=xp.ones(5))
     with pytest.raises(StateDictError, match=r"running_mean: expected shape \(3,\), got \(5,\)"):
@@ -181,3 +181,26 @@ def test_parity_with_torch_batchnorm1d(momentum):
         np.testing.assert_allclose(ours(x), ref(torch.tensor(x)).numpy(), rtol=1e-12)
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         ref.train()(torch.tensor(x))                         # torch refuses one value in training too
+
+
+def test_any_container_saves_loads_and_moves_the_running_statistics(xp):
+    """Buffers live in Module itself: a plain container of a BatchNorm1d keeps them in its state dict."""
+    from npformer.nn import Linear, Module
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = Linear(3, 3, dtype="float64", backend=xp.__name__, rng=0)
+            self.bn = BatchNorm1d(3, dtype="float64", backend=xp.__name__)
+
+    a = Net()
+    with no_grad():
+        a.bn(randn(xp, (5, 3), 1) * 3 + 2)
+    assert list(a.state_dict()) == ["proj.weight", "proj.bias", "bn.weight", "bn.bias", "bn.running_mean",
+                                    "bn.running_var", "bn.num_batches_tracked"]
+    assert [n for n, _ in a.named_parameters()] == ["proj.weight", "proj.bias", "bn.weight", "bn.bias"]
+    b = Net().load_state_dict(a.state_dict())
+    np.testing.assert_array_equal(host(b.bn.running_mean), host(a.bn.running_mean))
+    assert int(b.bn.num_batches_tracked) == 1
+    b.to(dtype="float32")
+    assert b.bn.running_var.dtype == xp.float32 and b.bn.num_batches_tracked.dtype == xp.int64
