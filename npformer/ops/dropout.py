@@ -37,9 +37,10 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     if p == 1.0:
         scaled = xp.zeros_like(x)                        # (same as x)
     else:
-        keep = rng.random(x.shape, dtype=xp.float32) >= p
-        get_array_module(x, keep)  # a NumPy Generator with CuPy data (or the reverse) raises here
-        scaled = keep.astype(x.dtype)                    # (same as x)
+        u = rng.random(x.shape, dtype=xp.float32)        # (same as x) uniform [0, 1)
+        get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
+        xp.greater_equal(u, p, out=u)                    # keep-mask as 1.0 / 0.0, in the same buffer
+        scaled = u.astype(x.dtype, copy=False)           # (same as x)
         scaled *= 1.0 / (1.0 - p)
     return x * scaled, DropoutCache(scaled)
 

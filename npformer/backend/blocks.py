@@ -1,0 +1,112 @@
+"""Element-wise work on NumPy arrays in cache-sized blocks, spread over a few threads.
+
+A chain of NumPy ufuncs over a large array (a GELU, a softmax) makes every step a full pass over
+memory and every intermediate a fresh multi-MB array; on Linux each fresh array is paid for again
+in page faults. :func:`blockwise` runs the same chain on slices of about 64K elements instead, so the
+intermediates are small and stay in cache, and hands half of the slices to a second thread: NumPy
+ufuncs release the GIL, so two threads nearly halve the time on two cores.
+
+    blockwise(fn, out, x, y)      # fn(out_part, x_part, y_part) for matching slices of the arrays
+
+``fn`` must compute each output element from the same elements of the inputs (or, with ``row=C``,
+from the same rows of C values: softmax, layer norm), so the parts are independent and the result
+is bit for bit the same whatever the block size and number of threads (tested). On CuPy, for small
+arrays, and for arrays that are not C-contiguous, ``fn`` runs once on the whole arrays.
+
+The thread count defaults to the CPUs this process may use, at most 4, or ``$NPFORMER_NUM_THREADS``;
+:func:`set_num_threads` changes it (1 runs everything in the calling thread).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import numpy
+
+__all__ = ["blockwise", "set_num_threads", "get_num_threads", "BLOCK_ELEMENTS"]
+
+BLOCK_ELEMENTS = 1 << 16          # 256 KB of float32 per intermediate: several fit in L2
+_MAX_DEFAULT_THREADS = 4
+_state: dict[str, Any] = {"threads": None, "pool": None, "pool_size": 0}
+_lock = threading.Lock()
+
+
+def _default_threads() -> int:
+    env = os.environ.get("NPFORMER_NUM_THREADS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"NPFORMER_NUM_THREADS must be a positive integer, got {env!r}")
+        return int(env)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:          # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, _MAX_DEFAULT_THREADS))
+
+
+def get_num_threads() -> int:
+    """Threads :func:`blockwise` uses (the calling thread included)."""
+    if _state["threads"] is None:
+        _state["threads"] = _default_threads()
+    return _state["threads"]
+
+
+def set_num_threads(n: int) -> None:
+    """Use ``n`` threads (the calling thread and ``n - 1`` helpers) for element-wise blocks."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"number of threads must be a positive int, got {n!r}")
+    _state["threads"] = n
+
+
+def _pool(helpers: int) -> ThreadPoolExecutor:
+    with _lock:
+        if _state["pool_size"] < helpers:
+            if _state["pool"] is not None:
+                _state["pool"].shutdown(wait=False)
+            _state["pool"] = ThreadPoolExecutor(max_workers=helpers, thread_name_prefix="npformer-blocks")
+            _state["pool_size"] = helpers
+        return _state["pool"]
+
+
+def _parts(n_items: int, per_block: int) -> list[tuple[int, int]]:
+    return [(i, min(i + per_block, n_items)) for i in range(0, n_items, per_block)]
+
+
+def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = None) -> Any:
+    """``fn(out_part, *array_parts)`` over matching slices of ``out`` and ``arrays``; returns ``out``.
+
+    Every array must have ``out``'s shape. ``row=C`` slices whole rows of the last axis (of size C),
+    for functions that reduce along it; otherwise the arrays are sliced as flat element sequences.
+    """
+    shape = out.shape
+    for a in arrays:
+        if a.shape != shape:
+            raise ValueError(f"blockwise: every array must have the output's shape {shape}, got {a.shape}")
+    whole = (type(out) is not numpy.ndarray or out.size <= BLOCK_ELEMENTS
+             or not all(a.flags.c_contiguous for a in (out,) + arrays))
+    if row is not None and (out.ndim == 0 or shape[-1] != row):
+        raise ValueError(f"blockwise: row={row} must be the size of the last axis of {shape}")
+    if whole:
+        fn(out, *arrays)
+        return out
+    width = 1 if row is None else max(row, 1)
+    flat = [a.reshape(-1, width) if row is not None else a.reshape(-1) for a in (out,) + arrays]
+    parts = _parts(flat[0].shape[0], max(1, BLOCK_ELEMENTS // width))
+
+    def run(chunk):
+        for i, j in chunk:
+            fn(*(a[i:j] for a in flat))
+
+    threads = min(get_num_threads(), len(parts))
+    if threads == 1:
+        run(parts)
+        return out
+    share = -(-len(parts) // threads)                   # contiguous runs of parts, one per thread
+    runs = [parts[k:k + share] for k in range(0, len(parts), share)]
+    futures = [_pool(len(runs) - 1).submit(run, chunk) for chunk in runs[1:]]
+    run(runs[0])
+    for f in futures:
+        f.result()                                      # re-raises an exception from a helper
+    return out

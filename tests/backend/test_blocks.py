@@ -1,0 +1,98 @@
+"""blockwise: the same bits whatever the block size and thread count; fallbacks; bad input."""
+import numpy as np
+import pytest
+
+from npformer.backend import blocks
+from npformer.backend.blocks import blockwise, get_num_threads, set_num_threads
+
+
+def _chain(out, x, y):
+    """An element-wise chain with a transcendental, like the activations'."""
+    np.multiply(x, y, out=out)
+    out += 0.5
+    np.tanh(out, out=out)
+    out *= x
+
+
+def _row_softmax(out, x):
+    np.subtract(x, x.max(axis=-1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture
+def threads():
+    before = get_num_threads()
+    yield set_num_threads
+    set_num_threads(before)
+
+
+@pytest.mark.parametrize("block", [64, 1000, 1 << 16])
+def test_results_are_bit_identical_for_any_block_size_and_thread_count(monkeypatch, threads, block):
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((3, 70001)).astype(np.float32) for _ in range(2))   # odd size: a short last block
+    whole = np.empty_like(x)
+    _chain(whole, x, y)                                  # one pass over the whole arrays
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", block)
+    for n in (1, 2, 3):
+        threads(n)
+        got = blockwise(_chain, np.empty_like(x), x, y)
+        assert np.array_equal(got, whole), f"block={block} threads={n}"
+
+
+def test_rows_are_kept_whole(monkeypatch, threads):
+    x = np.random.default_rng(1).standard_normal((999, 37)).astype(np.float32)
+    whole = np.empty_like(x)
+    _row_softmax(whole, x)
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 100)   # 2 rows a block
+    for n in (1, 2):
+        threads(n)
+        got = blockwise(_row_softmax, np.empty_like(x), x, row=37)
+        assert np.array_equal(got, whole)
+        np.testing.assert_allclose(got.sum(-1), 1, rtol=1e-6)
+
+
+def test_out_may_alias_an_input(monkeypatch):
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 128)
+    x = np.arange(1000, dtype=np.float64)
+    blockwise(lambda o, a: np.multiply(a, 2, out=o), x, x)
+    np.testing.assert_array_equal(x, 2 * np.arange(1000))
+
+
+def test_non_contiguous_and_small_arrays_run_whole():
+    calls = []
+
+    def fn(out, x):
+        calls.append(out.shape)
+        np.negative(x, out=out)
+    x = np.ones((400, 400)).T                            # not C-contiguous
+    assert np.array_equal(blockwise(fn, np.empty((400, 400)), x), -x)
+    small = np.ones((5, 5))
+    assert np.array_equal(blockwise(fn, np.empty((5, 5)), small), -small)
+    assert calls == [(400, 400), (5, 5)]
+
+
+def test_an_exception_in_a_helper_thread_is_raised(monkeypatch, threads):
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 10)
+    threads(2)
+
+    def fn(out, x):
+        if x[0] > 50:
+            raise RuntimeError("bad block")
+        out[...] = x
+    with pytest.raises(RuntimeError, match="bad block"):
+        blockwise(fn, np.empty(100), np.arange(100.0))
+
+
+def test_bad_input(monkeypatch):
+    with pytest.raises(ValueError, match=r"output's shape \(3,\), got \(4,\)"):
+        blockwise(np.negative, np.empty(3), np.empty(4))
+    with pytest.raises(ValueError, match="row=5 must be the size of the last axis"):
+        blockwise(np.negative, np.empty((2, 3)), np.empty((2, 3)), row=5)
+    with pytest.raises(ValueError, match="positive int, got 0"):
+        set_num_threads(0)
+    monkeypatch.setenv("NPFORMER_NUM_THREADS", "two")
+    with pytest.raises(ValueError, match="NPFORMER_NUM_THREADS must be a positive integer, got 'two'"):
+        blocks._default_threads()
+    monkeypatch.setenv("NPFORMER_NUM_THREADS", "3")
+    assert blocks._default_threads() == 3
