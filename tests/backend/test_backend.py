@@ -175,3 +175,21 @@ def test_erf_float32_edges_and_out():
     assert erf(y, out=y) is y and np.array_equal(y, want)   # in place
     h = np.float16([0.5, -2.0])
     np.testing.assert_array_equal(erf(h), erf(h.astype(np.float32)).astype(np.float16))
+
+
+def test_scatter_add_rows_matches_add_at():
+    """The sorted row path against np.add.at: the same sums up to float32 reordering."""
+    rng = np.random.default_rng(4)
+    for n, v in ((1, 3), (1000, 7), (4096, 500)):
+        ids = rng.integers(-v, v, n)                     # negative indices count from the end
+        vals = rng.standard_normal((n, 6)).astype(np.float32)
+        start = rng.standard_normal((v, 6)).astype(np.float32)
+        want, got = start.astype(np.float64), start.copy()
+        np.add.at(want, ids, vals.astype(np.float64))
+        scatter_add(got, ids, vals)
+        count = np.bincount(ids % v, minlength=v)[:, None]  # rows summed into each target row
+        size = np.abs(start).astype(np.float64)             # the classic bound: n eps sum |terms|
+        np.add.at(size, ids, np.abs(vals).astype(np.float64))
+        assert np.all(np.abs(got - want) <= (count + 1) * np.finfo(np.float32).eps * size)
+    with pytest.raises(IndexError):
+        scatter_add(np.zeros((3, 2)), np.array([0, 3]), np.ones((2, 2)))
