@@ -31,6 +31,7 @@ BLOCK_ELEMENTS = 1 << 16          # 256 KB of float32 per intermediate: several 
 _MAX_DEFAULT_THREADS = 4
 _state: dict[str, Any] = {"threads": None, "pool": None, "pool_size": 0}
 _lock = threading.Lock()
+_local = threading.local()        # .inside: this thread is running blocks (no nested hand-off)
 
 
 def _default_threads() -> int:
@@ -96,10 +97,16 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
     parts = _parts(flat[0].shape[0], max(1, BLOCK_ELEMENTS // width))
 
     def run(chunk):
-        for i, j in chunk:
-            fn(*(a[i:j] for a in flat))
+        outer, _local.inside = getattr(_local, "inside", False), True
+        try:
+            for i, j in chunk:
+                fn(*(a[i:j] for a in flat))
+        finally:
+            _local.inside = outer
 
-    threads = min(get_num_threads(), len(parts))
+    # A blockwise call made from inside a block runs in its own thread: waiting on the pool from
+    # a pool thread could deadlock.
+    threads = 1 if getattr(_local, "inside", False) else min(get_num_threads(), len(parts))
     if threads == 1:
         run(parts)
         return out

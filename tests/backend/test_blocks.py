@@ -96,3 +96,16 @@ def test_bad_input(monkeypatch):
         blocks._default_threads()
     monkeypatch.setenv("NPFORMER_NUM_THREADS", "3")
     assert blocks._default_threads() == 3
+
+
+def test_nested_calls_run_in_their_own_thread(monkeypatch, threads):
+    """A block function that itself calls blockwise on a large array must not wait on the pool
+    from a pool thread (with one helper that would deadlock)."""
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 8)
+    threads(2)
+    inner = np.arange(64.0)
+
+    def fn(out, x):
+        out[...] = x + blockwise(lambda o, a: np.multiply(a, 2, out=o), np.empty_like(inner), inner).sum()
+    got = blockwise(fn, np.empty(64), np.arange(64.0))
+    np.testing.assert_array_equal(got, np.arange(64.0) + 2 * inner.sum())
