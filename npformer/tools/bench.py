@@ -694,9 +694,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="numpy,cupy,torch", help="comma list of numpy, cupy, torch")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="output folder")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                    help="CPU threads for PyTorch, npformer's element-wise blocks, and numpy's BLAS "
-                         "through threadpoolctl when it is installed (default: the CPUs this "
-                         "process may use)")
+                    help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl when it "
+                         "is installed (default: the CPUs this process may use)")
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error(f"--threads: expected a positive count, got {args.threads}")
@@ -705,8 +704,6 @@ def main(argv: list[str] | None = None) -> int:
         backends, notes = make_backends(names, args.threads)
     except ValueError as exc:
         ap.error(str(exc))
-    from npformer.backend.blocks import set_num_threads
-    set_num_threads(args.threads)                         # npformer's element-wise threads, as torch's
     try:                                                  # numpy's BLAS threads to match torch's
         from threadpoolctl import threadpool_limits
         threadpool_limits(args.threads)
