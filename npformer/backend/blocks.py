@@ -1,20 +1,24 @@
-"""Element-wise work on NumPy arrays in cache-sized blocks, spread over a few threads.
+"""Element-wise work on NumPy arrays in cache-sized blocks, optionally spread over threads.
 
 A chain of NumPy ufuncs over a large array (a GELU, a softmax) makes every step a full pass over
 memory and every intermediate a fresh multi-MB array; on Linux each fresh array is paid for again
 in page faults. :func:`blockwise` runs the same chain on slices of about 64K elements instead, so the
-intermediates are small and stay in cache, and hands half of the slices to a second thread: NumPy
-ufuncs release the GIL, so two threads nearly halve the time on two cores.
+intermediates are small and stay in cache.
 
     blockwise(fn, out, x, y)      # fn(out_part, x_part, y_part) for matching slices of the arrays
 
 ``fn`` must compute each output element from the same elements of the inputs (or, with ``row=C``,
-from the same rows of C values: softmax, layer norm), so the parts are independent and the result
-is bit for bit the same whatever the block size and number of threads (tested). On CuPy, for small
-arrays, and for arrays that are not C-contiguous, ``fn`` runs once on the whole arrays.
+from the same rows of C values: softmax), so the parts are independent and the result is bit for
+bit the same whatever the block size and number of threads (tested). On CuPy, for small arrays, and
+for arrays that are not C-contiguous, ``fn`` runs once on the whole arrays.
 
-The thread count defaults to the CPUs this process may use, at most 4, or ``$NPFORMER_NUM_THREADS``;
-:func:`set_num_threads` changes it (1 runs everything in the calling thread).
+Threads: NumPy ufuncs release the GIL, so with :func:`set_num_threads` (or
+``$NPFORMER_NUM_THREADS``) above 1, arrays of at least two 256K-element blocks are shared out
+between that many threads. The default is 1. On the 2-core development machine two threads nearly
+halve a GELU or softmax on its own (1M floats: 2.2 -> 1.3 ms, 2.3 -> 1.1 ms), yet whole training
+steps (gpt-small, gpt-medium, seq2seq-base) were about 3% slower with them in quiet runs, probably
+because right after each matrix product OpenBLAS's worker thread is still spinning on the second
+core, which the helper thread then has to share.
 """
 from __future__ import annotations
 
@@ -25,10 +29,10 @@ from typing import Any, Callable
 
 import numpy
 
-__all__ = ["blockwise", "set_num_threads", "get_num_threads", "BLOCK_ELEMENTS"]
+__all__ = ["blockwise", "set_num_threads", "get_num_threads", "BLOCK_ELEMENTS", "THREAD_BLOCK_ELEMENTS"]
 
 BLOCK_ELEMENTS = 1 << 16          # 256 KB of float32 per intermediate: several fit in L2
-_MAX_DEFAULT_THREADS = 4
+THREAD_BLOCK_ELEMENTS = 1 << 18   # blocks handed to threads: fewer ufunc calls, fewer GIL hand-offs
 _state: dict[str, Any] = {"threads": None, "pool": None, "pool_size": 0}
 _lock = threading.Lock()
 _local = threading.local()        # .inside: this thread is running blocks (no nested hand-off)
@@ -40,11 +44,7 @@ def _default_threads() -> int:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"NPFORMER_NUM_THREADS must be a positive integer, got {env!r}")
         return int(env)
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:          # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus, _MAX_DEFAULT_THREADS))
+    return 1
 
 
 def get_num_threads() -> int:
@@ -94,7 +94,13 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
         return out
     width = 1 if row is None else max(row, 1)
     flat = [a.reshape(-1, width) if row is not None else a.reshape(-1) for a in (out,) + arrays]
-    parts = _parts(flat[0].shape[0], max(1, BLOCK_ELEMENTS // width))
+    # Threads only for arrays of two thread blocks or more: each ufunc call takes the GIL for its
+    # set-up, and with 64K-element blocks two threads spend much of their time handing it over.
+    threads = 1 if getattr(_local, "inside", False) else get_num_threads()
+    if threads > 1 and out.size >= 2 * THREAD_BLOCK_ELEMENTS:
+        parts = _parts(flat[0].shape[0], max(1, THREAD_BLOCK_ELEMENTS // width))
+    else:
+        threads, parts = 1, _parts(flat[0].shape[0], max(1, BLOCK_ELEMENTS // width))
 
     def run(chunk):
         outer, _local.inside = getattr(_local, "inside", False), True
@@ -104,9 +110,9 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
         finally:
             _local.inside = outer
 
-    # A blockwise call made from inside a block runs in its own thread: waiting on the pool from
-    # a pool thread could deadlock.
-    threads = 1 if getattr(_local, "inside", False) else min(get_num_threads(), len(parts))
+    # A blockwise call made from inside a block runs in its own thread (above): waiting on the
+    # pool from a pool thread could deadlock.
+    threads = min(threads, len(parts))
     if threads == 1:
         run(parts)
         return out

@@ -20,6 +20,12 @@ def _row_softmax(out, x):
     out /= out.sum(axis=-1, keepdims=True)
 
 
+def small_blocks(monkeypatch, n):
+    """Blocks of n elements, for one thread and for several (so small arrays use threads too)."""
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", n)
+    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", n)
+
+
 @pytest.fixture
 def threads():
     before = get_num_threads()
@@ -33,7 +39,7 @@ def test_results_are_bit_identical_for_any_block_size_and_thread_count(monkeypat
     x, y = (rng.standard_normal((3, 70001)).astype(np.float32) for _ in range(2))   # odd size: a short last block
     whole = np.empty_like(x)
     _chain(whole, x, y)                                  # one pass over the whole arrays
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", block)
+    small_blocks(monkeypatch, block)
     for n in (1, 2, 3):
         threads(n)
         got = blockwise(_chain, np.empty_like(x), x, y)
@@ -44,7 +50,7 @@ def test_rows_are_kept_whole(monkeypatch, threads):
     x = np.random.default_rng(1).standard_normal((999, 37)).astype(np.float32)
     whole = np.empty_like(x)
     _row_softmax(whole, x)
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 100)   # 2 rows a block
+    small_blocks(monkeypatch, 100)   # 2 rows a block
     for n in (1, 2):
         threads(n)
         got = blockwise(_row_softmax, np.empty_like(x), x, row=37)
@@ -53,7 +59,7 @@ def test_rows_are_kept_whole(monkeypatch, threads):
 
 
 def test_out_may_alias_an_input(monkeypatch):
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 128)
+    small_blocks(monkeypatch, 128)
     x = np.arange(1000, dtype=np.float64)
     blockwise(lambda o, a: np.multiply(a, 2, out=o), x, x)
     np.testing.assert_array_equal(x, 2 * np.arange(1000))
@@ -73,7 +79,7 @@ def test_non_contiguous_and_small_arrays_run_whole():
 
 
 def test_an_exception_in_a_helper_thread_is_raised(monkeypatch, threads):
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 10)
+    small_blocks(monkeypatch, 10)
     threads(2)
 
     def fn(out, x):
@@ -96,12 +102,14 @@ def test_bad_input(monkeypatch):
         blocks._default_threads()
     monkeypatch.setenv("NPFORMER_NUM_THREADS", "3")
     assert blocks._default_threads() == 3
+    monkeypatch.delenv("NPFORMER_NUM_THREADS")
+    assert blocks._default_threads() == 1                # threads are opt-in (module docstring)
 
 
 def test_nested_calls_run_in_their_own_thread(monkeypatch, threads):
     """A block function that itself calls blockwise on a large array must not wait on the pool
     from a pool thread (with one helper that would deadlock)."""
-    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 8)
+    small_blocks(monkeypatch, 8)
     threads(2)
     inner = np.arange(64.0)
 
@@ -109,3 +117,21 @@ def test_nested_calls_run_in_their_own_thread(monkeypatch, threads):
         out[...] = x + blockwise(lambda o, a: np.multiply(a, 2, out=o), np.empty_like(inner), inner).sum()
     got = blockwise(fn, np.empty(64), np.arange(64.0))
     np.testing.assert_array_equal(got, np.arange(64.0) + 2 * inner.sum())
+
+
+def test_threads_only_for_arrays_of_two_thread_blocks(monkeypatch, threads):
+    """Below two thread blocks everything runs in the calling thread, in the small blocks."""
+    import threading
+    monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 10)
+    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", 100)
+    threads(2)
+    seen = []
+
+    def fn(out, x):
+        seen.append((threading.current_thread() is threading.main_thread(), x.size))
+        out[...] = x
+    blockwise(fn, np.empty(199), np.arange(199.0))       # < 2 thread blocks: 20 small blocks, here
+    assert all(main for main, _ in seen) and [n for _, n in seen] == [10] * 19 + [9]
+    seen.clear()
+    blockwise(fn, np.empty(200), np.arange(200.0))       # 2 thread blocks, one on a helper
+    assert sorted(seen) == [(False, 100), (True, 100)]
