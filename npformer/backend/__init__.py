@@ -161,12 +161,26 @@ def default_rng(seed: int | None = None, backend: str | ModuleType | None = None
 
 
 def scatter_add(target: Any, indices: Any, values: Any) -> None:
-    """``target[indices] += values`` with repeated indices summed (``np.add.at`` / ``cupyx.scatter_add``)."""
+    """``target[indices] += values`` with repeated indices summed (``np.add.at`` / ``cupyx.scatter_add``).
+
+    On NumPy, rows of a 2-d target indexed by a 1-d array (the embedding backward) are summed per
+    index after a stable sort (``add.reduceat`` over each index's run of rows), about twice as fast
+    as ``np.add.at``; the float sums may differ from ``np.add.at``'s in the last bits (another
+    order of the same additions), and are deterministic.
+    """
     xp = get_array_module(target, indices, values)
-    if xp is numpy:
-        numpy.add.at(target, indices, values)
-    else:
+    if xp is not numpy:
         importlib.import_module("cupyx").scatter_add(target, indices, values)
+    elif (target.ndim == 2 and getattr(indices, "ndim", 0) == 1 and indices.size
+          and getattr(values, "shape", None) == (indices.size, target.shape[1])):
+        if indices.min() < 0:                                   # -1 and V-1 are one row: one key
+            indices = numpy.where(indices < 0, indices + target.shape[0], indices)
+        order = numpy.argsort(indices, kind="stable")           # (N,)
+        ids = indices[order]                                    # (N,) sorted
+        starts = numpy.flatnonzero(numpy.concatenate(([True], ids[1:] != ids[:-1])))   # first of each run
+        target[ids[starts]] += numpy.add.reduceat(values[order], starts, axis=0)      # (unique, C)
+    else:
+        numpy.add.at(target, indices, values)
 
 
 def accumulation_dtype(dtype: Any) -> Any:

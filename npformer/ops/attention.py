@@ -27,11 +27,12 @@ import math
 from numbers import Real
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
+from npformer.backend import accumulation_dtype, get_array_module
+from npformer.backend.blocks import blockwise
 from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype
-from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward
+from npformer.ops.dropout import DropoutCache, dropout_forward
 from npformer.ops.masks import attention_bias
-from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
+from npformer.ops.softmax import softmax_grad_rows, softmax_rows
 
 __all__ = ["AttentionCache", "scaled_dot_product_attention_forward",
            "scaled_dot_product_attention_backward"]
@@ -89,7 +90,7 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     s *= scale                                           # s is fresh: scaling in place mutates nothing
     if bias is not None:
         s += bias                                        # (B, H, Tq, Tk), -inf where blocked
-    p, _ = softmax_forward(s)                            # (B, H, Tq, Tk); an all -inf row -> zeros
+    p = _rows(softmax_rows, s, s)                        # (B, H, Tq, Tk) in s's buffer; all -inf row -> 0
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
     else:
@@ -107,13 +108,24 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask           # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)
-    dp_drop = dout @ v.swapaxes(-1, -2)                  # (B, H, Tq, Tk)
-    # fwd: P_drop = P * m / (1 - p)  ->  dP = dP_drop * m / (1 - p)
-    dp = dp_drop if drop.scaled_mask is None else dropout_backward(dp_drop, drop)   # (B, H, Tq, Tk)
+    dp = dout @ v.swapaxes(-1, -2)                       # (B, H, Tq, Tk), fresh: updated in place below
+    if drop.scaled_mask is not None:
+        # fwd: P_drop = P * m / (1 - p)  ->  dP = dP_drop * m / (1 - p)
+        dp *= drop.scaled_mask
     # fwd: P = softmax(S)  ->  dS = P * (dP - sum_k dP * P)   (0 at masked keys and fully masked rows)
-    ds = softmax_backward(dp, SoftmaxCache(p))           # (B, H, Tq, Tk)
+    ds = _rows(softmax_grad_rows, dp, p, dp)             # (B, H, Tq, Tk) in dp's buffer
     # fwd: S = q @ k^T * scale + bias  ->  dq = dS @ k * scale,  dk = dS^T @ q * scale  (bias is constant)
-    ds *= scale                                          # ds is fresh
+    ds *= scale
     dq = ds @ k                                          # (B, H, Tq, hs)
     dk = ds.swapaxes(-1, -2) @ q                         # (B, H, Tk, hs)
     return dq, dk, dv
+
+
+def _rows(kernel, out, *arrays):
+    """kernel(out, *arrays) over blocks of whole rows of (B, H, Tq, Tk) arrays (npformer.backend.blocks)."""
+    if out.dtype != accumulation_dtype(out.dtype):       # 16-bit scores: the softmax runs in float32
+        xp = get_array_module(out)
+        wide = [a.astype(xp.float32) for a in arrays]
+        out[...] = kernel(xp.empty_like(wide[0]), *wide)
+        return out
+    return blockwise(kernel, out, *arrays, row=out.shape[-1])

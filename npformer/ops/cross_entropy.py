@@ -93,8 +93,8 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     dz = xp.exp(logp)                                    # (..., V) p, recomputed from log p
     if s:
         dz -= s / v                                      # q's uniform part
-    onehot = xp.arange(v) == t[..., None]                # (..., V) bool
-    dz = xp.where(onehot, dz - (1.0 - s), dz)            # (..., V) q's one-hot part
+    rows = dz.reshape(-1, v)                             # (N, V) view of the fresh dz
+    rows[xp.arange(rows.shape[0]), t.reshape(-1)] -= 1.0 - s   # q's one-hot part (one entry a row)
     scale = dloss.astype(logp.dtype) / count             # () or (...)
     scale = xp.where(valid, scale, 0)                    # (...) ignored rows get no gradient
     dz *= scale[..., None]                               # (..., V)

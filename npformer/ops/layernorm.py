@@ -43,11 +43,10 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     if not float(eps) > 0:
         raise ValueError(f"eps must be > 0 (it keeps constant rows finite), got {eps!r}")
     xp = get_array_module(x, weight, bias)
-    acc = accumulation_dtype(x.dtype)
-    xa = x.astype(acc, copy=False)
+    xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     mu = xa.mean(axis=-1, keepdims=True)                 # (..., 1)
     xhat = xa - mu                                       # (..., C) fresh
-    var = (xhat * xhat).mean(axis=-1, keepdims=True)     # (..., 1)
+    var = xp.einsum("...c,...c->...", xhat, xhat)[..., None] / c   # (..., 1), no (..., C) square
     rstd = 1.0 / xp.sqrt(var + eps)                      # (..., 1)
     xhat *= rstd
     y = xhat * weight if weight is not None else xhat.copy()   # (..., C)
@@ -59,15 +58,17 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
 def layer_norm_backward(dy, cache: LayerNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     xhat, rstd, weight, has_bias, dtype = cache
+    xp = get_array_module(dy, xhat)
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
     rows = dya.reshape(-1, c)                            # (N, C)
     # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy,  dxhat = dy * w
-    dweight = (rows * xhat.reshape(-1, c)).sum(axis=0).astype(dtype) if weight is not None else None
+    dweight = xp.einsum("nc,nc->c", rows, xhat.reshape(-1, c)).astype(dtype) if weight is not None else None
     dbias = rows.sum(axis=0).astype(dtype) if has_bias else None
-    g = dya * weight if weight is not None else dya     # (..., C)
+    g = dya * weight if weight is not None else dya.copy()   # (..., C) fresh: becomes dx
     # fwd: xhat = (x - mu) * rstd  ->  dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    dx = g - g.mean(axis=-1, keepdims=True)              # (..., C) fresh
-    dx -= xhat * (g * xhat).mean(axis=-1, keepdims=True)
-    dx *= rstd
-    return dx.astype(dtype, copy=False), dweight, dbias
+    g_xhat = xp.einsum("...c,...c->...", g, xhat)[..., None] / c    # (..., 1) mean(g * xhat)
+    g -= g.mean(axis=-1, keepdims=True)
+    g -= xhat * g_xhat
+    g *= rstd
+    return g.astype(dtype, copy=False), dweight, dbias

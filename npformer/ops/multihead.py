@@ -59,6 +59,15 @@ def _merge(x):
     return x.transpose(0, 2, 1, 3).reshape(b, t, h * hs)                         # (B, T, E)
 
 
+def _merge_packed(*parts):
+    """concatenate([merge(p) for p in parts], axis=-1) with one copy per part, no second pass."""
+    b, h, t, hs = parts[0].shape
+    out = get_array_module(parts[0]).empty((b, t, len(parts), h, hs), dtype=parts[0].dtype)
+    for i, part in enumerate(parts):
+        out[:, :, i] = part.transpose(0, 2, 1, 3)                                # (B, T, H, hs)
+    return out.reshape(b, t, len(parts) * h * hs)                                 # (B, T, n*E)
+
+
 def _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias):
     for name, a in (("query", query), ("key", key), ("value", value)):
         expect_float(a, name)
@@ -167,22 +176,21 @@ def multi_head_attention_backward(dout, cache: MultiHeadCache):
     attn_backward = flash_attention_backward if isinstance(attn, FlashAttentionCache) else \
         scaled_dot_product_attention_backward
     dqh, dkh, dvh = attn_backward(_split(dmerged, h), attn)                      # (B, H, T, hs) each
-    dq, dk, dv = _merge(dqh), _merge(dkh), _merge(dvh)                            # (B, T, E) each
     # fwd: [q|k|v] = x @ W_in[slice]^T + b_in[slice]  ->  dx = d @ W_in[slice], dW_in[slice] = d^T x
     if sharing == "self":
-        dqkv = xp.concatenate([dq, dk, dv], axis=-1)                              # (B, T, 3E)
+        dqkv = _merge_packed(dqh, dkh, dvh)                                       # (B, T, 3E)
         dx, dw_in, db_in = _linear_grads(dqkv, inputs[0], w_in)                   # (B, T, E), (3E, E), (3E,)
         grads = (dx, None, None)
     elif sharing == "kv":
-        dquery, dw_q, db_q = _linear_grads(dq, inputs[0], w_in[:e])               # (B, Tq, E), (E, E), (E,)
-        dkv = xp.concatenate([dk, dv], axis=-1)                                   # (B, Tk, 2E)
+        dquery, dw_q, db_q = _linear_grads(_merge(dqh), inputs[0], w_in[:e])      # (B, Tq, E), (E, E), (E,)
+        dkv = _merge_packed(dkh, dvh)                                             # (B, Tk, 2E)
         dmem, dw_kv, db_kv = _linear_grads(dkv, inputs[1], w_in[e:])              # (B, Tk, E), (2E, E), (2E,)
         dw_in = xp.concatenate([dw_q, dw_kv], axis=0)                             # (3E, E)
         db_in = xp.concatenate([db_q, db_kv])                                     # (3E,)
         grads = (dquery, dmem, None)
     else:
         parts = [_linear_grads(d, x, w_in[i * e:(i + 1) * e])                   # (B, T, E), (E, E), (E,)
-                 for i, (d, x) in enumerate(zip((dq, dk, dv), inputs))]
+                 for i, (d, x) in enumerate(zip(map(_merge, (dqh, dkh, dvh)), inputs))]
         dw_in = xp.concatenate([p[1] for p in parts], axis=0)                     # (3E, E)
         db_in = xp.concatenate([p[2] for p in parts])                             # (3E,)
         grads = tuple(p[0] for p in parts)                                        # (B, Tq|Tk, E) each

@@ -141,3 +141,55 @@ def test_import_npformer_works_when_cupy_is_broken():
     code = "import sys; sys.modules['cupy'] = None; import npformer; print(npformer.backend.get_backend().__name__)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.strip() == "numpy", res.stderr
+
+
+def _ulps(got, ref):
+    """|got - ref| in units of the float32 spacing at ref (float64 ref, float32 got)."""
+    spacing = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
+    return np.abs(got.astype(np.float64) - ref) / spacing
+
+
+def test_erf_float32_fast_path_is_within_a_few_float32_ulp():
+    """The branch-free float32 formula against math.erf of the same float32 inputs."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.linspace(-6, 6, 600_001), rng.standard_normal(100_000) * 2,
+                        np.linspace(-1e-3, 1e-3, 2001), [1e-30, -1e-38, 4.25, -4.25, 30.0]]).astype(np.float32)
+    ref = np.array([math.erf(v) for v in x.astype(np.float64)])
+    got = erf(x)
+    assert got.dtype == np.float32
+    u = _ulps(got, ref)
+    assert u.max() <= 6, f"worst {u.max():.2f} ulp at x={x[np.argmax(u)]!r}"
+    assert np.mean(u <= 1) > 0.9                          # typically within one ulp
+    assert np.array_equal(erf(-x), -got)                  # odd, exactly
+
+
+def test_erf_float32_edges_and_out():
+    x = np.float32([np.inf, -np.inf, np.nan, 0.0, 4.25, 1e30, -3.4e38])
+    got = erf(x)
+    assert got.dtype == np.float32 and np.isnan(got[2])
+    np.testing.assert_array_equal(got[[0, 1, 3, 4, 5, 6]], [1, -1, 0, 1, 1, -1])
+    y = np.linspace(-3, 3, 200_001, dtype=np.float32)
+    want = erf(y)
+    out = np.empty_like(y)
+    assert erf(y, out=out) is out and np.array_equal(out, want)
+    assert erf(y, out=y) is y and np.array_equal(y, want)   # in place
+    h = np.float16([0.5, -2.0])
+    np.testing.assert_array_equal(erf(h), erf(h.astype(np.float32)).astype(np.float16))
+
+
+def test_scatter_add_rows_matches_add_at():
+    """The sorted row path against np.add.at: the same sums up to float32 reordering."""
+    rng = np.random.default_rng(4)
+    for n, v in ((1, 3), (1000, 7), (4096, 500)):
+        ids = rng.integers(-v, v, n)                     # negative indices count from the end
+        vals = rng.standard_normal((n, 6)).astype(np.float32)
+        start = rng.standard_normal((v, 6)).astype(np.float32)
+        want, got = start.astype(np.float64), start.copy()
+        np.add.at(want, ids, vals.astype(np.float64))
+        scatter_add(got, ids, vals)
+        count = np.bincount(ids % v, minlength=v)[:, None]  # rows summed into each target row
+        size = np.abs(start).astype(np.float64)             # the classic bound: n eps sum |terms|
+        np.add.at(size, ids, np.abs(vals).astype(np.float64))
+        assert np.all(np.abs(got - want) <= (count + 1) * np.finfo(np.float32).eps * size)
+    with pytest.raises(IndexError):
+        scatter_add(np.zeros((3, 2)), np.array([0, 3]), np.ones((2, 2)))

@@ -63,3 +63,30 @@ def test_activations_pure_and_bad_input(xp):
         gelu_forward(x, approximate="fast")
     with pytest.raises(TypeError, match="x: expected a floating-point array"):
         relu_forward(xp.arange(3))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_float32_matches_float64_within_float32_rounding(xp, approximate):
+    """The float32 path (blocked, fast erf) against the float64 one on the same inputs.
+
+    Bound: a few float32 eps on the scale of x (the erf or tanh result is accurate to a few ulp
+    of a value <= 1, and x multiplies it), plus relative eps of the result.
+    """
+    x = randn(xp, (3, 70_001), 0, dtype="float32", scale=3.0)     # several blocks, a short last one
+    dy = randn(xp, (3, 70_001), 1, dtype="float32")
+    y, cache = gelu_forward(x, approximate=approximate)
+    dx = gelu_backward(dy, cache)
+    y64, cache64 = gelu_forward(x.astype(xp.float64), approximate=approximate)
+    dx64 = gelu_backward(dy.astype(xp.float64), cache64)
+    assert y.dtype == dx.dtype == np.float32
+    eps = np.finfo(np.float32).eps
+    xh, dyh = np.abs(host(x)).astype(np.float64), np.abs(host(dy)).astype(np.float64)
+    assert np.all(np.abs(host(y) - host(y64)) <= 4 * eps * (xh + np.abs(host(y64))))
+    assert np.all(np.abs(host(dx) - host(dx64)) <= 8 * eps * (1 + xh) * dyh + 2 * eps * np.abs(host(dx64)))
+
+
+def test_relu_nan_propagates_and_mask_gradient(xp):
+    x = xp.asarray([np.nan, -1.0, 2.0, 0.0])
+    y, cache = relu_forward(x)
+    assert np.isnan(host(y)[0]) and list(host(y)[1:]) == [0, 2, 0]
+    np.testing.assert_array_equal(host(relu_backward(xp.asarray([5.0, 5.0, 5.0, 5.0]), cache)), [0, 0, 5, 0])

@@ -70,3 +70,25 @@ def test_dropout_bad_input(xp):
         dropout_forward(x, 0.5)
     with pytest.raises(TypeError, match="x: expected a floating-point array"):
         dropout_forward(xp.ones((2,), dtype=bool), 0.5, rng=default_rng(0))
+
+
+@pytest.mark.parametrize("p", [1e-9, 0.1, 0.3333, 0.5, 0.999999])
+@pytest.mark.parametrize("shape", [(8, 4, 128, 128), (3, 5), (70_001, 2)])
+def test_mask_is_exactly_random_float32_ge_p(shape, p):
+    """The mask from raw PCG64 draws equals [rng.random(float32) >= p], and the generator goes on
+    exactly as after rng.random (odd sizes take the plain path)."""
+    x = np.ones(shape, dtype=np.float32)
+    a, b = default_rng(11, "numpy"), default_rng(11, "numpy")
+    out, cache = dropout_forward(x, p, rng=a)
+    keep = b.random(shape, dtype=np.float32) >= p
+    np.testing.assert_array_equal(cache.scaled_mask != 0, keep)
+    np.testing.assert_array_equal(out, keep * np.float32(1 / (1 - p)))
+    np.testing.assert_array_equal(a.random(7), b.random(7))
+
+
+def test_mask_with_other_bit_generators():
+    x = np.ones((64, 64), dtype=np.float32)
+    for bitgen in (np.random.MT19937, np.random.Philox, np.random.SFC64):
+        a, b = np.random.Generator(bitgen(5)), np.random.Generator(bitgen(5))
+        _, cache = dropout_forward(x, 0.25, rng=a)
+        np.testing.assert_array_equal(cache.scaled_mask != 0, b.random((64, 64), dtype=np.float32) >= 0.25)

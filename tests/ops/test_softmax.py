@@ -103,3 +103,29 @@ def test_softmax_bad_input(xp):
         softmax_forward(xp.arange(3))
     with pytest.raises(TypeError, match="x: expected a numpy or cupy array"):
         log_softmax_forward([1.0, 2.0])
+
+
+def test_blocked_float32_rows_match_float64(xp):
+    """Large float32 inputs run in row blocks over threads (npformer.backend.blocks); every row,
+    a fully masked one included, must match the float64 computation within float32 rounding."""
+    x = host(randn(xp, (700, 130), 0, scale=4.0)).astype(np.float32)
+    x[5, 1:] = -np.inf                                   # one free entry
+    x[6] = -np.inf                                       # a fully masked row
+    dy = host(randn(xp, (700, 130), 1)).astype(np.float32)
+    for fwd, bwd in ((softmax_forward, softmax_backward), (log_softmax_forward, log_softmax_backward)):
+        y, cache = fwd(xp.asarray(x))
+        dx = bwd(xp.asarray(dy), cache)
+        y64, cache64 = fwd(xp.asarray(x.astype(np.float64)))
+        dx64 = bwd(xp.asarray(dy.astype(np.float64)), cache64)
+        assert y.dtype == dx.dtype == np.float32
+        fin = np.isfinite(host(y64))
+        np.testing.assert_array_equal(np.isfinite(host(y)), fin)
+        if fwd is softmax_forward:
+            np.testing.assert_allclose(host(y)[fin], host(y64)[fin], rtol=2e-6, atol=1e-7)
+        else:   # log y = (x - max) - log(sum): float32 rounds both terms, so the bound scales with them
+            with np.errstate(invalid="ignore"):          # -inf - -inf in the fully masked row
+                shift = np.abs(x - np.max(x, axis=-1, keepdims=True))[fin]
+            eps = np.finfo(np.float32).eps
+            err = np.abs(host(y)[fin] - host(y64)[fin])
+            assert np.all(err <= 2 * eps * (shift + np.abs(host(y64)[fin]) + np.log(130)))
+        np.testing.assert_allclose(host(dx), host(dx64), rtol=1e-5, atol=2e-6)
