@@ -89,6 +89,9 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
              or not all(a.flags.c_contiguous for a in (out,) + arrays))
     if row is not None and (out.ndim == 0 or shape[-1] != row):
         raise ValueError(f"blockwise: row={row} must be the size of the last axis of {shape}")
+    if out.ndim == 0:     # ufuncs on 0-d arrays return scalars, which out= cannot take: use 1-element views
+        fn(out.reshape(1), *(a.reshape(1) for a in arrays))
+        return out
     if whole:
         fn(out, *arrays)
         return out

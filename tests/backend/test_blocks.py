@@ -135,3 +135,16 @@ def test_threads_only_for_arrays_of_two_thread_blocks(monkeypatch, threads):
     seen.clear()
     blockwise(fn, np.empty(200), np.arange(200.0))       # 2 thread blocks, one on a helper
     assert sorted(seen) == [(False, 100), (True, 100)]
+
+
+def test_zero_dimensional_arrays_are_computed_in_place():
+    """ufuncs on 0-d arrays return scalars; blockwise hands fn 1-element views so out= still works."""
+    from npformer.ops.activations import gelu_backward, gelu_forward
+    x = np.asarray(0.7, dtype=np.float32)
+    out = blockwise(lambda o, a: np.multiply(a, 2.0, out=o), np.empty_like(x), x)
+    assert out.shape == () and out == np.float32(1.4)
+    for form in ("none", "tanh"):
+        y, cache = gelu_forward(np.asarray(1.5), approximate=form)
+        ref, _ = gelu_forward(np.asarray([1.5]), approximate=form)
+        assert y.shape == () and y == ref[0]
+        assert gelu_backward(np.asarray(2.0), cache).shape == ()
