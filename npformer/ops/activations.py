@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, erf, get_array_module
 from npformer.backend.blocks import blockwise
+from npformer.ops import fused
 from npformer.ops.checks import expect_float
 
 __all__ = ["ReluCache", "GeluCache", "relu_forward", "relu_backward", "gelu_forward", "gelu_backward"]
@@ -54,6 +55,8 @@ def relu_backward(dy, cache: ReluCache):
 
 def gelu_forward(x, approximate: str = "none"):
     """``approximate`` is ``"none"`` (erf) or ``"tanh"``, as PyTorch's argument."""
+    if fused.use_fused(x) and approximate in ("none", "tanh"):   # CuPy: one element-wise kernel
+        return fused.gelu_forward(x, approximate)
     expect_float(x, "x")
     if approximate not in ("none", "tanh"):
         raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -95,6 +98,8 @@ def _tanh_of_arg(x, out):
 
 
 def gelu_backward(dy, cache: GeluCache):
+    if fused.use_fused(dy, cache.x):
+        return fused.gelu_backward(dy, cache)
     x, approximate = cache
     xp = get_array_module(dy, x)
     x = x.astype(accumulation_dtype(x.dtype), copy=False)

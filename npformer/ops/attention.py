@@ -32,7 +32,8 @@ from npformer.backend.blocks import blockwise
 from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype
 from npformer.ops.dropout import DropoutCache, dropout_forward
 from npformer.ops.masks import attention_bias
-from npformer.ops.softmax import softmax_grad_rows, softmax_rows
+from npformer.ops import fused
+from npformer.ops.softmax import SoftmaxCache, softmax_grad_rows, softmax_rows
 
 __all__ = ["AttentionCache", "scaled_dot_product_attention_forward",
            "scaled_dot_product_attention_backward"]
@@ -90,7 +91,10 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     s *= scale                                           # s is fresh: scaling in place mutates nothing
     if bias is not None:
         s += bias                                        # (B, H, Tq, Tk), -inf where blocked
-    p = _rows(softmax_rows, s, s)                        # (B, H, Tq, Tk) in s's buffer; all -inf row -> 0
+    if fused.use_fused(s):                               # CuPy: one kernel per row (ops.fused)
+        p, _ = fused.softmax_forward(s)                  # (B, H, Tq, Tk)
+    else:
+        p = _rows(softmax_rows, s, s)                    # (B, H, Tq, Tk) in s's buffer; all -inf row -> 0
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
     else:
@@ -113,7 +117,10 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
         # fwd: P_drop = P * m / (1 - p)  ->  dP = dP_drop * m / (1 - p)
         dp *= drop.scaled_mask
     # fwd: P = softmax(S)  ->  dS = P * (dP - sum_k dP * P)   (0 at masked keys and fully masked rows)
-    ds = _rows(softmax_grad_rows, dp, p, dp)             # (B, H, Tq, Tk) in dp's buffer
+    if fused.use_fused(dp, p):
+        ds = fused.softmax_backward(dp, SoftmaxCache(p))  # (B, H, Tq, Tk)
+    else:
+        ds = _rows(softmax_grad_rows, dp, p, dp)         # (B, H, Tq, Tk) in dp's buffer
     # fwd: S = q @ k^T * scale + bias  ->  dq = dS @ k * scale,  dk = dS^T @ q * scale  (bias is constant)
     ds *= scale
     dq = ds @ k                                          # (B, H, Tq, hs)

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy
 
 from npformer.backend import get_array_module
+from npformer.ops import fused
 from npformer.ops.checks import expect_float
 
 __all__ = ["DropoutCache", "dropout_forward", "dropout_backward"]
@@ -35,6 +36,8 @@ class DropoutCache(NamedTuple):
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``rng`` is required when ``training`` and ``p > 0``."""
+    if fused.use_fused(x):                               # CuPy: compare, scale, multiply in one kernel
+        return fused.dropout_forward(x, p, rng=rng, training=training)
     expect_float(x, "x")
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1], got {p!r}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
+from npformer.ops import fused
 from npformer.ops.checks import expect_float, expect_same_dtype, expect_shape
 
 __all__ = ["LayerNormCache", "layer_norm_forward", "layer_norm_backward"]
@@ -32,9 +33,11 @@ class LayerNormCache(NamedTuple):
 
 def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     """Returns ``(y, cache)``; ``weight``/``bias`` of shape (C,) or None (no affine / no bias)."""
+    if fused.use_fused(x, weight, bias):                 # CuPy: one kernel per row (ops.fused)
+        return fused.layer_norm_forward(x, weight, bias, eps=eps)
     expect_float(x, "x")
     if x.ndim < 1:
-        raise ValueError(f"x: expected at least 1 axis (..., C), got a 0-d array")
+        raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
     c = x.shape[-1]
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
@@ -57,6 +60,8 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
 
 def layer_norm_backward(dy, cache: LayerNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
+    if fused.use_fused(dy, cache.weight, dtype=cache.dtype):
+        return fused.layer_norm_backward(dy, cache)
     xhat, rstd, weight, has_bias, dtype = cache
     xp = get_array_module(dy, xhat)
     c = xhat.shape[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
+from npformer.ops import fused
 from npformer.ops.checks import expect_float, expect_ndim, expect_same_dtype, expect_shape
 
 __all__ = ["LinearCache", "linear_forward", "linear_backward", "matmul_last"]
@@ -57,5 +58,8 @@ def linear_backward(dout, cache: LinearCache):
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
     dx = matmul_last(dout, weight)                       # (..., C_in)
     dweight = dout2.T @ x2                               # (C_out, C_in)
-    dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
+    if not has_bias:
+        dbias = None
+    else:                                                # (C_out,); CuPy: a coalesced column-sum kernel
+        dbias = fused.bias_grad(dout) if fused.use_fused(dout) else dout2.sum(axis=0)
     return dx, dweight, dbias

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.backend.blocks import blockwise
+from npformer.ops import fused
 from npformer.ops.checks import expect_float
 
 __all__ = ["SoftmaxCache", "softmax_forward", "softmax_backward",
@@ -88,6 +89,8 @@ def _rows(kernel, out_dtype, *arrays):
 
 def softmax_forward(x):
     """Probabilities along the last axis; returns ``(y, cache)``."""
+    if fused.use_fused(x):                               # CuPy: one kernel per row (ops.fused)
+        return fused.softmax_forward(x)
     expect_float(x, "x")
     xa = x.astype(accumulation_dtype(x.dtype), copy=False)   # 16-bit: the shift could overflow
     y = _rows(softmax_rows, xa.dtype, xa).astype(x.dtype, copy=False)   # (..., N)
@@ -96,6 +99,8 @@ def softmax_forward(x):
 
 def softmax_backward(dy, cache: SoftmaxCache):
     """``dx = y * (dy - sum(dy * y))``."""
+    if fused.use_fused(dy, cache.y):
+        return fused.softmax_backward(dy, cache)
     y = cache.y
     xp = get_array_module(dy, y)
     # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
@@ -104,6 +109,8 @@ def softmax_backward(dy, cache: SoftmaxCache):
 
 def log_softmax_forward(x):
     """Log-probabilities along the last axis; returns ``(log_y, cache)``."""
+    if fused.use_fused(x):
+        return fused.log_softmax_forward(x)
     expect_float(x, "x")
     xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     z = _rows(_log_softmax_rows, xa.dtype, xa)            # (..., N)
@@ -113,6 +120,8 @@ def log_softmax_forward(x):
 
 def log_softmax_backward(dy, cache: SoftmaxCache):
     """``dx = dy - softmax * sum(dy)``; the softmax is recomputed as exp(log y), not stored."""
+    if fused.use_fused(dy, cache.y):
+        return fused.log_softmax_backward(dy, cache)
     xp = get_array_module(dy, cache.y)
     # fwd: log y = x - lse(x)  ->  dx = dy - softmax(x) * sum(dy)
     return _rows(_log_softmax_grad_rows, xp.result_type(dy, cache.y), cache.y, dy)   # (..., N)

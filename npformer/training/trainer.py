@@ -16,7 +16,7 @@ from typing import Callable
 
 from npformer.backend import default_rng, get_backend, to_device
 from npformer.data.tasks import TASKS, exact_match, get_task
-from npformer.data.vocab import BOS_ID, EOS_ID, PAD_ID, CharVocab
+from npformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.nn.dropout import seed_dropout

@@ -9,7 +9,6 @@ from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import beam_search, eval_mode, greedy_decode
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from npformer.nn import no_grad
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
 from tests.helpers import assert_gradcheck, host, randn, seeds

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer.nn import (MultiheadAttention, Transformer, TransformerDecoder, TransformerDecoderLayer,
+from npformer.nn import (MultiheadAttention, Transformer, TransformerDecoderLayer,
                          TransformerEncoder, TransformerEncoderLayer, LayerNorm)
 from npformer.tools.gradcheck import gradcheck_module
 from tests.helpers import assert_gradcheck, host, padding_masks, randn, seeds

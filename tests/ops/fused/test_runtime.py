@@ -1,6 +1,5 @@
 """The fused package on the CPU: no CuPy import, the switch, the dispatch test, refusal of NumPy
 arrays, the CUDA C compiling under nvcc, and the emulator catching barrier mistakes."""
-import os
 import shutil
 import subprocess
 import sys

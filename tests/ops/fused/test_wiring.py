@@ -1,0 +1,97 @@
+"""The plain ops dispatch to the fused kernels where ``fused.use_fused`` says so (on CuPy arrays; here
+the CPU emulation makes NumPy arrays count as device arrays): every wired op, and a whole GPT
+training step's gradients, equal the plain path (NPFORMER_FUSED=0)."""
+import numpy as np
+import pytest
+
+from npformer.backend import default_rng
+from npformer.ops import activations, attention, dropout, fused, layernorm, linear, softmax
+from tests.helpers import host, randn
+from tests.ops.fused.conftest import assert_close, plain_path
+
+
+def _both(fn):
+    """fn() through the fused dispatch, then with the switch off."""
+    got = fn()
+    with plain_path():
+        ref = fn()
+    return got, ref
+
+
+def _calls(monkeypatch):
+    """Count the fused entry points the plain ops reach."""
+    seen = []
+    for name in ("softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+                 "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward",
+                 "dropout_forward", "bias_grad"):
+        real = getattr(fused, name)
+        monkeypatch.setattr(fused, name, lambda *a, _r=real, _n=name, **k: (seen.append(_n), _r(*a, **k))[1])
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_each_wired_op_takes_the_fused_path_and_matches(fx, monkeypatch, dtype):
+    xp = fx.xp
+    seen = _calls(monkeypatch)
+    x, dy = randn(xp, (3, 4, 6), 0, dtype), randn(xp, (3, 4, 6), 1, dtype)
+    w, b = randn(xp, (6,), 2, dtype), randn(xp, (6,), 3, dtype)
+    for fwd, bwd in ((softmax.softmax_forward, softmax.softmax_backward),
+                     (softmax.log_softmax_forward, softmax.log_softmax_backward),
+                     (lambda x: activations.gelu_forward(x, "none"), activations.gelu_backward),
+                     (lambda x: activations.gelu_forward(x, "tanh"), activations.gelu_backward)):
+        got, ref = _both(lambda: (lambda y, c: (y, bwd(dy, c)))(*fwd(x)))
+        for g, r in zip(got, ref):
+            assert_close(g, r, dtype)
+    got, ref = _both(lambda: (lambda y, c: (y, *layernorm.layer_norm_backward(dy, c)))(
+        *layernorm.layer_norm_forward(x, w, b)))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype)
+    wl, bl = randn(xp, (5, 6), 4, dtype), randn(xp, (5,), 5, dtype)
+    got, ref = _both(lambda: linear.linear_backward(randn(xp, (3, 4, 5), 6, dtype),
+                                                    linear.linear_forward(x, wl, bl)[1]))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype)
+    got, ref = _both(lambda: dropout.dropout_forward(x, 0.3, rng=default_rng(7, "numpy"))[0])
+    np.testing.assert_array_equal(host(got), host(ref))       # the same draws: the same mask
+    assert {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+            "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "bias_grad",
+            "dropout_forward"} <= set(seen)
+
+
+def test_attention_softmax_takes_the_fused_path(fx, monkeypatch):
+    xp = fx.xp
+    seen = _calls(monkeypatch)
+    q, k, v = (randn(xp, (2, 2, 3, 4), s) for s in (0, 1, 2))
+    pad = xp.asarray(np.array([[False, False, True], [False, True, True]]))
+
+    def run():
+        out, _, cache = attention.scaled_dot_product_attention_forward(q, k, v, key_padding_mask=pad,
+                                                                       is_causal=True)
+        return (out, *attention.scaled_dot_product_attention_backward(randn(xp, out.shape, 3), cache))
+    got, ref = _both(run)
+    for g, r in zip(got, ref):
+        assert_close(g, r, "float64")
+    assert seen.count("softmax_forward") == 1 and seen.count("softmax_backward") == 1
+
+
+def test_a_gpt_training_step_through_the_fused_kernels_equals_the_plain_one(fx, monkeypatch):
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.nn.dropout import seed_dropout
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    xp = fx.xp
+    seen = _calls(monkeypatch)
+    idx = xp.asarray(np.random.default_rng(0).integers(0, 11, (2, 5)))
+    tgt = xp.asarray(np.random.default_rng(1).integers(0, 11, (2, 5)))
+
+    def step():
+        model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8, dropout=0.1,
+                              activation="gelu"), dtype="float64", backend="numpy", rng=0)
+        seed_dropout(3, "numpy")
+        loss, cache = cross_entropy_forward(model(idx), tgt)
+        model.backward(cross_entropy_backward(xp.ones(()), cache))
+        return [loss] + [p.grad for _, p in model.named_parameters()]
+    got, ref = _both(step)
+    assert {"layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "softmax_forward",
+            "softmax_backward", "dropout_forward", "bias_grad"} <= set(seen)
+    for g, r in zip(got, ref):
+        assert_close(g, r, "float64")
