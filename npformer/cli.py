@@ -7,6 +7,7 @@
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
     npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
+    npformer bench [--quick] [--backends numpy,cupy,torch] [--out DIR]
 
 Sub-commands import what they need when they run, so ``npformer --help`` stays fast and
 ``import npformer.cli`` never loads CuPy.
@@ -239,6 +240,10 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--similarity", action="store_true", help="print cosine similarities between the sentences")
     em.set_defaults(func=cmd_embed)
 
+    # listed for --help; main() hands "npformer bench ..." to the suite, which parses its own options
+    sub.add_parser("bench", help="CPU-vs-GPU benchmarks of every op and whole training steps, beside "
+                   "PyTorch (npformer bench --help for the options)")
+
     st = sub.add_parser("study", help="experiments from the Transformer literature: each writes a PNG "
                         "and a CSV/JSON and prints a summary",
                         description="Runs one experiment; see 'npformer study NAME --help'.")
@@ -254,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
+        from npformer.tools.bench import main as bench_main
+        return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -119,3 +119,13 @@ def test_import_pulls_in_neither_torch_nor_cupy():
     code = ("import sys, npformer.tools.bench; "
             "assert 'torch' not in sys.modules and 'cupy' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_npformer_bench_hands_its_options_to_the_suite(capsys):
+    from npformer.cli import main
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    assert exc.value.code == 0 and "--backends" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["bench", "--backends", "tensorflow"])
+    assert "unknown backend" in capsys.readouterr().err
