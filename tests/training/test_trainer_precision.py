@@ -43,12 +43,15 @@ def test_float16_resume_is_exact_and_checkpoints_keep_float32_masters(tmp_path):
     assert got == expected                                                # bit for bit
 
 
-def test_seq2seq_and_mlm_trainers_run_in_float16():
+def test_seq2seq_mlm_and_transformer_xl_trainers_run_in_float16():
     s2s = make_trainer(TrainConfig(task="copy", n_train=60, n_valid=10, d_model=16, nhead=2, layers=1,
                                    dim_feedforward=32, batch_size=8, steps=5, warmup=1, eval_every=0,
                                    precision="float16"), log=lambda _: None)
     mlm = _trainer(model="bert", precision="float16", steps=5, warmup=1)
-    for t in (s2s, mlm):
+    xl = make_trainer(TrainConfig(task="recall", block_size=4, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+                                  batch_size=8, steps=5, warmup=1, eval_every=0, precision="float16"),
+                      log=lambda _: None)
+    for t in (s2s, mlm, xl):
         losses = [t.train_step() for _ in range(3)]
         assert all(np.isfinite(losses)) and t.model.dtype == np.float16
 
