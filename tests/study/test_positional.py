@@ -28,3 +28,13 @@ def test_cli_writes_csv_and_json(tmp_path, capsys):
 def test_cli_rejects_a_bad_size(capsys):
     assert main(["study", "positional", "--positions", "1"]) == 2
     assert "--positions" in capsys.readouterr().err
+
+
+def test_without_matplotlib_the_data_files_are_still_written(tmp_path, capsys, monkeypatch):
+    """matplotlib is an optional extra (plot): without it an experiment writes CSV/JSON and says so."""
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    assert main(["study", "positional", "--positions", "8", "--d-model", "4", "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["positional.json", "positional_similarity.csv"]
+    assert "matplotlib is not installed" in capsys.readouterr().out
