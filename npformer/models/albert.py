@@ -35,16 +35,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from npformer.backend import get_array_module
-from npformer.models.bert import BERTConfig, BertEmbeddings, Pooler
+from npformer.models.bert import BERTConfig, BertEmbeddings, EncoderModel, MaskedLMHead, Pooler
 from npformer.nn import init
-from npformer.nn.embedding import Embedding
-from npformer.nn.head import OutputHead
 from npformer.nn.linear import Linear
-from npformer.nn.module import Module, ModuleList
-from npformer.nn.normalization import LayerNorm
+from npformer.nn.module import ModuleList
 from npformer.nn.transformer import TransformerEncoderLayer
-from npformer.ops.activations import gelu_backward, gelu_forward
 
 __all__ = ["SHARE_MODES", "ALBERTConfig", "ALBERT", "AlbertMLMHead", "parameter_count"]
 
@@ -97,28 +92,11 @@ class ALBERTConfig:
         return BERTConfig(**{**d, **changes})
 
 
-class AlbertMLMHead(Module):
-    """``logits = LayerNorm(gelu(h W^T + b)) word^T + b_v``: H -> E, then the tied V x E decoder."""
-
-    def __init__(self, c: ALBERTConfig, word_embeddings: Embedding, rng, kw):
-        super().__init__()
-        e = c.embedding_dim
-        self.dense = Linear(c.hidden_size, e, rng=rng, **kw)
-        self.LayerNorm = LayerNorm(e, c.layer_norm_eps, **kw)
-        self.decoder = OutputHead(e, c.vocab_size, bias=True, tied=word_embeddings.weight, **kw)
-
-    def forward(self, h):
-        a, cache = gelu_forward(self.dense(h))                                    # (B, T, E)
-        self._push(cache)
-        return self.decoder(self.LayerNorm(a))                                    # (B, T, V)
-
-    def backward(self, dlogits):
-        # fwd: logits = decoder(LayerNorm(gelu(dense(h))))  ->  back through each, newest first
-        da = self.LayerNorm.backward(self.decoder.backward(dlogits))              # (B, T, E)
-        return self.dense.backward(gelu_backward(da, self._pop()))                # (B, T, H)
+# ALBERT's masked-LM head is BERT's, mapping H to the table width E (its decoder is the V x E table)
+AlbertMLMHead = MaskedLMHead
 
 
-class ALBERT(Module):
+class ALBERT(EncoderModel):
     def __init__(self, config: ALBERTConfig, *, dtype=None, backend=None, rng=None):
         super().__init__()
         c = self.config = config
@@ -142,51 +120,16 @@ class ALBERT(Module):
                     setattr(later, part, getattr(layers[0], part))
         self.layers = ModuleList(layers)
         self.pooler = Pooler(c.hidden_size, rng, kw)
-        self.mlm = AlbertMLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
+        self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
 
-    def forward(self, input_ids, token_type_ids=None, key_padding_mask=None):
-        """input_ids (B, T); token_type_ids (B, T) (default zeros); key_padding_mask (B, T) bool,
-        True = padding (default: ``input_ids == pad_token_id``). Returns (hidden (B, T, H), pooled (B, H))."""
-        xp = get_array_module(input_ids)
-        if not hasattr(input_ids, "dtype") or input_ids.dtype.kind not in "iu" or input_ids.ndim != 2:
-            raise TypeError(f"input_ids: expected a 2-d integer array (B, T), got "
-                            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
-                            f"{tuple(getattr(input_ids, 'shape', ()))}")
-        if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
-                             f"{self.config.max_position_embeddings}")
-        if token_type_ids is None:
-            token_type_ids = xp.zeros_like(input_ids)
-        if key_padding_mask is None:
-            key_padding_mask = input_ids == self.config.pad_token_id
+    def embed(self, input_ids, token_type_ids):
         x = self.embeddings(input_ids, token_type_ids)                            # (B, T, E)
         if self.embedding_hidden_mapping_in is not None:
             x = self.embedding_hidden_mapping_in(x)                               # (B, T, H)
-        for layer in self.layers:                            # a shared layer pushes one cache a use
-            x = layer(x, src_key_padding_mask=key_padding_mask)
-        return x, self.pooler(x)
+        return x
 
-    def mlm_logits(self, hidden):
-        if self.mlm is None:
-            raise ValueError("this ALBERT has no masked-LM head: build it with ALBERTConfig(mlm_head=True)")
-        return self.mlm(hidden)
-
-    def backward(self, dhidden=None, dpooled=None, dmlm_logits=None):
-        """Back-propagate any of the three outputs' gradients (each forward once, and ``mlm_logits``
-        once if it was called); accumulates every parameter gradient, shared ones summed over uses."""
-        given = [a for a in (dhidden, dpooled, dmlm_logits) if a is not None]
-        if not given:
-            raise ValueError("backward needs at least one of dhidden, dpooled, dmlm_logits")
-        xp = get_array_module(*given)
-        if dpooled is None:                                  # the pooler ran: pop its cache with zeros
-            dpooled = xp.zeros((given[0].shape[0], self.config.hidden_size), dtype=given[0].dtype)
-        d = self.pooler.backward(dpooled)                                         # (B, T, H)
-        if dhidden is not None:
-            d = d + dhidden
-        if dmlm_logits is not None:
-            d = d + self.mlm.backward(dmlm_logits)
-        for layer in reversed(list(self.layers)):            # newest use first: the stacks' order
-            d = layer.backward(d)
+    def embed_backward(self, d):
+        # fwd: x = mapping(embeddings(ids))  ->  back through the E -> H mapping, then the tables
         if self.embedding_hidden_mapping_in is not None:
             d = self.embedding_hidden_mapping_in.backward(d)                      # (B, T, E)
         self.embeddings.backward(d)

@@ -21,7 +21,7 @@ from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import TransformerEncoderLayer
 from npformer.ops.activations import gelu_backward, gelu_forward
 
-__all__ = ["BERTConfig", "BERT", "BertEmbeddings", "Pooler", "MaskedLMHead"]
+__all__ = ["BERTConfig", "BERT", "EncoderModel", "BertEmbeddings", "Pooler", "MaskedLMHead"]
 
 
 @dataclass(frozen=True)
@@ -92,37 +92,41 @@ class Pooler(Module):
 
 
 class MaskedLMHead(Module):
-    """``logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b`` with the decoder tied to the word embeddings."""
+    """``logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b`` with the decoder tied to the word embeddings.
+
+    ``W_t`` maps the hidden width H to the word table's width D (H for BERT, E for ALBERT's
+    factorised tables)."""
 
     def __init__(self, c: BERTConfig, word_embeddings: Embedding, rng, kw):
         super().__init__()
-        self.dense = Linear(c.hidden_size, c.hidden_size, rng=rng, **kw)
-        self.LayerNorm = LayerNorm(c.hidden_size, c.layer_norm_eps, **kw)
-        self.decoder = OutputHead(c.hidden_size, c.vocab_size, bias=True, tied=word_embeddings.weight, **kw)
+        d = word_embeddings.embedding_dim
+        self.dense = Linear(c.hidden_size, d, rng=rng, **kw)
+        self.LayerNorm = LayerNorm(d, c.layer_norm_eps, **kw)
+        self.decoder = OutputHead(d, c.vocab_size, bias=True, tied=word_embeddings.weight, **kw)
 
     def forward(self, h):
-        a, cache = gelu_forward(self.dense(h))                                    # (B, T, C)
+        a, cache = gelu_forward(self.dense(h))                                    # (B, T, D)
         self._push(cache)
         return self.decoder(self.LayerNorm(a))                                    # (B, T, V)
 
     def backward(self, dlogits):
-        da = self.LayerNorm.backward(self.decoder.backward(dlogits))
-        return self.dense.backward(gelu_backward(da, self._pop()))
+        # fwd: logits = decoder(LayerNorm(gelu(dense(h))))  ->  back through each, newest first
+        da = self.LayerNorm.backward(self.decoder.backward(dlogits))              # (B, T, D)
+        return self.dense.backward(gelu_backward(da, self._pop()))                # (B, T, H)
 
 
-class BERT(Module):
-    def __init__(self, config: BERTConfig, *, dtype=None, backend=None, rng=None):
-        super().__init__()
-        c = self.config = config
-        rng = init.host_generator(rng)
-        kw = dict(dtype=dtype, backend=backend)
-        self.embeddings = BertEmbeddings(c, rng, kw)
-        self.layers = ModuleList(
-            TransformerEncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.dropout,
-                                    c.activation, c.layer_norm_eps, norm_first=False, rng=rng, **kw)
-            for _ in range(c.num_hidden_layers))
-        self.pooler = Pooler(c.hidden_size, rng, kw)
-        self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
+class EncoderModel(Module):
+    """What BERT and ALBERT share: ids -> embeddings -> post-norm layers -> (hidden, pooled), the
+    masked-LM logits, and the backward of all three outputs. Subclasses build ``embeddings``,
+    ``layers``, ``pooler`` and ``mlm`` and may extend :meth:`embed` (ALBERT maps E to H there)."""
+
+    config: BERTConfig
+
+    def embed(self, input_ids, token_type_ids):
+        return self.embeddings(input_ids, token_type_ids)                          # (B, T, C)
+
+    def embed_backward(self, d):
+        self.embeddings.backward(d)
 
     def forward(self, input_ids, token_type_ids=None, key_padding_mask=None):
         """input_ids (B, T); token_type_ids (B, T) (default zeros); key_padding_mask (B, T) bool,
@@ -139,28 +143,48 @@ class BERT(Module):
             token_type_ids = xp.zeros_like(input_ids)
         if key_padding_mask is None:
             key_padding_mask = input_ids == self.config.pad_token_id
-        x = self.embeddings(input_ids, token_type_ids)
-        for layer in self.layers:
+        x = self.embed(input_ids, token_type_ids)                                 # (B, T, C)
+        for layer in self.layers:                            # a shared layer pushes one cache a use
             x = layer(x, src_key_padding_mask=key_padding_mask)
         return x, self.pooler(x)
 
     def mlm_logits(self, hidden):
         if self.mlm is None:
-            raise ValueError("this BERT has no masked-LM head: build it with BERTConfig(mlm_head=True)")
+            raise ValueError(f"this {type(self).__name__} has no masked-LM head: build it with "
+                             f"{type(self.config).__name__}(mlm_head=True)")
         return self.mlm(hidden)
 
     def backward(self, dhidden=None, dpooled=None, dmlm_logits=None):
         """Back-propagate any of the three outputs' gradients (each call of forward once, and
-        ``mlm_logits`` once if it was called); accumulates every parameter gradient."""
-        xp = get_array_module(*(a for a in (dhidden, dpooled, dmlm_logits) if a is not None))
-        d = xp.zeros_like(dhidden) if dhidden is not None else None
-        if dmlm_logits is not None:
-            d = self.mlm.backward(dmlm_logits) if d is None else d + self.mlm.backward(dmlm_logits)
+        ``mlm_logits`` once if it was called); accumulates every parameter gradient (a shared
+        one summed over its uses)."""
+        given = [a for a in (dhidden, dpooled, dmlm_logits) if a is not None]
+        if not given:
+            raise ValueError("backward needs at least one of dhidden, dpooled, dmlm_logits")
+        xp = get_array_module(*given)
+        if dpooled is None:                                  # the pooler ran: pop its cache with zeros
+            dpooled = xp.zeros((given[0].shape[0], self.config.hidden_size), dtype=given[0].dtype)
+        # fwd: outputs = (h, pooler(h), mlm(h))  ->  dh = dhidden + pooler'(dpooled) + mlm'(dlogits)
+        d = self.pooler.backward(dpooled)                                         # (B, T, C)
         if dhidden is not None:
             d = d + dhidden
-        dp = self.pooler.backward(dpooled if dpooled is not None
-                                  else xp.zeros(d.shape[:1] + d.shape[2:], dtype=d.dtype))
-        d = dp if d is None else d + dp
-        for layer in reversed(list(self.layers)):
+        if dmlm_logits is not None:
+            d = d + self.mlm.backward(dmlm_logits)
+        for layer in reversed(list(self.layers)):            # newest use first: the stacks' order
             d = layer.backward(d)
-        self.embeddings.backward(d)
+        self.embed_backward(d)
+
+
+class BERT(EncoderModel):
+    def __init__(self, config: BERTConfig, *, dtype=None, backend=None, rng=None):
+        super().__init__()
+        c = self.config = config
+        rng = init.host_generator(rng)
+        kw = dict(dtype=dtype, backend=backend)
+        self.embeddings = BertEmbeddings(c, rng, kw)
+        self.layers = ModuleList(
+            TransformerEncoderLayer(c.hidden_size, c.num_attention_heads, c.intermediate_size, c.dropout,
+                                    c.activation, c.layer_norm_eps, norm_first=False, rng=rng, **kw)
+            for _ in range(c.num_hidden_layers))
+        self.pooler = Pooler(c.hidden_size, rng, kw)
+        self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
