@@ -2,12 +2,12 @@
 
     python benchmarks/run.py [--quick] [--backends numpy,cupy,torch] [--out benchmarks/results]
 
-All the work is in :mod:`npformer.tools.bench`; see ``benchmarks/README.md`` for the columns.
+All the work is in ``benchmarks/bench.py``; see ``benchmarks/README.md`` for the columns.
 """
 import os
 import sys
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from npformer.tools.bench import main
+    from benchmarks.bench import main
     sys.exit(main(sys.argv[1:]))

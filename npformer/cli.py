@@ -258,11 +258,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_bench(argv: list[str]) -> int:
+    """The suite lives in the source checkout's benchmarks/ (it imports PyTorch as the reference,
+    which the installed package never does); found next to this package in an editable install."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "bench.py").is_file():
+        print(f"npformer bench: error: the benchmark suite is the benchmarks/ folder of the source "
+              f"checkout, not found next to {root / 'npformer'}; install from a clone with "
+              "pip install -e . (or run python benchmarks/run.py there)", file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("benchmarks.bench").main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
-        from npformer.tools.bench import main as bench_main
-        return bench_main(argv[1:])
+        return _run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -6,12 +6,14 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from npformer.tools import bench
+from benchmarks import bench
 
+ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 OPS = ["linear", "softmax", "layer_norm", "gelu", "attention", "multi_head", "ffn", "cross_entropy"]
 MODELS = ["gpt-small", "gpt-medium", "seq2seq-base"]
@@ -116,9 +118,16 @@ def test_bad_backend_names():
 
 
 def test_import_pulls_in_neither_torch_nor_cupy():
-    code = ("import sys, npformer.tools.bench; "
+    code = ("import sys, benchmarks.bench; "
             "assert 'torch' not in sys.modules and 'cupy' not in sys.modules, 'imported'")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_the_package_never_imports_torch():
+    """torch is a reference for tests/ and benchmarks/ only: no module of npformer imports it."""
+    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "npformer").rglob("*.py")
+                 if re.search(r"^\s*(import torch|from torch)\b", p.read_text(), flags=re.M)]
+    assert offenders == []
 
 
 def test_npformer_bench_hands_its_options_to_the_suite(capsys):
