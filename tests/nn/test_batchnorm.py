@@ -149,7 +149,7 @@ def test_bad_construction():
 
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_parity_with_torch_batchnorm1d(momentum):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
     c = 5
     ours = BatchNorm1d(c, momentum=momentum, dtype="float64")
     ref = torch.nn.BatchNorm1d(c, momentum=momentum, dtype=torch.float64)
