@@ -34,18 +34,26 @@ class DropoutCache(NamedTuple):
     scaled_mask: Any    # (same shape as x) or None
 
 
-def dropout_forward(x, p: float, rng=None, training: bool = True):
-    """Returns ``(out, cache)``; ``rng`` is required when ``training`` and ``p > 0``."""
-    if fused.use_fused(x):                               # CuPy: compare, scale, multiply in one kernel
-        return fused.dropout_forward(x, p, rng=rng, training=training)
+def dropout_active(x, p, rng, training) -> bool:
+    """Whether the forward drops anything (training and p > 0), after checking its inputs (shared
+    with the fused CuPy kernel)."""
     expect_float(x, "x")
     if not 0.0 <= float(p) <= 1.0:
         raise ValueError(f"dropout probability p must be in [0, 1], got {p!r}")
     if not training or p == 0.0:
-        return x.copy(), DropoutCache(None)
+        return False
     if rng is None:
         raise ValueError("dropout with p > 0 in training mode needs rng, a backend Generator "
                          "(npformer.backend.default_rng(seed, backend))")
+    return True
+
+
+def dropout_forward(x, p: float, rng=None, training: bool = True):
+    """Returns ``(out, cache)``; ``rng`` is required when ``training`` and ``p > 0``."""
+    if fused.use_fused(x):                               # CuPy: compare, scale, multiply in one kernel
+        return fused.dropout_forward(x, p, rng=rng, training=training)
+    if not dropout_active(x, p, rng, training):
+        return x.copy(), DropoutCache(None)
     xp = get_array_module(x)
     if p == 1.0:
         scaled = xp.zeros_like(x)                        # (same as x)

@@ -31,10 +31,8 @@ class LayerNormCache(NamedTuple):
     dtype: Any       # the input's dtype (gradients are returned in it)
 
 
-def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
-    """Returns ``(y, cache)``; ``weight``/``bias`` of shape (C,) or None (no affine / no bias)."""
-    if fused.use_fused(x, weight, bias):                 # CuPy: one kernel per row (ops.fused)
-        return fused.layer_norm_forward(x, weight, bias, eps=eps)
+def check_layer_norm_inputs(x, weight, bias, eps) -> None:
+    """The input checks of the forward (shared with the fused CuPy kernel)."""
     expect_float(x, "x")
     if x.ndim < 1:
         raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
@@ -45,7 +43,15 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     expect_same_dtype(x=x, weight=weight, bias=bias)
     if not float(eps) > 0:
         raise ValueError(f"eps must be > 0 (it keeps constant rows finite), got {eps!r}")
+
+
+def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
+    """Returns ``(y, cache)``; ``weight``/``bias`` of shape (C,) or None (no affine / no bias)."""
+    if fused.use_fused(x, weight, bias):                 # CuPy: one kernel per row (ops.fused)
+        return fused.layer_norm_forward(x, weight, bias, eps=eps)
+    check_layer_norm_inputs(x, weight, bias, eps)
     xp = get_array_module(x, weight, bias)
+    c = x.shape[-1]
     xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     mu = xa.mean(axis=-1, keepdims=True)                 # (..., 1)
     xhat = xa - mu                                       # (..., C) fresh

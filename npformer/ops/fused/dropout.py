@@ -19,17 +19,10 @@ __all__ = ["dropout_forward"]
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     """Returns ``(out, DropoutCache(scaled_mask))``; ``rng`` is required when training with p > 0."""
-    from npformer.ops.checks import expect_float
-    from npformer.ops.dropout import DropoutCache   # here, not at the top: ops import this package
+    from npformer.ops.dropout import DropoutCache, dropout_active   # here: ops import this package
 
-    expect_float(x, "x")
-    if not 0.0 <= float(p) <= 1.0:
-        raise ValueError(f"dropout probability p must be in [0, 1], got {p!r}")
-    if not training or p == 0.0:
+    if not dropout_active(x, p, rng, training):
         return x.copy(), DropoutCache(None)
-    if rng is None:
-        raise ValueError("dropout with p > 0 in training mode needs rng, a backend Generator "
-                         "(npformer.backend.default_rng(seed, backend))")
     xp = device_xp(x)
     if p == 1.0:
         scaled = xp.zeros_like(x)                        # (same as x)

@@ -17,19 +17,9 @@ __all__ = ["layer_norm_forward", "layer_norm_backward"]
 
 def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     """Returns ``(y, LayerNormCache(xhat, rstd, weight, has_bias, dtype))``."""
-    from npformer.ops.checks import expect_float, expect_same_dtype, expect_shape
-    from npformer.ops.layernorm import LayerNormCache
+    from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
-    expect_float(x, "x")
-    if x.ndim < 1:
-        raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
-    c = x.shape[-1]
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None:
-            expect_shape(p, name, (c,), "(C,) matching the last axis of x")
-    expect_same_dtype(x=x, weight=weight, bias=bias)
-    if not float(eps) > 0:
-        raise ValueError(f"eps must be > 0 (it keeps constant rows finite), got {eps!r}")
+    check_layer_norm_inputs(x, weight, bias, eps)
     xp = device_xp(x, weight, bias)
     rows, n = rows_of(x)
     acc = accumulation_dtype(x.dtype)
