@@ -21,7 +21,8 @@ __all__ = ["CharLMData", "load_corpus"]
 SPLITS = ("train", "valid")
 
 
-def _check_int(value, name: str, low: int) -> int:
+def check_int(value, name: str, low: int) -> int:
+    """``value`` as an int >= ``low``, or a TypeError/ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     if value < low:
@@ -40,7 +41,7 @@ class CharLMData:
     def __init__(self, text: str, *, block_size: int, valid_fraction: float = 0.1, seed: int = 0):
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        self.block_size = _check_int(block_size, "block_size", 1)
+        self.block_size = check_int(block_size, "block_size", 1)
         if isinstance(valid_fraction, bool) or not isinstance(valid_fraction, (int, float)) \
                 or not 0.0 < valid_fraction < 1.0:
             raise ValueError(f"valid_fraction: expected a number strictly between 0 and 1, got {valid_fraction!r}")
@@ -56,7 +57,7 @@ class CharLMData:
                                  f"{self.block_size + 1} are needed ({len(ids)} in the text, "
                                  f"valid_fraction={self.valid_fraction}); use a longer text or a smaller block_size")
             self.ids(split).flags.writeable = False
-        self.rng = np.random.default_rng(_check_int(seed, "seed", 0))
+        self.rng = np.random.default_rng(check_int(seed, "seed", 0))
 
     def ids(self, split: str) -> np.ndarray:
         """The read-only int64 ids of ``"train"`` or ``"valid"``."""
@@ -92,7 +93,7 @@ class CharLMData:
         an ``rng``: the first block starts at a random offset in [0, T) and the blocks are shuffled.
         """
         ids, T = self.ids(split), self.block_size
-        batch_size = _check_int(batch_size, "batch_size", 1)
+        batch_size = check_int(batch_size, "batch_size", 1)
         rng = self._generator(rng, None)
         offset = 0 if rng is None else int(rng.integers(0, min(T, len(ids) - T)))
         starts = offset + T * np.arange((len(ids) - 1 - offset) // T)                     # (n_blocks,)
@@ -103,7 +104,7 @@ class CharLMData:
     def random_batch(self, split: str, batch_size: int, rng=None) -> tuple[np.ndarray, np.ndarray]:
         """``batch_size`` blocks starting at uniform random positions (``self.rng`` when rng is None)."""
         ids = self.ids(split)
-        batch_size = _check_int(batch_size, "batch_size", 1)
+        batch_size = check_int(batch_size, "batch_size", 1)
         rng = self._generator(rng, self.rng)
         starts = rng.integers(0, len(ids) - self.block_size, size=batch_size)             # (B,)
         return self._windows(ids, starts)

@@ -21,16 +21,9 @@ import math
 
 import numpy as np
 
+from npformer.data.corpus import SPLITS, check_int
+
 __all__ = ["RecallTask"]
-SPLITS = ("train", "valid")
-
-
-def _check_int(value, name: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, got {value}")
-    return int(value)
 
 
 class RecallTask:
@@ -40,11 +33,11 @@ class RecallTask:
 
     def __init__(self, *, period: int, length: int, n_symbols: int = 16, n_train: int = 2000,
                  n_valid: int = 200, seed: int = 0):
-        self.period = _check_int(period, "period", 2)
-        self.length = _check_int(length, "length", 1)
-        self.n_symbols = _check_int(n_symbols, "n_symbols", 2)
-        n_train, n_valid = _check_int(n_train, "n_train", 1), _check_int(n_valid, "n_valid", 1)
-        self.seed = _check_int(seed, "seed", 0)
+        self.period = check_int(period, "period", 2)
+        self.length = check_int(length, "length", 1)
+        self.n_symbols = check_int(n_symbols, "n_symbols", 2)
+        n_train, n_valid = check_int(n_train, "n_train", 1), check_int(n_valid, "n_valid", 1)
+        self.seed = check_int(seed, "seed", 0)
         if self.length + 1 <= self.period:
             raise ValueError(f"length + 1 = {self.length + 1} must exceed period = {self.period}: "
                              "otherwise no token is ever repeated")
