@@ -49,21 +49,11 @@ _SHARED_PARTS = {"none": (), "attention": ("self_attn",), "ffn": ("linear1", "li
 
 
 @dataclass(frozen=True)
-class ALBERTConfig:
-    vocab_size: int
+class ALBERTConfig(BERTConfig):
+    """BERT's fields plus ALBERT's two: the table width E and the cross-layer sharing."""
+
     embedding_size: int | None = 128     # E; None: no factorisation (tables V x H, no mapping)
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    intermediate_size: int = 512
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    dropout: float = 0.1
-    layer_norm_eps: float = 1e-12
-    activation: str = "gelu"
-    pad_token_id: int = 0
     share: str = "all"                   # one of SHARE_MODES
-    mlm_head: bool = False
 
     def __post_init__(self):
         if self.share not in SHARE_MODES:
@@ -82,9 +72,6 @@ class ALBERTConfig:
     def embedding_dim(self) -> int:
         """E: the width of the tables (H when not factorised)."""
         return self.embedding_size if self.factorised else self.hidden_size
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     def as_bert(self, **changes) -> BERTConfig:
         """The BERT of the same shape (no factorisation, no sharing), with ``changes`` applied."""
