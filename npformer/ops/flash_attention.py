@@ -38,8 +38,8 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.ops.attention import _check_inputs   # the same input rules and messages as the plain op
-from npformer.ops.checks import describe, expect_bool_or_float
-from npformer.ops.masks import ALIGNMENTS
+from npformer.ops.checks import describe
+from npformer.ops.masks import check_masks
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
            "flash_attention_backward"]
@@ -76,26 +76,8 @@ class FlashAttentionCache(NamedTuple):
 
 
 def _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, alignment, xp) -> Masks:
-    """Checked as :func:`npformer.ops.masks.attention_bias` checks them, with its messages."""
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {alignment!r}")
-    for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
-        if m is not None:
-            expect_bool_or_float(m, name)
-            if get_array_module(m) is not xp:
-                raise TypeError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
-    if attn_mask is not None:
-        if tuple(attn_mask.shape) == (b * h, tq, tk):
-            attn_mask = attn_mask.reshape(b, h, tq, tk)                           # (B, H, Tq, Tk)
-        elif tuple(attn_mask.shape) not in ((tq, tk), (b, h, tq, tk)):
-            raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
-                             f"({b * h}, {tq}, {tk}) or (B, H, Tq, Tk)=({b}, {h}, {tq}, {tk}), "
-                             f"got {describe(attn_mask)}")
-    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (b, tk):
-        raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
-                         f"got {describe(key_padding_mask)}")
+    """Checked by :func:`npformer.ops.masks.check_masks`, as the plain attention's are."""
+    attn_mask = check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, alignment, xp)
     shift = None if not is_causal else 0 if alignment == "top_left" else tk - tq
     return Masks(attn_mask, key_padding_mask, shift)
 

@@ -32,7 +32,7 @@ from numbers import Integral
 from npformer.backend import get_array_module, get_backend
 from npformer.ops.checks import describe, expect_bool_or_float
 
-__all__ = ["ALIGNMENTS", "causal_mask", "attention_bias"]
+__all__ = ["ALIGNMENTS", "causal_mask", "check_masks", "attention_bias"]
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -71,6 +71,30 @@ def _as_bias(mask, dtype, xp):
     return mask.astype(dtype)                                                    # (mask's shape), a copy
 
 
+def check_masks(scores_shape, attn_mask, key_padding_mask, is_causal, causal_alignment, xp):
+    """Check the masks for scores (B, H, Tq, Tk) of backend ``xp`` (types, backends, shapes), and
+    return ``attn_mask`` as (Tq, Tk) or (B, H, Tq, Tk) (a (B*H, Tq, Tk) mask reshaped), or None."""
+    b, h, tq, tk = scores_shape
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
+    _check_alignment(causal_alignment)
+    for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
+        if m is not None:
+            expect_bool_or_float(m, name)
+            if get_array_module(m) is not xp:
+                raise TypeError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (b, tk):
+        raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
+                         f"got {describe(key_padding_mask)}")
+    if attn_mask is None or tuple(attn_mask.shape) in ((tq, tk), (b, h, tq, tk)):
+        return attn_mask
+    if tuple(attn_mask.shape) == (b * h, tq, tk):
+        return attn_mask.reshape(b, h, tq, tk)                                    # (B, H, Tq, Tk)
+    raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
+                     f"({b * h}, {tq}, {tk}) or (B, H, Tq, Tk)=({b}, {h}, {tq}, {tk}), "
+                     f"got {describe(attn_mask)}")
+
+
 def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None,
                    is_causal: bool = False, causal_alignment: str = "top_left", xp):
     """One additive bias for scores of ``scores_shape`` = (B, H, Tq, Tk), or None with no mask.
@@ -90,33 +114,15 @@ def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None
                                   for n in shape):
         raise ValueError(f"scores_shape: expected 4 lengths (B, H, Tq, Tk), got {scores_shape!r}")
     b, h, tq, tk = (int(n) for n in shape)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
-    _check_alignment(causal_alignment)
     xp = get_backend(xp)
     if xp.dtype(dtype).kind != "f":
         raise TypeError(f"dtype: expected the scores' floating dtype, got {dtype!r}")
-    for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
-        if m is not None:
-            expect_bool_or_float(m, name)
-            if get_array_module(m) is not xp:
-                raise TypeError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
+    attn_mask = check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
 
     terms = []
     if attn_mask is not None:
-        if tuple(attn_mask.shape) in ((tq, tk), (b, h, tq, tk)):
-            m = attn_mask
-        elif tuple(attn_mask.shape) == (b * h, tq, tk):
-            m = attn_mask.reshape(b, h, tq, tk)                                  # (B, H, Tq, Tk)
-        else:
-            raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
-                             f"({b * h}, {tq}, {tk}) or (B, H, Tq, Tk)=({b}, {h}, {tq}, {tk}), "
-                             f"got {describe(attn_mask)}")
-        terms.append(_as_bias(m, dtype, xp))                                      # (Tq, Tk) | (B, H, Tq, Tk)
+        terms.append(_as_bias(attn_mask, dtype, xp))                              # (Tq, Tk) | (B, H, Tq, Tk)
     if key_padding_mask is not None:
-        if tuple(key_padding_mask.shape) != (b, tk):
-            raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
-                             f"got {describe(key_padding_mask)}")
         terms.append(_as_bias(key_padding_mask, dtype, xp)[:, None, None, :])     # (B, 1, 1, Tk)
     if is_causal:
         terms.append(_as_bias(causal_mask(tq, tk, alignment=causal_alignment, xp=xp), dtype, xp))  # (Tq, Tk)
