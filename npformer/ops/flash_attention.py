@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.ops.attention import _check_inputs   # the same input rules and messages as the plain op
 from npformer.ops.checks import describe
-from npformer.ops.masks import check_masks
+from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
            "flash_attention_backward"]
@@ -82,21 +82,17 @@ def _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, alignment, xp) 
     return Masks(attn_mask, key_padding_mask, shift)
 
 
-def _bias(m, dtype, xp):
-    return xp.where(m, -xp.inf, 0.0).astype(dtype) if m.dtype.kind == "b" else m.astype(dtype)
-
-
 def _scores(qi, kj, masks, scale, i0, i1, j0, j1, xp):
     """S = q_i k_j^T * scale + bias of the tile rows i0:i1, keys j0:j1."""
     s = qi @ kj.swapaxes(-1, -2)                                                  # (B, H, bq, bk)
     s *= scale                                                                    # s is fresh
     if masks.attn is not None:
-        s += _bias(masks.attn[..., i0:i1, j0:j1], s.dtype, xp)                    # (.., .., bq, bk)
+        s += mask_bias(masks.attn[..., i0:i1, j0:j1], s.dtype, xp)                    # (.., .., bq, bk)
     if masks.padding is not None:
-        s += _bias(masks.padding[:, None, None, j0:j1], s.dtype, xp)              # (B, 1, 1, bk)
+        s += mask_bias(masks.padding[:, None, None, j0:j1], s.dtype, xp)              # (B, 1, 1, bk)
     if masks.shift is not None and j1 - 1 > i0 + masks.shift:                     # the tile straddles the diagonal
         future = xp.arange(j0, j1)[None, :] > xp.arange(i0, i1)[:, None] + masks.shift   # (bq, bk)
-        s += _bias(future, s.dtype, xp)
+        s += mask_bias(future, s.dtype, xp)
     return s
 
 

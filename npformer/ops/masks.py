@@ -32,7 +32,7 @@ from numbers import Integral
 from npformer.backend import get_array_module, get_backend
 from npformer.ops.checks import describe, expect_bool_or_float
 
-__all__ = ["ALIGNMENTS", "causal_mask", "check_masks", "attention_bias"]
+__all__ = ["ALIGNMENTS", "causal_mask", "check_masks", "mask_bias", "attention_bias"]
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -64,7 +64,7 @@ def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp=None):
     return xp.arange(tk)[None, :] > xp.arange(tq)[:, None] + shift                  # (Tq, Tk)
 
 
-def _as_bias(mask, dtype, xp):
+def mask_bias(mask, dtype, xp):
     """Bool: True -> -inf, False -> 0. Float: cast to the scores' dtype (values kept)."""
     if mask.dtype.kind == "b":
         return xp.where(mask, -xp.inf, 0.0).astype(dtype)                       # (mask's shape)
@@ -121,11 +121,11 @@ def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None
 
     terms = []
     if attn_mask is not None:
-        terms.append(_as_bias(attn_mask, dtype, xp))                              # (Tq, Tk) | (B, H, Tq, Tk)
+        terms.append(mask_bias(attn_mask, dtype, xp))                              # (Tq, Tk) | (B, H, Tq, Tk)
     if key_padding_mask is not None:
-        terms.append(_as_bias(key_padding_mask, dtype, xp)[:, None, None, :])     # (B, 1, 1, Tk)
+        terms.append(mask_bias(key_padding_mask, dtype, xp)[:, None, None, :])     # (B, 1, 1, Tk)
     if is_causal:
-        terms.append(_as_bias(causal_mask(tq, tk, alignment=causal_alignment, xp=xp), dtype, xp))  # (Tq, Tk)
+        terms.append(mask_bias(causal_mask(tq, tk, alignment=causal_alignment, xp=xp), dtype, xp))  # (Tq, Tk)
     if not terms:
         return None
     bias = terms[0].reshape((1,) * (4 - terms[0].ndim) + terms[0].shape)          # (.., .., Tq|1, Tk)
