@@ -151,9 +151,12 @@ class MixedPrecision:
         finite = []
         for _, p, m in self._pairs:
             # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
-            m.grad = None if p.grad is None else p.grad.astype(xp.float32) * (1.0 / scale)   # (same as p)
-            if m.grad is not None:
-                finite.append(xp.isfinite(m.grad).all())
+            if p.grad is None:
+                m.grad = None
+                continue
+            m.grad = p.grad.astype(xp.float32)                            # (same as p), a fresh copy
+            m.grad *= 1.0 / scale
+            finite.append(xp.isfinite(m.grad).all())
         ok = bool(xp.stack(finite).all()) if finite else True             # one device -> host sync
         norm = None
         if ok:
