@@ -1,4 +1,4 @@
-"""Reproduce the coefficients of npformer's float32 erf (npformer/backend/special.py).
+"""Reproduce the coefficients of npformer's float32 erf (npformer/kernels/cpu/activations.py).
 
     erf(x) = tanh(u(x)),  u(x) = atanh(erf(x)) = x N(x^2) / D(x^2),  N, D of degree 5, D(0) = 1
 
@@ -10,7 +10,7 @@ is math.erfc in float64 (atanh(erf) = log((2 - erfc) / erfc) / 2 keeps full prec
 
     python benchmarks/fit_erf_float32.py      # prints the coefficients and the worst errors
 
-The coefficients in special.py are this script's output; npformer uses their float32 roundings,
+The coefficients in npformer/kernels/cpu/activations.py are this script's output; npformer uses their float32 roundings,
 which do not change if the last float64 digits of a refit differ (another LAPACK).
 """
 import math
@@ -53,10 +53,10 @@ def main():
     print(f"worst relative error of u on (0, {HI}]: {rel:.2e}; all coefficients positive: {bool((c > 0).all())}")
     x32 = np.linspace(-6, 6, 1_200_001).astype(np.float32)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from npformer.backend import erf
+    from npformer.kernels.cpu.activations import erf_float32
     ref = np.array([math.erf(v) for v in x32.astype(np.float64)])
     spacing = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
-    ulp = np.abs(erf(x32).astype(np.float64) - ref) / spacing
+    ulp = np.abs(erf_float32(x32).astype(np.float64) - ref) / spacing
     print(f"npformer float32 erf on [-6, 6]: worst {ulp.max():.2f} ulp, {np.mean(ulp <= 1):.1%} within one ulp")
 
 

@@ -1,10 +1,15 @@
 """npformer: a Transformer written from scratch with hand-written forward and backward passes.
 
 Every op is a pure ``<op>_forward`` / ``<op>_backward`` pair in :mod:`npformer.ops`, running on
-NumPy or CuPy through :mod:`npformer.backend`; every backward is checked by :func:`gradcheck`.
+NumPy or CuPy through :mod:`npformer.backend`; faster implementations of some of them live apart in
+:mod:`npformer.kernels` (``npformer.kernels.disabled()`` runs the reference ops alone); every
+backward is checked by :func:`gradcheck`.
+
+The layers, bottom-up: ``errors``, ``backend``, ``checks``, ``dispatch``, ``ops``, ``kernels``,
+``nn``, ``models``, ``data``, ``training``, ``tools``, ``study``, ``pretrained``, ``cli``.
 """
-from npformer import backend, ops
+from npformer import backend, kernels, ops
 from npformer.tools.gradcheck import GradcheckError, GradcheckReport, gradcheck
 
 __version__ = "0.1.0"
-__all__ = ["backend", "ops", "gradcheck", "GradcheckReport", "GradcheckError", "__version__"]
+__all__ = ["backend", "kernels", "ops", "gradcheck", "GradcheckReport", "GradcheckError", "__version__"]

@@ -38,6 +38,28 @@ def padding_masks(draw, b, tk):
     return np.array(rows, dtype=bool).reshape(b, tk)
 
 
+# Fast path against its reference: they compute in the same precision and differ only in the order
+# of a reduction's additions and in libm's (or the float32 erf fit's) last bits, a few units in the
+# last place of the magnitudes involved (float16 also rounds once where a reference rounds up to
+# three times). So max |fast - reference| <= TOL[dtype] * scale, scale the largest magnitude in play.
+TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
+
+
+def assert_close(got, ref, dtype, scale=None, what=""):
+    """``max |got - ref| <= TOL[dtype] * scale`` (see TOL), NaN where NaN, infinities equal, dtype kept."""
+    got64, ref64 = to_numpy(got).astype(np.float64), to_numpy(ref).astype(np.float64)
+    assert str(got.dtype) == str(ref.dtype) == dtype, f"{what}: dtype {got.dtype} vs {ref.dtype}, expected {dtype}"
+    assert got64.shape == ref64.shape, f"{what}: shape {got64.shape} vs {ref64.shape}"
+    np.testing.assert_array_equal(np.isnan(got64), np.isnan(ref64), err_msg=f"{what}: NaN positions differ")
+    np.testing.assert_array_equal(np.where(np.isinf(got64), got64, 0), np.where(np.isinf(ref64), ref64, 0),
+                                  err_msg=f"{what}: infinities differ")
+    finite = np.isfinite(ref64)
+    if scale is None:
+        scale = max(1.0, float(np.abs(ref64[finite]).max(initial=0.0)))
+    err = np.abs(got64[finite] - ref64[finite]).max(initial=0.0)
+    assert err <= TOL[dtype] * scale, f"{what}: max error {err:.3g} > {TOL[dtype]:g} * {scale:.3g} ({dtype})"
+
+
 def assert_gradcheck(report):
     """Fail with the full report (tensor, worst index, both values, eps, tolerances, seed)."""
     assert report.passed, "\n" + str(report)

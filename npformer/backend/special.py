@@ -1,25 +1,13 @@
-"""erf for both backends: ``cupyx.scipy.special.erf`` on CuPy, rational approximations on NumPy.
+"""erf for both backends: ``cupyx.scipy.special.erf`` on CuPy, W. J. Cody's rational approximations
+on NumPy.
 
-NumPy has no erf ufunc and npformer must not need SciPy. Two NumPy paths:
-
-* float64 (and every dtype but float32/float16): W. J. Cody's rational Chebyshev approximations
-  (Math. Comp. 23 (1969) 631-637), the ones behind most C libraries' erf: three ranges of |x|,
-  each a ratio of two polynomials, accurate to about one unit in the last place of float64
-  (tests/backend/test_backend.py compares with ``math.erf``). The gradient checks run on it.
-* float32 (float16 is computed in float32): one branch-free formula in float32,
-
-      erf(x) = tanh(u),   u = atanh(erf(x)) = x N(x^2) / D(x^2),   x clipped to [-4.25, 4.25]
-
-  N and D are degree-5 polynomials with positive coefficients (so Horner's rule adds no
-  cancellation), a rational least-squares fit of atanh(erf(x)) / x on [0, 4.25], reweighted
-  towards minimax (Lawson), made for npformer in float64 against ``math.erfc``
-  (``benchmarks/fit_erf_float32.py`` reproduces it): relative error 3.1e-9 in u. Near 0,
-  erf = u to first order; towards 1, tanh shrinks u's error by 1 - erf^2, so the float32 result
-  is within a few units in the last place everywhere (measured worst 4.3 ulp, 94% within one;
-  the test bounds it by 6). At |x| = 4.25, u = 10.4 and tanh is 1 in float32, so the clip
-  changes nothing. It runs in cache-sized blocks (:mod:`npformer.backend.blocks`): about 25
-  ufunc passes over 64K-element slices instead of Cody's float64 boolean-indexed ranges
-  (1M floats: 54 ms -> 2.2 ms on the 2-core development machine).
+NumPy has no erf ufunc and npformer must not need SciPy. Cody's rational Chebyshev approximations
+(Math. Comp. 23 (1969) 631-637), the ones behind most C libraries' erf, split |x| into three
+ranges, each a ratio of two polynomials, accurate to about one unit in the last place of float64
+(tests/backend/test_backend.py compares with ``math.erf``). Every dtype is evaluated in float64 and
+rounded once to its own dtype, so float32 and float16 results are correctly rounded but for ties.
+The gradient checks run on this reference; the CPU fast path of GELU uses a cheaper float32 formula
+(:mod:`npformer.kernels.cpu.activations`).
 """
 from __future__ import annotations
 
@@ -27,8 +15,7 @@ import importlib
 
 import numpy
 
-from npformer.backend.blocks import blockwise
-
+from npformer.backend.array_module import get_array_module
 # Cody's coefficients: |x| <= 0.46875 (erf), 0.46875 < |x| <= 4 (erfc), |x| > 4 (erfc).
 _A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
       3.20937758913846947e03, 1.85777706184603153e-1)
@@ -94,56 +81,16 @@ def _erf_numpy(x: numpy.ndarray) -> numpy.ndarray:
     return out.astype(dtype, copy=False)
 
 
-# The float32 path: u = x N(x^2) / D(x^2) ~ atanh(erf(x)), coefficients in increasing powers.
-_F32_NUM = tuple(numpy.float32(c) for c in (
-    1.12837917057275, 0.4597956676206843, 0.09709545804005135, 0.0115513388509442,
-    0.0006501027227137126, 8.1921443221321e-06))
-_F32_DEN = tuple(numpy.float32(c) for c in (
-    1.0, 0.3164035440953693, 0.057415587639446916, 0.005590108712857948,
-    0.000185244167329455, 6.354971555587409e-07))
-_F32_CLIP = numpy.float32(4.25)
-
-
-def _horner(coef, s, out):
-    """out = coef[0] + coef[1] s + ... + coef[-1] s^(n-1), in place in ``out`` (not ``s``)."""
-    numpy.multiply(s, coef[-1], out=out)
-    for c in coef[-2:0:-1]:
-        out += c
-        out *= s
-    out += coef[0]
-    return out
-
-
-def erf_float32_block(out, x):
-    """``out = erf(x)`` for float32 NumPy arrays with the branch-free formula above (``out`` may be ``x``)."""
-    xc = numpy.clip(x, -_F32_CLIP, _F32_CLIP, out=out)  # NaN stays NaN, +-inf -> +-4.25 -> +-1
-    s = xc * xc
-    num = _horner(_F32_NUM, s, numpy.empty_like(s))
-    den = _horner(_F32_DEN, s, numpy.empty_like(s))
-    num /= den
-    num *= xc                                            # u = x N / D
-    return numpy.tanh(num, out=out)
-
-
 def erf(x, out=None):
     """The error function, elementwise, on the backend of ``x``; returns ``x``'s float dtype.
 
     ``out`` (optional: ``x``'s shape and dtype, and it may be ``x`` itself) receives the result.
     """
-    from npformer.backend import get_array_module
-
     xp = get_array_module(x, out)
     if xp is not numpy:
         res = importlib.import_module("cupyx.scipy.special").erf(x)
     else:
-        x = numpy.asarray(x)
-        if x.dtype == numpy.float32:
-            return blockwise(erf_float32_block, numpy.empty_like(x) if out is None else out,
-                             numpy.ascontiguousarray(x))
-        if x.dtype == numpy.float16:
-            res = erf(x.astype(numpy.float32)).astype(numpy.float16)
-        else:
-            res = _erf_numpy(x)
+        res = _erf_numpy(x)
     if out is None:
         return res
     out[...] = res

@@ -32,7 +32,7 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList, Parameter
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import FeedForwardBlock
-from npformer.ops.checks import describe, expect_ndim
+from npformer.checks import describe, expect_ndim
 from npformer.ops.relative_attention import relative_attention_backward, relative_attention_forward
 
 __all__ = ["TransformerXLConfig", "TransformerXL", "TransformerXLLayer", "RelativeMultiheadAttention"]

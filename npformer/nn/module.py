@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from npformer.backend import backend_name, get_array_module, get_backend, to_device
-from npformer.ops.checks import describe
+from npformer.checks import describe
 
 __all__ = ["Parameter", "Module", "ModuleList", "StateDictError", "no_grad", "is_grad_enabled"]
 

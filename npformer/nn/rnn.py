@@ -17,7 +17,7 @@ import math
 from npformer.backend import get_array_module
 from npformer.nn import init
 from npformer.nn.module import Module, Parameter
-from npformer.ops.checks import describe, expect_shape
+from npformer.checks import describe, expect_shape
 from npformer.ops.rnn import lstm_backward, lstm_forward, rnn_backward, rnn_forward
 
 __all__ = ["RNN", "LSTM"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
 
 __all__ = ["RunningStats", "BatchNormCache", "batch_norm_forward", "batch_norm_backward"]
 

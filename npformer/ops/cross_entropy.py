@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.ops.checks import describe, expect_array, expect_float, expect_int
+from npformer.checks import describe, expect_array, expect_float, expect_int
 from npformer.ops.softmax import log_softmax_forward
 
 __all__ = ["CrossEntropyCache", "cross_entropy_forward", "cross_entropy_backward"]

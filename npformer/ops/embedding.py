@@ -14,7 +14,7 @@ from numbers import Integral
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module, scatter_add
-from npformer.ops.checks import describe, expect_float, expect_int, expect_ndim
+from npformer.checks import describe, expect_float, expect_int, expect_ndim
 
 __all__ = ["EmbeddingCache", "embedding_forward", "embedding_backward"]
 

@@ -37,8 +37,8 @@ from numbers import Integral
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.ops.attention import _check_inputs   # the same input rules and messages as the plain op
-from npformer.ops.checks import describe
+from npformer.ops.attention import check_attention_inputs   # the plain op's input rules and messages
+from npformer.checks import describe
 from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
@@ -141,7 +141,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     Arguments as :func:`npformer.ops.attention.scaled_dot_product_attention_forward`; ``block_q`` and
     ``block_k`` are the tile sizes (any positive ints: the last tile is shorter).
     """
-    _check_inputs(q, k, v, scale, dropout_p)
+    scale = check_attention_inputs(q, k, v, scale, dropout_p)
     if need_weights:
         raise ValueError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
                          "pass need_weights=False, or use the plain op (attention='plain') to get them")
@@ -151,7 +151,6 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     b, h, tq, hs = q.shape
     tk, hv = k.shape[2], v.shape[3]
     masks = _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
-    scale = hs ** -0.5 if scale is None else float(scale)
     acc_dt = accumulation_dtype(q.dtype)
     p = float(dropout_p) if training and dropout_p > 0 else 0.0
     seed = _draw_seed(rng, q, xp) if p > 0 else None

@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.ops import fused
-from npformer.ops.checks import expect_float, expect_same_dtype, expect_shape
+from npformer.checks import expect_float, expect_rows, expect_same_dtype, expect_shape, real
+from npformer.dispatch import dispatched
 
-__all__ = ["LayerNormCache", "layer_norm_forward", "layer_norm_backward"]
+__all__ = ["LayerNormCache", "check_layer_norm_inputs", "layer_norm_forward", "layer_norm_backward"]
 
 
 class LayerNormCache(NamedTuple):
@@ -32,54 +32,44 @@ class LayerNormCache(NamedTuple):
 
 
 def check_layer_norm_inputs(x, weight, bias, eps) -> None:
-    """The input checks of the forward (shared with the fused CuPy kernel)."""
+    """The forward's input checks (every implementation of it runs them)."""
     expect_float(x, "x")
-    if x.ndim < 1:
-        raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
+    expect_rows(x, "x", "(..., C)")
     c = x.shape[-1]
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             expect_shape(p, name, (c,), "(C,) matching the last axis of x")
     expect_same_dtype(x=x, weight=weight, bias=bias)
-    if not float(eps) > 0:
-        raise ValueError(f"eps must be > 0 (it keeps constant rows finite), got {eps!r}")
+    real(eps, "eps", 0.0, low_open=True)                 # eps > 0 keeps constant rows finite
 
 
+@dispatched
 def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     """Returns ``(y, cache)``; ``weight``/``bias`` of shape (C,) or None (no affine / no bias)."""
-    if fused.use_fused(x, weight, bias):                 # CuPy: one kernel per row (ops.fused)
-        return fused.layer_norm_forward(x, weight, bias, eps=eps)
     check_layer_norm_inputs(x, weight, bias, eps)
     xp = get_array_module(x, weight, bias)
-    c = x.shape[-1]
     xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     mu = xa.mean(axis=-1, keepdims=True)                 # (..., 1)
-    xhat = xa - mu                                       # (..., C) fresh
-    var = xp.einsum("...c,...c->...", xhat, xhat)[..., None] / c   # (..., 1), no (..., C) square
+    xc = xa - mu                                         # (..., C)
+    var = (xc * xc).mean(axis=-1, keepdims=True)         # (..., 1) biased, as torch
     rstd = 1.0 / xp.sqrt(var + eps)                      # (..., 1)
-    xhat *= rstd
-    y = xhat * weight if weight is not None else xhat.copy()   # (..., C)
+    xhat = xc * rstd                                     # (..., C)
+    y = xhat if weight is None else xhat * weight        # (..., C)
     if bias is not None:
-        y += bias
+        y = y + bias
     return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype)
 
 
+@dispatched
 def layer_norm_backward(dy, cache: LayerNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
-    if fused.use_fused(dy, cache.weight, dtype=cache.dtype):
-        return fused.layer_norm_backward(dy, cache)
     xhat, rstd, weight, has_bias, dtype = cache
-    xp = get_array_module(dy, xhat)
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
-    rows = dya.reshape(-1, c)                            # (N, C)
-    # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy,  dxhat = dy * w
-    dweight = xp.einsum("nc,nc->c", rows, xhat.reshape(-1, c)).astype(dtype) if weight is not None else None
-    dbias = rows.sum(axis=0).astype(dtype) if has_bias else None
-    g = dya * weight if weight is not None else dya.copy()   # (..., C) fresh: becomes dx
+    # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy  (over every row),  dxhat = dy * w
+    dweight = (dya * xhat).reshape(-1, c).sum(axis=0).astype(dtype) if weight is not None else None
+    dbias = dya.reshape(-1, c).sum(axis=0).astype(dtype) if has_bias else None
+    g = dya if weight is None else dya * weight          # (..., C) dxhat
     # fwd: xhat = (x - mu) * rstd  ->  dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    g_xhat = xp.einsum("...c,...c->...", g, xhat)[..., None] / c    # (..., 1) mean(g * xhat)
-    g -= g.mean(axis=-1, keepdims=True)
-    g -= xhat * g_xhat
-    g *= rstd
-    return g.astype(dtype, copy=False), dweight, dbias
+    dx = rstd * (g - g.mean(axis=-1, keepdims=True) - xhat * (g * xhat).mean(axis=-1, keepdims=True))
+    return dx.astype(dtype, copy=False), dweight, dbias

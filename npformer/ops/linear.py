@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.ops import fused
-from npformer.ops.checks import expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.dispatch import dispatched
+from npformer.errors import ShapeError
 
 __all__ = ["LinearCache", "linear_forward", "linear_backward", "matmul_last"]
 
@@ -36,7 +37,7 @@ def linear_forward(x, weight, bias=None):
     expect_ndim(weight, "weight", 2, "(C_out, C_in)")
     c_out, c_in = weight.shape
     if x.ndim < 1 or x.shape[-1] != c_in:
-        raise ValueError(f"x: expected last axis of size C_in={c_in} to match weight (C_out, C_in)="
+        raise ShapeError(f"x: expected last axis of size C_in={c_in} to match weight (C_out, C_in)="
                          f"{tuple(weight.shape)}, got shape {tuple(x.shape)}")
     if bias is not None:
         expect_shape(bias, "bias", (c_out,), "(C_out,)")
@@ -49,6 +50,7 @@ def linear_forward(x, weight, bias=None):
     return out, LinearCache(x, weight, bias is not None)
 
 
+@dispatched
 def linear_backward(dout, cache: LinearCache):
     """Returns ``(dx, dweight, dbias)``; ``dbias`` is None when the forward had no bias."""
     x, weight, has_bias = cache
@@ -58,8 +60,5 @@ def linear_backward(dout, cache: LinearCache):
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
     dx = matmul_last(dout, weight)                       # (..., C_in)
     dweight = dout2.T @ x2                               # (C_out, C_in)
-    if not has_bias:
-        dbias = None
-    else:                                                # (C_out,); CuPy: a coalesced column-sum kernel
-        dbias = fused.bias_grad(dout) if fused.use_fused(dout) else dout2.sum(axis=0)
+    dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
     return dx, dweight, dbias

@@ -30,7 +30,7 @@ from __future__ import annotations
 from numbers import Integral
 
 from npformer.backend import get_array_module, get_backend
-from npformer.ops.checks import describe, expect_bool_or_float
+from npformer.checks import describe, expect_bool_or_float
 
 __all__ = ["ALIGNMENTS", "causal_mask", "check_masks", "mask_bias", "attention_bias"]
 

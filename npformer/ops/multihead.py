@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from npformer.backend import get_array_module
 from npformer.ops.attention import (AttentionCache, scaled_dot_product_attention_backward,
                                     scaled_dot_product_attention_forward)
-from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
 from npformer.ops.flash_attention import (FlashAttentionCache, check_implementation, flash_attention_backward,
                                           flash_attention_forward)
 from npformer.ops.linear import matmul_last

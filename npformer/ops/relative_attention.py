@@ -32,7 +32,7 @@ from numbers import Real
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
 from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward
 from npformer.ops.masks import attention_bias
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward

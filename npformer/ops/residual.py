@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.ops.checks import describe, expect_float
+from npformer.checks import describe, expect_float
 from npformer.ops.dropout import dropout_backward, dropout_forward
 from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
 

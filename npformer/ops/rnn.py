@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.ops.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
 from npformer.ops.linear import matmul_last
 
 __all__ = ["RNNCache", "LSTMCache", "rnn_forward", "rnn_backward", "lstm_forward", "lstm_backward"]

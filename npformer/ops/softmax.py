@@ -20,12 +20,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.backend.blocks import blockwise
-from npformer.ops import fused
-from npformer.ops.checks import expect_float
+from npformer.checks import expect_float, expect_rows
+from npformer.dispatch import dispatched
 
-__all__ = ["SoftmaxCache", "softmax_forward", "softmax_backward",
-           "log_softmax_forward", "log_softmax_backward", "softmax_rows", "softmax_grad_rows"]
+__all__ = ["SoftmaxCache", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward"]
 
 
 class SoftmaxCache(NamedTuple):
@@ -34,94 +32,57 @@ class SoftmaxCache(NamedTuple):
     y: Any
 
 
-# Row kernels: each computes whole rows (the last axis) of its output from the same rows of its
-# inputs, in place where it can, so the ops below run them block by block (npformer.backend.blocks)
-# and attention runs them on its own fresh score matrix.
-
-def _shift_rows(z, x):
-    """z = x - max(x) per row, an all -inf row's max taken as 0 (no inf - inf); z may be x."""
+def _shifted(x):
+    """x - max(x) per row in the accumulation dtype, an all -inf row's max taken as 0 (no inf - inf)."""
     xp = get_array_module(x)
-    m = x.max(axis=-1, keepdims=True)                    # (r, 1)
-    xp.subtract(x, xp.where(xp.isfinite(m), m, 0), out=z)
-    return z
+    xa = x.astype(accumulation_dtype(x.dtype), copy=False)       # 16-bit: the shift could overflow
+    m = xa.max(axis=-1, keepdims=True)                           # (..., 1)
+    return xa - xp.where(xp.isfinite(m), m, 0)                   # (..., N)
 
 
-def softmax_rows(y, x):
-    """y = softmax(x) along the last axis (y may be x); a row of -inf gives zeros."""
-    xp = get_array_module(x)
-    xp.exp(_shift_rows(y, x), out=y)
-    s = y.sum(axis=-1, keepdims=True)                    # (r, 1)
-    y /= xp.where(s == 0, 1, s)                          # fully masked row: 0 / 1 = 0
-    return y
-
-
-def softmax_grad_rows(dx, y, dy):
-    """dx = y * (dy - sum(dy * y)) along the last axis (dx may be dy)."""
-    xp = get_array_module(dy, y)
-    dot = (dy * y).sum(axis=-1, keepdims=True, dtype=accumulation_dtype(y.dtype))   # (r, 1)
-    xp.subtract(dy, dot.astype(dx.dtype, copy=False), out=dx)
-    dx *= y
-    return dx
-
-
-def _log_softmax_rows(z, x):
-    xp = get_array_module(x)
-    _shift_rows(z, x)
-    s = xp.exp(z).sum(axis=-1, keepdims=True)            # (r, 1)
-    z -= xp.log(xp.where(s > 0, s, 1))                   # an all -inf row stays -inf
-
-
-def _log_softmax_grad_rows(dx, logy, dy):
-    xp = get_array_module(dy, logy)
-    total = dy.sum(axis=-1, keepdims=True, dtype=accumulation_dtype(dy.dtype)).astype(dx.dtype, copy=False)
-    xp.exp(logy, out=dx)
-    dx *= total
-    xp.subtract(dy, dx, out=dx)
-
-
-def _rows(kernel, out_dtype, *arrays):
-    """kernel(out, *arrays) over blocks of whole rows; the arrays share one shape (..., N)."""
-    xp = get_array_module(*arrays)
-    arrays = [xp.ascontiguousarray(a) for a in arrays]
-    out = xp.empty(arrays[0].shape, dtype=out_dtype)
-    return blockwise(kernel, out, *arrays, row=arrays[0].shape[-1] if arrays[0].ndim else None)
-
-
+@dispatched
 def softmax_forward(x):
     """Probabilities along the last axis; returns ``(y, cache)``."""
-    if fused.use_fused(x):                               # CuPy: one kernel per row (ops.fused)
-        return fused.softmax_forward(x)
     expect_float(x, "x")
-    xa = x.astype(accumulation_dtype(x.dtype), copy=False)   # 16-bit: the shift could overflow
-    y = _rows(softmax_rows, xa.dtype, xa).astype(x.dtype, copy=False)   # (..., N)
+    expect_rows(x, "x")
+    xp = get_array_module(x)
+    e = xp.exp(_shifted(x))                                      # (..., N)
+    s = e.sum(axis=-1, keepdims=True)                            # (..., 1)
+    y = (e / xp.where(s == 0, 1, s)).astype(x.dtype, copy=False)   # (..., N); fully masked row: 0 / 1 = 0
     return y, SoftmaxCache(y)
 
 
+@dispatched
 def softmax_backward(dy, cache: SoftmaxCache):
     """``dx = y * (dy - sum(dy * y))``."""
-    if fused.use_fused(dy, cache.y):
-        return fused.softmax_backward(dy, cache)
     y = cache.y
     xp = get_array_module(dy, y)
+    acc = accumulation_dtype(y.dtype)
+    ya, dya = y.astype(acc, copy=False), dy.astype(acc, copy=False)
     # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
-    return _rows(softmax_grad_rows, xp.result_type(dy, y), y, dy)    # (..., N)
+    dot = (dya * ya).sum(axis=-1, keepdims=True)                 # (..., 1)
+    return (ya * (dya - dot)).astype(xp.result_type(dy, y), copy=False)   # (..., N)
 
 
+@dispatched
 def log_softmax_forward(x):
     """Log-probabilities along the last axis; returns ``(log_y, cache)``."""
-    if fused.use_fused(x):
-        return fused.log_softmax_forward(x)
     expect_float(x, "x")
-    xa = x.astype(accumulation_dtype(x.dtype), copy=False)
-    z = _rows(_log_softmax_rows, xa.dtype, xa)            # (..., N)
-    z = z.astype(x.dtype, copy=False)                    # 16-bit: below -65504 rounds to -inf
-    return z, SoftmaxCache(z)
+    expect_rows(x, "x")
+    xp = get_array_module(x)
+    z = _shifted(x)                                              # (..., N)
+    s = xp.exp(z).sum(axis=-1, keepdims=True)                    # (..., 1)
+    logy = (z - xp.log(xp.where(s > 0, s, 1))).astype(x.dtype, copy=False)   # an all -inf row stays -inf
+    return logy, SoftmaxCache(logy)                              # 16-bit: below -65504 rounds to -inf
 
 
+@dispatched
 def log_softmax_backward(dy, cache: SoftmaxCache):
     """``dx = dy - softmax * sum(dy)``; the softmax is recomputed as exp(log y), not stored."""
-    if fused.use_fused(dy, cache.y):
-        return fused.log_softmax_backward(dy, cache)
     xp = get_array_module(dy, cache.y)
+    acc = accumulation_dtype(cache.y.dtype)
+    dya = dy.astype(acc, copy=False)
     # fwd: log y = x - lse(x)  ->  dx = dy - softmax(x) * sum(dy)
-    return _rows(_log_softmax_grad_rows, xp.result_type(dy, cache.y), cache.y, dy)   # (..., N)
+    total = dya.sum(axis=-1, keepdims=True)                      # (..., 1)
+    dx = dya - xp.exp(cache.y.astype(acc, copy=False)) * total   # (..., N)
+    return dx.astype(xp.result_type(dy, cache.y), copy=False)

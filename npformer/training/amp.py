@@ -41,7 +41,7 @@ from typing import Any, Mapping, NamedTuple
 
 from npformer.backend import get_backend, to_device
 from npformer.nn.module import Module, Parameter
-from npformer.ops.checks import describe
+from npformer.checks import describe
 from npformer.training.optim import clip_grad_norm
 
 __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]

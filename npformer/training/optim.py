@@ -19,7 +19,7 @@ from typing import Any
 
 from npformer.backend import backend_name, get_array_module, to_device
 from npformer.nn.module import Module, Parameter
-from npformer.ops.checks import describe, expect_float
+from npformer.checks import describe, expect_float
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm"]
 

@@ -143,38 +143,19 @@ def test_import_npformer_works_when_cupy_is_broken():
     assert res.returncode == 0 and res.stdout.strip() == "numpy", res.stderr
 
 
-def _ulps(got, ref):
-    """|got - ref| in units of the float32 spacing at ref (float64 ref, float32 got)."""
-    spacing = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
-    return np.abs(got.astype(np.float64) - ref) / spacing
-
-
-def test_erf_float32_fast_path_is_within_a_few_float32_ulp():
-    """The branch-free float32 formula against math.erf of the same float32 inputs."""
-    rng = np.random.default_rng(0)
-    x = np.concatenate([np.linspace(-6, 6, 600_001), rng.standard_normal(100_000) * 2,
-                        np.linspace(-1e-3, 1e-3, 2001), [1e-30, -1e-38, 4.25, -4.25, 30.0]]).astype(np.float32)
-    ref = np.array([math.erf(v) for v in x.astype(np.float64)])
-    got = erf(x)
-    assert got.dtype == np.float32
-    u = _ulps(got, ref)
-    assert u.max() <= 6, f"worst {u.max():.2f} ulp at x={x[np.argmax(u)]!r}"
-    assert np.mean(u <= 1) > 0.9                          # typically within one ulp
-    assert np.array_equal(erf(-x), -got)                  # odd, exactly
-
-
-def test_erf_float32_edges_and_out():
-    x = np.float32([np.inf, -np.inf, np.nan, 0.0, 4.25, 1e30, -3.4e38])
-    got = erf(x)
-    assert got.dtype == np.float32 and np.isnan(got[2])
-    np.testing.assert_array_equal(got[[0, 1, 3, 4, 5, 6]], [1, -1, 0, 1, 1, -1])
-    y = np.linspace(-3, 3, 200_001, dtype=np.float32)
+def test_erf_float32_and_float16_are_the_float64_values_rounded_once():
+    """The reference erf evaluates every dtype in float64 (Cody) and rounds once."""
+    x = np.concatenate([np.linspace(-6, 6, 20_001), [np.inf, -np.inf, np.nan, 0.0, 1e-30]])
+    for dtype in (np.float32, np.float16):
+        xs = x.astype(dtype)
+        got = erf(xs)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, erf(xs.astype(np.float64)).astype(dtype))
+    y = np.linspace(-3, 3, 1001, dtype=np.float32)
     want = erf(y)
     out = np.empty_like(y)
     assert erf(y, out=out) is out and np.array_equal(out, want)
     assert erf(y, out=y) is y and np.array_equal(y, want)   # in place
-    h = np.float16([0.5, -2.0])
-    np.testing.assert_array_equal(erf(h), erf(h.astype(np.float32)).astype(np.float16))
 
 
 def test_scatter_add_rows_matches_add_at():

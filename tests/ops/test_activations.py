@@ -59,7 +59,7 @@ def test_activations_pure_and_bad_input(xp):
         y, cache = fwd(x)
         bwd(xp.ones_like(y), cache)
     assert xp.array_equal(x, before)
-    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh', got 'fast'"):
+    with pytest.raises(ValueError, match="approximate: expected one of 'none', 'tanh', got 'fast'"):
         gelu_forward(x, approximate="fast")
     with pytest.raises(TypeError, match="x: expected a floating-point array"):
         relu_forward(xp.arange(3))

@@ -64,7 +64,7 @@ def test_dropout_preserves_dtype(xp, dtype):
 
 def test_dropout_bad_input(xp):
     x = randn(xp, (2, 2), 0)
-    with pytest.raises(ValueError, match=r"p must be in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\], got 1.5"):
         dropout_forward(x, 1.5, rng=default_rng(0))
     with pytest.raises(ValueError, match="needs rng"):
         dropout_forward(x, 0.5)

@@ -81,5 +81,5 @@ def test_add_norm_is_layer_norm_of_the_sum_and_shapes_checked(xp):
     np.testing.assert_allclose(host(out), ref, rtol=1e-12)
     with pytest.raises(ValueError, match=r"x and h must have the same shape"):
         residual_forward(x, randn(xp, (2, 4), 1))
-    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\]"):
         residual_forward(x, h, dropout_p=2.0, rng=default_rng(0))

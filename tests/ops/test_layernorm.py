@@ -80,7 +80,7 @@ def test_layer_norm_bad_input(xp):
     x = randn(xp, (2, 4), 0)
     with pytest.raises(ValueError, match=r"weight: expected shape \(4,\)"):
         layer_norm_forward(x, randn(xp, (3,), 1))
-    with pytest.raises(ValueError, match="eps must be > 0"):
+    with pytest.raises(ValueError, match="eps: expected a finite number > 0"):
         layer_norm_forward(x, eps=0.0)
     with pytest.raises(TypeError, match="dtype mismatch"):
         layer_norm_forward(x, xp.ones(4, dtype=xp.float32))

@@ -1,4 +1,4 @@
-"""Fused layer norm over the last axis (contract: npformer.ops.layernorm).
+"""Fused layer norm over the last axis (reference: :mod:`npformer.ops.layernorm`).
 
 Forward, one block per row: ``mu = mean x``, ``var = mean (x - mu)^2`` (two passes, as the plain
 op), ``rstd = 1 / sqrt(var + eps)``, ``xhat = (x - mu) rstd`` (cached, float32 for 16-bit input),
@@ -10,15 +10,14 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype
-from npformer.ops.fused.runtime import contiguous, device_xp, launch_columns, launch_rows, rows_of
+from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_rows, rows_of
+from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
 __all__ = ["layer_norm_forward", "layer_norm_backward"]
 
 
 def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     """Returns ``(y, LayerNormCache(xhat, rstd, weight, has_bias, dtype))``."""
-    from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
-
     check_layer_norm_inputs(x, weight, bias, eps)
     xp = device_xp(x, weight, bias)
     rows, n = rows_of(x)

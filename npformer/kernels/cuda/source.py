@@ -1,30 +1,26 @@
-"""The CUDA C behind npformer.ops.fused: every kernel in one source, compiled once by NVRTC.
+"""The CUDA C behind npformer.kernels.cuda: every kernel in one source, compiled once by NVRTC.
 
 Each kernel's formula is in the comment above it. Types: ``T`` is the storage type (``unsigned
 short`` for float16, read and written as its 16 bits; ``float``; ``double``), ``A`` the type the
-arithmetic runs in (``float`` for float16 and float32, ``double`` for float64), as the plain ops'
+arithmetic runs in (``float`` for float16 and float32, ``double`` for float64), as the reference ops'
 ``accumulation_dtype``. The templates are instantiated per dtype as ``extern "C"`` entry points
 named ``npf_<kernel>_<f16|f32|f64>`` (no C++ name mangling to look up).
 
 Only :data:`HALF_CONVERSIONS` (two PTX ``cvt`` instructions) is device specific; the rest is plain
 C++ plus CUDA's math functions, which is what lets the tests compile and run it on the CPU
-(tests/ops/fused/emulator.py) where no GPU is present.
+(tests/kernels/cuda/emulator.py) where no GPU is present.
 """
 from __future__ import annotations
 
-import math
 import re
 
 import numpy
 
+from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
+
 __all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES",
            "MAX_THREADS", "COL_X", "COL_Y"]
 
-# The GELU constants, by the same expressions as npformer.ops.activations (a test checks).
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
-_C = 0.044715
 
 MAX_THREADS = 256       # threads per block of the row kernels (a power of two)
 COL_X, COL_Y = 32, 8    # the column kernels' block: 32 columns x 8 row lanes
@@ -50,7 +46,7 @@ __device__ __forceinline__ void npf_store(unsigned short* p, float v) {
 """
 
 # The kernels. @NAME@ placeholders are filled from Python (_constants): the block shapes, and the GELU
-# constants as the exact float64 values the plain op uses (rounded to float once, as NumPy does).
+# constants as the exact float64 values the reference op uses (rounded to float once, as NumPy does).
 _COMMON = r"""
 #define NPF_MAX_THREADS @MAX_THREADS@
 #define NPF_COL_X @COL_X@
@@ -148,7 +144,7 @@ __device__ void npf_softmax_bwd(const T* dy, const T* y, T* dx, long long rows, 
 }
 
 // layer norm of each row of n values; one block per row. Two passes over the row (mean, then the
-// variance of x - mean), as the plain op, never E[x^2] - E[x]^2.
+// variance of x - mean), as the reference op, never E[x^2] - E[x]^2.
 //   mu = sum x / n,  var = sum (x - mu)^2 / n,  rstd = 1 / sqrt(var + eps)
 //   xhat = (x - mu) rstd  (kept, in A),   y = xhat w + b  (w, b optional)
 template <typename T, typename A>
@@ -377,13 +373,13 @@ def _entry_points() -> str:
 
 def _constants(text: str) -> str:
     values = {"MAX_THREADS": MAX_THREADS, "COL_X": COL_X, "COL_Y": COL_Y,
-              "SQRT_2_OVER_PI": repr(_SQRT_2_OVER_PI), "INV_SQRT_2": repr(_INV_SQRT_2),
-              "INV_SQRT_2PI": repr(_INV_SQRT_2PI), "C": repr(_C), "C3": repr(3.0 * _C)}
+              "SQRT_2_OVER_PI": repr(SQRT_2_OVER_PI), "INV_SQRT_2": repr(INV_SQRT_2),
+              "INV_SQRT_2PI": repr(INV_SQRT_2PI), "C": repr(TANH_CUBIC), "C3": repr(3.0 * TANH_CUBIC)}
     return re.sub(r"@(\w+)@", lambda m: str(values[m.group(1)]), text)
 
 
 KERNELS_SOURCE = _constants(_COMMON) + "\n" + _entry_points()
 CUDA_SOURCE = HALF_CONVERSIONS + KERNELS_SOURCE
 # NVRTC options: no contraction of a*b+c into one FMA, so the elementwise kernels round each
-# operation as the plain ops' separate CuPy kernels do.
+# operation as the reference ops' separate CuPy kernels do.
 NVRTC_OPTIONS = ("--fmad=false",)

@@ -1,38 +1,45 @@
-"""The plain ops dispatch to the fused kernels where ``fused.use_fused`` says so (on CuPy arrays; here
-the CPU emulation makes NumPy arrays count as device arrays): every wired op, and a whole GPT
-training step's gradients, equal the plain path (NPFORMER_FUSED=0)."""
+"""The reference ops reach the CUDA paths through the dispatcher (on CuPy arrays; here the CPU emulation
+makes NumPy arrays count as device arrays): every registered op, and a whole GPT training step's
+gradients, equal the reference path (``npformer.kernels.disabled()``)."""
 import numpy as np
 import pytest
 
 from npformer.backend import default_rng
-from npformer.ops import activations, attention, dropout, fused, layernorm, linear, softmax
+from npformer.dispatch import FastPath
+from npformer.kernels import FAST_PATHS, disabled
+from npformer.ops import activations, attention, dropout, layernorm, linear, softmax
 from tests.helpers import host, randn
-from tests.ops.fused.conftest import assert_close, plain_path
+from tests.kernels.cuda.conftest import assert_close
 
 
 def _both(fn):
-    """fn() through the fused dispatch, then with the switch off."""
+    """fn() through the dispatcher, then with the fast paths off."""
     got = fn()
-    with plain_path():
+    with disabled():
         ref = fn()
     return got, ref
 
 
-def _calls(monkeypatch):
-    """Count the fused entry points the plain ops reach."""
-    seen = []
-    for name in ("softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
-                 "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward",
-                 "dropout_forward", "bias_grad"):
-        real = getattr(fused, name)
-        monkeypatch.setattr(fused, name, lambda *a, _r=real, _n=name, **k: (seen.append(_n), _r(*a, **k))[1])
-    return seen
+@pytest.fixture
+def seen():
+    """The names of the reference ops whose CUDA path ran, in order (the registry is restored after)."""
+    calls, saved = [], []
+    for op, name, _, _ in FAST_PATHS:
+        if name == "cuda":
+            i = [p.name for p in op.fast_paths].index("cuda")
+            path = op.fast_paths[i]
+            saved.append((op, i, path))
+            op.fast_paths[i] = FastPath(name, lambda *a, _r=path.run, _n=op.__name__, **k:
+                                        (calls.append(_n), _r(*a, **k))[1], path.accepts)
+    yield calls
+    for op, i, path in saved:
+        op.fast_paths[i] = path
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_each_wired_op_takes_the_fused_path_and_matches(fx, monkeypatch, dtype):
+def test_each_wired_op_takes_the_fused_path_and_matches(fx, seen, dtype):
     xp = fx.xp
-    seen = _calls(monkeypatch)
+    backend = "numpy" if fx.name == "emulated" else "cupy"
     x, dy = randn(xp, (3, 4, 6), 0, dtype), randn(xp, (3, 4, 6), 1, dtype)
     w, b = randn(xp, (6,), 2, dtype), randn(xp, (6,), 3, dtype)
     for fwd, bwd in ((softmax.softmax_forward, softmax.softmax_backward),
@@ -51,16 +58,15 @@ def test_each_wired_op_takes_the_fused_path_and_matches(fx, monkeypatch, dtype):
                                                     linear.linear_forward(x, wl, bl)[1]))
     for g, r in zip(got, ref):
         assert_close(g, r, dtype)
-    got, ref = _both(lambda: dropout.dropout_forward(x, 0.3, rng=default_rng(7, "numpy"))[0])
+    got, ref = _both(lambda: dropout.dropout_forward(x, 0.3, rng=default_rng(7, backend))[0])
     np.testing.assert_array_equal(host(got), host(ref))       # the same draws: the same mask
     assert {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
-            "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "bias_grad",
+            "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "linear_backward",
             "dropout_forward"} <= set(seen)
 
 
-def test_attention_softmax_takes_the_fused_path(fx, monkeypatch):
+def test_attention_softmax_takes_the_fused_path(fx, seen):
     xp = fx.xp
-    seen = _calls(monkeypatch)
     q, k, v = (randn(xp, (2, 2, 3, 4), s) for s in (0, 1, 2))
     pad = xp.asarray(np.array([[False, False, True], [False, True, True]]))
 
@@ -74,24 +80,24 @@ def test_attention_softmax_takes_the_fused_path(fx, monkeypatch):
     assert seen.count("softmax_forward") == 1 and seen.count("softmax_backward") == 1
 
 
-def test_a_gpt_training_step_through_the_fused_kernels_equals_the_plain_one(fx, monkeypatch):
+def test_a_gpt_training_step_through_the_fused_kernels_equals_the_plain_one(fx, seen):
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.nn.dropout import seed_dropout
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     xp = fx.xp
-    seen = _calls(monkeypatch)
+    backend = "numpy" if fx.name == "emulated" else "cupy"     # the model lives where the kernels run
     idx = xp.asarray(np.random.default_rng(0).integers(0, 11, (2, 5)))
     tgt = xp.asarray(np.random.default_rng(1).integers(0, 11, (2, 5)))
 
     def step():
         model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8, dropout=0.1,
-                              activation="gelu"), dtype="float64", backend="numpy", rng=0)
-        seed_dropout(3, "numpy")
+                              activation="gelu"), dtype="float64", backend=backend, rng=0)
+        seed_dropout(3, backend)
         loss, cache = cross_entropy_forward(model(idx), tgt)
         model.backward(cross_entropy_backward(xp.ones(()), cache))
         return [loss] + [p.grad for _, p in model.named_parameters()]
     got, ref = _both(step)
     assert {"layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "softmax_forward",
-            "softmax_backward", "dropout_forward", "bias_grad"} <= set(seen)
+            "softmax_backward", "dropout_forward", "linear_backward"} <= set(seen)
     for g, r in zip(got, ref):
         assert_close(g, r, "float64")

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer.ops import fused
+from npformer.kernels import cuda, disabled
 from npformer.ops.dropout import dropout_backward, dropout_forward
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
-from tests.ops.fused.conftest import DTYPES, plain_path
+from tests.kernels.cuda.conftest import DTYPES
 
 shapes = st.lists(st.integers(1, 9), min_size=0, max_size=3).map(tuple)
 
@@ -21,14 +21,14 @@ def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, 
     """Both draw rng.random(shape, float32), compare with p in float32, scale by 1/(1-p) rounded to
     the dtype and multiply once: every value is the same IEEE result."""
     x = randn(fx.xp, shape, seed, dtype=dtype, scale=3.0)
-    with plain_path():
+    with disabled():
         out_ref, cache_ref = dropout_forward(x, p, rng=rng(fx, seed))
-    out, cache = fused.dropout_forward(x, p, rng=rng(fx, seed))
+    out, cache = cuda.dropout_forward(x, p, rng=rng(fx, seed))
     assert out.dtype == x.dtype and cache.scaled_mask.dtype == x.dtype and out.shape == x.shape
     np.testing.assert_array_equal(host(cache.scaled_mask), host(cache_ref.scaled_mask))
     np.testing.assert_array_equal(host(out), host(out_ref))
     dout = randn(fx.xp, shape, seed + 1, dtype=dtype)
-    with plain_path():                                   # the backward is the plain op's, on either cache
+    with disabled():                                   # the backward is the plain op's, on either cache
         np.testing.assert_array_equal(host(dropout_backward(dout, cache)), host(dropout_backward(dout, cache_ref)))
 
 
@@ -36,14 +36,14 @@ def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, 
        seed=seeds)
 def test_gradcheck_float64_with_fixed_mask(fx, shape, p, seed):
     def forward(x):   # a fresh generator per call: the same mask at every finite-difference point
-        return fused.dropout_forward(x, p, rng=rng(fx, seed))
+        return cuda.dropout_forward(x, p, rng=rng(fx, seed))
 
     assert_gradcheck(gradcheck(forward, dropout_backward, {"x": randn(fx.xp, shape, seed)}, seed=seed))
 
 
 def test_inverted_scaling_keeps_the_mean(fx):
     x = fx.xp.ones((200_000,), dtype="float32")
-    out, cache = fused.dropout_forward(x, 0.3, rng=rng(fx, 0))
+    out, cache = cuda.dropout_forward(x, 0.3, rng=rng(fx, 0))
     kept = host(out) != 0
     np.testing.assert_allclose(host(out)[kept], np.float32(1 / 0.7), rtol=0)
     assert abs(kept.mean() - 0.7) < 0.005                # 7 standard deviations of a binomial mean
@@ -53,25 +53,25 @@ def test_inverted_scaling_keeps_the_mean(fx):
 def test_identity_cases_and_p_one(fx, dtype):
     x = randn(fx.xp, (3, 4), 1, dtype=dtype)
     for p, training in ((0.0, True), (0.5, False)):
-        out, cache = fused.dropout_forward(x, p, rng=None, training=training)
+        out, cache = cuda.dropout_forward(x, p, rng=None, training=training)
         assert cache.scaled_mask is None and out is not x
         np.testing.assert_array_equal(host(out), host(x))
-    out, cache = fused.dropout_forward(x, 1.0, rng=rng(fx, 0))
+    out, cache = cuda.dropout_forward(x, 1.0, rng=rng(fx, 0))
     assert not host(out).any() and not host(cache.scaled_mask).any() and out.dtype == x.dtype
 
 
 def test_non_contiguous_input(fx):
     x = randn(fx.xp, (8, 6), 2, dtype="float32").T[:, ::3]
     assert not x.flags.c_contiguous
-    with plain_path():
+    with disabled():
         out_ref, _ = dropout_forward(x, 0.4, rng=rng(fx, 5))
-    out, _ = fused.dropout_forward(x, 0.4, rng=rng(fx, 5))
+    out, _ = cuda.dropout_forward(x, 0.4, rng=rng(fx, 5))
     np.testing.assert_array_equal(host(out), host(out_ref))
 
 
 def test_bad_input_is_refused(fx):
     x = randn(fx.xp, (2, 3), 0)
-    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
-        fused.dropout_forward(x, 1.5, rng=rng(fx, 0))
+    with pytest.raises(ValueError, match=r"p: expected a probability in \[0, 1\]"):
+        cuda.dropout_forward(x, 1.5, rng=rng(fx, 0))
     with pytest.raises(ValueError, match="needs rng"):
-        fused.dropout_forward(x, 0.5)
+        cuda.dropout_forward(x, 0.5)

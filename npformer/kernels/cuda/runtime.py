@@ -1,40 +1,22 @@
-"""The switch, the dispatch test, compiling the kernels once, and launching them.
+"""Which arrays the CUDA paths take, compiling the kernels once, and launching them.
 
-``import`` of this module never imports CuPy: :func:`use_fused` only looks at the arrays it is given
-(a CuPy array implies CuPy is loaded), and CuPy is imported when a kernel is first launched.
+``import`` of this module never imports CuPy: :func:`device_floats` only looks at the arrays it is
+given (a CuPy array implies CuPy is loaded), and CuPy is imported when a kernel is first launched.
 """
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
 import numpy
 
 from npformer.backend import accumulation_dtype, is_cupy_array
-from npformer.ops.fused.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
+from npformer.kernels.cuda.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
 
-__all__ = ["ENV_VAR", "fused_enabled", "fused_available", "use_fused"]
+__all__ = ["device_floats", "kernel", "launch_rows", "launch_elements", "launch_columns"]
 
-ENV_VAR = "NPFORMER_FUSED"
-_ON, _OFF = ("1", "true", "on", "yes", ""), ("0", "false", "off", "no")
 MAX_GRID = 65535        # blocks per launch axis; the kernels loop over what is left (grid-stride)
 MAX_CHUNKS = 512        # row chunks of a column pass (their partial sums are added at the end)
-
-
-def fused_enabled() -> bool:
-    """False when ``$NPFORMER_FUSED`` is 0/false/off/no; True when unset, empty or 1/true/on/yes."""
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if value in _OFF:
-        return False
-    if value in _ON:
-        return True
-    raise ValueError(f"{ENV_VAR}={value!r} is not a switch; expected one of 1, 0, true, false, on, off")
-
-
-def fused_available(xp: Any) -> bool:
-    """True when ``xp`` is the cupy module and the fused path is switched on (numpy: always False)."""
-    return getattr(xp, "__name__", None) == "cupy" and fused_enabled()
 
 
 def is_device_array(a: Any) -> bool:
@@ -42,13 +24,13 @@ def is_device_array(a: Any) -> bool:
     return is_cupy_array(a)
 
 
-def use_fused(*arrays: Any, dtype: Any = None) -> bool:
-    """Whether an op should take its fused path for these arrays (cheap; never imports CuPy).
+def device_floats(*arrays: Any, dtype: Any = None) -> bool:
+    """Whether the CUDA paths take these arrays (cheap; never imports CuPy).
 
-    True when the switch is on and every non-None argument is a non-empty CuPy array, all of one
-    dtype among float16/float32/float64 (and of ``dtype``, when given). Anything else (NumPy
-    arrays, bfloat16, mixed dtypes, empty arrays, non-arrays) goes to the plain op, which also
-    gives the error messages for bad input.
+    True when every non-None argument is a non-empty CuPy array, all of one dtype among
+    float16/float32/float64 (and of ``dtype``, when given). Anything else (NumPy arrays, bfloat16,
+    mixed dtypes, empty arrays, non-arrays) goes to the reference op, which also gives the error
+    messages for bad input.
     """
     found = None
     for a in arrays:
@@ -60,9 +42,7 @@ def use_fused(*arrays: Any, dtype: Any = None) -> bool:
             found = a.dtype
         elif a.dtype != found:
             return False
-    if found is None or found not in TYPES or (dtype is not None and numpy.dtype(dtype) != found):
-        return False
-    return fused_enabled()
+    return found is not None and found in TYPES and (dtype is None or numpy.dtype(dtype) == found)
 
 
 def array_module():
@@ -96,7 +76,7 @@ def device_xp(*arrays: Any):
             continue
         if not is_device_array(a):
             raise TypeError(f"the fused CUDA kernels take CuPy arrays; got {type(a).__module__}."
-                            f"{type(a).__name__} (use the plain op for NumPy arrays)")
+                            f"{type(a).__name__} (the reference op takes NumPy arrays)")
         if a.dtype not in TYPES:
             raise TypeError(f"the fused CUDA kernels take float16, float32 or float64 arrays; got {a.dtype}")
     return array_module()

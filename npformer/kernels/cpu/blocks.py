@@ -12,9 +12,8 @@ from the same rows of C values: softmax), so the parts are independent and the r
 bit the same whatever the block size and number of threads (tested). On CuPy, for small arrays, and
 for arrays that are not C-contiguous, ``fn`` runs once on the whole arrays.
 
-Threads: NumPy ufuncs release the GIL, so with :func:`set_num_threads` (or
-``$NPFORMER_NUM_THREADS``) above 1, arrays of at least two 256K-element blocks are shared out
-between that many threads. The default is 1. On the 2-core development machine two threads nearly
+Threads: NumPy ufuncs release the GIL, so with :func:`set_num_threads` above 1, arrays of at least
+two 256K-element blocks are shared out between that many threads. The default is 1. On the 2-core development machine two threads nearly
 halve a GELU or softmax on its own (1M floats: 2.2 -> 1.3 ms, 2.3 -> 1.1 ms), yet whole training
 steps (gpt-small, gpt-medium, seq2seq-base) were about 3% slower with them in quiet runs, probably
 because right after each matrix product OpenBLAS's worker thread is still spinning on the second
@@ -22,43 +21,31 @@ core, which the helper thread then has to share.
 """
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy
 
+from npformer.checks import positive_int
+
 __all__ = ["blockwise", "set_num_threads", "get_num_threads", "BLOCK_ELEMENTS", "THREAD_BLOCK_ELEMENTS"]
 
 BLOCK_ELEMENTS = 1 << 16          # 256 KB of float32 per intermediate: several fit in L2
 THREAD_BLOCK_ELEMENTS = 1 << 18   # blocks handed to threads: fewer ufunc calls, fewer GIL hand-offs
-_state: dict[str, Any] = {"threads": None, "pool": None, "pool_size": 0}
+_state: dict[str, Any] = {"threads": 1, "pool": None, "pool_size": 0}
 _lock = threading.Lock()
 _local = threading.local()        # .inside: this thread is running blocks (no nested hand-off)
 
 
-def _default_threads() -> int:
-    env = os.environ.get("NPFORMER_NUM_THREADS", "").strip()
-    if env:
-        if not env.isdigit() or int(env) < 1:
-            raise ValueError(f"NPFORMER_NUM_THREADS must be a positive integer, got {env!r}")
-        return int(env)
-    return 1
-
-
 def get_num_threads() -> int:
-    """Threads :func:`blockwise` uses (the calling thread included)."""
-    if _state["threads"] is None:
-        _state["threads"] = _default_threads()
+    """Threads :func:`blockwise` uses (the calling thread included); 1 until :func:`set_num_threads`."""
     return _state["threads"]
 
 
 def set_num_threads(n: int) -> None:
     """Use ``n`` threads (the calling thread and ``n - 1`` helpers) for element-wise blocks."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"number of threads must be a positive int, got {n!r}")
-    _state["threads"] = n
+    _state["threads"] = positive_int(n, "number of threads")
 
 
 def _pool(helpers: int) -> ThreadPoolExecutor:

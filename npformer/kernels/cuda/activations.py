@@ -1,4 +1,4 @@
-"""Fused GELU (contract: npformer.ops.activations), bias-add, and bias-add fused with GELU.
+"""Fused GELU (reference: :mod:`npformer.ops.activations`), bias-add, and bias-add fused with GELU.
 
     gelu(x) = x (1 + erf(x / sqrt 2)) / 2               (approximate="none")
     gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (xc + 0.044715 xc^3))),  xc = clip(x, -100, 100)  ("tanh")
@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import numpy
 
-from npformer.ops.fused.runtime import (contiguous, device_xp, launch_columns, launch_elements,
-                                        rows_of)
+from npformer.checks import expect_float, expect_same_dtype, expect_shape, one_of
+from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
+from npformer.ops.activations import APPROXIMATIONS, GeluCache
 
 __all__ = ["gelu_forward", "gelu_backward", "bias_add_forward", "bias_grad",
            "bias_gelu_forward", "bias_gelu_backward"]
 
 
 def _tanh_form(approximate) -> numpy.int32:
-    if approximate not in ("none", "tanh"):
-        raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
-    return numpy.int32(approximate == "tanh")
+    return numpy.int32(one_of(approximate, "approximate", APPROXIMATIONS) == "tanh")
 
 
 def _check_cached(name, d, a):
@@ -33,9 +32,6 @@ def _check_cached(name, d, a):
 
 def gelu_forward(x, approximate: str = "none"):
     """Returns ``(y, GeluCache(x, approximate))``."""
-    from npformer.ops.activations import GeluCache   # here, not at the top: ops import this package
-    from npformer.ops.checks import expect_float
-
     expect_float(x, "x")
     form = _tanh_form(approximate)
     xp = device_xp(x)
@@ -61,8 +57,6 @@ def gelu_backward(dy, cache):
 
 
 def _check_bias(x, bias) -> int:
-    from npformer.ops.checks import expect_float, expect_same_dtype, expect_shape
-
     expect_float(x, "x")
     if x.ndim < 1:
         raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
@@ -85,8 +79,6 @@ def bias_add_forward(x, bias):
 def bias_grad(dout):
     """``dbias`` (C,): ``dout`` (..., C) summed over every leading axis, in ``dout``'s dtype (summed
     in float32 for 16-bit input): linear's ``dout2.sum(axis=0)`` as one coalesced column pass."""
-    from npformer.ops.checks import expect_float
-
     expect_float(dout, "dout")
     xp = device_xp(dout)
     rows, n = rows_of(dout)
@@ -104,8 +96,6 @@ def bias_gelu_forward(z, bias, approximate: str = "none"):
     ``z`` is a linear layer's output without its bias. The cache is the one ``gelu_forward(h)``
     returns, so ``gelu_backward`` (fused or plain) accepts it too.
     """
-    from npformer.ops.activations import GeluCache
-
     n = _check_bias(z, bias)
     form = _tanh_form(approximate)
     xp = device_xp(z, bias)

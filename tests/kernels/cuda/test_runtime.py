@@ -1,79 +1,65 @@
-"""The fused package on the CPU: no CuPy import, the switch, the dispatch test, refusal of NumPy
-arrays, the CUDA C compiling under nvcc, and the emulator catching barrier mistakes."""
+"""The CUDA package on the CPU: no CuPy import, which arrays it takes, refusal of NumPy arrays, the
+CUDA C compiling under nvcc, and the emulator catching barrier mistakes."""
 import shutil
 import subprocess
 import sys
-import types
 
 import numpy as np
 import pytest
 
 from npformer.backend import cupy_available, get_backend
-from npformer.ops import activations, fused
-from npformer.ops.fused import runtime, source
+from npformer import kernels
+from npformer.kernels import cuda
+from npformer.ops import activations, softmax
+from npformer.kernels.cuda import runtime, source
 from tests.helpers import host, randn
-from tests.ops.fused import emulator
+from tests.kernels.cuda import emulator
 
 
 def test_importing_the_package_never_imports_cupy():
-    code = ("import sys, numpy, npformer.ops.fused as f; "
-            "assert not f.fused_available(numpy) and not f.use_fused(numpy.zeros(3)); "
+    code = ("import sys, numpy, npformer.kernels.cuda as f; "
+            "assert not f.device_floats(numpy.zeros(3)); "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx')); "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_fused_available_and_the_switch(monkeypatch):
-    fake_cupy = types.ModuleType("cupy")
-    monkeypatch.delenv(fused.ENV_VAR, raising=False)
-    assert fused.fused_available(fake_cupy) and not fused.fused_available(np) and not fused.fused_available(None)
-    for off in ("0", "false", "OFF", " no "):
-        monkeypatch.setenv(fused.ENV_VAR, off)
-        assert not fused.fused_enabled() and not fused.fused_available(fake_cupy)
-    for on in ("1", "true", "On", ""):
-        monkeypatch.setenv(fused.ENV_VAR, on)
-        assert fused.fused_enabled()
-    monkeypatch.setenv(fused.ENV_VAR, "maybe")
-    with pytest.raises(ValueError, match=r"NPFORMER_FUSED='maybe' is not a switch"):
-        fused.fused_enabled()
+def test_device_floats_is_false_for_numpy_and_non_arrays():
+    assert not cuda.device_floats(np.zeros(3, np.float32))
+    assert not cuda.device_floats(None)
+    assert not cuda.device_floats()
+    assert not cuda.device_floats([1.0, 2.0])
 
 
-def test_use_fused_is_false_for_numpy_and_non_arrays():
-    assert not fused.use_fused(np.zeros(3, np.float32))
-    assert not fused.use_fused(None)
-    assert not fused.use_fused()
-    assert not fused.use_fused([1.0, 2.0])
-
-
-def test_use_fused_rules(monkeypatch):
-    """As the ops see it with device arrays (here NumPy arrays posing as them)."""
+def test_device_floats_rules(monkeypatch):
+    """As the dispatcher sees it with device arrays (here NumPy arrays posing as them)."""
     monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
-    monkeypatch.delenv(fused.ENV_VAR, raising=False)
     f32, f16 = np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float16)
-    assert fused.use_fused(f32) and fused.use_fused(f16, None) and fused.use_fused(f32, np.ones(3, np.float32))
-    assert fused.use_fused(f32, dtype="float32") and not fused.use_fused(f32, dtype="float16")
-    assert not fused.use_fused(f32, f16)                             # mixed dtypes: the plain op decides
-    assert not fused.use_fused(np.zeros((0, 3), np.float32))         # empty: nothing to launch
-    assert not fused.use_fused(np.zeros(3, np.int64))                # not a float: the plain op raises
-    monkeypatch.setenv(fused.ENV_VAR, "0")
-    assert not fused.use_fused(f32)
+    assert cuda.device_floats(f32) and cuda.device_floats(f16, None) and cuda.device_floats(f32, np.ones(3, np.float32))
+    assert cuda.device_floats(f32, dtype="float32") and not cuda.device_floats(f32, dtype="float16")
+    assert not cuda.device_floats(f32, f16)                          # mixed dtypes: the reference op decides
+    assert not cuda.device_floats(np.zeros((0, 3), np.float32))      # empty: nothing to launch
+    assert not cuda.device_floats(np.zeros(3, np.int64))             # not a float: the reference op raises
+    assert kernels.implementation(softmax.softmax_forward, f32) == "cuda"
+    with kernels.disabled():                                         # the one switch turns it off
+        assert kernels.implementation(softmax.softmax_forward, f32) == "reference"
 
 
 @pytest.mark.parametrize("call", [
-    lambda x: fused.softmax_forward(x), lambda x: fused.log_softmax_forward(x),
-    lambda x: fused.layer_norm_forward(x), lambda x: fused.gelu_forward(x),
-    lambda x: fused.bias_add_forward(x, x[0]), lambda x: fused.bias_grad(x),
-    lambda x: fused.bias_gelu_forward(x, x[0]),
-    lambda x: fused.dropout_forward(x, 0.5, rng=np.random.default_rng(0))])
+    lambda x: cuda.softmax_forward(x), lambda x: cuda.log_softmax_forward(x),
+    lambda x: cuda.layer_norm_forward(x), lambda x: cuda.gelu_forward(x),
+    lambda x: cuda.bias_add_forward(x, x[0]), lambda x: cuda.bias_grad(x),
+    lambda x: cuda.bias_gelu_forward(x, x[0]),
+    lambda x: cuda.dropout_forward(x, 0.5, rng=np.random.default_rng(0))])
 def test_numpy_arrays_are_refused_with_a_clear_error(call):
     with pytest.raises(TypeError, match=r"the fused CUDA kernels take CuPy arrays; got numpy\.ndarray"):
         call(np.ones((2, 3), np.float32))
 
 
-def test_gelu_constants_are_the_plain_ops():
-    assert (source._SQRT_2_OVER_PI, source._INV_SQRT_2, source._INV_SQRT_2PI, source._C) == (
-        activations._SQRT_2_OVER_PI, activations._INV_SQRT_2, activations._INV_SQRT_2PI, activations._C)
+def test_gelu_constants_are_the_reference_ops():
+    for name in ("SQRT_2_OVER_PI", "INV_SQRT_2", "INV_SQRT_2PI"):
+        assert f"{getattr(activations, name)!r}" in source.KERNELS_SOURCE, name
 
 
 def test_every_entry_point_exists_for_every_dtype():
@@ -145,10 +131,9 @@ def test_on_the_gpu_the_real_module_compiles_and_dispatches(monkeypatch):
     if not cupy_available():
         pytest.skip("CuPy is not installed or no CUDA device is visible")
     cp = get_backend("cupy")
-    monkeypatch.delenv(fused.ENV_VAR, raising=False)
     x = cp.asarray(randn(np, (3, 5), 0, dtype="float32"))
-    assert fused.use_fused(x) and fused.fused_available(cp)
-    y, _ = fused.softmax_forward(x)                      # NVRTC compiles the whole source here
+    assert cuda.device_floats(x) and kernels.implementation(softmax.softmax_forward, x) == "cuda"
+    y, _ = cuda.softmax_forward(x)                      # NVRTC compiles the whole source here
     np.testing.assert_allclose(host(y).sum(-1), 1.0, rtol=1e-6)
     with pytest.raises(TypeError, match="two backends were mixed"):
-        fused.dropout_forward(x, 0.5, rng=np.random.default_rng(0))   # a NumPy Generator with CuPy data
+        cuda.dropout_forward(x, 0.5, rng=np.random.default_rng(0))   # a NumPy Generator with CuPy data

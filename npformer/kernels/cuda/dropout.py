@@ -1,4 +1,4 @@
-"""Fused inverted dropout forward (contract: npformer.ops.dropout).
+"""Fused inverted dropout forward (reference: :mod:`npformer.ops.dropout`).
 
     u ~ U[0, 1) from the Generator passed in, drawn exactly as the plain op draws it
     m = [u >= p] / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
@@ -12,15 +12,14 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.ops.fused.runtime import contiguous, device_xp, launch_elements
+from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
+from npformer.ops.dropout import DropoutCache, dropout_active
 
 __all__ = ["dropout_forward"]
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     """Returns ``(out, DropoutCache(scaled_mask))``; ``rng`` is required when training with p > 0."""
-    from npformer.ops.dropout import DropoutCache, dropout_active   # here: ops import this package
-
     if not dropout_active(x, p, rng, training):
         return x.copy(), DropoutCache(None)
     xp = device_xp(x)

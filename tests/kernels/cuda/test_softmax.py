@@ -3,12 +3,12 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer.ops import fused
+from npformer.kernels import cuda, disabled
 from npformer.ops.softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
                                   softmax_forward)
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
-from tests.ops.fused.conftest import DTYPES, assert_close, plain_path
+from tests.kernels.cuda.conftest import DTYPES, assert_close
 
 # Row lengths: one thread, a partial warp, several elements per thread of a full block.
 row_lengths = st.sampled_from([1, 2, 5, 33, 70, 300])
@@ -23,8 +23,8 @@ def _dx_scale(dy, y, log):
     return max(1.0, float((dy + p * total if log else p * (dy + total)).max()))
 
 
-PAIRS = {False: (softmax_forward, softmax_backward, fused.softmax_forward, fused.softmax_backward),
-         True: (log_softmax_forward, log_softmax_backward, fused.log_softmax_forward, fused.log_softmax_backward)}
+PAIRS = {False: (softmax_forward, softmax_backward, cuda.softmax_forward, cuda.softmax_backward),
+         True: (log_softmax_forward, log_softmax_backward, cuda.log_softmax_forward, cuda.log_softmax_backward)}
 
 
 @given(lead=leading, n=row_lengths, dtype=st.sampled_from(DTYPES), log=st.booleans(), seed=seeds,
@@ -33,7 +33,7 @@ def test_matches_plain_forward_and_backward(fx, lead, n, dtype, log, seed, scale
     fwd, bwd, ffwd, fbwd = PAIRS[log]
     x = randn(fx.xp, lead + (n,), seed, dtype=dtype, scale=scale)
     dy = randn(fx.xp, lead + (n,), seed + 1, dtype=dtype)
-    with plain_path():
+    with disabled():
         y_ref, cache_ref = fwd(x)
         dx_ref = bwd(dy, cache_ref)
     y, cache = ffwd(x)
@@ -42,7 +42,7 @@ def test_matches_plain_forward_and_backward(fx, lead, n, dtype, log, seed, scale
     scale_dx = _dx_scale(dy, y_ref, log)
     assert_close(dx, dx_ref, dtype, scale=scale_dx, what="dx")
     # the caches are interchangeable: the plain backward on the fused cache and the reverse
-    with plain_path():
+    with disabled():
         assert_close(bwd(dy, cache), dx_ref, dtype, scale=scale_dx, what="plain dx on fused cache")
     assert_close(fbwd(dy, cache_ref), dx_ref, dtype, scale=scale_dx, what="fused dx on plain cache")
 
@@ -60,15 +60,15 @@ def test_masked_entries_and_fully_masked_rows(fx, dtype):
     x[1] = -np.inf                                       # a query that may attend to nothing
     x = fx.xp.asarray(x)
     dy = randn(fx.xp, (4, 7), 4, dtype=dtype)
-    y, cache = fused.softmax_forward(x)
+    y, cache = cuda.softmax_forward(x)
     yh = host(y)
     assert np.all(yh[0, [1, 4]] == 0) and np.array_equal(yh[1], np.zeros(7, dtype))
-    dx = host(fused.softmax_backward(dy, cache))
+    dx = host(cuda.softmax_backward(dy, cache))
     assert np.all(dx[0, [1, 4]] == 0) and np.array_equal(dx[1], np.zeros(7, dtype)) and np.isfinite(dx).all()
-    ly, lcache = fused.log_softmax_forward(x)
+    ly, lcache = cuda.log_softmax_forward(x)
     assert np.all(host(ly)[1] == -np.inf) and not np.isnan(host(ly)).any()
-    np.testing.assert_array_equal(host(fused.log_softmax_backward(dy, lcache))[1], host(dy)[1])
-    with plain_path():
+    np.testing.assert_array_equal(host(cuda.log_softmax_backward(dy, lcache))[1], host(dy)[1])
+    with disabled():
         assert_close(y, softmax_forward(x)[0], dtype)
         assert_close(ly, log_softmax_forward(x)[0], dtype, scale=10.0)
 
@@ -77,15 +77,15 @@ def test_masked_entries_and_fully_masked_rows(fx, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_extreme_logits_match_plain(fx, dtype):
     x = fx.xp.asarray([[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [6e4, 6e4, -6e4]]).astype(dtype)
-    y, cache = fused.softmax_forward(x)
-    ly, lcache = fused.log_softmax_forward(x)
+    y, cache = cuda.softmax_forward(x)
+    ly, lcache = cuda.log_softmax_forward(x)
     assert np.isfinite(host(y)).all() and not np.isnan(host(ly)).any()
-    with plain_path():
+    with disabled():
         assert_close(y, softmax_forward(x)[0], dtype)
         assert_close(ly, log_softmax_forward(x)[0], dtype, scale=1.2e5)
     dout = fx.xp.ones_like(x)
-    assert np.isfinite(host(fused.softmax_backward(dout, cache))).all()
-    assert np.isfinite(host(fused.log_softmax_backward(dout, lcache))).all()
+    assert np.isfinite(host(cuda.softmax_backward(dout, cache))).all()
+    assert np.isfinite(host(cuda.log_softmax_backward(dout, lcache))).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -95,9 +95,9 @@ def test_non_contiguous_input_and_gradient(fx, dtype):
     dy = randn(fx.xp, (2, 9, 3, 5), 8, dtype=dtype).transpose(0, 2, 3, 1)
     assert not x.flags.c_contiguous and not dy.flags.c_contiguous
     x_before, dy_before = host(x).copy(), host(dy).copy()
-    y, cache = fused.softmax_forward(x)
-    dx = fused.softmax_backward(dy, cache)
-    with plain_path():
+    y, cache = cuda.softmax_forward(x)
+    dx = cuda.softmax_backward(dy, cache)
+    with disabled():
         y_ref, cache_ref = softmax_forward(x)
         dx_ref = softmax_backward(dy, cache_ref)
     assert_close(y, y_ref, dtype)
@@ -109,21 +109,21 @@ def test_non_contiguous_input_and_gradient(fx, dtype):
 def test_long_rows_and_many_rows(fx):
     """Rows longer than a block (each thread strides over many values) and more rows than threads."""
     x = randn(fx.xp, (3, 4096), 9, dtype="float32", scale=4.0)
-    y, _ = fused.softmax_forward(x)
-    with plain_path():
+    y, _ = cuda.softmax_forward(x)
+    with disabled():
         assert_close(y, softmax_forward(x)[0], "float32")
     np.testing.assert_allclose(host(y).astype(np.float64).sum(-1), 1.0, atol=1e-5)
     x = randn(fx.xp, (700, 3), 10, dtype="float64")
-    with plain_path():
-        assert_close(fused.softmax_forward(x)[0], softmax_forward(x)[0], "float64")
+    with disabled():
+        assert_close(cuda.softmax_forward(x)[0], softmax_forward(x)[0], "float64")
 
 
 def test_bad_input_is_refused(fx):
     with pytest.raises(TypeError, match="floating-point"):
-        fused.softmax_forward(fx.xp.arange(3))
+        cuda.softmax_forward(fx.xp.arange(3))
     with pytest.raises(ValueError, match="0-d"):
-        fused.softmax_forward(fx.xp.asarray(1.0))
-    y, cache = fused.softmax_forward(randn(fx.xp, (2, 3), 0))
+        cuda.softmax_forward(fx.xp.asarray(1.0))
+    y, cache = cuda.softmax_forward(randn(fx.xp, (2, 3), 0))
     with pytest.raises(ValueError, match="dy must match the cached output"):
-        fused.softmax_backward(randn(fx.xp, (2, 4), 0), cache)
-    assert fused.softmax_forward(fx.xp.zeros((0, 3)))[0].shape == (0, 3)   # no rows: nothing to launch
+        cuda.softmax_backward(randn(fx.xp, (2, 4), 0), cache)
+    assert cuda.softmax_forward(fx.xp.zeros((0, 3)))[0].shape == (0, 3)   # no rows: nothing to launch

@@ -1,6 +1,6 @@
 """Runs the fused kernels' CUDA C on the CPU, so their logic is tested where no GPU is present.
 
-The kernel source (npformer.ops.fused.source.KERNELS_SOURCE, everything but the two PTX float16
+The kernel source (npformer.kernels.cuda.source.KERNELS_SOURCE, everything but the two PTX float16
 conversions) is compiled by g++ with a small shim: ``__global__``/``__device__`` vanish,
 ``__shared__`` becomes ``static`` (one block runs at a time), float16 conversions use ``_Float16``
 (round to nearest even, as ``cvt.rn``), and every CUDA thread of a block is a fiber (``ucontext``).
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npformer.ops.fused.source import KERNELS_SOURCE, MAX_THREADS
+from npformer.kernels.cuda.source import KERNELS_SOURCE, MAX_THREADS
 
 SHIM = r"""
 #include <cmath>

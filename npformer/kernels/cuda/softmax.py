@@ -1,4 +1,4 @@
-"""Fused softmax and log-softmax over the last axis (contract: npformer.ops.softmax).
+"""Fused softmax and log-softmax over the last axis (reference: :mod:`npformer.ops.softmax`).
 
 One block per row: ``m = max x`` (0 for an all -inf row), ``s = sum exp(x - m)``, then
 ``y = exp(x - m) / s`` (``s = 0 -> 1``, so an all -inf row gives zeros) or
@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import numpy
 
-from npformer.ops.fused.runtime import contiguous, device_xp, launch_rows, rows_of
+from npformer.checks import expect_float
+from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_rows, rows_of
+from npformer.ops.softmax import SoftmaxCache
 
 __all__ = ["softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward"]
 
 
 def _forward(x, log_out: int):
-    from npformer.ops.checks import expect_float
-    from npformer.ops.softmax import SoftmaxCache   # here, not at the top: ops import this package
-
     expect_float(x, "x")
     xp = device_xp(x)
     rows, n = rows_of(x)

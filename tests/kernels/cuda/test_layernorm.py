@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer.ops import fused
+from npformer.kernels import cuda, disabled
 from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
-from tests.ops.fused.conftest import DTYPES, assert_close, plain_path
+from tests.kernels.cuda.conftest import DTYPES, assert_close
 
 row_lengths = st.sampled_from([1, 2, 7, 40, 300])
 leading = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
@@ -33,21 +33,21 @@ def _scales(dy, w, cache):
 
 
 def _compare(x, w, b, dy, dtype, eps=1e-5):
-    with plain_path():
+    with disabled():
         y_ref, cache_ref = layer_norm_forward(x, w, b, eps=eps)
         grads_ref = layer_norm_backward(dy, cache_ref)
-    y, cache = fused.layer_norm_forward(x, w, b, eps=eps)
+    y, cache = cuda.layer_norm_forward(x, w, b, eps=eps)
     assert_close(y, y_ref, dtype, what="y")
     acc = str(cache_ref.xhat.dtype)
     assert cache.xhat.dtype == acc and cache.rstd.dtype == acc and cache.rstd.shape == cache_ref.rstd.shape
     assert_close(cache.xhat, cache_ref.xhat, acc, what="xhat")
     assert_close(cache.rstd, cache_ref.rstd, acc, what="rstd")
     scales = _scales(dy, w, cache_ref)
-    with plain_path():
+    with disabled():
         plain_on_fused = layer_norm_backward(dy, cache)
-    for label, grads in (("fused", fused.layer_norm_backward(dy, cache)),
+    for label, grads in (("fused", cuda.layer_norm_backward(dy, cache)),
                          ("plain backward on the fused cache", plain_on_fused),
-                         ("fused backward on the plain cache", fused.layer_norm_backward(dy, cache_ref))):
+                         ("fused backward on the plain cache", cuda.layer_norm_backward(dy, cache_ref))):
         for name, got, ref, scale in zip(("dx", "dweight", "dbias"), grads, grads_ref, scales):
             assert (got is None) == (ref is None), f"{label}: {name}"
             if ref is not None:
@@ -72,16 +72,16 @@ def test_gradcheck_float64(fx, shape, affine, seed):
         inputs["weight"] = w
     if b is not None:
         inputs["bias"] = b
-    assert_gradcheck(gradcheck(fused.layer_norm_forward, fused.layer_norm_backward, inputs, seed=seed))
+    assert_gradcheck(gradcheck(cuda.layer_norm_forward, cuda.layer_norm_backward, inputs, seed=seed))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_constant_rows_give_the_bias_and_finite_gradients(fx, dtype):
     x = fx.xp.full((3, 6), 1e4 if dtype != "float16" else 1e3, dtype=dtype)
     w, b = fx.xp.ones(6, dtype=dtype) * 2, fx.xp.arange(6, dtype=dtype)
-    y, cache = fused.layer_norm_forward(x, w, b)
+    y, cache = cuda.layer_norm_forward(x, w, b)
     np.testing.assert_array_equal(host(y), np.broadcast_to(host(b), (3, 6)))
-    grads = fused.layer_norm_backward(fx.xp.ones_like(x), cache)
+    grads = cuda.layer_norm_backward(fx.xp.ones_like(x), cache)
     assert all(np.isfinite(host(g)).all() for g in grads)
     _compare(x, w, b, randn(fx.xp, (3, 6), 1, dtype=dtype), dtype)
 
@@ -111,11 +111,11 @@ def test_long_rows_and_many_rows(fx):
 def test_bad_input_is_refused(fx):
     x = randn(fx.xp, (2, 4), 0)
     with pytest.raises(ValueError, match=r"weight: expected shape \(4,\)"):
-        fused.layer_norm_forward(x, randn(fx.xp, (3,), 0))
+        cuda.layer_norm_forward(x, randn(fx.xp, (3,), 0))
     with pytest.raises(TypeError, match="dtype mismatch"):
-        fused.layer_norm_forward(x, randn(fx.xp, (4,), 0, dtype="float32"))
-    with pytest.raises(ValueError, match="eps must be > 0"):
-        fused.layer_norm_forward(x, eps=0.0)
-    _, cache = fused.layer_norm_forward(x)
+        cuda.layer_norm_forward(x, randn(fx.xp, (4,), 0, dtype="float32"))
+    with pytest.raises(ValueError, match="eps: expected a finite number > 0"):
+        cuda.layer_norm_forward(x, eps=0.0)
+    _, cache = cuda.layer_norm_forward(x)
     with pytest.raises(ValueError, match="dy must match the forward input"):
-        fused.layer_norm_backward(randn(fx.xp, (2, 4), 0, dtype="float32"), cache)
+        cuda.layer_norm_backward(randn(fx.xp, (2, 4), 0, dtype="float32"), cache)

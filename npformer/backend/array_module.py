@@ -1,0 +1,169 @@
+"""Which array module runs a computation: the choice of backend, arrays' modules, transfers and
+seeded generators (re-exported by :mod:`npformer.backend`, whose docstring gives the rules)."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import numpy
+
+from npformer.errors import BackendMismatchError, BackendUnavailableError, RangeError
+
+BACKENDS = ("numpy", "cupy")
+DEFAULT_DTYPE = numpy.float32
+ENV_VAR = "NPFORMER_BACKEND"
+
+__all__ = [
+    "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
+    "default_backend_name", "get_backend", "backend_name", "get_array_module",
+    "is_cupy_array", "cupy_available", "to_numpy", "to_device", "default_rng",
+    "scatter_add", "accumulation_dtype",
+]
+
+
+def default_backend_name() -> str:
+    """The backend named by ``$NPFORMER_BACKEND``, or ``"numpy"`` when it is unset."""
+    name = os.environ.get(ENV_VAR, "numpy").strip().lower() or "numpy"
+    if name not in BACKENDS:
+        raise RangeError(f"{ENV_VAR}={name!r} is not a backend; expected one of {BACKENDS}")
+    return name
+
+
+def _import_cupy() -> ModuleType:
+    try:
+        cupy = importlib.import_module("cupy")
+    except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+        raise BackendUnavailableError(
+            "backend 'cupy' was requested but CuPy cannot be imported "
+            f"({type(exc).__name__}: {exc}); install the GPU extra: pip install 'npformer[gpu]'"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"backend 'cupy' was requested but no CUDA device is visible ({type(exc).__name__}: {exc})"
+        ) from exc
+    if count < 1:
+        raise BackendUnavailableError("backend 'cupy' was requested but no CUDA device is visible")
+    return cupy
+
+
+def get_backend(name: str | ModuleType | None = None) -> ModuleType:
+    """The array module for ``name`` ("numpy" or "cupy"; default from :func:`default_backend_name`).
+
+    A module that is already numpy or cupy is returned as it is.
+    """
+    if isinstance(name, ModuleType):
+        if name.__name__ in BACKENDS:
+            return name
+        raise RangeError(f"expected the numpy or cupy module, got module {name.__name__!r}")
+    if name is None:
+        name = default_backend_name()
+    if not isinstance(name, str) or name.lower() not in BACKENDS:
+        raise RangeError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+    return numpy if name.lower() == "numpy" else _import_cupy()
+
+
+def cupy_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device (never raises)."""
+    try:
+        _import_cupy()
+    except BackendUnavailableError:
+        return False
+    return True
+
+
+def is_cupy_array(a: Any) -> bool:
+    """True for a CuPy ndarray; never imports CuPy (a CuPy array implies CuPy is loaded)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(a, cupy.ndarray)
+
+
+def get_array_module(*arrays: Any) -> ModuleType:
+    """numpy or cupy, from the arrays given; mixing the two raises ``TypeError``.
+
+    ``None`` and Python scalars are ignored, so optional arguments can be passed straight in.
+    """
+    found_numpy = found_cupy = None
+    for a in arrays:
+        if a is None or isinstance(a, (bool, int, float, complex)):
+            continue
+        if is_cupy_array(a):
+            found_cupy = found_cupy if found_cupy is not None else a
+        elif isinstance(a, (numpy.ndarray, numpy.generic)):
+            found_numpy = found_numpy if found_numpy is not None else a
+    if found_cupy is not None and found_numpy is not None:
+        raise BackendMismatchError(
+            "arrays from two backends were mixed in one call: "
+            f"{type(found_numpy).__module__}.{type(found_numpy).__name__} and "
+            f"{type(found_cupy).__module__}.{type(found_cupy).__name__}; "
+            "move them to one backend first with npformer.backend.to_device(array, 'numpy' or 'cupy')"
+        )
+    if found_cupy is not None:
+        return sys.modules["cupy"]
+    return numpy
+
+
+def backend_name(xp_or_array: Any) -> str:
+    """ "numpy" or "cupy" for a module or an array."""
+    if isinstance(xp_or_array, ModuleType):
+        return xp_or_array.__name__
+    return get_array_module(xp_or_array).__name__
+
+
+def to_numpy(a: Any) -> numpy.ndarray:
+    """A host (NumPy) copy of ``a``; NumPy input is returned as it is (no copy)."""
+    if is_cupy_array(a):
+        return a.get()
+    return numpy.asarray(a)
+
+
+def to_device(a: Any, backend: str | ModuleType | None = None) -> Any:
+    """``a`` as an array of ``backend`` ("numpy" or "cupy"); a no-op when it is there already."""
+    xp = get_backend(backend)
+    if xp is numpy:
+        return to_numpy(a)
+    return xp.asarray(a)
+
+
+def default_rng(seed: int | None = None, backend: str | ModuleType | None = None):
+    """A seeded random Generator of the backend (``numpy.random.default_rng`` / ``cupy.random.default_rng``).
+
+    The same seed gives the same stream on a backend; NumPy and CuPy streams differ from each other.
+    """
+    xp = get_backend(backend)
+    return xp.random.default_rng(seed)
+
+
+def scatter_add(target: Any, indices: Any, values: Any) -> None:
+    """``target[indices] += values`` with repeated indices summed (``np.add.at`` / ``cupyx.scatter_add``).
+
+    On NumPy, rows of a 2-d target indexed by a 1-d array (the embedding backward) are summed per
+    index after a stable sort (``add.reduceat`` over each index's run of rows), about twice as fast
+    as ``np.add.at``; the float sums may differ from ``np.add.at``'s in the last bits (another
+    order of the same additions), and are deterministic.
+    """
+    xp = get_array_module(target, indices, values)
+    if xp is not numpy:
+        importlib.import_module("cupyx").scatter_add(target, indices, values)
+    elif (target.ndim == 2 and getattr(indices, "ndim", 0) == 1 and indices.size
+          and getattr(values, "shape", None) == (indices.size, target.shape[1])):
+        if indices.min() < 0:                                   # -1 and V-1 are one row: one key
+            indices = numpy.where(indices < 0, indices + target.shape[0], indices)
+        order = numpy.argsort(indices, kind="stable")           # (N,)
+        ids = indices[order]                                    # (N,) sorted
+        starts = numpy.flatnonzero(numpy.concatenate(([True], ids[1:] != ids[:-1])))   # first of each run
+        target[ids[starts]] += numpy.add.reduceat(values[order], starts, axis=0)      # (unique, C)
+    else:
+        numpy.add.at(target, indices, values)
+
+
+def accumulation_dtype(dtype: Any) -> Any:
+    """The dtype reductions accumulate in: float32 for 16-bit floats, the dtype itself otherwise."""
+    dtype = numpy.dtype(dtype)
+    return numpy.dtype(numpy.float32) if dtype.itemsize < 4 else dtype
+
+

@@ -1,0 +1,182 @@
+"""The input checks of every layer (ops, modules, models, trainers, the command line), in one place.
+
+Each check names what was expected and what came, and raises the one exception type of its kind of
+mistake (:mod:`npformer.errors`): :class:`InputTypeError` for a wrong type or dtype,
+:class:`ShapeError` for a wrong rank or shape, :class:`RangeError` for a value outside its range.
+They only read their arguments; a failed check raises before any output is computed, so nothing is
+ever half-written. The scalar checks return the value converted (``positive_int`` returns an
+``int``, ``real`` a ``float``), so a caller keeps what was checked.
+"""
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any, Sequence
+
+from npformer.backend import get_array_module, is_cupy_array
+from npformer.errors import InputTypeError, RangeError, ShapeError
+
+__all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
+           "expect_shape", "expect_rows", "expect_same_dtype", "token_ids", "positive_int", "non_negative_int",
+           "real", "probability", "one_of"]
+
+
+def describe(x: Any) -> str:
+    """A short description such as ``numpy float32 array of shape (2, 3)``."""
+    if x is None:
+        return "None"
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        backend = "cupy" if is_cupy_array(x) else "numpy"
+        return f"{backend} {x.dtype} array of shape {tuple(x.shape)}"
+    return f"{type(x).__name__} {x!r}"[:120]
+
+
+# -- arrays ------------------------------------------------------------------------------------------
+
+def expect_array(x: Any, name: str) -> None:
+    """``x`` must be a NumPy or CuPy ndarray (lists and scalars are not converted silently)."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
+        raise InputTypeError(f"{name}: expected a numpy or cupy array, got {describe(x)}")
+    get_array_module(x)
+
+
+def expect_float(x: Any, name: str) -> None:
+    """``x`` must be an array of a floating dtype."""
+    expect_array(x, name)
+    if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
+        raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64), got {describe(x)}")
+
+
+def expect_int(x: Any, name: str) -> None:
+    """``x`` must be an array of an integer dtype (token ids, class targets)."""
+    expect_array(x, name)
+    if x.dtype.kind not in "iu":
+        raise InputTypeError(f"{name}: expected an integer array, got {describe(x)}")
+
+
+def expect_bool_or_float(x: Any, name: str) -> None:
+    """A mask: boolean (True = blocked) or floating (added to the scores)."""
+    expect_array(x, name)
+    if x.dtype.kind not in "bf":
+        raise InputTypeError(f"{name}: expected a bool mask (True = may not attend) or a float mask "
+                             f"(added to the scores), got {describe(x)}")
+
+
+def expect_ndim(x: Any, name: str, ndim: int | Sequence[int], layout: str = "") -> None:
+    """``x.ndim`` must be ``ndim`` (or one of them); ``layout`` such as "(B, T, C)" goes in the message."""
+    expect_array(x, name)
+    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if x.ndim not in allowed:
+        want = " or ".join(str(n) for n in allowed)
+        lay = f" {layout}" if layout else ""
+        raise ShapeError(f"{name}: expected a {want}-d array{lay}, got {describe(x)}")
+
+
+def expect_shape(x: Any, name: str, shape: Sequence[int | None], layout: str = "") -> None:
+    """``x.shape`` must equal ``shape``; ``None`` entries match any size."""
+    expect_array(x, name)
+    ok = x.ndim == len(shape) and all(w is None or w == s for w, s in zip(shape, x.shape))
+    if not ok:
+        want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+        lay = f" {layout}" if layout else ""
+        raise ShapeError(f"{name}: expected shape {want}{lay}, got {describe(x)}")
+
+
+def expect_rows(x: Any, name: str, layout: str = "(..., N)") -> None:
+    """``x`` must have at least one axis and a non-empty last one: rows for an op that reduces
+    along the last axis (softmax, layer norm)."""
+    expect_array(x, name)
+    if x.ndim == 0 or x.shape[-1] == 0:
+        raise ShapeError(f"{name}: expected rows {layout} with at least one value each (the op "
+                         f"reduces along the last axis), got {describe(x)}")
+
+
+def expect_same_dtype(**arrays: Any) -> None:
+    """All non-None arrays share one dtype (float32 in gives float32 out; nothing is promoted silently)."""
+    named = [(k, v) for k, v in arrays.items() if v is not None]
+    if not named:
+        return
+    first_name, first = named[0]
+    for k, v in named[1:]:
+        if v.dtype != first.dtype:
+            raise InputTypeError(f"dtype mismatch: {first_name} is {first.dtype} but {k} is {v.dtype}; "
+                                 "cast them to one dtype first")
+
+
+def token_ids(ids: Any, name: str, vocab_size: int | None = None, ndim: int = 2) -> None:
+    """``ids`` must be an integer array of ``ndim`` axes ((B, T) by default) with every id in
+    [0, ``vocab_size``) when a vocabulary size is given."""
+    expect_int(ids, name)
+    expect_ndim(ids, name, ndim, "(B, T) of token ids" if ndim == 2 else "of token ids")
+    if vocab_size is not None and ids.size:
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            raise RangeError(f"{name}: token ids must be in [0, {vocab_size}) for a vocabulary of "
+                             f"{vocab_size}, got values from {lo} to {hi}")
+
+
+# -- scalars -----------------------------------------------------------------------------------------
+
+def _integer(v: Any, name: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, Integral):
+        raise InputTypeError(f"{name}: expected an int, got {describe(v)}")
+    return int(v)
+
+
+def positive_int(v: Any, name: str) -> int:
+    """``v`` as an ``int`` >= 1 (a size, a count of layers or heads); bools are not ints here."""
+    n = _integer(v, name)
+    if n < 1:
+        raise RangeError(f"{name}: expected an int >= 1, got {n}")
+    return n
+
+
+def non_negative_int(v: Any, name: str) -> int:
+    """``v`` as an ``int`` >= 0 (a length that may be empty, a memory size)."""
+    n = _integer(v, name)
+    if n < 0:
+        raise RangeError(f"{name}: expected an int >= 0, got {n}")
+    return n
+
+
+def _span(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    """"in [0, 1]", "> 0", "<= 5" or "" for the bounds of :func:`real`."""
+    if math.isinf(low) and math.isinf(high):
+        return ""
+    if math.isinf(high):
+        return f" {'>' if low_open else '>='} {low:g}"
+    if math.isinf(low):
+        return f" {'<' if high_open else '<='} {high:g}"
+    return f" in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def real(v: Any, name: str, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+         high_open: bool = False, what: str = "a finite number") -> float:
+    """``v`` as a finite ``float`` in [low, high] (an end excluded with ``low_open``/``high_open``).
+
+    NaN and infinities are never accepted, whatever the bounds (a learning rate of inf is a mistake).
+    """
+    if isinstance(v, (bool, str)) or not isinstance(v, Real) and not (hasattr(v, "__float__")
+                                                                     and getattr(v, "ndim", 0) == 0):
+        raise InputTypeError(f"{name}: expected a real number, got {describe(v)}")
+    f = float(v)
+    inside = (low < f if low_open else low <= f) and (f < high if high_open else f <= high)
+    if not math.isfinite(f) or not inside:
+        raise RangeError(f"{name}: expected {what}{_span(low, high, low_open, high_open)}, got {v!r}")
+    return f
+
+
+def probability(v: Any, name: str) -> float:
+    """``v`` as a ``float`` in [0, 1] (a dropout rate, label smoothing)."""
+    return real(v, name, 0.0, 1.0, what="a probability")
+
+
+def one_of(v: Any, name: str, choices: Sequence[Any]) -> Any:
+    """``v`` must be one of ``choices`` (an activation, a reduction, a mode); returns it."""
+    try:
+        ok = v in choices
+    except TypeError:                      # an unhashable value against a dict's keys
+        ok = False
+    if not ok:
+        raise RangeError(f"{name}: expected one of {', '.join(repr(c) for c in choices)}, got {v!r}")
+    return v

@@ -1,0 +1,59 @@
+"""The exceptions npformer raises for a mistake in what it was given: one type per kind of mistake.
+
+Each is also the built-in exception Python code expects for that kind (``TypeError`` or
+``ValueError``), so ``except ValueError`` keeps working, and all share :class:`NpformerError`:
+
+=========================  ===========================  ============================================
+exception                  also a                       the mistake
+=========================  ===========================  ============================================
+:class:`InputTypeError`    ``TypeError``                a value of the wrong type: not an array, an
+                                                        integer dtype where floats are needed, two
+                                                        dtypes mixed, a string where a number goes
+:class:`BackendMismatchError`  ``TypeError``            NumPy and CuPy arrays mixed in one call
+:class:`ShapeError`        ``ValueError``               a wrong rank, shape, or sizes that do not
+                                                        fit each other (an empty axis included)
+:class:`RangeError`        ``ValueError``               a value outside what it may be: a size below
+                                                        1, a probability outside [0, 1], a token id
+                                                        beyond the vocabulary, a non-finite number,
+                                                        a name that is not one of the choices
+:class:`StateDictError`    ``KeyError``, ``ValueError``  a state dict that does not fit a module
+:class:`BackendUnavailableError`  ``RuntimeError``      the backend asked for cannot run here
+=========================  ===========================  ============================================
+
+Every message names what was expected and what came (:mod:`npformer.checks` writes them).
+"""
+from __future__ import annotations
+
+__all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
+           "StateDictError", "BackendUnavailableError"]
+
+
+class NpformerError(Exception):
+    """The base of every exception npformer raises for a mistake in its input or set-up."""
+
+
+class InputTypeError(NpformerError, TypeError):
+    """A value of the wrong type or dtype."""
+
+
+class BackendMismatchError(InputTypeError):
+    """Arrays of two backends (NumPy and CuPy) in one call; transfers are always explicit."""
+
+
+class ShapeError(NpformerError, ValueError):
+    """A wrong rank or shape, or sizes that do not fit each other."""
+
+
+class RangeError(NpformerError, ValueError):
+    """A value outside the values it may take (sizes, probabilities, ids, finite numbers, choices)."""
+
+
+class StateDictError(NpformerError, KeyError, ValueError):
+    """A state dict that does not fit the module: missing or unexpected keys, or wrong shapes."""
+
+    def __str__(self) -> str:       # KeyError would quote the message; show it as written
+        return str(self.args[0]) if self.args else ""
+
+
+class BackendUnavailableError(NpformerError, RuntimeError):
+    """The backend that was asked for cannot run here (CuPy not installed, or no GPU visible)."""

@@ -1,0 +1,82 @@
+"""Fast paths: faster implementations of reference ops, kept apart from the math they stand in for.
+
+The reference ops (:mod:`npformer.ops`) are what a reader reads: plain, backend-neutral, composed
+of each other. A fast path has its reference op's signature and cache type and gives the same
+results (to rounding; parity tests hold each to its reference, outputs and gradients):
+
+* :mod:`npformer.kernels.cpu`: NumPy arrays: element-wise chains over cache-sized blocks, softmax
+  in the score buffer, a float32 erf, dropout masks from raw PCG64 bits;
+* :mod:`npformer.kernels.cuda`: CuPy arrays: fused CUDA kernels, one launch where the reference
+  runs several.
+
+:data:`FAST_PATHS` below is the whole table: which fast path stands in for which op, on which
+inputs. A call of a reference op runs the first entry whose test accepts the arguments, or the
+reference itself (:mod:`npformer.dispatch`). Everything runs on the reference path inside::
+
+    with npformer.kernels.disabled():
+        ...
+
+``npformer.kernels.implementation(op, *args)`` names what a call would run.
+"""
+from __future__ import annotations
+
+from npformer.dispatch import FastPath, disabled, enabled, implementation, register, registered, set_enabled
+from npformer.kernels.cpu import activations as cpu_activations
+from npformer.kernels.cpu import attention as cpu_attention
+from npformer.kernels.cpu import dropout as cpu_dropout
+from npformer.kernels.cpu import layernorm as cpu_layernorm
+from npformer.kernels.cpu import numpy_floats
+from npformer.kernels.cpu import softmax as cpu_softmax
+from npformer.kernels import cuda
+from npformer.kernels.cuda import device_floats
+from npformer.ops import activations, attention, dropout, layernorm, linear, softmax
+
+__all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
+
+
+def _y(cache):
+    return getattr(cache, "y", None)
+
+
+def _x(cache):
+    return getattr(cache, "x", None)
+
+
+# (reference op, name, fast path, which arguments it takes), tried in this order
+FAST_PATHS = (
+    (softmax.softmax_forward, "cuda", cuda.softmax_forward, lambda x: device_floats(x)),
+    (softmax.softmax_forward, "cpu", cpu_softmax.softmax_forward, lambda x: numpy_floats(x)),
+    (softmax.softmax_backward, "cuda", cuda.softmax_backward, lambda dy, cache: device_floats(dy, _y(cache))),
+    (softmax.softmax_backward, "cpu", cpu_softmax.softmax_backward, lambda dy, cache: numpy_floats(dy, _y(cache))),
+    (softmax.log_softmax_forward, "cuda", cuda.log_softmax_forward, lambda x: device_floats(x)),
+    (softmax.log_softmax_forward, "cpu", cpu_softmax.log_softmax_forward, lambda x: numpy_floats(x)),
+    (softmax.log_softmax_backward, "cuda", cuda.log_softmax_backward,
+     lambda dy, cache: device_floats(dy, _y(cache))),
+    (softmax.log_softmax_backward, "cpu", cpu_softmax.log_softmax_backward,
+     lambda dy, cache: numpy_floats(dy, _y(cache))),
+    (activations.gelu_forward, "cuda", cuda.gelu_forward, lambda x, approximate="none": device_floats(x)),
+    (activations.gelu_forward, "cpu", cpu_activations.gelu_forward,
+     lambda x, approximate="none": numpy_floats(x)),
+    (activations.gelu_backward, "cuda", cuda.gelu_backward, lambda dy, cache: device_floats(dy, _x(cache))),
+    (activations.gelu_backward, "cpu", cpu_activations.gelu_backward,
+     lambda dy, cache: numpy_floats(dy, _x(cache))),
+    (layernorm.layer_norm_forward, "cuda", cuda.layer_norm_forward,
+     lambda x, weight=None, bias=None, eps=1e-5: device_floats(x, weight, bias)),
+    (layernorm.layer_norm_forward, "cpu", cpu_layernorm.layer_norm_forward,
+     lambda x, weight=None, bias=None, eps=1e-5: numpy_floats(x, weight, bias)),
+    (layernorm.layer_norm_backward, "cuda", cuda.layer_norm_backward,
+     lambda dy, cache: device_floats(dy, getattr(cache, "weight", None), dtype=getattr(cache, "dtype", None))),
+    (layernorm.layer_norm_backward, "cpu", cpu_layernorm.layer_norm_backward,
+     lambda dy, cache: numpy_floats(dy, getattr(cache, "weight", None))),
+    (dropout.dropout_forward, "cuda", cuda.dropout_forward,
+     lambda x, p=0.0, rng=None, training=True: device_floats(x)),
+    (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
+    (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
+    (attention.scaled_dot_product_attention_forward, "cpu", cpu_attention.scaled_dot_product_attention_forward,
+     lambda q, k, v, **options: numpy_floats(q, k, v)),
+    (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,
+     lambda dout, cache: numpy_floats(dout, getattr(cache, "p", None))),
+)
+
+for _op, _name, _run, _accepts in FAST_PATHS:
+    register(_op, _name, _run, _accepts)

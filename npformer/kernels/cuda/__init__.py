@@ -1,0 +1,36 @@
+"""Fused CUDA kernels for CuPy arrays: one kernel where the reference op runs several CuPy kernels.
+
+=========================  ===============================================================
+softmax, log-softmax       one block per row (max, sum of exp, write); backward likewise
+layer norm                 one block per row; backward: a row pass for dx, a column pass
+                           for dweight and dbias
+GELU (erf and tanh)        one elementwise kernel forward, one backward
+dropout                    uniforms from the Generator passed in (the reference's mask for
+                           a seed), then one kernel for compare, scale and multiply
+linear backward            the bias gradient as one coalesced column sum
+bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h)); backward one kernel
+                           (dz = da gelu'(h) and the partial sums of dbias); not wired to
+                           an op yet, tested through the emulator
+=========================  ===============================================================
+
+Each function has exactly the contract of the reference op it stands in for (arguments, cache
+NamedTuple, dtypes, edge cases), so either backward accepts either forward's cache. Precision is
+the reference's: float16 is computed in float32 and rounded once at the end, float32 in float32,
+float64 in float64; only the order of a reduction's additions differs. The kernels (``source.py``)
+are compiled once by NVRTC through ``cupy.RawModule`` on first use. Importing this package never
+imports CuPy; :func:`~npformer.kernels.cuda.runtime.device_floats` says which arrays they take.
+"""
+from npformer.kernels.cuda.activations import (bias_add_forward, bias_gelu_backward, bias_gelu_forward,
+                                               bias_grad, gelu_backward, gelu_forward)
+from npformer.kernels.cuda.dropout import dropout_forward
+from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
+from npformer.kernels.cuda.linear import linear_backward
+from npformer.kernels.cuda.runtime import device_floats
+from npformer.kernels.cuda.softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
+                                           softmax_forward)
+
+__all__ = [
+    "device_floats", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+    "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "dropout_forward",
+    "linear_backward", "bias_add_forward", "bias_grad", "bias_gelu_forward", "bias_gelu_backward",
+]

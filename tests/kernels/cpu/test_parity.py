@@ -1,0 +1,192 @@
+"""Every CPU fast path against its reference op (npformer.kernels.cpu vs npformer.ops).
+
+For each: outputs and gradients in float64, float32 and float16 within ``TOL`` (tests/helpers.py),
+either backward on either forward's cache, a float64 gradient check through the fast path, the
+same errors for bad input; dropout's mask equal bit for bit. A last test fails when a CPU fast path
+is registered without a case here.
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer import kernels
+from npformer.backend import default_rng
+from npformer.kernels.cpu.activations import erf_float32
+from npformer.ops import activations, attention, dropout, layernorm, softmax
+from npformer.tools.gradcheck import gradcheck
+from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds
+
+DTYPES = ("float64", "float32", "float16")
+shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
+
+
+def _both(fn):
+    """fn() on the fast path, then on the reference path."""
+    got = fn()
+    with kernels.disabled():
+        ref = fn()
+    return got, ref
+
+
+def _pair_case(fwd, bwd, x, dy, dtype, what, **kw):
+    """The forward and backward of one op: fast against reference, and each backward on both caches."""
+    assert getattr(fwd, "fast_paths", None) is None or kernels.implementation(fwd, x, **kw) == "cpu"
+    y, cache = fwd(x, **kw)
+    with kernels.disabled():
+        y_ref, cache_ref = fwd(x, **kw)
+        dx_ref = bwd(dy, cache_ref)
+        dx_ref_on_fast = bwd(dy, cache)
+    assert_close(y, y_ref, dtype, what=f"{what} forward")
+    scale = max(1.0, float(np.abs(dy.astype(np.float64)).max()) * float(np.abs(x.astype(np.float64)).max()))
+    grads = bwd(dy, cache), bwd(dy, cache_ref), dx_ref_on_fast
+    for label, g in zip(("fast", "fast on the reference cache", "reference on the fast cache"), grads):
+        for gi, ri in zip(g if isinstance(g, tuple) else (g,), dx_ref if isinstance(dx_ref, tuple) else (dx_ref,)):
+            if ri is not None:
+                assert_close(gi, ri, dtype, scale=scale, what=f"{what} backward, {label}")
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), masked=st.booleans())
+def test_softmax_and_log_softmax(shape, seed, dtype, masked):
+    x = randn(np, shape, seed, dtype, scale=3.0)
+    if masked:                                           # -inf entries and, with one column, whole rows
+        x[..., 0] = -np.inf
+    dy = randn(np, shape, seed + 1, dtype)
+    _pair_case(softmax.softmax_forward, softmax.softmax_backward, x, dy, dtype, "softmax")
+    if not masked:                                       # log-softmax of a fully masked row is -inf: no dy
+        _pair_case(softmax.log_softmax_forward, softmax.log_softmax_backward, x, dy, dtype, "log_softmax")
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), form=st.sampled_from(["none", "tanh"]))
+def test_gelu(shape, seed, dtype, form):
+    x, dy = randn(np, shape, seed, dtype, scale=3.0), randn(np, shape, seed + 1, dtype)
+    _pair_case(activations.gelu_forward, activations.gelu_backward, x, dy, dtype, f"gelu {form}", approximate=form)
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), affine=st.booleans())
+def test_layer_norm(shape, seed, dtype, affine):
+    x, dy = randn(np, shape, seed, dtype, scale=2.0), randn(np, shape, seed + 1, dtype)
+    w = randn(np, shape[-1:], seed + 2, dtype) if affine else None
+    b = randn(np, shape[-1:], seed + 3, dtype) if affine else None
+    fwd = lambda x: layernorm.layer_norm_forward(x, w, b)   # noqa: E731
+    assert kernels.implementation(layernorm.layer_norm_forward, x, w, b) == "cpu"
+    _pair_case(fwd, layernorm.layer_norm_backward, x, dy, dtype, "layer norm")
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), p=st.sampled_from([0.1, 0.5, 0.9, 1.0]))
+def test_dropout_masks_are_the_reference_bit_for_bit(shape, seed, dtype, p):
+    x = randn(np, shape + (2,), seed, dtype)             # an even size: the raw-bits path applies
+    rng_fast, rng_ref = default_rng(seed, "numpy"), default_rng(seed, "numpy")
+    assert kernels.implementation(dropout.dropout_forward, x, p, rng=rng_fast) == "cpu"
+    out, cache = dropout.dropout_forward(x, p, rng=rng_fast)
+    with kernels.disabled():
+        out_ref, cache_ref = dropout.dropout_forward(x, p, rng=rng_ref)
+    np.testing.assert_array_equal(out, out_ref)
+    np.testing.assert_array_equal(cache.scaled_mask, cache_ref.scaled_mask)
+    assert out.dtype == x.dtype and cache.scaled_mask.dtype == x.dtype
+    np.testing.assert_array_equal(rng_fast.random(7), rng_ref.random(7))   # the same draws consumed
+
+
+def test_dropout_falls_back_where_the_raw_bits_do_not_apply():
+    x = randn(np, (3,), 0, "float32")                    # odd size
+    assert kernels.implementation(dropout.dropout_forward, x, 0.5, rng=default_rng(0, "numpy")) == "reference"
+    mt = np.random.Generator(np.random.MT19937(0))       # another bit generator
+    assert kernels.implementation(dropout.dropout_forward, x[:2], 0.5, rng=mt) == "reference"
+
+
+@given(b=st.integers(1, 2), h=st.integers(1, 2), tq=st.integers(1, 5), tk=st.integers(1, 5),
+       hs=st.integers(1, 4), seed=seeds, dtype=st.sampled_from(DTYPES), causal=st.booleans(),
+       p=st.sampled_from([0.0, 0.3]), data=st.data())
+def test_attention(b, h, tq, tk, hs, seed, dtype, causal, p, data):
+    q, k, v = (randn(np, (b, h, t, hs), seed + i, dtype) for i, t in enumerate((tq, tk, tk)))
+    dout = randn(np, (b, h, tq, hs), seed + 3, dtype)
+    pad = data.draw(padding_masks(b, tk))
+    kw = dict(key_padding_mask=pad, is_causal=causal, dropout_p=p, need_weights=True)
+
+    def run():
+        out, weights, cache = attention.scaled_dot_product_attention_forward(
+            q, k, v, rng=default_rng(seed, "numpy"), **kw)
+        return (out, weights, *attention.scaled_dot_product_attention_backward(dout, cache)), cache
+    assert kernels.implementation(attention.scaled_dot_product_attention_forward, q, k, v, **kw) == "cpu"
+    (got, cache), (ref, cache_ref) = _both(run)
+    for name, g, r in zip(("out", "weights", "dq", "dk", "dv"), got, ref):
+        assert_close(g, r, dtype, what=f"attention {name}")
+    crossed = attention.scaled_dot_product_attention_backward(dout, cache_ref)    # fast backward, reference cache
+    for g, r in zip(crossed, ref[2:]):
+        assert_close(g, r, dtype, what="attention backward on the reference cache")
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "attention"])
+def test_gradcheck_through_the_fast_path(name):
+    """float64 central differences through the CPU fast paths (they take float64 NumPy arrays)."""
+    x = randn(np, (2, 3, 5), 1)
+    cases = {
+        "softmax": (softmax.softmax_forward, softmax.softmax_backward, {"x": x}, {}),
+        "log_softmax": (softmax.log_softmax_forward, softmax.log_softmax_backward, {"x": x}, {}),
+        "gelu": (activations.gelu_forward, activations.gelu_backward, {"x": x}, {"approximate": "none"}),
+        "gelu_tanh": (activations.gelu_forward, activations.gelu_backward, {"x": x}, {"approximate": "tanh"}),
+        "layer_norm": (layernorm.layer_norm_forward, layernorm.layer_norm_backward,
+                       {"x": x, "weight": randn(np, (5,), 2), "bias": randn(np, (5,), 3)}, {}),
+        "attention": (attention.scaled_dot_product_attention_forward,
+                      attention.scaled_dot_product_attention_backward,
+                      {"q": randn(np, (2, 2, 3, 4), 4), "k": randn(np, (2, 2, 5, 4), 5), "v": randn(np, (2, 2, 5, 4), 6)},
+                      {"is_causal": True, "causal_alignment": "bottom_right"}),
+    }
+    fwd, bwd, inputs, kw = cases[name]
+    assert kernels.implementation(fwd, *inputs.values(), **kw) == "cpu"
+    assert_gradcheck(gradcheck(fwd, bwd, inputs, kwargs=kw, label=f"{name} (cpu fast path)"))
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: softmax.softmax_forward(np.zeros((2, 0), np.float32)), "x: expected rows"),
+    (lambda: softmax.log_softmax_forward(np.float32(1.0) + np.zeros((), np.float32)), "x: expected rows"),
+    (lambda: activations.gelu_forward(np.zeros(3, np.float32), approximate="erf"), "approximate: expected one of"),
+    (lambda: layernorm.layer_norm_forward(np.zeros((2, 3), np.float32), np.ones(4, np.float32)),
+     r"weight: expected shape \(3,\)"),
+    (lambda: dropout.dropout_forward(np.zeros(4, np.float32), 1.5, rng=default_rng(0, "numpy")),
+     r"p: expected a probability in \[0, 1\]"),
+    (lambda: attention.scaled_dot_product_attention_forward(*(np.zeros((1, 1, 2, 3), np.float32),) * 3,
+                                                            dropout_p=-0.1), "dropout_p: expected a probability"),
+])
+def test_bad_input_gets_the_reference_error_on_both_paths(call, error):
+    with pytest.raises(ValueError, match=error):
+        call()
+    with kernels.disabled(), pytest.raises(ValueError, match=error):
+        call()
+
+
+def test_every_cpu_fast_path_has_a_parity_case_here():
+    tested = {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+              "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "dropout_forward",
+              "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
+    registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "cpu"}
+    assert registered <= tested, f"CPU fast paths without a parity case: {sorted(registered - tested)}"
+
+
+# -- the float32 erf of the GELU fast path ------------------------------------------------------
+
+def _ulps(got, ref):
+    """|got - ref| in units of the float32 spacing at ref (float64 ref, float32 got)."""
+    spacing = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
+    return np.abs(got.astype(np.float64) - ref) / spacing
+
+
+def test_erf_float32_is_within_a_few_float32_ulp():
+    """The branch-free float32 formula against math.erf of the same float32 inputs."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.linspace(-6, 6, 600_001), rng.standard_normal(100_000) * 2,
+                        np.linspace(-1e-3, 1e-3, 2001), [1e-30, -1e-38, 4.25, -4.25, 30.0]]).astype(np.float32)
+    ref = np.array([math.erf(v) for v in x.astype(np.float64)])
+    got = erf_float32(x)
+    assert got.dtype == np.float32
+    u = _ulps(got, ref)
+    assert u.max() <= 6, f"worst {u.max():.2f} ulp at x={x[np.argmax(u)]!r}"
+    assert np.mean(u <= 1) > 0.9                          # typically within one ulp
+    assert np.array_equal(erf_float32(-x), -got)          # odd, exactly
+
+
+def test_erf_float32_edges():
+    got = erf_float32(np.float32([np.inf, -np.inf, np.nan, 0.0, 4.25, 1e30, -3.4e38]))
+    assert got.dtype == np.float32 and np.isnan(got[2])
+    np.testing.assert_array_equal(got[[0, 1, 3, 4, 5, 6]], [1, -1, 0, 1, 1, -1])

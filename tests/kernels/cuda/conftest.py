@@ -1,0 +1,63 @@
+"""Fixtures for the fused kernels: the ``fx`` backend (CPU emulation of the CUDA C, or CuPy on a GPU).
+
+* ``emulated``: the kernels' CUDA C compiled by g++ and run on NumPy arrays (tests/kernels/cuda/
+  emulator.py), with the CUDA package's array module and kernel loader swapped for the test (so
+  NumPy arrays count as device arrays: the dispatcher sends them to the CUDA paths);
+* ``cuda``: the real thing, marked ``gpu`` and skipped when CuPy or a device is absent.
+
+Tolerances, stated once: the fused kernels compute in the reference ops' precision and differ from
+them only in the order of a reduction's additions (and, emulated, in libm's exp/erf/tanh against
+NumPy's), a few units in the last place of the magnitudes involved; float16 additionally rounds
+once where the plain op rounds up to three times (e.g. softmax backward: ``dot``, ``dy - dot``,
+the product). So ``max |fused - reference| <= TOL[dtype] * scale``, ``scale`` the largest magnitude
+in play (at least 1): 1e-12 for float64, 1e-5 for float32 (about 80 ulp), 4e-3 for float16
+(4 ulp at 1). ``TOL`` and ``assert_close`` live in tests/helpers.py (the CPU fast paths use them too).
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from npformer.backend import cupy_available, get_backend
+from npformer import kernels
+from npformer.kernels import cpu as kernels_cpu
+from npformer.kernels.cpu import dropout as cpu_dropout
+from npformer.kernels.cuda import runtime
+from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
+from tests.kernels.cuda import emulator
+
+DTYPES = ("float64", "float32", "float16")
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str          # "emulated" or "cuda"
+    xp: ModuleType     # the array module of the fused path's arrays
+
+
+@pytest.fixture(scope="session")
+def emulated_module(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    return emulator.EmulatedModule(emulator.build(tmp_path_factory.mktemp("npf_emulator")))
+
+
+@pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def fx(request, monkeypatch):
+    """The backend the fused kernels run on (see the module docstring)."""
+    if request.param == "cuda":
+        if not cupy_available():
+            pytest.skip("CuPy is not installed or no CUDA device is visible")
+        return Backend("cuda", get_backend("cupy"))
+    module = request.getfixturevalue("emulated_module")
+    monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
+    for home in (kernels, kernels_cpu, cpu_dropout):    # NumPy arrays pose as device arrays: not the CPU's
+        monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
+    monkeypatch.setattr(runtime, "array_module", lambda: np)
+    monkeypatch.setattr(runtime, "compile_module", lambda source, options: module)
+    monkeypatch.setattr(runtime, "_cache", {})
+    return Backend("emulated", np)
