@@ -108,6 +108,7 @@ class ALBERT(EncoderModel):
         self.layers = ModuleList(layers)
         self.pooler = Pooler(c.hidden_size, rng, kw)
         self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def embed(self, input_ids, token_type_ids):
         x = self.embeddings(input_ids, token_type_ids)                            # (B, T, E)

@@ -188,3 +188,4 @@ class BERT(EncoderModel):
             for _ in range(c.num_hidden_layers))
         self.pooler = Pooler(c.hidden_size, rng, kw)
         self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream

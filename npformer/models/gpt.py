@@ -72,6 +72,7 @@ class GPT(Module):
                 p.data = init.normal(p.shape, std, rng=rng, dtype=p.dtype, backend=backend)
             elif name.endswith("bias") and not name.startswith(("ln_f",)) and "norm" not in name:
                 p.data[...] = 0
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def _check(self, idx, offset=0):
         if not hasattr(idx, "dtype") or idx.dtype.kind not in "iu" or idx.ndim != 2:

@@ -77,6 +77,7 @@ class NormEncoderLayer(Module):
         self.ff = FeedForwardBlock(d_model, dim_feedforward, dropout, activation, rng=rng, **kw)
         self.norm1, self.norm2 = _make_norm(norm, d_model, kw), _make_norm(norm, d_model, kw)
         self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def _norm(self, norm: Module, x, padding):
         return norm(x, padding) if self.norm_kind == "batch_masked" else norm(x)  # (B, T, C)
@@ -134,6 +135,7 @@ class NormEncoder(Module):
         self.norm = _make_norm(c.norm, c.d_model, kw) if c.norm_first else None
         self.head = Linear(c.d_model, c.num_classes, rng=rng, **kw)
         self.scale = math.sqrt(c.d_model)
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def forward(self, ids):
         if not hasattr(ids, "dtype") or ids.dtype.kind not in "iu" or ids.ndim != 2:

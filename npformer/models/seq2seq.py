@@ -68,6 +68,7 @@ class Seq2Seq(Module):
         self.generator = OutputHead(c.d_model, c.tgt_vocab_size,
                                     tied=self.tgt_embed.weight if c.tie_embeddings else None, rng=rng, **kw)
         self.scale = math.sqrt(c.d_model)
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     # -- pieces, also used by decoding -------------------------------------------------------------
     def _embed(self, embed, dropout, ids, offset=0):

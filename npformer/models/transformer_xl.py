@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from npformer.backend import backend_name, get_array_module
+from npformer.backend import get_array_module
 from npformer.nn import init
-from npformer.nn.dropout import Dropout, dropout_generator
+from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, sinusoidal_table
 from npformer.nn.head import OutputHead
 from npformer.nn.linear import Linear
@@ -100,6 +100,7 @@ class RelativeMultiheadAttention(Module):
         self.r_w_bias = Parameter(init.normal((n_head, d_head), 0.02, rng=rng, **kw), decay=False)
         self.r_r_bias = Parameter(init.normal((n_head, d_head), 0.02, rng=rng, **kw), decay=False)
         self.o_net = Linear(inner, d_model, bias=False, rng=rng, **kw)
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def forward(self, x, cat, r):
         """x (B, T, C) the segment, cat (B, M + T, C) = [memory; x], r (M + T, C) -> (B, T, C)."""
@@ -110,7 +111,7 @@ class RelativeMultiheadAttention(Module):
         active = self.training and self.dropout > 0
         a, cache = relative_attention_forward(
             q, k, v, r, self.r_weight.data, self.r_w_bias.data, self.r_r_bias.data, dropout_p=self.dropout,
-            rng=dropout_generator(backend_name(x)) if active else None, training=active)   # (B, H, T, hs)
+            rng=self.generator(x) if active else None, training=active)   # (B, H, T, hs)
         self._push(cache)
         return self.o_net(_merge(a))                                              # (B, T, C)
 
@@ -144,6 +145,7 @@ class TransformerXLLayer(Module):
         self.ff = FeedForwardBlock(d_model, dim_feedforward, dropout, activation, rng=rng, **kw)
         self.dropout2 = Dropout(dropout)
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, **kw)
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def forward(self, x, mem, r):
         """x (B, T, C), mem (B, M, C) or None, r (M + T, C) -> (B, T, C)."""
@@ -183,6 +185,7 @@ class TransformerXL(Module):
                                rng=rng, **kw)
         self.scale = math.sqrt(c.d_model)
         self._tables: dict = {}
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def distances(self, tk: int, xp, dtype):
         """R at distances Tk-1, ..., 0: the rows ``ops.relative_attention`` expects (Tk, C)."""

@@ -6,11 +6,11 @@ returns the gradients of the forward's array inputs and accumulates parameter gr
 """
 from npformer.nn import init
 from npformer.nn.attention import MultiheadAttention
-from npformer.nn.dropout import Dropout, dropout_generator, seed_dropout
+from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding, sinusoidal_table
 from npformer.nn.head import OutputHead
 from npformer.nn.linear import Linear
-from npformer.nn.module import Module, ModuleList, Parameter, StateDictError, is_grad_enabled, no_grad
+from npformer.nn.module import Module, ModuleList, Parameter, RandomStream, StateDictError, is_grad_enabled, no_grad
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.nn.rnn import LSTM, RNN
@@ -19,7 +19,7 @@ from npformer.nn.transformer import (FeedForwardBlock, Transformer, TransformerD
                                      TransformerEncoderLayer)
 
 __all__ = ["init", "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding",
-           "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "seed_dropout",
-           "dropout_generator", "MultiheadAttention", "FeedForwardBlock", "TransformerEncoderLayer",
+           "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "RandomStream",
+           "MultiheadAttention", "FeedForwardBlock", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
            "OutputHead", "no_grad", "is_grad_enabled", "RNN", "LSTM", "BatchNorm1d"]

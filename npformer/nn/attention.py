@@ -12,9 +12,8 @@ gradient (PyTorch gives NaN there); see ``npformer.ops.attention``.
 """
 from __future__ import annotations
 
-from npformer.backend import backend_name, get_array_module
+from npformer.backend import get_array_module
 from npformer.nn import init
-from npformer.nn.dropout import dropout_generator
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, Parameter
 from npformer.ops.attention import scaled_dot_product_attention_forward
@@ -75,6 +74,7 @@ class MultiheadAttention(Module):
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias, rng=rng, **kw)
         if bias:
             self.out_proj.bias.data[...] = 0
+        self.manual_seed(init.stream_seed(rng))          # this module's dropout stream
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True,
                 attn_mask=None, average_attn_weights: bool = True, is_causal: bool = False,
@@ -86,7 +86,7 @@ class MultiheadAttention(Module):
             self.out_proj.weight.data, None if self.out_proj.bias is None else self.out_proj.bias.data,
             attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
             causal_alignment=causal_alignment, dropout_p=self.dropout if active else 0.0,
-            rng=dropout_generator(backend_name(query)) if active else None, training=active,
+            rng=self.generator(query) if active else None, training=active,
             need_weights=need_weights, average_attn_weights=average_attn_weights, attention=self.attention)
         self._push(cache)
         return out, weights                              # (B, Tq, E), (B, Tq, Tk) | (B, H, Tq, Tk) | None

@@ -48,6 +48,7 @@ class ConfigurableEncoderLayer(Module):
         nkw = dict(eps=layer_norm_eps, bias=bias, dtype=dtype, backend=backend)
         self.norm1, self.norm2 = LayerNorm(d_model, **nkw), LayerNorm(d_model, **nkw)
         self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        self.manual_seed(init.stream_seed(kw["rng"]))    # this layer's dropout stream
 
     def _sa(self, h, mask, padding, is_causal):
         a, _ = self.self_attn(h, h, h, attn_mask=mask, key_padding_mask=padding, need_weights=False,

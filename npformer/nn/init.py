@@ -10,7 +10,8 @@ counterpart (the values differ: the generators differ):
 * ``ones``/``zeros``: layer norm gains and biases.
 
 ``rng`` is a host ``numpy.random.Generator`` (from ``npformer.backend.default_rng(seed, "numpy")``)
-or an int seed; ``None`` takes the module-wide generator reset by :func:`manual_seed`.
+or an int seed; ``None`` draws from fresh OS entropy (as ``numpy.random.default_rng()``): pass a
+seed for reproducible weights. Nothing here keeps state between calls.
 """
 from __future__ import annotations
 
@@ -18,27 +19,31 @@ import math
 from typing import Any
 
 from npformer.backend import DEFAULT_DTYPE, default_rng, get_backend, to_device
+from npformer.errors import InputTypeError
 
-__all__ = ["manual_seed", "host_generator", "linear_uniform", "xavier_uniform", "normal", "uniform",
+__all__ = ["host_generator", "stream_seed", "linear_uniform", "xavier_uniform", "normal", "uniform",
            "ones", "zeros"]
-
-_GLOBAL = {"rng": default_rng(0, "numpy")}
-
-
-def manual_seed(seed: int) -> None:
-    """Reset the generator that modules built without an ``rng`` draw from."""
-    _GLOBAL["rng"] = default_rng(seed, "numpy")
 
 
 def host_generator(rng: Any = None):
-    """A host Generator from ``None`` (the global one), an int seed, or a Generator (returned as is)."""
-    if rng is None:
-        return _GLOBAL["rng"]
-    if isinstance(rng, int):
+    """A host Generator from ``None`` (fresh OS entropy), an int seed, or a Generator (returned as is)."""
+    if rng is None or (isinstance(rng, int) and not isinstance(rng, bool)):
         return default_rng(rng, "numpy")
     if not hasattr(rng, "uniform") or type(rng).__module__.split(".")[0] != "numpy":
-        raise TypeError(f"rng: expected None, an int seed or a numpy Generator, got {type(rng).__name__}")
+        raise InputTypeError(f"rng: expected None, an int seed or a numpy Generator, got {type(rng).__name__}")
     return rng
+
+
+def stream_seed(rng: Any = None) -> int | None:
+    """The seed of the dropout stream (:meth:`npformer.nn.Module.manual_seed`) of a module built with
+    ``rng``, spawned from the generator's seed sequence so that no draw of the weights is used up:
+    the same ``rng`` gives the same weights and the same masks. None for ``rng=None`` (OS entropy)."""
+    if rng is None:
+        return None
+    seq = getattr(host_generator(rng).bit_generator, "seed_seq", None)
+    if not hasattr(seq, "spawn"):            # a bit generator built without a seed sequence
+        return None
+    return int(seq.spawn(1)[0].generate_state(1)[0])
 
 
 def _place(host, dtype, backend):

@@ -18,6 +18,13 @@ The rules that make hand-written backward work for shared and repeated use:
 parameters but never trained, such as BatchNorm's running statistics: ``state_dict`` lists each
 module's parameters then its buffers, as PyTorch does, and neither the optimisers nor ``grads()``
 see them.
+
+*Randomness is owned, never global.* A module's dropout masks come from its :class:`RandomStream`,
+which :meth:`Module.manual_seed` gives to the module and every submodule at once (one stream per
+model, so the layers draw one after another from it). A model built with an int ``rng`` seeds its
+stream from it, so it draws the same masks whatever else runs in the process; the trainers reseed
+it from (seed, step) before every step, which makes resumed runs exact. A module that was never
+seeded draws from fresh OS entropy (like ``numpy.random.default_rng()``).
 """
 from __future__ import annotations
 
@@ -25,10 +32,11 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
-from npformer.backend import backend_name, get_array_module, get_backend, to_device
+from npformer.backend import backend_name, default_rng, get_array_module, get_backend, to_device
 from npformer.checks import describe
+from npformer.errors import StateDictError
 
-__all__ = ["Parameter", "Module", "ModuleList", "StateDictError", "no_grad", "is_grad_enabled"]
+__all__ = ["Parameter", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad", "is_grad_enabled"]
 
 _GRAD = {"enabled": True}
 
@@ -48,11 +56,22 @@ def is_grad_enabled() -> bool:
     return _GRAD["enabled"]
 
 
-class StateDictError(KeyError, ValueError):
-    """A state dict that does not fit the module: missing or unexpected keys, or wrong shapes."""
+class RandomStream:
+    """A seeded stream of random numbers for dropout: one backend Generator per backend (the arrays'
+    backend decides), each made from ``seed`` on first use. ``seed`` None: fresh OS entropy."""
 
-    def __str__(self) -> str:       # KeyError would quote the message; show it as written
-        return str(self.args[0]) if self.args else ""
+    def __init__(self, seed: Any = None):
+        self.seed = seed
+        self._generators: dict[str, Any] = {}
+
+    def generator(self, backend: str):
+        gen = self._generators.get(backend)
+        if gen is None:
+            gen = self._generators[backend] = default_rng(self.seed, backend)
+        return gen
+
+    def __repr__(self) -> str:
+        return f"RandomStream(seed={self.seed!r})"
 
 
 class Parameter:
@@ -104,6 +123,7 @@ class Module:
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "_buffers", [])          # names of this module's buffers, in order
         object.__setattr__(self, "_saved", [])
+        object.__setattr__(self, "_stream", None)         # RandomStream, shared across a model
         object.__setattr__(self, "training", True)
 
     # -- registration by attribute, as in PyTorch ------------------------------------------------
@@ -210,6 +230,30 @@ class Module:
             raise RuntimeError(f"{type(self).__name__}.backward called more times than forward "
                                "(each forward call can be back-propagated once)")
         return self._saved.pop()
+
+    # -- randomness ------------------------------------------------------------------------------
+    def manual_seed(self, seed: Any) -> "Module":
+        """Draw this module's and every submodule's dropout masks from one new stream seeded with
+        ``seed`` (an int, a sequence of ints such as ``(seed, step)``, or None for OS entropy)."""
+        return self.share_stream(RandomStream(seed))
+
+    def share_stream(self, stream: RandomStream | None) -> "Module":
+        """Make ``stream`` the random stream of this module and every submodule."""
+        for m in self.modules():
+            object.__setattr__(m, "_stream", stream)
+        return self
+
+    @property
+    def random_stream(self) -> RandomStream | None:
+        """The stream this module draws dropout masks from (None until seeded or first used)."""
+        return self._stream
+
+    def generator(self, like: Any):
+        """The Generator this module draws from for arrays like ``like`` (an array, or a backend name).
+        A module never seeded gets a stream of its own from OS entropy on first use."""
+        if self._stream is None:
+            object.__setattr__(self, "_stream", RandomStream(None))
+        return self._stream.generator(like if isinstance(like, str) else backend_name(like))
 
     # -- modes and devices -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":

@@ -59,8 +59,9 @@ class FeedForwardBlock(_FeedForward):
     def __init__(self, d_model, dim_feedforward, dropout=0.0, activation="relu", bias=True, *,
                  dtype=None, backend=None, rng=None):
         super().__init__()
-        self._ff_init(d_model, dim_feedforward, dropout, activation, bias,
-                      dict(dtype=dtype, backend=backend, rng=init.host_generator(rng)))
+        rng = init.host_generator(rng)
+        self._ff_init(d_model, dim_feedforward, dropout, activation, bias, dict(dtype=dtype, backend=backend, rng=rng))
+        self.manual_seed(init.stream_seed(rng))          # this module's dropout stream
 
     def forward(self, x):
         return self._ff(x)
@@ -89,6 +90,7 @@ class _Layer(_FeedForward):
                                                 backend=backend))
         for i in range(1, n + 1):
             setattr(self, f"dropout{i}", Dropout(dropout))
+        self.manual_seed(init.stream_seed(kw["rng"]))    # this layer's dropout stream
 
     def _sa(self, h, mask, padding, is_causal):
         a, _ = self.self_attn(h, h, h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
@@ -211,6 +213,7 @@ class TransformerEncoder(Module):
         self.layers = ModuleList(copy.deepcopy(encoder_layer) for _ in range(num_layers))
         self.num_layers = num_layers
         self.norm = norm
+        self.share_stream(encoder_layer.random_stream)  # the copies draw from one stream, not L equal ones
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool = False):
         x = src
@@ -234,6 +237,7 @@ class TransformerDecoder(Module):
         self.layers = ModuleList(copy.deepcopy(decoder_layer) for _ in range(num_layers))
         self.num_layers = num_layers
         self.norm = norm
+        self.share_stream(decoder_layer.random_stream)  # the copies draw from one stream, not L equal ones
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
@@ -277,6 +281,7 @@ class Transformer(Module):
         for p in self.parameters():                      # PyTorch's _reset_parameters
             if p.data.ndim > 1:
                 p.data = init.xavier_uniform(p.shape, rng=rng, dtype=p.dtype, backend=backend)
+        self.manual_seed(init.stream_seed(rng))          # this module's dropout stream
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                 src_key_padding_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,

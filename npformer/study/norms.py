@@ -40,7 +40,6 @@ from npformer.backend import to_numpy
 from npformer.data.vocab import BOS_ID, PAD_ID, CharVocab
 from npformer.models.decoding import eval_mode
 from npformer.models.norm_encoder import NORMS, NormEncoder, NormEncoderConfig
-from npformer.nn.dropout import seed_dropout
 from npformer.nn.module import no_grad
 from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -103,7 +102,7 @@ def train_model(norm: str, task: Histogram, args: argparse.Namespace, log=print)
     for step in range(1, args.steps + 1):
         rng = numpy.random.default_rng((args.seed, step))                 # the same batches for each norm
         ids, targets = task.encode(task.sample(rng, args.batch_size))
-        seed_dropout((args.seed, step))
+        model.manual_seed((args.seed, step))
         model.train()
         loss, cache = cross_entropy_forward(model(ids), targets, ignore_index=IGNORE)
         model.backward(cross_entropy_backward(numpy.ones((), dtype=numpy.float32), cache))

@@ -318,7 +318,6 @@ def gradcheck_module(module: Any, inputs: Mapping[str, Any], *,
     before every forward, so each finite-difference evaluation draws the same masks. Also fails when
     backward leaves saved caches behind (a forward that was not back-propagated).
     """
-    from npformer.nn.dropout import seed_dropout
     from npformer.nn.module import no_grad
 
     forward = forward or (lambda m, **kw: m(*kw.values()))
@@ -329,7 +328,7 @@ def gradcheck_module(module: Any, inputs: Mapping[str, Any], *,
 
     def run_once():
         if dropout_seed is not None:
-            seed_dropout(dropout_seed)
+            module.manual_seed(dropout_seed)
         return forward(module, **arrays)
 
     module.zero_grad()

@@ -19,7 +19,6 @@ from npformer.data.tasks import TASKS, exact_match, get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
-from npformer.nn.dropout import seed_dropout
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
@@ -152,7 +151,7 @@ class Trainer:
 
     def train_step(self) -> float:
         c, step = self.cfg, self.step + 1
-        seed_dropout((c.seed, step), c.backend)
+        self.model.manual_seed((c.seed, step))   # this step's dropout masks: a function of (seed, step)
         self.model.train()
         loss, self._tokens = self.loss_and_backward(step)
         self.opt.lr = self._lr(step)

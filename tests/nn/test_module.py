@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from npformer import nn
 from npformer.nn import Linear, Module, ModuleList, Parameter, StateDictError, no_grad
 
 
@@ -101,3 +102,41 @@ def test_parameter_accumulate_checks_shape():
     p = Parameter(np.zeros((2, 3)))
     with pytest.raises(ValueError, match=r"gradient of shape \(3, 2\) for a parameter of shape \(2, 3\)"):
         p.accumulate(np.zeros((3, 2)))
+
+
+def test_a_seeded_model_draws_the_same_dropout_masks_whatever_else_runs():
+    """Generators are owned: a model built with rng=0 draws its own stream, not a process-wide one."""
+    from npformer.models.gpt import GPT, GPTConfig
+    cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8, dropout=0.5)
+    idx = np.array([[1, 2, 3, 4, 5]])
+    alone = GPT(cfg, rng=0, dtype="float64")
+    ref = [alone(idx) for _ in range(3)]
+    busy, other = GPT(cfg, rng=0, dtype="float64"), GPT(cfg, rng=1, dtype="float64")
+    got = []
+    for _ in range(3):
+        other(idx)                                       # another model draws in between
+        nn.Dropout(0.5)(np.ones(7))                      # and a module nobody seeded
+        got.append(busy(idx))
+    for r, g in zip(ref, got):
+        np.testing.assert_array_equal(r, g)
+    assert not np.array_equal(ref[0], ref[1])            # the stream moves on from call to call
+    busy.manual_seed(5)
+    first = busy(idx)
+    busy.manual_seed(5)
+    np.testing.assert_array_equal(first, busy(idx))      # reseeding restarts it
+
+
+def test_the_layers_of_an_encoder_share_one_stream_not_equal_copies():
+    layer = nn.TransformerEncoderLayer(4, 2, 8, dropout=0.5, rng=0)
+    encoder = nn.TransformerEncoder(layer, 2)
+    streams = {id(m.random_stream) for m in encoder.modules()}
+    assert len(streams) == 1 and encoder.layers[0].random_stream is layer.random_stream
+
+
+def test_stream_seed_leaves_the_weights_stream_alone():
+    from npformer.nn import init
+    a, b = np.random.default_rng(3), np.random.default_rng(3)
+    s1, s2 = init.stream_seed(a), init.stream_seed(a)
+    assert s1 != s2 and isinstance(s1, int)              # spawned children differ
+    np.testing.assert_array_equal(a.standard_normal(4), b.standard_normal(4))
+    assert init.stream_seed(7) == init.stream_seed(7) and init.stream_seed(None) is None

@@ -7,7 +7,6 @@ import pytest
 
 from npformer.backend import backend_name
 from npformer.models.gpt import GPT, GPTConfig
-from npformer.nn.dropout import seed_dropout
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import DynamicLossScaler, MixedPrecision
 from npformer.training.optim import AdamW, clip_grad_norm
@@ -35,7 +34,7 @@ def train(xp, precision, steps, scaler=None):
     opt = AdamW(amp.named_parameters() if amp else model.named_parameters(), lr=3e-3)
     losses = []
     for step in range(1, steps + 1):
-        seed_dropout((0, step), backend_name(xp))        # the same dropout masks in both runs
+        model.manual_seed((0, step))                     # the same dropout masks in both runs
         x, y = batch(xp, step)
         logits = model(x)                                                         # (B, T, V)
         loss, cache = cross_entropy_forward(logits.astype(xp.float32), y)        # the loss in float32

@@ -65,17 +65,16 @@ def test_gathering_the_masked_positions_equals_the_full_head_with_ignored_target
     """The trainer runs the MLM head on the k picked positions only and scatters their gradient back;
     the reference runs it on all T positions with the rest ignored. Same loss, same gradients."""
     from npformer.backend import default_rng
-    from npformer.nn.dropout import seed_dropout
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     trainer = _quiet(model=model, dtype="float64")
-    seed_dropout((0, 1), "numpy")
+    trainer.model.manual_seed((0, 1))
     loss, _ = trainer.loss_and_backward(1)
     got = {k: g.copy() for k, g in trainer.model.grads().items()}
     trainer.model.zero_grad()
     rng = default_rng((0, 1), "numpy")                       # the batch and masks of step 1, again
     x, _ = trainer.data.random_batch("train", MLM["batch_size"], rng=rng)
     inputs, targets = trainer._mask(x, rng)
-    seed_dropout((0, 1), "numpy")
+    trainer.model.manual_seed((0, 1))
     hidden, _ = trainer.model(inputs)
     ref, cache = cross_entropy_forward(trainer.model.mlm_logits(hidden), targets, ignore_index=IGNORE)
     trainer.model.backward(dmlm_logits=cross_entropy_backward(np.ones(()), cache))

@@ -82,7 +82,6 @@ def test_attention_softmax_takes_the_fused_path(fx, seen):
 
 def test_a_gpt_training_step_through_the_fused_kernels_equals_the_plain_one(fx, seen):
     from npformer.models.gpt import GPT, GPTConfig
-    from npformer.nn.dropout import seed_dropout
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     xp = fx.xp
     backend = "numpy" if fx.name == "emulated" else "cupy"     # the model lives where the kernels run
@@ -92,7 +91,7 @@ def test_a_gpt_training_step_through_the_fused_kernels_equals_the_plain_one(fx, 
     def step():
         model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8, dropout=0.1,
                               activation="gelu"), dtype="float64", backend=backend, rng=0)
-        seed_dropout(3, backend)
+        model.manual_seed(3)
         loss, cache = cross_entropy_forward(model(idx), tgt)
         model.backward(cross_entropy_backward(xp.ones(()), cache))
         return [loss] + [p.grad for _, p in model.named_parameters()]
