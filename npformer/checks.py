@@ -13,7 +13,7 @@ import math
 from numbers import Integral, Real
 from typing import Any, Sequence
 
-from npformer.backend import get_array_module, is_cupy_array
+from npformer.backend import is_array, is_cupy_array
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
@@ -34,10 +34,10 @@ def describe(x: Any) -> str:
 # -- arrays ------------------------------------------------------------------------------------------
 
 def expect_array(x: Any, name: str) -> None:
-    """``x`` must be a NumPy or CuPy ndarray (lists and scalars are not converted silently)."""
-    if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
+    """``x`` must be a NumPy or CuPy ndarray (lists, scalars and other libraries' tensors are not
+    converted silently)."""
+    if not is_array(x):
         raise InputTypeError(f"{name}: expected a numpy or cupy array, got {describe(x)}")
-    get_array_module(x)
 
 
 def expect_float(x: Any, name: str) -> None:

@@ -22,13 +22,13 @@ the result is cast back to the input dtype. Every op returns the dtype it was gi
 """
 from npformer.backend.array_module import (BACKENDS, DEFAULT_DTYPE, ENV_VAR, accumulation_dtype, backend_name,
                                            cupy_available, default_backend_name, default_rng, get_array_module,
-                                           get_backend, is_cupy_array, scatter_add, to_device, to_numpy)
+                                           get_backend, is_array, is_cupy_array, scatter_add, to_device, to_numpy)
 from npformer.backend.special import erf
 from npformer.errors import BackendUnavailableError
 
 __all__ = [
     "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
     "default_backend_name", "get_backend", "backend_name", "get_array_module",
-    "is_cupy_array", "cupy_available", "to_numpy", "to_device", "default_rng",
+    "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
     "scatter_add", "erf", "accumulation_dtype",
 ]

@@ -19,7 +19,7 @@ ENV_VAR = "NPFORMER_BACKEND"
 __all__ = [
     "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
     "default_backend_name", "get_backend", "backend_name", "get_array_module",
-    "is_cupy_array", "cupy_available", "to_numpy", "to_device", "default_rng",
+    "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
     "scatter_add", "accumulation_dtype",
 ]
 
@@ -82,16 +82,22 @@ def is_cupy_array(a: Any) -> bool:
     return cupy is not None and isinstance(a, cupy.ndarray)
 
 
+def is_array(a: Any) -> bool:
+    """True for a NumPy or CuPy ndarray, or a NumPy scalar (a 0-d value); never imports CuPy."""
+    return isinstance(a, (numpy.ndarray, numpy.generic)) or is_cupy_array(a)
+
+
 def get_array_module(*arrays: Any) -> ModuleType:
     """numpy or cupy, from the arrays given; mixing the two raises ``TypeError``.
 
     ``None`` and Python scalars are ignored, so optional arguments can be passed straight in.
     """
+    cupy = sys.modules.get("cupy")
+    if cupy is None:                     # CuPy never imported: no CuPy array can exist
+        return numpy
     found_numpy = found_cupy = None
     for a in arrays:
-        if a is None or isinstance(a, (bool, int, float, complex)):
-            continue
-        if is_cupy_array(a):
+        if isinstance(a, cupy.ndarray):
             found_cupy = found_cupy if found_cupy is not None else a
         elif isinstance(a, (numpy.ndarray, numpy.generic)):
             found_numpy = found_numpy if found_numpy is not None else a
@@ -102,9 +108,7 @@ def get_array_module(*arrays: Any) -> ModuleType:
             f"{type(found_cupy).__module__}.{type(found_cupy).__name__}; "
             "move them to one backend first with npformer.backend.to_device(array, 'numpy' or 'cupy')"
         )
-    if found_cupy is not None:
-        return sys.modules["cupy"]
-    return numpy
+    return cupy if found_cupy is not None else numpy
 
 
 def backend_name(xp_or_array: Any) -> str:

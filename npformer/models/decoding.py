@@ -52,10 +52,10 @@ def greedy_decode(model, src, *, bos_id: int, eos_id: int, max_len: int,
         memory, src_pad = model.encode(src)                                       # (B, S, C)
         ys = xp.full((src.shape[0], 1), bos_id, dtype=src.dtype)                  # (B, 1)
         done = xp.zeros((src.shape[0],), dtype=bool)                              # (B,)
-        cache = model.new_decoder_cache() if use_cache else None
+        cache = model.new_cache() if use_cache else None
         for _ in range(max_len):
             if use_cache:
-                logits = model.decode_step(ys[:, -1:], memory, src_pad, cache)[:, -1]   # (B, V)
+                logits = model.decode(ys[:, -1:], memory, src_pad, kv_cache=cache)[:, -1]   # (B, V)
             else:
                 logits = model.decode(ys, memory, src_pad)[:, -1]                 # (B, V)
             nxt = xp.where(done, pad, logits.argmax(axis=-1)).astype(ys.dtype)    # (B,)
@@ -161,12 +161,12 @@ def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
     with eval_mode(model):
         if use_cache and idx.shape[1] + max_new_tokens <= block:
             cache = model.new_cache()
-            logits = model.forward_cached(idx, cache)[:, -1]                      # (B, V)
+            logits = model(idx, kv_cache=cache)[:, -1]                            # (B, V)
             for _ in range(max_new_tokens):
                 nxt = sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
                 idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
                 if len(cache[0]) < block:
-                    logits = model.forward_cached(idx[:, -1:], cache)[:, -1]
+                    logits = model(idx[:, -1:], kv_cache=cache)[:, -1]
             return idx
         for _ in range(max_new_tokens):       # no cache, or past the context: a sliding window
             logits = model(idx[:, -block:])[:, -1]

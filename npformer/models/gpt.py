@@ -16,11 +16,14 @@ import math
 from dataclasses import asdict, dataclass
 
 from npformer.backend import get_array_module
+from npformer.checks import token_ids
+from npformer.errors import RangeError
 from npformer.nn import init
-from npformer.nn.attention import KVCache
+from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding
 from npformer.nn.head import OutputHead
+from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import TransformerEncoderLayer
@@ -65,60 +68,64 @@ class GPT(Module):
         self.ln_f = LayerNorm(c.d_model, c.layer_norm_eps, bias=c.bias, **kw) if c.norm_first else None
         self.head = OutputHead(c.d_model, c.vocab_size, tied=self.wte.weight if c.tie_embeddings else None,
                                rng=rng, **kw)
-        residual_std = 0.02 / math.sqrt(2 * c.n_layer) if c.scaled_residual_init else 0.02
-        for name, p in self.named_parameters():
-            if p.data.ndim == 2 and not name.startswith(("wte", "wpe", "head")):
-                std = residual_std if name.endswith(("out_proj.weight", "linear2.weight")) else 0.02
-                p.data = init.normal(p.shape, std, rng=rng, dtype=p.dtype, backend=backend)
-            elif name.endswith("bias") and not name.startswith(("ln_f",)) and "norm" not in name:
-                p.data[...] = 0
+        self._init_weights(rng, backend)
         self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
+    def _init_weights(self, rng, backend):
+        """GPT-2's initialisation, by module type: every projection matrix of the layers N(0, 0.02^2)
+        and their biases zero; the two that write into the residual stream (attention's out_proj,
+        the feed-forward's linear2) N(0, residual_std^2). Embeddings and the head keep their own."""
+        c = self.config
+        residual_std = 0.02 / math.sqrt(2 * c.n_layer) if c.scaled_residual_init else 0.02
+        for layer in self.layers:
+            for m in layer.modules():
+                if isinstance(m, MultiheadAttention):
+                    m.in_proj_weight.data = init.normal(m.in_proj_weight.shape, 0.02, rng=rng,
+                                                        dtype=m.in_proj_weight.dtype, backend=backend)
+                    if m.in_proj_bias is not None:
+                        m.in_proj_bias.data[...] = 0
+                elif isinstance(m, Linear):
+                    std = residual_std if m is layer.self_attn.out_proj or m is layer.linear2 else 0.02
+                    m.weight.data = init.normal(m.weight.shape, std, rng=rng, dtype=m.weight.dtype, backend=backend)
+                    if m.bias is not None:
+                        m.bias.data[...] = 0
+
     def _check(self, idx, offset=0):
-        if not hasattr(idx, "dtype") or idx.dtype.kind not in "iu" or idx.ndim != 2:
-            raise TypeError(f"idx: expected a 2-d integer array (B, T) of token ids, got "
-                            f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}")
+        token_ids(idx, "idx", self.config.vocab_size)
         if offset + idx.shape[1] > self.config.block_size:
-            raise ValueError(f"sequence of length {offset + idx.shape[1]} exceeds block_size="
+            raise RangeError(f"sequence of length {offset + idx.shape[1]} exceeds block_size="
                              f"{self.config.block_size}")
 
-    def _embed(self, idx, offset=0):
-        xp = get_array_module(idx)
-        pos = xp.arange(offset, offset + idx.shape[1])                          # (T,)
-        return self.drop(self.wte(idx) + self.wpe(pos))                           # (B, T, C)
+    def forward(self, idx, kv_cache: list[KVCache] | None = None):
+        """idx (B, T) -> logits (B, T, V) of the next token at every position.
 
-    def forward(self, idx):
-        """idx (B, T) -> logits (B, T, V) of the next token at every position."""
-        self._check(idx)
-        x = self._embed(idx)
-        for layer in self.layers:
-            x = layer(x, is_causal=True)
+        With ``kv_cache`` (:meth:`new_cache`; inference, under ``no_grad``) ``idx`` holds only the
+        new tokens, at the positions after those already in the cache."""
+        offset = 0 if kv_cache is None else len(kv_cache[0])
+        self._check(idx, offset)
+        xp = get_array_module(idx)
+        pos = xp.arange(offset, offset + idx.shape[1])                           # (T,)
+        x = self.drop(self.wte(idx) + self.wpe(pos))                              # (B, T, C)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, is_causal=True, kv_cache=None if kv_cache is None else kv_cache[i])
         if self.ln_f is not None:
             x = self.ln_f(x)
         return self.head(x)                                                       # (B, T, V)
 
     def backward(self, dlogits):
+        """Accumulates every parameter gradient (the ids have none); returns None."""
+        # fwd: logits = head(ln_f(x_L))  (the head's weight is wte when tied: both uses accumulate)
         dx = self.head.backward(dlogits)
         if self.ln_f is not None:
             dx = self.ln_f.backward(dx)
+        # fwd: x_l = layer_l(x_{l-1})  ->  back through the layers, newest first
         for layer in reversed(list(self.layers)):
             dx = layer.backward(dx)
+        # fwd: x_0 = drop(wte[idx] + wpe[pos])  ->  both tables receive drop'(dx) (wpe summed over the batch)
         dx = self.drop.backward(dx)
-        # fwd: x = wte[idx] + wpe[pos]  ->  both tables receive dx (wpe summed over the batch)
         self.wpe.backward(dx.sum(axis=0))
         self.wte.backward(dx)
 
-    # -- inference with a key/value cache -----------------------------------------------------------
-    def new_cache(self) -> list:
+    def new_cache(self) -> list[KVCache]:
+        """An empty key/value cache per layer, for :meth:`forward` in incremental decoding."""
         return [KVCache() for _ in self.layers]
-
-    def forward_cached(self, idx, cache: list):
-        """Logits (B, Tnew, V) of new tokens given ``cache`` (inference only, under ``no_grad``)."""
-        offset = len(cache[0])
-        self._check(idx, offset)
-        x = self._embed(idx, offset)
-        for layer, kv in zip(self.layers, cache):
-            x = layer.step(x, kv)
-        if self.ln_f is not None:
-            x = self.ln_f(x)
-        return self.head(x)

@@ -18,16 +18,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from npformer.backend import get_array_module
+from npformer.checks import one_of, token_ids
 from npformer.nn import init
-from npformer.nn.attention import MultiheadAttention
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, PositionalEncoding
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.normalization_batch import BatchNorm1d
-from npformer.nn.transformer import FeedForwardBlock
+from npformer.nn.transformer import TransformerEncoderLayer
 
 __all__ = ["NORMS", "NormEncoderConfig", "NormEncoderLayer", "NormEncoder"]
 
@@ -39,8 +38,7 @@ NORMS = {
 
 
 def _make_norm(kind: str, d_model: int, kw: dict) -> Module:
-    if kind not in NORMS:
-        raise ValueError(f"norm must be one of {sorted(NORMS)}, got {kind!r}")
+    one_of(kind, "norm", tuple(NORMS))
     return LayerNorm(d_model, **kw) if kind == "layer" else BatchNorm1d(d_model, **kw)
 
 
@@ -63,54 +61,22 @@ class NormEncoderConfig:
         return asdict(self)
 
 
-class NormEncoderLayer(Module):
-    """Self-attention and feed-forward, each in a residual branch with the chosen norm."""
+class NormEncoderLayer(TransformerEncoderLayer):
+    """``TransformerEncoderLayer`` with the chosen norm in both places (the rest is the same class)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float = 0.0,
                  activation: str = "relu", norm: str = "layer", norm_first: bool = False, *,
                  dtype=None, backend=None, rng=None):
-        super().__init__()
-        rng = init.host_generator(rng)
-        kw = dict(dtype=dtype, backend=backend)
-        self.norm_kind, self.norm_first = norm, norm_first
-        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, rng=rng, **kw)
-        self.ff = FeedForwardBlock(d_model, dim_feedforward, dropout, activation, rng=rng, **kw)
-        self.norm1, self.norm2 = _make_norm(norm, d_model, kw), _make_norm(norm, d_model, kw)
-        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
-        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
+        Module.__init__(self)                            # the norm kind is needed while the layer is built
+        self.norm_kind = one_of(norm, "norm", tuple(NORMS))
+        self._init_layer(d_model, nhead, dim_feedforward, dropout, activation, 1e-5, True, norm_first, True,
+                         dtype, backend, rng, n_norms=2)
 
-    def _norm(self, norm: Module, x, padding):
-        return norm(x, padding) if self.norm_kind == "batch_masked" else norm(x)  # (B, T, C)
+    def _make_norm(self, d_model, eps, bias, dtype, backend) -> Module:
+        return _make_norm(self.norm_kind, d_model, dict(dtype=dtype, backend=backend))
 
-    def _sa(self, h, padding):
-        a, _ = self.self_attn(h, h, h, key_padding_mask=padding, need_weights=False)
-        return self.dropout1(a)                                                   # (B, T, C)
-
-    def forward(self, x, padding):
-        """x (B, T, C), padding (B, T) bool, True = padding."""
-        if self.norm_first:
-            x = x + self._sa(self._norm(self.norm1, x, padding), padding)
-            return x + self.dropout2(self.ff(self._norm(self.norm2, x, padding)))
-        x = self._norm(self.norm1, x + self._sa(x, padding), padding)
-        return self._norm(self.norm2, x + self.dropout2(self.ff(x)), padding)
-
-    def backward(self, dout):
-        def sa_backward(d):
-            return self.self_attn.backward(self.dropout1.backward(d))[0]         # (B, T, C)
-
-        def ff_backward(d):
-            return self.ff.backward(self.dropout2.backward(d))                   # (B, T, C)
-        if self.norm_first:
-            # fwd: y = x1 + drop2(FF(N2(x1)))  ->  dx1 = dy + N2'(FF'(drop2'(dy)))
-            dx1 = dout + self.norm2.backward(ff_backward(dout))
-            # fwd: x1 = x + drop1(SA(N1(x)))  ->  dx = dx1 + N1'(SA'(drop1'(dx1)))
-            return dx1 + self.norm1.backward(sa_backward(dx1))
-        # fwd: y = N2(x1 + drop2(FF(x1)))  ->  d = N2'(dy);  dx1 = d + FF'(drop2'(d))
-        d = self.norm2.backward(dout)
-        dx1 = d + ff_backward(d)
-        # fwd: x1 = N1(x + drop1(SA(x)))  ->  d = N1'(dx1);  dx = d + SA'(drop1'(d))
-        d = self.norm1.backward(dx1)
-        return d + sa_backward(d)
+    def _norm(self, norm, x, padding):
+        return norm(x, padding) if self.norm_kind == "batch_masked" else norm(x)   # (B, T, C)
 
 
 class NormEncoder(Module):
@@ -119,8 +85,7 @@ class NormEncoder(Module):
     def __init__(self, config: NormEncoderConfig, *, dtype=None, backend=None, rng=None):
         super().__init__()
         c = self.config = config
-        if c.norm not in NORMS:
-            raise ValueError(f"norm must be one of {sorted(NORMS)}, got {c.norm!r}")
+        one_of(c.norm, "norm", tuple(NORMS))
         rng = init.host_generator(rng)
         kw = dict(dtype=dtype, backend=backend)
         # no padding_idx: the padding row is an ordinary row, so its gradient is the true one. Under
@@ -138,14 +103,11 @@ class NormEncoder(Module):
         self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def forward(self, ids):
-        if not hasattr(ids, "dtype") or ids.dtype.kind not in "iu" or ids.ndim != 2:
-            raise TypeError(f"ids: expected a 2-d integer array (B, T) of token ids, got "
-                            f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
-        get_array_module(ids)
+        token_ids(ids, "ids", self.config.vocab_size)
         padding = ids == self.config.pad_id                                       # (B, T)
         x = self.dropout(self.pos(self.embed(ids) * self.scale))                  # (B, T, C)
         for layer in self.layers:
-            x = layer(x, padding)
+            x = layer(x, src_key_padding_mask=padding)
         if self.norm is not None:
             x = self.norm(x, padding) if self.config.norm == "batch_masked" else self.norm(x)
         return self.head(x)                                                       # (B, T, K)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from npformer.backend import get_array_module
+from npformer.checks import token_ids
+from npformer.errors import RangeError
 from npformer.nn import init
-from npformer.nn.attention import KVCache
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding
 from npformer.nn.head import OutputHead
@@ -75,39 +75,35 @@ class Seq2Seq(Module):
         return dropout(self.pos(embed(ids) * self.scale, offset))                 # (B, T, C)
 
     def _embed_backward(self, embed, dropout, dx):
+        # fwd: x = dropout(E[ids] * sqrt(d) + PE)  ->  dE[ids] += sqrt(d) * dropout'(dx)
         embed.backward(self.pos.backward(dropout.backward(dx)) * self.scale)
 
     def encode(self, src):
         """memory (B, S, C) and the source padding mask (B, S), True = padding."""
-        self._check_ids(src, "src", self.config.src_vocab_size)
+        token_ids(src, "src", self.config.src_vocab_size)
+        self._check_length(src, "src")
         src_pad = src == self.config.pad_id                                       # (B, S)
         x = self._embed(self.src_embed, self.src_dropout, src)
         return self.transformer.encoder(x, src_key_padding_mask=src_pad), src_pad
 
-    def decode(self, tgt_in, memory, src_pad):
-        """Logits (B, T, V) of the next tokens for every prefix of ``tgt_in``."""
-        self._check_ids(tgt_in, "tgt_in", self.config.tgt_vocab_size)
-        tgt_pad = tgt_in == self.config.pad_id                                    # (B, T)
-        y = self._embed(self.tgt_embed, self.tgt_dropout, tgt_in)
-        h = self.transformer.decoder(y, memory, tgt_key_padding_mask=tgt_pad,
-                                     memory_key_padding_mask=src_pad, tgt_is_causal=True)
+    def decode(self, tgt_in, memory, src_pad, kv_cache: list | None = None):
+        """Logits (B, T, V) of the next tokens for every prefix of ``tgt_in``.
+
+        With ``kv_cache`` (:meth:`new_cache`; inference, under ``no_grad`` in eval mode) ``tgt_in``
+        holds only the new target tokens, after those already in the cache: the same logits as the
+        last rows of a decode of the whole prefix, at a cost linear in the prefix length per step."""
+        offset = 0 if kv_cache is None else len(kv_cache[0][0])
+        token_ids(tgt_in, "tgt_in", self.config.tgt_vocab_size)
+        self._check_length(tgt_in, "tgt_in", offset)
+        tgt_pad = None if kv_cache is not None else tgt_in == self.config.pad_id  # (B, T); decoding makes no pads
+        y = self._embed(self.tgt_embed, self.tgt_dropout, tgt_in, offset)
+        h = self.transformer.decoder(y, memory, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
+                                     tgt_is_causal=True, kv_cache=kv_cache)
         return self.generator(h)                                                  # (B, T, V)
 
-    def new_decoder_cache(self) -> list:
+    def new_cache(self) -> list:
         """One (self-attention, cross-attention) pair of key/value caches per decoder layer."""
-        return [(KVCache(), KVCache()) for _ in self.transformer.decoder.layers]
-
-    def decode_step(self, tokens, memory, src_pad, cache: list):
-        """Logits (B, Tnew, V) for the new target tokens (B, Tnew) given the ones already in
-        ``cache`` (inference only; run under ``no_grad`` in eval mode). Equal to the last rows of
-        :meth:`decode` on the whole prefix, at a cost linear in the prefix length per step."""
-        offset = len(cache[0][0])
-        y = self.pos(self.tgt_embed(tokens) * self.scale, offset)                # (B, Tnew, C)
-        for layer, (self_cache, cross_cache) in zip(self.transformer.decoder.layers, cache):
-            y = layer.step(y, memory, self_cache, cross_cache, memory_key_padding_mask=src_pad)
-        if self.transformer.decoder.norm is not None:
-            y = self.transformer.decoder.norm(y)
-        return self.generator(y)                                                  # (B, Tnew, V)
+        return self.transformer.decoder.new_cache()
 
     # -- training ----------------------------------------------------------------------------------
     def forward(self, src, tgt_in):
@@ -117,17 +113,14 @@ class Seq2Seq(Module):
 
     def backward(self, dlogits):
         """Accumulates every parameter gradient (ids have none); returns None."""
+        # fwd: logits = generator(decoder(y, memory))  (the generator's weight is E_tgt when tied)
         dh = self.generator.backward(dlogits)
         dy, dmemory = self.transformer.decoder.backward(dh)
         self._embed_backward(self.tgt_embed, self.tgt_dropout, dy)
+        # fwd: memory = encoder(x)  ->  dx from the memory's gradient, summed over the decoder's layers
         dx = self.transformer.encoder.backward(dmemory)
         self._embed_backward(self.src_embed, self.src_dropout, dx)
 
-    def _check_ids(self, ids, name, vocab):
-        if not hasattr(ids, "dtype") or ids.dtype.kind not in "iu" or ids.ndim != 2:
-            raise TypeError(f"{name}: expected a 2-d integer array (B, T) of token ids, got "
-                            f"{getattr(ids, 'dtype', type(ids).__name__)} "
-                            f"{tuple(getattr(ids, 'shape', ()))}")
-        if ids.shape[1] > self.config.max_len:
-            raise ValueError(f"{name}: length {ids.shape[1]} exceeds max_len={self.config.max_len}")
-        get_array_module(ids)
+    def _check_length(self, ids, name, offset=0):
+        if offset + ids.shape[1] > self.config.max_len:
+            raise RangeError(f"{name}: length {offset + ids.shape[1]} exceeds max_len={self.config.max_len}")

@@ -32,7 +32,9 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList, Parameter
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import FeedForwardBlock
-from npformer.checks import describe, expect_ndim
+from npformer.checks import describe, expect_ndim, non_negative_int, positive_int, token_ids
+from npformer.errors import InputTypeError, ShapeError
+from npformer.ops.multihead import merge_heads, split_heads
 from npformer.ops.relative_attention import relative_attention_backward, relative_attention_forward
 
 __all__ = ["TransformerXLConfig", "TransformerXL", "TransformerXLLayer", "RelativeMultiheadAttention"]
@@ -54,13 +56,10 @@ class TransformerXLConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "dim_feedforward"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+            positive_int(getattr(self, name), name)
         if self.d_head is None and self.d_model % self.n_head:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head} (or give d_head)")
-        if isinstance(self.mem_len, bool) or not isinstance(self.mem_len, int) or self.mem_len < 0:
-            raise ValueError(f"mem_len: expected an int >= 0, got {self.mem_len!r}")
+            raise ShapeError(f"d_model {self.d_model} is not divisible by n_head {self.n_head} (or give d_head)")
+        non_negative_int(self.mem_len, "mem_len")
 
     @property
     def head_size(self) -> int:
@@ -68,16 +67,6 @@ class TransformerXLConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _split(x, h):
-    b, t, e = x.shape
-    return x.reshape(b, t, h, e // h).transpose(0, 2, 1, 3)                      # (B, H, T, hs)
-
-
-def _merge(x):
-    b, h, t, hs = x.shape
-    return x.transpose(0, 2, 1, 3).reshape(b, t, h * hs)                         # (B, T, H*hs)
 
 
 class RelativeMultiheadAttention(Module):
@@ -105,26 +94,25 @@ class RelativeMultiheadAttention(Module):
     def forward(self, x, cat, r):
         """x (B, T, C) the segment, cat (B, M + T, C) = [memory; x], r (M + T, C) -> (B, T, C)."""
         h, inner = self.n_head, self.n_head * self.d_head
-        q = _split(self.q_net(x), h)                                              # (B, H, T, hs)
+        q = split_heads(self.q_net(x), h)                                         # (B, H, T, hs)
         kv = self.kv_net(cat)                                                     # (B, Tk, 2*H*hs)
-        k, v = _split(kv[..., :inner], h), _split(kv[..., inner:], h)             # (B, H, Tk, hs)
+        k, v = split_heads(kv[..., :inner], h), split_heads(kv[..., inner:], h)   # (B, H, Tk, hs)
         active = self.training and self.dropout > 0
         a, cache = relative_attention_forward(
             q, k, v, r, self.r_weight.data, self.r_w_bias.data, self.r_r_bias.data, dropout_p=self.dropout,
             rng=self.generator(x) if active else None, training=active)   # (B, H, T, hs)
         self._push(cache)
-        return self.o_net(_merge(a))                                              # (B, T, C)
+        return self.o_net(merge_heads(a))                                         # (B, T, C)
 
     def backward(self, dout):
         """Returns ``(dx, dcat)``; parameter gradients accumulate."""
-        xp = get_array_module(dout)
-        da = _split(self.o_net.backward(dout), self.n_head)                      # (B, H, T, hs)
+        da = split_heads(self.o_net.backward(dout), self.n_head)                 # (B, H, T, hs)
         dq, dk, dv, _, dr_weight, du, dvb = relative_attention_backward(da, self._pop())   # R is fixed
         self.r_weight.accumulate(dr_weight)
         self.r_w_bias.accumulate(du)
         self.r_r_bias.accumulate(dvb)
-        dx = self.q_net.backward(_merge(dq))                                      # (B, T, C)
-        dcat = self.kv_net.backward(xp.concatenate([_merge(dk), _merge(dv)], axis=-1))   # (B, Tk, C)
+        dx = self.q_net.backward(merge_heads(dq))                                 # (B, T, C)
+        dcat = self.kv_net.backward(merge_heads(dk, dv))                          # (B, Tk, C): [dk | dv], one copy each
         return dx, dcat
 
     def extra_repr(self) -> str:
@@ -196,25 +184,24 @@ class TransformerXL(Module):
         return self._tables[key]
 
     def _check(self, idx, mems):
-        if not hasattr(idx, "dtype") or idx.dtype.kind not in "iu" or idx.ndim != 2:
-            raise TypeError(f"idx: expected a 2-d integer array (B, T) of token ids, got {describe(idx)}")
+        token_ids(idx, "idx", self.config.vocab_size)
         if idx.shape[1] < 1:
-            raise ValueError(f"idx: expected a segment of at least one token, got {describe(idx)}")
+            raise ShapeError(f"idx: expected a segment of at least one token, got {describe(idx)}")
         if mems is None:
             return 0
         n, (b, c) = self.config.n_layer, (idx.shape[0], self.config.d_model)
         if not isinstance(mems, (list, tuple)) or len(mems) != n:
-            raise ValueError(f"mems: expected None or a list of {n} arrays (B, M, C), one per layer, got "
+            raise ShapeError(f"mems: expected None or a list of {n} arrays (B, M, C), one per layer, got "
                              f"{type(mems).__name__} of length {len(mems) if hasattr(mems, '__len__') else '?'}")
         for i, mem in enumerate(mems):
             expect_ndim(mem, f"mems[{i}]", 3, "(B, M, C)")
         m = mems[0].shape[1]
         for i, mem in enumerate(mems):
             if tuple(mem.shape) != (b, m, c):
-                raise ValueError(f"mems[{i}]: expected shape (B, M, C)=({b}, {m}, {c}) (the batch of idx, "
+                raise ShapeError(f"mems[{i}]: expected shape (B, M, C)=({b}, {m}, {c}) (the batch of idx, "
                                  f"the same M in every layer), got {describe(mem)}")
             if mem.dtype != self.dtype:
-                raise TypeError(f"mems[{i}]: expected the model's dtype {self.dtype}, got {describe(mem)}")
+                raise InputTypeError(f"mems[{i}]: expected the model's dtype {self.dtype}, got {describe(mem)}")
             get_array_module(idx, mem)
         return m
 
@@ -226,9 +213,7 @@ class TransformerXL(Module):
         at evaluation gives a longer context than training had); None when ``mem_len`` is 0.
         """
         m = self._check(idx, mems)
-        keep = self.config.mem_len if mem_len is None else mem_len
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-            raise ValueError(f"mem_len: expected an int >= 0, got {keep!r}")
+        keep = non_negative_int(self.config.mem_len if mem_len is None else mem_len, "mem_len")
         xp = get_array_module(idx)
         r = self.distances(m + idx.shape[1], xp, self.dtype)                     # (M + T, C)
         h = self.drop(self.wte(idx) * self.scale)                                 # (B, T, C)

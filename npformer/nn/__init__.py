@@ -5,7 +5,7 @@ returns the gradients of the forward's array inputs and accumulates parameter gr
 ``Parameter.grad``. See :mod:`npformer.nn.module` for the rules.
 """
 from npformer.nn import init
-from npformer.nn.attention import MultiheadAttention
+from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding, sinusoidal_table
 from npformer.nn.head import OutputHead
@@ -19,7 +19,7 @@ from npformer.nn.transformer import (FeedForwardBlock, Transformer, TransformerD
                                      TransformerEncoderLayer)
 
 __all__ = ["init", "Module", "ModuleList", "Parameter", "StateDictError", "Linear", "Embedding",
-           "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout", "RandomStream",
-           "MultiheadAttention", "FeedForwardBlock", "TransformerEncoderLayer",
+           "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout",
+           "RandomStream",           "MultiheadAttention", "KVCache", "FeedForwardBlock", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
            "OutputHead", "no_grad", "is_grad_enabled", "RNN", "LSTM", "BatchNorm1d"]

@@ -1,6 +1,7 @@
 """``Linear(in_features, out_features, bias=True)``: ``y = x W^T + b``, as ``torch.nn.Linear``."""
 from __future__ import annotations
 
+from npformer.checks import positive_int
 from npformer.nn import init
 from npformer.nn.module import Module, Parameter
 from npformer.ops.linear import linear_backward, linear_forward
@@ -12,25 +13,41 @@ class Linear(Module):
     """Parameters ``weight`` (out, in) and ``bias`` (out,), PyTorch's default initialisation."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype=None,
-                 backend=None, rng=None):
+                 backend=None, rng=None, zero_bias: bool = False):
+        """``zero_bias``: the bias starts at zero instead of PyTorch's uniform draw (as
+        ``nn.MultiheadAttention`` sets its ``out_proj.bias``), and nothing is drawn for it."""
         super().__init__()
         rng = init.host_generator(rng)   # one stream for all of this module's draws
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features = positive_int(in_features, "in_features")
+        self.out_features = positive_int(out_features, "out_features")
         kw = dict(rng=rng, dtype=dtype, backend=backend)
         self.weight = Parameter(init.linear_uniform((out_features, in_features), in_features, **kw))
-        self.bias = Parameter(init.linear_uniform((out_features,), in_features, **kw), decay=False) \
-            if bias else None
+        if not bias:
+            self.bias = None
+        elif zero_bias:
+            self.bias = Parameter(init.zeros((out_features,), dtype=dtype, backend=backend), decay=False)
+        else:
+            self.bias = Parameter(init.linear_uniform((out_features,), in_features, **kw), decay=False)
+
+    def arrays(self):
+        """``(weight, bias or None)``: the arrays an op takes (modules that run one op over several
+        layers' parameters, such as the feed-forward block, use this)."""
+        return self.weight.data, None if self.bias is None else self.bias.data
+
+    def accumulate(self, dweight, dbias) -> None:
+        """Add an op's gradients of ``weight`` and ``bias`` into theirs (``dbias`` ignored without a bias)."""
+        self.weight.accumulate(dweight)
+        if self.bias is not None:
+            self.bias.accumulate(dbias)
 
     def forward(self, x):
-        out, cache = linear_forward(x, self.weight.data, None if self.bias is None else self.bias.data)
+        out, cache = linear_forward(x, *self.arrays())
         self._push(cache)
         return out                                       # (..., out)
 
     def backward(self, dout):
         dx, dweight, dbias = linear_backward(dout, self._pop())
-        self.weight.accumulate(dweight)
-        if self.bias is not None:
-            self.bias.accumulate(dbias)
+        self.accumulate(dweight, dbias)
         return dx                                        # (..., in)
 
     def extra_repr(self) -> str:

@@ -4,101 +4,124 @@ Encoder layer, post-norm (the paper, ``norm_first=False``) and pre-norm (``norm_
 
     post:  x = norm1(x + drop1(SA(x)));          x = norm2(x + drop2(FF(x)))
     pre:   x = x + drop1(SA(norm1(x)));          x = x + drop2(FF(norm2(x)))
-    FF(h) = linear2(drop(act(linear1(h))))
+    FF(h) = linear2(dropout(act(linear1(h))))    one op: npformer.ops.feedforward
 
 The decoder layer adds cross-attention over the encoder output ``memory`` between the two, with
 ``norm2`` and ``drop2`` there and ``norm3``/``drop3`` around the feed-forward block, as PyTorch.
 Every backward runs the forward's lines in reverse; a residual ``x + f(x)`` sends ``dout`` both
 ways, ``dx = dout + f'(x)^T dout``. Parameter names equal PyTorch's ``state_dict`` keys.
+
+Incremental decoding runs the same ``forward`` on the new positions only, with ``kv_cache`` (a
+:class:`~npformer.nn.attention.KVCache` per attention module) holding the earlier positions' keys
+and values: one formula for training and for decoding.
 """
 from __future__ import annotations
 
 import copy
 
+from npformer.checks import one_of, positive_int
+from npformer.errors import RangeError
 from npformer.nn import init
-from npformer.nn.attention import MultiheadAttention
+from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
-from npformer.ops.feedforward import ACTIVATIONS
+from npformer.ops.feedforward import ACTIVATIONS, feed_forward_backward, feed_forward_forward
 
-__all__ = ["FeedForwardBlock", "TransformerEncoderLayer", "TransformerDecoderLayer",
-           "TransformerEncoder", "TransformerDecoder", "Transformer", "ACTIVATIONS"]
-
-def _activation(name: str):
-    if name not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
-    return ACTIVATIONS[name]
+__all__ = ["FeedForwardBlock", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+           "TransformerDecoder", "Transformer"]
 
 
-class _FeedForward(Module):
-    """Mixin for the position-wise block ``linear2(dropout(act(linear1(h))))`` of a layer."""
+class _FeedForwardParts(Module):
+    """``linear1``, ``dropout`` and ``linear2`` held as PyTorch names them, run as the one feed-forward op."""
 
-    def _ff_init(self, d_model, dim_feedforward, dropout, activation, bias, kw):
-        self.activation = activation
-        self._act_fwd, self._act_kw, self._act_bwd = _activation(activation)
+    def _init_feed_forward(self, d_model, dim_feedforward, dropout, activation, bias, kw):
+        self.activation = one_of(activation, "activation", tuple(ACTIVATIONS))
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
 
-    def _ff(self, h):
-        a, act_cache = self._act_fwd(self.linear1(h), **self._act_kw)             # (B, T, F)
-        self._push(act_cache)
-        return self.linear2(self.dropout(a))                                      # (B, T, C)
+    def _feed_forward(self, h):
+        active = self.training and self.dropout.p > 0
+        out, cache = feed_forward_forward(h, *self.linear1.arrays(), *self.linear2.arrays(),
+                                          activation=self.activation, dropout_p=self.dropout.p if active else 0.0,
+                                          rng=self.generator(h) if active else None, training=active)
+        self._push(cache)
+        return out                                                                # (B, T, C)
 
-    def _ff_backward(self, dout):
-        # fwd: y = linear2(drop(act(linear1(h))))  ->  back through each, newest first
-        da = self.dropout.backward(self.linear2.backward(dout))                   # (B, T, F)
-        return self.linear1.backward(self._act_bwd(da, self._pop()))              # (B, T, C)
+    def _feed_forward_backward(self, dout):
+        dx, dw1, db1, dw2, db2 = feed_forward_backward(dout, self._pop())
+        self.linear1.accumulate(dw1, db1)
+        self.linear2.accumulate(dw2, db2)
+        return dx                                                                 # (B, T, C)
 
 
-class FeedForwardBlock(_FeedForward):
+class FeedForwardBlock(_FeedForwardParts):
     """The position-wise feed-forward network on its own (no residual, no norm)."""
 
     def __init__(self, d_model, dim_feedforward, dropout=0.0, activation="relu", bias=True, *,
                  dtype=None, backend=None, rng=None):
         super().__init__()
         rng = init.host_generator(rng)
-        self._ff_init(d_model, dim_feedforward, dropout, activation, bias, dict(dtype=dtype, backend=backend, rng=rng))
+        self._init_feed_forward(d_model, dim_feedforward, dropout, activation, bias,
+                                dict(dtype=dtype, backend=backend, rng=rng))
         self.manual_seed(init.stream_seed(rng))          # this module's dropout stream
 
     def forward(self, x):
-        return self._ff(x)
+        return self._feed_forward(x)
 
     def backward(self, dout):
-        return self._ff_backward(dout)
+        return self._feed_forward_backward(dout)
 
 
-class _Layer(_FeedForward):
-    """What the encoder and decoder layers share: construction, self-attention with its dropout."""
+class _Layer(_FeedForwardParts):
+    """What the encoder and decoder layers share: construction (in PyTorch's registration order),
+    self-attention with its dropout, and three hooks a variant may change: the norms' type
+    (:meth:`_make_norm`), how a norm is applied (:meth:`_norm`), and the residual connection
+    (:meth:`_add`, used by the forward and by the backward alike)."""
 
-    def _layer_init(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-                    norm_first, bias, dtype, backend, rng, cross_attention: bool):
+    def _init_layer(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                    norm_first, bias, dtype, backend, rng, n_norms: int):
         if not batch_first:
-            raise ValueError("npformer is batch-first: inputs are (B, T, C); batch_first must be True")
-        kw = dict(dtype=dtype, backend=backend, rng=init.host_generator(rng))
-        self.norm_first = norm_first
-        # registration order = PyTorch's state_dict order
+            raise RangeError("npformer is batch-first: inputs are (B, T, C); batch_first must be True")
+        rng = init.host_generator(rng)
+        kw = dict(dtype=dtype, backend=backend, rng=rng)
+        self.norm_first = bool(norm_first)
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
-        if cross_attention:
+        if n_norms == 3:
             self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
-        self._ff_init(d_model, dim_feedforward, dropout, activation, bias, kw)
-        n = 3 if cross_attention else 2
-        for i in range(1, n + 1):
-            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype,
-                                                backend=backend))
-        for i in range(1, n + 1):
+        self._init_feed_forward(d_model, dim_feedforward, dropout, activation, bias, kw)
+        for i in range(1, n_norms + 1):
+            setattr(self, f"norm{i}", self._make_norm(d_model, layer_norm_eps, bias, dtype, backend))
+        for i in range(1, n_norms + 1):
             setattr(self, f"dropout{i}", Dropout(dropout))
-        self.manual_seed(init.stream_seed(kw["rng"]))    # this layer's dropout stream
+        self.manual_seed(init.stream_seed(rng))          # this layer's dropout stream
 
-    def _sa(self, h, mask, padding, is_causal):
-        a, _ = self.self_attn(h, h, h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
-                              is_causal=is_causal)
+    def _make_norm(self, d_model, eps, bias, dtype, backend) -> Module:
+        return LayerNorm(d_model, eps=eps, bias=bias, dtype=dtype, backend=backend)
+
+    def _norm(self, norm, x, padding):
+        """``norm(x)``; ``padding`` (B, T) is there for norms that use it (the norms study's BatchNorm)."""
+        return norm(x)
+
+    def _add(self, skip, branch):
+        """The residual connection: ``x + f(x)`` forward, ``dy + f'(dy)`` backward."""
+        return skip + branch
+
+    def _sa(self, h, mask, padding, is_causal, kv_cache):
+        a, _ = self.self_attn(h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
+                              is_causal=is_causal, kv_cache=kv_cache)
         return self.dropout1(a)                                                   # (B, T, C)
 
-    def _sa_backward(self, dout):
-        return self.self_attn.backward(self.dropout1.backward(dout))[0]           # (B, T, C)
+    def _sa_backward(self, d):
+        return self.self_attn.backward(self.dropout1.backward(d))[0]              # (B, T, C): dx, all three paths
+
+    def _ff(self, h, drop):
+        return drop(self._feed_forward(h))                                        # (B, T, C)
+
+    def _ff_backward(self, d, drop):
+        return self._feed_forward_backward(drop.backward(d))                      # (B, T, C)
 
 
 class TransformerEncoderLayer(_Layer):
@@ -108,39 +131,33 @@ class TransformerEncoderLayer(_Layer):
                  activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
                  norm_first: bool = False, bias: bool = True, *, dtype=None, backend=None, rng=None):
         super().__init__()
-        self._layer_init(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-                         norm_first, bias, dtype, backend, rng, cross_attention=False)
+        self._init_layer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, backend, rng, n_norms=2)
 
-    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
-        x = src                                                                   # (B, T, C)
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False,
+                kv_cache: KVCache | None = None):
+        """``src`` (B, T, C) -> (B, T, C). With ``kv_cache``, ``src`` holds only the new positions,
+        which attend causally to every cached one (a decoder-only model such as GPT)."""
+        x, pad = src, src_key_padding_mask                                       # (B, T, C)
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
-            return x + self.dropout2(self._ff(self.norm2(x)))
-        x = self.norm1(x + self._sa(x, src_mask, src_key_padding_mask, is_causal))
-        return self.norm2(x + self.dropout2(self._ff(x)))
-
-    def step(self, x, cache):
-        """Inference with a key/value cache (``nn.attention.KVCache``): ``x`` (B, Tnew, C) holds only the
-        new positions, which attend causally to every cached one (a decoder-only model such as GPT)."""
-        if self.norm_first:
-            x = x + self.self_attn.attend_cached(self.norm1(x), cache)
-            return x + self._ff(self.norm2(x))
-        x = self.norm1(x + self.self_attn.attend_cached(x, cache))
-        return self.norm2(x + self._ff(x))
+            x = self._add(x, self._sa(self._norm(self.norm1, x, pad), src_mask, pad, is_causal, kv_cache))
+            return self._add(x, self._ff(self._norm(self.norm2, x, pad), self.dropout2))
+        x = self._norm(self.norm1, self._add(x, self._sa(x, src_mask, pad, is_causal, kv_cache)), pad)
+        return self._norm(self.norm2, self._add(x, self._ff(x, self.dropout2)), pad)
 
     def backward(self, dout):
         """Returns ``dsrc``; parameter gradients accumulate."""
         if self.norm_first:
             # fwd: y = x1 + drop2(FF(norm2(x1)))  ->  dx1 = dy + norm2'(FF'(drop2'(dy)))
-            dx1 = dout + self.norm2.backward(self._ff_backward(self.dropout2.backward(dout)))
-            # fwd: x1 = x + SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(dx1))
-            return dx1 + self.norm1.backward(self._sa_backward(dx1))
+            dx1 = self._add(dout, self.norm2.backward(self._ff_backward(dout, self.dropout2)))
+            # fwd: x1 = x + drop1(SA(norm1(x)))  ->  dx = dx1 + norm1'(SA'(drop1'(dx1)))
+            return self._add(dx1, self.norm1.backward(self._sa_backward(dx1)))
         # fwd: y = norm2(x1 + drop2(FF(x1)))  ->  d = norm2'(dy);  dx1 = d + FF'(drop2'(d))
         d = self.norm2.backward(dout)
-        dx1 = d + self._ff_backward(self.dropout2.backward(d))
-        # fwd: x1 = norm1(x + SA(x))  ->  d = norm1'(dx1);  dx = d + SA'(d)
+        dx1 = self._add(d, self._ff_backward(d, self.dropout2))
+        # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
         d = self.norm1.backward(dx1)
-        return d + self._sa_backward(d)
+        return self._add(d, self._sa_backward(d))
 
 
 class TransformerDecoderLayer(_Layer):
@@ -150,59 +167,56 @@ class TransformerDecoderLayer(_Layer):
                  activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
                  norm_first: bool = False, bias: bool = True, *, dtype=None, backend=None, rng=None):
         super().__init__()
-        self._layer_init(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
-                         norm_first, bias, dtype, backend, rng, cross_attention=True)
+        self._init_layer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
+                         norm_first, bias, dtype, backend, rng, n_norms=3)
 
-    def _mha(self, h, memory, mask, padding, is_causal):
+    def _mha(self, h, memory, mask, padding, is_causal, kv_cache):
         a, _ = self.multihead_attn(h, memory, memory, attn_mask=mask, key_padding_mask=padding,
-                                   need_weights=False, is_causal=is_causal)
+                                   need_weights=False, is_causal=is_causal, kv_cache=kv_cache)
         return self.dropout2(a)                                                   # (B, T, C)
 
-    def _mha_backward(self, dout):
-        dq, dmem, _ = self.multihead_attn.backward(self.dropout2.backward(dout))  # key is value: dk is the sum
-        return dq, dmem
+    def _mha_backward(self, d):
+        # fwd: a = MHA(h, memory, memory)  ->  dh = dquery,  dmemory = dkey + dvalue (memory was both)
+        dq, dk, dv = self.multihead_attn.backward(self.dropout2.backward(d))
+        return dq, dk + dv                                                        # (B, T, C), (B, S, C)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
-        x = tgt                                                                   # (B, T, C)
+                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False,
+                kv_cache: tuple[KVCache, KVCache] | None = None):
+        """``tgt`` (B, T, C), ``memory`` (B, S, C) -> (B, T, C). With ``kv_cache`` = (self-attention
+        cache, cross-attention cache), ``tgt`` holds only the new target positions and the memory is
+        projected on the first call only."""
+        self_cache, cross_cache = (None, None) if kv_cache is None else kv_cache
+        x, pad = tgt, tgt_key_padding_mask                                       # (B, T, C)
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), tgt_mask, tgt_key_padding_mask, tgt_is_causal)
-            x = x + self._mha(self.norm2(x), memory, memory_mask, memory_key_padding_mask, memory_is_causal)
-            return x + self.dropout3(self._ff(self.norm3(x)))
-        x = self.norm1(x + self._sa(x, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
-        x = self.norm2(x + self._mha(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal))
-        return self.norm3(x + self.dropout3(self._ff(x)))
-
-    def step(self, x, memory, self_cache, cross_cache, memory_key_padding_mask=None):
-        """Inference with key/value caches: ``x`` (B, Tnew, C) holds only the new target positions;
-        ``cross_cache`` keeps the projected memory after the first call."""
-        def sa(h):
-            return self.self_attn.attend_cached(h, self_cache)
-
-        def mha(h):
-            return self.multihead_attn.attend_cached(h, cross_cache, source=memory,
-                                                     key_padding_mask=memory_key_padding_mask)
-        if self.norm_first:
-            x = x + sa(self.norm1(x))
-            x = x + mha(self.norm2(x))
-            return x + self._ff(self.norm3(x))
-        x = self.norm1(x + sa(x))
-        x = self.norm2(x + mha(x))
-        return self.norm3(x + self._ff(x))
+            x = self._add(x, self._sa(self._norm(self.norm1, x, pad), tgt_mask, pad, tgt_is_causal, self_cache))
+            x = self._add(x, self._mha(self._norm(self.norm2, x, pad), memory, memory_mask,
+                                       memory_key_padding_mask, memory_is_causal, cross_cache))
+            return self._add(x, self._ff(self._norm(self.norm3, x, pad), self.dropout3))
+        x = self._norm(self.norm1, self._add(x, self._sa(x, tgt_mask, pad, tgt_is_causal, self_cache)), pad)
+        x = self._norm(self.norm2, self._add(x, self._mha(x, memory, memory_mask, memory_key_padding_mask,
+                                                          memory_is_causal, cross_cache)), pad)
+        return self._norm(self.norm3, self._add(x, self._ff(x, self.dropout3)), pad)
 
     def backward(self, dout):
         """Returns ``(dtgt, dmemory)``; parameter gradients accumulate."""
         if self.norm_first:
-            dx2 = dout + self.norm3.backward(self._ff_backward(self.dropout3.backward(dout)))
+            # fwd: y = x2 + drop3(FF(norm3(x2)))  ->  dx2 = dy + norm3'(FF'(drop3'(dy)))
+            dx2 = self._add(dout, self.norm3.backward(self._ff_backward(dout, self.dropout3)))
+            # fwd: x2 = x1 + drop2(MHA(norm2(x1), memory))  ->  dx1 = dx2 + norm2'(dquery),  dmemory
             dq, dmem = self._mha_backward(dx2)
-            dx1 = dx2 + self.norm2.backward(dq)
-            return dx1 + self.norm1.backward(self._sa_backward(dx1)), dmem
+            dx1 = self._add(dx2, self.norm2.backward(dq))
+            # fwd: x1 = x + drop1(SA(norm1(x)))  ->  dx = dx1 + norm1'(SA'(drop1'(dx1)))
+            return self._add(dx1, self.norm1.backward(self._sa_backward(dx1))), dmem
+        # fwd: y = norm3(x2 + drop3(FF(x2)))  ->  d = norm3'(dy);  dx2 = d + FF'(drop3'(d))
         d = self.norm3.backward(dout)
-        dx2 = d + self._ff_backward(self.dropout3.backward(d))
+        dx2 = self._add(d, self._ff_backward(d, self.dropout3))
+        # fwd: x2 = norm2(x1 + drop2(MHA(x1, memory)))  ->  d = norm2'(dx2);  dx1 = d + dquery,  dmemory
         d = self.norm2.backward(dx2)
         dq, dmem = self._mha_backward(d)
-        d = self.norm1.backward(d + dq)
-        return d + self._sa_backward(d), dmem
+        # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
+        d = self.norm1.backward(self._add(d, dq))
+        return self._add(d, self._sa_backward(d)), dmem
 
 
 class TransformerEncoder(Module):
@@ -210,22 +224,30 @@ class TransformerEncoder(Module):
 
     def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int, norm: LayerNorm | None = None):
         super().__init__()
+        self.num_layers = positive_int(num_layers, "num_layers")
         self.layers = ModuleList(copy.deepcopy(encoder_layer) for _ in range(num_layers))
-        self.num_layers = num_layers
         self.norm = norm
         self.share_stream(encoder_layer.random_stream)  # the copies draw from one stream, not L equal ones
 
-    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool = False):
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal: bool = False,
+                kv_cache: list[KVCache] | None = None):
+        """``kv_cache``: one :class:`KVCache` per layer, for incremental decoding."""
         x = src
-        for layer in self.layers:
-            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, src_mask=mask, src_key_padding_mask=src_key_padding_mask, is_causal=is_causal,
+                      kv_cache=None if kv_cache is None else kv_cache[i])
         return x if self.norm is None else self.norm(x)
 
     def backward(self, dout):
+        # fwd: y = norm(layer_L(... layer_1(x)))  ->  back through the norm, then the layers newest first
         d = dout if self.norm is None else self.norm.backward(dout)
         for layer in reversed(list(self.layers)):
             d = layer.backward(d)
         return d
+
+    def new_cache(self) -> list[KVCache]:
+        """An empty key/value cache per layer."""
+        return [KVCache() for _ in self.layers]
 
 
 class TransformerDecoder(Module):
@@ -234,28 +256,35 @@ class TransformerDecoder(Module):
 
     def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int, norm: LayerNorm | None = None):
         super().__init__()
+        self.num_layers = positive_int(num_layers, "num_layers")
         self.layers = ModuleList(copy.deepcopy(decoder_layer) for _ in range(num_layers))
-        self.num_layers = num_layers
         self.norm = norm
         self.share_stream(decoder_layer.random_stream)  # the copies draw from one stream, not L equal ones
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
-                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):
+                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False,
+                kv_cache: list[tuple[KVCache, KVCache]] | None = None):
+        """``kv_cache``: one (self-attention, cross-attention) pair of caches per layer."""
         x = tgt
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             x = layer(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                       tgt_key_padding_mask=tgt_key_padding_mask,
-                      memory_key_padding_mask=memory_key_padding_mask,
-                      tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+                      memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                      memory_is_causal=memory_is_causal, kv_cache=None if kv_cache is None else kv_cache[i])
         return x if self.norm is None else self.norm(x)
 
     def backward(self, dout):
+        # fwd: y = norm(layer_L(... layer_1(x, memory), memory))  ->  every layer adds to dmemory
         d = dout if self.norm is None else self.norm.backward(dout)
         dmemory = None
         for layer in reversed(list(self.layers)):
             d, dm = layer.backward(d)
             dmemory = dm if dmemory is None else dmemory + dm
         return d, dmemory
+
+    def new_cache(self) -> list[tuple[KVCache, KVCache]]:
+        """An empty (self-attention, cross-attention) pair of key/value caches per layer."""
+        return [(KVCache(), KVCache()) for _ in self.layers]
 
 
 class Transformer(Module):
@@ -281,7 +310,7 @@ class Transformer(Module):
         for p in self.parameters():                      # PyTorch's _reset_parameters
             if p.data.ndim > 1:
                 p.data = init.xavier_uniform(p.shape, rng=rng, dtype=p.dtype, backend=backend)
-        self.manual_seed(init.stream_seed(rng))          # this module's dropout stream
+        self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
                 src_key_padding_mask=None, tgt_key_padding_mask=None, memory_key_padding_mask=None,
@@ -295,5 +324,6 @@ class Transformer(Module):
 
     def backward(self, dout):
         """Returns ``(dsrc, dtgt)``."""
+        # fwd: memory = encoder(src);  y = decoder(tgt, memory)  ->  dmemory flows into the encoder
         dtgt, dmemory = self.decoder.backward(dout)
         return self.encoder.backward(dmemory), dtgt

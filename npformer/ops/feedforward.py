@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from npformer.checks import one_of
+from npformer.errors import ShapeError
 from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward, relu_forward
 from npformer.ops.dropout import dropout_backward, dropout_forward
 from npformer.ops.linear import linear_backward, linear_forward
@@ -21,21 +23,21 @@ ACTIVATIONS = {"relu": (relu_forward, {}, relu_backward),
 
 
 class FeedForwardCache(NamedTuple):
-    lin1: Any
-    act: Any
+    """The four ops' caches, in forward order, and the activation's backward."""
+
+    lin1: Any          # LinearCache of h = x W1^T + b1
+    act: Any           # ReluCache or GeluCache of a = act(h)
     act_backward: Any
-    drop: Any
-    lin2: Any
+    drop: Any          # DropoutCache of a' = dropout(a)
+    lin2: Any          # LinearCache of out = a' W2^T + b2
 
 
 def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0,
                          rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``b1``/``b2`` may be None (bias=False)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
-    act_fwd, act_kw, act_bwd = ACTIVATIONS[activation]
+    act_fwd, act_kw, act_bwd = ACTIVATIONS[one_of(activation, "activation", tuple(ACTIVATIONS))]
     if w2.ndim == 2 and w1.ndim == 2 and w2.shape != (w1.shape[1], w1.shape[0]):
-        raise ValueError(f"w2: expected shape (C, F)=({w1.shape[1]}, {w1.shape[0]}) to match w1 (F, C)="
+        raise ShapeError(f"w2: expected shape (C, F)=({w1.shape[1]}, {w1.shape[0]}) to match w1 (F, C)="
                          f"{tuple(w1.shape)}, got {tuple(w2.shape)}")
     h, lin1 = linear_forward(x, w1, b1)                  # (..., F)
     a, act = act_fwd(h, **act_kw)                        # (..., F)
@@ -45,7 +47,7 @@ def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout
 
 
 def feed_forward_backward(dout, cache: FeedForwardCache):
-    """Returns ``(dx, dw1, db1, dw2, db2)``."""
+    """Returns ``(dx, dw1, db1, dw2, db2)``; the bias gradients are None where the forward had none."""
     da, dw2, db2 = linear_backward(dout, cache.lin2)     # fwd: out = a' W2^T + b2
     da = dropout_backward(da, cache.drop)                # fwd: a' = dropout(a)
     dh = cache.act_backward(da, cache.act)               # fwd: a = act(h)

@@ -1,5 +1,6 @@
-"""The gradient checks behind ``npformer gradcheck``: every op (and, as they land, every layer and
-model) on small float64 inputs with masks and dropout, checked element by element.
+"""The gradient checks behind ``npformer gradcheck``: every op and the attention and Transformer layers
+on small float64 inputs with masks and dropout, checked element by element (the layers on sampled
+elements of every parameter).
 
 Each case is a function ``build(xp, seed) -> GradcheckReport``. The shapes are small but not
 trivial (Tq != Tk, several heads, padding that leaves one free key per row) so the table covers
@@ -10,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from npformer import nn
 from npformer.backend import backend_name, default_rng, get_backend, to_device
 from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding,
                           feedforward, flash_attention, layernorm, linear, multihead,
-                          relative_attention, residual, rnn, softmax)
-from npformer.tools.gradcheck import GradcheckReport, gradcheck
+                          relative_attention, rnn, softmax)
+from npformer.tools.gradcheck import GradcheckReport, gradcheck, gradcheck_module
 
 __all__ = ["Case", "CASES", "run_suite"]
 
@@ -123,19 +125,6 @@ def _feed_forward(activation):
     return build
 
 
-def _add_norm(xp, s):
-    inputs = {"x": _randn(xp, s, 2, 3, 5), "h": _randn(xp, s + 1, 2, 3, 5),
-              "weight": _randn(xp, s + 2, 5), "bias": _randn(xp, s + 3, 5)}
-    fwd = _seeded(residual.add_norm_forward, s, xp, dropout_p=0.2)
-    return gradcheck(fwd, residual.add_norm_backward, inputs, seed=s, label="add_norm[dropout]")
-
-
-def _residual(xp, s):
-    inputs = {"x": _randn(xp, s, 2, 3, 5), "h": _randn(xp, s + 1, 2, 3, 5)}
-    fwd = _seeded(residual.residual_forward, s, xp, dropout_p=0.2)
-    return gradcheck(fwd, residual.residual_backward, inputs, seed=s, label="residual[dropout]")
-
-
 def _attention(label, tq, tk, **options):
     def build(xp, s):
         b, h, hs = 2, 2, 3
@@ -161,16 +150,11 @@ def _multi_head(label, tq, tk, self_attention, **options):
         params = {"in_proj_weight": _randn(xp, s + 3, 3 * e, e, scale=0.5),
                   "in_proj_bias": _randn(xp, s + 4, 3 * e), "out_proj_weight": _randn(xp, s + 5, e, e),
                   "out_proj_bias": _randn(xp, s + 6, e)}
+        if self_attention:                               # one input, the packed projection
+            fwd = _seeded(multihead.self_attention_forward, s, xp, **kwargs)
+            return gradcheck(fwd, multihead.self_attention_backward, {"x": _randn(xp, s, b, tq, e), **params},
+                             seed=s, label=f"self_attention[{label}]")
         fwd = _seeded(multihead.multi_head_attention_forward, s, xp, **kwargs)
-        if self_attention:
-            def run(x, **p):                             # query is key is value: the fused path
-                return fwd(query=x, key=x, value=x, **p)
-
-            def back(dout, cache):
-                g = multihead.multi_head_attention_backward(dout, cache)
-                return (g[0],) + tuple(g[3:])
-            inputs = {"x": _randn(xp, s, b, tq, e), **params}
-            return gradcheck(run, back, inputs, seed=s, label=f"multi_head_attention[{label}]")
         inputs = {"query": _randn(xp, s, b, tq, e), "key": _randn(xp, s + 1, b, tk, e),
                   "value": _randn(xp, s + 2, b, tk, e), **params}
         return gradcheck(fwd, multihead.multi_head_attention_backward, inputs, seed=s,
@@ -256,15 +240,12 @@ CASES: list[Case] = [
     Case("dropout", _dropout),
     Case("feed_forward", _feed_forward("relu")),
     Case("feed_forward", _feed_forward("gelu")),
-    Case("residual", _residual),
-    Case("add_norm", _add_norm),
     Case("attention", _attention("padding, causal", 4, 4, padding=True, is_causal=True)),
     Case("attention", _attention("Tq!=Tk, bottom-right causal", 3, 5, is_causal=True,
                                  causal_alignment="bottom_right")),
     Case("attention", _attention("float mask, dropout, scale", 3, 4, float_mask=True,
                                  dropout_p=0.3, scale=0.7)),
-    Case("multi_head_attention", _multi_head("self, padding, causal", 4, 4, True, padding=True,
-                                             is_causal=True)),
+    Case("self_attention", _multi_head("padding, causal", 4, 4, True, padding=True, is_causal=True)),
     Case("multi_head_attention", _multi_head("cross, Tq!=Tk, dropout", 3, 5, False, padding=True,
                                              dropout_p=0.2)),
     Case("flash_attention", _flash("padding, causal", 5, 5, padding=True, is_causal=True)),
@@ -295,7 +276,6 @@ def run_suite(backend: str = "numpy", seed: int = 0, only: str | None = None,
 
 def _module_case(label, build_module, make_inputs, forward, max_elements=4):
     def build(xp, s):
-        from npformer.tools.gradcheck import gradcheck_module
         module = build_module(xp, s).to(dtype="float64")
         return gradcheck_module(module, make_inputs(xp, s), forward=forward, dropout_seed=s, seed=s,
                                 max_elements=max_elements, label=label)
@@ -303,8 +283,6 @@ def _module_case(label, build_module, make_inputs, forward, max_elements=4):
 
 
 def _layer_cases():
-    from npformer import nn
-
     def enc(xp, s):
         return nn.TransformerEncoderLayer(6, 2, 8, dropout=0.1, activation="gelu", rng=s, backend=xp.__name__)
 

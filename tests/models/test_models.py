@@ -121,8 +121,8 @@ def test_seq2seq_kv_cache_matches_uncached_decoder(xp):
         with eval_mode(model):
             memory, src_pad = model.encode(src)
             full = model.decode(tgt, memory, src_pad)                     # (B, T, V)
-            cache = model.new_decoder_cache()
-            steps = [model.decode_step(tgt[:, i:i + 1], memory, src_pad, cache) for i in range(7)]
+            cache = model.new_cache()
+            steps = [model.decode(tgt[:, i:i + 1], memory, src_pad, kv_cache=cache) for i in range(7)]
         np.testing.assert_allclose(host(xp.concatenate(steps, axis=1)), host(full),
                                    rtol=0, atol=1e-6)
         a = greedy_decode(model, src, bos_id=1, eos_id=2, max_len=6)
@@ -138,8 +138,8 @@ def test_gpt_kv_cache_matches_uncached_forward(xp):
         with eval_mode(model):
             full = model(idx)
             cache = model.new_cache()
-            parts = [model.forward_cached(idx[:, :4], cache)]             # a prompt, then one by one
-            parts += [model.forward_cached(idx[:, i:i + 1], cache) for i in range(4, 9)]
+            parts = [model(idx[:, :4], kv_cache=cache)]                   # a prompt, then one by one
+            parts += [model(idx[:, i:i + 1], kv_cache=cache) for i in range(4, 9)]
         np.testing.assert_allclose(host(xp.concatenate(parts, axis=1)), host(full),
                                    rtol=0, atol=1e-6)
 
@@ -158,8 +158,10 @@ def test_model_input_errors(xp):
     model = GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, d_model=4), backend=xp.__name__)
     with pytest.raises(ValueError, match="exceeds block_size=4"):
         model(xp.zeros((1, 5), dtype=xp.int64))
-    with pytest.raises(TypeError, match="expected a 2-d integer array"):
+    with pytest.raises(TypeError, match="idx: expected an integer array"):
         model(xp.zeros((1, 3)))
+    with pytest.raises(ValueError, match=r"idx: expected a 2-d array \(B, T\) of token ids"):
+        model(xp.zeros((3,), dtype=xp.int64))
     with pytest.raises(ValueError, match=r"token ids must be in \[0, 5\) .* got values from 7 to 7"):
         model(xp.full((1, 3), 7))
 

@@ -155,7 +155,7 @@ def test_bad_input(xp):
     model = _model(xp, 0, mem_len=2)
     idx = _ids(xp, (2, 3), 0)
     mem = randn(xp, (2, 2, 8), 0)
-    with pytest.raises(TypeError, match=r"idx: expected a 2-d integer array \(B, T\)"):
+    with pytest.raises(TypeError, match=r"idx: expected an integer array"):
         model(xp.zeros((2, 3)))
     with pytest.raises(ValueError, match="at least one token"):
         model(idx[:, :0])

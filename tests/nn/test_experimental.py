@@ -64,7 +64,7 @@ def test_without_residuals_the_input_has_only_the_sublayer_path(xp):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="activation must be one of"):
+    with pytest.raises(ValueError, match="activation: expected one of 'relu', 'gelu', 'gelu_tanh'"):
         ConfigurableEncoderLayer(4, 2, activation="tanh")
     with pytest.raises(ValueError, match="not divisible"):
         ConfigurableEncoderLayer(5, 2)

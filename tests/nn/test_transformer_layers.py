@@ -105,7 +105,7 @@ def test_state_dict_keys_match_pytorch_names():
 def test_layer_bad_input():
     with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 3"):
         TransformerEncoderLayer(10, 3)
-    with pytest.raises(ValueError, match="activation must be one of"):
+    with pytest.raises(ValueError, match="activation: expected one of 'relu', 'gelu', 'gelu_tanh'"):
         TransformerEncoderLayer(8, 2, activation="swish")
     with pytest.raises(ValueError, match="batch_first must be True"):
         TransformerDecoderLayer(8, 2, batch_first=False)

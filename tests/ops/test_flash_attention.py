@@ -321,7 +321,7 @@ def test_multihead_attention_module_flash_equals_plain_and_gradchecks(xp):
     for name, g in plain.grads().items():
         assert_same(flash.grads()[name], g)
     assert_gradcheck(gradcheck_module(flash, {"x": x}, forward=lambda m, x: m(
-        x, x, x, need_weights=False, is_causal=True)[0], backward=lambda m, d: m.backward(d)[0]))
+        x, need_weights=False, is_causal=True)[0], backward=lambda m, d: m.backward(d)[0]))
     with pytest.raises(ValueError, match="need_weights=True: flash attention never forms"):
         flash(x, x, x)
     with pytest.raises(ValueError, match=r"attention: expected one of \('plain', 'flash'\), got 'fast'"):

@@ -1,6 +1,8 @@
-"""Multi-head attention: a per-head loop reference, gradchecks of every input and parameter for
-self-attention (the fused projection), shared key/value and separate inputs (Tq != Tk), with masks
-and dropout; the fused path equals the separate one; weights; dtypes; PyTorch parity; bad input."""
+"""Multi-head attention: a per-head loop reference, gradchecks of every input and parameter for the
+self-attention op (the packed projection) and the general op (one array as key and value, or three),
+with masks and dropout; self-attention equals the general op on copies with summed gradients; equal
+arrays give equal results whether or not they are one object; incremental decoding with past keys
+and values; weights; dtypes; PyTorch parity; bad input."""
 import math
 
 import numpy as np
@@ -10,6 +12,7 @@ from hypothesis import given, strategies as st
 from npformer.backend import backend_name, default_rng
 from npformer.ops.multihead import multi_head_attention_backward as mha_backward
 from npformer.ops.multihead import multi_head_attention_forward as mha_forward
+from npformer.ops.multihead import self_attention_backward, self_attention_forward, split_heads
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, batch, host, padding_masks, randn, seeds, seq
 
@@ -70,12 +73,14 @@ def test_reference_and_gradcheck_every_input_and_parameter(xp, b, tq, tk, h, hs,
 
     def call(query, key, value, **p):   # a fresh generator per call: the same dropout mask each time
         p = {"in_proj_bias": None, "out_proj_bias": None, **p}   # absent biases are not differentiated
+        if kind == "self":
+            return self_attention_forward(query, **fixed, **p, rng=default_rng(seed, name))
         return mha_forward(query, key, value, **fixed, **p, rng=default_rng(seed, name))
 
     x, mem, val = randn(xp, (b, tq, e), seed + 9), randn(xp, (b, tk, e), seed + 8), randn(xp, (b, tk, e), seed + 7)
     if kind == "self":
         def fwd(x, **p):
-            return call(x, x, x, **p)
+            return call(x, None, None, **p)
         inputs, args = {"x": x}, (x, x, x)
     elif kind == "kv":
         def fwd(query, mem, **p):
@@ -83,13 +88,16 @@ def test_reference_and_gradcheck_every_input_and_parameter(xp, b, tq, tk, h, hs,
         inputs, args = {"query": x, "mem": mem}, (x, mem, mem)
     else:
         fwd, inputs, args = call, {"query": x, "key": mem, "value": val}, (x, mem, val)
-    n = len(inputs)
 
     def bwd(d, cache):
-        g = mha_backward(d, cache)
-        assert all(a is None for a in g[n:3])            # one gradient per distinct input
-        assert (g[4] is None) == (g[6] is None) == (not bias)
-        return g[:n] + tuple(a for a in g[3:] if a is not None)
+        if kind == "self":
+            dx, *params = self_attention_backward(d, cache)
+            grads = (dx,)
+        else:
+            dq, dk, dv, *params = mha_backward(d, cache)
+            grads = (dq, dk + dv) if kind == "kv" else (dq, dk, dv)   # mem was key and value: the sum
+        assert (params[1] is None) == (params[3] is None) == (not bias)
+        return grads + tuple(a for a in params if a is not None)
     fwd.__name__ = f"multi_head_attention[{kind}]"
     if dropout == 0.0:
         out, w, _ = fwd(**inputs, **params, average_attn_weights=False)
@@ -101,31 +109,66 @@ def test_reference_and_gradcheck_every_input_and_parameter(xp, b, tq, tk, h, hs,
     assert_gradcheck(gradcheck(fwd, bwd, {**inputs, **present}, seed=seed))
 
 
-@pytest.mark.parametrize("share", ["self", "kv"])
-def test_shared_inputs_equal_separate_copies_with_summed_gradients(xp, share):
+def test_self_attention_is_the_general_op_on_copies_with_summed_gradients(xp):
     b, t, e, h = 2, 4, 6, 3
     p = make_params(xp, e, 0)
     x = randn(xp, (b, t, e), 1)
-    mem = x if share == "self" else randn(xp, (b, 5, e), 2)
-    query = x
-    pad = np.zeros((b, mem.shape[1]), bool)
+    pad = np.zeros((b, t), bool)
     pad[1, 1] = True
-    kw = {"key_padding_mask": xp.asarray(pad), "need_weights": True}
-    out, w, cache = mha_forward(query, mem, mem, h, **p, **kw)
-    out_sep, w_sep, cache_sep = mha_forward(query.copy(), mem.copy(), mem.copy(), h, **p, **kw)
+    kw = {"key_padding_mask": xp.asarray(pad), "need_weights": True, "is_causal": True}
+    out, w, cache = self_attention_forward(x, h, **p, **kw)
+    out_sep, w_sep, cache_sep = mha_forward(x.copy(), x.copy(), x.copy(), h, **p, **kw)
     np.testing.assert_allclose(host(out), host(out_sep), rtol=1e-13, atol=1e-14)
     np.testing.assert_allclose(host(w), host(w_sep), rtol=1e-13, atol=1e-15)
     dout = randn(xp, out.shape, 3)
-    g, gs = mha_backward(dout, cache), mha_backward(dout, cache_sep)
-    if share == "self":
-        assert g[1] is None and g[2] is None
-        np.testing.assert_allclose(host(g[0]), host(gs[0] + gs[1] + gs[2]), rtol=1e-12, atol=1e-13)
-    else:
-        assert g[2] is None
-        np.testing.assert_allclose(host(g[0]), host(gs[0]), rtol=1e-12, atol=1e-13)
-        np.testing.assert_allclose(host(g[1]), host(gs[1] + gs[2]), rtol=1e-12, atol=1e-13)
-    for a, c in zip(g[3:], gs[3:]):
+    dx, *params = self_attention_backward(dout, cache)
+    dq, dk, dv, *params_sep = mha_backward(dout, cache_sep)
+    np.testing.assert_allclose(host(dx), host(dq + dk + dv), rtol=1e-12, atol=1e-13)
+    for a, c in zip(params, params_sep):
         np.testing.assert_allclose(host(a), host(c), rtol=1e-12, atol=1e-13)
+
+
+def test_one_array_or_equal_copies_give_the_same_results(xp):
+    """No branch on object identity: CuPy's asarray makes a new object per call, so equal arrays must
+    take the same path as one array passed twice (this differed on a GPU before)."""
+    b, t, s_len, e, h = 2, 3, 5, 6, 2
+    p = make_params(xp, e, 0)
+    q, mem = randn(xp, (b, t, e), 1), randn(xp, (b, s_len, e), 2)
+    dout = randn(xp, (b, t, e), 3)
+    once = mha_forward(q, mem, mem, h, **p)
+    twice = mha_forward(q, mem.copy(), xp.asarray(mem.copy()), h, **p)
+    for a, c in zip(once[:2], twice[:2]):
+        np.testing.assert_array_equal(host(a), host(c))
+    for a, c in zip(mha_backward(dout, once[2]), mha_backward(dout, twice[2])):
+        np.testing.assert_array_equal(host(a), host(c))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_past_keys_and_values_give_the_last_rows_of_the_full_attention(xp, causal):
+    """Incremental decoding: positions [0, Tp) projected earlier, Tnew new queries aligned bottom-right."""
+    b, t, tp, e, h = 2, 5, 3, 6, 2
+    p = make_params(xp, e, 0)
+    x = randn(xp, (b, t, e), 1)
+    full, _, full_cache = self_attention_forward(x, h, **p, is_causal=causal, causal_alignment="bottom_right")
+    _, _, past_cache = self_attention_forward(x[:, :tp], h, **p, is_causal=causal)
+    pk, pv = past_cache.attn.k, past_cache.attn.v                                 # (B, H, Tp, hs)
+    new, _, cache = self_attention_forward(x[:, tp:], h, **p, past_key=pk, past_value=pv, is_causal=causal,
+                                           causal_alignment="bottom_right")
+    np.testing.assert_allclose(host(new), host(full[:, tp:]), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(host(cache.attn.k), host(full_cache.attn.k), rtol=1e-13, atol=1e-14)
+    # the past is a constant: gradients for the new positions and the parameters, checked numerically
+    kw = dict(past_key=pk, past_value=pv, is_causal=causal, causal_alignment="bottom_right", num_heads=h)
+    assert_gradcheck(gradcheck(self_attention_forward, self_attention_backward,
+                               {"x": x[:, tp:].copy(), **p}, kwargs=kw, label="self-attention with a past"))
+    # cross-attention over a memory projected on an earlier call: key = value = None
+    mem = randn(xp, (b, 4, e), 2)
+    ref, _, ref_cache = mha_forward(x, mem, mem, h, **p)
+    got, _, got_cache = mha_forward(x, None, None, h, **p, past_key=ref_cache.attn.k, past_value=ref_cache.attn.v)
+    np.testing.assert_allclose(host(got), host(ref), rtol=1e-13, atol=1e-14)
+    dq, dk, dv, *_ = mha_backward(randn(xp, got.shape, 4), got_cache)
+    assert dk is None and dv is None and dq.shape == x.shape
+    head = split_heads(x, h)
+    assert head.shape == (b, h, t, e // h)
 
 
 def test_weights_averaged_per_head_none_and_after_dropout(xp):
@@ -175,6 +218,8 @@ def test_fully_masked_rows_and_dtype_preserved(xp, dtype):
 
 @pytest.mark.parametrize("self_attention", [True, False])
 def test_against_torch_multihead_attention(xp, self_attention):
+    """Both ops against torch; one array fed as query, key and value to the general op gives torch's
+    input gradient as the sum of the three (torch sums them inside autograd)."""
     torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
     e, h, b, tq, tk = 6, 3, 2, 4, 4 if self_attention else 5
     p = {k: host(v) for k, v in make_params(xp, e, 0).items()}
@@ -185,9 +230,16 @@ def test_against_torch_multihead_attention(xp, self_attention):
     mask[0, 1] = True
     dout = host(randn(xp, (b, tq, e), 3))
     kv = x if self_attention else mem
-    out, w, cache = mha_forward(*(xp.asarray(a) for a in (x, kv, kv)), h, **{k: xp.asarray(v) for k, v in p.items()},
-                                attn_mask=xp.asarray(mask), key_padding_mask=xp.asarray(pad))
-    grads = [host(g) for g in mha_backward(xp.asarray(dout), cache) if g is not None]
+    dev = {k: xp.asarray(v) for k, v in p.items()}
+    masks = dict(attn_mask=xp.asarray(mask), key_padding_mask=xp.asarray(pad))
+    out, w, cache = mha_forward(*(xp.asarray(a) for a in (x, kv, kv)), h, **dev, **masks)
+    dq, dk, dv, *params = (host(g) for g in mha_backward(xp.asarray(dout), cache))
+    grads = ([dq + dk + dv] if self_attention else [dq, dk + dv]) + params
+    if self_attention:                                   # and the packed op: the same numbers
+        out_s, w_s, cache_s = self_attention_forward(xp.asarray(x), h, **dev, **masks)
+        np.testing.assert_allclose(host(out_s), host(out), rtol=1e-13, atol=1e-14)
+        for g, s_g in zip(grads, self_attention_backward(xp.asarray(dout), cache_s)):
+            np.testing.assert_allclose(host(s_g), g, rtol=1e-12, atol=1e-13)
 
     m = torch.nn.MultiheadAttention(e, h, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
@@ -214,7 +266,7 @@ def test_bad_input(xp):
     z = randn(xp, (2, 3, 10), 1)
     with pytest.raises(ValueError, match="embed_dim 10 is not divisible by num_heads 3"):
         mha_forward(z, z, z, 3, **p10)
-    with pytest.raises(ValueError, match="num_heads: expected at least 1 head, got 0"):
+    with pytest.raises(ValueError, match="num_heads: expected an int >= 1, got 0"):
         mha_forward(y, y, y, 0, **p)
     with pytest.raises(TypeError, match="num_heads: expected an int, got float 2.0"):
         mha_forward(y, y, y, 2.0, **p)
@@ -222,14 +274,15 @@ def test_bad_input(xp):
         mha_forward(y[0], y, y, 2, **p)
     with pytest.raises(TypeError, match="query: expected a floating-point array"):
         mha_forward(xp.zeros((2, 3, 6), xp.int64), y, y, 2, **p)
-    with pytest.raises(ValueError, match=r"key: expected batch size B=2 of query \(2, 3, 6\), got .*\(3, 4, 6\)"):
+    with pytest.raises(ValueError, match=r"key: expected shape \(B, Tk, E\)=\(2, \*, 6\) to match query "
+                                         r"\(2, 3, 6\), got .*\(3, 4, 6\)"):
         mha_forward(y, randn(xp, (3, 4, 6), 2), randn(xp, (3, 4, 6), 3), 2, **p)
-    with pytest.raises(ValueError, match=r"value: expected batch size B=2 of query"):
+    with pytest.raises(ValueError, match=r"value: expected shape \(B, Tk, E\)=\(2, \*, 6\) to match query"):
         mha_forward(y, randn(xp, (2, 4, 6), 2), randn(xp, (1, 4, 6), 3), 2, **p)
-    with pytest.raises(ValueError, match=r"key: expected embed_dim E=6 of query \(2, 3, 6\), got .*\(2, 4, 4\)"):
+    with pytest.raises(ValueError, match=r"key: expected shape \(B, Tk, E\)=\(2, \*, 6\) .* got .*\(2, 4, 4\)"):
         mha_forward(y, randn(xp, (2, 4, 4), 2), randn(xp, (2, 4, 4), 3), 2, **p)
-    with pytest.raises(ValueError, match=r"value: expected the shape \(B, Tk, E\)=\(2, 4, 6\) of key, "
-                                         r"got .*\(2, 5, 6\)"):
+    with pytest.raises(ValueError, match=r"value: expected the shape of key, got key .*\(2, 4, 6\) and value "
+                                         r".*\(2, 5, 6\)"):
         mha_forward(y, randn(xp, (2, 4, 6), 2), randn(xp, (2, 5, 6), 3), 2, **p)
     for name, shape, want in (("in_proj_weight", (6, 6), r"\(18, 6\) \(3E, E\)"), ("in_proj_bias", (6,), r"\(18,\)"),
                               ("out_proj_weight", (6, 18), r"\(6, 6\)"), ("out_proj_bias", (18,), r"\(6,\)")):
@@ -247,3 +300,10 @@ def test_bad_input(xp):
         mha_forward(y, y, y, 2, **p, attn_mask=xp.zeros((2, 3, 3), bool))
     with pytest.raises(TypeError, match="attn_mask: expected a bool mask"):
         mha_forward(y, y, y, 2, **p, attn_mask=xp.zeros((3, 3), xp.int8))
+    pk = randn(xp, (2, 2, 4, 3), 5)
+    with pytest.raises(ValueError, match="past_key and past_value come together"):
+        mha_forward(y, y, y, 2, **p, past_key=pk)
+    with pytest.raises(ValueError, match="key and value may be None only with past_key/past_value"):
+        mha_forward(y, None, None, 2, **p)
+    with pytest.raises(ValueError, match=r"past_key: expected shape \(2, 2, \*, 3\) \(B, H, Tp, hs\)"):
+        self_attention_forward(y, 2, **p, past_key=pk[:1], past_value=pk[:1])

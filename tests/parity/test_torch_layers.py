@@ -98,7 +98,7 @@ layer_opts = st.fixed_dictionaries({"norm_first": st.booleans(), "activation": s
 # -- MultiheadAttention ------------------------------------------------------------------------------
 
 @given(b=st.integers(1, 3), tq=st.integers(1, 6), tk=st.integers(1, 6), dims=dims, bias=st.booleans(),
-       sharing=st.sampled_from(["self", "kv", "none"]), kind=st.sampled_from(["none", "causal", "bool", "float",
+       sharing=st.sampled_from(["self", "self_general", "kv", "none"]), kind=st.sampled_from(["none", "causal", "bool", "float",
                                                                               "float_per_head"]),
        average=st.booleans(), seed=seeds, data=st.data())
 def test_multihead_attention(b, tq, tk, dims, bias, sharing, kind, average, seed, data):
@@ -107,17 +107,23 @@ def test_multihead_attention(b, tq, tk, dims, bias, sharing, kind, average, seed
     torch.manual_seed(seed)
     theirs = torch.nn.MultiheadAttention(e, h, bias=bias, batch_first=True)
     ours = _copy(theirs, nn.MultiheadAttention(e, h, bias=bias))
-    tk = tq if sharing == "self" else tk
+    self_attention = sharing in ("self", "self_general")
+    tk = tq if self_attention else tk
     attn, pad = data.draw(masks(b, tq, tk, kind, heads=h))
     q = _rand(rng, b, tq, e)
-    k = q if sharing == "self" else _rand(rng, b, tk, e)
+    k = q if self_attention else _rand(rng, b, tk, e)
     v = k if sharing != "none" else _rand(rng, b, tk, e)
     dout = _rand(rng, b, tq, e)
-    out, w = ours(q, k, v, key_padding_mask=pad, attn_mask=attn, average_attn_weights=average,
-                  is_causal=kind == "causal")
+    options = dict(key_padding_mask=pad, attn_mask=attn, average_attn_weights=average, is_causal=kind == "causal")
+    # "self": the packed self-attention call ours(x); "self_general": ours(x, x, x), three gradients summed
+    out, w = ours(q, **options) if sharing == "self" else ours(q, k, v, **options)
     dq, dk, dv = ours.backward(dout)
+    if sharing == "self_general":
+        dq, dk, dv = dq + dk + dv, None, None
+    elif sharing == "kv":
+        dk, dv = dk + dv, None
     tq_ = _t(q, True)
-    tk_ = tq_ if sharing == "self" else _t(k, True)
+    tk_ = tq_ if self_attention else _t(k, True)
     tv_ = tk_ if sharing != "none" else _t(v, True)
     tout, tw = theirs(tq_, tk_, tv_, key_padding_mask=_t(pad), attn_mask=_t(attn),
                       average_attn_weights=average, is_causal=kind == "causal")
@@ -125,7 +131,7 @@ def test_multihead_attention(b, tq, tk, dims, bias, sharing, kind, average, seed
     _close(out, tout, "out")
     _close(w, tw, "weights")
     _close(dq, tq_.grad, "dquery")
-    if sharing != "self":
+    if not self_attention:
         _close(dk, tk_.grad, "dkey")
     if sharing == "none":
         _close(dv, tv_.grad, "dvalue")
@@ -337,7 +343,7 @@ def _forward(kind, module, x, mem, pad, causal):
 def _input_grads(kind, grads):
     """npformer's backward result as [d x, d mem] (mem's gradient is None where it is not an input)."""
     if kind == "MultiheadAttention":
-        return [grads[0], grads[1]]                      # key is value: dkey holds both
+        return [grads[0], grads[1] + grads[2]]           # mem was key and value: the sum
     if kind in ("TransformerEncoderLayer", "TransformerEncoder"):
         return [grads, None]
     if kind == "Transformer":
@@ -416,7 +422,7 @@ def test_fully_masked_row_differs_from_pytorch_on_purpose():
     mask[1] = True                                       # query 1 may attend nothing
     pad = np.zeros((2, 3), bool)
     pad[1] = True                                        # batch row 1 is all padding
-    out, _ = ours(x, x, x, attn_mask=mask, key_padding_mask=pad)
+    out, _ = ours(x, attn_mask=mask, key_padding_mask=pad)                  # self-attention
     dx = ours.backward(rng.standard_normal((2, 3, 4)))[0]
     tx = _t(x, True)
     tout, _ = theirs(tx, tx, tx, attn_mask=_t(mask), key_padding_mask=_t(pad))

@@ -140,7 +140,7 @@ def test_gradcheck_through_the_fast_path(name):
 
 @pytest.mark.parametrize("call, error", [
     (lambda: softmax.softmax_forward(np.zeros((2, 0), np.float32)), "x: expected rows"),
-    (lambda: softmax.log_softmax_forward(np.float32(1.0) + np.zeros((), np.float32)), "x: expected rows"),
+    (lambda: softmax.log_softmax_forward(np.asarray(1.0, np.float32)), "x: expected rows"),
     (lambda: activations.gelu_forward(np.zeros(3, np.float32), approximate="erf"), "approximate: expected one of"),
     (lambda: layernorm.layer_norm_forward(np.zeros((2, 3), np.float32), np.ones(4, np.float32)),
      r"weight: expected shape \(3,\)"),
