@@ -53,7 +53,7 @@ def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str]
     """One JSON row; without ``timing`` (a failed parity check) every measured field is None."""
     row = {"group": case["group"], "name": case["name"], "pass": pas, "shape": case["shape"],
            "backend": b.name, "framework": b.framework, "device": b.device, "path": path,
-           "impl": "torch" if b.framework == "torch" else (label(ran) if ran is not None else None),
+           "impl": "torch" if b.framework == "torch" else label(ran),
            "fast_paths": ran, "parity": parity.status, "parity_error": parity.error,
            "parity_detail": parity.detail, "flops": case["flops"][pas], "tokens": case["tokens"],
            **dict.fromkeys(TIMING_KEYS + MEASURED_KEYS)}
@@ -81,7 +81,7 @@ def _time(case, b, path, parity, cfg, peak, log) -> list[dict]:
         ran = fast_paths_run(fn) if b.framework == "npformer" else None     # also a first call
         t = time_call(fn, b.sync, cfg["warmup"], cfg["repeats"], cfg["budget_s"], cfg["warmup_s"])
         rows.append(_row(case, pas, b, path, parity, t, ran, peak))
-        log(f"  {case['name']:<18} {pas:<5} {b.name:<10} {path or '':<9} {rows[-1]['impl']:<9} "
+        log(f"  {case['name']:<18} {pas:<5} {b.name:<10} {path or '':<9} {rows[-1]['impl'] or '?':<9} "
             f"{t['ms']:9.2f} ms [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]  {rows[-1]['gflops']:7.1f} GFLOP/s")
     return rows
 

@@ -29,9 +29,10 @@ def switch(path: str) -> ContextManager:
     raise ValueError(f"unknown path {path!r}; expected one of {', '.join(PATHS)}")
 
 
-def fast_paths_run(fn: Callable[[], Any]) -> list[str]:
+def fast_paths_run(fn: Callable[[], Any]) -> list[str] | None:
     """Call ``fn`` once (in this thread) and return ``"<name>:<op>"`` for each fast path that ran,
-    sorted; a profile hook watches for the code objects of the functions in the table."""
+    sorted; a profile hook watches for the code objects of the functions in the table. Under a
+    profiler (which owns the hook: cProfile) ``fn`` runs untraced and the answer is None."""
     from npformer.kernels import FAST_PATHS
     codes = {run.__code__: f"{name}:{op.__name__}" for op, name, run, _ in FAST_PATHS}
     seen: set[str] = set()
@@ -39,16 +40,20 @@ def fast_paths_run(fn: Callable[[], Any]) -> list[str]:
     def hook(frame, event, _arg):
         if event == "call" and frame.f_code in codes:
             seen.add(codes[frame.f_code])
-    previous = sys.getprofile()
+    if sys.getprofile() is not None:
+        fn()
+        return None
     sys.setprofile(hook)
     try:
         fn()
     finally:
-        sys.setprofile(previous)
+        sys.setprofile(None)
     return sorted(seen)
 
 
-def label(ran: list[str]) -> str:
-    """``"cpu"``, ``"cuda"`` (``"cpu+cuda"`` if both) from :func:`fast_paths_run`'s list, or
-    ``"reference"`` when no fast path ran."""
+def label(ran: list[str] | None) -> str | None:
+    """``"cpu"``, ``"cuda"`` (``"cpu+cuda"`` if both) from :func:`fast_paths_run`'s list,
+    ``"reference"`` when no fast path ran, None when it was not traced."""
+    if ran is None:
+        return None
     return "+".join(sorted({r.split(":")[0] for r in ran})) or "reference"
