@@ -1,8 +1,10 @@
 """The benchmark suite's one command (issue 5)::
 
-    python benchmarks/run.py [--quick] [--backends numpy,cupy,torch] [--out benchmarks/results]
+    python benchmarks/run.py [--quick] [--backends numpy,cupy,torch] [--paths fast,reference]
+                             [--only CASES] [--skip-parity] [--out benchmarks/results] [--threads N]
 
-All the work is in ``benchmarks/bench.py``; see ``benchmarks/README.md`` for the columns.
+It calls ``benchmarks.bench.main``; see ``benchmarks/README.md`` for the layout, the parity rule
+and the columns.
 """
 import os
 import sys

@@ -1,5 +1,6 @@
-"""Smoke test of the benchmark suite (issue 5): the quick mode runs on numpy (and torch when it
-imports) and writes well-formed markdown, JSON and, with matplotlib, a PNG. No timing is asserted."""
+"""The benchmark suite (benchmarks/): the quick mode runs on numpy (and torch when it imports),
+checks parity before timing, times both npformer paths, and writes well-formed markdown, JSON and,
+with matplotlib, a PNG. No timing is asserted."""
 import importlib.util
 import json
 import math
@@ -11,23 +12,34 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench
+from benchmarks import bench, harness, parity, paths
+from benchmarks.backends import Backend
+from benchmarks.cases import QUICK, op_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 OPS = ["linear", "softmax", "layer_norm", "gelu", "attention", "multi_head", "ffn", "cross_entropy"]
-MODELS = ["gpt-small", "gpt-medium", "seq2seq-base"]
-ROW_KEYS = {"group", "name", "pass", "shape", "backend", "framework", "device", "ms", "q1_ms", "q3_ms",
-            "min_ms", "max_ms", "repeats", "flops", "tokens", "tokens_per_s", "gflops", "peak_share",
-            "vs_torch", "peak_mb"}
+# gpt-medium is left out of the quick run below to keep this file fast (its 19M-parameter steps cost
+# more than everything else together and run the same code as gpt-small).
+MODELS = ["gpt-small", "seq2seq-base"]
+TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", "peak_share")
+ROW_KEYS = {"group", "name", "pass", "shape", "backend", "framework", "device", "path", "impl", "fast_paths",
+            "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats",
+            "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
+            "peak_mb"}
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="parity is checked against PyTorch")
+
+
+def _run(out, *args):
+    backends = "numpy,torch" if HAS_TORCH else "numpy"
+    assert bench.main(["--quick", "--backends", backends, "--out", str(out), *args]) == 0
+    return backends.replace("torch", "torch-cpu").split(",")
 
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    backends = "numpy,torch" if HAS_TORCH else "numpy"
-    assert bench.main(["--quick", "--backends", backends, "--out", str(out)]) == 0
-    return out, backends.replace("torch", "torch-cpu").split(",")
+    return out, _run(out, "--only", ",".join(OPS + MODELS + ["sweep"]))
 
 
 def _one(out, suffix):
@@ -37,33 +49,11 @@ def _one(out, suffix):
     return files[0]
 
 
-def test_json_rows_and_columns(quick_run):
-    out, backends = quick_run
-    result = json.loads(_one(out, ".json").read_text())
-    meta = result["meta"]
-    assert meta["mode"] == "quick" and meta["backends"] == backends
-    assert set(result["matmul_peak_gflops"]) == set(backends)
-    assert set(meta["flop_counts"]) >= {"linear", "attention", "train_step"}
-    rows = result["rows"]
-    for r in rows:
-        assert set(r) == ROW_KEYS, set(r) ^ ROW_KEYS
-        for k in ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", "peak_share"):
-            assert isinstance(r[k], float) and math.isfinite(r[k]) and r[k] >= 0, (r["name"], k, r[k])
-        assert r["min_ms"] <= r["q1_ms"] <= r["ms"] <= r["q3_ms"] <= r["max_ms"]
-        assert r["repeats"] >= 3 and r["flops"] > 0 and r["tokens"] > 0
-        assert r["peak_mb"] is None or r["peak_mb"] >= 0
-    got = {(r["name"], r["pass"], r["backend"]) for r in rows}
-    want = {(op, p, b) for op in OPS for p in ("fwd", "bwd") for b in backends}
-    want |= {(m, "step", b) for m in MODELS for b in backends}
-    want |= {("attention T=128", p, b) for p in ("fwd", "bwd") for b in backends}
-    assert want <= got, want - got
-    for r in rows:                                   # the ratio exists exactly when torch ran too
-        assert (r["vs_torch"] is not None) == (HAS_TORCH and r["framework"] == "npformer")
+def _rows(out):
+    return json.loads(_one(out, ".json").read_text())["rows"]
 
 
-def test_markdown_tables_are_well_formed(quick_run):
-    out, backends = quick_run
-    text = _one(out, ".md").read_text()
+def _tables(text):
     tables, current = [], []
     for line in text.splitlines() + [""]:
         if line.startswith("|"):
@@ -71,18 +61,174 @@ def test_markdown_tables_are_well_formed(quick_run):
         elif current:
             tables.append(current)
             current = []
-    assert len(tables) == 3                          # summary, sweep, every row
+    return tables
+
+
+def test_json_rows_and_columns(quick_run):
+    out, backends = quick_run
+    result = json.loads(_one(out, ".json").read_text())
+    meta = result["meta"]
+    assert meta["mode"] == "quick" and meta["backends"] == backends and meta["paths"] == ["fast", "reference"]
+    assert set(result["matmul_peak_gflops"]) == set(backends)
+    assert set(meta["flop_counts"]) >= {"linear", "attention", "train_step"}
+    rows = result["rows"]
+    for r in rows:
+        assert set(r) == ROW_KEYS, set(r) ^ ROW_KEYS
+        for k in TIMING:
+            assert isinstance(r[k], float) and math.isfinite(r[k]) and r[k] >= 0, (r["name"], k, r[k])
+        assert r["min_ms"] <= r["q1_ms"] <= r["ms"] <= r["q3_ms"] <= r["max_ms"]
+        assert r["repeats"] >= 3 and r["flops"] > 0 and r["tokens"] > 0
+        assert r["peak_mb"] is None or r["peak_mb"] >= 0
+        npformer_parity = "pass" if HAS_TORCH else "unchecked"
+        assert r["parity"] == ("reference" if r["framework"] == "torch" else npformer_parity)
+    got = {(r["name"], r["pass"], r["backend"], r["path"]) for r in rows}
+    cols = [("numpy", p) for p in ("fast", "reference")] + [("torch-cpu", None)] * HAS_TORCH
+    want = {(op, p) + c for op in OPS for p in ("fwd", "bwd") for c in cols}
+    want |= {(m, "step") + c for m in MODELS for c in cols}
+    want |= {("attention T=128", p) + c for p in ("fwd", "bwd") for c in cols if c[1] != "reference"}
+    assert want <= got, want - got
+    for r in rows:                                   # the ratio exists exactly when torch ran too
+        assert (r["vs_torch"] is not None) == (HAS_TORCH and r["framework"] == "npformer")
+
+
+@needs_torch
+def test_every_npformer_row_passed_parity_within_the_stated_tolerance(quick_run):
+    out, _ = quick_run
+    meta = json.loads(_one(out, ".json").read_text())["meta"]
+    assert meta["parity"] == {"rtol": parity.RTOL, "reference": "torch-cpu float32", "status": "checked"}
+    for r in _rows(out):
+        if r["framework"] == "npformer":
+            assert r["parity"] == "pass" and 0 <= r["parity_error"] <= parity.RTOL, r
+
+
+def test_both_paths_are_timed_and_labelled(quick_run):
+    out, _ = quick_run
+    rows = {(r["name"], r["pass"], r["path"]): r for r in _rows(out) if r["backend"] == "numpy"}
+    for (name, pas, path), r in rows.items():
+        if r["group"] == "sweep":
+            assert path == "fast"
+            continue
+        fast, ref = rows[(name, pas, "fast")], rows[(name, pas, "reference")]
+        assert ref["impl"] == "reference" and ref["fast_paths"] == []
+        assert fast["impl"] == paths.label(fast["fast_paths"])
+        assert fast["fast_speedup"] == ref["fast_speedup"] == pytest.approx(ref["ms"] / fast["ms"])
+    for name in ("softmax", "layer_norm", "gelu", "attention", "ffn", *MODELS):   # CPU fast paths inside
+        assert rows[(name, "fwd" if name not in MODELS else "step", "fast")]["impl"] == "cpu", name
+    assert rows[("linear", "fwd", "fast")]["impl"] == "reference"            # no CPU fast path for it
+
+
+def test_fast_paths_run_agrees_with_kernels_implementation():
+    """The trace that labels rows names what npformer.kernels.implementation says would run."""
+    import npformer.kernels as kernels
+    from npformer.ops import activations, softmax
+    b = Backend("numpy", 1)
+    x = b.asarray(np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32))
+    for op in (softmax.softmax_forward, activations.gelu_forward):
+        for path in paths.PATHS:
+            with paths.switch(path):
+                ran = paths.fast_paths_run(lambda: op(x))
+                assert paths.label(ran) == kernels.implementation(op, x)
+                assert ran == ([f"cpu:{op.__name__}"] if path == "fast" else [])
+
+
+def test_quick_rows_come_after_warm_up(quick_run):
+    out, _ = quick_run
+    assert QUICK["warmup"] >= 1 and QUICK["warmup_s"] > 0
+    for r in _rows(out):                             # torch rows too
+        assert r["warmup"] >= QUICK["warmup"], r
+
+
+def test_time_call_reports_no_warm_up_call():
+    """Calls take 125 ms for the first 0.5 s of a fake clock, then 1/1024 s; with a 0.5 s warm-up,
+    every reported call is a fast one, though one warm-up call was asked for."""
+    now, calls = [0.0], []
+
+    def fn():
+        calls.append(1)
+        now[0] += 0.125 if now[0] < 0.5 else 2.0 ** -10
+    s = harness.time_call(fn, lambda: None, warmup=1, repeats=5, budget_s=100, warmup_s=0.5,
+                          clock=lambda: now[0])
+    assert s["warmup"] == 4 and s["repeats"] == 5 and len(calls) == 9
+    assert s["max_ms"] == pytest.approx(1000 * 2.0 ** -10)
+
+
+def test_time_call_warms_up_then_repeats():
+    calls, syncs = [], []
+    s = harness.time_call(lambda: calls.append(1), lambda: syncs.append(1), warmup=2, repeats=5, budget_s=10)
+    assert len(calls) == len(syncs) == 7 and s["repeats"] == 5 and s["warmup"] == 2
+
+
+@needs_torch
+def test_a_parity_failure_is_reported_and_not_timed(tmp_path, monkeypatch):
+    """npformer's GELU made 0.1% wrong: its rows fail parity on both paths, carry no timing, and
+    the table says so; PyTorch's rows are still timed. --skip-parity times the same wrong op."""
+    from npformer.ops import activations
+    gelu = activations.gelu_forward
+
+    def wrong_gelu(x, **kw):
+        y, cache = gelu(x, **kw)
+        return y * 1.001, cache
+    monkeypatch.setattr(activations, "gelu_forward", wrong_gelu)
+    timed = []
+    monkeypatch.setattr(bench, "time_call", lambda fn, *a: timed.append(fn) or harness.time_call(fn, *a))
+    _run(tmp_path, "--only", "gelu")
+    rows = _rows(tmp_path)
+    npf = [r for r in rows if r["framework"] == "npformer"]
+    assert {(r["path"], r["pass"]) for r in npf} == {(p, s) for p in paths.PATHS for s in ("fwd", "bwd")}
+    for r in npf:
+        assert r["parity"] == "fail" and r["parity_error"] > parity.RTOL
+        assert r["parity_detail"].startswith("out:")                        # dx comes from the same cache
+        assert all(r[k] is None for k in TIMING + ("repeats", "warmup", "vs_torch", "peak_mb"))
+    assert len(timed) == 2 and all(r["ms"] > 0 for r in rows if r["framework"] == "torch")
+    summary = _tables(_one(tmp_path, ".md").read_text())[0]
+    assert all(line.count("FAILED parity") == 2 for line in summary[2:])   # numpy and numpy ref
+
+    skipped = tmp_path / "skipped"
+    _run(skipped, "--only", "gelu", "--skip-parity", "--paths", "fast")
+    npf = [r for r in _rows(skipped) if r["framework"] == "npformer"]
+    assert len(npf) == 2 and all(r["parity"] == "skipped" and r["ms"] > 0 for r in npf)
+
+
+def test_parity_compare_rule():
+    ref = {"out": np.array([1.0, -4.0, 2.0], np.float32), "loss": np.asarray(np.float32(3.0))}
+    ok = parity.compare({"out": ref["out"] + 3.9 * parity.RTOL, "loss": ref["loss"]}, ref)
+    assert ok.status == "pass" and ok.error == pytest.approx(3.9 * parity.RTOL / 4, rel=1e-3)
+    bad = parity.compare({"out": ref["out"] + 4.1 * parity.RTOL, "loss": ref["loss"]}, ref)
+    assert bad.failed and "out" in bad.detail and "tolerance" in bad.detail
+    assert parity.compare({"out": ref["out"][:2], "loss": ref["loss"]}, ref).failed          # shape
+    assert parity.compare({"out": ref["out"] * np.nan, "loss": ref["loss"]}, ref).failed     # not finite
+    assert parity.compare({"out": ref["out"]}, ref).failed                                    # missing
+
+
+def test_op_cases_compare_the_gradients_npformer_returns():
+    """Each op case names as many gradients as npformer's backward returns (None dropped)."""
+    b = Backend("numpy", 1)
+    cfg = dict(QUICK, B=1, T=4, d=16, H=2, F=8, V=6)
+    for case in op_cases(cfg):
+        outputs = case["outputs"](b)
+        assert "out" in outputs and len(outputs) >= 2 and set(case["build"](b)) == {"fwd", "bwd"}, case["name"]
+
+
+def test_markdown_tables_are_well_formed(quick_run):
+    out, backends = quick_run
+    text = _one(out, ".md").read_text()
+    tables = _tables(text)
+    assert len(tables) == 4                          # summary, parity, sweep, every row
     for t in tables:
         widths = {len(line.strip("|").split("|")) for line in t}
         assert len(widths) == 1, t[:3]
         assert re.fullmatch(r"\|(---\|)+", t[1])
-    summary, sweep, detail = tables
-    assert all(f"{b} ms" in summary[0] for b in backends)
+    summary, checks, sweep, detail = tables
+    columns = ("numpy impl", "numpy ms", "numpy ref ms", "numpy fast speed-up") + ("torch-cpu ms",) * HAS_TORCH
+    for col in columns:
+        assert f" {col} |" in summary[0], col
     assert ("numpy/torch-cpu" in summary[0]) == HAS_TORCH
     assert {line.split("|")[1].strip() for line in summary[2:]} == set(OPS + MODELS)
-    assert sweep[2].startswith("| 128 |")
-    for col in ("ms", "IQR", "tokens/s", "GFLOP/s", "% peak", "vs torch", "peak MB"):
-        assert f" {col} |" in detail[0]
+    assert {line.split("|")[1].strip() for line in checks[2:]} >= set(OPS + MODELS)
+    assert [line.split("|")[1].strip() for line in sweep[2:]] == ["64", "128", "flash 64", "flash 128"]
+    for col in ("path", "impl", "parity", "ms", "IQR", "warm-up", "tokens/s", "GFLOP/s", "% peak", "vs torch",
+                "fast speed-up", "peak MB"):
+        assert f" {col} |" in detail[0], col
     assert len(detail) - 2 == len(json.loads(_one(out, ".json").read_text())["rows"])
     assert "FLOP counts used" in text
 
@@ -97,24 +243,20 @@ def test_png_written_when_matplotlib_is_present(quick_run):
 
 def test_summarize_against_numpy_percentiles():
     times = [0.003, 0.001, 0.002, 0.010, 0.004]
-    s = bench.summarize(times)
+    s = harness.summarize(times)
     ms = np.array(times) * 1e3
     assert s["ms"] == pytest.approx(np.median(ms))
     assert (s["q1_ms"], s["q3_ms"]) == pytest.approx(tuple(np.percentile(ms, [25, 75])))
     assert (s["min_ms"], s["max_ms"], s["repeats"]) == (pytest.approx(1.0), pytest.approx(10.0), 5)
 
 
-def test_time_call_warms_up_then_repeats():
-    calls, syncs = [], []
-    s = bench.time_call(lambda: calls.append(1), lambda: syncs.append(1), warmup=2, repeats=5, budget_s=10)
-    assert len(calls) == len(syncs) == 7 and s["repeats"] == 5
-
-
-def test_bad_backend_names():
+def test_bad_options():
+    from benchmarks.backends import make_backends
     with pytest.raises(ValueError, match="unknown backend 'jax'"):
-        bench.make_backends(["numpy", "jax"], 1)
-    with pytest.raises(SystemExit):
-        bench.main(["--quick", "--backends", "tensorflow"])
+        make_backends(["numpy", "jax"], 1)
+    for argv in (["--backends", "tensorflow"], ["--paths", "fast,turbo"], ["--only", "lstm"]):
+        with pytest.raises(SystemExit):
+            bench.main(["--quick", *argv])
 
 
 def test_import_pulls_in_neither_torch_nor_cupy():
@@ -134,7 +276,9 @@ def test_npformer_bench_hands_its_options_to_the_suite(capsys):
     from npformer.cli import main
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--help"])
-    assert exc.value.code == 0 and "--backends" in capsys.readouterr().out
+    help_text = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert all(option in help_text for option in ("--backends", "--paths", "--only", "--skip-parity"))
     with pytest.raises(SystemExit):
         main(["bench", "--backends", "tensorflow"])
     assert "unknown backend" in capsys.readouterr().err

@@ -1,0 +1,181 @@
+"""The op cases and the attention sweep: sizes, inputs, FLOP counts, and each computation built
+for npformer and for PyTorch (:mod:`benchmarks.torch_reference`) from the same host arrays.
+
+A case is a dict: ``name``, ``group`` ("op", "model" or "sweep"), ``shape`` (for the report),
+``tokens``, ``flops`` per pass, and two functions of a backend ``b``:
+
+* ``build(b)``: ``{pass: call}``, the calls that are timed ("fwd", "bwd"; a model's "step");
+* ``outputs(b)``: ``{name: host array}``, what the parity check compares (forward output and
+  gradients here; a model's loss and gradients in :mod:`benchmarks.steps`).
+
+npformer's forward returns ``(y, ..., cache)`` and its backward the gradients for a fixed random
+upstream gradient, from the cache of one forward made when the case is built.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy
+
+__all__ = ["FULL", "QUICK", "FLOPS", "host_normal", "upstream_gradient", "op_cases", "sweep_case",
+           "flash_sweep_case", "fits_memory"]
+
+FULL = dict(B=8, T=128, d=256, H=8, F=1024, V=512, model_B=8, model_T=128, warmup=2, warmup_s=0.25,
+            repeats=10, budget_s=3.0, matmul_n=2048, sweep_B=1, sweep_T=(128, 256, 512, 1024, 2048, 4096, 8192),
+            sweep_stop_s=3.0, settle_s=0.3, mem_min_s=0.2)
+QUICK = dict(B=2, T=64, d=256, H=8, F=1024, V=512, model_B=2, model_T=16, warmup=1, warmup_s=0.05,
+             repeats=3, budget_s=0.05, matmul_n=512, sweep_B=1, sweep_T=(64, 128), sweep_stop_s=1.0,
+             settle_s=0.12, mem_min_s=0.02)
+FLOPS = {
+    "matmul": "2 flops per multiply-add; N = B*T tokens, E = B*H*T*T attention scores",
+    "linear": "fwd 2*N*d*F, bwd 4*N*d*F (dx and dW)",
+    "softmax": "fwd 5 per element (max, subtract, exp, sum, divide), bwd 4 per element",
+    "layer_norm": "fwd 8 per element, bwd 12 per element",
+    "gelu": "fwd 10 per element (erf counted as 5), bwd 15 per element",
+    "attention": "fwd 4*E*hs + 5*E (QK^T, PV, softmax), bwd 8*E*hs + 4*E",
+    "flash_attention": "fwd as attention, bwd 10*E*hs + 6*E (S = QK^T and P recomputed per tile)",
+    "multi_head": "fwd 8*N*d^2 + 4*E*hs + 5*E (QKV and out projections), bwd twice the matmuls + 4*E",
+    "ffn": "fwd 4*N*d*F + 10*N*F, bwd 8*N*d*F + 15*N*F",
+    "cross_entropy": "fwd 5 per logit, bwd 3 per logit",
+    "train_step": "matmuls only, fwd+bwd = 3x fwd: gpt 6*N*(L*(4d^2+2dF) + V*d) + 12*L*B*T^2*d; "
+                  "seq2seq (S=T) 6*(2*N*L*(6d^2+2dF) + N*V*d) + 36*L*B*T^2*d; "
+                  "embeddings, element-wise work and AdamW not counted",
+}
+
+
+def host_normal(shape, seed: int) -> numpy.ndarray:
+    """Standard normal float32 host array; every input of every case is one of these."""
+    return numpy.random.default_rng(seed).standard_normal(shape).astype(numpy.float32)
+
+
+def upstream_gradient(shape) -> numpy.ndarray:
+    """The fixed random ``dy`` every backward gets (1 for a scalar loss)."""
+    return host_normal(shape, 9) if shape else numpy.ones((), numpy.float32)
+
+
+def _npformer_calls(module, op: str, host_inputs: list, **kw) -> Callable:
+    """Builder of ``module.<op>_forward`` / ``<op>_backward`` calls (looked up when built)."""
+    def calls(b):
+        fwd, bwd = getattr(module, op + "_forward"), getattr(module, op + "_backward")
+        xs = [b.asarray(h) for h in host_inputs]
+        res = fwd(*xs, **kw)
+        dy = b.asarray(upstream_gradient(res[0].shape))
+        return {"fwd": lambda: fwd(*xs, **kw), "bwd": lambda: bwd(dy, res[-1])}
+    return calls
+
+
+def _torch_calls(fn: str, host_inputs: list, n_grad: int) -> Callable:
+    """Builder of ``torch_reference.<fn>`` under autograd, gradients of the first ``n_grad`` inputs."""
+    def calls(b):
+        from benchmarks import torch_reference
+        return torch_reference.op_calls(b, getattr(torch_reference, fn), host_inputs, n_grad)
+    return calls
+
+
+def _outputs(b, calls: dict, grad_names: tuple) -> dict:
+    """Forward output and named gradients on the host (npformer's ``None`` gradients dropped)."""
+    y, grads = calls["fwd"](), calls["bwd"]()
+    y = y[0] if isinstance(y, tuple) else y
+    grads = [g for g in (grads if isinstance(grads, tuple) else (grads,)) if g is not None]
+    return {"out": b.to_host(y), **{n: b.to_host(g) for n, g in zip(grad_names, grads, strict=True)}}
+
+
+def _op_case(name, shape, flops, tokens, grads, npformer_calls, torch_calls, group="op") -> dict:
+    def build(b):
+        return npformer_calls(b) if b.framework == "npformer" else torch_calls(b)
+    return {"name": name, "group": group, "shape": shape, "tokens": tokens, "flops": flops, "build": build,
+            "outputs": lambda b: _outputs(b, build(b), grads)}
+
+
+def _multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
+    """npformer's multi-head self-attention op (fused QKV), the one place that calls it."""
+    def calls(b):
+        from npformer.ops import multihead
+        x, ws = b.asarray(host_x), [b.asarray(w) for w in weights]
+
+        def fwd():
+            return multihead.multi_head_attention_forward(x, x, x, num_heads, *ws, need_weights=False)
+        out, _, cache = fwd()
+        dy = b.asarray(upstream_gradient(out.shape))
+        return {"fwd": fwd, "bwd": lambda: multihead.multi_head_attention_backward(dy, cache)}
+    return calls
+
+
+def _torch_multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
+    def calls(b):
+        from benchmarks import torch_reference
+        return torch_reference.multi_head_calls(b, host_x, num_heads, weights)
+    return calls
+
+
+def _attention_case(name, B, H, T, hs, flash=False, group="op") -> dict:
+    from npformer.ops import attention, flash_attention
+    qkv = [host_normal((B, H, T, hs), s) for s in (1, 2, 3)]
+    e = B * H * T * T
+    bwd = 10 * e * hs + 6 * e if flash else 8 * e * hs + 4 * e        # flash recomputes S = q k^T and P
+    op = (flash_attention, "flash_attention") if flash else (attention, "scaled_dot_product_attention")
+    case = _op_case(name, f"q,k,v ({B}, {H}, {T}, {hs})" + (", 128x128 tiles" if flash else ""),
+                    {"fwd": 4 * e * hs + 5 * e, "bwd": bwd}, B * T, ("dq", "dk", "dv"),
+                    _npformer_calls(*op, qkv), _torch_calls("attention", qkv, 3), group)
+    case["dims"], case["flash"] = (B, H, T, hs), flash
+    return case
+
+
+def op_cases(c: dict) -> list[dict]:
+    from npformer.ops import activations, cross_entropy, feedforward, layernorm, linear, softmax
+    B, T, d, H, F, V = (c[k] for k in "BTdHFV")
+    N, E, hs = B * T, B * H * T * T, d // H
+    x, w1, b1 = host_normal((B, T, d), 1), host_normal((F, d), 2) * 0.05, host_normal((F,), 3)
+    w2, b2 = host_normal((d, F), 4) * 0.05, host_normal((d,), 5)
+    g, beta, s, h = 1 + 0.1 * host_normal((d,), 6), host_normal((d,), 7), host_normal((B, H, T, T), 8), \
+        host_normal((B, T, F), 10)
+    logits, tgt = host_normal((B, T, V), 11), numpy.random.default_rng(12).integers(0, V, (B, T))
+    mha = [host_normal((3 * d, d), 13) * 0.05, host_normal((3 * d,), 14), host_normal((d, d), 15) * 0.05,
+           host_normal((d,), 16)]
+    return [
+        _op_case("linear", f"x ({B}, {T}, {d}) -> {F}", {"fwd": 2 * N * d * F, "bwd": 4 * N * d * F}, N,
+                 ("dx", "dweight", "dbias"), _npformer_calls(linear, "linear", [x, w1, b1]),
+                 _torch_calls("linear", [x, w1, b1], 3)),
+        _op_case("softmax", f"scores ({B}, {H}, {T}, {T})", {"fwd": 5 * E, "bwd": 4 * E}, N, ("dx",),
+                 _npformer_calls(softmax, "softmax", [s]), _torch_calls("softmax", [s], 1)),
+        _op_case("layer_norm", f"x ({B}, {T}, {d})", {"fwd": 8 * N * d, "bwd": 12 * N * d}, N,
+                 ("dx", "dweight", "dbias"), _npformer_calls(layernorm, "layer_norm", [x, g, beta]),
+                 _torch_calls("layer_norm", [x, g, beta], 3)),
+        _op_case("gelu", f"h ({B}, {T}, {F})", {"fwd": 10 * N * F, "bwd": 15 * N * F}, N, ("dx",),
+                 _npformer_calls(activations, "gelu", [h]), _torch_calls("gelu", [h], 1)),
+        _attention_case("attention", B, H, T, hs),
+        _op_case("multi_head", f"x ({B}, {T}, {d}), {H} heads",
+                 {"fwd": 8 * N * d * d + 4 * E * hs + 5 * E, "bwd": 16 * N * d * d + 8 * E * hs + 4 * E}, N,
+                 ("dx", "din_proj_weight", "din_proj_bias", "dout_proj_weight", "dout_proj_bias"),
+                 _multi_head_calls(x, H, mha), _torch_multi_head_calls(x, H, mha)),
+        _op_case("ffn", f"x ({B}, {T}, {d}), F={F}, gelu",
+                 {"fwd": 4 * N * d * F + 10 * N * F, "bwd": 8 * N * d * F + 15 * N * F}, N,
+                 ("dx", "dw1", "db1", "dw2", "db2"),
+                 _npformer_calls(feedforward, "feed_forward", [x, w1, b1, w2, b2], activation="gelu"),
+                 _torch_calls("ffn", [x, w1, b1, w2, b2], 5)),
+        _op_case("cross_entropy", f"logits ({B}, {T}, {V})", {"fwd": 5 * N * V, "bwd": 3 * N * V}, N,
+                 ("dlogits",), _npformer_calls(cross_entropy, "cross_entropy", [logits, tgt]),
+                 _torch_calls("cross_entropy", [logits, tgt], 1)),
+    ]
+
+
+def sweep_case(c: dict, T: int) -> dict:
+    """Plain attention at length T (B = sweep_B): memory quadratic in T."""
+    return _attention_case(f"attention T={T}", c["sweep_B"], c["H"], T, c["d"] // c["H"], group="sweep")
+
+
+def flash_sweep_case(c: dict, T: int) -> dict:
+    """The sweep's attention as FlashAttention tiles (npformer.ops.flash_attention): O(T) memory.
+    The torch column is the same ``scaled_dot_product_attention`` call as the plain sweep's (PyTorch
+    picks its own fused kernel, a flash kernel on CPU and CUDA where it applies)."""
+    return _attention_case(f"flash attention T={T}", c["sweep_B"], c["H"], T, c["d"] // c["H"], flash=True,
+                           group="sweep")
+
+
+def fits_memory(case: dict, b) -> bool:
+    """Plain attention holds about six (B, H, T, T) float32 arrays at once; keep that under half
+    of the memory available now on ``b``'s device."""
+    B, H, T, _ = case["dims"]
+    if case.get("flash") and b.framework == "npformer":
+        return True                                       # a few (B, H, 128, 128) tiles and O(T) arrays
+    return 6 * B * H * T * T * 4 < b.free_bytes() / 2

@@ -1,0 +1,194 @@
+"""The reports of a run: JSON (every row), markdown (summary, parity, sweep, every row), PNG plot.
+
+A report column is a backend and, for npformer, a path: ``numpy`` (fast paths on), ``numpy ref``
+(the reference ops alone), ``torch-cpu``. A row that failed parity shows ``FAILED parity``
+instead of a time. Host-side only; matplotlib is optional.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from benchmarks.backends import TORCH_BESIDE
+
+__all__ = ["columns", "markdown", "plot", "write_reports"]
+
+FAILED = "FAILED parity"
+
+
+def _f(v, fmt="{:.2f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def _title(backend: str, path: str | None) -> str:
+    return backend + (" ref" if path == "reference" else "")
+
+
+def columns(meta: dict) -> list[tuple[str, str | None]]:
+    """(backend, path) of every report column, in order: npformer's per path, then torch's."""
+    return [(b, p) for b in meta["backends"]
+            for p in (meta["paths"] if not b.startswith("torch") else [None])]
+
+
+def _table(spec: list[tuple[str, Callable]], items) -> list[str]:
+    """A markdown table from (title, cell function) pairs, one line per item."""
+    return (["| " + " | ".join(t for t, _ in spec) + " |", "|" + "---|" * len(spec)]
+            + ["| " + " | ".join(str(cell(it)) for _, cell in spec) + " |" for it in items])
+
+
+def _summary(result, by) -> list[str]:
+    meta, rows = result["meta"], result["rows"]
+    cols, names, first = columns(meta), meta["backends"], meta["paths"][0]
+    npf = [n for n in names if not n.startswith("torch")]
+
+    def ms(col):
+        def cell(key):
+            r = by.get(key[:2] + col)
+            return "-" if r is None else FAILED if r["ms"] is None else \
+                f"{r['ms']:.2f} [{r['q1_ms']:.2f}, {r['q3_ms']:.2f}]"
+        return cell
+
+    def field(n, path, name, fmt):
+        return lambda key: _f((by.get(key[:2] + (n, path)) or {}).get(name), fmt)
+    spec = [("case", lambda k: k[0]), ("pass", lambda k: k[1]), ("shape", lambda k: k[2]),
+            ("GFLOP", lambda k: f"{k[3] / 1e9:.3f}")]
+    spec += [(f"{n} impl", field(n, "fast", "impl", "{}")) for n in npf if "fast" in meta["paths"]]
+    spec += [(f"{_title(*c)} ms", ms(c)) for c in cols]
+    if set(meta["paths"]) == {"fast", "reference"}:
+        spec += [(f"{n} fast speed-up", field(n, "fast", "fast_speedup", "{:.2f}x")) for n in npf]
+    spec += [(f"{_title(n, first)}/{TORCH_BESIDE[n]}", field(n, first, "vs_torch", "{:.2f}x"))
+             for n in npf if TORCH_BESIDE[n] in names]
+    if "numpy" in names and "cupy" in names:
+        def gpu(key):
+            cpu, dev = by.get(key[:2] + ("numpy", first)), by.get(key[:2] + ("cupy", first))
+            return f"{cpu['ms'] / dev['ms']:.1f}x" if cpu and dev and cpu["ms"] and dev["ms"] else "-"
+        spec.append(("GPU speed-up", gpu))
+    keys = dict.fromkeys((r["name"], r["pass"], r["shape"], r["flops"]) for r in rows if r["group"] != "sweep")
+    return ["## Summary: median ms [IQR] per column", ""] + _table(spec, keys)
+
+
+def _parity(result) -> list[str]:
+    fields = ("name", "backend", "path", "parity", "parity_error", "parity_detail")
+    checks = dict.fromkeys(tuple(r[k] for k in fields) for r in result["rows"] if r["framework"] == "npformer")
+    spec = [("case", lambda c: c[0]), ("backend", lambda c: c[1]), ("path", lambda c: c[2]),
+            ("parity", lambda c: c[3]), ("worst error", lambda c: _f(c[4], "{:.1e}")),
+            ("worst output", lambda c: c[5] or "-")]
+    p = result["meta"]["parity"]
+    rule = (f"npformer's outputs and gradients against {p['reference']} on the same inputs and weights, "
+            f"before timing: max abs diff <= {p['rtol']:.2g} x max abs reference, per array"
+            if p["reference"] else f"parity {p['status']}")
+    return ["## Parity", "", rule + ".", ""] + _table(spec, checks)
+
+
+def _sweep(result, by) -> list[str]:
+    sweep = [r for r in result["rows"] if r["group"] == "sweep"]
+    cols = list(dict.fromkeys((r["backend"], r["path"]) for r in sweep))
+
+    def cells(col):
+        def pair(name, fmt, key):
+            f, b = by.get((name, "fwd") + col), by.get((name, "bwd") + col)
+            if f is None or b is None:
+                return "-"
+            return FAILED if f["ms"] is None else f"{_f(f[key], fmt)} / {_f(b[key], fmt)}"
+        return [(f"{_title(*col)} ms", lambda n: pair(n, "{:.1f}", "ms")),
+                (f"{_title(*col)} MB", lambda n: pair(n, "{:.0f}", "peak_mb"))]
+    spec = [("T", lambda n: n.replace("attention T=", ""))] + [c for col in cols for c in cells(col)]
+    return ["## Attention sweep: ms (fwd / bwd) and peak MB (fwd / bwd)", ""] + \
+        _table(spec, dict.fromkeys(r["name"] for r in sweep))
+
+
+def _detail(result) -> list[str]:
+    def col(title, key, fmt="{:.2f}", scale=1):
+        return title, lambda r: _f(None if r[key] is None else r[key] * scale, fmt)
+
+    def spread(lo, hi):
+        return lambda r: "-" if r["ms"] is None else f"{r[lo]:.3f}-{r[hi]:.3f}"
+    spec = [col("case", "name", "{}")] + [col(k, k, "{}") for k in ("pass", "backend", "path", "impl", "parity")]
+    spec += [col("ms", "ms", "{:.3f}"), ("IQR", spread("q1_ms", "q3_ms")), ("min-max", spread("min_ms", "max_ms")),
+             col("n", "repeats", "{}"), col("warm-up", "warmup", "{}"), col("tokens/s", "tokens_per_s", "{:.0f}"),
+             col("GFLOP/s", "gflops", "{:.1f}"), col("% peak", "peak_share", "{:.1f}", 100),
+             col("vs torch", "vs_torch"), col("fast speed-up", "fast_speedup"),
+             col("peak MB", "peak_mb", "{:.1f}")]
+    return ["## Every row", ""] + _table(spec, result["rows"])
+
+
+def markdown(result: dict) -> str:
+    """The summary table (columns per backend and path), parity, the sweep, and every row."""
+    meta, rows, peaks = result["meta"], result["rows"], result["matmul_peak_gflops"]
+    by = {(r["name"], r["pass"], r["backend"], r["path"]): r for r in rows}
+    lines = [f"# npformer benchmarks: {meta['device']}, {meta['date']} ({meta['mode']} mode)", "",
+             f"Threads: {meta['threads']} of {meta['cpu_count']} CPUs; versions: "
+             + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
+             "Float32 matmul peak (GFLOP/s, same run): "
+             + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + ".", ""]
+    lines += [f"Note: {n}" for n in meta.get("notes", [])] + [""] * bool(meta.get("notes"))
+    lines += _summary(result, by) + [""] + _parity(result) + [""]
+    if any(r["group"] == "sweep" for r in rows):
+        lines += _sweep(result, by) + [""]
+    lines += _detail(result)
+    lines += ["", "FLOP counts used:", ""] + [f"- {k}: {v}" for k, v in meta["flop_counts"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
+    """Speed relative to numpy (fast path) per case, and the sweep's time and memory against T."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("note: matplotlib is not installed; no PNG plot written (pip install matplotlib)")
+        return False
+    rows, cols = result["rows"], columns(result["meta"])
+    ms = {(r["name"], r["pass"], r["backend"], r["path"]): r["ms"] for r in rows if r["ms"] is not None}
+    base = cols[0]
+    keys = list(dict.fromkeys((r["name"], r["pass"]) for r in rows if r["group"] != "sweep"))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
+    width = 0.8 / max(len(cols), 1)
+    drawn = False
+    for i, col in enumerate(cols):                        # no bar where either time is missing
+        js = [j for j, k in enumerate(keys) if k + col in ms and k + base in ms]
+        drawn |= bool(js)
+        axes[0].bar([j + i * width for j in js], [ms[keys[j] + base] / ms[keys[j] + col] for j in js], width,
+                    label=_title(*col))
+    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
+    axes[0].set_xticklabels([f"{a} {b}" for a, b in keys], rotation=70, fontsize=7)
+    axes[0].set(yscale="log" if drawn else "linear", ylabel=f"speed-up over {_title(*base)} (x)")
+    axes[0].axhline(1, color="gray", lw=0.5)
+    sweep = [r for r in rows if r["group"] == "sweep" and r["pass"] == "fwd" and r["ms"] is not None]
+    for col in dict.fromkeys((r["backend"], r["path"]) for r in sweep):
+        for impl in ("attention", "flash attention"):                      # flash: its own line
+            pts = sorted((int(r["name"].split("=")[1]), r) for r in sweep
+                         if (r["backend"], r["path"]) == col and r["name"].startswith(impl + " T="))
+            if pts:
+                ts, lab = [t for t, _ in pts], _title(*col) + ("" if impl == "attention" else " flash")
+                axes[1].plot(ts, [r["ms"] + ms[(r["name"], "bwd") + col] for _, r in pts], "o-", label=lab)
+                axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for _, r in pts], "o-", label=lab)
+    axes[1].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd+bwd ms")
+    axes[2].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd peak MB")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    meta = result["meta"]
+    fig.suptitle(f"npformer benchmarks, {meta['device']}, {meta['date']} ({meta['mode']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
+def write_reports(result: dict, out_dir: str, log: Callable[[str], None] = print) -> dict:
+    """Markdown, JSON and (with matplotlib) PNG named ``<device>_<date>[_quick]``; returns the paths."""
+    meta = result["meta"]
+    stem = f"{meta['device']}_{meta['date']}" + ("_quick" if meta["mode"] == "quick" else "")
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, stem + ".json"), "md": os.path.join(out_dir, stem + ".md")}
+    with open(paths["json"], "w") as f:
+        json.dump(result, f, indent=1)
+    with open(paths["md"], "w") as f:
+        f.write(markdown(result))
+    png = os.path.join(out_dir, stem + ".png")
+    if plot(result, png, log):
+        paths["png"] = png
+    return paths

@@ -1,0 +1,113 @@
+"""The training-step cases: one AdamW step of a GPT or an encoder-decoder, npformer beside PyTorch.
+
+A step is: zero the gradients, forward, cross-entropy, backward, AdamW (lr 3e-4), with dropout
+0.1, float32, no padding tokens; the GPT's targets are its inputs reversed, the seq2seq's source
+and target are the same ids and their reverse (S = T).
+
+Parity (``outputs``): the same model with dropout 0 and npformer's weights (rng 0) on both sides
+(PyTorch's loads them by name, strictly), one forward and backward (the optimizer update is not
+compared): the logits and the loss element by element, and the gradients by their norms, each
+parameter's and all together. Gradients are not compared element by element because ReLU's
+derivative jumps at 0: where float32 rounding puts a pre-activation on the other side of 0 in one
+library, a few gradient elements differ by O(1) of their own size (seen: seq2seq-base at full size,
+one row of the source embedding's gradient 1e-3 of its largest element off, between PyTorch in float32
+and in float64), while the forward, continuous, and the norms move by a few float32 epsilons.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy
+
+__all__ = ["MODELS", "DROPOUT", "train_flops", "model_cases"]
+
+MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
+    "gpt-small": dict(kind="gpt", d=256, H=8, L=4, F=1024, V=512),
+    "gpt-medium": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024),
+    "seq2seq-base": dict(kind="seq2seq", d=256, H=8, L=3, F=1024, V=1024),  # base 512/8/6+6/2048, halved
+}
+DROPOUT = 0.1
+
+
+def train_flops(m: dict, B: int, T: int) -> int:
+    """Matmul FLOPs of one step (forward + backward = 3 x forward); see cases.FLOPS["train_step"]."""
+    d, L, F, V = m["d"], m["L"], m["F"], m["V"]
+    N = B * T
+    if m["kind"] == "gpt":
+        return 6 * N * (L * (4 * d * d + 2 * d * F) + V * d) + 12 * L * B * T * T * d
+    return 6 * (2 * N * L * (6 * d * d + 2 * d * F) + N * V * d) + 36 * L * B * T * T * d
+
+
+def _npformer_model(backend: str, m: dict, T: int, dropout: float):
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
+    d, H, L, F, V = m["d"], m["H"], m["L"], m["F"], m["V"]
+    if m["kind"] == "gpt":
+        return GPT(GPTConfig(V, T, L, H, d, F, dropout, "gelu", norm_first=True, tie_embeddings=True),
+                   dtype=numpy.float32, backend=backend, rng=0)
+    return Seq2Seq(Seq2SeqConfig(V, V, d, H, L, L, F, dropout, "relu", norm_first=False, max_len=T),
+                   dtype=numpy.float32, backend=backend, rng=0)
+
+
+def _forward_backward(model, kind: str, src, tgt) -> tuple:
+    """Forward, mean cross-entropy, backward (gradients accumulate); returns (logits, loss)."""
+    from npformer.backend import get_array_module
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    logits = model(src) if kind == "gpt" else model(src, tgt)                  # (B, T, V)
+    loss, cache = cross_entropy_forward(logits, tgt)
+    model.backward(cross_entropy_backward(get_array_module(logits).ones((), logits.dtype), cache))
+    return logits, loss
+
+
+def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
+    from npformer.training.optim import AdamW
+    model = _npformer_model(b.name, m, src_ids.shape[1], DROPOUT)
+    opt = AdamW(model.parameters(), lr=3e-4)
+    src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
+
+    def step():
+        model.zero_grad()
+        _forward_backward(model, m["kind"], src, tgt)
+        opt.step()
+    return step
+
+
+def _compared(logits, loss, grads: dict[str, numpy.ndarray]) -> dict[str, numpy.ndarray]:
+    """What a step's parity compares (module docstring): logits, loss, gradient norms."""
+    norms = {f"|d {k}|": numpy.linalg.norm(g.astype(numpy.float64)) for k, g in grads.items()}
+    total = numpy.sqrt(sum(n ** 2 for n in norms.values()))
+    return {"logits": logits, "loss": loss, "|grad|": numpy.asarray(total),
+            **{k: numpy.asarray(n) for k, n in norms.items()}}
+
+
+def _outputs(b, m: dict, src_ids, tgt_ids) -> dict[str, numpy.ndarray]:
+    T = src_ids.shape[1]
+    if b.framework == "torch":
+        from benchmarks import torch_reference
+        from npformer.interop import to_numpy_state_dict
+        weights = to_numpy_state_dict(_npformer_model("numpy", m, T, 0.0))
+        return _compared(*torch_reference.model_outputs(b, m, src_ids, tgt_ids, weights))
+    model = _npformer_model(b.name, m, T, 0.0)
+    logits, loss = _forward_backward(model, m["kind"], b.asarray(src_ids), b.asarray(tgt_ids))
+    return _compared(b.to_host(logits), b.to_host(loss), {k: b.to_host(g) for k, g in model.grads().items()})
+
+
+def model_cases(c: dict) -> list[dict]:
+    B, T = c["model_B"], c["model_T"]
+    out = []
+    for name, m in MODELS.items():
+        src = numpy.random.default_rng(1).integers(1, m["V"], (B, T))          # no padding tokens
+        tgt = src[:, ::-1].copy()
+        layers = f"{m['L']}+{m['L']}" if m["kind"] == "seq2seq" else str(m["L"])
+        shape = f"B={B} T={T} d={m['d']} H={m['H']} L={layers} F={m['F']} V={m['V']}"
+
+        def build(b, m=m, src=src, tgt=tgt):
+            if b.framework == "npformer":
+                return {"step": _npformer_step(b, m, src, tgt)}
+            from benchmarks import torch_reference
+            return {"step": torch_reference.train_step(b, m, src, tgt, DROPOUT)}
+        out.append({"name": name, "group": "model", "shape": shape,
+                    "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
+                    "flops": {"step": train_flops(m, B, T)}, "build": build,
+                    "outputs": lambda b, m=m, src=src, tgt=tgt: _outputs(b, m, src, tgt)})
+    return out
