@@ -88,16 +88,16 @@ def _op_case(name, shape, flops, tokens, grads, npformer_calls, torch_calls, gro
 
 
 def _multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
-    """npformer's multi-head self-attention op (fused QKV), the one place that calls it."""
+    """npformer's self-attention op (one packed QKV projection), the one place that calls it."""
     def calls(b):
         from npformer.ops import multihead
         x, ws = b.asarray(host_x), [b.asarray(w) for w in weights]
 
         def fwd():
-            return multihead.multi_head_attention_forward(x, x, x, num_heads, *ws, need_weights=False)
+            return multihead.self_attention_forward(x, num_heads, *ws, need_weights=False)
         out, _, cache = fwd()
         dy = b.asarray(upstream_gradient(out.shape))
-        return {"fwd": fwd, "bwd": lambda: multihead.multi_head_attention_backward(dy, cache)}
+        return {"fwd": fwd, "bwd": lambda: multihead.self_attention_backward(dy, cache)}
     return calls
 
 
