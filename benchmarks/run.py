@@ -1,4 +1,4 @@
-"""The benchmark suite's one command (issue 5)::
+"""The benchmark suite's one command::
 
     python benchmarks/run.py [--quick] [--backends numpy,cupy,torch] [--paths fast,reference]
                              [--only CASES] [--skip-parity] [--out benchmarks/results] [--threads N]

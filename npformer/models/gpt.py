@@ -61,9 +61,9 @@ class GPT(Module):
         self.wte = Embedding(c.vocab_size, c.d_model, std=0.02, rng=rng, **kw)
         self.wpe = Embedding(c.block_size, c.d_model, std=0.02, rng=rng, **kw)
         self.drop = Dropout(c.dropout)
-        self.layers = ModuleList(
+        self.layers = ModuleList(                        # drawn by _init_weights, GPT-2's scheme
             TransformerEncoderLayer(c.d_model, c.n_head, ff, c.dropout, c.activation, c.layer_norm_eps,
-                                    norm_first=c.norm_first, bias=c.bias, rng=rng, **kw)
+                                    norm_first=c.norm_first, bias=c.bias, rng=init.DEFERRED, **kw)
             for _ in range(c.n_layer))
         self.ln_f = LayerNorm(c.d_model, c.layer_norm_eps, bias=c.bias, **kw) if c.norm_first else None
         self.head = OutputHead(c.d_model, c.vocab_size, tied=self.wte.weight if c.tie_embeddings else None,

@@ -8,6 +8,7 @@ bias by default.
 """
 from __future__ import annotations
 
+from npformer.errors import ShapeError
 from npformer.nn import init
 from npformer.nn.linear import Linear
 from npformer.nn.module import Parameter
@@ -19,13 +20,12 @@ class OutputHead(Linear):
     def __init__(self, d_model: int, vocab_size: int, bias: bool = False, *, tied: Parameter | None = None,
                  dtype=None, backend=None, rng=None):
         if tied is not None and tied.shape != (vocab_size, d_model):
-            raise ValueError(f"tied weight: expected shape (V, C)=({vocab_size}, {d_model}), got {tied.shape}")
-        super().__init__(d_model, vocab_size, bias=bias, dtype=dtype, backend=backend, rng=rng)
-        self.tied = tied is not None
-        self.weight = tied if tied is not None else Parameter(
+            raise ShapeError(f"tied weight: expected shape (V, C)=({vocab_size}, {d_model}), got {tied.shape}")
+        weight = tied if tied is not None else Parameter(
             init.normal((vocab_size, d_model), d_model ** -0.5, rng=rng, dtype=dtype, backend=backend))
-        if self.bias is not None:
-            self.bias.data[...] = 0
+        super().__init__(d_model, vocab_size, bias=bias, dtype=dtype, backend=backend, rng=rng, zero_bias=True,
+                         weight=weight)
+        self.tied = tied is not None
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", tied={self.tied}"

@@ -12,6 +12,10 @@ counterpart (the values differ: the generators differ):
 ``rng`` is a host ``numpy.random.Generator`` (from ``npformer.backend.default_rng(seed, "numpy")``)
 or an int seed; ``None`` draws from fresh OS entropy (as ``numpy.random.default_rng()``): pass a
 seed for reproducible weights. Nothing here keeps state between calls.
+
+:data:`DEFERRED` in place of ``rng`` draws nothing: the arrays come out as zeros, for a model that
+initialises its layers by its own scheme right after building them (GPT), so no weight is drawn
+twice.
 """
 from __future__ import annotations
 
@@ -21,12 +25,25 @@ from typing import Any
 from npformer.backend import DEFAULT_DTYPE, default_rng, get_backend, to_device
 from npformer.errors import InputTypeError
 
-__all__ = ["host_generator", "stream_seed", "linear_uniform", "xavier_uniform", "normal", "uniform",
+__all__ = ["DEFERRED", "host_generator", "stream_seed", "linear_uniform", "xavier_uniform", "normal", "uniform",
            "ones", "zeros"]
 
 
+class _Deferred:
+    """``rng=DEFERRED``: allocate without drawing; the enclosing model draws the values itself."""
+
+    def __repr__(self) -> str:
+        return "npformer.nn.init.DEFERRED"
+
+
+DEFERRED = _Deferred()
+
+
 def host_generator(rng: Any = None):
-    """A host Generator from ``None`` (fresh OS entropy), an int seed, or a Generator (returned as is)."""
+    """A host Generator from ``None`` (fresh OS entropy), an int seed, or a Generator (returned as
+    is); :data:`DEFERRED` passes through."""
+    if rng is DEFERRED:
+        return rng
     if rng is None or (isinstance(rng, int) and not isinstance(rng, bool)):
         return default_rng(rng, "numpy")
     if not hasattr(rng, "uniform") or type(rng).__module__.split(".")[0] != "numpy":
@@ -38,7 +55,7 @@ def stream_seed(rng: Any = None) -> int | None:
     """The seed of the dropout stream (:meth:`npformer.nn.Module.manual_seed`) of a module built with
     ``rng``, spawned from the generator's seed sequence so that no draw of the weights is used up:
     the same ``rng`` gives the same weights and the same masks. None for ``rng=None`` (OS entropy)."""
-    if rng is None:
+    if rng is None or rng is DEFERRED:
         return None
     seq = getattr(host_generator(rng).bit_generator, "seed_seq", None)
     if not hasattr(seq, "spawn"):            # a bit generator built without a seed sequence
@@ -53,6 +70,8 @@ def _place(host, dtype, backend):
 
 def uniform(shape: tuple, bound: float, *, rng=None, dtype=None, backend=None):
     """U(-bound, bound) of ``shape``."""
+    if rng is DEFERRED:
+        return zeros(shape, dtype=dtype, backend=backend)
     return _place(host_generator(rng).uniform(-bound, bound, size=shape), dtype, backend)
 
 
@@ -71,6 +90,8 @@ def xavier_uniform(shape: tuple, *, gain: float = 1.0, rng=None, dtype=None, bac
 
 def normal(shape: tuple, std: float = 1.0, *, rng=None, dtype=None, backend=None):
     """N(0, std^2) of ``shape``."""
+    if rng is DEFERRED:
+        return zeros(shape, dtype=dtype, backend=backend)
     return _place(host_generator(rng).standard_normal(size=shape) * std, dtype, backend)
 
 

@@ -1,4 +1,6 @@
-"""Tools that show and check the math: gradient checks (and, later, attention maps and plots)."""
+"""Tools that check the math: the finite-difference gradient checker (:mod:`~npformer.tools.gradcheck`)
+and the table of checks behind ``npformer gradcheck`` (:mod:`~npformer.tools.gradcheck_suite`). The
+plots of the experiments live in :mod:`npformer.study`, the benchmarks in the checkout's ``benchmarks/``."""
 from npformer.tools.gradcheck import GradcheckError, GradcheckReport, check_gradients, gradcheck
 
 __all__ = ["GradcheckError", "GradcheckReport", "check_gradients", "gradcheck"]

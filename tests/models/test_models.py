@@ -192,3 +192,25 @@ def test_gpt_generate_with_and_without_cache_agree(xp):
     a = generate(model, prompt, 8, default_rng(5, xp.__name__), temperature=0.9, top_k=5)
     b = generate(model, prompt, 8, default_rng(5, xp.__name__), temperature=0.9, top_k=5, use_cache=False)
     assert a.shape == (2, 11) and np.array_equal(host(a), host(b))
+
+
+def test_gpt_draws_each_weight_once(monkeypatch):
+    """No weight is drawn and thrown away: the values drawn at construction are exactly the
+    embeddings and the layers' projection matrices (norms start at ones/zeros, biases at zero, the
+    head is tied)."""
+    from npformer.nn import init
+    drawn = []
+    for name in ("normal", "uniform"):
+        real = getattr(init, name)
+
+        def counting(shape, *a, _real=real, rng=None, **k):
+            if rng is not init.DEFERRED:
+                drawn.append(int(np.prod(shape)))
+            return _real(shape, *a, rng=rng, **k)
+        monkeypatch.setattr(init, name, counting)
+    c = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8)
+    model = GPT(c, rng=0)
+    ff = 4 * c.d_model
+    per_layer = 3 * c.d_model ** 2 + c.d_model ** 2 + 2 * c.d_model * ff
+    assert sum(drawn) == (c.vocab_size + c.block_size) * c.d_model + c.n_layer * per_layer
+    assert model.layers[0].linear1.weight.data.std() > 0.01     # and they were drawn, not left at zero

@@ -127,3 +127,26 @@ def test_a_kink_is_reported_not_compared_and_a_wrong_gradient_elsewhere_still_fa
     only = np.array([0.0])
     stuck = check_gradients(lambda: np.abs(only), {"x": only}, {"x": np.zeros(1)}, np.ones(1))
     assert not stuck.passed and "every checked element is at a kink" in str(stuck)
+
+
+def test_a_kink_hidden_beside_a_large_slope_is_found_by_a_smaller_step_and_a_real_error_is_not_hidden():
+    """f(x) = 100 x + relu(x) at x = 1.5 eps: the ReLU switches between h and 2h, yet the central
+    differences at h and 2h agree to 1e-2 of the slope (101 against 100.875), so the kink test alone
+    calls the point smooth and the five-point estimate (101.04) misses the true 101 by 2e-4 > TOL.
+    A step of eps / 10 does not reach 0: it agrees, so the element is a kink, not a failure. The same
+    point with a wrong analytic gradient (100: the ReLU's term dropped) still fails."""
+    x = np.array([1.5 * EPS, 0.3])
+    f = lambda: 100 * x + np.maximum(x, 0)               # noqa: E731
+    dout = np.ones(2)
+    right = check_gradients(f, {"x": x}, {"x": np.array([101.0, 101.0])}, dout)
+    assert right.passed and right.checks[0].n_kinks == 1, str(right)
+    wrong = check_gradients(f, {"x": x}, {"x": np.array([100.0, 101.0])}, dout)
+    assert not wrong.passed and wrong.checks[0].worst_index == (0,), str(wrong)
+    # direction mode, over many directions (some reach the kink, some do not): right passes, wrong fails
+    y = np.array([1.5 * EPS])
+    g = lambda: 100 * y + np.maximum(y, 0)                # noqa: E731
+    for seed in range(20):
+        assert check_gradients(g, {"y": y}, {"y": np.array([101.0])}, np.ones(1), mode="direction",
+                               seed=seed).passed
+        assert not check_gradients(g, {"y": y}, {"y": np.array([100.0])}, np.ones(1), mode="direction",
+                                   seed=seed).passed
