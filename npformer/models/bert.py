@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from npformer.backend import get_array_module
+from npformer.checks import token_ids
+from npformer.errors import RangeError
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding
@@ -132,12 +134,9 @@ class EncoderModel(Module):
         """input_ids (B, T); token_type_ids (B, T) (default zeros); key_padding_mask (B, T) bool,
         True = padding (default: ``input_ids == pad_token_id``). Returns (hidden (B, T, C), pooled (B, C))."""
         xp = get_array_module(input_ids)
-        if not hasattr(input_ids, "dtype") or input_ids.dtype.kind not in "iu" or input_ids.ndim != 2:
-            raise TypeError(f"input_ids: expected a 2-d integer array (B, T), got "
-                            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)} "
-                            f"{tuple(getattr(input_ids, 'shape', ()))}")
+        token_ids(input_ids, "input_ids", self.config.vocab_size)
         if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
+            raise RangeError(f"sequence length {input_ids.shape[1]} exceeds max_position_embeddings="
                              f"{self.config.max_position_embeddings}")
         if token_type_ids is None:
             token_type_ids = xp.zeros_like(input_ids)

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.ops.attention import check_attention_inputs   # the plain op's input rules and messages
-from npformer.checks import describe
+from npformer.checks import one_of, positive_int
 from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
@@ -49,8 +49,7 @@ _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111
 
 
 def check_implementation(attention) -> None:
-    if attention not in IMPLEMENTATIONS:
-        raise ValueError(f"attention: expected one of {IMPLEMENTATIONS}, got {attention!r}")
+    one_of(attention, "attention", IMPLEMENTATIONS)
 
 
 class Masks(NamedTuple):
@@ -127,11 +126,6 @@ def _draw_seed(rng, like, xp):
     return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
 
 
-def _check_block(n, name):
-    if isinstance(n, bool) or not isinstance(n, Integral) or n < 1:
-        raise ValueError(f"{name}: expected a positive int tile size, got {describe(n)}")
-
-
 def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal: bool = False,
                             causal_alignment: str = "top_left", dropout_p: float = 0.0, rng=None,
                             training: bool = True, scale: float | None = None, need_weights: bool = False,
@@ -145,8 +139,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if need_weights:
         raise ValueError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
                          "pass need_weights=False, or use the plain op (attention='plain') to get them")
-    _check_block(block_q, "block_q")
-    _check_block(block_k, "block_k")
+    block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")   # tile sizes
     xp = get_array_module(q, k, v)
     b, h, tq, hs = q.shape
     tk, hv = k.shape[2], v.shape[3]

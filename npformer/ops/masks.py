@@ -30,7 +30,8 @@ from __future__ import annotations
 from numbers import Integral
 
 from npformer.backend import get_array_module, get_backend
-from npformer.checks import describe, expect_bool_or_float
+from npformer.checks import describe, expect_bool_or_float, non_negative_int, one_of
+from npformer.errors import BackendMismatchError, InputTypeError, ShapeError
 
 __all__ = ["ALIGNMENTS", "causal_mask", "check_masks", "mask_bias", "attention_bias"]
 
@@ -38,26 +39,18 @@ ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def _check_alignment(alignment) -> None:
-    if alignment not in ALIGNMENTS:
-        raise ValueError(f"causal alignment must be one of {ALIGNMENTS}, got {alignment!r}")
+    one_of(alignment, "causal alignment", ALIGNMENTS)
 
 
-def _check_length(n, name: str) -> None:
-    if isinstance(n, bool) or not isinstance(n, Integral):
-        raise TypeError(f"{name}: expected an int length, got {describe(n)}")
-    if n < 0:
-        raise ValueError(f"{name}: expected a length >= 0, got {n}")
-
-
-def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp=None):
+def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp="numpy"):
     """Bool (Tq, Tk), True = may not attend: key j lies in query i's future.
 
     ``alignment="top_left"``: query i may attend keys j <= i. ``"bottom_right"``: query i is
-    position i + (Tk - Tq), so it may attend j <= i + (Tk - Tq). ``xp`` defaults to the configured
-    backend (:func:`npformer.backend.get_backend`).
+    position i + (Tk - Tq), so it may attend j <= i + (Tk - Tq). ``xp``: the backend of the mask
+    ("numpy", "cupy" or the module), NumPy unless told.
     """
-    _check_length(tq, "tq")
-    _check_length(tk, "tk")
+    non_negative_int(tq, "tq")
+    non_negative_int(tk, "tk")
     _check_alignment(alignment)
     xp = get_backend(xp)
     shift = 0 if alignment == "top_left" else tk - tq
@@ -76,21 +69,21 @@ def check_masks(scores_shape, attn_mask, key_padding_mask, is_causal, causal_ali
     return ``attn_mask`` as (Tq, Tk) or (B, H, Tq, Tk) (a (B*H, Tq, Tk) mask reshaped), or None."""
     b, h, tq, tk = scores_shape
     if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
+        raise InputTypeError(f"is_causal: expected a bool, got {describe(is_causal)}")
     _check_alignment(causal_alignment)
     for name, m in (("attn_mask", attn_mask), ("key_padding_mask", key_padding_mask)):
         if m is not None:
             expect_bool_or_float(m, name)
             if get_array_module(m) is not xp:
-                raise TypeError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
+                raise BackendMismatchError(f"{name}: expected a {xp.__name__} array like the scores, got {describe(m)}")
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (b, tk):
-        raise ValueError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
+        raise ShapeError(f"key_padding_mask: expected shape (B, Tk)=({b}, {tk}) with True = padding, "
                          f"got {describe(key_padding_mask)}")
     if attn_mask is None or tuple(attn_mask.shape) in ((tq, tk), (b, h, tq, tk)):
         return attn_mask
     if tuple(attn_mask.shape) == (b * h, tq, tk):
         return attn_mask.reshape(b, h, tq, tk)                                    # (B, H, Tq, Tk)
-    raise ValueError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
+    raise ShapeError(f"attn_mask: expected shape (Tq, Tk)=({tq}, {tk}) or (B*H, Tq, Tk)="
                      f"({b * h}, {tq}, {tk}) or (B, H, Tq, Tk)=({b}, {h}, {tq}, {tk}), "
                      f"got {describe(attn_mask)}")
 
@@ -112,11 +105,11 @@ def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None
     shape = tuple(scores_shape)
     if len(shape) != 4 or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0
                                   for n in shape):
-        raise ValueError(f"scores_shape: expected 4 lengths (B, H, Tq, Tk), got {scores_shape!r}")
+        raise ShapeError(f"scores_shape: expected 4 lengths (B, H, Tq, Tk), got {scores_shape!r}")
     b, h, tq, tk = (int(n) for n in shape)
     xp = get_backend(xp)
     if xp.dtype(dtype).kind != "f":
-        raise TypeError(f"dtype: expected the scores' floating dtype, got {dtype!r}")
+        raise InputTypeError(f"dtype: expected the scores' floating dtype, got {dtype!r}")
     attn_mask = check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
 
     terms = []

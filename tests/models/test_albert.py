@@ -233,7 +233,7 @@ def test_bad_configs_and_inputs_are_clear_errors():
         m.mlm_logits(np.zeros((1, 2, 6)))
     with pytest.raises(ValueError, match="at least one of dhidden, dpooled, dmlm_logits"):
         m.backward()
-    with pytest.raises(TypeError, match="expected a 2-d integer array"):
+    with pytest.raises(TypeError, match="input_ids: expected an integer array"):
         m(np.zeros((2, 3)))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings=8"):
         m(np.ones((1, 9), dtype=np.int64))

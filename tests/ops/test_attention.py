@@ -243,5 +243,5 @@ def test_bad_input(xp):
         sdpa_forward(q, k, k, attn_mask=xp.zeros((2, 3), xp.int64))
     with pytest.raises(ValueError, match=r"key_padding_mask: expected shape \(B, Tk\)=\(2, 3\)"):
         sdpa_forward(q, k, k, key_padding_mask=xp.zeros((2, 2), bool))
-    with pytest.raises(ValueError, match="causal alignment must be one of"):
+    with pytest.raises(ValueError, match="causal alignment: expected one of"):
         sdpa_forward(q, k, k, is_causal=True, causal_alignment="bottom-right")

@@ -206,9 +206,9 @@ def test_bad_input(xp):
     with pytest.raises(ValueError, match="need_weights=True: flash attention never forms"):
         flash_forward(q, k, k, need_weights=True)
     for bad in (0, -1, 2.0, True, None):
-        with pytest.raises(ValueError, match="block_q: expected a positive int tile size"):
+        with pytest.raises((ValueError, TypeError), match="block_q: expected an int"):
             flash_forward(q, k, k, block_q=bad)
-    with pytest.raises(ValueError, match="block_k: expected a positive int tile size"):
+    with pytest.raises(ValueError, match="block_k: expected an int >= 1, got 0"):
         flash_forward(q, k, k, block_k=0)
     with pytest.raises(ValueError, match=r"dropout_p: expected a probability in \[0, 1\]"):
         flash_forward(q, k, k, dropout_p=1.5)
@@ -218,7 +218,7 @@ def test_bad_input(xp):
         flash_forward(q, k, k, attn_mask=xp.zeros((2, 3), xp.int64))
     with pytest.raises(ValueError, match=r"key_padding_mask: expected shape \(B, Tk\)=\(2, 3\)"):
         flash_forward(q, k, k, key_padding_mask=xp.zeros((2, 2), bool))
-    with pytest.raises(ValueError, match="causal alignment must be one of"):
+    with pytest.raises(ValueError, match="causal alignment: expected one of"):
         flash_forward(q, k, k, is_causal=True, causal_alignment="bottom-right")
     with pytest.raises(TypeError, match="is_causal: expected a bool"):
         flash_forward(q, k, k, is_causal=1)
@@ -324,9 +324,9 @@ def test_multihead_attention_module_flash_equals_plain_and_gradchecks(xp):
         x, need_weights=False, is_causal=True)[0], backward=lambda m, d: m.backward(d)[0]))
     with pytest.raises(ValueError, match="need_weights=True: flash attention never forms"):
         flash(x, x, x)
-    with pytest.raises(ValueError, match=r"attention: expected one of \('plain', 'flash'\), got 'fast'"):
+    with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got 'fast'"):
         MultiheadAttention(8, 2, attention="fast")
-    with pytest.raises(ValueError, match=r"attention: expected one of \('plain', 'flash'\), got None"):
+    with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got None"):
         multi_head_attention_forward(x, x, x, 2, plain.in_proj_weight.data, None, plain.out_proj.weight.data,
                                      None, attention=None)
 

@@ -119,11 +119,11 @@ def test_per_head_mask_rows_are_ordered_batch_then_head(xp):
 
 
 def test_bad_input(xp):
-    with pytest.raises(ValueError, match="causal alignment must be one of"):
+    with pytest.raises(ValueError, match="causal alignment: expected one of"):
         causal_mask(2, 2, alignment="left", xp=xp)
-    with pytest.raises(TypeError, match="tq: expected an int length"):
+    with pytest.raises(TypeError, match="tq: expected an int, got float"):
         causal_mask(2.0, 2, xp=xp)
-    with pytest.raises(ValueError, match="tk: expected a length >= 0, got -1"):
+    with pytest.raises(ValueError, match="tk: expected an int >= 0, got -1"):
         causal_mask(2, -1, xp=xp)
     with pytest.raises(ValueError, match=r"scores_shape: expected 4 lengths \(B, H, Tq, Tk\)"):
         attention_bias((2, 3, 4), xp.float32, xp=xp)
@@ -131,7 +131,7 @@ def test_bad_input(xp):
         attention_bias((1, 1, 2, 3), xp.int32, is_causal=True, xp=xp)
     with pytest.raises(TypeError, match="is_causal: expected a bool"):
         attention_bias((1, 1, 2, 3), xp.float32, is_causal="yes", xp=xp)
-    with pytest.raises(ValueError, match="causal alignment must be one of"):
+    with pytest.raises(ValueError, match="causal alignment: expected one of"):
         attention_bias((1, 1, 2, 3), xp.float32, is_causal=True, causal_alignment="bottom", xp=xp)
     msg = r"attn_mask: expected shape \(Tq, Tk\)=\(3, 5\) or \(B\*H, Tq, Tk\)=\(4, 3, 5\) or " \
           r"\(B, H, Tq, Tk\)=\(2, 2, 3, 5\), got numpy bool array of shape \(5, 3\)"
