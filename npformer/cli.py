@@ -9,8 +9,11 @@
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
     npformer bench [--quick] [--backends numpy,cupy,torch] [--out DIR]
 
-The flags of ``npformer train`` come from the config dataclasses (:mod:`npformer.training.config`);
-sub-commands import what they need when they run, and ``import npformer.cli`` never loads CuPy.
+Building the parser imports no model, no trainer and no experiment: the flags of ``npformer train``
+come from the config dataclasses (:mod:`npformer.training.config`) and the experiments' one-line
+descriptions from their registry (:data:`npformer.study.EXPERIMENTS`). A sub-command imports what it
+needs when it runs, and ``npformer study NAME`` imports that one experiment to build its options. So
+``npformer --help`` stays fast and ``import npformer.cli`` never loads CuPy.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dataclasses import Field, replace
 from pathlib import Path
 
 from npformer.errors import NpformerError
+from npformer.study import EXPERIMENTS
 from npformer.training.config import CONFIGS, FIELDS, choices, config_from_dict, flag, make_config, models_with
 
 # the options a resumed run may change; every other one continues as the checkpoint says
@@ -177,13 +181,20 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                                        metavar=metavar, help=help)
 
 
-def cmd_study(args: argparse.Namespace) -> int:
-    return importlib.import_module(args.study_module).run(args)
+def experiment_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``npformer study NAME``: the one place an experiment's module is imported
+    before it runs (its ``add_arguments`` defines its options)."""
+    experiment = EXPERIMENTS[name]
+    module = importlib.import_module(experiment.module)
+    parser = argparse.ArgumentParser(prog=f"npformer study {name}", description=experiment.description)
+    parser.add_argument("--out", default="runs/study", metavar="DIR",
+                        help="directory for the PNG and CSV/JSON files (default runs/study)")
+    module.add_arguments(parser)
+    parser.set_defaults(func=module.run, command="study", study=name)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from npformer.study import EXPERIMENTS
-
     parser = argparse.ArgumentParser(prog="npformer", description="A Transformer written by hand in "
                                      "NumPy/CuPy: forward and backward of every op, checked.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -242,17 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="CPU-vs-GPU benchmarks of every op and whole training steps, beside "
                    "PyTorch (npformer bench --help for the options)")
 
+    # listed for --help; main() builds "npformer study NAME ..." with experiment_parser(NAME)
     st = sub.add_parser("study", help="experiments from the Transformer literature: each writes a PNG "
                         "and a CSV/JSON and prints a summary",
                         description="Runs one experiment; see 'npformer study NAME --help'.")
     st_sub = st.add_subparsers(dest="study", required=True, metavar="NAME")
-    for name, module in EXPERIMENTS.items():
-        mod = importlib.import_module(module)
-        e = st_sub.add_parser(name, help=mod.DESCRIPTION, description=mod.DESCRIPTION)
-        e.add_argument("--out", default="runs/study", metavar="DIR",
-                       help="directory for the PNG and CSV/JSON files (default runs/study)")
-        mod.add_arguments(e)
-        e.set_defaults(func=cmd_study, study_module=module)
+    for name, experiment in EXPERIMENTS.items():
+        st_sub.add_parser(name, help=experiment.description, description=experiment.description)
     return parser
 
 
@@ -274,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
         return _run_bench(argv[1:])
-    args = build_parser().parse_args(argv)
+    if argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:
+        args = experiment_parser(argv[1]).parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except (NpformerError, ValueError, FileNotFoundError) as exc:   # a mistake the user can fix: one line

@@ -19,9 +19,6 @@ from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write
 from npformer.training.config import XLTrainConfig
 from npformer.training.xl_trainer import XLTrainer, recall_period
 
-DESCRIPTION = ("Transformer-XL with and without memory on a task whose dependencies are longer than a "
-               "segment: validation loss, and evaluation with a longer memory than training")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=1000, help="training steps per model (default 1000)")
