@@ -170,15 +170,15 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
                  "options of --model " + ", ".join(models))
         if title not in groups:
             groups[title] = parser.add_argument_group(title)
-        help = f.metadata["help"] + ("" if f.default is None else f" (default {f.default})")
+        text = f.metadata["help"] + ("" if f.default is None else f" (default {f.default})")
         if _value_type(f) is bool:
-            off, off_help = f.metadata["off"]
-            groups[title].add_argument(flag(name), action="store_true", default=None, dest=name, help=help)
-            groups[title].add_argument(off, action="store_false", default=None, dest=name, help=off_help)
-        else:
+            off, off_text = f.metadata["off"]
+            groups[title].add_argument(flag(name), action="store_true", default=None, dest=name, help=text)
+            groups[title].add_argument(off, action="store_false", default=None, dest=name, help=off_text)
+        else:                            # --heads HEADS, not --heads NHEAD; choices show themselves
             metavar = f.metadata["metavar"] or (None if choices(name) else flag(name)[2:].upper().replace("-", "_"))
             groups[title].add_argument(flag(name), type=_value_type(f), dest=name, choices=choices(name),
-                                       metavar=metavar, help=help)
+                                       metavar=metavar, help=text)
 
 
 def experiment_parser(name: str) -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ the trainers of these model names are in :mod:`npformer.training.registry`.
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Mapping
 
+from npformer.backend import BACKENDS
 from npformer.checks import one_of
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
 from npformer.errors import RangeError
@@ -61,7 +62,7 @@ class TrainConfig:
                        "language model on a text (--model gpt by default); recall: the long-range copy task "
                        "(--model transformer-xl by default)")
     seed: int = option(0, "seed of the weights, the batches and the dropout masks")
-    backend: str = option("numpy", "the array library", choices=("numpy", "cupy"))
+    backend: str = option("numpy", "the array library", choices=BACKENDS)
     dtype: str = option("float32", "the model's floating-point type", choices=("float32", "float64"))
     precision: str = option("float32", "float16/bfloat16: mixed precision, a 16-bit model with float32 master "
                             "weights and dynamic loss scaling (meant for the GPU: NumPy has no 16-bit matmul "
