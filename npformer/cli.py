@@ -25,7 +25,7 @@ import typing
 from dataclasses import Field, replace
 from pathlib import Path
 
-from npformer.errors import NpformerError
+from npformer.errors import NpformerError, RangeError
 from npformer.study import EXPERIMENTS
 from npformer.training.config import CONFIGS, FIELDS, choices, config_from_dict, flag, make_config, models_with
 
@@ -89,7 +89,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     meta = load_checkpoint(args.checkpoint).meta
     if meta.get("kind") != Seq2SeqTrainer.kind:
-        raise ValueError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; translate needs a Seq2Seq "
+        raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; translate needs a Seq2Seq "
                          "checkpoint from 'npformer train --task dates|numbers|copy|reverse'")
     config = config_from_dict(meta["train_config"], meta["kind"])
     trainer = Seq2SeqTrainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
@@ -108,7 +108,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     meta = load_checkpoint(args.checkpoint).meta
     if meta.get("kind") not in LM_KINDS:
-        raise ValueError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
+        raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
                          f"checkpoint ({', '.join(LM_KINDS)}) from 'npformer train --task charlm'")
     config = config_from_dict(meta["train_config"], meta["kind"])     # the trainer (and preset) that wrote it
     config = replace(config, backend=args.backend or config.backend)

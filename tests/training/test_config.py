@@ -111,6 +111,8 @@ def test_a_checkpoint_with_an_old_flat_config_resumes_exactly_and_samples(tmp_pa
     assert got == expected                                                # bit for bit
     assert main(["generate", "--checkpoint", str(path), "--tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("The ")
+    assert main(["translate", "--checkpoint", str(path), "abc"]) == 2
+    assert "holds a 'gpt2' model; translate needs a Seq2Seq checkpoint" in capsys.readouterr().err
     assert main(["train", "--resume", "--checkpoint", str(path), "--steps", "6"]) == 0
     assert "resumed from" in capsys.readouterr().out
     rewritten = ckpt.load_checkpoint(path).meta["train_config"]               # in the new format now
