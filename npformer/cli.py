@@ -9,14 +9,28 @@
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
     npformer bench [--quick] [--backends numpy,cupy,torch] [--out DIR]
 
-Sub-commands import what they need when they run, so ``npformer --help`` stays fast and
-``import npformer.cli`` never loads CuPy.
+Building the parser imports no model, no trainer and no experiment: the flags of ``npformer train``
+come from the config dataclasses (:mod:`npformer.training.config`) and the experiments' one-line
+descriptions from their registry (:data:`npformer.study.EXPERIMENTS`). A sub-command imports what it
+needs when it runs, and ``npformer study NAME`` imports that one experiment to build its options. So
+``npformer --help`` stays fast and ``import npformer.cli`` never loads CuPy.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
+import typing
+from dataclasses import Field, replace
+from pathlib import Path
+
+from npformer.errors import NpformerError, RangeError
+from npformer.study import EXPERIMENTS
+from npformer.training.config import CONFIGS, FIELDS, choices, config_from_dict, flag, make_config, models_with
+
+# the options a resumed run may change; every other one continues as the checkpoint says
+RESUMABLE = ("steps", "checkpoint", "backend", "eval_every", "log_every")
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -45,22 +59,20 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from npformer.training.trainer import TrainConfig, make_trainer
+    from npformer.training.checkpoint import load_checkpoint
+    from npformer.training.registry import make_trainer
 
-    overrides = {k: v for k, v in vars(args).items() if k in TrainConfig.__dataclass_fields__ and v is not None}
+    given = {name: value for name, value in vars(args).items() if name in FIELDS and value is not None}
     if args.resume:
         if not args.checkpoint:
             raise ValueError("--resume needs --checkpoint PATH (the checkpoint to continue from)")
-        from npformer.training.checkpoint import load_checkpoint
-        saved = load_checkpoint(args.checkpoint).meta["train_config"]
-        explicit = {k: v for k, v in overrides.items() if k in ("steps", "checkpoint", "backend",
-                                                                   "eval_every", "log_every")}
-        config = TrainConfig.from_dict({**saved, **explicit})
-        trainer = make_trainer(config)
+        meta = load_checkpoint(args.checkpoint).meta
+        saved = config_from_dict(meta["train_config"], meta.get("kind"))
+        trainer = make_trainer(replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE}))
         trainer.load(args.checkpoint)
         print(f"resumed from {args.checkpoint} at step {trainer.step}")
     else:
-        trainer = make_trainer(TrainConfig(**overrides))
+        trainer = make_trainer(make_config(given))
     result = trainer.fit()
     if "predictions" not in result:
         return 0
@@ -73,11 +85,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from npformer.training.checkpoint import load_checkpoint
-    from npformer.training.trainer import Seq2SeqTrainer, TrainConfig
+    from npformer.training.seq2seq_trainer import Seq2SeqTrainer
 
-    config = TrainConfig.from_dict(load_checkpoint(args.checkpoint).meta["train_config"])
-    config.backend = args.backend or config.backend
-    trainer = Seq2SeqTrainer(config, log=lambda _: None)
+    meta = load_checkpoint(args.checkpoint).meta
+    if meta.get("kind") != Seq2SeqTrainer.kind:
+        raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; translate needs a Seq2Seq "
+                         "checkpoint from 'npformer train --task dates|numbers|copy|reverse'")
+    config = config_from_dict(meta["train_config"], meta["kind"])
+    trainer = Seq2SeqTrainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
     trainer.load(args.checkpoint)
     for src, out in zip(args.text, trainer.translate(args.text)):
         print(f"{src}\t{out}")
@@ -89,15 +104,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return _generate_pretrained(args)
     from npformer.training.checkpoint import load_checkpoint
     from npformer.training.lm_trainer import LM_KINDS, sample_text
-    from npformer.training.trainer import TrainConfig, make_trainer
+    from npformer.training.registry import make_trainer
 
     meta = load_checkpoint(args.checkpoint).meta
     if meta.get("kind") not in LM_KINDS:
-        raise ValueError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
+        raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
                          f"checkpoint ({', '.join(LM_KINDS)}) from 'npformer train --task charlm'")
-    config = TrainConfig.from_dict(meta["train_config"])
-    config.backend = args.backend or config.backend
-    config.model = config.model or meta["kind"]       # the trainer (and preset) that wrote it
+    config = config_from_dict(meta["train_config"], meta["kind"])     # the trainer (and preset) that wrote it
+    config = replace(config, backend=args.backend or config.backend)
     trainer = make_trainer(config, log=lambda _: None)
     trainer.load(args.checkpoint)
     print(sample_text(trainer.model, trainer.vocab, args.prompt, args.tokens, seed=args.seed,
@@ -140,16 +154,47 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_study(args: argparse.Namespace) -> int:
-    import importlib
+def _value_type(f: Field) -> type:
+    """The type a flag's text converts to: a field's type without None (``int | None`` -> ``int``)."""
+    types = [t for t in typing.get_args(f.type) if t is not type(None)]
+    return types[0] if types else f.type
 
-    return importlib.import_module(args.study_module).run(args)
+
+def _add_train_options(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field, grouped by the models that have it. Every flag defaults to None,
+    so what was given is told apart from the config's defaults (shown in the help)."""
+    groups: dict = {}                    # title -> argument group
+    for name, f in FIELDS.items():
+        models = models_with(name)
+        title = ("the loop and the model size (every model)" if len(models) == len(CONFIGS) else
+                 "options of --model " + ", ".join(models))
+        if title not in groups:
+            groups[title] = parser.add_argument_group(title)
+        text = f.metadata["help"] + ("" if f.default is None else f" (default {f.default})")
+        if _value_type(f) is bool:
+            off, off_text = f.metadata["off"]
+            groups[title].add_argument(flag(name), action="store_true", default=None, dest=name, help=text)
+            groups[title].add_argument(off, action="store_false", default=None, dest=name, help=off_text)
+        else:                            # --heads HEADS, not --heads NHEAD; choices show themselves
+            metavar = f.metadata["metavar"] or (None if choices(name) else flag(name)[2:].upper().replace("-", "_"))
+            groups[title].add_argument(flag(name), type=_value_type(f), dest=name, choices=choices(name),
+                                       metavar=metavar, help=text)
+
+
+def experiment_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of ``npformer study NAME``: the one place an experiment's module is imported
+    before it runs (its ``add_arguments`` defines its options)."""
+    experiment = EXPERIMENTS[name]
+    module = importlib.import_module(experiment.module)
+    parser = argparse.ArgumentParser(prog=f"npformer study {name}", description=experiment.description)
+    parser.add_argument("--out", default="runs/study", metavar="DIR",
+                        help="directory for the PNG and CSV/JSON files (default runs/study)")
+    module.add_arguments(parser)
+    parser.set_defaults(func=module.run, command="study", study=name)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from npformer.study import EXPERIMENTS
-    from npformer.training.trainer import TRAINERS
-
     parser = argparse.ArgumentParser(prog="npformer", description="A Transformer written by hand in "
                                      "NumPy/CuPy: forward and backward of every op, checked.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -162,49 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--only", metavar="OP", help="run only the ops whose name contains OP")
     g.set_defaults(func=cmd_gradcheck)
 
-    t = sub.add_parser("train", help="train a Seq2Seq Transformer on a built-in task (default: dates)",
-                       description="Trains the paper's encoder-decoder on a built-in task, reports "
-                                   "validation loss and exact-match accuracy, prints examples.")
-    t.add_argument("--task", choices=["dates", "numbers", "copy", "reverse", "charlm", "recall"],
-                   help="a Seq2Seq task (default dates); charlm: a language model on a text (GPT by "
-                        "default); recall: the long-range copy task (Transformer-XL by default)")
-    t.add_argument("--model", choices=sorted(TRAINERS), help="the model to train (default: gpt for "
-                   "charlm, seq2seq for the other tasks)")
-    t.add_argument("--text", metavar="FILE", help="charlm: train on this UTF-8 text (default: the shipped corpus)")
-    t.add_argument("--block-size", type=int, dest="block_size", help="charlm: context length")
-    t.add_argument("--mem-len", type=int, dest="mem_len", help="transformer-xl: memory length (default: "
-                   "the segment length --block-size; 0: no memory)")
-    t.add_argument("--steps", type=int)
-    t.add_argument("--batch-size", type=int, dest="batch_size")
-    t.add_argument("--lr", type=float)
-    t.add_argument("--warmup", type=int)
-    t.add_argument("--d-model", type=int, dest="d_model")
-    t.add_argument("--heads", type=int, dest="nhead")
-    t.add_argument("--layers", type=int, help="encoder and decoder layers (each)")
-    t.add_argument("--ff", type=int, dest="dim_feedforward", help="feed-forward width")
-    t.add_argument("--dropout", type=float)
-    t.add_argument("--activation", choices=["relu", "gelu", "gelu_tanh"])
-    t.add_argument("--norm-first", action="store_true", default=None, dest="norm_first",
-                   help="pre-norm layers (GPT-2); default post-norm for seq2seq, pre-norm for charlm")
-    t.add_argument("--post-norm", action="store_false", default=None, dest="norm_first",
-                   help="post-norm layers (the paper, GPT-1)")
-    t.add_argument("--label-smoothing", type=float, dest="label_smoothing")
-    t.add_argument("--embedding-size", type=int, dest="embedding_size", help="albert: factorise the "
-                   "embedding, V x E then E x H (default: not factorised, tables V x H)")
-    t.add_argument("--share", choices=["all", "attention", "ffn", "none"], help="albert: which parameters "
-                   "every layer shares (default all)")
-    t.add_argument("--seed", type=int)
-    t.add_argument("--backend", choices=["numpy", "cupy"])
-    t.add_argument("--dtype", choices=["float32", "float64"])
-    t.add_argument("--precision", choices=["float32", "float16", "bfloat16"],
-                   help="float16/bfloat16: mixed precision, a 16-bit model with float32 master weights and "
-                        "dynamic loss scaling (meant for the GPU: NumPy has no 16-bit matmul kernels)")
-    t.add_argument("--n-train", type=int, dest="n_train")
-    t.add_argument("--eval-every", type=int, dest="eval_every")
-    t.add_argument("--log-every", type=int, dest="log_every")
-    t.add_argument("--checkpoint", metavar="PATH", help="write a checkpoint here (.npz)")
-    t.add_argument("--checkpoint-every", type=int, dest="checkpoint_every")
-    t.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint")
+    t = sub.add_parser("train", help="train a Transformer on a built-in task (default: a Seq2Seq on dates)",
+                       description="Trains a model on a built-in task (by default the paper's encoder-decoder "
+                                   "on dates), reports the validation loss and the task's score, and prints "
+                                   "examples. An option of another model than the chosen one is an error.")
+    _add_train_options(t)
+    t.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint (with its "
+                   "settings; only " + ", ".join(flag(n) for n in RESUMABLE) + " may change)")
     t.set_defaults(func=cmd_train)
 
     tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint")
@@ -244,26 +253,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="CPU-vs-GPU benchmarks of every op and whole training steps, beside "
                    "PyTorch (npformer bench --help for the options)")
 
+    # listed for --help; main() builds "npformer study NAME ..." with experiment_parser(NAME)
     st = sub.add_parser("study", help="experiments from the Transformer literature: each writes a PNG "
                         "and a CSV/JSON and prints a summary",
                         description="Runs one experiment; see 'npformer study NAME --help'.")
     st_sub = st.add_subparsers(dest="study", required=True, metavar="NAME")
-    for name, module in EXPERIMENTS.items():
-        mod = __import__(module, fromlist=["add_arguments"])
-        e = st_sub.add_parser(name, help=mod.DESCRIPTION, description=mod.DESCRIPTION)
-        e.add_argument("--out", default="runs/study", metavar="DIR",
-                       help="directory for the PNG and CSV/JSON files (default runs/study)")
-        mod.add_arguments(e)
-        e.set_defaults(func=cmd_study, study_module=module)
+    for name, experiment in EXPERIMENTS.items():
+        st_sub.add_parser(name, help=experiment.description, description=experiment.description)
     return parser
 
 
 def _run_bench(argv: list[str]) -> int:
     """The suite lives in the source checkout's benchmarks/ (it imports PyTorch as the reference,
     which the installed package never does); found next to this package in an editable install."""
-    import importlib
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1]
     if not (root / "benchmarks" / "bench.py").is_file():
         print(f"npformer bench: error: the benchmark suite is the benchmarks/ folder of the source "
@@ -279,15 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
         return _run_bench(argv[1:])
-    args = build_parser().parse_args(argv)
+    if argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:
+        args = experiment_parser(argv[1]).parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except Exception as exc:   # a clean message for errors the user can fix (backend, options)
-        from npformer.backend import BackendUnavailableError
-        if isinstance(exc, (BackendUnavailableError, ValueError, FileNotFoundError)):
-            print(f"npformer {args.command}: error: {exc}", file=sys.stderr)
-            return 2
-        raise
+    except (NpformerError, ValueError, FileNotFoundError) as exc:   # a mistake the user can fix: one line
+        print(f"npformer {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
 """The command line: exit codes and messages for the main jobs and for bad input."""
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from npformer import cli
 from npformer.cli import main
+from npformer.study import EXPERIMENTS
 
 TINY = ["--task", "copy", "--n-train", "200", "--steps", "6", "--warmup", "1", "--d-model", "16",
         "--heads", "2", "--layers", "1", "--ff", "32", "--batch-size", "8", "--eval-every", "0",
@@ -58,3 +62,98 @@ def test_python_dash_m_runs_the_same_cli():
     done = subprocess.run([sys.executable, "-m", "npformer", "gradcheck", "--only", "relu"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "relu" in done.stdout
+
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("npformer.models", "npformer.pretrained", "npformer.training.loop", "npformer.training.registry",
+         "npformer.training.seq2seq_trainer", "npformer.training.lm_trainer", "npformer.training.mlm_trainer",
+         "npformer.training.xl_trainer", "cupy", "torch", "matplotlib")
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter on this checkout's npformer."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=env)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["study", "--help"]])
+def test_help_imports_no_trainer_model_or_experiment(argv):
+    done = _python(f"""
+import contextlib, io, sys
+from npformer.cli import main
+from npformer.study import EXPERIMENTS
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        main({argv!r})
+    except SystemExit as exc:
+        assert exc.code == 0, exc.code
+heavy = {HEAVY!r} + tuple(e.module for e in EXPERIMENTS.values())
+loaded = sorted(m for m in sys.modules if m.startswith(heavy))
+print(loaded)
+print(len(out.getvalue()))
+""")
+    assert done.returncode == 0, done.stderr
+    loaded, printed = done.stdout.splitlines()
+    assert loaded == "[]" and int(printed) > 200
+
+
+def test_study_name_help_imports_that_experiment_alone():
+    done = _python("""
+import contextlib, io, sys
+from npformer.cli import main
+from npformer.study import EXPERIMENTS
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        main(["study", "positional", "--help"])
+    except SystemExit as exc:
+        assert exc.code == 0, exc.code
+print(sorted(name for name, e in EXPERIMENTS.items() if e.module in sys.modules))
+print("--positions" in out.getvalue() and "--out DIR" in out.getvalue())
+""")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['positional']", "True"]
+
+
+def test_study_help_lists_every_experiment_with_its_description(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["study", "--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for name, experiment in EXPERIMENTS.items():
+        assert name in out and " ".join(experiment.description.split()[:4]) in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "gpt", "--task", "charlm", "--share", "all"],
+     "--share does not apply to --model gpt; it is an option of --model albert"),
+    (["--task", "copy", "--mem-len", "8"],
+     "--mem-len does not apply to --model seq2seq (the default for --task copy); it is an option of "
+     "--model transformer-xl"),
+    (["--task", "copy", "--text", "book.txt"],
+     "--text does not apply to --model seq2seq (the default for --task copy); it is an option of --model gpt, "
+     "gpt1, gpt2, bert, albert"),
+    (["--task", "charlm", "--n-train", "100"],
+     "--n-train does not apply to --model gpt (the default for --task charlm); it is an option of --model "
+     "seq2seq, transformer-xl"),
+])
+def test_an_option_of_another_model_is_a_one_line_error(capsys, argv, message):
+    assert main(["train", *argv, "--steps", "2", "--warmup", "0"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"npformer train: error: {message}\n" and captured.out == ""
+
+
+def test_an_option_of_another_model_exits_2_from_the_shell():
+    done = subprocess.run([sys.executable, "-m", "npformer", "train", "--model", "gpt", "--share", "all"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == ["npformer train: error: --share does not apply to --model gpt; it is an "
+                                        "option of --model albert"]
+
+
+def test_an_internal_error_is_not_turned_into_a_usage_message(monkeypatch):
+    def broken(options):
+        raise KeyError("a bug, not a mistake of the user")
+    monkeypatch.setattr(cli, "make_config", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        main(["train", "--steps", "2"])

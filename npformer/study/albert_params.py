@@ -19,9 +19,6 @@ from npformer.models.albert import SHARE_MODES, ALBERT, ALBERTConfig, parameter_
 from npformer.models.bert import BERT
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 
-DESCRIPTION = ("parameter counts of BERT against ALBERT (factorised embedding, each sharing mode) as a "
-               "table and a plot")
-
 # name -> (vocabulary V, hidden H, layers L, heads, feed-forward F, positions P, embedding E)
 SHAPES = {
     "char": (64, 128, 2, 4, 256, 64, 32),          # npformer train --model albert --embedding-size 32

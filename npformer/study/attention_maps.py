@@ -32,9 +32,6 @@ from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.nn.attention import MultiheadAttention
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 
-DESCRIPTION = ("heatmaps of every head's attention weights for an input of your choice, from a trained "
-               "checkpoint or a fresh model, with token labels")
-
 SEQ2SEQ_TASKS = ("dates", "numbers", "copy", "reverse")
 DEFAULT_INPUTS = {"dates": "3rd of March 1997", "numbers": "twenty thousand and seventeen",
                   "copy": "abcdefghij", "reverse": "abcdefghij", "charlm": "The river ran"}

@@ -47,8 +47,6 @@ from npformer.nn import (LSTM, RNN, LayerNorm, Linear, Module, PositionalEncodin
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import Adam, clip_grad_norm
 
-DESCRIPTION = ("RNN and LSTM (hand-written BPTT) beside a Transformer encoder: the norm of "
-               "d(loss at the last step)/d(input at step t) against t, at initialisation and after training")
 MODELS = ("rnn", "lstm", "transformer")
 
 

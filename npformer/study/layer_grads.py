@@ -36,8 +36,6 @@ from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_for
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import Adam
 
-DESCRIPTION = ("per-layer gradient norms during training: post-norm vs pre-norm, with and without "
-               "residual connections")
 # name -> (norm_first, residual)
 CONFIGS = {"post-norm + residual": (False, True), "pre-norm + residual": (True, True),
            "post-norm, no residual": (False, False), "pre-norm, no residual": (True, False)}

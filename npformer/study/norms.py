@@ -47,9 +47,6 @@ from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.schedules import cosine_with_warmup
 
-DESCRIPTION = ("BatchNorm (batch and running statistics) beside LayerNorm in one Transformer: padded "
-               "variable-length batches, neighbours, batch size 1 at inference")
-
 IGNORE = -100
 BATCH_SIZES = (1, 2, 4, 8, 16, 64)
 
@@ -270,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
     out = out_dir(args.out)
     files = [write_csv(out / "norms.csv", rows),
              write_json(out / "norms.json", {"config": {k: v for k, v in vars(args).items()
-                                                         if k not in ("func", "study_module")},
+                                                         if k != "func"},
                                              "task": {"name": "histogram", "alphabet": task.alphabet,
                                                       "min_len": task.min_len, "max_len": task.max_len},
                                              "results": results, "train_loss": curves, "seconds": elapsed})]

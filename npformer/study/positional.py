@@ -15,8 +15,6 @@ import numpy
 from npformer.nn.embedding import sinusoidal_table
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 
-DESCRIPTION = "the sinusoidal positional encoding as a heatmap, and the similarity between positions"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--positions", type=int, default=128, help="number of positions (default 128)")

@@ -16,11 +16,8 @@ import math
 import time
 
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
-from npformer.training.trainer import TrainConfig
+from npformer.training.config import XLTrainConfig
 from npformer.training.xl_trainer import XLTrainer, recall_period
-
-DESCRIPTION = ("Transformer-XL with and without memory on a task whose dependencies are longer than a "
-               "segment: validation loss, and evaluation with a longer memory than training")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,12 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _config(args, mem_len: int) -> TrainConfig:
-    return TrainConfig(model="transformer-xl", task="recall", seed=args.seed, steps=args.steps,
-                       batch_size=args.batch_size, lr=args.lr, warmup=min(50, args.steps // 10),
-                       d_model=args.d_model, nhead=args.heads, layers=args.layers, dim_feedforward=args.ff,
-                       dropout=0.0, n_train=args.n_train, n_valid=args.n_valid, eval_every=0,
-                       block_size=args.segment, mem_len=mem_len)
+def _config(args, mem_len: int) -> XLTrainConfig:
+    return XLTrainConfig(model="transformer-xl", task="recall", seed=args.seed, steps=args.steps,
+                         batch_size=args.batch_size, lr=args.lr, warmup=min(50, args.steps // 10),
+                         d_model=args.d_model, nhead=args.heads, layers=args.layers, dim_feedforward=args.ff,
+                         dropout=0.0, n_train=args.n_train, n_valid=args.n_valid, eval_every=0,
+                         block_size=args.segment, mem_len=mem_len)
 
 
 def train(args, mem_len: int) -> tuple[XLTrainer, list[dict]]:

@@ -34,23 +34,15 @@ TypeError saying so otherwise. A model whose gradients are non-finite at every s
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from numbers import Integral, Real
 from typing import Any, Mapping, NamedTuple
 
 from npformer.backend import get_backend, to_device
+from npformer.checks import describe, positive_int, real
 from npformer.nn.module import Module, Parameter
-from npformer.checks import describe
 from npformer.training.optim import clip_grad_norm
 
 __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]
-
-
-def _positive(v, name, low=0.0, high=math.inf):
-    if isinstance(v, bool) or not isinstance(v, Real) or not (low < float(v) < high):
-        raise ValueError(f"{name}: expected a real number in ({low}, {high}), got {describe(v)}")
-    return float(v)
 
 
 class DynamicLossScaler:
@@ -60,12 +52,10 @@ class DynamicLossScaler:
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000):
-        self.scale = _positive(init_scale, "init_scale")
-        self.growth_factor = _positive(growth_factor, "growth_factor", low=1.0)
-        self.backoff_factor = _positive(backoff_factor, "backoff_factor", high=1.0)
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, Integral) or growth_interval < 1:
-            raise ValueError(f"growth_interval: expected a positive int, got {describe(growth_interval)}")
-        self.growth_interval = int(growth_interval)
+        self.scale = real(init_scale, "init_scale", 0, low_open=True)
+        self.growth_factor = real(growth_factor, "growth_factor", 1, low_open=True)
+        self.backoff_factor = real(backoff_factor, "backoff_factor", 0, 1, low_open=True, high_open=True)
+        self.growth_interval = positive_int(growth_interval, "growth_interval")
         self.growth_tracker = 0        # finite steps since the scale last changed
         self.skipped = 0               # steps skipped for inf/NaN gradients, in all
 
@@ -87,7 +77,7 @@ class DynamicLossScaler:
         missing = {"scale", "growth_tracker", "skipped"} - set(state)
         if missing:
             raise ValueError(f"loss scaler state: missing keys {sorted(missing)}, got {sorted(state)}")
-        self.scale = _positive(float(state["scale"]), "scale")
+        self.scale = real(state["scale"], "scale", 0, low_open=True)
         self.growth_tracker, self.skipped = int(state["growth_tracker"]), int(state["skipped"])
 
 

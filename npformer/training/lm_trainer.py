@@ -24,7 +24,8 @@ from npformer.data.vocab import CharVocab
 from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
-from npformer.training.trainer import Trainer
+from npformer.training.config import CharLMTrainConfig
+from npformer.training.loop import Trainer
 
 __all__ = ["LMTrainer", "GPT1Trainer", "GPT2Trainer", "LM_KINDS", "sample_text"]
 
@@ -35,6 +36,7 @@ class LMTrainer(Trainer):
     """A decoder-only GPT (pre-norm, GELU, tied embeddings) predicting the next character."""
 
     kind = "gpt"
+    cfg: CharLMTrainConfig
     label = "GPT"
     preset: dict = {}      # the GPTConfig fields a named configuration fixes (gpt1, gpt2)
 
@@ -43,9 +45,6 @@ class LMTrainer(Trainer):
         if c.task != "charlm":
             raise ValueError(f"the {self.kind} trainer is a character language model: use --task charlm "
                              f"[--text FILE] (got --task {c.task})")
-        if c.embedding_size is not None or c.share is not None:
-            raise ValueError(f"--embedding-size and --share are ALBERT options; --model {self.kind} "
-                             "has neither")
         if "norm_first" in p and c.norm_first is not None and c.norm_first != p["norm_first"]:
             raise ValueError(f"--model {self.kind} is {'pre' if p['norm_first'] else 'post'}-norm by "
                              "definition; use --model gpt to choose the norm placement")

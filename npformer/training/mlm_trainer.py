@@ -31,7 +31,8 @@ from npformer.models.albert import ALBERT, ALBERTConfig
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import eval_mode
 from npformer.ops.cross_entropy import cross_entropy_forward
-from npformer.training.trainer import Trainer
+from npformer.training.config import ALBERTTrainConfig, CharLMTrainConfig
+from npformer.training.loop import Trainer
 
 __all__ = ["MASK_RATE", "IGNORE", "mask_tokens", "MLMTrainer", "BERTTrainer", "ALBERTTrainer"]
 
@@ -75,6 +76,7 @@ class MLMTrainer(Trainer):
     """A BERT-style encoder with a masked-LM head, predicting masked characters of a text."""
 
     kind = ""
+    cfg: CharLMTrainConfig
 
     def model_for(self, vocab_size: int):
         raise NotImplementedError
@@ -192,18 +194,11 @@ class MLMTrainer(Trainer):
         return text + f"\nmasked: {shown!r}\nfilled: {filled!r}"
 
 
-def _check_albert_options(c, kind: str) -> None:
-    if c.embedding_size is not None or c.share is not None:
-        raise ValueError(f"--embedding-size and --share are ALBERT options; --model {kind} has neither "
-                         "(use --model albert)")
-
-
 class BERTTrainer(MLMTrainer):
     kind = "bert"
 
     def model_for(self, vocab_size):
         c = self.cfg
-        _check_albert_options(c, self.kind)
         config = BERTConfig(vocab_size=vocab_size, hidden_size=c.d_model, num_hidden_layers=c.layers,
                             num_attention_heads=c.nhead, intermediate_size=c.dim_feedforward,
                             max_position_embeddings=c.block_size, dropout=c.dropout,
@@ -224,6 +219,7 @@ class ALBERTTrainer(MLMTrainer):
     """
 
     kind = "albert"
+    cfg: ALBERTTrainConfig
 
     def model_for(self, vocab_size):
         c = self.cfg

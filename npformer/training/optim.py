@@ -15,11 +15,13 @@ are updated in place, so views of ``p.data`` held elsewhere (tied embeddings) st
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any
 
 from npformer.backend import backend_name, get_array_module, to_device
+from npformer.checks import describe, expect_float, real
+from npformer.errors import InputTypeError
 from npformer.nn.module import Module, Parameter
-from npformer.checks import describe, expect_float
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm"]
 
@@ -29,17 +31,6 @@ RULES = {"lr": (0, INF, False, False), "weight_decay": (0, INF, False, False),
          "momentum": (0, INF, False, False), "dampening": (0, 1, False, False),
          "betas": (0, 1, False, True), "eps": (0, INF, True, False)}
 PAIRS = ("betas",)              # hyperparameters given as a pair, each item checked by its rule
-
-
-def _real(v: Any, name: str, low=0, high=INF, low_open=False, high_open=False) -> float:
-    """``v`` as a Python float within the bounds; TypeError or ValueError (naming both) otherwise."""
-    if isinstance(v, (bool, str)) or not hasattr(v, "__float__") or getattr(v, "ndim", 0) != 0:
-        raise TypeError(f"{name} must be a real number, got {describe(v)}")
-    f = float(v)
-    if not (low < f if low_open else low <= f) or not (f < high if high_open else f <= high):
-        span = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {span}, got {v!r}")
-    return f
 
 
 def _entries(items: Any, where: str) -> list:
@@ -91,14 +82,15 @@ class Optimizer:
     def _checked(self, group: dict) -> dict:
         """The group with every hyperparameter validated and made a Python number."""
         out = dict(group)
-        for k, rule in RULES.items():
+        for k, (low, high, low_open, high_open) in RULES.items():
             if k in out and k in PAIRS:
                 v = out[k]
                 if not isinstance(v, (tuple, list)) or len(v) != 2:
-                    raise TypeError(f"{k} must be a pair, got {describe(v)}")
-                out[k] = tuple(_real(x, f"{k}[{n}]", *rule) for n, x in enumerate(v))
+                    raise InputTypeError(f"{k}: expected a pair, got {describe(v)}")
+                out[k] = tuple(real(x, f"{k}[{n}]", low, high, low_open=low_open, high_open=high_open)
+                               for n, x in enumerate(v))
             elif k in out:
-                out[k] = _real(out[k], k, *rule)
+                out[k] = real(out[k], k, low, high, low_open=low_open, high_open=high_open)
         return out
 
     def _indexed(self):
@@ -119,7 +111,7 @@ class Optimizer:
 
     @lr.setter
     def lr(self, value: float) -> None:
-        value = _real(value, "lr")
+        value = real(value, "lr", 0)
         for g in self.param_groups:
             g["lr"] = value
 
@@ -321,7 +313,9 @@ def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6,
     ``error_if_nonfinite`` (the default); otherwise the grads are left unchanged and the non-finite
     norm is returned so the caller can skip the step (torch would write NaN into them instead).
     """
-    max_norm, eps = _real(max_norm, "max_norm"), _real(eps, "eps")
+    if not (isinstance(max_norm, Real) and max_norm == INF):        # inf: measure without clipping
+        max_norm = real(max_norm, "max_norm", 0, what="inf (no clipping) or a number")
+    eps = real(eps, "eps", 0)
     entries, seen = [], set()
     for name, p in _entries(params, "clip_grad_norm"):
         if p.grad is not None and id(p) not in seen:

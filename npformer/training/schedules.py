@@ -16,21 +16,22 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from npformer.training.optim import Optimizer, _real
+from npformer.checks import real
+from npformer.training.optim import Optimizer
 
 __all__ = ["noam_lr", "cosine_with_warmup", "constant_lr", "LRScheduler"]
 
 
 def _step(step: Any) -> float:
-    return _real(step, "step", 0, math.inf, False, True)     # a finite real number >= 0
+    return real(step, "step", 0)
 
 
 def noam_lr(step: Any, d_model: int, warmup: int, factor: float = 1.0) -> float:
     """The Transformer schedule; step 0 is treated as step 1 (its formula is undefined at 0)."""
     s = max(_step(step), 1.0)
-    d_model = _real(d_model, "d_model", 0, math.inf, True)
-    warmup = _real(warmup, "warmup", 0, math.inf, True)
-    factor = _real(factor, "factor")
+    d_model = real(d_model, "d_model", 0, low_open=True)
+    warmup = real(warmup, "warmup", 0, low_open=True)
+    factor = real(factor, "factor", 0)
     return factor * d_model ** -0.5 * min(s ** -0.5, s * warmup ** -1.5)
 
 
@@ -40,10 +41,10 @@ def cosine_with_warmup(step: Any, base_lr: float, warmup: int, total_steps: int,
     ``total_steps``, ``min_lr`` after. ``warmup = 0`` starts at base_lr; needs total_steps > warmup
     and 0 <= min_lr <= base_lr."""
     s = _step(step)
-    base_lr = _real(base_lr, "base_lr")
-    warmup = _real(warmup, "warmup")
-    total_steps = _real(total_steps, "total_steps", warmup, math.inf, True)
-    min_lr = _real(min_lr, "min_lr", 0, base_lr)
+    base_lr = real(base_lr, "base_lr", 0)
+    warmup = real(warmup, "warmup", 0)
+    total_steps = real(total_steps, "total_steps", warmup, low_open=True)
+    min_lr = real(min_lr, "min_lr", 0, base_lr)
     if s < warmup:
         return base_lr * s / warmup
     if s >= total_steps:
@@ -55,7 +56,7 @@ def cosine_with_warmup(step: Any, base_lr: float, warmup: int, total_steps: int,
 def constant_lr(step: Any, base_lr: float) -> float:
     """``base_lr`` at every step."""
     _step(step)
-    return _real(base_lr, "base_lr")
+    return real(base_lr, "base_lr", 0)
 
 
 class LRScheduler:
@@ -80,7 +81,7 @@ class LRScheduler:
     def _apply(self, step: int) -> float:
         lr = self.fn(step)
         try:
-            lr = _real(lr, "lr")
+            lr = real(lr, "lr", 0)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"schedule fn({step}) gave an invalid learning rate: {exc}") from None
         self.optimizer.lr = lr
@@ -102,7 +103,7 @@ class LRScheduler:
         if "last_step" not in sd or unknown:
             raise ValueError(f"scheduler state dict needs key 'last_step' (and optionally "
                              f"'last_lr'); got keys {sorted(sd)}")
-        step = _real(sd["last_step"], "last_step", 0, math.inf, False, True)
+        step = real(sd["last_step"], "last_step", 0)
         if step != int(step):
             raise ValueError(f"last_step must be a whole number, got {sd['last_step']!r}")
         self.last_lr = self._apply(int(step))

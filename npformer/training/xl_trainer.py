@@ -23,7 +23,8 @@ from npformer.models.decoding import eval_mode
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
-from npformer.training.trainer import Trainer
+from npformer.training.config import XLTrainConfig
+from npformer.training.loop import Trainer
 
 __all__ = ["XLTrainer", "SEGMENTS", "N_SYMBOLS", "recall_period"]
 
@@ -40,6 +41,7 @@ class XLTrainer(Trainer):
     """A post-norm Transformer-XL on the recall task, its memory carried across the segments."""
 
     kind = "transformer-xl"
+    cfg: XLTrainConfig
 
     def build(self):
         c = self.cfg

@@ -143,10 +143,14 @@ def test_bad_input(xp):
         MixedPrecision(model, "float32")
     with pytest.raises(TypeError, match="model: expected an npformer Module"):
         MixedPrecision([1, 2], "float16")
-    for kw, msg in [({"init_scale": 0}, "init_scale"), ({"init_scale": float("inf")}, "init_scale"),
-                    ({"growth_factor": 1.0}, "growth_factor"), ({"backoff_factor": 1.0}, "backoff_factor"),
-                    ({"growth_interval": 0}, "growth_interval"), ({"growth_interval": 2.5}, "growth_interval")]:
-        with pytest.raises(ValueError, match=msg):
+    for kw, exc, msg in [({"init_scale": 0}, ValueError, "init_scale: expected a finite number > 0, got 0"),
+                         ({"init_scale": float("inf")}, ValueError, "init_scale: expected a finite number > 0"),
+                         ({"init_scale": "big"}, TypeError, "init_scale: expected a real number, got str"),
+                         ({"growth_factor": 1.0}, ValueError, "growth_factor: expected a finite number > 1"),
+                         ({"backoff_factor": 1.0}, ValueError, r"backoff_factor: expected a finite number in \(0, 1\)"),
+                         ({"growth_interval": 0}, ValueError, "growth_interval: expected an int >= 1, got 0"),
+                         ({"growth_interval": 2.5}, TypeError, "growth_interval: expected an int, got float 2.5")]:
+        with pytest.raises(exc, match=msg):
             DynamicLossScaler(**kw)
     with pytest.raises(ValueError, match=r"loss scaler state: missing keys \['skipped'\]"):
         DynamicLossScaler().load_state_dict({"scale": 2.0, "growth_tracker": 0})

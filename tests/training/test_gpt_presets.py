@@ -7,7 +7,8 @@ from npformer.cli import main
 from npformer.models.gpt import GPT
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
-from npformer.training.trainer import TrainConfig, make_trainer
+from npformer.training.config import make_config
+from npformer.training.registry import make_trainer
 from tests.helpers import assert_gradcheck
 
 LM = dict(task="charlm", d_model=16, nhead=2, layers=2, dim_feedforward=32, block_size=16,
@@ -15,7 +16,7 @@ LM = dict(task="charlm", d_model=16, nhead=2, layers=2, dim_feedforward=32, bloc
 
 
 def _quiet(**kw):
-    return make_trainer(TrainConfig(**{**LM, **kw}), log=lambda _: None)
+    return make_trainer(make_config({**LM, **kw}), log=lambda _: None)
 
 
 def test_gpt1_is_post_norm_without_final_norm_and_gpt2_is_pre_norm_with_one():
@@ -87,7 +88,7 @@ def test_preset_option_errors():
         _quiet(model="gpt1", norm_first=True)
     with pytest.raises(ValueError, match="gpt2 is pre-norm by definition"):
         _quiet(model="gpt2", norm_first=False)
-    with pytest.raises(ValueError, match="ALBERT options; --model gpt2"):
+    with pytest.raises(ValueError, match="--embedding-size does not apply to --model gpt2; it is an option of --model albert"):
         _quiet(model="gpt2", embedding_size=8)
     assert _quiet(model="gpt1", norm_first=False, activation="gelu").model.config.activation == "gelu"
 

@@ -7,14 +7,15 @@ from npformer.cli import main
 from npformer.data.vocab import SPECIALS
 from npformer.training import checkpoint as ckpt
 from npformer.training.mlm_trainer import IGNORE, mask_tokens
-from npformer.training.trainer import TrainConfig, make_trainer
+from npformer.training.config import make_config
+from npformer.training.registry import make_trainer
 
 MLM = dict(task="charlm", d_model=16, nhead=2, layers=2, dim_feedforward=32, block_size=16,
            batch_size=8, steps=30, warmup=3, lr=3e-3, eval_every=0, log_every=10)
 
 
 def _quiet(**kw):
-    return make_trainer(TrainConfig(**{**MLM, **kw}), log=lambda _: None)
+    return make_trainer(make_config({**MLM, **kw}), log=lambda _: None)
 
 
 def test_masking_picks_fifteen_percent_and_follows_the_80_10_10_rule():
@@ -126,7 +127,7 @@ def test_trainer_option_errors():
         _quiet(model="bert", task="dates")
     with pytest.raises(ValueError, match="post-norm"):
         _quiet(model="albert", norm_first=True)
-    with pytest.raises(ValueError, match="ALBERT options; --model bert"):
+    with pytest.raises(ValueError, match="--share does not apply to --model bert; it is an option of --model albert$"):
         _quiet(model="bert", share="all")
     with pytest.raises(ValueError, match="--embedding-size must be >= 0"):
         _quiet(model="albert", embedding_size=-2)
@@ -149,7 +150,7 @@ def test_cli_trains_resumes_and_rejects_generate(tmp_path, capsys):
     assert main(["generate", "--checkpoint", path]) == 2
     assert "needs a GPT checkpoint" in capsys.readouterr().err
     assert main(["train", "--model", "bert", "--embedding-size", "8", *TINY, "--steps", "4"]) == 2
-    assert "ALBERT options" in capsys.readouterr().err
+    assert "--embedding-size does not apply to --model bert; it is an option of --model albert" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", "--model", "albert", "--share", "most", *TINY])
 

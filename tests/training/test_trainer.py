@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 
 from npformer.training import checkpoint as ckpt
-from npformer.training.trainer import Seq2SeqTrainer, TrainConfig
+from npformer.training.config import CharLMTrainConfig, Seq2SeqTrainConfig
+from npformer.training.registry import make_trainer
+from npformer.training.seq2seq_trainer import Seq2SeqTrainer
 
 SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, nhead=2, layers=1, dim_feedforward=32,
              batch_size=16, steps=40, warmup=5, lr=3e-3, eval_every=0, log_every=10)
@@ -14,13 +16,13 @@ def _quiet(config):
 
 
 def test_loss_falls():
-    trainer = _quiet(TrainConfig(**SMALL))
+    trainer = _quiet(Seq2SeqTrainConfig(**SMALL))
     losses = [trainer.train_step() for _ in range(40)]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
 
 
 def test_resume_repeats_the_uninterrupted_losses_exactly(tmp_path):
-    cfg = TrainConfig(**{**SMALL, "steps": 12, "dropout": 0.1})
+    cfg = Seq2SeqTrainConfig(**{**SMALL, "steps": 12, "dropout": 0.1})
     straight = _quiet(cfg)
     expected = [straight.train_step() for _ in range(12)]
     first = _quiet(cfg)
@@ -34,7 +36,7 @@ def test_resume_repeats_the_uninterrupted_losses_exactly(tmp_path):
 
 
 def test_checkpoint_has_no_pickle_and_holds_config_and_optimizer(tmp_path):
-    trainer = _quiet(TrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
+    trainer = _quiet(Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
     trainer.train_step()
     path = trainer.save(tmp_path / "c.npz")
     with np.load(path, allow_pickle=False) as data:      # would raise on any pickled object
@@ -69,7 +71,7 @@ def test_load_checkpoint_errors(tmp_path):
 
 
 def test_evaluate_and_translate_run():
-    trainer = _quiet(TrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
+    trainer = _quiet(Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
     result = trainer.evaluate(limit=8)
     assert 0.0 <= result["exact_match"] <= 1.0 and np.isfinite(result["loss"])
     assert len(trainer.translate(["abc", "j"])) == 2
@@ -80,13 +82,12 @@ LM = dict(task="charlm", d_model=16, nhead=2, layers=1, dim_feedforward=32, bloc
 
 
 def test_charlm_gpt_loss_falls_and_resumes_exactly(tmp_path):
-    from npformer.training.trainer import make_trainer
-    trainer = make_trainer(TrainConfig(**LM), log=lambda _: None)
+    trainer = make_trainer(CharLMTrainConfig(**LM), log=lambda _: None)
     assert trainer.model.config.norm_first                      # GPT-2 style by default
     losses = [trainer.train_step() for _ in range(40)]
     uniform = np.log(len(trainer.vocab))                        # the loss of knowing nothing
     assert losses[0] > uniform - 0.1 and np.mean(losses[-5:]) < uniform - 0.5, losses
-    short = TrainConfig(**{**LM, "steps": 8})
+    short = CharLMTrainConfig(**{**LM, "steps": 8})
     straight = make_trainer(short, log=lambda _: None)
     expected = [straight.train_step() for _ in range(8)]
     first = make_trainer(short, log=lambda _: None)
@@ -101,9 +102,8 @@ def test_charlm_gpt_loss_falls_and_resumes_exactly(tmp_path):
 
 
 def test_loading_a_checkpoint_of_another_kind_is_a_clear_error(tmp_path):
-    from npformer.training.trainer import make_trainer
-    lm = make_trainer(TrainConfig(**{**LM, "steps": 2, "warmup": 1}), log=lambda _: None)
+    lm = make_trainer(CharLMTrainConfig(**{**LM, "steps": 2, "warmup": 1}), log=lambda _: None)
     lm.save(tmp_path / "lm.npz")
-    s2s = _quiet(TrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
+    s2s = _quiet(Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
     with pytest.raises(ValueError, match="holds a 'gpt' checkpoint, not a seq2seq one"):
         s2s.load(tmp_path / "lm.npz")

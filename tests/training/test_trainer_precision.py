@@ -4,14 +4,15 @@ import numpy as np
 import pytest
 
 from npformer.cli import main
-from npformer.training.trainer import TrainConfig, make_trainer
+from npformer.training.config import Seq2SeqTrainConfig, XLTrainConfig, make_config
+from npformer.training.registry import make_trainer
 
 TINY_LM = dict(task="charlm", model="gpt2", d_model=16, nhead=2, layers=1, dim_feedforward=32, block_size=16,
                batch_size=8, steps=30, warmup=3, lr=3e-3, eval_every=0, log_every=10, dropout=0.0)
 
 
 def _trainer(**kw):
-    return make_trainer(TrainConfig(**{**TINY_LM, **kw}), log=lambda _: None)
+    return make_trainer(make_config({**TINY_LM, **kw}), log=lambda _: None)
 
 
 def test_float16_tracks_float32_training_on_the_same_seed():
@@ -44,12 +45,12 @@ def test_float16_resume_is_exact_and_checkpoints_keep_float32_masters(tmp_path):
 
 
 def test_seq2seq_mlm_and_transformer_xl_trainers_run_in_float16():
-    s2s = make_trainer(TrainConfig(task="copy", n_train=60, n_valid=10, d_model=16, nhead=2, layers=1,
-                                   dim_feedforward=32, batch_size=8, steps=5, warmup=1, eval_every=0,
-                                   precision="float16"), log=lambda _: None)
+    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=60, n_valid=10, d_model=16, nhead=2, layers=1,
+                                          dim_feedforward=32, batch_size=8, steps=5, warmup=1, eval_every=0,
+                                          precision="float16"), log=lambda _: None)
     mlm = _trainer(model="bert", precision="float16", steps=5, warmup=1)
-    xl = make_trainer(TrainConfig(task="recall", block_size=4, d_model=16, nhead=2, layers=1, dim_feedforward=32,
-                                  batch_size=8, steps=5, warmup=1, eval_every=0, precision="float16"),
+    xl = make_trainer(XLTrainConfig(task="recall", block_size=4, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+                                    batch_size=8, steps=5, warmup=1, eval_every=0, precision="float16"),
                       log=lambda _: None)
     for t in (s2s, mlm, xl):
         losses = [t.train_step() for _ in range(3)]
@@ -57,7 +58,7 @@ def test_seq2seq_mlm_and_transformer_xl_trainers_run_in_float16():
 
 
 def test_bad_precision_options_are_clear_errors(capsys):
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match="precision: expected one of 'float32', 'float16', 'bfloat16', got 'float8'"):
         _trainer(precision="float8")
     with pytest.raises(ValueError, match="use --dtype float32"):
         _trainer(precision="float16", dtype="float64")

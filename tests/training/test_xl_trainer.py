@@ -8,7 +8,8 @@ import pytest
 
 from npformer.cli import main
 from npformer.training.checkpoint import load_checkpoint
-from npformer.training.trainer import TrainConfig, make_trainer
+from npformer.training.config import Seq2SeqTrainConfig, XLTrainConfig
+from npformer.training.registry import make_trainer
 from npformer.training.xl_trainer import SEGMENTS, XLTrainer, recall_period
 
 TINY = dict(model="transformer-xl", task="recall", block_size=4, mem_len=4, d_model=16, nhead=2, layers=2,
@@ -17,7 +18,7 @@ TINY = dict(model="transformer-xl", task="recall", block_size=4, mem_len=4, d_mo
 
 
 def _trainer(**kw):
-    return make_trainer(TrainConfig(**{**TINY, **kw}), log=lambda _: None)
+    return make_trainer(XLTrainConfig(**{**TINY, **kw}), log=lambda _: None)
 
 
 def test_memory_is_carried_within_a_sequence_and_reset_between_sequences():
@@ -107,8 +108,8 @@ def test_bad_settings(tmp_path):
         _trainer(batch_size=100)
     with pytest.raises(ValueError, match="mem_len: expected an int >= 0"):
         _trainer(mem_len=-1)
-    s2s = make_trainer(TrainConfig(task="copy", n_train=50, n_valid=10, d_model=8, nhead=2, layers=1,
-                                   dim_feedforward=8, steps=2, warmup=1), log=lambda _: None)
+    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=50, n_valid=10, d_model=8, nhead=2, layers=1,
+                                          dim_feedforward=8, steps=2, warmup=1), log=lambda _: None)
     with pytest.raises(ValueError, match="holds a 'seq2seq' checkpoint, not a transformer-xl one"):
         _trainer().load(s2s.save(tmp_path / "s2s.npz"))
 

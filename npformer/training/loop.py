@@ -1,0 +1,187 @@
+"""The training loop every trainer shares (:class:`Trainer`), the loop behind ``npformer train``.
+
+One step: reseed dropout from (seed, step); draw the batch from (seed, step); forward; fused
+cross-entropy; backward; clip by global norm; AdamW with warm-up + cosine learning rate (under mixed
+precision: a 16-bit model, float32 master weights, dynamic loss scaling). Because the batch and the
+dropout masks are functions of (seed, step) alone, a run resumed from a checkpoint repeats an
+uninterrupted run's losses exactly. Each task's trainer (:mod:`~npformer.training.seq2seq_trainer`,
+:mod:`~npformer.training.lm_trainer`, :mod:`~npformer.training.mlm_trainer`,
+:mod:`~npformer.training.xl_trainer`) builds its model and says how to draw a batch, compute the loss
+and evaluate; :mod:`npformer.training.registry` picks one by model name.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from npformer.backend import get_backend
+from npformer.checks import non_negative_int, one_of, positive_int
+from npformer.errors import InputTypeError, RangeError
+from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.training.amp import MixedPrecision
+from npformer.training.checkpoint import load_checkpoint, save_checkpoint
+from npformer.training.config import CONFIGS, PRECISIONS, TrainConfig
+from npformer.training.optim import AdamW, clip_grad_norm
+from npformer.training.schedules import cosine_with_warmup
+
+__all__ = ["Trainer"]
+
+
+class Trainer:
+    """The loop shared by every model: seeded steps, AdamW with warm-up + cosine, clipping,
+    periodic validation, atomic checkpoints and exact resume. Subclasses build the model and say
+    how to draw a batch, compute the loss, evaluate and describe themselves."""
+
+    kind = ""          # the model name (a key of config.CONFIGS), also the checkpoint's kind
+
+    def __init__(self, config: TrainConfig, log: Callable[[str], None] = print):
+        expected = CONFIGS[self.kind]
+        if type(config) is not expected:
+            raise InputTypeError(f"config: the {self.kind} trainer trains from a {expected.__name__}, "
+                                 f"got a {type(config).__name__}")
+        if config.model not in (None, self.kind):
+            raise RangeError(f"config.model: expected {self.kind!r} or None for the {self.kind} trainer, "
+                             f"got {config.model!r}")
+        self.cfg, self.log = config, log
+        c = config
+        if non_negative_int(c.warmup, "warmup") >= positive_int(c.steps, "steps"):
+            raise RangeError(f"steps ({c.steps}) must be greater than warmup ({c.warmup})")
+        one_of(c.precision, "precision", PRECISIONS)
+        if c.precision != "float32" and c.dtype != "float32":
+            raise RangeError(f"--precision {c.precision} keeps float32 master weights: use --dtype float32, "
+                             f"not {c.dtype}")
+        self.xp = get_backend(c.backend)
+        self.model = self.build()
+        # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
+        self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
+        params = self.amp.named_parameters() if self.amp else self.model.named_parameters()
+        self.opt = AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+        self.step = 0
+        self.history: list[dict] = []
+
+    # -- to be provided ------------------------------------------------------------------------------
+    def build(self):
+        raise NotImplementedError
+
+    def loss_and_backward(self, step: int) -> tuple[float, int]:
+        """Draw the batch of ``step``, run forward and backward; returns (loss, tokens)."""
+        raise NotImplementedError
+
+    def evaluate(self, limit: int | None = None) -> dict:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    def report(self, result: dict, quick: bool) -> str:
+        raise NotImplementedError
+
+    def meta(self) -> dict:
+        meta = {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
+                "model_config": self.model.config.to_dict()}
+        if self.amp:
+            meta["loss_scaler"] = self.amp.scaler.state_dict()
+        return meta
+
+    def cross_entropy(self, logits, targets, **kwargs):
+        """``(loss, dlogits)``: the cross-entropy of ``logits`` and its gradient, to start the backward.
+
+        Under mixed precision the loss is computed from float32 logits and the gradient is that of
+        ``S * loss`` (S the loss scale), rounded to the model's 16-bit dtype; ``amp.step`` divides
+        by S again in float32.
+        """
+        if self.amp is None:
+            loss, cache = cross_entropy_forward(logits, targets, **kwargs)
+            return loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache)
+        loss, cache = cross_entropy_forward(logits.astype(self.xp.float32), targets, **kwargs)
+        return loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype)
+
+    def model_state(self) -> dict:
+        """The weights a checkpoint keeps: the float32 masters under mixed precision."""
+        return self.amp.master_state_dict() if self.amp else self.model.state_dict()
+
+    def load_model_state(self, state, meta: dict) -> None:
+        if self.amp:
+            self.amp.load_master_state_dict(state)
+            if "loss_scaler" in meta:
+                self.amp.scaler.load_state_dict(meta["loss_scaler"])
+        else:
+            self.model.load_state_dict(state)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def _lr(self, step: int) -> float:
+        c = self.cfg
+        return cosine_with_warmup(step, c.lr, c.warmup, c.steps, min_lr=c.min_lr)
+
+    def train_step(self) -> float:
+        c, step = self.cfg, self.step + 1
+        self.model.manual_seed((c.seed, step))   # this step's dropout masks: a function of (seed, step)
+        self.model.train()
+        loss, self._tokens = self.loss_and_backward(step)
+        self.opt.lr = self._lr(step)
+        if self.amp is None:
+            self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
+            self.opt.step()
+            self.model.zero_grad()
+        else:            # unscale, skip on inf/NaN (the scale halves), clip, step, round down, zero
+            self._grad_norm = self.amp.step(self.opt, max_norm=c.clip).grad_norm
+        self.step = step
+        return loss
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        return save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
+
+    def load(self, path: str | Path) -> None:
+        ck = load_checkpoint(path)
+        if ck.meta.get("kind") != self.kind:
+            raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
+        self.load_model_state(ck.model, ck.meta)
+        self.opt.load_state_dict(ck.optim)
+        self.step = int(ck.meta["step"])
+
+    # -- the whole run -----------------------------------------------------------------------------
+    def fit(self) -> dict:
+        c, log = self.cfg, self.log
+        log(self.describe())
+        tty = sys.stdout.isatty()
+        start, tokens, window = time.perf_counter(), 0, []
+        while self.step < c.steps:
+            loss = self.train_step()
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at step {self.step}")
+            tokens += self._tokens
+            window.append(loss)
+            elapsed = time.perf_counter() - start
+            if self.step % c.log_every == 0 or self.step == c.steps:
+                line = (f"step {self.step:5d}/{c.steps} {_bar(self.step / c.steps)} loss "
+                        f"{sum(window) / len(window):.4f}  lr {self.opt.lr:.2e}  "
+                        f"{tokens / elapsed:,.0f} tok/s  {elapsed:.0f}s")
+                window = []
+                self.history.append({"step": self.step, "loss": loss, "time": elapsed})
+                if tty:
+                    print("\r" + line, end="", flush=True)
+                else:
+                    log(line)
+            if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
+                if tty:
+                    print()
+                log("  " + self.report(self.evaluate(limit=300), quick=True))
+            if c.checkpoint and c.checkpoint_every and self.step % c.checkpoint_every == 0:
+                self.save(c.checkpoint)
+        if tty:
+            print()
+        if c.checkpoint:
+            self.save(c.checkpoint)
+        result = self.evaluate()
+        log(self.report(result, quick=False) + f"  ({time.perf_counter() - start:.0f}s)")
+        return result
+
+
+def _bar(frac: float, width: int = 20) -> str:
+    n = int(round(frac * width))
+    return "[" + "#" * n + "." * (width - n) + "]"
