@@ -27,10 +27,15 @@ from pathlib import Path
 import numpy
 
 from npformer.backend import get_backend, to_device, to_numpy
+from npformer.data.corpus import CharLMData, load_corpus
+from npformer.data.tasks import get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, SPECIALS, CharVocab
 from npformer.models.decoding import eval_mode, greedy_decode
+from npformer.models.gpt import GPT, GPTConfig
+from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.nn.attention import MultiheadAttention
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
+from npformer.training.checkpoint import load_checkpoint
 
 SEQ2SEQ_TASKS = ("dates", "numbers", "copy", "reverse")
 DEFAULT_INPUTS = {"dates": "3rd of March 1997", "numbers": "twenty thousand and seventeen",
@@ -107,18 +112,14 @@ def load_model(checkpoint: str | None, task: str, args: argparse.Namespace):
     backend = args.backend or "numpy"
     get_backend(backend)
     if checkpoint is not None:
-        from npformer.training.checkpoint import load_checkpoint
-
         ck = load_checkpoint(checkpoint)
         meta = ck.meta
         kind = meta.get("kind")
         dtype = meta.get("train_config", {}).get("dtype", "float32")
         if kind == "seq2seq":
-            from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
             model = Seq2Seq(_config(Seq2SeqConfig, meta["model_config"]), dtype=dtype, backend=backend)
             vocabs = (CharVocab.from_dict(meta["src_vocab"]), CharVocab.from_dict(meta["tgt_vocab"]))
         elif kind == "gpt":
-            from npformer.models.gpt import GPT, GPTConfig
             model = GPT(_config(GPTConfig, meta["model_config"]), dtype=dtype, backend=backend)
             vocabs = (CharVocab.from_dict(meta["vocab"]),)
         else:
@@ -127,16 +128,12 @@ def load_model(checkpoint: str | None, task: str, args: argparse.Namespace):
         model.load_state_dict(ck.model)
         return kind, model, vocabs, meta.get("train_config", {}).get("task", "")
     if task == "charlm":
-        from npformer.data.corpus import CharLMData, load_corpus
-        from npformer.models.gpt import GPT, GPTConfig
         vocab = CharLMData(load_corpus(), block_size=args.block_size).vocab
         cfg = GPTConfig(vocab_size=len(vocab), block_size=args.block_size, n_layer=args.layers, n_head=args.heads,
                         d_model=args.d_model, dim_feedforward=args.ff, dropout=0.0)
         return "gpt", GPT(cfg, backend=backend, rng=args.seed), (vocab,), task
     if task not in SEQ2SEQ_TASKS:
         raise ValueError(f"--task: expected one of {[*SEQ2SEQ_TASKS, 'charlm']}, got {task!r}")
-    from npformer.data.tasks import get_task
-    from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
     t = get_task(task, n_train=1, n_valid=1)
     cfg = Seq2SeqConfig(src_vocab_size=len(t.src_vocab), tgt_vocab_size=len(t.tgt_vocab), d_model=args.d_model,
                         nhead=args.heads, num_encoder_layers=args.layers, num_decoder_layers=args.layers,
