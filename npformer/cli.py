@@ -194,6 +194,10 @@ def experiment_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+REFERENCE_HELP = ("run the reference ops alone (npformer/ops), none of the fast paths in npformer/kernels: "
+                  "the same results to rounding, slower")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="npformer", description="A Transformer written by hand in "
                                      "NumPy/CuPy: forward and backward of every op, checked.")
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="numpy", choices=["numpy", "cupy"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--only", metavar="OP", help="run only the ops whose name contains OP")
+    g.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
     g.set_defaults(func=cmd_gradcheck)
 
     t = sub.add_parser("train", help="train a Transformer on a built-in task (default: a Seq2Seq on dates)",
@@ -214,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_options(t)
     t.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint (with its "
                    "settings; only " + ", ".join(flag(n) for n in RESUMABLE) + " may change)")
+    t.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
     t.set_defaults(func=cmd_train)
 
     tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint")
@@ -286,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "reference", False):   # --reference: no fast path anywhere in the run
+            from npformer.kernels import disabled
+            with disabled():
+                return args.func(args)
         return args.func(args)
     except (NpformerError, ValueError, FileNotFoundError) as exc:   # a mistake the user can fix: one line
         print(f"npformer {args.command}: error: {exc}", file=sys.stderr)

@@ -157,3 +157,12 @@ def test_an_internal_error_is_not_turned_into_a_usage_message(monkeypatch):
     monkeypatch.setattr(cli, "make_config", broken)
     with pytest.raises(KeyError, match="a bug"):
         main(["train", "--steps", "2"])
+
+
+def test_reference_flag_runs_the_command_with_the_fast_paths_off(monkeypatch):
+    from npformer import cli, dispatch
+    seen = []
+    monkeypatch.setattr(cli, "cmd_gradcheck", lambda args: seen.append(dispatch.enabled()) or 0)
+    assert cli.main(["gradcheck", "--reference"]) == 0
+    assert cli.main(["gradcheck"]) == 0
+    assert seen == [False, True] and dispatch.enabled()
