@@ -3,8 +3,8 @@
     out = x @ W^T + b          x: (..., C_in), W: (C_out, C_in), b: (C_out,)
     dx = dout @ W,   dW = dout^T x,   db = sum of dout over every leading axis
 
-Leading axes are flattened into one batch axis so every product is a single 2-d matmul (NumPy runs
-a 3-d ``x @ W^T`` as one small matrix product per leading index, measured 2.3x slower here).
+Leading axes are flattened into one batch axis, so every product is one 2-d matmul of all the rows
+(a 3-d ``x @ W^T`` would be one small product per leading index).
 """
 from __future__ import annotations
 
