@@ -9,7 +9,8 @@ The layers, bottom-up: ``errors``, ``backend``, ``checks``, ``dispatch``, ``ops`
 ``nn``, ``models``, ``data``, ``training``, ``tools``, ``study``, ``pretrained``, ``cli``.
 """
 from npformer import backend, kernels, ops
+from npformer.dispatch import detect_anomaly
 from npformer.tools.gradcheck import GradcheckError, GradcheckReport, gradcheck
 
 __version__ = "0.1.0"
-__all__ = ["backend", "kernels", "ops", "gradcheck", "GradcheckReport", "GradcheckError", "__version__"]
+__all__ = ["backend", "kernels", "ops", "detect_anomaly", "gradcheck", "GradcheckReport", "GradcheckError", "__version__"]

@@ -17,7 +17,8 @@ from npformer.backend import is_array, is_cupy_array
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
-           "expect_shape", "expect_rows", "expect_same_dtype", "token_ids", "positive_int", "non_negative_int",
+           "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "token_ids", "integer", "positive_int",
+           "non_negative_int",
            "real", "probability", "one_of"]
 
 
@@ -103,6 +104,17 @@ def expect_same_dtype(**arrays: Any) -> None:
                                  "cast them to one dtype first")
 
 
+def expect_grad(d: Any, name: str, shape: Sequence[int], dtype: Any, what: str = "the forward's output") -> None:
+    """An upstream gradient must have exactly the shape and the dtype of what it is the gradient of:
+    no broadcasting, and no promotion (a float64 gradient for a float32 forward is a mistake)."""
+    expect_array(d, name)
+    if tuple(d.shape) != tuple(shape):
+        raise ShapeError(f"{name}: expected the shape of {what}, {tuple(shape)}, got {describe(d)}")
+    if d.dtype != dtype:
+        raise InputTypeError(f"{name}: expected the dtype of {what}, {dtype}, got {describe(d)}; "
+                             "cast it first (nothing is promoted silently)")
+
+
 def token_ids(ids: Any, name: str, vocab_size: int | None = None, ndim: int = 2) -> None:
     """``ids`` must be an integer array of ``ndim`` axes ((B, T) by default) with every id in
     [0, ``vocab_size``) when a vocabulary size is given."""
@@ -117,7 +129,9 @@ def token_ids(ids: Any, name: str, vocab_size: int | None = None, ndim: int = 2)
 
 # -- scalars -----------------------------------------------------------------------------------------
 
-def _integer(v: Any, name: str) -> int:
+def integer(v: Any, name: str) -> int:
+    """``v`` as an ``int`` (any sign: an ignore index, an offset); bools and floats are refused,
+    so 0.5 never truncates to 0."""
     if isinstance(v, bool) or not isinstance(v, Integral):
         raise InputTypeError(f"{name}: expected an int, got {describe(v)}")
     return int(v)
@@ -125,7 +139,7 @@ def _integer(v: Any, name: str) -> int:
 
 def positive_int(v: Any, name: str) -> int:
     """``v`` as an ``int`` >= 1 (a size, a count of layers or heads); bools are not ints here."""
-    n = _integer(v, name)
+    n = integer(v, name)
     if n < 1:
         raise RangeError(f"{name}: expected an int >= 1, got {n}")
     return n
@@ -133,7 +147,7 @@ def positive_int(v: Any, name: str) -> int:
 
 def non_negative_int(v: Any, name: str) -> int:
     """``v`` as an ``int`` >= 0 (a length that may be empty, a memory size)."""
-    n = _integer(v, name)
+    n = integer(v, name)
     if n < 0:
         raise RangeError(f"{name}: expected an int >= 0, got {n}")
     return n

@@ -17,6 +17,17 @@ off. Either backward accepts either forward's cache. The switch::
 
 is per thread (a ``contextvars`` variable), defaults to on, and is never read from the
 environment. :func:`implementation` tells which one a call would run.
+
+Every reference op passes through here, fast path or not, which makes this also the place of the
+opt-in anomaly mode (as ``torch.autograd.detect_anomaly``)::
+
+    with npformer.detect_anomaly():           # off by default: NaN in gives NaN out, silently
+        loss = ...; model.backward(...)
+
+Inside it, the first op (forward or backward) whose result holds a NaN, or an infinity that none of
+its inputs held (masked scores and log-probabilities carry -inf on purpose), raises
+:class:`~npformer.errors.NonFiniteError` naming the op and the output, and saying whether its inputs
+were already non-finite. Ops nested in others are checked first, so the innermost op is named.
 """
 from __future__ import annotations
 
@@ -25,10 +36,14 @@ import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
+from npformer.backend import get_array_module
+from npformer.errors import NonFiniteError
+
 __all__ = ["FastPath", "dispatched", "register", "enabled", "set_enabled", "disabled", "implementation",
-           "registered"]
+           "registered", "detect_anomaly", "anomaly_detection_enabled"]
 
 _ON = contextvars.ContextVar("npformer_fast_paths", default=True)
+_ANOMALY = contextvars.ContextVar("npformer_detect_anomaly", default=False)
 _OPS: dict[str, Callable] = {}        # "module.name" -> the dispatched op, in definition order
 
 
@@ -48,17 +63,21 @@ def dispatched(reference: Callable) -> Callable:
     """
     paths: list[FastPath] = []
 
+    name = f"{reference.__module__}.{reference.__name__}"
+
     @functools.wraps(reference)
     def op(*args, **kwargs):
+        run = reference
         if paths and _ON.get():
-            for path in paths:
-                if path.accepts(*args, **kwargs):
-                    return path.run(*args, **kwargs)
-        return reference(*args, **kwargs)
+            run = next((path.run for path in paths if path.accepts(*args, **kwargs)), reference)
+        result = run(*args, **kwargs)
+        if _ANOMALY.get():
+            _check_finite(name, (*args, *kwargs.values()), result)
+        return result
 
     op.reference = reference
     op.fast_paths = paths
-    _OPS[f"{reference.__module__}.{reference.__name__}"] = op
+    _OPS[name] = op
     return op
 
 
@@ -106,3 +125,47 @@ def implementation(op: Callable, *args, **kwargs) -> str:
 def registered() -> dict[str, list[str]]:
     """Every dispatched op by ``module.name``, with the names of its fast paths in order."""
     return {name: [p.name for p in op.fast_paths] for name, op in _OPS.items()}
+
+
+@contextmanager
+def detect_anomaly() -> Iterator[None]:
+    """Inside the block (this thread), the first op with a non-finite result raises
+    :class:`~npformer.errors.NonFiniteError` naming it (see the module docstring)."""
+    token = _ANOMALY.set(True)
+    try:
+        yield
+    finally:
+        _ANOMALY.reset(token)
+
+
+def anomaly_detection_enabled() -> bool:
+    return _ANOMALY.get()
+
+
+def _arrays(values) -> list:
+    """The arrays among ``values``, and those one level inside a cache (a NamedTuple)."""
+    found = []
+    for v in values:
+        if hasattr(v, "dtype") and hasattr(v, "shape"):
+            found.append(v)
+        elif isinstance(v, tuple) and hasattr(v, "_fields"):
+            found += [f for f in v if hasattr(f, "dtype") and hasattr(f, "shape")]
+    return [a for a in found if a.dtype.kind == "f"]
+
+
+def _check_finite(name: str, inputs: tuple, result) -> None:
+    outputs = result if isinstance(result, tuple) and not hasattr(result, "_fields") else (result,)
+    ins = _arrays(inputs)
+    for i, out in enumerate(outputs):
+        if not (hasattr(out, "dtype") and hasattr(out, "shape")) or out.dtype.kind != "f":
+            continue                                     # a cache, None, an integer array
+        xp = get_array_module(out)
+        nan, inf = bool(xp.isnan(out).any()), bool(xp.isinf(out).any())
+        had_nan = any(bool(xp.isnan(a).any()) for a in ins)
+        had_inf = any(bool(xp.isinf(a).any()) for a in ins)
+        if nan or (inf and not had_inf):
+            what = "NaN" if nan else "an infinity"
+            came = ("its inputs already held NaN: look at what produced them" if had_nan else
+                    "its inputs held none: this op produced it")
+            raise NonFiniteError(f"detect_anomaly: {name} returned {what} in output {i} "
+                                 f"({out.dtype} array of shape {tuple(out.shape)}); {came}")

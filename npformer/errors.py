@@ -16,6 +16,8 @@ exception                  also a                       the mistake
                                                         1, a probability outside [0, 1], a token id
                                                         beyond the vocabulary, a non-finite number,
                                                         a name that is not one of the choices
+:class:`NonFiniteError`    ``FloatingPointError``       an op produced NaN or inf (only inside
+                                                        ``npformer.detect_anomaly()``)
 :class:`StateDictError`    ``KeyError``, ``ValueError``  a state dict that does not fit a module
 :class:`BackendUnavailableError`  ``RuntimeError``      the backend asked for cannot run here
 =========================  ===========================  ============================================
@@ -25,7 +27,7 @@ Every message names what was expected and what came (:mod:`npformer.checks` writ
 from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
-           "StateDictError", "BackendUnavailableError"]
+           "NonFiniteError", "StateDictError", "BackendUnavailableError"]
 
 
 class NpformerError(Exception):
@@ -46,6 +48,10 @@ class ShapeError(NpformerError, ValueError):
 
 class RangeError(NpformerError, ValueError):
     """A value outside the values it may take (sizes, probabilities, ids, finite numbers, choices)."""
+
+
+class NonFiniteError(NpformerError, FloatingPointError):
+    """An op returned NaN, or an infinity its inputs did not hold, under ``npformer.detect_anomaly()``."""
 
 
 class StateDictError(NpformerError, KeyError, ValueError):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from npformer.backend import get_array_module
 from npformer.checks import token_ids
-from npformer.errors import RangeError
+from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding
@@ -140,6 +140,10 @@ class EncoderModel(Module):
                              f"{self.config.max_position_embeddings}")
         if token_type_ids is None:
             token_type_ids = xp.zeros_like(input_ids)
+        token_ids(token_type_ids, "token_type_ids", self.config.type_vocab_size)
+        if token_type_ids.shape != input_ids.shape:     # no broadcasting: (B, 1) would fail only in backward
+            raise ShapeError(f"token_type_ids: expected the shape of input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(token_type_ids.shape)}")
         if key_padding_mask is None:
             key_padding_mask = input_ids == self.config.pad_token_id
         x = self.embed(input_ids, token_type_ids)                                 # (B, T, C)
@@ -149,7 +153,7 @@ class EncoderModel(Module):
 
     def mlm_logits(self, hidden):
         if self.mlm is None:
-            raise ValueError(f"this {type(self).__name__} has no masked-LM head: build it with "
+            raise RangeError(f"this {type(self).__name__} has no masked-LM head: build it with "
                              f"{type(self.config).__name__}(mlm_head=True)")
         return self.mlm(hidden)
 
@@ -159,7 +163,7 @@ class EncoderModel(Module):
         one summed over its uses)."""
         given = [a for a in (dhidden, dpooled, dmlm_logits) if a is not None]
         if not given:
-            raise ValueError("backward needs at least one of dhidden, dpooled, dmlm_logits")
+            raise RangeError("backward needs at least one of dhidden, dpooled, dmlm_logits")
         xp = get_array_module(*given)
         if dpooled is None:                                  # the pooler ran: pop its cache with zeros
             dpooled = xp.zeros((given[0].shape[0], self.config.hidden_size), dtype=given[0].dtype)

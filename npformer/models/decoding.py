@@ -10,6 +10,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from npformer.backend import get_array_module
+from npformer.checks import expect_float, expect_ndim, non_negative_int, positive_int, real
+from npformer.errors import RangeError
 from npformer.nn.module import no_grad
 from npformer.ops.softmax import log_softmax_forward, softmax_forward
 
@@ -46,6 +48,7 @@ def greedy_decode(model, src, *, bos_id: int, eos_id: int, max_len: int,
     With ``use_cache`` each step feeds only the newest token through the decoder (key/value cache);
     without, it reruns the decoder on the whole prefix (the reference the cache is tested against).
     """
+    max_len = positive_int(max_len, "max_len")
     xp = get_array_module(src)
     pad = model.config.pad_id
     with eval_mode(model):
@@ -74,8 +77,9 @@ def _length_penalty(n: int, alpha: float) -> float:
 def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size: int = 4,
                 length_penalty: float = 0.6) -> list[list[int]]:
     """The best hypothesis per source row by length-normalised log-probability."""
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    beam_size = positive_int(beam_size, "beam_size")
+    length_penalty = real(length_penalty, "length_penalty")
+    max_len = positive_int(max_len, "max_len")
     xp = get_array_module(src)
     results = []
     with eval_mode(model):
@@ -124,23 +128,28 @@ def sample_next(logits, rng, *, temperature: float = 1.0, top_k: int | None = No
                 top_p: float | None = None):
     """One token id per row of ``logits`` (B, V): softmax(logits / temperature), restricted to the
     ``top_k`` most likely tokens and/or the smallest set whose probability reaches ``top_p``
-    (nucleus sampling, Holtzman et al. 2020). ``temperature = 0`` is the arg-max."""
+    (nucleus sampling, Holtzman et al. 2020). ``temperature = 0`` is the arg-max. Logits may hold
+    -inf (a token that may not come) but no NaN or +inf, and every row needs a possible token."""
+    expect_float(logits, "logits")
+    expect_ndim(logits, "logits", 2, "(B, V)")
     xp = get_array_module(logits)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    temperature = real(temperature, "temperature", 0.0)
+    top_k = None if top_k is None else positive_int(top_k, "top_k")
+    top_p = None if top_p is None else real(top_p, "top_p", 0.0, 1.0, low_open=True)
+    if bool(xp.isnan(logits).any() | xp.isposinf(logits).any()):
+        raise RangeError("logits: NaN or +inf, no distribution to sample from (npformer.detect_anomaly() names "
+                         "the op that made them)")
+    if bool(xp.isneginf(logits).all(axis=-1).any()):
+        raise RangeError("logits: a row whose every token is -inf has no token to sample")
     if temperature == 0:
         return logits.argmax(axis=-1)                                             # (B,)
     z = logits.astype(xp.float64) / temperature                                   # (B, V)
     if top_k is not None:
-        if top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
         k = min(top_k, z.shape[-1])
         kth = xp.sort(z, axis=-1)[:, -k][:, None]                                 # (B, 1)
         z = xp.where(z < kth, -xp.inf, z)
     p, _ = softmax_forward(z)                                                     # (B, V)
     if top_p is not None:
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         sorted_p = -xp.sort(-p, axis=-1)                                          # (B, V) descending
         before = xp.cumsum(sorted_p, axis=-1) - sorted_p     # mass of the more likely tokens
         n_keep = (before < top_p).sum(axis=-1, keepdims=True)   # >= 1: the first is always kept
@@ -156,6 +165,7 @@ def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True):
     """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens with a decoder-only model (GPT).
     With ``use_cache`` the prompt is run once and each new token alone (key/value cache)."""
+    max_new_tokens = non_negative_int(max_new_tokens, "max_new_tokens")
     xp = get_array_module(idx)
     block = model.config.block_size
     with eval_mode(model):

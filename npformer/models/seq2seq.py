@@ -60,7 +60,7 @@ class Seq2Seq(Module):
         elif c.positional == "learned":
             self.pos = LearnedPositionalEncoding(c.d_model, c.max_len, rng=rng, **kw)
         else:
-            raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {c.positional!r}")
+            raise RangeError(f"positional: expected one of 'sinusoidal', 'learned', got {c.positional!r}")
         self.src_dropout, self.tgt_dropout = Dropout(c.dropout), Dropout(c.dropout)
         self.transformer = Transformer(c.d_model, c.nhead, c.num_encoder_layers, c.num_decoder_layers,
                                        c.dim_feedforward, c.dropout, c.activation,

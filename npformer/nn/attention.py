@@ -79,6 +79,9 @@ class MultiheadAttention(Module):
         past = {}
         if kv_cache is not None:
             causal_alignment = "bottom_right"
+            if kv_cache.k is not None and kv_cache.k.shape[0] != query.shape[0]:
+                raise ShapeError(f"kv_cache: holds {kv_cache.k.shape[0]} sequences but the query has "
+                                 f"{query.shape[0]}; start a new cache (model.new_cache()) for another batch")
             if kv_cache.k is not None:
                 past = dict(past_key=kv_cache.k, past_value=kv_cache.v)
                 if not self_attention:                   # cross-attention: the memory is projected already

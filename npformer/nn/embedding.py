@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 
 from npformer.backend import DEFAULT_DTYPE, get_array_module, get_backend
+from npformer.checks import integer, non_negative_int, positive_int
+from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.module import Module, Parameter
 from npformer.ops.embedding import embedding_backward, embedding_forward
@@ -29,9 +31,11 @@ class Embedding(Module):
                  std: float = 1.0, dtype=None, backend=None, rng=None):
         super().__init__()
         rng = init.host_generator(rng)   # one stream for all of this module's draws
+        num_embeddings = positive_int(num_embeddings, "num_embeddings")
+        embedding_dim = positive_int(embedding_dim, "embedding_dim")
         if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"padding_idx must be in [-{num_embeddings}, {num_embeddings}), "
+            if not -num_embeddings <= integer(padding_idx, "padding_idx") < num_embeddings:
+                raise RangeError(f"padding_idx must be in [-{num_embeddings}, {num_embeddings}), "
                                  f"got {padding_idx}")
             padding_idx %= num_embeddings
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
@@ -56,6 +60,7 @@ class Embedding(Module):
 
 def sinusoidal_table(max_len: int, d_model: int, *, dtype=None, backend=None):
     """The (max_len, d_model) table of the paper's sine/cosine encoding (odd d_model allowed)."""
+    max_len, d_model = non_negative_int(max_len, "max_len"), positive_int(d_model, "d_model")
     xp = get_backend(backend)
     pos = xp.arange(max_len, dtype=xp.float64)[:, None]                       # (L, 1)
     freq = xp.exp(-math.log(10000.0) * xp.arange(0, d_model, 2, dtype=xp.float64) / d_model)  # (ceil(d/2),)
@@ -71,7 +76,7 @@ class PositionalEncoding(Module):
 
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
-        self.d_model, self.max_len = d_model, max_len
+        self.d_model, self.max_len = positive_int(d_model, "d_model"), positive_int(max_len, "max_len")
         self._tables: dict = {}
 
     def table(self, xp, dtype):
@@ -83,10 +88,10 @@ class PositionalEncoding(Module):
     def forward(self, x, offset: int = 0):
         t = x.shape[-2]
         if offset + t > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + t - 1} exceed max_len={self.max_len} of "
+            raise RangeError(f"positions {offset}..{offset + t - 1} exceed max_len={self.max_len} of "
                              "the positional encoding")
         if x.shape[-1] != self.d_model:
-            raise ValueError(f"x: expected last axis d_model={self.d_model}, got shape {tuple(x.shape)}")
+            raise ShapeError(f"x: expected last axis d_model={self.d_model}, got shape {tuple(x.shape)}")
         xp = get_array_module(x)
         return x + self.table(xp, x.dtype)[offset: offset + t]                # (B, T, C)
 
@@ -103,14 +108,14 @@ class LearnedPositionalEncoding(Module):
     def __init__(self, d_model: int, max_len: int = 512, *, std: float = 0.02, dtype=None, backend=None,
                  rng=None):
         super().__init__()
-        self.d_model, self.max_len = d_model, max_len
+        self.d_model, self.max_len = positive_int(d_model, "d_model"), positive_int(max_len, "max_len")
         self.weight = Parameter(init.normal((max_len, d_model), std, rng=rng, dtype=dtype, backend=backend),
                                 decay=False)
 
     def forward(self, x, offset: int = 0):
         t = x.shape[-2]
         if offset + t > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + t - 1} exceed max_len={self.max_len} of "
+            raise RangeError(f"positions {offset}..{offset + t - 1} exceed max_len={self.max_len} of "
                              "the positional table")
         self._push((offset, t))
         return x + self.weight.data[offset: offset + t]                          # (B, T, C)

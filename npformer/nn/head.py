@@ -8,6 +8,7 @@ bias by default.
 """
 from __future__ import annotations
 
+from npformer.checks import positive_int
 from npformer.errors import ShapeError
 from npformer.nn import init
 from npformer.nn.linear import Linear
@@ -19,6 +20,7 @@ __all__ = ["OutputHead"]
 class OutputHead(Linear):
     def __init__(self, d_model: int, vocab_size: int, bias: bool = False, *, tied: Parameter | None = None,
                  dtype=None, backend=None, rng=None):
+        d_model, vocab_size = positive_int(d_model, "d_model"), positive_int(vocab_size, "vocab_size")
         if tied is not None and tied.shape != (vocab_size, d_model):
             raise ShapeError(f"tied weight: expected shape (V, C)=({vocab_size}, {d_model}), got {tied.shape}")
         weight = tied if tied is not None else Parameter(

@@ -34,7 +34,7 @@ from typing import Any, Iterator, Mapping
 
 from npformer.backend import backend_name, default_rng, get_array_module, get_backend, to_device
 from npformer.checks import describe
-from npformer.errors import StateDictError
+from npformer.errors import ShapeError, StateDictError
 
 __all__ = ["Parameter", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad", "is_grad_enabled"]
 
@@ -103,7 +103,7 @@ class Parameter:
     def accumulate(self, g: Any) -> None:
         """``grad += g`` (allocating on first use); ``g`` must have the parameter's shape."""
         if tuple(g.shape) != self.shape:
-            raise ValueError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {self.shape}")
+            raise ShapeError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {self.shape}")
         if self.grad is None:
             self.grad = g.astype(self.data.dtype, copy=True)
         else:

@@ -2,6 +2,8 @@
 (normalisation over the last axis only)."""
 from __future__ import annotations
 
+from npformer.checks import positive_int, real
+from npformer.errors import ShapeError
 from npformer.nn import init
 from npformer.nn.module import Module, Parameter
 from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
@@ -17,12 +19,11 @@ class LayerNorm(Module):
         super().__init__()
         if isinstance(normalized_shape, (tuple, list)):
             if len(normalized_shape) != 1:
-                raise ValueError("LayerNorm normalises over the last axis only: normalized_shape must "
+                raise ShapeError("LayerNorm normalises over the last axis only: normalized_shape must "
                                  f"be an int or a 1-tuple, got {normalized_shape!r}")
             normalized_shape = normalized_shape[0]
-        if eps <= 0:
-            raise ValueError(f"LayerNorm eps must be > 0, got {eps!r}")
-        self.normalized_shape, self.eps = int(normalized_shape), float(eps)
+        self.normalized_shape = positive_int(normalized_shape, "normalized_shape")
+        self.eps = real(eps, "eps", 0.0, low_open=True)           # > 0 keeps a constant row finite
         kw = dict(dtype=dtype, backend=backend)
         c = self.normalized_shape
         self.weight = Parameter(init.ones((c,), **kw), decay=False) if elementwise_affine else None

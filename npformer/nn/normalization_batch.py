@@ -12,6 +12,7 @@ so a torch state dict copies across unchanged, in this module or in any model th
 from __future__ import annotations
 
 from npformer.backend import get_array_module
+from npformer.checks import positive_int, probability, real
 from npformer.nn import init
 from npformer.nn.module import Module, Parameter
 from npformer.ops.batchnorm import RunningStats, batch_norm_backward, batch_norm_forward
@@ -25,14 +26,9 @@ class BatchNorm1d(Module):
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True, *, dtype=None, backend=None):
         super().__init__()
-        if isinstance(num_features, bool) or not isinstance(num_features, int) or num_features < 1:
-            raise ValueError(f"num_features must be a positive int, got {num_features!r}")
-        if not float(eps) > 0:
-            raise ValueError(f"BatchNorm1d eps must be > 0, got {eps!r}")
-        if momentum is not None and not 0.0 <= float(momentum) <= 1.0:
-            raise ValueError(f"BatchNorm1d momentum must be in [0, 1] or None (cumulative average), got {momentum!r}")
-        self.num_features, self.eps = num_features, float(eps)
-        self.momentum = None if momentum is None else float(momentum)
+        self.num_features = positive_int(num_features, "num_features")
+        self.eps = real(eps, "eps", 0.0, low_open=True)
+        self.momentum = None if momentum is None else probability(momentum, "momentum (None: cumulative average)")
         self.track_running_stats = bool(track_running_stats)
         kw = dict(dtype=dtype, backend=backend)
         c = num_features

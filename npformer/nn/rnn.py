@@ -15,9 +15,10 @@ from __future__ import annotations
 import math
 
 from npformer.backend import get_array_module
+from npformer.checks import describe, expect_shape, positive_int
+from npformer.errors import InputTypeError, RangeError
 from npformer.nn import init
 from npformer.nn.module import Module, Parameter
-from npformer.checks import describe, expect_shape
 from npformer.ops.rnn import lstm_backward, lstm_forward, rnn_backward, rnn_forward
 
 __all__ = ["RNN", "LSTM"]
@@ -29,16 +30,14 @@ class _Recurrent(Module):
     def __init__(self, input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                  dtype, backend, rng):
         super().__init__()
-        for name, v in (("input_size", input_size), ("hidden_size", hidden_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        input_size, hidden_size = positive_int(input_size, "input_size"), positive_int(hidden_size, "hidden_size")
         unsupported = [(num_layers != 1, f"num_layers=1 (stack modules for more), got {num_layers!r}"),
                        (not batch_first, "batch_first=True: inputs are (B, T, input_size)"),
                        (dropout != 0, f"dropout=0 (it acts only between stacked layers), got {dropout!r}"),
                        (bidirectional, "bidirectional=False")]
         for bad, what in unsupported:
             if bad:
-                raise ValueError(f"{type(self).__name__} supports only {what}")
+                raise RangeError(f"{type(self).__name__} supports only {what}")
         rng = init.host_generator(rng)
         self.input_size, self.hidden_size = input_size, hidden_size
         g, bound = self._gates * hidden_size, 1.0 / math.sqrt(hidden_size)
@@ -97,7 +96,7 @@ class RNN(_Recurrent):
                  bias: bool = True, batch_first: bool = True, dropout: float = 0.0,
                  bidirectional: bool = False, *, dtype=None, backend=None, rng=None):
         if nonlinearity != "tanh":
-            raise ValueError(f"RNN supports only nonlinearity='tanh', got {nonlinearity!r}")
+            raise RangeError(f"RNN supports only nonlinearity='tanh', got {nonlinearity!r}")
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          dtype, backend, rng)
 
@@ -129,7 +128,7 @@ class LSTM(_Recurrent):
     def forward(self, input, hx=None):
         """Returns ``(output (B, T, H), (h_n, c_n))``; ``hx = (h_0, c_0)``, each (1, B, H), or None."""
         if hx is not None and not (isinstance(hx, tuple) and len(hx) == 2):
-            raise TypeError(f"hx: expected a tuple (h_0, c_0) or None, got {describe(hx)}")
+            raise InputTypeError(f"hx: expected a tuple (h_0, c_0) or None, got {describe(hx)}")
         h0, c0 = (None, None) if hx is None else hx
         out, c_n, cache = lstm_forward(input, self._state(h0, "h_0", input), self._state(c0, "c_0", input),
                                        *self._weights())

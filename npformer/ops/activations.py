@@ -18,7 +18,7 @@ import math
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, erf, get_array_module
-from npformer.checks import expect_float, one_of
+from npformer.checks import expect_float, expect_grad, one_of
 from npformer.dispatch import dispatched
 
 __all__ = ["APPROXIMATIONS", "ReluCache", "GeluCache", "relu_forward", "relu_backward", "gelu_forward",
@@ -34,6 +34,7 @@ TANH_CLIP = 100.0                      # |x| beyond which tanh(u) is exactly +-1
 
 class ReluCache(NamedTuple):
     positive: Any    # bool, x > 0
+    dtype: Any       # x's dtype
 
 
 class GeluCache(NamedTuple):
@@ -41,13 +42,16 @@ class GeluCache(NamedTuple):
     approximate: str
 
 
+@dispatched
 def relu_forward(x):
     expect_float(x, "x")
     xp = get_array_module(x)
-    return xp.maximum(x, 0), ReluCache(x > 0)
+    return xp.maximum(x, 0), ReluCache(x > 0, x.dtype)
 
 
+@dispatched
 def relu_backward(dy, cache: ReluCache):
+    expect_grad(dy, "dy", cache.positive.shape, cache.dtype)
     # fwd: y = max(x, 0)  ->  dx = dy * [x > 0]
     return dy * cache.positive
 
@@ -75,6 +79,7 @@ def gelu_forward(x, approximate: str = "none"):
 @dispatched
 def gelu_backward(dy, cache: GeluCache):
     x, approximate = cache
+    expect_grad(dy, "dy", x.shape, x.dtype)
     xp = get_array_module(dy, x)
     xa = x.astype(accumulation_dtype(x.dtype), copy=False)
     if approximate == "none":

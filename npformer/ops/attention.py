@@ -1,6 +1,6 @@
 """Scaled dot-product attention (Vaswani et al. 2017, sec. 3.2.1, eq. 1) with masks and dropout.
 
-    S = q k^T * scale + bias        q: (B, H, Tq, hs), k: (B, H, Tk, hs), scale = 1/sqrt(hs) by default
+    S = (q * scale) k^T + bias      q: (B, H, Tq, hs), k: (B, H, Tk, hs), scale = 1/sqrt(hs) by default
     P = softmax(S)                  bias: 0 / -inf from bool masks, plus float masks (ops.masks)
     P_drop = dropout(P)             inverted dropout on the probabilities, in training only
     out = P_drop v                  v: (B, H, Tk, hv), out: (B, H, Tq, hv)
@@ -11,6 +11,9 @@
 Masks follow ``torch.nn.MultiheadAttention`` (bool True = *may not attend*, float = added).
 ``torch.nn.functional.scaled_dot_product_attention`` uses the opposite bool convention (True = may
 attend); npformer follows ``nn.MultiheadAttention`` everywhere.
+
+q is scaled before the product, as PyTorch's SDPA does: in float16, |q| = |k| = 100 with hs = 8 make
+q k^T = 80,000, beyond float16's 65,504, while the scaled score, 28,284, fits.
 
 Fully masked query rows (every key blocked): the row of S is all -inf, the guarded softmax gives it
 zero probabilities, so its output is zero and it passes zero gradient to q, k and v, with no NaN.
@@ -27,7 +30,7 @@ import math
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, probability, real
+from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, probability, real
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward
@@ -84,14 +87,14 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     bias = attention_bias(q.shape[:3] + k.shape[2:3], q.dtype, attn_mask=attn_mask,
                           key_padding_mask=key_padding_mask, is_causal=is_causal,
                           causal_alignment=causal_alignment, xp=xp)   # broadcasts to (B, H, Tq, Tk)
-    s = (q @ k.swapaxes(-1, -2)) * scale                 # (B, H, Tq, Tk)
+    s = (q * scale) @ k.swapaxes(-1, -2)                 # (B, H, Tq, Tk); scaled first: q k^T may overflow float16
     if bias is not None:
         s = s + bias                                     # (B, H, Tq, Tk), -inf where blocked
     p, _ = softmax_forward(s)                            # (B, H, Tq, Tk); an all -inf row -> 0
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
     else:
-        p_drop, drop = p, DropoutCache(None)
+        p_drop, drop = p, DropoutCache(None, p.shape, p.dtype)
     out = p_drop @ v                                     # (B, H, Tq, hv)
     weights = None
     if need_weights:                                     # never the cached P itself: callers may write to it
@@ -103,6 +106,7 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
 def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv)."""
     q, k, v, p, drop, scale = cache
+    expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask           # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)

@@ -33,7 +33,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import (describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape,
+                             probability, real)
+from npformer.errors import InputTypeError, RangeError, ShapeError
+from npformer.dispatch import dispatched
 
 __all__ = ["RunningStats", "BatchNormCache", "batch_norm_forward", "batch_norm_backward"]
 
@@ -63,23 +66,22 @@ def _check(x, weight, bias, running, training, momentum, eps, padding_mask):
             expect_shape(p, name, (c,), "(C,) matching the last axis of x")
     if running is not None:
         if not (isinstance(running, tuple) and len(running) == 2):
-            raise TypeError(f"running: expected RunningStats(mean, var) or None, got {describe(running)}")
+            raise InputTypeError(f"running: expected RunningStats(mean, var) or None, got {describe(running)}")
         expect_shape(running[0], "running mean", (c,), "(C,)")
         expect_shape(running[1], "running var", (c,), "(C,)")
     r_mean, r_var = (None, None) if running is None else running
     expect_same_dtype(x=x, weight=weight, bias=bias, running_mean=r_mean, running_var=r_var)
-    if not float(eps) > 0:
-        raise ValueError(f"eps must be > 0 (it keeps constant features finite), got {eps!r}")
-    if not 0.0 <= float(momentum) <= 1.0:
-        raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
+    real(eps, "eps", 0.0, low_open=True)                 # > 0 keeps constant features finite
+    probability(momentum, "momentum")
     if not training and running is None:
-        raise ValueError("eval mode normalises with the running statistics: pass running=RunningStats(mean, var)")
+        raise RangeError("eval mode normalises with the running statistics: pass running=RunningStats(mean, var)")
     if padding_mask is not None:
         expect_shape(padding_mask, "padding_mask", x.shape[:-1], "(B, T) or (N,), True = padding")
         if padding_mask.dtype.kind != "b":
-            raise TypeError(f"padding_mask: expected a bool array (True = padding), got {describe(padding_mask)}")
+            raise InputTypeError(f"padding_mask: expected a bool array (True = padding), got {describe(padding_mask)}")
 
 
+@dispatched
 def batch_norm_forward(x, weight=None, bias=None, running: RunningStats | None = None, *,
                        training: bool = True, momentum: float = 0.1, eps: float = 1e-5,
                        padding_mask=None):
@@ -99,7 +101,7 @@ def batch_norm_forward(x, weight=None, bias=None, running: RunningStats | None =
         m = None if padding_mask is None else (~padding_mask).reshape(-1, 1).astype(acc)   # (N, 1)
         n = rows.shape[0] if m is None else int(m.sum())
         if n < 2:
-            raise ValueError(f"batch norm in training needs more than 1 (non-padding) value per feature, "
+            raise ShapeError(f"batch norm in training needs more than 1 (non-padding) value per feature, "
                              f"got {n} in x of shape {tuple(x.shape)} (the variance would be 0 and y = "
                              "bias whatever x is); use eval mode with running statistics, or layer norm")
         if m is None:
@@ -131,9 +133,11 @@ def batch_norm_forward(x, weight=None, bias=None, running: RunningStats | None =
     return y.reshape(x.shape).astype(x.dtype, copy=False), new_running, cache
 
 
+@dispatched
 def batch_norm_backward(dy, cache: BatchNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     xhat, rstd, scale, weight, has_bias, shape, dtype = cache
+    expect_grad(dy, "dy", shape, dtype)
     c = shape[-1]
     dya = dy.reshape(-1, c).astype(xhat.dtype, copy=False)              # (N, C)
     # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy,  dxhat = dy * w

@@ -19,7 +19,10 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import describe, expect_array, expect_float, expect_int
+from npformer.checks import (describe, expect_float, expect_grad, expect_int, expect_rows, integer, one_of,
+                             probability)
+from npformer.dispatch import dispatched
+from npformer.errors import RangeError, ShapeError
 from npformer.ops.softmax import log_softmax_forward
 
 __all__ = ["CrossEntropyCache", "cross_entropy_forward", "cross_entropy_backward"]
@@ -39,32 +42,30 @@ class CrossEntropyCache(NamedTuple):
     dtype: Any
 
 
+@dispatched
 def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
                           label_smoothing: float = 0.0):
     """Returns ``(loss, cache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none."""
     expect_float(logits, "logits")
+    expect_rows(logits, "logits", "(..., V)")
     expect_int(targets, "targets")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= float(label_smoothing) <= 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing!r}")
-    if logits.ndim < 1 or tuple(targets.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"targets: expected shape {tuple(logits.shape[:-1])} (the logits' shape "
+    one_of(reduction, "reduction", REDUCTIONS)
+    s = probability(label_smoothing, "label_smoothing")
+    ignore_index = integer(ignore_index, "ignore_index")
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ShapeError(f"targets: expected shape {tuple(logits.shape[:-1])} (the logits' shape "
                          f"without the class axis), got {describe(targets)}")
     v = logits.shape[-1]
-    if v < 1:
-        raise ValueError(f"logits: expected at least one class on the last axis, got {describe(logits)}")
     xp = get_array_module(logits, targets)
     t = targets.astype(xp.int64, copy=False)             # (...) unsigned ids compare safely with -100
-    valid = t != int(ignore_index)                       # (...)
+    valid = t != ignore_index                            # (...)
     bad = valid & ((t < 0) | (t >= v))                   # (...)
     if bool(bad.any()):
-        raise ValueError(f"targets: class ids must be in [0, {v}) or ignore_index={ignore_index}, "
+        raise RangeError(f"targets: class ids must be in [0, {v}) or ignore_index={ignore_index}, "
                          f"got {int(t[bad].reshape(-1)[0])} (V={v})")
     safe_t = xp.where(valid, t, 0)                       # (...)
     logp, _ = log_softmax_forward(logits.astype(accumulation_dtype(logits.dtype), copy=False))  # (..., V)
     picked = xp.take_along_axis(logp, safe_t[..., None], axis=-1)[..., 0]     # (...)
-    s = float(label_smoothing)
     if s == 0:
         nll = -picked                                    # (...)
     else:                                                # -sum_j q_j log p_j, q = (1-s) onehot + s/V
@@ -79,14 +80,12 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 
 
+@dispatched
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     """Returns ``dlogits`` (..., V)."""
     logp, t, valid, count, s, reduction, dtype = cache
-    expect_array(dloss, "dloss")
-    want = tuple(t.shape) if reduction == "none" else ()
-    if tuple(dloss.shape) != want:
-        raise ValueError(f"dloss: expected shape {want} (the loss of reduction={reduction!r}), "
-                         f"got {describe(dloss)}")
+    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
+                f"the loss of reduction={reduction!r}")
     xp = get_array_module(dloss, logp)
     v = logp.shape[-1]
     # fwd: loss_i = -sum_j q_ij log p_ij,  log p = z - lse(z)  ->  dz_i = (p_i - q_i) * dloss_i / N

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import expect_float, probability
+from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
@@ -23,9 +23,12 @@ __all__ = ["DropoutCache", "dropout_active", "dropout_forward", "dropout_backwar
 
 
 class DropoutCache(NamedTuple):
-    """The scaled keep-mask m / (1 - p) in the input's dtype, or None when dropout was the identity."""
+    """The scaled keep-mask m / (1 - p) in the input's dtype, or None when dropout was the identity;
+    the input's shape and dtype (what the backward's ``dout`` must have)."""
 
     scaled_mask: Any    # (same shape as x) or None
+    x_shape: tuple
+    x_dtype: Any
 
 
 def dropout_active(x, p, rng, training) -> bool:
@@ -45,7 +48,7 @@ def dropout_active(x, p, rng, training) -> bool:
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``rng`` is required when ``training`` and ``p > 0``."""
     if not dropout_active(x, p, rng, training):
-        return x.copy(), DropoutCache(None)
+        return x.copy(), DropoutCache(None, x.shape, x.dtype)
     xp = get_array_module(x)
     if p == 1.0:
         scaled = xp.zeros_like(x)                        # (same as x)
@@ -53,11 +56,13 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
         u = rng.random(x.shape, dtype=xp.float32)        # (same as x) uniform [0, 1)
         get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
         scaled = (u >= p).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))   # (same as x) m / (1 - p)
-    return x * scaled, DropoutCache(scaled)
+    return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
 
 
+@dispatched
 def dropout_backward(dout, cache: DropoutCache):
     """``dx = dout * m / (1 - p)`` (a copy of dout when dropout was the identity)."""
+    expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
     # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
     if cache.scaled_mask is None:
         return dout.copy()

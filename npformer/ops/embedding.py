@@ -14,7 +14,9 @@ from numbers import Integral
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module, scatter_add
-from npformer.checks import describe, expect_float, expect_int, expect_ndim
+from npformer.checks import describe, expect_float, expect_grad, expect_int, expect_ndim
+from npformer.dispatch import dispatched
+from npformer.errors import InputTypeError, RangeError
 
 __all__ = ["EmbeddingCache", "embedding_forward", "embedding_backward"]
 
@@ -25,8 +27,11 @@ class EmbeddingCache(NamedTuple):
     ids: Any                 # (...) the integer ids
     num_embeddings: int      # V
     padding_idx: int | None  # normalised to [0, V)
+    embedding_dim: int       # C
+    dtype: Any               # the table's dtype (the output's)
 
 
+@dispatched
 def embedding_forward(ids, weight, padding_idx: int | None = None):
     """Returns ``(out, cache)`` with ``out`` of shape ``ids.shape + (C,)``."""
     expect_int(ids, "ids")
@@ -37,25 +42,23 @@ def embedding_forward(ids, weight, padding_idx: int | None = None):
     if ids.size:
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= v:
-            raise ValueError(f"ids: token ids must be in [0, {v}) for a table of {v} rows, got "
+            raise RangeError(f"ids: token ids must be in [0, {v}) for a table of {v} rows, got "
                              f"values from {lo} to {hi}")
     if padding_idx is not None:
         if isinstance(padding_idx, bool) or not isinstance(padding_idx, Integral):
-            raise TypeError(f"padding_idx must be an int or None, got {describe(padding_idx)}")
+            raise InputTypeError(f"padding_idx must be an int or None, got {describe(padding_idx)}")
         if not -v <= padding_idx < v:
-            raise ValueError(f"padding_idx must be in [-{v}, {v}), got {padding_idx}")
+            raise RangeError(f"padding_idx must be in [-{v}, {v}), got {padding_idx}")
         padding_idx = int(padding_idx) % v               # torch's rule: -1 is the last row
     out = xp.take(weight, ids, axis=0)                   # ids.shape + (C,)
-    return out, EmbeddingCache(ids, v, padding_idx)
+    return out, EmbeddingCache(ids, v, padding_idx, weight.shape[1], weight.dtype)
 
 
+@dispatched
 def embedding_backward(dout, cache: EmbeddingCache):
     """Returns ``dweight`` (V, C)."""
-    ids, v, padding_idx = cache
-    expect_float(dout, "dout")
-    if dout.ndim != ids.ndim + 1 or tuple(dout.shape[:-1]) != tuple(ids.shape):
-        raise ValueError(f"dout: expected shape {tuple(ids.shape)} + (C,) (the output's shape), "
-                         f"got {describe(dout)}")
+    ids, v, padding_idx, dim, dtype = cache
+    expect_grad(dout, "dout", tuple(ids.shape) + (dim,), dtype)
     xp = get_array_module(dout, ids)
     c = dout.shape[-1]
     dweight = xp.zeros((v, c), dtype=accumulation_dtype(dout.dtype))   # (V, C)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.checks import one_of
+from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward, relu_forward
 from npformer.ops.dropout import dropout_backward, dropout_forward
@@ -32,6 +33,7 @@ class FeedForwardCache(NamedTuple):
     lin2: Any          # LinearCache of out = a' W2^T + b2
 
 
+@dispatched
 def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0,
                          rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``b1``/``b2`` may be None (bias=False)."""
@@ -46,6 +48,7 @@ def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout
     return out, FeedForwardCache(lin1, act, act_bwd, drop, lin2)
 
 
+@dispatched
 def feed_forward_backward(dout, cache: FeedForwardCache):
     """Returns ``(dx, dw1, db1, dw2, db2)``; the bias gradients are None where the forward had none."""
     da, dw2, db2 = linear_backward(dout, cache.lin2)     # fwd: out = a' W2^T + b2

@@ -38,7 +38,9 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.ops.attention import check_attention_inputs   # the plain op's input rules and messages
-from npformer.checks import one_of, positive_int
+from npformer.checks import expect_grad, one_of, positive_int
+from npformer.dispatch import dispatched
+from npformer.errors import RangeError
 from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
@@ -119,13 +121,14 @@ def _keep(seed, p, shape, i0, i1, j0, j1, dtype, xp):
 
 def _draw_seed(rng, like, xp):
     if rng is None:
-        raise ValueError("dropout with p > 0 in training mode needs rng, a backend Generator "
+        raise RangeError("dropout with p > 0 in training mode needs rng, a backend Generator "
                          "(npformer.backend.default_rng(seed, backend))")
     halves = (rng.random((2,), dtype=xp.float64) * 2.0 ** 32).astype(xp.uint64)   # (2,)
     get_array_module(halves, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
     return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
 
 
+@dispatched
 def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal: bool = False,
                             causal_alignment: str = "top_left", dropout_p: float = 0.0, rng=None,
                             training: bool = True, scale: float | None = None, need_weights: bool = False,
@@ -137,7 +140,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     """
     scale = check_attention_inputs(q, k, v, scale, dropout_p)
     if need_weights:
-        raise ValueError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
+        raise RangeError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
                          "pass need_weights=False, or use the plain op (attention='plain') to get them")
     block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")   # tile sizes
     xp = get_array_module(q, k, v)
@@ -178,9 +181,11 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
 
 
+@dispatched
 def flash_attention_backward(dout, cache: FlashAttentionCache):
     """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv), recomputing every tile of P."""
     q, k, v, out, lse, masks, p, seed, scale, block_q, block_k = cache
+    expect_grad(dout, "dout", out.shape, out.dtype)
     xp = get_array_module(dout, q)
     acc_dt = lse.dtype
     b, h, tq, _ = q.shape

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import expect_float, expect_rows, expect_same_dtype, expect_shape, real
+from npformer.checks import expect_float, expect_grad, expect_rows, expect_same_dtype, expect_shape, real
 from npformer.dispatch import dispatched
 
 __all__ = ["LayerNormCache", "check_layer_norm_inputs", "layer_norm_forward", "layer_norm_backward"]
@@ -64,6 +64,7 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
 def layer_norm_backward(dy, cache: LayerNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     xhat, rstd, weight, has_bias, dtype = cache
+    expect_grad(dy, "dy", xhat.shape, dtype)
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
     # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy  (over every row),  dxhat = dy * w

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 
@@ -31,6 +31,7 @@ class LinearCache(NamedTuple):
     has_bias: bool
 
 
+@dispatched
 def linear_forward(x, weight, bias=None):
     """``out = x @ W^T + b``; returns ``(out, cache)``."""
     expect_float(x, "x")
@@ -55,6 +56,7 @@ def linear_backward(dout, cache: LinearCache):
     """Returns ``(dx, dweight, dbias)``; ``dbias`` is None when the forward had no bias."""
     x, weight, has_bias = cache
     c_out, c_in = weight.shape
+    expect_grad(dout, "dout", x.shape[:-1] + (c_out,), x.dtype)
     dout2 = dout.reshape(-1, c_out)                      # (N, C_out)
     x2 = x.reshape(-1, c_in)                             # (N, C_in)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
 from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape, positive_int
+from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
 from npformer.ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from npformer.ops.flash_attention import (FlashAttentionCache, check_implementation, flash_attention_backward,
@@ -145,6 +146,7 @@ def _attention_backward(dout, cache: MultiHeadCache):
     return dqh, dkh[:, :, p:], dvh[:, :, p:], dw_out, db_out
 
 
+@dispatched
 def self_attention_forward(x, num_heads: int, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, *,
                            past_key=None, past_value=None, attn_mask=None, key_padding_mask=None,
                            is_causal: bool = False, causal_alignment: str = "top_left", dropout_p: float = 0.0,
@@ -161,6 +163,7 @@ def self_attention_forward(x, num_heads: int, in_proj_weight, in_proj_bias, out_
                    need_weights, average_attn_weights, options)
 
 
+@dispatched
 def self_attention_backward(dout, cache: MultiHeadCache):
     """Returns ``(dx, din_proj_weight, din_proj_bias, dout_proj_weight, dout_proj_bias)``; the bias
     gradients are None when the forward had no bias."""
@@ -170,6 +173,7 @@ def self_attention_backward(dout, cache: MultiHeadCache):
     return dx, dw_in, db_in, dw_out, db_out
 
 
+@dispatched
 def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weight, in_proj_bias,
                                  out_proj_weight, out_proj_bias, *, past_key=None, past_value=None,
                                  attn_mask=None, key_padding_mask=None, is_causal: bool = False,
@@ -193,6 +197,7 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
                    out_proj_bias, attention, need_weights, average_attn_weights, options)
 
 
+@dispatched
 def multi_head_attention_backward(dout, cache: MultiHeadCache):
     """Returns ``(dquery, dkey, dvalue, din_proj_weight, din_proj_bias, dout_proj_weight, dout_proj_bias)``;
     ``dkey``/``dvalue`` are None when the forward took no key/value (the past alone), the bias

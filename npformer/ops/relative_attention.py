@@ -27,12 +27,13 @@ Backward (dS = softmax backward of dP, as in ``ops.attention``):
 """
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
+from npformer.dispatch import dispatched
+from npformer.errors import ShapeError
+from npformer.ops.attention import check_attention_inputs
 from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward
 from npformer.ops.masks import attention_bias
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
@@ -42,11 +43,13 @@ __all__ = ["RelShiftCache", "rel_shift_forward", "rel_shift_backward", "Relative
 
 
 class RelShiftCache(NamedTuple):
-    """Only the input's shape: the shift is a fixed rearrangement."""
+    """Only the input's shape and dtype: the shift is a fixed rearrangement."""
 
-    shape: tuple            # (..., Tq, Tk)
+    x_shape: tuple          # (..., Tq, Tk)
+    x_dtype: Any
 
 
+@dispatched
 def rel_shift_forward(x):
     """out[..., i, j] = x[..., i, j + Tq - 1 - i] for j <= i + Tk - Tq (the rest: other rows' entries).
 
@@ -55,18 +58,20 @@ def rel_shift_forward(x):
     """
     expect_float(x, "x")
     if x.ndim < 2 or x.shape[-1] < x.shape[-2]:
-        raise ValueError(f"x: expected (..., Tq, Tk) with Tk >= Tq (keys = memory + segment), got {describe(x)}")
+        raise ShapeError(f"x: expected (..., Tq, Tk) with Tk >= Tq (keys = memory + segment), got {describe(x)}")
     xp = get_array_module(x)
     *lead, tq, tk = x.shape
     padded = xp.concatenate([xp.zeros((*lead, tq, 1), dtype=x.dtype), x], axis=-1)   # (..., Tq, Tk+1)
     flat = padded.reshape(*lead, tq * (tk + 1))                                     # (..., Tq*(Tk+1))
-    return flat[..., tq:].reshape(*lead, tq, tk), RelShiftCache(tuple(x.shape))    # (..., Tq, Tk)
+    return flat[..., tq:].reshape(*lead, tq, tk), RelShiftCache(tuple(x.shape), x.dtype)   # (..., Tq, Tk)
 
 
+@dispatched
 def rel_shift_backward(dout, cache: RelShiftCache):
     """The same rearrangement run backwards: every output entry is one input entry (or the zero pad)."""
+    expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
     xp = get_array_module(dout)
-    *lead, tq, tk = cache.shape
+    *lead, tq, tk = cache.x_shape
     # fwd: out = flat[Tq:] of [0 | x]  ->  dflat = [0 (dropped head) | dout],  dx = dpadded[:, 1:]
     dflat = xp.zeros((*lead, tq * (tk + 1)), dtype=dout.dtype)                      # (..., Tq*(Tk+1))
     dflat[..., tq:] = dout.reshape(*lead, tq * tk)
@@ -90,67 +95,59 @@ class RelativeAttentionCache(NamedTuple):
     scale: float
 
 
-def _check(q, k, v, r, r_weight, bias_u, bias_v, scale, dropout_p):
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        expect_float(a, name)
-        expect_ndim(a, name, 4, "(B, H, T, head_size)")
+def _check(q, k, v, r, r_weight, bias_u, bias_v, scale, dropout_p) -> float:
+    """The attention op's checks (returning the scale), then the relative terms' and the memory's."""
+    scale = check_attention_inputs(q, k, v, scale, dropout_p)
     b, h, tq, hs = q.shape
-    if k.shape[:2] != (b, h) or k.shape[3] != hs:
-        raise ValueError(f"k: expected shape (B, H, Tk, hs)=({b}, {h}, *, {hs}) to match q "
-                         f"{tuple(q.shape)}, got {describe(k)}")
     tk = k.shape[2]
-    if v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"v: expected shape (B, H, Tk, hv)=({b}, {h}, {tk}, *) to match k, got {describe(v)}")
-    if hs == 0 or tq == 0 or tk < tq:
-        raise ValueError(f"relative attention needs hs >= 1, Tq >= 1 and Tk = M + Tq >= Tq (memory first), "
+    if tq == 0 or tk < tq:
+        raise ShapeError(f"relative attention needs Tq >= 1 and Tk = M + Tq >= Tq (memory first), "
                          f"got q {tuple(q.shape)} and k {tuple(k.shape)}")
     expect_float(r, "r")
     expect_ndim(r, "r", 2, "(Tk, C): encodings of distances Tk-1 .. 0")
     if r.shape[0] != tk:
-        raise ValueError(f"r: expected one row per key, shape (Tk, C)=({tk}, *), got {describe(r)}")
+        raise ShapeError(f"r: expected one row per key, shape (Tk, C)=({tk}, *), got {describe(r)}")
     expect_shape(r_weight, "r_weight", (h * hs, r.shape[1]), "(H*hs, C)")
     expect_shape(bias_u, "bias_u", (h, hs), "(H, hs)")
     expect_shape(bias_v, "bias_v", (h, hs), "(H, hs)")
-    expect_same_dtype(q=q, k=k, v=v, r=r, r_weight=r_weight, bias_u=bias_u, bias_v=bias_v)
-    get_array_module(q, k, v, r, r_weight, bias_u, bias_v)
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, Real)
-                              or not math.isfinite(scale)):
-        raise TypeError(f"scale: expected a finite real number or None (1/sqrt(hs)), got {describe(scale)}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, Real) or not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1], got {describe(dropout_p)}")
+    expect_same_dtype(q=q, r=r, r_weight=r_weight, bias_u=bias_u, bias_v=bias_v)
+    get_array_module(q, r, r_weight, bias_u, bias_v)
+    return scale
 
 
+@dispatched
 def relative_attention_forward(q, k, v, r, r_weight, bias_u, bias_v, *, attn_mask=None,
                                key_padding_mask=None, dropout_p: float = 0.0, rng=None,
                                training: bool = True, scale: float | None = None):
     """Returns ``(out, cache)``: out (B, H, Tq, hv). Masks (Tq, Tk)/(B, H, Tq, Tk) and (B, Tk) as
     :func:`npformer.ops.masks.attention_bias`, on top of the causal mask over memory + segment."""
-    _check(q, k, v, r, r_weight, bias_u, bias_v, scale, dropout_p)
+    scale = _check(q, k, v, r, r_weight, bias_u, bias_v, scale, dropout_p)
     xp = get_array_module(q, k, v)
     b, h, tq, hs = q.shape
     tk = k.shape[2]
-    scale = 1.0 / math.sqrt(hs) if scale is None else float(scale)
     bias = attention_bias((b, h, tq, tk), q.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                           is_causal=True, causal_alignment="bottom_right", xp=xp)   # (.., .., Tq, Tk)
     rk = (r @ r_weight.T).reshape(tk, h, hs).transpose(1, 0, 2)                     # (H, Tk, hs)
-    ac = (q + bias_u[:, None, :]) @ k.swapaxes(-1, -2)                              # (B, H, Tq, Tk)
-    bd_raw = (q + bias_v[:, None, :]) @ rk.swapaxes(-1, -2)                         # (B, H, Tq, Tk)
+    # the queries are scaled before the products (a float16 q k^T may overflow where the scaled one fits)
+    ac = ((q + bias_u[:, None, :]) * scale) @ k.swapaxes(-1, -2)                    # (B, H, Tq, Tk) AC * scale
+    bd_raw = ((q + bias_v[:, None, :]) * scale) @ rk.swapaxes(-1, -2)               # (B, H, Tq, Tk) BD_raw * scale
     bd, shift = rel_shift_forward(bd_raw)                                           # (B, H, Tq, Tk)
     s = ac + bd                                                                     # (B, H, Tq, Tk)
-    s *= scale                                                                      # s is fresh
     s += bias                                                                       # -inf where blocked
     p, _ = softmax_forward(s)                                                       # (B, H, Tq, Tk)
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)        # (B, H, Tq, Tk)
     else:
-        p_drop, drop = p, DropoutCache(None)
+        p_drop, drop = p, DropoutCache(None, p.shape, p.dtype)
     out = p_drop @ v                                                                # (B, H, Tq, hv)
     return out, RelativeAttentionCache(q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale)
 
 
+@dispatched
 def relative_attention_backward(dout, cache: RelativeAttentionCache):
     """Returns ``(dq, dk, dv, dr, dr_weight, dbias_u, dbias_v)`` for ``dout`` (B, H, Tq, hv)."""
     q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale = cache
+    expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     h, tk, hs = rk.shape
     p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask                 # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ values  ->  dP_drop = dout @ values^T,  dvalues = P_drop^T @ dout

@@ -29,7 +29,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
+from npformer.dispatch import dispatched
+from npformer.errors import RangeError, ShapeError
 from npformer.ops.linear import matmul_last
 
 __all__ = ["RNNCache", "LSTMCache", "rnn_forward", "rnn_backward", "lstm_forward", "lstm_backward"]
@@ -64,13 +66,13 @@ def _check(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, gates: int):
     expect_ndim(weight_ih, "weight_ih", 2, f"({gates}*hidden_size, input_size)")
     b, t, i = x.shape
     if t < 1 or b < 1:
-        raise ValueError(f"x: expected at least one sequence of at least one step (B, T >= 1), got {describe(x)}")
+        raise ShapeError(f"x: expected at least one sequence of at least one step (B, T >= 1), got {describe(x)}")
     if weight_ih.shape[0] % gates or weight_ih.shape[1] != i:
-        raise ValueError(f"weight_ih: expected shape ({gates}*hidden_size, input_size={i}), got {describe(weight_ih)}")
+        raise ShapeError(f"weight_ih: expected shape ({gates}*hidden_size, input_size={i}), got {describe(weight_ih)}")
     h = weight_ih.shape[0] // gates
     expect_shape(weight_hh, "weight_hh", (gates * h, h), f"({gates}*hidden_size, hidden_size)")
     if (bias_ih is None) != (bias_hh is None):
-        raise ValueError("bias_ih and bias_hh: give both or neither (bias=False)")
+        raise RangeError("bias_ih and bias_hh: give both or neither (bias=False)")
     for name, a, shape, layout in (("bias_ih", bias_ih, (gates * h,), f"({gates}*hidden_size,)"),
                                    ("bias_hh", bias_hh, (gates * h,), f"({gates}*hidden_size,)"),
                                    ("h0", h0, (b, h), "(B, hidden_size)"), ("c0", c0, (b, h), "(B, hidden_size)")):
@@ -100,6 +102,7 @@ def _param_grads(dpre, x, h0, h, has_bias, xp):
     return dweight_ih, dweight_hh, dbias, (None if dbias is None else dbias.copy())
 
 
+@dispatched
 def rnn_forward(x, h0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     """Elman RNN with tanh; returns ``(out, cache)``, out = h_1..h_T (B, T, H). h0 None: zeros."""
     xp, b, t, hid, h0, _ = _check(x, h0, None, weight_ih, weight_hh, bias_ih, bias_hh, 1)
@@ -113,14 +116,15 @@ def rnn_forward(x, h0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     return h, RNNCache(x, h0, weight_ih, weight_hh, h, bias_ih is not None)
 
 
+@dispatched
 def rnn_backward(dout, cache: RNNCache):
     """Returns ``(dx, dh0, dweight_ih, dweight_hh, dbias_ih, dbias_hh)`` (biases None when absent).
 
     ``dout`` (B, T, H) is the gradient of every output step; the gradient of h_T returned as h_n
     by a module is added into ``dout[:, -1]``."""
     x, h0, weight_ih, weight_hh, h, has_bias = cache
+    expect_grad(dout, "dout", h.shape, h.dtype, "the outputs h_1..h_T (B, T, hidden_size)")
     xp = get_array_module(dout, h)
-    expect_shape(dout, "dout", h.shape, "(B, T, hidden_size)")
     da = xp.empty_like(h)                                # (B, T, H)
     dh_next = xp.zeros_like(h0)                          # (B, H) from step t+1
     for s in range(h.shape[1] - 1, -1, -1):
@@ -139,6 +143,7 @@ def _sigmoid(z, xp):
     return 0.5 * (1 + xp.tanh(0.5 * z))                  # = 1 / (1 + exp(-z)), overflow-free
 
 
+@dispatched
 def lstm_forward(x, h0, c0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     """LSTM; returns ``(out, c_n, cache)``: out = h_1..h_T (B, T, H), c_n = c_T (B, H)."""
     xp, b, t, hid, h0, c0 = _check(x, h0, c0, weight_ih, weight_hh, bias_ih, bias_hh, 4)
@@ -162,19 +167,20 @@ def lstm_forward(x, h0, c0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     return h, c[:, -1].copy(), cache
 
 
+@dispatched
 def lstm_backward(dout, cache: LSTMCache, dc_n=None):
     """Returns ``(dx, dh0, dc0, dweight_ih, dweight_hh, dbias_ih, dbias_hh)``.
 
     ``dout`` (B, T, H) is the gradient of every h_t (a module adds dh_n into ``dout[:, -1]``);
     ``dc_n`` (B, H) the gradient of the returned c_n (None: zero)."""
     x, h0, c0, weight_ih, weight_hh, gates, c, tanh_c, h, has_bias = cache
+    expect_grad(dout, "dout", h.shape, h.dtype, "the outputs h_1..h_T (B, T, hidden_size)")
+    if dc_n is not None:
+        expect_grad(dc_n, "dc_n", c.shape[:1] + c.shape[2:], c.dtype, "the last cell state c_T (B, hidden_size)")
     xp = get_array_module(dout, h)
-    expect_shape(dout, "dout", h.shape, "(B, T, hidden_size)")
     hid = h.shape[-1]
     dpre = xp.empty_like(gates)                          # (B, T, 4H)
     dh_next = xp.zeros_like(h0)                          # (B, H)
-    if dc_n is not None:
-        expect_shape(dc_n, "dc_n", c0.shape, "(B, hidden_size)")
     dc_next = xp.zeros_like(c0) if dc_n is None else dc_n                       # (B, H)
     for s in range(h.shape[1] - 1, -1, -1):
         gs, tc = gates[:, s], tanh_c[:, s]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import expect_float, expect_rows
+from npformer.checks import expect_float, expect_grad, expect_rows
 from npformer.dispatch import dispatched
 
 __all__ = ["SoftmaxCache", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward"]
@@ -56,12 +56,12 @@ def softmax_forward(x):
 def softmax_backward(dy, cache: SoftmaxCache):
     """``dx = y * (dy - sum(dy * y))``."""
     y = cache.y
-    xp = get_array_module(dy, y)
+    expect_grad(dy, "dy", y.shape, y.dtype)
     acc = accumulation_dtype(y.dtype)
     ya, dya = y.astype(acc, copy=False), dy.astype(acc, copy=False)
     # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
     dot = (dya * ya).sum(axis=-1, keepdims=True)                 # (..., 1)
-    return (ya * (dya - dot)).astype(xp.result_type(dy, y), copy=False)   # (..., N)
+    return (ya * (dya - dot)).astype(y.dtype, copy=False)        # (..., N)
 
 
 @dispatched
@@ -79,10 +79,11 @@ def log_softmax_forward(x):
 @dispatched
 def log_softmax_backward(dy, cache: SoftmaxCache):
     """``dx = dy - softmax * sum(dy)``; the softmax is recomputed as exp(log y), not stored."""
+    expect_grad(dy, "dy", cache.y.shape, cache.y.dtype)
     xp = get_array_module(dy, cache.y)
     acc = accumulation_dtype(cache.y.dtype)
     dya = dy.astype(acc, copy=False)
     # fwd: log y = x - lse(x)  ->  dx = dy - softmax(x) * sum(dy)
     total = dya.sum(axis=-1, keepdims=True)                      # (..., 1)
     dx = dya - xp.exp(cache.y.astype(acc, copy=False)) * total   # (..., N)
-    return dx.astype(xp.result_type(dy, cache.y), copy=False)
+    return dx.astype(cache.y.dtype, copy=False)

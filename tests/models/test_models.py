@@ -180,8 +180,17 @@ def test_sampling_temperature_top_k_top_p(xp):
     assert nucleus[2:].sum() == 0 and abs(nucleus[0] - 0.625) < 0.03
     sharp = freq(sample_next(logits, rng, temperature=0.25))
     assert sharp[0] > 0.85
-    with pytest.raises(ValueError, match="top_p must be in"):
+    with pytest.raises(ValueError, match=r"top_p: expected a finite number in \(0, 1\], got 0.0"):
         sample_next(logits, rng, top_p=0.0)
+    with pytest.raises(ValueError, match="top_p: expected a finite number"):
+        sample_next(logits, rng, temperature=0, top_p=1.5)     # checked even where it would not be used
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="temperature: expected a finite number >= 0"):
+            sample_next(logits, rng, temperature=bad)
+    with pytest.raises(ValueError, match="logits: NaN or \\+inf"):
+        sample_next(xp.full((2, 4), xp.nan), rng)              # no silent token 0
+    with pytest.raises(ValueError, match="every token is -inf"):
+        sample_next(xp.full((2, 4), -xp.inf), rng)
 
 
 def test_gpt_generate_with_and_without_cache_agree(xp):

@@ -139,11 +139,11 @@ def test_module_used_twice_gets_two_backward_calls(xp):
 
 
 def test_bad_construction():
-    with pytest.raises(ValueError, match="num_features must be a positive int"):
+    with pytest.raises(ValueError, match="num_features: expected an int >= 1, got 0"):
         BatchNorm1d(0)
-    with pytest.raises(ValueError, match="eps must be > 0"):
+    with pytest.raises(ValueError, match="eps: expected a finite number > 0"):
         BatchNorm1d(3, eps=0)
-    with pytest.raises(ValueError, match="momentum must be in"):
+    with pytest.raises(ValueError, match=r"momentum \(None: cumulative average\): expected a probability"):
         BatchNorm1d(3, momentum=2.0)
 
 

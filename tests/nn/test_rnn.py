@@ -143,7 +143,7 @@ def test_bad_arguments(xp):
         RNN(2, 3, dropout=0.5)
     with pytest.raises(ValueError, match="nonlinearity='tanh'"):
         RNN(2, 3, nonlinearity="relu")
-    with pytest.raises(ValueError, match="hidden_size must be a positive int"):
+    with pytest.raises(ValueError, match="hidden_size: expected an int >= 1, got 0"):
         RNN(2, 0)
     m, lstm = _build("rnn", 2, 3, xp=xp), _build("lstm", 2, 3, xp=xp)
     x = randn(xp, (2, 4, 2), 0)

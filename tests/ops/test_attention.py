@@ -245,3 +245,19 @@ def test_bad_input(xp):
         sdpa_forward(q, k, k, key_padding_mask=xp.zeros((2, 2), bool))
     with pytest.raises(ValueError, match="causal alignment: expected one of"):
         sdpa_forward(q, k, k, is_causal=True, causal_alignment="bottom-right")
+
+
+@pytest.mark.parametrize("op", ["plain", "flash"])
+def test_float16_scores_do_not_overflow_where_the_scaled_scores_fit(xp, op):
+    """|q| = |k| = 100, hs = 8: q k^T = 80,000 is inf in float16, the scaled score 28,284 fits (as in
+    PyTorch, whose SDPA scales first). The output matches the float32 computation rounded to float16."""
+    from npformer.ops.flash_attention import flash_attention_forward
+    b, h, t, hs = 1, 2, 3, 8
+    q = xp.full((b, h, t, hs), 100.0, dtype=xp.float16)
+    k = xp.full((b, h, t, hs), 100.0, dtype=xp.float16)
+    v = randn(xp, (b, h, t, hs), 0, "float16")
+    fwd = (lambda *a: sdpa_forward(*a)[0]) if op == "plain" else (lambda *a: flash_attention_forward(*a)[0])
+    out = fwd(q, k, v)
+    ref = fwd(q.astype(xp.float32), k.astype(xp.float32), v.astype(xp.float32))
+    assert out.dtype == xp.float16 and bool(xp.isfinite(out).all())
+    np.testing.assert_allclose(host(out).astype(np.float64), host(ref), rtol=2e-3, atol=2e-3)

@@ -204,9 +204,9 @@ def test_batch_norm_bad_input(xp):
         batch_norm_forward(x, running=xp.zeros(4))
     with pytest.raises(ValueError, match="eval mode normalises with the running statistics"):
         batch_norm_forward(x, training=False)
-    with pytest.raises(ValueError, match="eps must be > 0"):
+    with pytest.raises(ValueError, match="eps: expected a finite number > 0"):
         batch_norm_forward(x, eps=0.0)
-    with pytest.raises(ValueError, match=r"momentum must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"momentum: expected a probability in \[0, 1\]"):
         batch_norm_forward(x, momentum=1.5)
     with pytest.raises(TypeError, match="dtype mismatch"):
         batch_norm_forward(x, xp.ones(4, dtype=xp.float32))

@@ -192,9 +192,9 @@ def test_bad_input(xp):
         with pytest.raises(TypeError, match="padding_idx must be an int or None"):
             embedding_forward(ids_array(xp, [0]), weight, padding_idx=pad)
     _, cache = embedding_forward(ids_array(xp, [[0, 1]]), weight)
-    with pytest.raises(ValueError, match=r"dout: expected shape \(1, 2\) \+ \(C,\)"):
+    with pytest.raises(ValueError, match=r"dout: expected the shape of the forward's output, \(1, 2, 3\)"):
         embedding_backward(randn(xp, (2, 3), 1), cache)
-    with pytest.raises(TypeError, match="dout: expected a floating-point array"):
+    with pytest.raises(TypeError, match="dout: expected the dtype of the forward.s output, float64, got numpy int64"):
         embedding_backward(xp.ones((1, 2, 3), dtype=xp.int64), cache)
 
 

@@ -185,8 +185,8 @@ def test_bad_input(xp):
     with pytest.raises(TypeError, match=r"x: expected a floating-point array"):
         rnn_forward(xp.ones((2, 3, 2), dtype=xp.int64), None, **p1)
     out, cache = rnn_forward(x, None, **p1)
-    with pytest.raises(ValueError, match=r"dout: expected shape \(2, 3, 3\)"):
+    with pytest.raises(ValueError, match=r"dout: expected the shape of the outputs h_1..h_T \(B, T, hidden_size\), \(2, 3, 3\)"):
         rnn_backward(out[:, :2], cache)
     out, _, cache = lstm_forward(x, None, None, **p4)
-    with pytest.raises(ValueError, match=r"dc_n: expected shape \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"dc_n: expected the shape of the last cell state c_T \(B, hidden_size\), \(2, 3\)"):
         lstm_backward(out, cache, out[:, 0, :2])

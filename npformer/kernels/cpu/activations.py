@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype, erf
-from npformer.checks import one_of
+from npformer.checks import expect_grad, one_of
 from npformer.kernels.cpu.blocks import blockwise
 from npformer.ops.activations import (APPROXIMATIONS, INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CLIP,
                                       TANH_CUBIC, GeluCache)
@@ -144,6 +144,7 @@ def gelu_forward(x, approximate: str = "none"):
 
 def gelu_backward(dy, cache):
     x, approximate = cache
+    expect_grad(dy, "dy", x.shape, x.dtype)
     acc = accumulation_dtype(x.dtype)
     xa, dya = numpy.asarray(x, dtype=acc, order="C"), numpy.asarray(dy, dtype=acc, order="C")
     block = _gelu_erf_grad_block if approximate == "none" else _gelu_tanh_grad_block

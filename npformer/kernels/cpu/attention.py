@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype
+from npformer.checks import expect_grad
 from npformer.kernels.cpu.blocks import blockwise
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.ops.attention import AttentionCache, check_attention_inputs
@@ -37,15 +38,14 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     bias = attention_bias(q.shape[:3] + k.shape[2:3], q.dtype, attn_mask=attn_mask,
                           key_padding_mask=key_padding_mask, is_causal=is_causal,
                           causal_alignment=causal_alignment, xp=numpy)   # broadcasts to (B, H, Tq, Tk)
-    s = q @ k.swapaxes(-1, -2)                           # (B, H, Tq, Tk)
-    s *= scale                                           # s is fresh: scaling in place mutates nothing
+    s = (q * scale) @ k.swapaxes(-1, -2)                 # (B, H, Tq, Tk); scaled first, as the reference
     if bias is not None:
         s += bias                                        # -inf where blocked
     p = _in_rows(softmax_rows, s, s)                     # (B, H, Tq, Tk) P in s's buffer; all -inf row -> 0
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
     else:
-        p_drop, drop = p, DropoutCache(None)
+        p_drop, drop = p, DropoutCache(None, p.shape, p.dtype)
     out = p_drop @ v                                     # (B, H, Tq, hv)
     weights = None
     if need_weights:                                     # never the cached P itself: callers may write to it
@@ -55,6 +55,7 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
 
 def scaled_dot_product_attention_backward(dout, cache):
     q, k, v, p, drop, scale = cache
+    expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask           # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import numpy
 
 from npformer.checks import positive_int
+from npformer.errors import ShapeError
 
 __all__ = ["blockwise", "set_num_threads", "get_num_threads", "BLOCK_ELEMENTS", "THREAD_BLOCK_ELEMENTS"]
 
@@ -71,11 +72,11 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
     shape = out.shape
     for a in arrays:
         if a.shape != shape:
-            raise ValueError(f"blockwise: every array must have the output's shape {shape}, got {a.shape}")
+            raise ShapeError(f"blockwise: every array must have the output's shape {shape}, got {a.shape}")
     whole = (type(out) is not numpy.ndarray or out.size <= BLOCK_ELEMENTS
              or not all(a.flags.c_contiguous for a in (out,) + arrays))
     if row is not None and (out.ndim == 0 or shape[-1] != row):
-        raise ValueError(f"blockwise: row={row} must be the size of the last axis of {shape}")
+        raise ShapeError(f"blockwise: row={row} must be the size of the last axis of {shape}")
     if out.ndim == 0:     # ufuncs on 0-d arrays return scalars, which out= cannot take: use 1-element views
         fn(out.reshape(1), *(a.reshape(1) for a in arrays))
         return out

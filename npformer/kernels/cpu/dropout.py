@@ -30,10 +30,10 @@ def accepts(x, p=0.0, rng=None, training=True) -> bool:
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     if not dropout_active(x, p, rng, training):
-        return x.copy(), DropoutCache(None)
+        return x.copy(), DropoutCache(None, x.shape, x.dtype)
     if p == 1.0:
         scaled = numpy.zeros_like(x)                     # (same as x)
-        return x * scaled, DropoutCache(scaled)
+        return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
     # u = (b >> 8) 2^-24 >= float32(p)  <=>  b >= ceil(float32(p) 2^24) 2^8, b a 32-bit half of a draw
     threshold = numpy.uint32(math.ceil(float(numpy.float32(p)) * 2.0 ** 24) << 8)
     keep = numpy.empty(x.size, dtype=x.dtype)            # (N,)
@@ -42,4 +42,4 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
         numpy.greater_equal(halves, threshold, out=keep[i:i + halves.size])
     scaled = keep.reshape(x.shape)                       # (same as x)
     scaled *= x.dtype.type(1.0 / (1.0 - p))              # m / (1 - p)
-    return x * scaled, DropoutCache(scaled)
+    return x * scaled, DropoutCache(scaled, x.shape, x.dtype)

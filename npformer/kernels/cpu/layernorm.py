@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype
+from npformer.checks import expect_grad
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
 __all__ = ["layer_norm_forward", "layer_norm_backward"]
@@ -32,6 +33,7 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
 
 def layer_norm_backward(dy, cache):
     xhat, rstd, weight, has_bias, dtype = cache
+    expect_grad(dy, "dy", xhat.shape, dtype)
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
     rows = dya.reshape(-1, c)                            # (N, C)

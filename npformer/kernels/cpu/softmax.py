@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype
-from npformer.checks import expect_rows
+from npformer.checks import expect_grad, expect_rows
 from npformer.kernels.cpu.blocks import blockwise
 from npformer.ops.softmax import SoftmaxCache
 
@@ -71,8 +71,9 @@ def softmax_forward(x):
 
 
 def softmax_backward(dy, cache):
+    expect_grad(dy, "dy", cache.y.shape, cache.y.dtype)
     # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
-    return rows(softmax_grad_rows, numpy.result_type(dy, cache.y), cache.y, dy)
+    return rows(softmax_grad_rows, cache.y.dtype, cache.y, dy)
 
 
 def log_softmax_forward(x):
@@ -82,5 +83,6 @@ def log_softmax_forward(x):
 
 
 def log_softmax_backward(dy, cache):
+    expect_grad(dy, "dy", cache.y.shape, cache.y.dtype)
     # fwd: log y = x - lse(x)  ->  dx = dy - softmax(x) * sum(dy)
-    return rows(_log_softmax_grad_rows, numpy.result_type(dy, cache.y), cache.y, dy)
+    return rows(_log_softmax_grad_rows, cache.y.dtype, cache.y, dy)

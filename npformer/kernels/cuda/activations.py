@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy
 
-from npformer.checks import expect_float, expect_same_dtype, expect_shape, one_of
+from npformer.checks import expect_float, expect_grad, expect_same_dtype, expect_shape, one_of
+from npformer.errors import ShapeError
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
 from npformer.ops.activations import APPROXIMATIONS, GeluCache
 
@@ -22,12 +23,6 @@ __all__ = ["gelu_forward", "gelu_backward", "bias_add_forward", "bias_grad",
 
 def _tanh_form(approximate) -> numpy.int32:
     return numpy.int32(one_of(approximate, "approximate", APPROXIMATIONS) == "tanh")
-
-
-def _check_cached(name, d, a):
-    if d.shape != a.shape or d.dtype != a.dtype:
-        raise ValueError(f"{name} must match the cached input: got {d.dtype} {tuple(d.shape)}, "
-                         f"expected {a.dtype} {tuple(a.shape)}")
 
 
 def gelu_forward(x, approximate: str = "none"):
@@ -47,7 +42,7 @@ def gelu_backward(dy, cache):
     x, approximate = cache
     form = _tanh_form(approximate)
     xp = device_xp(dy, x)
-    _check_cached("dy", dy, x)
+    expect_grad(dy, "dy", x.shape, x.dtype)
     dy, x = contiguous(xp, dy), contiguous(xp, x)
     dx = xp.empty(x.shape, dtype=x.dtype)                # (...)
     if x.size:
@@ -59,7 +54,7 @@ def gelu_backward(dy, cache):
 def _check_bias(x, bias) -> int:
     expect_float(x, "x")
     if x.ndim < 1:
-        raise ValueError("x: expected at least 1 axis (..., C), got a 0-d array")
+        raise ShapeError("x: expected at least 1 axis (..., C), got a 0-d array")
     expect_shape(bias, "bias", (x.shape[-1],), "(C,) matching the last axis of x")
     expect_same_dtype(x=x, bias=bias)
     return x.shape[-1]
@@ -113,7 +108,7 @@ def bias_gelu_backward(da, cache):
     h, approximate = cache
     form = _tanh_form(approximate)
     xp = device_xp(da, h)
-    _check_cached("da", da, h)
+    expect_grad(da, "da", h.shape, h.dtype)
     rows, n = rows_of(h)
     da, h = contiguous(xp, da), contiguous(xp, h)
     dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)

@@ -19,13 +19,13 @@ __all__ = ["dropout_forward"]
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
-    """Returns ``(out, DropoutCache(scaled_mask))``; ``rng`` is required when training with p > 0."""
+    """Returns ``(out, DropoutCache(scaled_mask, x_shape, x_dtype))``; ``rng`` is required when training with p > 0."""
     if not dropout_active(x, p, rng, training):
-        return x.copy(), DropoutCache(None)
+        return x.copy(), DropoutCache(None, x.shape, x.dtype)
     xp = device_xp(x)
     if p == 1.0:
         scaled = xp.zeros_like(x)                        # (same as x)
-        return x * scaled, DropoutCache(scaled)
+        return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
     u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
     get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
     x, u = contiguous(xp, x), contiguous(xp, u)
@@ -36,4 +36,4 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
         # out = x * [u >= p] / (1 - p), the mask kept for the backward
         launch_elements("dropout_fwd", x.dtype, x.size,
                         (x, u, out, scaled, numpy.int64(x.size), numpy.float32(p), scale))
-    return out, DropoutCache(scaled)
+    return out, DropoutCache(scaled, x.shape, x.dtype)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy
 
 from npformer.backend import accumulation_dtype
+from npformer.checks import expect_grad
+from npformer.errors import InputTypeError
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_rows, rows_of
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
@@ -38,13 +40,11 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
 def layer_norm_backward(dy, cache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     xhat, rstd, weight, has_bias, dtype = cache
+    expect_grad(dy, "dy", xhat.shape, dtype)
     xp = device_xp(dy, weight)
     acc = accumulation_dtype(dtype)
-    if dy.shape != xhat.shape or dy.dtype != dtype:
-        raise ValueError(f"dy must match the forward input: got {dy.dtype} {tuple(dy.shape)}, "
-                         f"expected {numpy.dtype(dtype)} {tuple(xhat.shape)}")
     if xhat.dtype != acc or rstd.dtype != acc:
-        raise TypeError(f"cache: expected xhat and rstd in {acc} for {numpy.dtype(dtype)} input, "
+        raise InputTypeError(f"cache: expected xhat and rstd in {acc} for {numpy.dtype(dtype)} input, "
                         f"got {xhat.dtype} and {rstd.dtype}")
     rows, n = rows_of(xhat)
     dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy
 
 from npformer.backend import accumulation_dtype, is_cupy_array
+from npformer.errors import InputTypeError, ShapeError
 from npformer.kernels.cuda.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
 
 __all__ = ["device_floats", "kernel", "launch_rows", "launch_elements", "launch_columns"]
@@ -75,10 +76,10 @@ def device_xp(*arrays: Any):
         if a is None:
             continue
         if not is_device_array(a):
-            raise TypeError(f"the fused CUDA kernels take CuPy arrays; got {type(a).__module__}."
+            raise InputTypeError(f"the fused CUDA kernels take CuPy arrays; got {type(a).__module__}."
                             f"{type(a).__name__} (the reference op takes NumPy arrays)")
         if a.dtype not in TYPES:
-            raise TypeError(f"the fused CUDA kernels take float16, float32 or float64 arrays; got {a.dtype}")
+            raise InputTypeError(f"the fused CUDA kernels take float16, float32 or float64 arrays; got {a.dtype}")
     return array_module()
 
 
@@ -90,10 +91,10 @@ def contiguous(xp, a):
 def rows_of(x) -> tuple[int, int]:
     """(number of rows, row length) of ``x`` seen as (..., N); ValueError for 0-d or N = 0."""
     if x.ndim < 1:
-        raise ValueError("x: expected at least 1 axis (..., N), got a 0-d array")
+        raise ShapeError("x: expected at least 1 axis (..., N), got a 0-d array")
     n = x.shape[-1]
     if n == 0:
-        raise ValueError(f"x: the last axis is empty (shape {tuple(x.shape)}); rows need at least one value")
+        raise ShapeError(f"x: the last axis is empty (shape {tuple(x.shape)}); rows need at least one value")
     if n >= 2 ** 31:
         raise ValueError(f"rows of {n} values are longer than the kernels' int index allows")
     return x.size // n, n

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy
 
-from npformer.checks import expect_float
+from npformer.checks import expect_float, expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_rows, rows_of
 from npformer.ops.softmax import SoftmaxCache
 
@@ -30,10 +30,8 @@ def _forward(x, log_out: int):
 
 def _backward(dy, cache, log_out: int):
     y = cache.y
+    expect_grad(dy, "dy", y.shape, y.dtype)
     xp = device_xp(dy, y)
-    if dy.shape != y.shape or dy.dtype != y.dtype:
-        raise ValueError(f"dy must match the cached output: got {dy.dtype} {tuple(dy.shape)}, "
-                         f"expected {y.dtype} {tuple(y.shape)}")
     rows, n = rows_of(y)
     dy, y = contiguous(xp, dy), contiguous(xp, y)       # a plain forward's y may be strided
     dx = xp.empty(y.shape, dtype=y.dtype)                # (..., N)

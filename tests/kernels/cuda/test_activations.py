@@ -141,5 +141,7 @@ def test_bad_input_is_refused(fx):
     with pytest.raises(TypeError, match="dtype mismatch"):
         cuda.bias_add_forward(x, randn(fx.xp, (4,), 0, dtype="float32"))
     _, cache = cuda.gelu_forward(x)
-    with pytest.raises(ValueError, match="dy must match the cached input"):
+    with pytest.raises(TypeError, match="dy: expected the dtype of the forward's output, float64"):
         cuda.gelu_backward(randn(fx.xp, (2, 4), 0, dtype="float32"), cache)
+    with pytest.raises(ValueError, match=r"dy: expected the shape of the forward's output, \(2, 4\)"):
+        cuda.gelu_backward(randn(fx.xp, (2, 5), 0), cache)

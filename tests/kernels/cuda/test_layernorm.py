@@ -117,5 +117,7 @@ def test_bad_input_is_refused(fx):
     with pytest.raises(ValueError, match="eps: expected a finite number > 0"):
         cuda.layer_norm_forward(x, eps=0.0)
     _, cache = cuda.layer_norm_forward(x)
-    with pytest.raises(ValueError, match="dy must match the forward input"):
+    with pytest.raises(TypeError, match="dy: expected the dtype of the forward's output, float64"):
         cuda.layer_norm_backward(randn(fx.xp, (2, 4), 0, dtype="float32"), cache)
+    with pytest.raises(ValueError, match=r"dy: expected the shape of the forward's output, \(2, 4\)"):
+        cuda.layer_norm_backward(randn(fx.xp, (2, 5), 0), cache)
