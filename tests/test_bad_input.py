@@ -1,0 +1,255 @@
+"""Bad input to the public API (ops, modules, models) gets npformer's own exception, naming what was
+expected and what came: wrong ranks, shapes and dtypes, empty axes, zero or negative sizes,
+out-of-range ids, non-finite scalars, and every backward's upstream gradient. Never a NumPy-internal
+error, never silent acceptance. ``test_tally`` counts the table's cases by outcome (run with -s)."""
+import collections
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from npformer import nn
+from npformer.backend import default_rng
+from npformer.errors import InputTypeError, NpformerError, RangeError, ShapeError
+from npformer.models.bert import BERT, BERTConfig
+from npformer.models.gpt import GPT, GPTConfig
+from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
+from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
+from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding, feedforward,
+                          flash_attention, layernorm, linear, multihead, relative_attention, rnn, softmax)
+
+F32 = np.float32
+R = np.random.default_rng(0)
+
+
+def a(*shape, dtype=F32):
+    return R.standard_normal(shape).astype(dtype)
+
+
+def ids(*shape, high=5):
+    return R.integers(0, high, shape)
+
+
+NON_FINITE = (math.nan, math.inf, -math.inf)
+
+# -- every backward checks its upstream gradient -----------------------------------------------------
+# name -> () -> (output, backward(dout)), float32 throughout
+BACKWARDS = {
+    "linear": lambda: _pair(linear.linear_forward(a(2, 3, 4), a(5, 4), a(5)), linear.linear_backward),
+    "embedding": lambda: _pair(embedding.embedding_forward(ids(2, 3), a(5, 4)), embedding.embedding_backward),
+    "softmax": lambda: _pair(softmax.softmax_forward(a(2, 5)), softmax.softmax_backward),
+    "log_softmax": lambda: _pair(softmax.log_softmax_forward(a(2, 5)), softmax.log_softmax_backward),
+    "layer_norm": lambda: _pair(layernorm.layer_norm_forward(a(2, 5), a(5), a(5)), layernorm.layer_norm_backward),
+    "relu": lambda: _pair(activations.relu_forward(a(2, 5)), activations.relu_backward),
+    "gelu": lambda: _pair(activations.gelu_forward(a(2, 5)), activations.gelu_backward),
+    "dropout": lambda: _pair(dropout.dropout_forward(a(2, 6), 0.5, rng=default_rng(0, "numpy")),
+                             dropout.dropout_backward),
+    "dropout (identity)": lambda: _pair(dropout.dropout_forward(a(2, 6), 0.5, training=False),
+                                        dropout.dropout_backward),
+    "cross_entropy": lambda: _pair(cross_entropy.cross_entropy_forward(a(2, 3, 5), ids(2, 3)),
+                                   cross_entropy.cross_entropy_backward),
+    "attention": lambda: _pair(attention.scaled_dot_product_attention_forward(a(1, 2, 3, 4), a(1, 2, 5, 4),
+                                                                              a(1, 2, 5, 4))[::2],
+                               attention.scaled_dot_product_attention_backward),
+    "flash_attention": lambda: _pair(flash_attention.flash_attention_forward(a(1, 2, 3, 4), a(1, 2, 5, 4),
+                                                                           a(1, 2, 5, 4)),
+                                     flash_attention.flash_attention_backward),
+    "self_attention": lambda: _pair(multihead.self_attention_forward(a(2, 3, 4), 2, a(12, 4), a(12), a(4, 4),
+                                                                     a(4))[::2], multihead.self_attention_backward),
+    "feed_forward": lambda: _pair(feedforward.feed_forward_forward(a(2, 3, 4), a(8, 4), a(8), a(4, 8), a(4)),
+                                  feedforward.feed_forward_backward),
+    "batch_norm": lambda: _pair(batchnorm.batch_norm_forward(a(6, 4), a(4), a(4))[::2], batchnorm.batch_norm_backward),
+    "rel_shift": lambda: _pair(relative_attention.rel_shift_forward(a(2, 3, 5)), relative_attention.rel_shift_backward),
+    "rnn": lambda: _pair(rnn.rnn_forward(a(2, 3, 4), a(2, 5), a(5, 4), a(5, 5)), rnn.rnn_backward),
+    "lstm": lambda: _pair(rnn.lstm_forward(a(2, 3, 4), a(2, 5), a(2, 5), a(20, 4), a(20, 5))[::2], rnn.lstm_backward),
+}
+
+
+def _pair(result, backward):
+    out, cache = result
+    return out, lambda d: backward(d, cache)
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARDS))
+@given(axis=st.integers(0, 3), delta=st.sampled_from([-1, 1, 2]))
+def test_every_backward_refuses_a_gradient_of_another_shape(name, axis, delta):
+    out, backward = BACKWARDS[name]()
+    shape = list(out.shape)
+    if not shape:                                        # a 0-d loss: any extra axis is wrong
+        bad = (2,)
+    else:
+        axis %= len(shape)
+        shape[axis] = max(0, shape[axis] + delta) if shape[axis] + delta != shape[axis] else shape[axis] + 1
+        bad = tuple(shape) if tuple(shape) != out.shape else tuple(shape) + (1,)
+    with pytest.raises(ShapeError, match="expected the shape of"):
+        backward(np.ones(bad, out.dtype))
+
+
+@pytest.mark.parametrize("name", sorted(BACKWARDS))
+def test_every_backward_refuses_another_dtype_or_a_non_array(name):
+    out, backward = BACKWARDS[name]()
+    with pytest.raises(InputTypeError, match=r"expected the dtype of .*, float32, got numpy float64"):
+        backward(np.ones(out.shape, np.float64))          # no silent promotion to float64
+    with pytest.raises(InputTypeError, match="expected a numpy or cupy array"):
+        backward(np.ones(out.shape).tolist())
+    backward(np.ones(out.shape, out.dtype))               # the right gradient is taken
+
+
+# -- ops, modules and models: a table of (call, exception, message) ----------------------------------
+def _gpt(**kw):
+    return GPT(GPTConfig(vocab_size=7, block_size=6, n_layer=1, n_head=2, d_model=4, **kw), rng=0)
+
+
+def _seq2seq():
+    return Seq2Seq(Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=6, d_model=4, nhead=2, num_encoder_layers=1,
+                                 num_decoder_layers=1, dim_feedforward=8, max_len=6), rng=0)
+
+
+def _bert():
+    return BERT(BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=8, max_position_embeddings=6), rng=0)
+
+
+def _gpt_cache_of_batch_two():
+    model = _gpt().eval()
+    cache = model.new_cache()
+    with nn.no_grad():
+        model(ids(2, 2, high=7), kv_cache=cache)
+        model(ids(3, 1, high=7), kv_cache=cache)
+
+
+CASES = [
+    # ranks and shapes
+    ("linear: weight 1-d", lambda: linear.linear_forward(a(2, 4), a(4)), ShapeError, "weight: expected a 2-d"),
+    ("linear: x's last axis", lambda: linear.linear_forward(a(2, 3), a(5, 4)), ShapeError, "C_in=4"),
+    ("linear: bias shape", lambda: linear.linear_forward(a(2, 4), a(5, 4), a(4)), ShapeError, r"bias: expected shape \(5,\)"),
+    ("attention: q 3-d", lambda: attention.scaled_dot_product_attention_forward(a(2, 3, 4), a(1, 2, 3, 4), a(1, 2, 3, 4)),
+     ShapeError, "q: expected a 4-d"),
+    ("attention: head sizes differ", lambda: attention.scaled_dot_product_attention_forward(
+        a(1, 2, 3, 4), a(1, 2, 3, 5), a(1, 2, 3, 4)), ShapeError, "k: expected shape"),
+    ("attention: key padding shape", lambda: attention.scaled_dot_product_attention_forward(
+        a(1, 2, 3, 4), a(1, 2, 3, 4), a(1, 2, 3, 4), key_padding_mask=np.zeros((1, 4), bool)),
+     ShapeError, "key_padding_mask: expected shape"),
+    ("self_attention: E not divisible by H", lambda: multihead.self_attention_forward(
+        a(2, 3, 5), 2, a(15, 5), None, a(5, 5), None), ShapeError, "not divisible by num_heads"),
+    ("layer_norm: weight shape", lambda: layernorm.layer_norm_forward(a(2, 4), a(5)), ShapeError, "weight: expected shape"),
+    ("rnn: weight shape", lambda: rnn.rnn_forward(a(2, 3, 4), a(2, 5), a(5, 3), a(5, 5)), ShapeError, "weight_ih"),
+    # empty axes and zero sizes
+    ("softmax: empty last axis", lambda: softmax.softmax_forward(a(2, 0)), ShapeError, "expected rows"),
+    ("softmax: 0-d", lambda: softmax.softmax_forward(np.asarray(1.0, F32)), ShapeError, "expected rows"),
+    ("layer_norm: empty last axis", lambda: layernorm.layer_norm_forward(a(3, 0)), ShapeError, "expected rows"),
+    ("cross_entropy: no classes", lambda: cross_entropy.cross_entropy_forward(a(2, 0), ids(2)), ShapeError,
+     "logits: expected rows"),
+    ("attention: no keys", lambda: attention.scaled_dot_product_attention_forward(a(1, 1, 2, 4), a(1, 1, 0, 4),
+                                                                                 a(1, 1, 0, 4)), ShapeError, "Tk >= 1"),
+    ("Linear(0, 3)", lambda: nn.Linear(0, 3), RangeError, "in_features: expected an int >= 1"),
+    ("Embedding(4, 0)", lambda: nn.Embedding(4, 0), RangeError, "embedding_dim"),
+    ("LayerNorm(0)", lambda: nn.LayerNorm(0), RangeError, "normalized_shape"),
+    ("MultiheadAttention(0, 1)", lambda: nn.MultiheadAttention(0, 1), RangeError, "embed_dim"),
+    ("MultiheadAttention(4, 3)", lambda: nn.MultiheadAttention(4, 3), ShapeError, "not divisible"),
+    ("TransformerEncoder(layer, -1)", lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2, 8), -1),
+     RangeError, "num_layers"),
+    ("Transformer with 0 decoder layers", lambda: nn.Transformer(4, 2, 1, 0, 8), RangeError, "num_layers"),
+    ("RNN(0, 3)", lambda: nn.RNN(0, 3), RangeError, "input_size"),
+    ("BatchNorm1d(0)", lambda: nn.BatchNorm1d(0), RangeError, "num_features"),
+    ("PositionalEncoding(4, -2)", lambda: nn.PositionalEncoding(4, -2), RangeError, "max_len"),
+    ("OutputHead(0, 4)", lambda: nn.OutputHead(0, 4), RangeError, "d_model"),
+    # dtypes and types
+    ("softmax: integer input", lambda: softmax.softmax_forward(ids(2, 3)), InputTypeError, "floating-point"),
+    ("linear: mixed dtypes", lambda: linear.linear_forward(a(2, 4), a(5, 4, dtype=np.float64)), InputTypeError,
+     "dtype mismatch"),
+    ("linear: a list", lambda: linear.linear_forward([[1.0, 2.0]], a(3, 2)), InputTypeError, "numpy or cupy array"),
+    ("embedding: float ids", lambda: embedding.embedding_forward(a(2, 3), a(5, 4)), InputTypeError, "integer array"),
+    ("cross_entropy: float targets", lambda: cross_entropy.cross_entropy_forward(a(2, 5), a(2)), InputTypeError,
+     "targets: expected an integer array"),
+    ("cross_entropy: ignore_index 0.5", lambda: cross_entropy.cross_entropy_forward(a(2, 5), ids(2), ignore_index=0.5),
+     InputTypeError, "ignore_index: expected an int"),
+    ("cross_entropy: ignore_index None", lambda: cross_entropy.cross_entropy_forward(a(2, 5), ids(2), ignore_index=None),
+     InputTypeError, "ignore_index: expected an int"),
+    ("cross_entropy: label_smoothing 'x'", lambda: cross_entropy.cross_entropy_forward(a(2, 5), ids(2),
+                                                                                      label_smoothing="x"),
+     InputTypeError, "label_smoothing: expected a real number"),
+    ("layer_norm: eps None", lambda: layernorm.layer_norm_forward(a(2, 4), eps=None), InputTypeError, "eps"),
+    ("Linear(2.0, 3)", lambda: nn.Linear(2.0, 3), InputTypeError, "in_features: expected an int"),
+    ("Embedding(True, 3)", lambda: nn.Embedding(True, 3), InputTypeError, "num_embeddings: expected an int"),
+    ("attention: mask of ints", lambda: attention.scaled_dot_product_attention_forward(
+        a(1, 1, 2, 4), a(1, 1, 2, 4), a(1, 1, 2, 4), attn_mask=np.zeros((2, 2), np.int8)), InputTypeError, "attn_mask"),
+    # values out of range
+    ("embedding: id >= V", lambda: embedding.embedding_forward(np.array([[5]]), a(5, 4)), RangeError,
+     r"token ids must be in \[0, 5\)"),
+    ("embedding: negative id", lambda: embedding.embedding_forward(np.array([[-1]]), a(5, 4)), RangeError, "token ids"),
+    ("cross_entropy: target >= V", lambda: cross_entropy.cross_entropy_forward(a(2, 5), np.array([1, 7])),
+     RangeError, "class ids must be in"),
+    ("dropout: p = 1.5", lambda: dropout.dropout_forward(a(4), 1.5, rng=default_rng(0, "numpy")), RangeError,
+     "probability"),
+    ("dropout: no generator", lambda: dropout.dropout_forward(a(4), 0.5), RangeError, "needs rng"),
+    ("GPT: id >= V", lambda: _gpt()(np.array([[1, 7]])), RangeError, "token ids must be in"),
+    ("GPT: longer than block_size", lambda: _gpt()(ids(1, 7, high=7)), RangeError, "exceeds block_size"),
+    ("GPT: ids 1-d", lambda: _gpt()(ids(4, high=7)), ShapeError, "idx: expected a 2-d"),
+    ("GPT: cache of another batch", _gpt_cache_of_batch_two, ShapeError, "kv_cache: holds 2 sequences"),
+    ("Seq2Seq: target id >= V", lambda: _seq2seq()(ids(1, 3, high=7), np.array([[1, 6]])), RangeError, "tgt_in"),
+    ("Seq2Seq: source too long", lambda: _seq2seq()(ids(1, 7, high=7), ids(1, 2)), RangeError, "max_len"),
+    ("BERT: token types (2, 1)", lambda: _bert()(ids(2, 3, high=9), np.zeros((2, 1), np.int64)), ShapeError,
+     "token_type_ids: expected the shape of input_ids"),
+    ("BERT: token type 2 of 2", lambda: _bert()(ids(2, 3, high=9), np.full((2, 3), 2)), RangeError, "token_type_ids"),
+    ("TransformerXL: mems of another batch", lambda: TransformerXL(TransformerXLConfig(vocab_size=5, d_model=4,
+                                                                                       n_head=2, mem_len=2), rng=0)(
+        ids(2, 3), [a(3, 2, 4), a(3, 2, 4)]), ShapeError, r"mems\[0\]"),
+    # non-finite scalars
+    ("attention: scale nan", lambda: attention.scaled_dot_product_attention_forward(
+        a(1, 1, 2, 4), a(1, 1, 2, 4), a(1, 1, 2, 4), scale=math.nan), RangeError, "scale: expected a finite number"),
+    ("layer_norm: eps inf", lambda: layernorm.layer_norm_forward(a(2, 4), eps=math.inf), RangeError, "eps"),
+    ("LayerNorm(4, eps=nan)", lambda: nn.LayerNorm(4, eps=math.nan), RangeError, "eps"),
+    ("Dropout(nan)", lambda: nn.Dropout(math.nan), RangeError, "probability"),
+    ("cross_entropy: label_smoothing inf", lambda: cross_entropy.cross_entropy_forward(a(2, 5), ids(2),
+                                                                                      label_smoothing=math.inf),
+     RangeError, "label_smoothing"),
+]
+
+
+@pytest.mark.parametrize("label, call, error, message", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_npformers_own_clear_error(label, call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+@given(high=st.integers(5, 1000), low=st.integers(-1000, -1), dims=st.tuples(st.integers(1, 3), st.integers(1, 4)))
+def test_out_of_range_ids_anywhere(high, low, dims):
+    table = a(5, 3)
+    for bad in (high, low):
+        x = np.zeros(dims, np.int64)
+        x.flat[-1] = bad
+        with pytest.raises(RangeError, match=rf"got values from {x.min()} to {x.max()}"):
+            embedding.embedding_forward(x, table)
+
+
+@given(value=st.sampled_from(NON_FINITE + (-0.5, 1.5, "0.1", None, True)))
+def test_a_probability_must_be_a_finite_number_in_0_1(value):
+    with pytest.raises((InputTypeError, RangeError), match="p"):
+        dropout.dropout_forward(a(4), value, rng=default_rng(0, "numpy"))
+    with pytest.raises((InputTypeError, RangeError), match="dropout"):
+        nn.MultiheadAttention(4, 2, dropout=value)
+
+
+@given(size=st.sampled_from([0, -1, -7, 2.5, None, "4", True]))
+def test_a_size_must_be_a_positive_int(size):
+    for build in (lambda: nn.Linear(size, 3), lambda: nn.Embedding(size, 3), lambda: nn.LayerNorm(size),
+                  lambda: nn.MultiheadAttention(size, 1), lambda: nn.RNN(size, 3)):
+        with pytest.raises((InputTypeError, RangeError), match="expected an int"):
+            build()
+
+
+def test_tally():
+    """Every table case ends in npformer's own error of the expected kind: the counts by outcome."""
+    outcomes = collections.Counter()
+    for label, call, error, message in CASES:
+        try:
+            call()
+            outcomes["accepted silently"] += 1
+        except NpformerError as exc:
+            outcomes[type(exc).__name__ if isinstance(exc, error) else f"other npformer error ({label})"] += 1
+        except Exception as exc:                         # noqa: BLE001  (what this test must never see)
+            outcomes[f"raw {type(exc).__name__} ({label})"] += 1
+    print(f"\nbad-input table: {len(CASES)} cases; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
+    assert set(outcomes) <= {"InputTypeError", "ShapeError", "RangeError"}, outcomes
