@@ -143,26 +143,31 @@ def default_rng(seed: int | None = None, backend: str | ModuleType | None = None
 
 
 def scatter_add(target: Any, indices: Any, values: Any) -> None:
-    """``target[indices] += values`` with repeated indices summed (``np.add.at`` / ``cupyx.scatter_add``).
+    """``target[indices] += values`` with repeated indices summed, in the same order on every backend.
 
-    On NumPy, rows of a 2-d target indexed by a 1-d array (the embedding backward) are summed per
-    index after a stable sort (``add.reduceat`` over each index's run of rows), about twice as fast
-    as ``np.add.at``; the float sums may differ from ``np.add.at``'s in the last bits (another
-    order of the same additions), and are deterministic.
+    Rows of a 2-d target indexed by a 1-d array (the embedding backward) are sorted by index (a
+    stable sort), and each index's total is the difference of a float64 running sum of the sorted
+    rows at the ends of its run: a fixed order of additions, where ``cupyx.scatter_add``'s atomics
+    add in whatever order the threads arrive (a GPU gradient check once failed and then passed on the
+    same example). The float64 sum keeps the differences exact to the rows' own precision. Other
+    shapes use ``numpy.add.at`` / ``cupyx.scatter_add``.
     """
     xp = get_array_module(target, indices, values)
-    if xp is not numpy:
-        importlib.import_module("cupyx").scatter_add(target, indices, values)
-    elif (target.ndim == 2 and getattr(indices, "ndim", 0) == 1 and indices.size
-          and getattr(values, "shape", None) == (indices.size, target.shape[1])):
-        if indices.min() < 0:                                   # -1 and V-1 are one row: one key
-            indices = numpy.where(indices < 0, indices + target.shape[0], indices)
-        order = numpy.argsort(indices, kind="stable")           # (N,)
-        ids = indices[order]                                    # (N,) sorted
-        starts = numpy.flatnonzero(numpy.concatenate(([True], ids[1:] != ids[:-1])))   # first of each run
-        target[ids[starts]] += numpy.add.reduceat(values[order], starts, axis=0)      # (unique, C)
-    else:
-        numpy.add.at(target, indices, values)
+    if not (target.ndim == 2 and getattr(indices, "ndim", 0) == 1 and indices.size
+            and getattr(values, "shape", None) == (indices.size, target.shape[1])):
+        if xp is numpy:
+            numpy.add.at(target, indices, values)
+        else:
+            importlib.import_module("cupyx").scatter_add(target, indices, values)
+        return
+    ids = xp.where(indices < 0, indices + target.shape[0], indices)        # (N,) -1 and V-1 are one row
+    order = xp.argsort(ids, kind="stable")                                  # (N,)
+    ids = ids[order]                                                        # (N,) sorted
+    ends = xp.flatnonzero(xp.concatenate([ids[1:] != ids[:-1], xp.ones(1, dtype=bool)]))   # last row of each run
+    running = xp.cumsum(values[order], axis=0, dtype=xp.float64)           # (N, C)
+    totals = running[ends]                                                  # (U, C) everything up to each run's end
+    totals[1:] -= running[ends[:-1]]                                        # less the runs before it
+    target[ids[ends]] += totals.astype(target.dtype, copy=False)            # (U, C), unique rows: no collisions
 
 
 def accumulation_dtype(dtype: Any) -> Any:

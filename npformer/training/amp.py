@@ -38,7 +38,8 @@ from collections import OrderedDict
 from typing import Any, Mapping, NamedTuple
 
 from npformer.backend import get_backend, to_device
-from npformer.checks import describe, positive_int, real
+from npformer.checks import describe, one_of, positive_int, real
+from npformer.errors import InputTypeError
 from npformer.nn.module import Module, Parameter
 from npformer.training.optim import clip_grad_norm
 
@@ -88,14 +89,18 @@ class AmpStep(NamedTuple):
 
 
 def low_precision_dtype(dtype, xp):
-    """float16 or bfloat16 of backend ``xp``; TypeError naming the backend where bfloat16 is absent."""
-    if str(dtype) not in ("float16", "bfloat16") and getattr(dtype, "__name__", None) not in ("float16", "bfloat16"):
-        raise ValueError(f"dtype: expected 'float16' or 'bfloat16' for mixed precision, got {dtype!r}")
-    try:
-        return xp.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype bfloat16: backend {xp.__name__} has no bfloat16 dtype (NumPy and CuPy "
-                        "need an extension such as ml_dtypes); use 'float16'") from None
+    """float16 or bfloat16 of backend ``xp``; InputTypeError naming the backend where bfloat16 is absent.
+
+    bfloat16 counts as present only when the backend module has it (``xp.bfloat16``). NumPy and CuPy
+    have none: an extension such as ml_dtypes can register a bfloat16 *dtype* with NumPy, which
+    then makes ``xp.dtype("bfloat16")`` succeed for both, yet neither computes with it (CuPy cannot
+    allocate it), so a name that merely resolves is not taken as support."""
+    name = str(getattr(dtype, "__name__", dtype))
+    one_of(name, "dtype (mixed precision)", ("float16", "bfloat16"))
+    if name == "bfloat16" and not hasattr(xp, "bfloat16"):
+        raise InputTypeError(f"dtype bfloat16: backend {xp.__name__} has no bfloat16 dtype (an extension "
+                             "such as ml_dtypes can name one but not compute with it); use 'float16'")
+    return xp.dtype(getattr(xp, name))
 
 
 class MixedPrecision:

@@ -139,7 +139,7 @@ def test_bad_input(xp):
     with pytest.raises(TypeError, match="dtype bfloat16: backend numpy has no bfloat16 dtype") if xp is np \
             else pytest.raises(TypeError, match="dtype bfloat16: backend cupy has no bfloat16 dtype"):
         MixedPrecision(model, "bfloat16")
-    with pytest.raises(ValueError, match="dtype: expected 'float16' or 'bfloat16' for mixed precision, got 'float32'"):
+    with pytest.raises(ValueError, match=r"dtype \(mixed precision\): expected one of 'float16', 'bfloat16', got 'float32'"):
         MixedPrecision(model, "float32")
     with pytest.raises(TypeError, match="model: expected an npformer Module"):
         MixedPrecision([1, 2], "float16")
@@ -157,3 +157,17 @@ def test_bad_input(xp):
     amp = MixedPrecision(model, "float16")
     with pytest.raises(ValueError, match="optimizer holds 1 parameters that are not this MixedPrecision's"):
         amp.step(AdamW([amp.parameters()[0], model.wpe.weight]))
+
+
+def test_bfloat16_that_only_resolves_as_a_name_is_refused(monkeypatch):
+    """The GPU run found bfloat16 accepted on CuPy 14, which has no cupy.bfloat16: with ml_dtypes
+    installed, numpy.dtype("bfloat16") (which cupy.dtype is) resolves. Simulated here: a backend whose
+    dtype() knows the name but whose module has no bfloat16 attribute is refused all the same."""
+    from npformer.training.amp import low_precision_dtype
+    import types
+    fake = types.SimpleNamespace(__name__="cupy", float16=np.float16, dtype=lambda name: np.dtype("float16"))
+    with pytest.raises(TypeError, match="dtype bfloat16: backend cupy has no bfloat16 dtype"):
+        low_precision_dtype("bfloat16", fake)
+    assert low_precision_dtype("float16", fake) == np.float16
+    with_bf16 = types.SimpleNamespace(__name__="somebackend", bfloat16=np.float32, dtype=np.dtype)
+    assert low_precision_dtype("bfloat16", with_bf16) == np.float32      # a backend that has one is used
