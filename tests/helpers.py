@@ -60,6 +60,16 @@ def assert_close(got, ref, dtype, scale=None, what=""):
     assert err <= TOL[dtype] * scale, f"{what}: max error {err:.3g} > {TOL[dtype]:g} * {scale:.3g} ({dtype})"
 
 
+def model_check(xp, max_elements: int) -> dict:
+    """How a whole model's gradcheck samples its parameters: ``max_elements`` elements of each on
+    NumPy; on CuPy one random direction per tensor (chainer's check_backward: four forward passes
+    per tensor, every element at once), because there each forward pass is hundreds of tiny kernel
+    launches and element sampling took minutes. The tolerance is the same either way."""
+    if xp.__name__ == "cupy":
+        return {"mode": "direction"}
+    return {"mode": "elements", "max_elements": max_elements}
+
+
 def assert_gradcheck(report):
     """Fail with the full report (tensor, worst index, both values, eps, tolerances, seed)."""
     assert report.passed, "\n" + str(report)

@@ -11,7 +11,7 @@ from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import assert_gradcheck, host, model_check, randn, seeds
 
 PAD = 0
 
@@ -64,7 +64,7 @@ def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t, position
     tgt_out = _ids(xp, (2, t), 6, seed + 2, pad_tail=1)
     fwd, bwd = _loss_forward(lambda m, src, tgt_in: m(src, tgt_in), tgt_out)
     report = gradcheck_module(model, {"src": src, "tgt_in": tgt_in}, forward=fwd, backward=bwd,
-                              dropout_seed=seed, seed=seed, mode="elements", max_elements=6)
+                              dropout_seed=seed, seed=seed, **model_check(xp, 6))
     assert_gradcheck(report)
 
 
@@ -76,7 +76,7 @@ def test_gpt_gradcheck(xp, seed, norm_first, tie, t):
     idx, targets = _ids(xp, (2, t), 7, seed), _ids(xp, (2, t), 7, seed + 1)
     fwd, bwd = _loss_forward(lambda m, idx: m(idx), targets)
     report = gradcheck_module(model, {"idx": idx}, forward=fwd, backward=bwd, dropout_seed=seed,
-                              seed=seed, max_elements=6)
+                              seed=seed, **model_check(xp, 6))
     assert_gradcheck(report)
 
 
@@ -107,7 +107,7 @@ def test_bert_gradcheck_all_outputs(xp, seed, mlm, t):
         m.backward(dhidden=w_h * d, dpooled=w_p * d, dmlm_logits=dml)
         return ()
     report = gradcheck_module(model, {"ids": ids}, forward=fwd2, backward=bwd2, dropout_seed=seed,
-                              seed=seed, max_elements=6)
+                              seed=seed, **model_check(xp, 6))
     assert_gradcheck(report)
 
 

@@ -9,7 +9,7 @@ from npformer.nn.module import no_grad
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
-from tests.helpers import assert_gradcheck, host, seeds
+from tests.helpers import assert_gradcheck, host, model_check, seeds
 
 PAD = 0
 
@@ -47,7 +47,7 @@ def test_norm_encoder_gradcheck(xp, norm, norm_first, t, seed):
     ids, targets = _batch(xp, 3, t, seed)
     fwd, bwd = _loss(targets)
     report = gradcheck_module(model, {"ids": ids}, forward=fwd, backward=bwd, dropout_seed=seed,
-                              seed=seed, max_elements=6)
+                              seed=seed, **model_check(xp, 6))
     assert_gradcheck(report)
 
 

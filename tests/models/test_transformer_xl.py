@@ -9,7 +9,7 @@ from npformer.models.decoding import eval_mode
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import assert_gradcheck, host, model_check, randn, seeds
 
 V = 7
 
@@ -51,7 +51,7 @@ def test_gradcheck_with_and_without_memory_and_dropout(xp, seed, m, t, n_layer, 
         assert model.backward(cross_entropy_backward(dloss, saved["ce"])) is None
         return ()
     report = gradcheck_module(model, {"idx": idx}, forward=forward, backward=backward, dropout_seed=seed,
-                              seed=seed, max_elements=5)
+                              seed=seed, **model_check(xp, 5))
     assert_gradcheck(report)
 
 
