@@ -282,3 +282,21 @@ def test_npformer_bench_hands_its_options_to_the_suite(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--backends", "tensorflow"])
     assert "unknown backend" in capsys.readouterr().err
+
+
+def test_gpu_check_script_parses_and_the_profiler_refuses_cleanly_without_a_gpu():
+    """benchmarks/gpu_check.sh is bash that parses; profile_step.py says in one line why it cannot run
+    where CuPy or a GPU is missing (it runs for real only on a GPU machine)."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    assert subprocess.run(["bash", "-n", str(root / "benchmarks" / "gpu_check.sh")]).returncode == 0
+    from npformer.backend import cupy_available
+    if cupy_available():
+        return                                                       # on a GPU the script runs for real
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "profile_step.py"), "--model", "gpt-small"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "profile_step: backend 'cupy' was requested" in res.stderr, res.stderr
+    assert shutil.which("bash")
