@@ -214,6 +214,21 @@ def test_a_read_only_directory_is_refused(tmp_path):
         ro.chmod(0o755)
 
 
+@pytest.mark.parametrize("code, message", [(errno.EROFS, r"Read-only file system \(EROFS\)"),
+                                           (errno.EACCES, r"Permission denied \(EACCES\)")])
+def test_a_directory_that_refuses_new_files_is_found_by_trying_one(tmp_path, monkeypatch, code, message):
+    """What a read-only mount or directory does (as root too, which ignores permissions): the check
+    creates the temporary's name and reports the error."""
+    def refuse(path, *args, **kwargs):
+        raise OSError(code, os.strerror(code), str(path))
+    monkeypatch.setattr(ckpt.os, "open", refuse)
+    with pytest.raises(CheckpointError, match=f"cannot write checkpoint .*c.npz'?: creating a file in .* failed: "
+                                              f"{message}"):
+        ckpt.check_checkpoint_path(tmp_path / "c.npz")
+    with pytest.raises(CheckpointError, match=message + "; no checkpoint was written"):
+        _save(tmp_path / "c.npz")
+
+
 def test_the_check_creates_missing_directories_and_leaves_no_file(tmp_path):
     path = tmp_path / "runs" / "a" / "c.npz"
     assert ckpt.check_checkpoint_path(path) == path
@@ -290,6 +305,23 @@ def test_a_flipped_bit_is_refused_or_changes_nothing(saved, offset, bit):
         assert str(bad) in str(exc)
     else:
         assert _same(back, original)
+
+
+def test_a_flipped_bit_at_every_offset(saved):
+    """The same, exhaustively: one bit (offset mod 8) flipped at each byte of the file in turn."""
+    path, data, original = saved
+    bad, loaded = path.with_name("every.npz"), 0
+    for offset in range(len(data)):
+        flipped = bytearray(data)
+        flipped[offset] ^= 1 << (offset % 8)
+        bad.write_bytes(bytes(flipped))
+        try:
+            back = ckpt.load_checkpoint(bad)
+        except CheckpointError:
+            continue
+        assert _same(back, original), f"a flip at byte {offset} changed what was loaded"
+        loaded += 1
+    assert loaded < len(data) // 3                  # most bytes matter (sizes, names, headers, data, CRCs)
 
 
 def test_flips_in_the_data_fail_the_crc(tmp_path):
