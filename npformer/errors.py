@@ -20,6 +20,10 @@ exception                  also a                       the mistake
                                                         ``npformer.detect_anomaly()``)
 :class:`StateDictError`    ``KeyError``, ``ValueError``  a state dict that does not fit a module
 :class:`BackendUnavailableError`  ``RuntimeError``      the backend asked for cannot run here
+:class:`CheckpointError`   ``ValueError``               a checkpoint that cannot be read (not a zip,
+                                                        damaged, missing members or meta keys, sizes
+                                                        or dtypes that do not fit, non-finite
+                                                        weights) or a path it cannot be written to
 =========================  ===========================  ============================================
 
 Every message names what was expected and what came (:mod:`npformer.checks` writes them).
@@ -27,7 +31,7 @@ Every message names what was expected and what came (:mod:`npformer.checks` writ
 from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
-           "NonFiniteError", "StateDictError", "BackendUnavailableError"]
+           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError"]
 
 
 class NpformerError(Exception):
@@ -63,3 +67,7 @@ class StateDictError(NpformerError, KeyError, ValueError):
 
 class BackendUnavailableError(NpformerError, RuntimeError):
     """The backend that was asked for cannot run here (CuPy not installed, or no GPU visible)."""
+
+
+class CheckpointError(NpformerError, ValueError):
+    """A checkpoint file that cannot be read or written; the message names the file and what is wrong."""

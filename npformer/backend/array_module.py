@@ -38,7 +38,8 @@ def _import_cupy() -> ModuleType:
     except Exception as exc:  # ImportError, or a broken CUDA install raising at import
         raise BackendUnavailableError(
             "backend 'cupy' was requested but CuPy cannot be imported "
-            f"({type(exc).__name__}: {exc}); install the GPU extra: pip install 'npformer[gpu]'"
+            f"({type(exc).__name__}: {exc}); install the GPU extra for your driver's CUDA version (nvidia-smi "
+            "shows it): pip install 'npformer[gpu-cuda12]' for CUDA 12.x, 'npformer[gpu-cuda13]' for 13.x"
         ) from exc
     try:
         count = cupy.cuda.runtime.getDeviceCount()

@@ -1,24 +1,50 @@
-"""Checkpoints as ``.npz`` files with no pickle inside, written atomically.
+"""Checkpoints as ``.npz`` files with no pickle inside, written atomically, read with every size checked.
 
 Layout: ``model/<state_dict key>`` arrays, ``optim/<key>`` optimiser state (arrays and numbers),
-and ``meta``, a uint8 array holding UTF-8 JSON (model config, vocabularies, step, options).
-The file is written to a temporary name in the same directory, flushed to disk, then renamed over
-the old one (``os.replace`` is atomic on POSIX), so a crash mid-write leaves the previous
-checkpoint intact. Loading uses ``allow_pickle=False``.
+and ``meta``, a uint8 array holding UTF-8 JSON (model config, vocabularies, step, options); each is
+an uncompressed ``.npy`` member of a zip archive (``np.savez``).
+
+Writing: the file is written to ``.<name>.<pid>.tmp`` in the same directory, flushed to disk, then
+renamed over the old one (``os.replace`` is atomic on POSIX), so a crash mid-write leaves the
+previous checkpoint intact; the next save removes the temporaries of processes that no longer
+exist. The file follows the process umask. A failed write (a full disk included) removes its
+temporary and raises :class:`~npformer.errors.CheckpointError` saying the previous checkpoint is
+intact. :func:`check_checkpoint_path` tries the path before training starts, so a path that cannot
+be written fails at step 0, not after the run.
+
+Reading (:func:`load_checkpoint`) opens the zip with the standard library and checks, before
+allocating any array: that it is a zip at all; its members and the meta keys; each member's
+``.npy`` header (dtype: numbers and bools only, never pickle; shape) against the size the zip
+declares for it and, when the caller passes them, against the model's names, shapes and dtypes;
+and that the declared sizes fit in the file (members are stored uncompressed, so nothing can
+inflate). CRCs are checked as the data is read, and non-finite weights are refused by name. Every
+problem is one :class:`~npformer.errors.CheckpointError` naming the file and what is wrong.
 """
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
-import tempfile
+import re
+import time
+import zipfile
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from npformer.backend import to_numpy
+from npformer.errors import CheckpointError, InputTypeError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "Checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint", "check_checkpoint_path", "remove_stale_temporaries",
+           "Checkpoint", "META_KEYS"]
+
+# the meta keys every checkpoint of npformer's trainers has, and their types
+META_KEYS: dict[str, type] = {"kind": str, "step": int, "train_config": dict, "model_config": dict}
+NUMBER_KINDS = "biuf"            # bool, int, uint, float: the dtypes a checkpoint may hold
+LEGACY_TMP_AGE = 3600.0          # seconds: a mkstemp temporary of an older npformer this old is stale
 
 
 class Checkpoint(dict):
@@ -37,42 +63,351 @@ class Checkpoint(dict):
         return self["meta"]
 
 
-def save_checkpoint(path: str | Path, model_state: dict, meta: dict, optim_state: dict | None = None) -> Path:
-    """Write a checkpoint atomically; returns the path."""
+# -- writing -----------------------------------------------------------------------------------------
+def _temporary(path: Path, pid: int | None = None) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+def _check_target(path: Path) -> None:
+    """Refuse a path that names no file, is a directory or other non-file, or lies under a file;
+    create its missing directories."""
+    try:
+        _check_target_unguarded(path)
+    except CheckpointError:
+        raise
+    except OSError as exc:           # a parent that cannot be searched, and the like
+        raise CheckpointError(f"checkpoint path {str(path)!r} cannot be used: {_reason(exc)}") from exc
+
+
+def _check_target_unguarded(path: Path) -> None:
+    if path.name in ("", ".", ".."):
+        raise CheckpointError(f"checkpoint path {str(path)!r} names no file; give one such as 'run.npz'")
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint path {str(path)!r} is a directory; give a file in it, such as "
+                              f"{str(path / 'checkpoint.npz')!r}")
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"checkpoint path {str(path)!r} exists and is not a regular file")
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise CheckpointError(f"checkpoint path {str(path)!r} lies under {str(ancestor)!r}, which is a file, "
+                              "not a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the directory {str(path.parent)!r} for checkpoint "
+                              f"{str(path)!r}: {_reason(exc)}") from exc
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno == errno.ENOSPC:
+        return f"the disk is full ({exc.strerror or exc})"
+    if exc.errno is not None and exc.strerror:
+        return f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})"
+    return str(exc) or type(exc).__name__
+
+
+def _create(tmp: Path) -> int:
+    """Open ``tmp`` for writing, new, with mode 0666 less the umask (what ``open()`` gives)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        return os.open(tmp, flags, 0o666)
+    except FileExistsError:          # our pid's name, left by a dead process that had our pid
+        os.unlink(tmp)
+        return os.open(tmp, flags, 0o666)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def check_checkpoint_path(path: str | Path) -> Path:
+    """Check that a checkpoint can be written at ``path`` before any work is done: it is not a
+    directory, no parent is a file, its directory exists (it is created if missing) and a file can
+    be created in it (tried with the temporary's name, then removed). Raises
+    :class:`CheckpointError` with one line saying what is wrong; returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_target(path)
+    tmp = _temporary(path)
+    try:
+        os.close(_create(tmp))
+    except OSError as exc:
+        raise CheckpointError(f"cannot write checkpoint {str(path)!r}: creating a file in "
+                              f"{str(path.parent)!r} failed: {_reason(exc)}") from exc
+    _unlink_quietly(tmp)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    if os.name != "posix":
+        return True                  # no cheap, safe probe: keep the file
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                  # EPERM: it exists, owned by someone else
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove the temporaries that processes writing checkpoint ``path`` left when they were killed
+    mid-write: ``.<name>.<pid>.tmp`` whose process no longer exists, and ``<name>.XXXXXXXX.tmp``
+    (older npformer's ``mkstemp`` names) untouched for an hour. Returns the paths removed."""
+    path = Path(path)
+    ours = re.compile(r"\." + re.escape(path.name) + r"\.(\d+)\.tmp")
+    legacy = re.compile(re.escape(path.name) + r"\.[a-z0-9_]{8}\.tmp")
+    removed = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = ours.fullmatch(entry.name)
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            stale = (m is not None and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1)))) or (
+                legacy.fullmatch(entry.name) is not None
+                and time.time() - entry.stat(follow_symlinks=False).st_mtime > LEGACY_TMP_AGE)
+            if stale:
+                os.unlink(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def save_checkpoint(path: str | Path, model_state: dict, meta: dict, optim_state: dict | None = None) -> Path:
+    """Write a checkpoint atomically; returns the path. Any failure to write (a full disk, a
+    read-only directory) removes the temporary and raises :class:`CheckpointError`; the previous
+    checkpoint at ``path``, if any, is left as it was."""
+    path = Path(path)
     arrays: dict[str, Any] = {f"model/{k}": to_numpy(v) for k, v in model_state.items()}
     for k, v in (optim_state or {}).items():
         arrays[f"optim/{k}"] = to_numpy(v) if hasattr(v, "shape") else np.asarray(v)
+    for k, a in arrays.items():
+        if a.dtype.kind not in NUMBER_KINDS or a.dtype.fields is not None:
+            raise InputTypeError(f"checkpoint {str(path)!r}: {k} has dtype {a.dtype}; a checkpoint holds "
+                                 "numbers and bools only (no pickle)")
     arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    _check_target(path)
+    remove_stale_temporaries(path)
+    had_one = path.is_file()
+    tmp = _temporary(path)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(_create(tmp), "wb") as f:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:
+        _unlink_quietly(tmp)
+        before = (f"the previous checkpoint {str(path)!r} is intact" if had_one
+                  else "no checkpoint was written")
+        raise CheckpointError(f"could not write checkpoint {str(path)!r}: {_reason(exc)}; {before}") from exc
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _unlink_quietly(tmp)
         raise
+    try:                             # make the rename itself durable
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
     return path
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a checkpoint written by :func:`save_checkpoint` (host arrays; no pickle)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+# -- reading -----------------------------------------------------------------------------------------
+def _spec(value) -> tuple[tuple[int, ...], np.dtype | None]:
+    """(shape, dtype or None) of an expected entry: an array, or a shape."""
+    if hasattr(value, "shape"):
+        return tuple(int(n) for n in value.shape), np.dtype(value.dtype) if hasattr(value, "dtype") else None
+    return tuple(int(n) for n in value), None
+
+
+def _header(zf: zipfile.ZipFile, info: zipfile.ZipInfo, fail) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """Read one member's ``.npy`` header (no data): (shape, fortran_order, dtype), checked against the
+    member's declared size."""
+    key = info.filename[:-4]
     try:
-        with np.load(path, allow_pickle=False) as data:
-            files = {k: data[k] for k in data.files}
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"{str(path)!r} is not an npformer checkpoint (.npz without pickle): {exc}") from exc
-    if "meta" not in files:
-        raise ValueError(f"{str(path)!r} has no 'meta' entry: not an npformer checkpoint")
-    meta = json.loads(files.pop("meta").tobytes().decode("utf-8"))
-    model = {k[len("model/"):]: v for k, v in files.items() if k.startswith("model/")}
-    optim = {k[len("optim/"):]: (v.item() if v.ndim == 0 else v) for k, v in files.items()
-             if k.startswith("optim/")}
+        with zf.open(info) as m:
+            version = np.lib.format.read_magic(m)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(m)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(m)
+            else:
+                raise ValueError(f".npy format version {version[0]}.{version[1]} is not one npformer writes")
+            header_len = m.tell()
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError, RuntimeError, NotImplementedError,
+            zipfile.BadZipFile, zlib.error) as exc:
+        raise fail(f"member {key!r} has no readable .npy header ({exc})") from exc
+    if dtype.hasobject or dtype.kind not in NUMBER_KINDS or dtype.fields is not None or dtype.subdtype:
+        raise fail(f"member {key!r} has dtype {dtype}; a checkpoint holds numbers and bools only (no pickle)")
+    if any(n < 0 for n in shape):
+        raise fail(f"member {key!r} has a negative dimension in its shape {shape}")
+    needed = header_len + math.prod(shape) * dtype.itemsize
+    if info.file_size != needed:
+        what = ("more than" if info.file_size > needed else "less than")
+        raise fail(f"member {key!r} declares {info.file_size:,} bytes, {what} the {needed:,} its header "
+                   f"needs (shape {shape}, dtype {dtype}): damaged or forged")
+    return shape, fortran, dtype
+
+
+def _read(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shape, fortran: bool, dtype: np.dtype, fail) -> np.ndarray:
+    """Read one member's data into a fresh array of exactly its declared size; the CRC is checked."""
+    key = info.filename[:-4]
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = bytearray(nbytes)
+    view = memoryview(buf)
+    try:
+        with zf.open(info) as m:
+            m.seek(info.file_size - nbytes)
+            got = 0
+            while got < nbytes:
+                n = m.readinto(view[got:])
+                if not n:
+                    raise EOFError(f"{got:,} of {nbytes:,} bytes")
+                got += n
+            m.read(1)                # reach the end: the CRC is checked there
+    except (OSError, EOFError, ValueError, RuntimeError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
+        raise fail(f"member {key!r} could not be read: {exc} (truncated or damaged)") from exc
+    arr = np.frombuffer(buf, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return arr if dtype.isnative else arr.astype(dtype.newbyteorder("="))
+
+
+def _meta(raw: np.ndarray, require_meta: Mapping[str, type], fail) -> dict:
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise fail(f"member 'meta' is {raw.dtype} of shape {raw.shape}, not the uint8 bytes of a JSON object")
+    try:
+        meta = json.loads(raw.tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise fail(f"member 'meta' is not UTF-8 JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise fail(f"member 'meta' holds a JSON {type(meta).__name__}, not an object")
+    missing = sorted(k for k in require_meta if k not in meta)
+    if missing:
+        raise fail(f"meta lacks the keys {missing} (it has {sorted(meta)}); a checkpoint of npformer train "
+                   f"has {sorted(require_meta)}")
+    for k, t in require_meta.items():
+        v = meta[k]
+        if not isinstance(v, t) or isinstance(v, bool) or (t is int and v < 0):
+            raise fail(f"meta[{k!r}] is {v!r}; expected {'a non-negative int' if t is int else 'a ' + t.__name__}")
+    return meta
+
+
+def _finite(key: str, arr: np.ndarray, fail) -> None:
+    if arr.dtype.kind != "f" or arr.size == 0:
+        return
+    ok = np.isfinite(arr)
+    if not ok.all():
+        nan = int(np.isnan(arr).sum())
+        raise fail(f"tensor {key!r} holds {nan:,} NaN and {int(arr.size - ok.sum()) - nan:,} infinite values "
+                   f"out of {arr.size:,}; refusing non-finite weights (allow_nonfinite=True loads them)")
+
+
+def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = None,
+                    require_meta: Mapping[str, type] | None = None, allow_nonfinite: bool = False) -> Checkpoint:
+    """Read a checkpoint written by :func:`save_checkpoint` (host arrays; no pickle, ever).
+
+    ``expected``: the model's state dict (or ``{name: shape}``); the ``model/`` members must have
+    exactly its names, shapes and (for arrays) dtypes, checked before any data is read.
+    ``require_meta``: the meta keys and their types that must be present (default
+    :data:`META_KEYS`, what every checkpoint of ``npformer train`` has; ``{}`` for none).
+    ``allow_nonfinite``: load NaN or infinite values instead of refusing them (for debugging).
+    Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError` for anything else.
+    """
+    path = Path(path)
+    require_meta = META_KEYS if require_meta is None else require_meta
+
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(path)!r}: {what}")
+
+    try:
+        if path.is_dir():
+            raise fail("is a directory, not a checkpoint file")
+        if not path.exists():
+            raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist")
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise fail(f"cannot be opened: {_reason(exc)}") from exc
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise fail("is empty (0 bytes), not an npformer checkpoint (.npz)")
+        try:
+            zf = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, NotImplementedError) as exc:
+            raise fail(f"is not an npformer checkpoint (.npz, a zip archive): {exc}; truncated or damaged?") from exc
+        with zf:
+            members = _check_members(zf, size, fail)
+            if expected is not None:
+                _check_expected(members, expected, fail)
+            headers = {key: _header(zf, info, fail) for key, info in members.items()}
+            if expected is not None:
+                for name, value in expected.items():
+                    shape, dtype = _spec(value)
+                    got_shape, _, got_dtype = headers[f"model/{name}"]
+                    if got_shape != shape or (dtype is not None and got_dtype != dtype):
+                        raise fail(f"tensor 'model/{name}' is {got_dtype} {got_shape}; the model has "
+                                   f"{'any dtype' if dtype is None else dtype} {shape}")
+            meta = _meta(_read(zf, members["meta"], *headers["meta"], fail), require_meta, fail)
+            model, optim = {}, {}
+            for key, info in members.items():
+                if key == "meta":
+                    continue
+                arr = _read(zf, info, *headers[key], fail)
+                if not allow_nonfinite:
+                    _finite(key, arr, fail)
+                if key.startswith("model/"):
+                    model[key[len("model/"):]] = arr
+                else:
+                    optim[key[len("optim/"):]] = arr.item() if arr.ndim == 0 else arr
     return Checkpoint(model=model, optim=optim, meta=meta)
+
+
+def _check_members(zf: zipfile.ZipFile, size: int, fail) -> dict[str, zipfile.ZipInfo]:
+    """``{key: ZipInfo}``; the names, compression and declared sizes checked against the file."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    total = 0
+    for info in zf.infolist():
+        name = info.filename
+        key = name[:-4] if name.endswith(".npy") else name
+        if not name.endswith(".npy") or not (key == "meta" or key.startswith(("model/", "optim/"))):
+            raise fail(f"has a member {name!r} that is not meta.npy, model/*.npy or optim/*.npy")
+        if key in members:
+            raise fail(f"has the member {name!r} twice")
+        if info.flag_bits & 0x41:      # encrypted, strong encryption
+            raise fail(f"member {key!r} is encrypted")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise fail(f"member {key!r} is compressed (zip method {info.compress_type}); npformer checkpoints "
+                       "store arrays uncompressed (np.savez), so no member can inflate beyond the file")
+        if info.compress_size != info.file_size:
+            raise fail(f"member {key!r} declares {info.file_size:,} bytes but stores {info.compress_size:,}")
+        total += info.file_size
+        if total > size:
+            raise fail(f"member {key!r} declares {info.file_size:,} bytes; the members' sizes add up to more "
+                       f"than the whole file ({size:,} bytes): truncated or forged")
+        members[key] = info
+    if "meta" not in members:
+        raise fail(f"has no 'meta' member (it has {sorted(members)[:5]}{' ...' if len(members) > 5 else ''}): "
+                   "not an npformer checkpoint")
+    return members
+
+
+def _check_expected(members: Mapping[str, zipfile.ZipInfo], expected: Mapping[str, Any], fail) -> None:
+    have = {k[len("model/"):] for k in members if k.startswith("model/")}
+    missing, unexpected = sorted(set(expected) - have), sorted(have - set(expected))
+    if missing or unexpected:
+        raise fail("does not fit the model: " + "; ".join(
+            part for part in (f"missing tensors {missing[:8]}" if missing else "",
+                              f"unexpected tensors {unexpected[:8]}" if unexpected else "") if part))

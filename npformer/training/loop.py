@@ -23,7 +23,7 @@ from npformer.checks import non_negative_int, one_of, positive_int
 from npformer.errors import InputTypeError, RangeError
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import MixedPrecision
-from npformer.training.checkpoint import load_checkpoint, save_checkpoint
+from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
 from npformer.training.config import CONFIGS, PRECISIONS, TrainConfig
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.schedules import cosine_with_warmup
@@ -137,7 +137,7 @@ class Trainer:
         return save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
 
     def load(self, path: str | Path) -> None:
-        ck = load_checkpoint(path)
+        ck = load_checkpoint(path, expected=self.model_state())   # names, shapes, dtypes checked first
         if ck.meta.get("kind") != self.kind:
             raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
         self.load_model_state(ck.model, ck.meta)
@@ -147,6 +147,8 @@ class Trainer:
     # -- the whole run -----------------------------------------------------------------------------
     def fit(self) -> dict:
         c, log = self.cfg, self.log
+        if c.checkpoint:             # a path that cannot be written fails now, not after the training
+            check_checkpoint_path(c.checkpoint)
         log(self.describe())
         tty = sys.stdout.isatty()
         start, tokens, window = time.perf_counter(), 0, []

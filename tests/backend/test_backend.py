@@ -35,7 +35,8 @@ def test_unknown_backend_name():
 def test_cupy_unavailable_is_one_clear_error(monkeypatch):
     # Make 'import cupy' fail the way it does on a machine without CuPy, whatever this one has.
     monkeypatch.setitem(sys.modules, "cupy", None)
-    with pytest.raises(BackendUnavailableError, match=r"backend 'cupy' was requested but CuPy cannot be imported.*pip install 'npformer\[gpu\]'"):
+    with pytest.raises(BackendUnavailableError, match=r"backend 'cupy' was requested but CuPy cannot be imported.*nvidia-smi.*"
+                                                      r"'npformer\[gpu-cuda12\]' for CUDA 12\.x, 'npformer\[gpu-cuda13\]'"):
         get_backend("cupy")
     assert backend.cupy_available() is False
 

@@ -133,7 +133,8 @@ def test_errors(tmp_path, capsys, checkpoints):
     assert "does not exist" in err(["--checkpoint", str(tmp_path / "missing.npz")])
     (tmp_path / "notes.npz").write_text("not a checkpoint")
     assert "not an npformer checkpoint" in err(["--checkpoint", str(tmp_path / "notes.npz")])
-    save_checkpoint(tmp_path / "bert.npz", {"w": np.zeros(2)}, {"kind": "bert"})
+    save_checkpoint(tmp_path / "bert.npz", {"w": np.zeros(2)},
+                    {"kind": "bert", "step": 0, "train_config": {}, "model_config": {}})
     assert "attention maps need a 'seq2seq' or 'gpt'" in err(["--checkpoint", str(tmp_path / "bert.npz")])
     msg = err([*TINY, "--input", "3 März 1997"])
     assert "'ä' are not in the model's vocabulary" in msg
