@@ -313,12 +313,14 @@ def _finite(key: str, arr: np.ndarray, fail) -> None:
                    f"out of {arr.size:,}; refusing non-finite weights (allow_nonfinite=True loads them)")
 
 
-def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = None,
+def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = None, kind: str | None = None,
                     require_meta: Mapping[str, type] | None = None, allow_nonfinite: bool = False) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` (host arrays; no pickle, ever).
 
     ``expected``: the model's state dict (or ``{name: shape}``); the ``model/`` members must have
     exactly its names, shapes and (for arrays) dtypes, checked before any data is read.
+    ``kind``: the model kind ``meta["kind"]`` must name (checked before ``expected``, so a checkpoint of
+    another model kind is reported as such rather than as a list of missing tensors).
     ``require_meta``: the meta keys and their types that must be present (default
     :data:`META_KEYS`, what every checkpoint of ``npformer train`` has; ``{}`` for none).
     ``allow_nonfinite``: load NaN or infinite values instead of refusing them (for debugging).
@@ -350,9 +352,13 @@ def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = No
             raise fail(f"is not an npformer checkpoint (.npz, a zip archive): {exc}; truncated or damaged?") from exc
         with zf:
             members = _check_members(zf, size, fail)
+            headers = {"meta": _header(zf, members["meta"], fail)}
+            meta = _meta(_read(zf, members["meta"], *headers["meta"], fail), require_meta, fail)
+            if kind is not None and meta.get("kind") != kind:
+                raise fail(f"holds a {meta.get('kind')!r} checkpoint, not a {kind} one")
             if expected is not None:
                 _check_expected(members, expected, fail)
-            headers = {key: _header(zf, info, fail) for key, info in members.items()}
+            headers.update({key: _header(zf, info, fail) for key, info in members.items() if key != "meta"})
             if expected is not None:
                 for name, value in expected.items():
                     shape, dtype = _spec(value)
@@ -360,7 +366,6 @@ def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = No
                     if got_shape != shape or (dtype is not None and got_dtype != dtype):
                         raise fail(f"tensor 'model/{name}' is {got_dtype} {got_shape}; the model has "
                                    f"{'any dtype' if dtype is None else dtype} {shape}")
-            meta = _meta(_read(zf, members["meta"], *headers["meta"], fail), require_meta, fail)
             model, optim = {}, {}
             for key, info in members.items():
                 if key == "meta":

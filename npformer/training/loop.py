@@ -137,9 +137,8 @@ class Trainer:
         return save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
 
     def load(self, path: str | Path) -> None:
-        ck = load_checkpoint(path, expected=self.model_state())   # names, shapes, dtypes checked first
-        if ck.meta.get("kind") != self.kind:
-            raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
+        # the kind, then names, shapes and dtypes are checked before any tensor is read
+        ck = load_checkpoint(path, kind=self.kind, expected=self.model_state())
         self.load_model_state(ck.model, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])
