@@ -324,7 +324,7 @@ def test_multihead_attention_module_flash_equals_plain_and_gradchecks(xp):
         x, need_weights=False, is_causal=True)[0], backward=lambda m, d: m.backward(d)[0]))
     with pytest.raises(ValueError, match="need_weights=True: flash attention never forms"):
         flash(x, x, x)
-    with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got 'fast'"):
+    with pytest.raises(ValueError, match=r"attention: expected one of 'auto', 'plain', 'flash', got 'fast'"):
         MultiheadAttention(8, 2, attention="fast")
     with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got None"):
         multi_head_attention_forward(x, x, x, 2, plain.in_proj_weight.data, None, plain.out_proj.weight.data,
