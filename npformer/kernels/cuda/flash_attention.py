@@ -23,28 +23,35 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (FLASH_CUDA_SOURCE, FLASH_NVRTC_OPTIONS, HEAD_SIZES, MAX_HEAD_SIZE,
+from npformer.kernels.cuda.flash_source import (FLASH_NVRTC_OPTIONS, HEAD_SIZES, MAX_HEAD_SIZE, MODULE_SOURCES,
                                                 SHARED, THREADS, TILES, entry_name)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "accepts_forward", "accepts_backward",
-           "keep_threshold"]
+           "keep_threshold", "head_bucket", "flash_module"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
 
-def _kernel(name: str, dtype, d: int | None = None):
-    """The flash module's entry point (the module compiled once, on first use, by NVRTC)."""
+def flash_module(dtype, d: int):
+    """The compiled (dtype, D) module (NVRTC, once per process, on first use; CuPy caches the binary)."""
+    key = ("flash_module", numpy.dtype(dtype), d)
+    if key not in runtime._cache:
+        runtime._cache[key] = runtime.compile_module(MODULE_SOURCES[key[1], d], FLASH_NVRTC_OPTIONS)
+    return runtime._cache[key]
+
+
+def _kernel(name: str, dtype, d: int):
+    """The entry point ``name`` ("fwd", "bwd_dkdv", "bwd_dq", "bwd_pre") of the (dtype, D) module."""
     key = ("flash", name, numpy.dtype(dtype), d)
     fn = runtime._cache.get(key)
     if fn is None:
-        if "flash_module" not in runtime._cache:
-            runtime._cache["flash_module"] = runtime.compile_module(FLASH_CUDA_SOURCE, FLASH_NVRTC_OPTIONS)
-        fn = runtime._cache["flash_module"].get_function(entry_name(name, dtype, d))
-        if d is not None and _shared(name, dtype, d) > _DEFAULT_SHARED:
-            fn.max_dynamic_shared_size_bytes = _shared(name, dtype, d)
+        bucketed = name != "bwd_pre"
+        fn = flash_module(dtype, d).get_function(entry_name(name, dtype, d if bucketed else None))
+        if bucketed and _shared(name, dtype, d) > _DEFAULT_SHARED:
+            fn.max_dynamic_shared_size_bytes = _shared(name, dtype, d)     # opt in beyond 48 KiB
         runtime._cache[key] = fn
     return fn
 
@@ -159,7 +166,7 @@ def flash_attention_backward(dout, cache: FlashAttentionCache):
     dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
     rows = b * h * tq
     if rows:
-        _kernel("bwd_pre", q.dtype)((max(1, min(-(-rows // 256), MAX_GRID)),), (256,),
+        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // 256), MAX_GRID)),), (256,),
                                     (dout, out, dvec, numpy.int64(rows), numpy.int32(hv)))
     common = _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
     _launch("bwd_dkdv", q.dtype, d, -(-tk // bc), b * h, (q, k, v, dout, lse, dvec, dk, dv) + common)

@@ -41,10 +41,13 @@ nothing to a dot product); rows are D + 4 values apart in shared memory (16-byte
 or 8 rows read at once fall in distinct banks). Shared memory is dynamic: :data:`SHARED` gives each
 kernel's bytes, which the kernel also carves out (a test checks the two agree).
 
-Only ``__int_as_float``-style bit casts and the dynamic shared-memory declaration differ between
-the GPU and the CPU emulator (tests/kernels/cuda/emulator.py, where ``__CUDACC__`` is undefined).
-The common source (:mod:`npformer.kernels.cuda.source`) comes first in this module: its loads,
-stores, ``npf_exp``, ``npf_log``, ``npf_max`` and ``NPF_FOR_EACH`` are used here.
+Modules. Each (dtype, D) pair is its own small NVRTC module (:func:`module_source`), compiled on
+first use: a run compiles the three kernels it needs (seconds), not all 27 instantiations (about a
+minute). A module is self-contained: :data:`~npformer.kernels.cuda.source.HALF_CONVERSIONS`, then the
+few loads, stores and math helpers of the common source's prelude (same names and meaning), then the
+kernels. Only the infinity constant and the dynamic shared-memory declaration differ between the GPU
+and the CPU emulator (tests/kernels/cuda/emulator.py, where ``__CUDACC__`` is undefined), which
+compiles :data:`FLASH_EMULATED_SOURCE`, every entry point in one library.
 """
 from __future__ import annotations
 
@@ -52,11 +55,11 @@ import re
 
 import numpy
 
-from npformer.kernels.cuda.source import CUDA_SOURCE, KERNELS_SOURCE, TYPES
+from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "shared_bytes",
-           "FLASH_KERNELS_SOURCE", "FLASH_CUDA_SOURCE", "FLASH_NVRTC_OPTIONS", "entry_name"]
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "shared_bytes", "entry_name",
+           "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
@@ -82,6 +85,21 @@ def shared_bytes(kernel: str, acc: str, d: int) -> int:
 SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "dq", "dkdv") for acc, d in TILES}
 
 _KERNELS = r"""
+// The common source's prelude, as there: loads and stores of T as A, exp, log, a NaN-keeping max and
+// the grid-stride loop (float16's npf_load/npf_store come from HALF_CONVERSIONS or the emulator).
+__device__ __forceinline__ float npf_load(float v) { return v; }
+__device__ __forceinline__ double npf_load(double v) { return v; }
+__device__ __forceinline__ void npf_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void npf_store(double* p, double v) { *p = v; }
+__device__ __forceinline__ float npf_exp(float v) { return expf(v); }
+__device__ __forceinline__ double npf_exp(double v) { return exp(v); }
+__device__ __forceinline__ float npf_log(float v) { return logf(v); }
+__device__ __forceinline__ double npf_log(double v) { return log(v); }
+template <typename A> __device__ __forceinline__ A npf_max(A a, A b) { return (a > b || a != a) ? a : b; }
+#define NPF_FOR_EACH(k, total) \
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < (total); \
+         k += (long long)gridDim.x * blockDim.x)
+
 #define NPF_FA_THREADS 128
 #define NPF_FA_TR 16
 #define NPF_FA_TC 8
@@ -532,16 +550,22 @@ def entry_name(kernel: str, dtype, d: int | None = None) -> str:
     return f"npf_fa_{kernel}_{suffix}" if d is None else f"npf_fa_{kernel}_d{d}_{suffix}"
 
 
-def _entry_points() -> str:
-    out = []
-    for dtype, (storage, acc, _) in TYPES.items():
+def _entry_points(pairs) -> str:
+    """The entry points of the (dtype, D) pairs (bwd_pre once per dtype), then the test kernels."""
+    out, dtypes = [], []
+    for dtype, d in pairs:
+        storage, acc, _ = TYPES[numpy.dtype(dtype)]
         for name, params, body in _ENTRY_POINTS:
-            for d in (HEAD_SIZES if "D, BR, BC" in body else (None,)):
-                text = f'extern "C" __global__ void {entry_name(name, dtype, d)}({params}) {{\n    {body}\n}}\n'
-                if d is not None:
-                    br, bc = TILES[acc, d]
-                    text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
-                out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+            bucketed = "D, BR, BC" in body
+            if not bucketed and dtype in dtypes:
+                continue
+            text = (f'extern "C" __global__ void {entry_name(name, dtype, d if bucketed else None)}({params}) {{\n'
+                    f"    {body}\n}}\n")
+            if bucketed:
+                br, bc = TILES[acc, d]
+                text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
+            out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+        dtypes.append(dtype)
     sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
                     f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
     return "\n".join(out) + _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
@@ -553,11 +577,19 @@ def _constants(text: str) -> str:
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], text)
 
 
-FLASH_KERNELS_SOURCE = _constants(_KERNELS) + "\n" + _entry_points()
-# This module's NVRTC source: the common kernels' (for their helpers), then the flash kernels.
-FLASH_CUDA_SOURCE = CUDA_SOURCE + "\n" + FLASH_KERNELS_SOURCE
-# What the CPU emulator compiles in its place (tests/kernels/cuda/emulator.py: no PTX conversions).
-FLASH_EMULATED_SOURCE = KERNELS_SOURCE + "\n" + FLASH_KERNELS_SOURCE
+_PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
+
+
+def module_source(dtype, d: int) -> str:
+    """The NVRTC source of the module for ``dtype`` and head-size bucket ``d``: its fwd, bwd_dkdv,
+    bwd_dq and bwd_pre entry points, and the two test kernels."""
+    return HALF_CONVERSIONS + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
+
+
+MODULE_SOURCES = {pair: module_source(*pair) for pair in _PAIRS}
+# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions itself):
+# every pair's entry points in one library.
+FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS)
 # Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
 # the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
 # reference's matmul anyway, and FMA halves its instruction count.

@@ -32,6 +32,7 @@ from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import the
 from tests.kernels.cuda import emulator
 
 DTYPES = ("float64", "float32", "float16")
+_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values())   # each emulated by the one flash library
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def emulated_module(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def emulated_flash_module(tmp_path_factory):
-    """The flash attention module (its own NVRTC module on a GPU): the common kernels, then flash's."""
+    """Every flash attention entry point (on a GPU, one NVRTC module per dtype and head-size bucket)."""
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
     path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), flash_source.FLASH_EMULATED_SOURCE)
@@ -69,6 +70,6 @@ def fx(request, monkeypatch):
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
     monkeypatch.setattr(runtime, "compile_module", lambda source, options: (
-        request.getfixturevalue("emulated_flash_module") if source == flash_source.FLASH_CUDA_SOURCE else module))
+        request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})
     return Backend("emulated", np)
