@@ -34,7 +34,7 @@ CUDA C                              reference
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
 (NR, D) by (NC, D) gives thread (tr, tc) the rows tr + 16 a and columns tc + 8 b (a register
 micro-tile), and a product P W of (NR, N) by (N, D) gives it rows tr + 16 a and head columns
-tc + 8 c. So a thread owns the same query rows in the score tile and in the output accumulator, and
+32 (c / 4) + 4 tc + c % 4 (runs of 4: 16-byte loads and stores). So a thread owns the same query rows in the score tile and in the output accumulator, and
 the row max and sum need one exchange among the 8 threads of a row (through shared memory).
 Tiles are (BR queries, BC keys) with the head size padded to D in {32, 64, 128} (zeros: they add
 nothing to a dot product); rows are D + 4 values apart in shared memory (16-byte aligned, and the 4
@@ -210,7 +210,12 @@ __device__ __forceinline__ void npf_fa_dot(const A* X, const A* Y, A (&s)[R][C])
     }
 }
 
-// acc[a][c] += sum_j P[tr + 16 a][j] W[j][tc + 8 c] over N (P: (.., PS) with row stride PS, W: (N, D + 4))
+// The head column of a thread's accumulator column c: runs of 4 (one 16-byte load), the 8 column lanes'
+// runs side by side: (c / 4) 32 + 4 tc + c % 4
+__device__ __forceinline__ int npf_fa_col(int tc, int c) { return (c >> 2) * (4 * NPF_FA_TC) + tc * 4 + (c & 3); }
+
+// acc[a][c] += sum_j P[tr + 16 a][j] W[j][npf_fa_col(tc, c)] over N (P: (.., PS) with row stride PS,
+// W: (N, D + 4))
 template <typename A, int R, int DC, int N, int PS, int D>
 __device__ __forceinline__ void npf_fa_acc(const A* P, const A* W, A (&acc)[R][DC]) {
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
@@ -220,7 +225,7 @@ __device__ __forceinline__ void npf_fa_acc(const A* P, const A* W, A (&acc)[R][D
 #pragma unroll
         for (int a = 0; a < R; ++a) p[a] = P[(tr + NPF_FA_TR * a) * PS + j];
 #pragma unroll
-        for (int c = 0; c < DC; ++c) w[c] = W[j * (D + 4) + tc + NPF_FA_TC * c];
+        for (int c = 0; c < DC; ++c) w[c] = W[j * (D + 4) + npf_fa_col(tc, c)];
 #pragma unroll
         for (int a = 0; a < R; ++a)
 #pragma unroll
@@ -332,7 +337,7 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
             const long long at = bh * a.Tq + i;
 #pragma unroll
             for (int c = 0; c < DC; ++c) {
-                const int d = tc + NPF_FA_TC * c;
+                const int d = npf_fa_col(tc, c);
                 if (d < a.hv) npf_store(out + at * a.hv + d, acc[r][c] / den);
             }
             if (tc == 0) lse[at] = empty ? inf : m[r] + npf_log(l[r]);
@@ -413,6 +418,12 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
             A st[R][C], dpt[R][C];
             npf_fa_dot<A, R, C, D>(Ks, Qs, st);              // S^T: keys x queries
             npf_fa_dot<A, R, C, D>(Vs, dOs, dpt);            // dP^T = (dO v^T)^T
+            A lse_c[C], d_c[C];                              // this thread's queries' lse and D
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                lse_c[c] = lse_s[tc + NPF_FA_TC * c];
+                d_c[c] = d_s[tc + NPF_FA_TC * c];
+            }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const int row = tr + NPF_FA_TR * r;
@@ -420,7 +431,7 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
                 for (int c = 0; c < C; ++c) {
                     const int col = tc + NPF_FA_TC * c;
                     A p_drop, ds;
-                    npf_fa_grad(st[r][c], dpt[r][c], lse_s[col], d_s[col], a, seed, bh, i0 + col, j0 + row, p_drop, ds);
+                    npf_fa_grad(st[r][c], dpt[r][c], lse_c[c], d_c[c], a, seed, bh, i0 + col, j0 + row, p_drop, ds);
                     Pt[row * RP + col] = p_drop;
                     St[row * RP + col] = ds;
                 }
@@ -436,7 +447,7 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
             const long long at = bh * a.Tk + j;
 #pragma unroll
             for (int c = 0; c < DC; ++c) {
-                const int d = tc + NPF_FA_TC * c;
+                const int d = npf_fa_col(tc, c);
                 if (d < a.hs) npf_store(dk + at * a.hs + d, dka[r][c]);
                 if (d < a.hv) npf_store(dv + at * a.hv + d, dva[r][c]);
             }
@@ -503,7 +514,7 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
             if (i >= a.Tq) continue;
 #pragma unroll
             for (int c = 0; c < DC; ++c) {
-                const int d = tc + NPF_FA_TC * c;
+                const int d = npf_fa_col(tc, c);
                 if (d < a.hs) npf_store(dq + (bh * a.Tq + i) * a.hs + d, dqa[r][c]);
             }
         }

@@ -338,3 +338,22 @@ def check_auto(xp, ran):
     _, weights = auto(x, need_weights=True)              # weights asked for: plain
     auto.backward(dout)
     assert weights is not None and ran == [1]
+
+
+def test_the_benchmarks_flash_sweep_runs_the_kernel(fx):
+    """benchmarks/cases.py's flash sweep row (timed on CuPy where present) runs the CUDA kernel,
+    forward and backward, and agrees with the reference (here NumPy arrays pose as CuPy's)."""
+    from benchmarks import bench, cases, paths
+    b = bench.Backend("numpy" if fx.name == "emulated" else "cupy", 1)
+    cfg, t = dict(bench.QUICK, d=16, H=2), 70
+    flash = bench.flash_sweep_case(cfg, t)["build"](b)
+    assert paths.label(paths.fast_paths_run(flash["fwd"])) == "cuda"
+    assert paths.fast_paths_run(flash["bwd"]) == ["cuda:flash_attention_backward"]
+    out, grads = flash["fwd"]()[0], flash["bwd"]()
+    with disabled():
+        ref, ref_grads = flash["fwd"]()[0], flash["bwd"]()
+    q, k, v = (cases.host_normal((1, 2, t, 8), s) for s in (1, 2, 3))      # the case's inputs
+    scales = magnitudes(q, k, v, cases.upstream_gradient(out.shape), host(ref), {})
+    assert_close(out, ref, "float32", scale=scales["out"])
+    for what, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(g, r, "float32", scale=scales[what], what=what)
