@@ -7,7 +7,7 @@ results (to rounding; parity tests hold each to its reference, outputs and gradi
 * :mod:`npformer.kernels.cpu`: NumPy arrays: element-wise chains over cache-sized blocks, softmax
   in the score buffer, a float32 erf, dropout masks from raw PCG64 bits;
 * :mod:`npformer.kernels.cuda`: CuPy arrays: fused CUDA kernels, one launch where the reference
-  runs several.
+  runs several (flash attention: one forward launch where the reference runs thousands).
 
 :data:`FAST_PATHS` below is the whole table: which fast path stands in for which op, on which
 inputs. A call of a reference op runs the first entry whose test accepts the arguments, or the
@@ -29,7 +29,8 @@ from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu import softmax as cpu_softmax
 from npformer.kernels import cuda
 from npformer.kernels.cuda import device_floats
-from npformer.ops import activations, attention, dropout, layernorm, linear, softmax
+from npformer.kernels.cuda import flash_attention as cuda_flash
+from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, softmax
 
 __all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
 
@@ -72,6 +73,8 @@ FAST_PATHS = (
      lambda x, p=0.0, rng=None, training=True: device_floats(x)),
     (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
+    (flash_attention.flash_attention_forward, "cuda", cuda.flash_attention_forward, cuda_flash.accepts_forward),
+    (flash_attention.flash_attention_backward, "cuda", cuda.flash_attention_backward, cuda_flash.accepts_backward),
     (attention.scaled_dot_product_attention_forward, "cpu", cpu_attention.scaled_dot_product_attention_forward,
      lambda q, k, v, **options: numpy_floats(q, k, v)),
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,

@@ -10,6 +10,12 @@ Parameters keep PyTorch's names and layout: ``in_proj_weight`` (3E, E) = [W_q; W
 a float mask is added to the scores. A query whose every key is masked gets a zero output and zero
 gradient (PyTorch gives NaN there); see ``npformer.ops.attention``.
 
+``attention`` picks the attention op: ``"plain"`` (:mod:`npformer.ops.attention`, which can return
+the weights), ``"flash"`` (:mod:`npformer.ops.flash_attention`: tiled, memory linear in T, no weights;
+a CUDA kernel on CuPy arrays) or ``"auto"``, the default: flash for CuPy arrays when
+``need_weights=False`` (GPU training), plain otherwise (NumPy, where plain is the faster, or when the
+weights are asked for). The choice is made per call.
+
 ``forward(query, key, value)`` is PyTorch's call, and ``backward`` returns ``(dquery, dkey, dvalue)``.
 ``forward(query)`` alone is self-attention through one packed projection
 (:func:`npformer.ops.multihead.self_attention_forward`); ``backward`` then returns ``(dx, None, None)``,
@@ -21,6 +27,7 @@ bottom-right; cross-attention projects its memory into the cache on the first ca
 """
 from __future__ import annotations
 
+from npformer.backend import is_cupy_array
 from npformer.checks import positive_int, probability
 from npformer.errors import ShapeError
 from npformer.nn import init
@@ -49,7 +56,7 @@ class MultiheadAttention(Module):
     """Self- or cross-attention over batch-first (B, T, E) inputs; ``forward`` returns (out, weights)."""
 
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True, *,
-                 dtype=None, backend=None, rng=None, attention: str = "plain"):
+                 dtype=None, backend=None, rng=None, attention: str = "auto"):
         super().__init__()
         rng = init.host_generator(rng)   # one stream for all of this module's draws
         embed_dim, num_heads = positive_int(embed_dim, "embed_dim"), positive_int(num_heads, "num_heads")
@@ -57,8 +64,8 @@ class MultiheadAttention(Module):
             raise ShapeError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.dropout = probability(dropout, "dropout")
-        check_implementation(attention)
-        self.attention = attention       # "plain", or "flash": tiled, O(T) memory, no weights (ops.flash_attention)
+        check_implementation(attention, auto=True)
+        self.attention = attention       # "auto", "plain", or "flash" (module docstring)
         self.head_dim = embed_dim // num_heads
         kw = dict(dtype=dtype, backend=backend)
         # PyTorch's _reset_parameters: xavier-uniform packed projection, zero biases.
@@ -89,7 +96,8 @@ class MultiheadAttention(Module):
         common = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                       causal_alignment=causal_alignment, dropout_p=self.dropout if active else 0.0,
                       rng=self.generator(query) if active else None, training=active, need_weights=need_weights,
-                      average_attn_weights=average_attn_weights, attention=self.attention, **past)
+                      average_attn_weights=average_attn_weights,
+                      attention=self._implementation(query, need_weights), **past)
         weights = (self.in_proj_weight.data, None if self.in_proj_bias is None else self.in_proj_bias.data,
                    *self.out_proj.arrays())
         if self_attention:
@@ -101,6 +109,12 @@ class MultiheadAttention(Module):
             kv_cache.k, kv_cache.v = cache.attn.k, cache.attn.v              # (B, H, Tk, hs): all positions so far
         self._push(cache)
         return out, attn_weights                         # (B, Tq, E), (B, Tq, Tk) | (B, H, Tq, Tk) | None
+
+    def _implementation(self, query, need_weights: bool) -> str:
+        """The op this call runs: ``self.attention``, with "auto" resolved (module docstring)."""
+        if self.attention != "auto":
+            return self.attention
+        return "flash" if is_cupy_array(query) and not need_weights else "plain"
 
     def backward(self, dout):
         """Returns ``(dquery, dkey, dvalue)``; ``(dx, None, None)`` after a self-attention call."""

@@ -30,6 +30,10 @@ sizes. The stream differs from the plain op's (which draws the whole mask from `
 dropout on the two ops agree in distribution, not element by element.
 
 The attention weights are never formed, so ``need_weights=True`` raises; use the plain op for them.
+
+This is the version to read. On CuPy arrays a CUDA kernel stands in for it (same arguments, cache and
+results; :mod:`npformer.kernels.cuda.flash_attention`, its CUDA C mapped to the lines here);
+``npformer.kernels.disabled()`` runs this code instead.
 """
 from __future__ import annotations
 
@@ -44,14 +48,18 @@ from npformer.errors import RangeError
 from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
-           "flash_attention_backward"]
+           "flash_attention_backward", "SPLITMIX64", "check_flash_arguments", "flash_masks", "draw_seed"]
 
-IMPLEMENTATIONS = ("plain", "flash")   # the ``attention=`` choices of multi-head attention
-_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # splitmix64
+# The ``attention=`` choices of multi-head attention. "auto" is a module's (nn.MultiheadAttention
+# resolves it per call: "flash" on CuPy arrays without weights, else "plain"); the ops take the other two.
+IMPLEMENTATIONS = ("auto", "plain", "flash")
+SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
+_GOLDEN, _MIX1, _MIX2 = SPLITMIX64
 
 
-def check_implementation(attention) -> None:
-    one_of(attention, "attention", IMPLEMENTATIONS)
+def check_implementation(attention, *, auto: bool = False) -> None:
+    """``attention`` is "plain" or "flash" (an op's choices), or also "auto" with ``auto=True`` (a module's)."""
+    one_of(attention, "attention", IMPLEMENTATIONS if auto else IMPLEMENTATIONS[1:])
 
 
 class Masks(NamedTuple):
@@ -76,7 +84,7 @@ class FlashAttentionCache(NamedTuple):
     block_k: int
 
 
-def _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, alignment, xp) -> Masks:
+def flash_masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, alignment, xp) -> Masks:
     """Checked by :func:`npformer.ops.masks.check_masks`, as the plain attention's are."""
     attn_mask = check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, alignment, xp)
     shift = None if not is_causal else 0 if alignment == "top_left" else tk - tq
@@ -119,13 +127,22 @@ def _keep(seed, p, shape, i0, i1, j0, j1, dtype, xp):
     return keep.astype(dtype) * (1.0 / (1.0 - p)) if p < 1 else xp.zeros(keep.shape, dtype)
 
 
-def _draw_seed(rng, like, xp):
+def draw_seed(rng, like, xp):
     if rng is None:
         raise RangeError("dropout with p > 0 in training mode needs rng, a backend Generator "
                          "(npformer.backend.default_rng(seed, backend))")
     halves = (rng.random((2,), dtype=xp.float64) * 2.0 ** 32).astype(xp.uint64)   # (2,)
     get_array_module(halves, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
     return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
+
+
+def check_flash_arguments(q, k, v, scale, dropout_p, need_weights, block_q, block_k):
+    """The forward's argument checks (the CUDA kernel's too); returns ``(scale, block_q, block_k)``."""
+    scale = check_attention_inputs(q, k, v, scale, dropout_p)
+    if need_weights:
+        raise RangeError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
+                         "pass need_weights=False, or use the plain op (attention='plain') to get them")
+    return scale, positive_int(block_q, "block_q"), positive_int(block_k, "block_k")   # tile sizes
 
 
 @dispatched
@@ -138,18 +155,14 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     Arguments as :func:`npformer.ops.attention.scaled_dot_product_attention_forward`; ``block_q`` and
     ``block_k`` are the tile sizes (any positive ints: the last tile is shorter).
     """
-    scale = check_attention_inputs(q, k, v, scale, dropout_p)
-    if need_weights:
-        raise RangeError("need_weights=True: flash attention never forms the (Tq, Tk) attention weights; "
-                         "pass need_weights=False, or use the plain op (attention='plain') to get them")
-    block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")   # tile sizes
+    scale, block_q, block_k = check_flash_arguments(q, k, v, scale, dropout_p, need_weights, block_q, block_k)
     xp = get_array_module(q, k, v)
     b, h, tq, hs = q.shape
     tk, hv = k.shape[2], v.shape[3]
-    masks = _masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
+    masks = flash_masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
     acc_dt = accumulation_dtype(q.dtype)
     p = float(dropout_p) if training and dropout_p > 0 else 0.0
-    seed = _draw_seed(rng, q, xp) if p > 0 else None
+    seed = draw_seed(rng, q, xp) if p > 0 else None
     out = xp.empty((b, h, tq, hv), dtype=q.dtype)                                 # (B, H, Tq, hv)
     lse = xp.empty((b, h, tq, 1), dtype=acc_dt)                                   # (B, H, Tq, 1)
     for i0 in range(0, tq, block_q):

@@ -14,6 +14,7 @@ from npformer.models.gpt import GPT, GPTConfig
 from npformer.nn.attention import MultiheadAttention
 from npformer.ops.attention import (scaled_dot_product_attention_backward as sdpa_backward,
                                     scaled_dot_product_attention_forward as sdpa_forward)
+from npformer.ops.flash_attention import FlashAttentionCache
 from npformer.ops.flash_attention import flash_attention_backward as flash_backward
 from npformer.ops.flash_attention import flash_attention_forward as flash_forward
 from npformer.ops.multihead import multi_head_attention_backward, multi_head_attention_forward
@@ -324,11 +325,23 @@ def test_multihead_attention_module_flash_equals_plain_and_gradchecks(xp):
         x, need_weights=False, is_causal=True)[0], backward=lambda m, d: m.backward(d)[0]))
     with pytest.raises(ValueError, match="need_weights=True: flash attention never forms"):
         flash(x, x, x)
-    with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got 'fast'"):
+    with pytest.raises(ValueError, match=r"attention: expected one of 'auto', 'plain', 'flash', got 'fast'"):
         MultiheadAttention(8, 2, attention="fast")
     with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got None"):
         multi_head_attention_forward(x, x, x, 2, plain.in_proj_weight.data, None, plain.out_proj.weight.data,
                                      None, attention=None)
+
+
+def test_multihead_attention_auto_is_flash_on_cupy_without_weights_else_plain(xp):
+    m = MultiheadAttention(8, 2, dtype=xp.float64, backend=backend_name(xp), rng=3)
+    assert m.attention == "auto"
+    x = randn(xp, (2, 5, 8), 0)
+    m(x, need_weights=False)
+    assert isinstance(m._saved[-1].attn, FlashAttentionCache) == (backend_name(xp) == "cupy")
+    m.backward(randn(xp, (2, 5, 8), 1))
+    _, weights = m(x, need_weights=True)                 # weights asked for: plain on every backend
+    assert weights is not None and not isinstance(m._saved[-1].attn, FlashAttentionCache)
+    m.backward(randn(xp, (2, 5, 8), 1))
 
 
 def test_gpt_with_flash_attention_equals_plain(xp):

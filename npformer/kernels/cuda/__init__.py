@@ -8,6 +8,9 @@ GELU (erf and tanh)        one elementwise kernel forward, one backward
 dropout                    uniforms from the Generator passed in (the reference's mask for
                            a seed), then one kernel for compare, scale and multiply
 linear backward            the bias gradient as one coalesced column sum
+flash attention            forward: a block per query tile and head, online softmax over
+                           key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
+                           dv), a block per query tile (dq); own module (flash_source.py)
 bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h)); backward one kernel
                            (dz = da gelu'(h) and the partial sums of dbias); not wired to
                            an op yet, tested through the emulator
@@ -23,6 +26,7 @@ imports CuPy; :func:`~npformer.kernels.cuda.runtime.device_floats` says which ar
 from npformer.kernels.cuda.activations import (bias_add_forward, bias_gelu_backward, bias_gelu_forward,
                                                bias_grad, gelu_backward, gelu_forward)
 from npformer.kernels.cuda.dropout import dropout_forward
+from npformer.kernels.cuda.flash_attention import flash_attention_backward, flash_attention_forward
 from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
 from npformer.kernels.cuda.linear import linear_backward
 from npformer.kernels.cuda.runtime import device_floats
@@ -32,5 +36,6 @@ from npformer.kernels.cuda.softmax import (log_softmax_backward, log_softmax_for
 __all__ = [
     "device_floats", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "dropout_forward",
-    "linear_backward", "bias_add_forward", "bias_grad", "bias_gelu_forward", "bias_gelu_backward",
+    "linear_backward", "flash_attention_forward", "flash_attention_backward", "bias_add_forward", "bias_grad",
+    "bias_gelu_forward", "bias_gelu_backward",
 ]

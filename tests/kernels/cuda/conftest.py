@@ -2,7 +2,8 @@
 
 * ``emulated``: the kernels' CUDA C compiled by g++ and run on NumPy arrays (tests/kernels/cuda/
   emulator.py), with the CUDA package's array module and kernel loader swapped for the test (so
-  NumPy arrays count as device arrays: the dispatcher sends them to the CUDA paths);
+  NumPy arrays count as device arrays: the dispatcher sends them to the CUDA paths); the flash
+  attention module is built apart, on first use;
 * ``cuda``: the real thing, marked ``gpu`` and skipped when CuPy or a device is absent.
 
 Tolerances, stated once: the fused kernels compute in the reference ops' precision and differ from
@@ -26,11 +27,12 @@ from npformer.backend import cupy_available, get_backend
 from npformer import kernels
 from npformer.kernels import cpu as kernels_cpu
 from npformer.kernels.cpu import dropout as cpu_dropout
-from npformer.kernels.cuda import runtime
+from npformer.kernels.cuda import flash_source, runtime
 from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
 from tests.kernels.cuda import emulator
 
 DTYPES = ("float64", "float32", "float16")
+_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values())   # each emulated by the one flash library
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,15 @@ def emulated_module(tmp_path_factory):
     return emulator.EmulatedModule(emulator.build(tmp_path_factory.mktemp("npf_emulator")))
 
 
+@pytest.fixture(scope="session")
+def emulated_flash_module(tmp_path_factory):
+    """Every flash attention entry point (on a GPU, one NVRTC module per dtype and head-size bucket)."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), flash_source.FLASH_EMULATED_SOURCE)
+    return emulator.EmulatedModule(path, flash_source.FLASH_EMULATED_SOURCE)
+
+
 @pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
 def fx(request, monkeypatch):
     """The backend the fused kernels run on (see the module docstring)."""
@@ -58,6 +69,7 @@ def fx(request, monkeypatch):
     for home in (kernels, kernels_cpu, cpu_dropout):    # NumPy arrays pose as device arrays: not the CPU's
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
-    monkeypatch.setattr(runtime, "compile_module", lambda source, options: module)
+    monkeypatch.setattr(runtime, "compile_module", lambda source, options: (
+        request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})
     return Backend("emulated", np)

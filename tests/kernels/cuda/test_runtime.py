@@ -11,7 +11,7 @@ from npformer.backend import cupy_available, get_backend
 from npformer import kernels
 from npformer.kernels import cuda
 from npformer.ops import activations, softmax
-from npformer.kernels.cuda import runtime, source
+from npformer.kernels.cuda import flash_source, runtime, source
 from tests.helpers import host, randn
 from tests.kernels.cuda import emulator
 
@@ -69,15 +69,30 @@ def test_every_entry_point_exists_for_every_dtype():
     assert "@" not in source.CUDA_SOURCE                             # every constant substituted
 
 
+def _sources(which: str) -> list[tuple[str, str, tuple]]:
+    """(name, CUDA source, NVRTC options) of each module: the common one, or flash's (one per dtype and
+    head-size bucket)."""
+    if which == "common":
+        return [("kernels", source.CUDA_SOURCE, source.NVRTC_OPTIONS)]
+    return [(f"flash_{dtype}_{d}", text, flash_source.FLASH_NVRTC_OPTIONS)
+            for (dtype, d), text in flash_source.MODULE_SOURCES.items()]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")
-def test_cuda_source_compiles_with_nvcc(tmp_path):
-    """The device compiler itself, no GPU needed: warnings are errors, with the NVRTC options."""
-    src = tmp_path / "kernels.cu"
-    src.write_text(source.CUDA_SOURCE)
-    cmd = ["nvcc", "-cubin", "-arch=sm_80", *source.NVRTC_OPTIONS, "-Werror", "all-warnings",
-           "-o", str(tmp_path / "kernels.cubin"), str(src)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+@pytest.mark.parametrize("which", ["common", "flash"])
+def test_cuda_source_compiles_with_nvcc(tmp_path, which):
+    """The device compiler itself, no GPU needed: warnings are errors, with each module's NVRTC options
+    (the modules compile in parallel)."""
+    runs = []
+    for name, text, options in _sources(which):
+        src = tmp_path / f"{name}.cu"
+        src.write_text(text)
+        cmd = ["nvcc", "-cubin", "-arch=sm_80", *options, "-Werror", "all-warnings",
+               "-o", str(tmp_path / f"{name}.cubin"), str(src)]
+        runs.append((name, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+    for name, proc in runs:
+        _, err = proc.communicate()
+        assert proc.returncode == 0, f"{name}: {err}"
 
 
 _DIVERGENT = r"""

@@ -7,7 +7,7 @@ import pytest
 from npformer.backend import default_rng
 from npformer.dispatch import FastPath
 from npformer.kernels import FAST_PATHS, disabled
-from npformer.ops import activations, attention, dropout, layernorm, linear, softmax
+from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, softmax
 from tests.helpers import host, randn
 from tests.kernels.cuda.conftest import assert_close
 
@@ -60,6 +60,13 @@ def test_each_wired_op_takes_the_fused_path_and_matches(fx, seen, dtype):
         assert_close(g, r, dtype)
     got, ref = _both(lambda: dropout.dropout_forward(x, 0.3, rng=default_rng(7, backend))[0])
     np.testing.assert_array_equal(host(got), host(ref))       # the same draws: the same mask
+    q, k, v = (randn(xp, (2, 2, 5, 3), s, dtype) for s in (7, 8, 9))
+    pad = xp.asarray(np.array([[False] * 4 + [True], [False] * 5]))
+    got, ref = _both(lambda: (lambda o, c: (o, *flash_attention.flash_attention_backward(
+        randn(xp, o.shape, 10, dtype), c)))(*flash_attention.flash_attention_forward(
+            q, k, v, key_padding_mask=pad, is_causal=True, dropout_p=0.2, rng=default_rng(4, backend))))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype)
     registered = {op.__name__ for op, name, _, _ in FAST_PATHS if name == "cuda"}
     assert registered <= set(seen), f"CUDA fast paths without a parity case: {sorted(registered - set(seen))}"
 

@@ -1,0 +1,197 @@
+"""Flash attention as CUDA kernels (reference: :mod:`npformer.ops.flash_attention`, the version to read).
+
+One launch forward (a block per query tile and head, an online softmax over the key tiles), and
+three backward (D = rowsum(dO O); a block per key tile for dk and dv; a block per query tile for
+dq), all recomputing P from the cached lse. The CUDA C and its map to the reference's lines are in
+:mod:`npformer.kernels.cuda.flash_source`. The contract is the reference's: the same arguments,
+checks and messages (its own check functions), the same ``(out, FlashAttentionCache)`` and
+``(dq, dk, dv)``, so either backward takes either forward's cache; masks of every kind, both
+causal alignments, zeros and lse = +inf for fully masked rows, and dropout masks equal to the
+reference's element by element for one seed. float16 is computed in float32, float32 in float32,
+float64 in float64 (for gradient checks); head sizes up to 128, any Tq and Tk.
+
+``block_q`` and ``block_k`` are checked and kept in the cache (the reference's backward tiles by
+them), but the kernels use their own tiles (:data:`~npformer.kernels.cuda.flash_source.TILES`).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy
+
+from npformer.backend import accumulation_dtype, get_backend, to_numpy
+from npformer.checks import expect_grad
+from npformer.errors import RangeError
+from npformer.kernels.cuda import runtime
+from npformer.kernels.cuda.flash_source import (FLASH_NVRTC_OPTIONS, HEAD_SIZES, MAX_HEAD_SIZE, MODULE_SOURCES,
+                                                SHARED, THREADS, TILES, entry_name)
+from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
+from npformer.kernels.cuda.source import TYPES
+from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
+
+__all__ = ["flash_attention_forward", "flash_attention_backward", "accepts_forward", "accepts_backward",
+           "keep_threshold", "head_bucket", "flash_module"]
+
+_DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
+
+
+def flash_module(dtype, d: int):
+    """The compiled (dtype, D) module (NVRTC, once per process, on first use; CuPy caches the binary)."""
+    key = ("flash_module", numpy.dtype(dtype), d)
+    if key not in runtime._cache:
+        runtime._cache[key] = runtime.compile_module(MODULE_SOURCES[key[1], d], FLASH_NVRTC_OPTIONS)
+    return runtime._cache[key]
+
+
+def _kernel(name: str, dtype, d: int):
+    """The entry point ``name`` ("fwd", "bwd_dkdv", "bwd_dq", "bwd_pre") of the (dtype, D) module."""
+    key = ("flash", name, numpy.dtype(dtype), d)
+    fn = runtime._cache.get(key)
+    if fn is None:
+        bucketed = name != "bwd_pre"
+        fn = flash_module(dtype, d).get_function(entry_name(name, dtype, d if bucketed else None))
+        if bucketed and _shared(name, dtype, d) > _DEFAULT_SHARED:
+            fn.max_dynamic_shared_size_bytes = _shared(name, dtype, d)     # opt in beyond 48 KiB
+        runtime._cache[key] = fn
+    return fn
+
+
+def _acc_name(dtype) -> str:
+    return TYPES[numpy.dtype(dtype)][1]
+
+
+def _shared(name: str, dtype, d: int) -> int:
+    return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
+
+
+def head_bucket(hs: int, hv: int) -> int:
+    """The smallest instantiated head size D >= hs and hv; RangeError beyond MAX_HEAD_SIZE."""
+    for d in HEAD_SIZES:
+        if max(hs, hv) <= d:
+            return d
+    raise RangeError(f"the CUDA flash attention kernel takes head sizes up to {MAX_HEAD_SIZE}, got hs={hs}, "
+                     f"hv={hv}; the reference op (npformer.kernels.disabled()) takes any")
+
+
+@functools.lru_cache(maxsize=256)
+def keep_threshold(p: float, backend: str) -> int:
+    """The least top-24-bit value ``z >> 40`` that the reference's ``_keep`` keeps at dropout rate p:
+    its own expression ``float32(z >> 40) * 2^-24 >= p`` on ``backend``'s arrays, evaluated once per
+    (p, backend) around p 2^24 (so the kernel's integer compare keeps exactly the same entries);
+    2^24 (nothing kept) for p >= 1."""
+    xp = get_backend(backend)
+    if p >= 1.0:
+        return 1 << 24
+    k0 = int(p * (1 << 24))
+    candidates = numpy.arange(max(k0 - 2, 0), min(k0 + 3, (1 << 24) - 1) + 1, dtype=numpy.uint64)
+    kept = to_numpy(xp.asarray(candidates).astype(xp.float32) * (2.0 ** -24) >= p)
+    return int(candidates[kept][0]) if kept.any() else 1 << 24
+
+
+def _mask_args(xp, masks, acc, p: float, seed) -> tuple:
+    """The NpfFaArgs arguments before the sizes: masks (bool as bool, float as the accumulation
+    dtype, as mask_bias casts them) and dropout; unused pointers get a 1-element placeholder."""
+    no_bool, no_float = xp.empty((1,), dtype=bool), xp.empty((1,), dtype=acc)
+    out = []
+    for m in (masks.attn, masks.padding):
+        if m is None:
+            out += [no_bool, no_float, numpy.int32(0)]
+        elif m.dtype == bool:
+            out += [contiguous(xp, m), no_float, numpy.int32(1)]
+        else:
+            out += [no_bool, contiguous(xp, m.astype(acc, copy=False)), numpy.int32(2)]
+    attn_bh = 0 if masks.attn is None or masks.attn.ndim == 2 else masks.attn.shape[-2] * masks.attn.shape[-1]
+    out.insert(2, numpy.int64(attn_bh))
+    if p > 0:
+        threshold = keep_threshold(p, xp.__name__.split(".")[0])
+        keep_scale = acc.type(1.0 / (1.0 - p)) if p < 1 else acc.type(0.0)   # _keep's 1 / (1 - p), in A
+        out += [contiguous(xp, seed), numpy.int32(threshold), keep_scale]
+    else:
+        out += [xp.empty((), dtype=numpy.uint64), numpy.int32(0), acc.type(0.0)]
+    return tuple(out)
+
+
+def _size_args(q, k, v, masks, scale, acc) -> tuple:
+    b, h, tq, hs = q.shape
+    tk, hv = k.shape[2], v.shape[3]
+    causal = masks.shift is not None
+    return (numpy.int64(b * h), numpy.int32(h), numpy.int32(tq), numpy.int32(tk), numpy.int32(hs),
+            numpy.int32(hv), acc.type(scale), numpy.int32(causal), numpy.int32(masks.shift if causal else 0))
+
+
+def _launch(name, dtype, d, tiles: int, bh: int, args: tuple) -> None:
+    _kernel(name, dtype, d)((tiles, min(bh, MAX_GRID)), (THREADS,), args, shared_mem=_shared(name, dtype, d))
+
+
+def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal: bool = False,
+                            causal_alignment: str = "top_left", dropout_p: float = 0.0, rng=None,
+                            training: bool = True, scale: float | None = None, need_weights: bool = False,
+                            block_q: int = 128, block_k: int = 128):
+    """Returns ``(out, FlashAttentionCache)`` as the reference op; arguments as there."""
+    scale, block_q, block_k = check_flash_arguments(q, k, v, scale, dropout_p, need_weights, block_q, block_k)
+    xp = device_xp(q, k, v)
+    b, h, tq, hs = q.shape
+    tk, hv = k.shape[2], v.shape[3]
+    d = head_bucket(hs, hv)
+    masks = flash_masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
+    acc = accumulation_dtype(q.dtype)
+    p = float(dropout_p) if training and dropout_p > 0 else 0.0
+    seed = draw_seed(rng, q, xp) if p > 0 else None
+    q, k, v = contiguous(xp, q), contiguous(xp, k), contiguous(xp, v)
+    out = xp.empty((b, h, tq, hv), dtype=q.dtype)                                 # (B, H, Tq, hv)
+    lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
+    if b * h and tq:
+        _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h,
+                (q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc))
+    return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
+
+
+def flash_attention_backward(dout, cache: FlashAttentionCache):
+    """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv), as the reference op (any forward's cache)."""
+    q, k, v, out, lse, masks, p, seed, scale, _, _ = cache
+    expect_grad(dout, "dout", out.shape, out.dtype)
+    xp = device_xp(dout, q, k, v, out)
+    b, h, tq, hs = q.shape
+    tk, hv = k.shape[2], v.shape[3]
+    d = head_bucket(hs, hv)
+    acc = accumulation_dtype(q.dtype)
+    q, k, v, out, dout = (contiguous(xp, a) for a in (q, k, v, out, dout))
+    lse = contiguous(xp, lse.astype(acc, copy=False))
+    dq = xp.empty(q.shape, dtype=q.dtype)                                         # (B, H, Tq, hs)
+    dk = xp.empty(k.shape, dtype=k.dtype)                                         # (B, H, Tk, hs)
+    dv = xp.empty(v.shape, dtype=v.dtype)                                         # (B, H, Tk, hv)
+    if not b * h:
+        return dq, dk, dv
+    br, bc = TILES[_acc_name(q.dtype), d]
+    dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
+    rows = b * h * tq
+    if rows:
+        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // 256), MAX_GRID)),), (256,),
+                                    (dout, out, dvec, numpy.int64(rows), numpy.int32(hv)))
+    common = _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
+    _launch("bwd_dkdv", q.dtype, d, -(-tk // bc), b * h, (q, k, v, dout, lse, dvec, dk, dv) + common)
+    if tq:
+        _launch("bwd_dq", q.dtype, d, -(-tq // br), b * h, (q, k, v, dout, lse, dvec, dq) + common)
+    return dq, dk, dv
+
+
+def _device_masks(*masks) -> bool:
+    return all(m is None or (runtime.is_device_array(m) and (m.dtype == bool or m.dtype in TYPES)) for m in masks)
+
+
+def accepts_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, **options) -> bool:
+    """CuPy arrays of one dtype among float16/32/64, 4-d, head sizes <= 128, masks on the device (bool
+    or float); anything else goes to the reference, which also gives the messages for bad input."""
+    return (runtime.device_floats(q, k, v) and q.ndim == k.ndim == v.ndim == 4
+            and q.shape[-1] <= MAX_HEAD_SIZE and v.shape[-1] <= MAX_HEAD_SIZE
+            and _device_masks(attn_mask, key_padding_mask))
+
+
+def accepts_backward(dout, cache) -> bool:
+    """As :func:`accepts_forward`, for a flash cache (of either forward) and its upstream gradient."""
+    if not isinstance(cache, FlashAttentionCache):
+        return False
+    return (accepts_forward(cache.q, cache.k, cache.v, attn_mask=cache.masks.attn,
+                            key_padding_mask=cache.masks.padding)
+            and runtime.device_floats(dout, cache.out, dtype=cache.q.dtype)
+            and runtime.is_device_array(cache.lse) and (cache.seed is None or runtime.is_device_array(cache.seed)))

@@ -1,0 +1,607 @@
+"""The CUDA C of flash attention (:mod:`npformer.kernels.cuda.flash_attention`), its own NVRTC module.
+
+Three kernels and a pre-pass, FlashAttention-2 (Dao 2023, Algorithms 1 and 2) in SIMT arithmetic:
+every tile product is a loop of multiply-adds, in the accumulation type ``A`` (float for float16 and
+float32, double for float64). Each maps to lines of the reference, :mod:`npformer.ops.flash_attention`
+(names below are the reference's):
+
+==================================  ===============================================================
+CUDA C                              reference
+==================================  ===============================================================
+``npf_fa_keep``                     ``_keep``: splitmix64 of ``seed + n * golden``, n the flat index
+                                    ((b H + h) Tq + i) Tk + j, kept when the top 24 bits reach
+                                    ``keep_min`` (the least value ``_keep``'s ``u >= p`` keeps,
+                                    computed on the host by its own expression)
+``npf_fa_score``                    ``_scores``: ``s = q_i k_j^T``; ``s *= scale``; ``s += attn bias``;
+                                    ``s += padding bias``; ``s += -inf`` in the causal future; a
+                                    key past Tk (a ragged last tile) is -inf
+``npf_fa_forward``                  the forward's loops: ``for i0`` is the block (one query tile of
+                                    one head), ``for j0`` its key-tile loop, ``break`` at the first
+                                    tile wholly in the future (``_visible``); ``m_new``, ``shift``,
+                                    ``pt``, ``alpha``, ``l``, dropout, ``acc``, then ``out`` and
+                                    ``lse`` (+inf where ``l == 0``) as written there
+``npf_fa_bwd_pre``                  ``d = (do * out).sum(-1)``  (D_i = rowsum(dO_i O_i))
+``npf_fa_bwd_dkdv``                 the backward's ``for j0`` loop as a block (one key tile) over
+                                    every visible query tile: ``pt = exp(s - lse)``, ``dv += P_drop^T
+                                    dO``, ``ds = dO v^T``, ``ds *= keep``, ``ds -= d``, ``ds *= pt``,
+                                    ``ds *= scale``, ``dk += ds^T q``
+``npf_fa_bwd_dq``                   the same inner step for one query tile over its key tiles, kept
+                                    only for ``dq += ds k``: dq gets its own pass so that no two
+                                    blocks add into one element (no atomics: the result does not
+                                    depend on scheduling)
+==================================  ===============================================================
+
+Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
+(NR, D) by (NC, D) gives thread (tr, tc) the rows tr + 16 a and columns tc + 8 b (a register
+micro-tile), and a product P W of (NR, N) by (N, D) gives it rows tr + 16 a and head columns
+32 (c / 4) + 4 tc + c % 4 (runs of 4: 16-byte loads and stores). So a thread owns the same query rows in the score tile and in the output accumulator, and
+the row max and sum need one exchange among the 8 threads of a row (through shared memory).
+Tiles are (BR queries, BC keys) with the head size padded to D in {32, 64, 128} (zeros: they add
+nothing to a dot product); rows are D + 4 values apart in shared memory (16-byte aligned, and the 4
+or 8 rows read at once fall in distinct banks). Shared memory is dynamic: :data:`SHARED` gives each
+kernel's bytes, which the kernel also carves out (a test checks the two agree).
+
+Modules. Each (dtype, D) pair is its own small NVRTC module (:func:`module_source`), compiled on
+first use: a run compiles the three kernels it needs (seconds), not all 27 instantiations (about a
+minute). A module is self-contained: :data:`~npformer.kernels.cuda.source.HALF_CONVERSIONS`, then the
+few loads, stores and math helpers of the common source's prelude (same names and meaning), then the
+kernels. Only the infinity constant and the dynamic shared-memory declaration differ between the GPU
+and the CPU emulator (tests/kernels/cuda/emulator.py, where ``__CUDACC__`` is undefined), which
+compiles :data:`FLASH_EMULATED_SOURCE`, every entry point in one library.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy
+
+from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
+from npformer.ops.flash_attention import SPLITMIX64
+
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "shared_bytes", "entry_name",
+           "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
+
+THREADS = 128                      # per block: 16 row lanes x 8 column lanes
+HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
+MAX_HEAD_SIZE = HEAD_SIZES[-1]
+
+# (BR, BC) query x key tile per accumulation type and D: 64 x 64 for float up to D = 64; 32 x 32 at
+# D = 128 (registers: a thread holds 2 rows x 16 columns of each accumulator) and for double (so that
+# every kernel's shared memory stays under an A100's 163 KiB, see SHARED).
+TILES = {("float", 32): (64, 64), ("float", 64): (64, 64), ("float", 128): (32, 32),
+         ("double", 32): (32, 32), ("double", 64): (32, 32), ("double", 128): (32, 32)}
+
+
+def shared_bytes(kernel: str, acc: str, d: int) -> int:
+    """Dynamic shared memory of one block of ``kernel`` ("fwd", "dq", "dkdv"), as the kernel carves it."""
+    br, bc = TILES[acc, d]
+    dp, size = d + 4, 4 if acc == "float" else 8
+    elements = {"fwd": (br + 2 * bc) * dp + br * (bc + 4) + 2 * br * 8,    # Q, K, V, P, row max and sum
+                "dq": (2 * br + 2 * bc) * dp + br * (bc + 4),               # Q, dO, K, V, dS
+                "dkdv": (2 * bc + 2 * br) * dp + 2 * bc * (br + 4) + 2 * br}   # K, V, Q, dO, P^T, dS^T, lse, D
+    return elements[kernel] * size
+
+
+SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "dq", "dkdv") for acc, d in TILES}
+
+_KERNELS = r"""
+// The common source's prelude, as there: loads and stores of T as A, exp, log, a NaN-keeping max and
+// the grid-stride loop (float16's npf_load/npf_store come from HALF_CONVERSIONS or the emulator).
+__device__ __forceinline__ float npf_load(float v) { return v; }
+__device__ __forceinline__ double npf_load(double v) { return v; }
+__device__ __forceinline__ void npf_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void npf_store(double* p, double v) { *p = v; }
+__device__ __forceinline__ float npf_exp(float v) { return expf(v); }
+__device__ __forceinline__ double npf_exp(double v) { return exp(v); }
+__device__ __forceinline__ float npf_log(float v) { return logf(v); }
+__device__ __forceinline__ double npf_log(double v) { return log(v); }
+template <typename A> __device__ __forceinline__ A npf_max(A a, A b) { return (a > b || a != a) ? a : b; }
+#define NPF_FOR_EACH(k, total) \
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < (total); \
+         k += (long long)gridDim.x * blockDim.x)
+
+#define NPF_FA_THREADS 128
+#define NPF_FA_TR 16
+#define NPF_FA_TC 8
+
+#ifdef __CUDACC__
+#define NPF_FA_SHARED(name, bytes) extern __shared__ __align__(16) unsigned char name[]
+__device__ __forceinline__ float npf_fa_inf(float) { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double npf_fa_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
+#else
+// the CPU emulator runs one block at a time: a static buffer of the kernel's size is its shared memory
+#define NPF_FA_SHARED(name, bytes) alignas(16) static unsigned char name[bytes]
+inline float npf_fa_inf(float) { return __builtin_huge_valf(); }
+inline double npf_fa_inf(double) { return __builtin_huge_val(); }
+#endif
+
+template <typename A> __device__ __forceinline__ bool npf_fa_isinf(A x) {
+    return x == npf_fa_inf(x) || x == -npf_fa_inf(x);
+}
+__device__ __forceinline__ int npf_fa_min(int a, int b) { return a < b ? a : b; }
+
+// Shared-memory carving per kernel (elements of A; shared_bytes() in flash_source.py says the same).
+template <typename A, int D, int BR, int BC> struct NpfFaShape {
+    static constexpr int DP = D + 4;                        // row stride of a (rows, D) tile
+    static constexpr int FWD = (BR + 2 * BC) * DP + BR * (BC + 4) + 2 * BR * NPF_FA_TC;
+    static constexpr int DQ = (2 * BR + 2 * BC) * DP + BR * (BC + 4);
+    static constexpr int DKDV = (2 * BC + 2 * BR) * DP + 2 * BC * (BR + 4) + 2 * BR;
+};
+
+// Everything but q, k, v a kernel reads (one struct built from the entry point's flat arguments).
+template <typename A> struct NpfFaArgs {
+    const bool* mask_b; const A* mask_f; long long mask_bh; int mask_kind;   // attn_mask: 0 none, 1 bool, 2 float;
+                                                                             // mask_bh 0 for (Tq, Tk), Tq Tk for (B, H, Tq, Tk)
+    const bool* pad_b; const A* pad_f; int pad_kind;                          // key_padding_mask (B, Tk), kinds as above
+    const unsigned long long* seed; int keep_min; A keep_scale;              // dropout (keep_min 0: none), 1 / (1 - p)
+    long long bh_count; int H, Tq, Tk, hs, hv; A scale; int causal, shift;   // causal: key j visible to i when j <= i + shift
+};
+
+// _keep: splitmix64 of seed + n * golden; kept when the top 24 bits >= keep_min
+__device__ __forceinline__ bool npf_fa_keep(unsigned long long seed, unsigned long long n, int keep_min) {
+    unsigned long long z = n * @GOLDEN@ULL + seed;
+    z ^= z >> 30;
+    z *= @MIX1@ULL;
+    z ^= z >> 27;
+    z *= @MIX2@ULL;
+    z ^= z >> 31;
+    return (long long)(z >> 40) >= (long long)keep_min;
+}
+
+// _keep's scaled mask value at (bh, i, j): 1 / (1 - p) or 0
+template <typename A>
+__device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned long long seed, long long bh, int i, int j) {
+    unsigned long long n = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i)
+                           * (unsigned long long)a.Tk + (unsigned long long)j;
+    return npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : A(0);
+}
+
+// _scores for one element, from dot = q_i . k_j:  s = dot * scale; s += attn bias; s += padding bias;
+// s += -inf where j > i + shift (causal). A key past Tk is -inf; a query row past Tq (the ragged end of
+// the last tile) is never stored and gets no mask.
+template <typename A>
+__device__ __forceinline__ A npf_fa_score(A dot, const NpfFaArgs<A>& a, long long bh, int i, int j) {
+    const A inf = npf_fa_inf(dot);
+    if (j >= a.Tk) return -inf;
+    A s = dot * a.scale;
+    if (i >= a.Tq) return s;
+    if (a.mask_kind) {
+        long long at = bh * a.mask_bh + (long long)i * a.Tk + j;
+        s += a.mask_kind == 1 ? (a.mask_b[at] ? -inf : A(0)) : a.mask_f[at];
+    }
+    if (a.pad_kind) {
+        long long at = (bh / a.H) * a.Tk + j;
+        s += a.pad_kind == 1 ? (a.pad_b[at] ? -inf : A(0)) : a.pad_f[at];
+    }
+    if (a.causal && j > i + a.shift) s += -inf;
+    return s;
+}
+
+// Rows [r0, r0 + N) of one head's (rows, width) matrix x into s (N, D + 4), zeros past rows and width.
+template <typename T, typename A, int N, int D>
+__device__ __forceinline__ void npf_fa_load(const T* x, int r0, int rows, int width, A* s) {
+    for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
+        int r = e / D, d = e % D;
+        A value = A(0);
+        if (r0 + r < rows && d < width) value = npf_load(x[(long long)(r0 + r) * width + d]);
+        s[r * (D + 4) + d] = value;
+    }
+}
+
+// s[a][b] = X[tr + 16 a] . Y[tc + 8 b] over D (X, Y: (.., D + 4) tiles)
+template <typename A, int R, int C, int D>
+__device__ __forceinline__ void npf_fa_dot(const A* X, const A* Y, A (&s)[R][C]) {
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+#pragma unroll
+    for (int a = 0; a < R; ++a)
+#pragma unroll
+        for (int b = 0; b < C; ++b) s[a][b] = A(0);
+#pragma unroll 4
+    for (int d = 0; d < D; ++d) {
+        A x[R], y[C];
+#pragma unroll
+        for (int a = 0; a < R; ++a) x[a] = X[(tr + NPF_FA_TR * a) * (D + 4) + d];
+#pragma unroll
+        for (int b = 0; b < C; ++b) y[b] = Y[(tc + NPF_FA_TC * b) * (D + 4) + d];
+#pragma unroll
+        for (int a = 0; a < R; ++a)
+#pragma unroll
+            for (int b = 0; b < C; ++b) s[a][b] += x[a] * y[b];
+    }
+}
+
+// The head column of a thread's accumulator column c: runs of 4 (one 16-byte load), the 8 column lanes'
+// runs side by side: (c / 4) 32 + 4 tc + c % 4
+__device__ __forceinline__ int npf_fa_col(int tc, int c) { return (c >> 2) * (4 * NPF_FA_TC) + tc * 4 + (c & 3); }
+
+// acc[a][c] += sum_j P[tr + 16 a][j] W[j][npf_fa_col(tc, c)] over N (P: (.., PS) with row stride PS,
+// W: (N, D + 4))
+template <typename A, int R, int DC, int N, int PS, int D>
+__device__ __forceinline__ void npf_fa_acc(const A* P, const A* W, A (&acc)[R][DC]) {
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+#pragma unroll 4
+    for (int j = 0; j < N; ++j) {
+        A p[R], w[DC];
+#pragma unroll
+        for (int a = 0; a < R; ++a) p[a] = P[(tr + NPF_FA_TR * a) * PS + j];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) w[c] = W[j * (D + 4) + npf_fa_col(tc, c)];
+#pragma unroll
+        for (int a = 0; a < R; ++a)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc[a][c] += p[a] * w[c];
+    }
+}
+
+// The number of key tiles query rows [i0, i1) see: all, or up to the last one holding a key
+// j <= i1 - 1 + shift (_visible); 0 when even that is negative.
+template <int BC>
+__device__ __forceinline__ int npf_fa_key_tiles(int i1, int Tk, int causal, int shift) {
+    int n = (Tk + BC - 1) / BC;
+    if (!causal) return n;
+    int last = i1 - 1 + shift;
+    return last < 0 ? 0 : npf_fa_min(n, last / BC + 1);
+}
+
+// Forward: block (x: query tile, last first so the longest causal rows start first; y: b H + h).
+//   per key tile:  S = score(q_i k_j^T);  m_new = max(m, rowmax S);  shift = m_new, or 0 if infinite
+//                  P = exp(S - shift);  alpha = exp(m - shift);  l = alpha l + rowsum P
+//                  acc = alpha acc + dropout(P) v_j;  m = m_new
+//   then  out = acc / l (l = 0 -> 1: zeros),  lse = m + log l (l = 0 -> +inf)
+template <typename T, typename A, int D, int BR, int BC>
+__device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* lse, const NpfFaArgs<A>& a) {
+    typedef NpfFaShape<A, D, BR, BC> S;
+    constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC, CP = BC + 4;
+    NPF_FA_SHARED(smem, S::FWD * sizeof(A));
+    A* Qs = reinterpret_cast<A*>(smem);      // (BR, DP)
+    A* Ks = Qs + BR * S::DP;                 // (BC, DP)
+    A* Vs = Ks + BC * S::DP;                 // (BC, DP)
+    A* Ps = Vs + BC * S::DP;                 // (BR, CP) dropout(P)
+    A* red_m = Ps + BR * CP;                 // (BR, 8) the row lanes' partial max
+    A* red_l = red_m + BR * NPF_FA_TC;       // (BR, 8) and partial sums
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const A inf = npf_fa_inf(A(0));
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        npf_fa_load<T, A, BR, D>(q + bh * a.Tq * a.hs, i0, a.Tq, a.hs, Qs);
+        A m[R], l[R], acc[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            m[r] = -inf;
+            l[r] = A(0);
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc[r][c] = A(0);
+        }
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            __syncthreads();                                 // done with the last tile's K, V, P
+            npf_fa_load<T, A, BC, D>(k + bh * a.Tk * a.hs, j0, a.Tk, a.hs, Ks);
+            npf_fa_load<T, A, BC, D>(v + bh * a.Tk * a.hv, j0, a.Tk, a.hv, Vs);
+            __syncthreads();
+            A s[R][C];
+            npf_fa_dot<A, R, C, D>(Qs, Ks, s);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+                A mx = -inf;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    s[r][c] = npf_fa_score(s[r][c], a, bh, i0 + row, j0 + tc + NPF_FA_TC * c);
+                    mx = npf_max(mx, s[r][c]);
+                }
+                red_m[row * NPF_FA_TC + tc] = mx;
+            }
+            __syncthreads();
+            A alpha[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+                A m_new = m[r];
+#pragma unroll
+                for (int t = 0; t < NPF_FA_TC; ++t) m_new = npf_max(m_new, red_m[row * NPF_FA_TC + t]);
+                const A shift = npf_fa_isinf(m_new) ? A(0) : m_new;   // all -inf so far: no inf - inf
+                alpha[r] = npf_exp(m[r] - shift);
+                A sum = A(0);
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    A p = npf_exp(s[r][c] - shift);
+                    sum += p;
+                    if (a.keep_min) p *= npf_fa_keep_value(a, seed, bh, i0 + row, j0 + tc + NPF_FA_TC * c);
+                    Ps[row * CP + tc + NPF_FA_TC * c] = p;
+                }
+                red_l[row * NPF_FA_TC + tc] = sum;
+                m[r] = m_new;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+                A sum = A(0);
+#pragma unroll
+                for (int t = 0; t < NPF_FA_TC; ++t) sum += red_l[row * NPF_FA_TC + t];
+                l[r] = l[r] * alpha[r] + sum;
+#pragma unroll
+                for (int c = 0; c < DC; ++c) acc[r][c] *= alpha[r];
+            }
+            npf_fa_acc<A, R, DC, BC, CP, D>(Ps, Vs, acc);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            if (i >= a.Tq) continue;
+            const bool empty = l[r] == A(0);                 // a fully masked row: zeros, lse +inf
+            const A den = empty ? A(1) : l[r];
+            const long long at = bh * a.Tq + i;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hv) npf_store(out + at * a.hv + d, acc[r][c] / den);
+            }
+            if (tc == 0) lse[at] = empty ? inf : m[r] + npf_log(l[r]);
+        }
+    }
+}
+
+// D_i = rowsum(dO_i * O_i) for each of `rows` rows of hv values
+template <typename T, typename A>
+__device__ void npf_fa_bwd_pre(const T* dout, const T* out, A* dvec, long long rows, int hv) {
+    NPF_FOR_EACH(row, rows) {
+        A s = A(0);
+        for (int d = 0; d < hv; ++d) s += npf_load(dout[row * hv + d]) * npf_load(out[row * hv + d]);
+        dvec[row] = s;
+    }
+}
+
+// The recomputed probability and score gradient of one element (the backward's inner step):
+//   P = exp(S - lse_i);  g = dP (= dO_i . v_j) * keep;  dS = ((g - D_i) P) scale;  P_drop = P keep
+template <typename A>
+__device__ __forceinline__ void npf_fa_grad(A dot, A dp, A lse_i, A d_i, const NpfFaArgs<A>& a,
+                                            unsigned long long seed, long long bh, int i, int j, A& p_drop, A& ds) {
+    const A p = npf_exp(npf_fa_score(dot, a, bh, i, j) - lse_i);
+    A g = dp;
+    p_drop = p;
+    if (a.keep_min) {
+        const A keep = npf_fa_keep_value(a, seed, bh, i, j);
+        p_drop = p * keep;
+        g *= keep;
+    }
+    g -= d_i;
+    g *= p;
+    ds = g * a.scale;
+}
+
+// dK, dV: block (x: key tile, y: b H + h), looping over the query tiles that see the key tile.
+// Thread rows are keys, columns queries:  dv_j += P_drop^T dO_i,  dk_j += dS^T q_i
+template <typename T, typename A, int D, int BR, int BC>
+__device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec,
+                                T* dk, T* dv, const NpfFaArgs<A>& a) {
+    typedef NpfFaShape<A, D, BR, BC> S;
+    constexpr int R = BC / NPF_FA_TR, C = BR / NPF_FA_TC, DC = D / NPF_FA_TC, RP = BR + 4;
+    NPF_FA_SHARED(smem, S::DKDV * sizeof(A));
+    A* Ks = reinterpret_cast<A*>(smem);      // (BC, DP)
+    A* Vs = Ks + BC * S::DP;                 // (BC, DP)
+    A* Qs = Vs + BC * S::DP;                 // (BR, DP)
+    A* dOs = Qs + BR * S::DP;                // (BR, DP)
+    A* Pt = dOs + BR * S::DP;                // (BC, RP) P_drop^T
+    A* St = Pt + BC * RP;                    // (BC, RP) dS^T
+    A* lse_s = St + BC * RP;                 // (BR)
+    A* d_s = lse_s + BR;                     // (BR)
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int j0 = blockIdx.x * BC;
+    const int n_qt = (a.Tq + BR - 1) / BR;
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const A inf = npf_fa_inf(A(0));
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();
+        npf_fa_load<T, A, BC, D>(k + bh * a.Tk * a.hs, j0, a.Tk, a.hs, Ks);
+        npf_fa_load<T, A, BC, D>(v + bh * a.Tk * a.hv, j0, a.Tk, a.hv, Vs);
+        A dka[R][DC], dva[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) dka[r][c] = dva[r][c] = A(0);
+        for (int qt = 0; qt < n_qt; ++qt) {
+            const int i0 = qt * BR;
+            if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
+            __syncthreads();                                 // done with the last query tile
+            npf_fa_load<T, A, BR, D>(q + bh * a.Tq * a.hs, i0, a.Tq, a.hs, Qs);
+            npf_fa_load<T, A, BR, D>(dout + bh * a.Tq * a.hv, i0, a.Tq, a.hv, dOs);
+            for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
+                const bool in = i0 + e < a.Tq;               // rows past Tq: P = exp(S - inf) = 0
+                lse_s[e] = in ? lse[bh * a.Tq + i0 + e] : inf;
+                d_s[e] = in ? dvec[bh * a.Tq + i0 + e] : A(0);
+            }
+            __syncthreads();
+            A st[R][C], dpt[R][C];
+            npf_fa_dot<A, R, C, D>(Ks, Qs, st);              // S^T: keys x queries
+            npf_fa_dot<A, R, C, D>(Vs, dOs, dpt);            // dP^T = (dO v^T)^T
+            A lse_c[C], d_c[C];                              // this thread's queries' lse and D
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                lse_c[c] = lse_s[tc + NPF_FA_TC * c];
+                d_c[c] = d_s[tc + NPF_FA_TC * c];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int col = tc + NPF_FA_TC * c;
+                    A p_drop, ds;
+                    npf_fa_grad(st[r][c], dpt[r][c], lse_c[c], d_c[c], a, seed, bh, i0 + col, j0 + row, p_drop, ds);
+                    Pt[row * RP + col] = p_drop;
+                    St[row * RP + col] = ds;
+                }
+            }
+            __syncthreads();
+            npf_fa_acc<A, R, DC, BR, RP, D>(Pt, dOs, dva);   // dv_j += P_drop^T dO_i
+            npf_fa_acc<A, R, DC, BR, RP, D>(St, Qs, dka);    // dk_j += dS^T q_i
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int j = j0 + tr + NPF_FA_TR * r;
+            if (j >= a.Tk) continue;
+            const long long at = bh * a.Tk + j;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hs) npf_store(dk + at * a.hs + d, dka[r][c]);
+                if (d < a.hv) npf_store(dv + at * a.hv + d, dva[r][c]);
+            }
+        }
+    }
+}
+
+// dQ: block (x: query tile, last first; y: b H + h) over its visible key tiles:  dq_i += dS k_j
+template <typename T, typename A, int D, int BR, int BC>
+__device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec,
+                              T* dq, const NpfFaArgs<A>& a) {
+    typedef NpfFaShape<A, D, BR, BC> S;
+    constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC, CP = BC + 4;
+    NPF_FA_SHARED(smem, S::DQ * sizeof(A));
+    A* Qs = reinterpret_cast<A*>(smem);      // (BR, DP)
+    A* dOs = Qs + BR * S::DP;                // (BR, DP)
+    A* Ks = dOs + BR * S::DP;                // (BC, DP)
+    A* Vs = Ks + BC * S::DP;                 // (BC, DP)
+    A* Ss = Vs + BC * S::DP;                 // (BR, CP) dS
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const A inf = npf_fa_inf(A(0));
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();
+        npf_fa_load<T, A, BR, D>(q + bh * a.Tq * a.hs, i0, a.Tq, a.hs, Qs);
+        npf_fa_load<T, A, BR, D>(dout + bh * a.Tq * a.hv, i0, a.Tq, a.hv, dOs);
+        A lse_r[R], d_r[R], dqa[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            lse_r[r] = i < a.Tq ? lse[bh * a.Tq + i] : inf;
+            d_r[r] = i < a.Tq ? dvec[bh * a.Tq + i] : A(0);
+#pragma unroll
+            for (int c = 0; c < DC; ++c) dqa[r][c] = A(0);
+        }
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            __syncthreads();
+            npf_fa_load<T, A, BC, D>(k + bh * a.Tk * a.hs, j0, a.Tk, a.hs, Ks);
+            npf_fa_load<T, A, BC, D>(v + bh * a.Tk * a.hv, j0, a.Tk, a.hv, Vs);
+            __syncthreads();
+            A s[R][C], dp[R][C];
+            npf_fa_dot<A, R, C, D>(Qs, Ks, s);
+            npf_fa_dot<A, R, C, D>(dOs, Vs, dp);             // dP = dO v^T
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int col = tc + NPF_FA_TC * c;
+                    A p_drop, ds;
+                    npf_fa_grad(s[r][c], dp[r][c], lse_r[r], d_r[r], a, seed, bh, i0 + row, j0 + col, p_drop, ds);
+                    Ss[row * CP + col] = ds;
+                }
+            }
+            __syncthreads();
+            npf_fa_acc<A, R, DC, BC, CP, D>(Ss, Ks, dqa);    // dq_i += dS k_j
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            if (i >= a.Tq) continue;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hs) npf_store(dq + (bh * a.Tq + i) * a.hs + d, dqa[r][c]);
+            }
+        }
+    }
+}
+"""
+
+# The shared arguments of the three tile kernels, in NpfFaArgs's order.
+_ARGS = ("const bool* mask_b, const A* mask_f, long long mask_bh, int mask_kind, const bool* pad_b, "
+         "const A* pad_f, int pad_kind, const unsigned long long* seed, int keep_min, A keep_scale, "
+         "long long bh_count, int H, int Tq, int Tk, int hs, int hv, A scale, int causal, int shift")
+_STRUCT = ("const NpfFaArgs<A> args = {mask_b, mask_f, mask_bh, mask_kind, pad_b, pad_f, pad_kind, seed, "
+           "keep_min, keep_scale, bh_count, H, Tq, Tk, hs, hv, scale, causal, shift};")
+
+# (name, parameters, body): per dtype, and per head-size bucket when the body names D, BR, BC
+_ENTRY_POINTS = (
+    ("fwd", "const T* q, const T* k, const T* v, T* out, A* lse, " + _ARGS,
+     _STRUCT + " npf_fa_forward<T, A, D, BR, BC>(q, k, v, out, lse, args);"),
+    ("bwd_dkdv", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dk, T* dv, "
+     + _ARGS, _STRUCT + " npf_fa_bwd_dkdv<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dk, dv, args);"),
+    ("bwd_dq", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dq, " + _ARGS,
+     _STRUCT + " npf_fa_bwd_dq<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dq, args);"),
+    ("bwd_pre", "const T* dout, const T* out, A* dvec, long long rows, int hv",
+     "npf_fa_bwd_pre<T, A>(dout, out, dvec, rows, hv);"),
+)
+
+_TEST_ENTRY_POINTS = r"""
+// _keep (unscaled) for flat indices n = ((bh Tq) + i) Tk + j of a (bh_count, Tq, Tk) block
+extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int keep_min, bool* keep, long long total) {
+    NPF_FOR_EACH(n, total) keep[n] = npf_fa_keep(*seed, (unsigned long long)n, keep_min);
+}
+
+// The shared-memory bytes each kernel carves, in flash_source.SHARED's order
+extern "C" __global__ void npf_fa_shared_sizes(long long* bytes) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int n = 0;
+@SIZES@}
+"""
+
+
+def entry_name(kernel: str, dtype, d: int | None = None) -> str:
+    """``npf_fa_<kernel>[_d<D>]_<f16|f32|f64>``: the entry point of ``kernel`` for ``dtype`` and bucket D."""
+    suffix = TYPES[numpy.dtype(dtype)][2]
+    return f"npf_fa_{kernel}_{suffix}" if d is None else f"npf_fa_{kernel}_d{d}_{suffix}"
+
+
+def _entry_points(pairs) -> str:
+    """The entry points of the (dtype, D) pairs (bwd_pre once per dtype), then the test kernels."""
+    out, dtypes = [], []
+    for dtype, d in pairs:
+        storage, acc, _ = TYPES[numpy.dtype(dtype)]
+        for name, params, body in _ENTRY_POINTS:
+            bucketed = "D, BR, BC" in body
+            if not bucketed and dtype in dtypes:
+                continue
+            text = (f'extern "C" __global__ void {entry_name(name, dtype, d if bucketed else None)}({params}) {{\n'
+                    f"    {body}\n}}\n")
+            if bucketed:
+                br, bc = TILES[acc, d]
+                text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
+            out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+        dtypes.append(dtype)
+    sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
+                    f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
+    return "\n".join(out) + _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
+
+
+def _constants(text: str) -> str:
+    golden, mix1, mix2 = SPLITMIX64
+    values = {"GOLDEN": f"0x{golden:016X}", "MIX1": f"0x{mix1:016X}", "MIX2": f"0x{mix2:016X}"}
+    return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], text)
+
+
+_PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
+
+
+def module_source(dtype, d: int) -> str:
+    """The NVRTC source of the module for ``dtype`` and head-size bucket ``d``: its fwd, bwd_dkdv,
+    bwd_dq and bwd_pre entry points, and the two test kernels."""
+    return HALF_CONVERSIONS + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
+
+
+MODULE_SOURCES = {pair: module_source(*pair) for pair in _PAIRS}
+# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions itself):
+# every pair's entry points in one library.
+FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS)
+# Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
+# the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
+# reference's matmul anyway, and FMA halves its instruction count.
+FLASH_NVRTC_OPTIONS = ("--fmad=true",)

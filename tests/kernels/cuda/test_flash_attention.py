@@ -1,0 +1,359 @@
+"""The CUDA flash attention kernels against the reference (npformer.ops.flash_attention): outputs, lse
+and gradients over shapes (ragged T, Tq != Tk, head sizes 1..128), every mask kind, both causal
+alignments, fully masked rows and dropout, in float64/32/16; the dropout keep rule position by
+position; float64 gradient checks through the kernels; either backward on either forward's cache;
+dispatch, fall-back and bad input; shared memory and entry points; "auto" attention on device arrays.
+
+Each runs emulated here (tests/kernels/cuda/emulator.py) and on a GPU where one is present (``fx``).
+
+Tolerances: ``TOL[dtype]`` (tests/helpers.py) times the largest magnitude in play: for each result,
+the same sum taken over absolute values in float64 (``|P_drop| |v|`` for out, ``|P| (|dP| + |D|)``
+through |k|, |q| for dq, dk, ``|P_drop|^T |dO|`` for dv), at least 1.
+"""
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from npformer.backend import backend_name, default_rng
+from npformer.errors import RangeError
+from npformer.kernels import cuda, disabled, implementation
+from npformer.kernels.cuda import flash_attention as kernel, flash_source
+from npformer.nn import attention as nn_attention
+from npformer.nn.attention import MultiheadAttention
+from npformer.ops.attention import scaled_dot_product_attention_forward as sdpa_forward
+from npformer.ops.flash_attention import (FlashAttentionCache, _keep, draw_seed,
+                                          flash_attention_backward as flash_backward,
+                                          flash_attention_forward as flash_forward)
+from npformer.tools.gradcheck import gradcheck
+from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.kernels.cuda.conftest import DTYPES, assert_close
+from tests.ops.test_flash_attention import CAUSAL, causal_kw, draw_masks
+from tests.ops.test_flash_attention import test_bad_input as reference_bad_input_cases
+
+LENGTHS = st.integers(1, 80)          # one tile or several (32 rows for float64, 64 for float32/16), ragged
+
+
+# The reference tests' mask kinds, and float key-padding masks alone and with a float attention mask.
+MASKS = st.sampled_from(["none", "padding", "float_padding", "bool2d", "bool3d", "bool4d", "float2d", "float4d",
+                         "padding+bool2d", "float_padding+float4d"])
+
+
+def masks(data, xp, kind, b, h, tq, tk, seed):
+    """draw_masks of the reference tests, plus a float (B, Tk) key-padding mask (finite values and -inf)."""
+    if not kind.startswith("float_padding"):
+        return draw_masks(data, xp, kind, b, h, tq, tk, seed)
+    kw = draw_masks(data, xp, kind.split("+")[1], b, h, tq, tk, seed) if "+" in kind else {}
+    pad = host(randn(xp, (b, tk), seed + 6, scale=2.0))
+    pad[np.random.default_rng(seed).random((b, tk)) < 0.3] = -np.inf
+    return {**kw, "key_padding_mask": xp.asarray(pad)}
+
+
+def qkv(xp, b, h, tq, tk, hs, hv, seed, dtype):
+    return (randn(xp, (b, h, tq, hs), seed, dtype), randn(xp, (b, h, tk, hs), seed + 1, dtype),
+            randn(xp, (b, h, tk, hv), seed + 2, dtype))
+
+
+def magnitudes(q, k, v, dout, out, kw, p=0.0):
+    """The largest magnitude in play for out, dq, dk, dv (module docstring), from float64 host copies."""
+    f64 = {name: host(a).astype(np.float64) for name, a in (("q", q), ("k", k), ("v", v), ("dout", dout),
+                                                             ("out", out))}
+    masks = {key: (host(val) if hasattr(val, "shape") else val) for key, val in kw.items()
+             if key in ("attn_mask", "key_padding_mask", "is_causal", "causal_alignment", "scale")}
+    with disabled():
+        _, probs, _ = sdpa_forward(f64["q"], f64["k"], f64["v"], need_weights=True, **masks)   # (B, H, Tq, Tk)
+    scale = masks.get("scale") or 1.0 / np.sqrt(q.shape[-1])
+    drop = 1.0 / (1.0 - p)
+    dv_abs, do_abs, out_abs = np.abs(f64["v"]), np.abs(f64["dout"]), np.abs(f64["out"])
+    dp = do_abs @ dv_abs.swapaxes(-1, -2) * drop                                                  # |dP|
+    ds = probs * (dp + (do_abs * out_abs).sum(-1, keepdims=True)) * scale                         # |dS|
+    bounds = {"out": (probs * drop) @ dv_abs, "dq": ds @ np.abs(f64["k"]),
+              "dk": ds.swapaxes(-1, -2) @ np.abs(f64["q"]), "dv": (probs * drop).swapaxes(-1, -2) @ do_abs}
+    return {name: max(1.0, float(b.max(initial=0.0))) for name, b in bounds.items()}
+
+
+def compare(fx, q, k, v, dout, kw, dtype, p=0.0, rng_seed=None):
+    """The kernel (through the dispatcher) against the reference: out, lse, dq, dk, dv; both backwards
+    on both caches. Dropout: both draw their seed from a generator seeded ``rng_seed``."""
+    name = backend_name(fx.xp)
+    drop = {} if not p else {"dropout_p": p}
+    assert implementation(flash_forward, q, k, v, **kw) == "cuda"
+    out, cache = flash_forward(q, k, v, **kw, **drop, **({"rng": default_rng(rng_seed, name)} if p else {}))
+    with disabled():
+        ref, ref_cache = flash_forward(q, k, v, **kw, **drop, **({"rng": default_rng(rng_seed, name)} if p else {}))
+    scales = magnitudes(q, k, v, dout, ref, kw, p)
+    assert isinstance(cache, FlashAttentionCache) and cache.lse.dtype == ref_cache.lse.dtype
+    assert_close(out, ref, dtype, scale=scales["out"], what="out")
+    assert_close(cache.lse, ref_cache.lse, str(cache.lse.dtype), what="lse")
+    if p:
+        np.testing.assert_array_equal(host(cache.seed), host(ref_cache.seed))
+    assert implementation(flash_backward, dout, cache) == "cuda"
+    grads = flash_backward(dout, cache)
+    with disabled():
+        ref_grads = flash_backward(dout, ref_cache)
+        plain_on_kernel_cache = flash_backward(dout, cache)
+    kernel_on_plain_cache = flash_backward(dout, ref_cache)
+    for what, g, r, other, other2 in zip(("dq", "dk", "dv"), grads, ref_grads, plain_on_kernel_cache,
+                                         kernel_on_plain_cache):
+        assert_close(g, r, dtype, scale=scales[what], what=what)
+        assert_close(other, r, dtype, scale=scales[what], what=f"reference {what} on the kernel's cache")
+        assert_close(other2, r, dtype, scale=scales[what], what=f"kernel {what} on the reference's cache")
+    return out, cache, grads
+
+
+@given(b=st.integers(1, 2), h=st.integers(1, 2), tq=LENGTHS, tk=LENGTHS, hs=st.integers(1, 40),
+       hv=st.integers(1, 40), dtype=st.sampled_from(DTYPES), causal=CAUSAL, kind=MASKS,
+       p=st.sampled_from([0.0, 0.0, 0.3]), scale=st.sampled_from([None, 0.3]), seed=seeds, data=st.data())
+def test_matches_the_reference(fx, b, h, tq, tk, hs, hv, dtype, causal, kind, p, scale, seed, data):
+    q, k, v = qkv(fx.xp, b, h, tq, tk, hs, hv, seed, dtype)
+    kw = {**masks(data, fx.xp, kind, b, h, tq, tk, seed), **causal_kw(causal), "scale": scale}
+    compare(fx, q, k, v, randn(fx.xp, (b, h, tq, hv), seed + 3, dtype), kw, dtype, p, rng_seed=seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hs, hv, tq, tk", [(128, 128, 70, 45), (65, 7, 33, 97), (33, 64, 64, 64), (1, 1, 130, 3)])
+def test_head_size_buckets_and_long_ragged_tiles(fx, dtype, hs, hv, tq, tk):
+    q, k, v = qkv(fx.xp, 2, 1, tq, tk, hs, hv, 0, dtype)
+    pad = fx.xp.asarray(np.arange(tk)[None, :] >= np.array([[tk], [max(1, tk - 5)]]))
+    for kw in ({}, {"key_padding_mask": pad, "is_causal": True, "causal_alignment": "bottom_right"}):
+        compare(fx, q, k, v, randn(fx.xp, (2, 1, tq, hv), 3, dtype), kw, dtype)
+
+
+@settings(max_examples=6)
+@given(b=st.integers(1, 2), h=st.integers(1, 2), tq=st.integers(1, 5), tk=st.integers(1, 5), hs=st.integers(1, 3),
+       causal=CAUSAL, kind=MASKS, p=st.sampled_from([0.0, 0.4]), seed=seeds, data=st.data())
+def test_gradcheck_float64_through_the_kernels(fx, b, h, tq, tk, hs, causal, kind, p, seed, data):
+    q, k, v = qkv(fx.xp, b, h, tq, tk, hs, 2, seed, "float64")
+    kw = {**masks(data, fx.xp, kind, b, h, tq, tk, seed), **causal_kw(causal)}
+    name = backend_name(fx.xp)
+
+    def forward(q, k, v):   # a fresh generator per call: every evaluation draws the same seed, so the same masks
+        return cuda.flash_attention_forward(q, k, v, dropout_p=p, rng=default_rng(seed, name) if p else None, **kw)
+    report = gradcheck(forward, cuda.flash_attention_backward, {"q": q, "k": k, "v": v}, seed=seed,
+                       max_elements=10)
+    assert_gradcheck(report)
+
+
+# -- dropout: the reference's keep rule, element by element ------------------------------------------
+@pytest.mark.parametrize("p", [1e-7, 0.1, 0.3, 0.5, 0.9, 0.999999])
+def test_keep_threshold_is_the_references_comparison(fx, p):
+    """The kernel compares integers: z >> 40 >= keep_threshold(p). Every one of the 2^24 values agrees
+    with the reference's own float32 comparison on this backend (p = 0.9 sits between two float32
+    neighbours: a float64 comparison would differ at one value)."""
+    xp = fx.xp
+    u = host(xp.arange(1 << 24, dtype=xp.uint64).astype(xp.float32) * (2.0 ** -24) >= p)
+    first = int(np.argmax(u)) if u.any() else 1 << 24
+    assert kernel.keep_threshold(p, backend_name(xp)) == first
+    assert kernel.keep_threshold(1.0, backend_name(xp)) == 1 << 24
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_keep_mask_equals_the_references_position_by_position(fx, p):
+    xp = fx.xp
+    shape = (2, 3, 37, 41)
+    seed = draw_seed(default_rng(11, backend_name(xp)), xp.zeros(1), xp)
+    keep = xp.zeros(int(np.prod(shape)), dtype=bool)
+    flash_module = kernel.flash_module(np.float32, 32)
+    flash_module.get_function("npf_fa_keep_mask")((64,), (128,), (seed, np.int32(kernel.keep_threshold(
+        p, backend_name(xp))), keep, np.int64(keep.size)))
+    oracle = _keep(seed, p, shape, 0, shape[2], 0, shape[3], np.float64, xp)         # (B, H, Tq, Tk)
+    np.testing.assert_array_equal(host(keep).reshape(shape), host(oracle) > 0)
+    assert 0 < host(keep).mean() < 1
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_dropout_drops_the_same_entries_as_the_reference(fx, dtype):
+    # v = I (Tk x Tk): out is P_drop itself, so its zeros are the dropped entries (P > 0 elsewhere).
+    xp, name = fx.xp, backend_name(fx.xp)
+    b, h, tq, tk, p = 2, 2, 45, 70, 0.4
+    q, k, _ = qkv(xp, b, h, tq, tk, 8, 1, 0, dtype)
+    eye = xp.asarray(np.broadcast_to(np.eye(tk, dtype=dtype), (b, h, tk, tk)).copy())
+    out, cache = flash_forward(q, k, eye, dropout_p=p, rng=default_rng(5, name), is_causal=True,
+                               causal_alignment="bottom_right")
+    with disabled():
+        ref, _ = flash_forward(q, k, eye, dropout_p=p, rng=default_rng(5, name), is_causal=True,
+                               causal_alignment="bottom_right")
+    visible = ~host(xp.asarray(np.arange(tk)[None, :] > np.arange(tq)[:, None] + (tk - tq)))   # (Tq, Tk)
+    dropped, ref_dropped = host(out) == 0, host(ref) == 0
+    np.testing.assert_array_equal(dropped, ref_dropped)
+    oracle = host(_keep(cache.seed, p, (b, h, tq, tk), 0, tq, 0, tk, np.float64, xp)) == 0
+    np.testing.assert_array_equal(dropped, oracle | ~visible)
+    assert 0.3 < dropped[..., visible].mean() < 0.5
+    assert_close(out, ref, dtype, scale=1.0 / (1.0 - p))
+
+
+def test_dropout_p_one_and_eval_mode(fx):
+    xp, name = fx.xp, backend_name(fx.xp)
+    q, k, v = qkv(xp, 2, 2, 5, 6, 4, 3, 0, "float64")
+    out, cache = flash_forward(q, k, v, dropout_p=1.0, rng=default_rng(0, name))
+    assert not host(out).any() and not any(host(g).any() for g in flash_backward(randn(xp, out.shape, 3), cache))
+    evald, _ = flash_forward(q, k, v, dropout_p=0.5, training=False)
+    with disabled():
+        assert_close(evald, flash_forward(q, k, v)[0], "float64")
+    with pytest.raises(ValueError, match="dropout with p > 0 in training mode needs rng"):
+        flash_forward(q, k, v, dropout_p=0.5)
+
+
+# -- edge cases ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fully_masked_rows_zero_output_inf_lse_zero_gradients(fx, dtype):
+    xp = fx.xp
+    q, k, v = qkv(xp, 2, 2, 70, 40, 4, 4, 0, dtype)
+    mask = np.zeros((70, 40), bool)
+    mask[[1, 66]] = True                                 # queries 1 and 66 may attend nothing
+    pad = np.zeros((2, 40), bool)
+    pad[1] = True                                        # and batch 1 has only padding
+    kw = {"attn_mask": xp.asarray(mask), "key_padding_mask": xp.asarray(pad)}
+    dout = randn(xp, (2, 2, 70, 4), 3, dtype)
+    out, cache, (dq, dk, dv) = compare(fx, q, k, v, dout, kw, dtype)
+    assert all(np.isfinite(host(a)).all() for a in (out, dq, dk, dv))
+    assert np.isinf(host(cache.lse)[:, :, [1, 66]]).all() and np.isinf(host(cache.lse)[1]).all()
+    assert not host(out)[:, :, [1, 66]].any() and not host(out)[1].any()
+    assert not host(dq)[:, :, [1, 66]].any() and not any(host(g)[1].any() for g in (dq, dk, dv))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_before_the_first_key_bottom_right(fx, dtype):
+    # Tq > Tk aligned bottom-right: the first Tq - Tk queries see nothing, whole query tiles see nothing.
+    q, k, v = qkv(fx.xp, 1, 2, 100, 3, 4, 2, 0, dtype)
+    kw = {"is_causal": True, "causal_alignment": "bottom_right"}
+    out, cache, _ = compare(fx, q, k, v, randn(fx.xp, (1, 2, 100, 2), 1, dtype), kw, dtype)
+    assert not host(out)[:, :, :97].any() and np.isinf(host(cache.lse)[:, :, :97]).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scores_of_1e4_stay_finite_and_pick_the_largest(fx, dtype):
+    xp = fx.xp
+    q = xp.asarray(np.full((1, 1, 2, 4), 50.0, dtype))
+    k = xp.asarray(np.array([[[[-50.0] * 4] * 40 + [[50.0] * 4, [49.0] * 4]]], dtype))   # the largest in tile 2
+    v = randn(xp, (1, 1, 42, 2), 2, dtype=dtype)
+    out, cache = flash_forward(q, k, v, scale=1.0 if dtype == "float16" else 2.0)
+    grads = flash_backward(xp.ones_like(out), cache)
+    assert all(np.isfinite(host(a)).all() for a in (out, *grads))
+    np.testing.assert_array_equal(host(out), np.broadcast_to(host(v)[:, :, 40:41], out.shape))
+
+
+def test_views_in_no_mutation_dtypes_out(fx):
+    xp = fx.xp
+    q64, k64, v64 = qkv(xp, 2, 3, 7, 9, 8, 4, 0, "float32")
+    k = xp.ascontiguousarray(k64.swapaxes(-1, -2)).swapaxes(-1, -2)                      # a transposed view
+    v = xp.ascontiguousarray(v64.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)            # a head-split view
+    assert not k.flags.c_contiguous and not v.flags.c_contiguous
+    before = [host(a).copy() for a in (q64, k, v)]
+    out, cache, grads = compare(fx, q64, k, v, randn(xp, (2, 3, 7, 4), 3, "float32"), {"is_causal": True},
+                                "float32")
+    assert all(np.array_equal(host(a), b) for a, b in zip((q64, k, v), before))
+    assert all(a.dtype == np.float32 for a in (out, *grads)) and cache.lse.shape == (2, 3, 7, 1)
+
+
+# -- dispatch, fall-back, bad input ------------------------------------------------------------------
+def test_head_sizes_beyond_128_fall_back_to_the_reference(fx):
+    xp = fx.xp
+    q, k, v = qkv(xp, 1, 1, 3, 4, 129, 2, 0, "float64")
+    assert implementation(flash_forward, q, k, v) == "reference"
+    assert implementation(flash_forward, q[..., :128], k[..., :128], v) == "cuda"
+    assert implementation(flash_forward, q[..., :8], k[..., :8], randn(xp, (1, 1, 4, 129), 1)) == "reference"
+    out, cache = flash_forward(q, k, v)                 # the reference, through the dispatcher
+    assert implementation(flash_backward, out, cache) == "reference"
+    with pytest.raises(RangeError, match="the CUDA flash attention kernel takes head sizes up to 128, got hs=129"):
+        cuda.flash_attention_forward(q, k, v)
+    with pytest.raises(RangeError, match="head sizes up to 128"):
+        cuda.flash_attention_backward(out, cache)
+
+
+def test_bad_input_gets_the_references_messages(fx):
+    """The reference op's bad-input cases, now through the dispatcher with device arrays: what the
+    kernel's predicate takes is checked by the reference's own functions (need_weights=True, block
+    sizes, dropout_p, masks, alignment), the rest goes to the reference."""
+    reference_bad_input_cases(fx.xp)
+    q = randn(fx.xp, (2, 1, 2, 4), 0)
+    out, cache = flash_forward(q, q, q)
+    with pytest.raises(ValueError, match=r"dout: expected the shape of the forward's output, \(2, 1, 2, 4\)"):
+        flash_backward(out[:, :, :1], cache)
+    with pytest.raises(TypeError, match="dout: expected the dtype of the forward's output, float64"):
+        flash_backward(out.astype(np.float32), cache)
+
+
+def test_numpy_arrays_are_refused_by_the_kernels_with_a_clear_error():
+    q = np.ones((1, 1, 2, 4), np.float32)
+    assert not kernel.accepts_forward(q, q, q)
+    with pytest.raises(TypeError, match=r"the fused CUDA kernels take CuPy arrays; got numpy\.ndarray"):
+        cuda.flash_attention_forward(q, q, q)
+
+
+def test_accepts_device_masks_only(fx):
+    xp = fx.xp
+    q = randn(xp, (2, 1, 3, 4), 0, "float32")
+    assert kernel.accepts_forward(q, q, q, attn_mask=xp.zeros((3, 3), bool), key_padding_mask=xp.zeros((2, 3)))
+    assert not kernel.accepts_forward(q, q, q, attn_mask=xp.zeros((3, 3), xp.int32))   # the reference raises
+    assert not kernel.accepts_forward(q, q, q.astype(xp.float64))
+    assert not kernel.accepts_forward(q[0], q[0], q[0])
+    if fx.name == "cuda":                                                            # a host mask: the reference
+        assert not kernel.accepts_forward(q, q, q, attn_mask=np.zeros((3, 3), bool))  # raises the mismatch
+
+
+def test_shared_memory_the_kernels_carve_is_what_the_launch_asks_for(fx):
+    sizes = fx.xp.zeros(len(flash_source.SHARED), dtype=np.int64)
+    kernel.flash_module(np.float64, 64).get_function("npf_fa_shared_sizes")((1,), (1,), (sizes,))
+    assert host(sizes).tolist() == list(flash_source.SHARED.values())
+    assert max(flash_source.SHARED.values()) <= 163 * 1024        # an A100's per-block limit (H100: 227 KiB)
+
+
+def test_every_module_has_its_entry_points():
+    for (dtype, d), text in flash_source.MODULE_SOURCES.items():
+        names = set(re.findall(r'extern "C" __global__ void (npf_\w+)\(', text))
+        want = {flash_source.entry_name(n, dtype, d) for n in ("fwd", "bwd_dkdv", "bwd_dq")}
+        assert names == want | {flash_source.entry_name("bwd_pre", dtype), "npf_fa_keep_mask", "npf_fa_shared_sizes"}
+        assert "@" not in text
+
+
+# -- the module: "auto" runs the kernel on device arrays without weights ------------------------------
+def test_multihead_attention_auto_runs_the_kernel_on_device_arrays(fx, monkeypatch):
+    xp = fx.xp
+    if fx.name == "emulated":                            # NumPy arrays pose as CuPy's for the module too
+        monkeypatch.setattr(nn_attention, "is_cupy_array", lambda a: isinstance(a, np.ndarray))
+    ran = []
+    path = flash_forward.fast_paths[0]                   # the dispatcher's own list: restored after
+    flash_forward.fast_paths[0] = path._replace(run=lambda *a, **kw: (ran.append(1), path.run(*a, **kw))[1])
+    try:
+        check_auto(xp, ran)
+    finally:
+        flash_forward.fast_paths[0] = path
+
+
+def check_auto(xp, ran):
+    kw = dict(dtype=xp.float64, backend=backend_name(xp), rng=3)
+    auto, plain = MultiheadAttention(8, 2, **kw), MultiheadAttention(8, 2, attention="plain", **kw)
+    assert auto.attention == "auto"
+    x = randn(xp, (2, 70, 8), 0)
+    dout = randn(xp, (2, 70, 8), 1)
+    results = []
+    for m in (auto, plain):
+        out, weights = m(x, need_weights=False, is_causal=True)
+        results.append((out, weights, m.backward(dout)[0]))
+    assert ran == [1] and results[0][1] is None
+    for a, b in zip(results[0][::2], results[1][::2]):
+        assert_close(a, b, "float64", scale=10.0)
+    _, weights = auto(x, need_weights=True)              # weights asked for: plain
+    auto.backward(dout)
+    assert weights is not None and ran == [1]
+
+
+def test_the_benchmarks_flash_sweep_runs_the_kernel(fx):
+    """benchmarks/cases.py's flash sweep row (timed on CuPy where present) runs the CUDA kernel,
+    forward and backward, and agrees with the reference (here NumPy arrays pose as CuPy's)."""
+    from benchmarks import bench, cases, paths
+    b = bench.Backend("numpy" if fx.name == "emulated" else "cupy", 1)
+    cfg, t = dict(bench.QUICK, d=16, H=2), 70
+    flash = bench.flash_sweep_case(cfg, t)["build"](b)
+    assert paths.label(paths.fast_paths_run(flash["fwd"])) == "cuda"
+    assert paths.fast_paths_run(flash["bwd"]) == ["cuda:flash_attention_backward"]
+    out, grads = flash["fwd"]()[0], flash["bwd"]()
+    with disabled():
+        ref, ref_grads = flash["fwd"]()[0], flash["bwd"]()
+    q, k, v = (cases.host_normal((1, 2, t, 8), s) for s in (1, 2, 3))      # the case's inputs
+    scales = magnitudes(q, k, v, cases.upstream_gradient(out.shape), host(ref), {})
+    assert_close(out, ref, "float32", scale=scales["out"])
+    for what, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        assert_close(g, r, "float32", scale=scales[what], what=what)
