@@ -82,6 +82,10 @@ class CharLMData:
                             f"got {type(rng).__name__}")
         return rng
 
+    def num_windows(self, split: str) -> int:
+        """How many distinct (x, y) blocks :meth:`random_batch` draws from (their start positions)."""
+        return len(self.ids(split)) - self.block_size
+
     def num_blocks(self, split: str) -> int:
         """How many non-overlapping (x, y) blocks one pass of :meth:`batches` without rng yields."""
         return (len(self.ids(split)) - 1) // self.block_size
