@@ -15,19 +15,26 @@ from typing import Iterator
 
 import numpy as np
 
+from npformer.checks import non_negative_int
 from npformer.data.vocab import CharVocab
+from npformer.errors import RangeError
 
 __all__ = ["CharLMData", "load_corpus"]
 SPLITS = ("train", "valid")
 
 
-def check_int(value, name: str, low: int) -> int:
-    """``value`` as an int >= ``low``, or a TypeError/ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, got {value}")
-    return int(value)
+def check_int(value, name: str, low: int, high: int | None = None) -> int:
+    """``value`` as an int in [``low``, ``high``]: an InputTypeError for a non-int (bools included), as
+    :mod:`npformer.checks` words it, and a RangeError outside the data's bounds (a period of at least 2,
+    a length of at least the minimum)."""
+    try:
+        n = non_negative_int(value, name)       # the type check; a negative int is reported below
+    except RangeError:
+        n = int(value)
+    if n < low or (high is not None and n > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise RangeError(f"{name}: expected an int {span}, got {n}")
+    return n
 
 
 class CharLMData:
