@@ -15,26 +15,23 @@ from typing import Iterator
 
 import numpy as np
 
-from npformer.checks import non_negative_int
 from npformer.data.vocab import CharVocab
-from npformer.errors import RangeError
+from npformer.errors import InputTypeError, RangeError
 
 __all__ = ["CharLMData", "load_corpus"]
 SPLITS = ("train", "valid")
 
 
 def check_int(value, name: str, low: int, high: int | None = None) -> int:
-    """``value`` as an int in [``low``, ``high``]: an InputTypeError for a non-int (bools included), as
-    :mod:`npformer.checks` words it, and a RangeError outside the data's bounds (a period of at least 2,
-    a length of at least the minimum)."""
-    try:
-        n = non_negative_int(value, name)       # the type check; a negative int is reported below
-    except RangeError:
-        n = int(value)
-    if n < low or (high is not None and n > high):
+    """``value`` as an int in [``low``, ``high``], else npformer's InputTypeError (not an int; bools are
+    not) or RangeError, worded as :mod:`npformer.checks` words them. The data sit below that module in
+    the package's layers (tests/test_imports.py), so they keep this one check of their own."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InputTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
         span = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise RangeError(f"{name}: expected an int {span}, got {n}")
-    return n
+        raise RangeError(f"{name}: expected an int {span}, got {value}")
+    return int(value)
 
 
 class CharLMData:
