@@ -111,7 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)
             result = trainer.fit()
     except FloatingPointError as exc:      # the loop's check: a non-finite loss or gradient norm
-        return _diverged(args, trainer, exc)
+        return _diverged(trainer, exc)
     if "predictions" not in result:
         return 0
     print("\nexamples from the held-out set:")
@@ -167,7 +167,7 @@ def _check_precision(config) -> None:
                          "CuPy need an extension such as ml_dtypes); use --precision float16") from None
 
 
-def _diverged(args: argparse.Namespace, trainer, exc: FloatingPointError) -> int:
+def _diverged(trainer, exc: FloatingPointError) -> int:
     """One line for a run whose loss or gradients became inf or NaN; exit status 1 (see the module
     docstring). Raised inside ``train_step`` (the gradient norm) the step had not been counted yet;
     after it (the loss), it had."""
@@ -314,8 +314,8 @@ REFERENCE_HELP = ("run the reference ops alone (npformer/ops), none of the fast 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="npformer", description="A Transformer written by hand in "
-                                     "NumPy/CuPy: forward and backward of every op, checked.")
+    parser = Parser(prog="npformer", description="A Transformer written by hand in NumPy/CuPy: forward and "
+                                                 "backward of every op, checked.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("gradcheck", help="finite-difference check of every hand-written backward",
