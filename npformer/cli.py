@@ -149,6 +149,9 @@ def _resumed_config(path: str, given: dict[str, Any]):
         if getattr(saved, name) != value:
             raise RangeError(f"{_shown(name, value)} conflicts with the run saved in {path}, which has "
                              f"{_shown(name, getattr(saved, name))}{keep}")
+    if "steps" in given and given["steps"] <= int(meta["step"]):
+        raise RangeError(f"--steps {given['steps']}: the run saved in {path} is at step {meta['step']} already; give "
+                         f"--steps above it to train on")
     return replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE})
 
 
@@ -439,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except MemoryError as exc:                  # valid settings, too large for this machine: exit 1
-        print(f"{prog}: error: out of memory ({exc or 'no details'}); try smaller sizes", file=sys.stderr)
+        print(f"{prog}: error: out of memory{f' ({exc})' if str(exc) else ''}; try smaller sizes", file=sys.stderr)
         return 1
 
 
