@@ -14,23 +14,54 @@ come from the config dataclasses (:mod:`npformer.training.config`) and the exper
 descriptions from their registry (:data:`npformer.study.EXPERIMENTS`). A sub-command imports what it
 needs when it runs, and ``npformer study NAME`` imports that one experiment to build its options. So
 ``npformer --help`` stays fast and ``import npformer.cli`` never loads CuPy.
+
+Exit status:
+
+* 0: the job ran.
+* 1: the job ran and failed: a gradient check failed, a training run diverged (its loss or gradients
+  became inf or NaN: one line names the step and what to try, a lower ``--lr``, a longer
+  ``--warmup``, a smaller ``--clip``, float32), or the machine ran out of memory. The settings were
+  valid, so this is not a usage error: another seed or machine may succeed, and a script can tell the
+  two apart.
+* 2: a usage error, found before any work where it can be: a flag out of range, a bad choice, flags
+  that conflict (with each other, or with the checkpoint a run resumes), a missing or unreadable file.
+  One line on stderr, ``npformer COMMAND: error: ...``, naming the flag, what was expected and what
+  came.
+
+Anything else (a bug) is not turned into that line: it ends in a traceback.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
+import traceback
 import typing
-from dataclasses import Field, replace
+import warnings
+from dataclasses import Field, fields, replace
 from pathlib import Path
+from typing import Any
 
+from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import NpformerError, RangeError
 from npformer.study import EXPERIMENTS
 from npformer.training.config import CONFIGS, FIELDS, choices, config_from_dict, flag, make_config, models_with
 
-# the options a resumed run may change; every other one continues as the checkpoint says
-RESUMABLE = ("steps", "checkpoint", "backend", "eval_every", "log_every")
+# the options a resumed run may change; every other one continues as the checkpoint says, and giving
+# it with another value than the checkpoint's is an error
+RESUMABLE = ("steps", "checkpoint", "backend", "eval_every", "log_every", "checkpoint_every")
+# NumPy's floating-point warnings while a run diverges: the loop reports the divergence in one line
+NUMPY_FP_WARNINGS = r"(overflow|invalid value|divide by zero|underflow) encountered"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with a usage error on one line, ``PROG: error: MESSAGE``, exit status 2,
+    as every other usage error of the command line (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -44,7 +75,7 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
     from npformer.tools.gradcheck_suite import run_suite
 
     start = time.perf_counter()
-    reports = run_suite(args.backend, seed=args.seed, only=args.only)
+    reports = run_suite(args.backend, seed=non_negative_int(args.seed, "--seed"), only=args.only)
     rows = [row for r in reports for row in r.rows()]
     print(_table(rows, ("op", "tensor", "shape", "worst rel err", "result")))
     failed = [r for r in reports if not r.passed]
@@ -59,21 +90,28 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from npformer.training.checkpoint import load_checkpoint
     from npformer.training.registry import make_trainer
 
     given = {name: value for name, value in vars(args).items() if name in FIELDS and value is not None}
+    if "checkpoint_every" in given and not args.checkpoint:
+        raise RangeError("--checkpoint-every needs --checkpoint PATH (where the checkpoints go)")
     if args.resume:
         if not args.checkpoint:
             raise ValueError("--resume needs --checkpoint PATH (the checkpoint to continue from)")
-        meta = load_checkpoint(args.checkpoint).meta
-        saved = config_from_dict(meta["train_config"], meta.get("kind"))
-        trainer = make_trainer(replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE}))
+        config = _resumed_config(args.checkpoint, given)
+    else:
+        config = make_config(given)
+    _check_precision(config)
+    trainer = make_trainer(config)
+    if args.resume:
         trainer.load(args.checkpoint)
         print(f"resumed from {args.checkpoint} at step {trainer.step}")
-    else:
-        trainer = make_trainer(make_config(given))
-    result = trainer.fit()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)
+            result = trainer.fit()
+    except FloatingPointError as exc:      # the loop's check: a non-finite loss or gradient norm
+        return _diverged(trainer, exc)
     if "predictions" not in result:
         return 0
     print("\nexamples from the held-out set:")
@@ -81,6 +119,72 @@ def cmd_train(args: argparse.Namespace) -> int:
         mark = "ok " if pred == tgt else "ERR"
         print(f"  {mark} {src!r:40} -> {pred!r}" + ("" if pred == tgt else f" (expected {tgt!r})"))
     return 0
+
+
+def _shown(name: str, value: Any) -> str:
+    """How the flag of field ``name`` set to ``value`` reads on the command line."""
+    if value is None:
+        return f"no {flag(name)} (the default)"
+    if isinstance(value, bool):
+        return flag(name) if value else FIELDS[name].metadata["off"][0]
+    return f"{flag(name)} {value}"
+
+
+def _resumed_config(path: str, given: dict[str, Any]):
+    """The config of the run saved in ``path``, with the options a resumed run may change (RESUMABLE)
+    taken from ``given``. Any other option given must agree with the checkpoint: a resumed run is
+    the same run, so a different model, task or size is an error naming the flag, the checkpoint's
+    value and the one given, never silently ignored."""
+    from npformer.training.checkpoint import load_checkpoint
+
+    meta = load_checkpoint(path).meta
+    saved = config_from_dict(meta["train_config"], meta.get("kind"))
+    own = {f.name for f in fields(saved)}
+    keep = "; a resumed run keeps its settings (only " + ", ".join(flag(n) for n in RESUMABLE) + " may change)"
+    for name, value in given.items():
+        if name in RESUMABLE:
+            continue
+        if name not in own:
+            raise RangeError(f"{flag(name)} does not apply to the --model {saved.model} run saved in {path}{keep}")
+        if getattr(saved, name) != value:
+            raise RangeError(f"{_shown(name, value)} conflicts with the run saved in {path}, which has "
+                             f"{_shown(name, getattr(saved, name))}{keep}")
+    if "steps" in given and given["steps"] <= int(meta["step"]):
+        raise RangeError(f"--steps {given['steps']}: the run saved in {path} is at step {meta['step']} already; give "
+                         f"--steps above it to train on")
+    return replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE})
+
+
+def _check_precision(config) -> None:
+    """``--precision bfloat16`` needs a backend with a bfloat16 dtype (NumPy has none, nor CuPy
+    without an extension): refused before the model is built."""
+    if config.precision != "bfloat16":
+        return
+    from npformer.backend import get_backend
+    from npformer.training.amp import low_precision_dtype
+
+    try:
+        low_precision_dtype("bfloat16", get_backend(config.backend))
+    except TypeError:
+        raise RangeError(f"--precision bfloat16: the {config.backend} backend has no bfloat16 dtype (NumPy and "
+                         "CuPy need an extension such as ml_dtypes); use --precision float16") from None
+
+
+def _diverged(trainer, exc: FloatingPointError) -> int:
+    """One line for a run whose loss or gradients became inf or NaN; exit status 1 (see the module
+    docstring). Raised inside ``train_step`` (the gradient norm) the step had not been counted yet;
+    after it (the loss), it had."""
+    inside = any(frame.f_code.co_name == "train_step" for frame, _ in traceback.walk_tb(exc.__traceback__))
+    c, step = trainer.cfg, trainer.step + (1 if inside else 0)
+    if sys.stdout.isatty():
+        print()                                       # end the progress line
+    tips = [f"a lower --lr (this run: {c.lr:g})", f"a longer --warmup (this run: {c.warmup})",
+            f"a smaller --clip (this run: {c.clip:g})"]
+    tips.append("--precision float32" if c.precision != "float32" else
+                "--dtype float64" if c.dtype == "float32" else "another --seed")
+    print(f"npformer train: error: the run diverged at step {step} of {c.steps}: the loss or its gradients "
+          f"became inf or NaN; try {', '.join(tips[:-1])} or {tips[-1]}", file=sys.stderr)
+    return 1
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -99,7 +203,21 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The sampling flags of ``npformer generate``, checked before a model is loaded (``--top-p``
+    even with ``--temperature 0``, which ignores it: a value it could never take is still a mistake)."""
+    non_negative_int(args.tokens, "--tokens")
+    real(args.temperature, "--temperature", 0, what="a finite number (0: greedy)")
+    real(args.top_p, "--top-p", 0, 1, low_open=True, what="a probability mass")
+    if args.top_k is not None:
+        positive_int(args.top_k, "--top-k")
+    non_negative_int(args.seed, "--seed")
+    if args.checkpoint and args.dtype is not None:
+        raise RangeError("--dtype applies to --model DIR; a checkpoint samples in the dtype it was trained in")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
+    _check_sampling(args)
     if args.model:
         return _generate_pretrained(args)
     from npformer.training.checkpoint import load_checkpoint
@@ -124,7 +242,7 @@ def _generate_pretrained(args: argparse.Namespace) -> int:
     try:
         from npformer.pretrained import complete, load_gpt2, load_gpt2_tokenizer
         tokenizer = load_gpt2_tokenizer(args.model)
-        model = load_gpt2(args.model, dtype=args.dtype, backend=args.backend)
+        model = load_gpt2(args.model, dtype=args.dtype or "float32", backend=args.backend)
     except ImportError as exc:   # the optional extra is not installed
         print(f"npformer generate: error: {exc}", file=sys.stderr)
         return 2
@@ -186,9 +304,9 @@ def experiment_parser(name: str) -> argparse.ArgumentParser:
     before it runs (its ``add_arguments`` defines its options)."""
     experiment = EXPERIMENTS[name]
     module = importlib.import_module(experiment.module)
-    parser = argparse.ArgumentParser(prog=f"npformer study {name}", description=experiment.description)
+    parser = Parser(prog=f"npformer study {name}", description=experiment.description)
     parser.add_argument("--out", default="runs/study", metavar="DIR",
-                        help="directory for the PNG and CSV/JSON files (default runs/study)")
+                        help="directory for the PNG and CSV/JSON files, created if needed (default runs/study)")
     module.add_arguments(parser)
     parser.set_defaults(func=module.run, command="study", study=name)
     return parser
@@ -199,8 +317,8 @@ REFERENCE_HELP = ("run the reference ops alone (npformer/ops), none of the fast 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="npformer", description="A Transformer written by hand in "
-                                     "NumPy/CuPy: forward and backward of every op, checked.")
+    parser = Parser(prog="npformer", description="A Transformer written by hand in NumPy/CuPy: forward and "
+                                                 "backward of every op, checked.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("gradcheck", help="finite-difference check of every hand-written backward",
@@ -235,13 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--model", metavar="DIR", help="a Hugging Face GPT-2 directory (config.json, "
                      "model.safetensors, tokenizer.json)")
     gen.add_argument("--prompt", default="The ")
-    gen.add_argument("--tokens", type=int, default=200, help="tokens to sample (characters for a charlm checkpoint)")
-    gen.add_argument("--temperature", type=float, default=0.8)
-    gen.add_argument("--top-k", type=int, dest="top_k")
-    gen.add_argument("--top-p", type=float, dest="top_p", default=0.95)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--tokens", type=int, default=200, help="tokens to sample (characters for a charlm "
+                     "checkpoint); 0 prints the prompt alone (default 200)")
+    gen.add_argument("--temperature", type=float, default=0.8, help="a finite number >= 0; 0: greedy, the most "
+                     "likely token each time (default 0.8)")
+    gen.add_argument("--top-k", type=int, dest="top_k", help="sample from the K most likely tokens (K >= 1; "
+                     "default: all)")
+    gen.add_argument("--top-p", type=float, dest="top_p", default=0.95, help="sample from the smallest set of "
+                     "tokens whose probability reaches P, in (0, 1]; 1: all (default 0.95)")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the sampling, >= 0 (default 0)")
     gen.add_argument("--backend", choices=["numpy", "cupy"])
-    gen.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="with --model")
+    gen.add_argument("--dtype", choices=["float32", "float64"], help="with --model: the weights' dtype (default "
+                     "float32)")
     gen.set_defaults(func=cmd_generate)
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT (all-MiniLM-L6-v2)",
@@ -283,6 +406,21 @@ def _run_bench(argv: list[str]) -> int:
     return importlib.import_module("benchmarks.bench").main(argv)
 
 
+def check_out_dir(path: str, name: str = "--out") -> None:
+    """``path`` must be a directory or creatable as one, before an experiment runs for minutes and
+    then fails to write: neither it nor a folder above it may be a file."""
+    p = Path(path)
+    for q in (p, *p.parents):
+        if not q.exists():
+            continue
+        if not q.is_dir():
+            where = "is a file" if q == p else f"is under {q}, a file"
+            raise RangeError(f"{name} {path} {where}; expected a directory (created if needed)")
+        if not os.access(q, os.W_OK | os.X_OK):
+            raise RangeError(f"{name} {path}: cannot write in {q} (permission denied)")
+        return
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
@@ -291,15 +429,21 @@ def main(argv: list[str] | None = None) -> int:
         args = experiment_parser(argv[1]).parse_args(argv[2:])
     else:
         args = build_parser().parse_args(argv)
+    prog = "npformer " + args.command + (f" {args.study}" if args.command == "study" else "")
     try:
+        if args.command == "study":
+            check_out_dir(args.out)
         if getattr(args, "reference", False):   # --reference: no fast path anywhere in the run
             from npformer.kernels import disabled
             with disabled():
                 return args.func(args)
         return args.func(args)
     except (NpformerError, ValueError, FileNotFoundError) as exc:   # a mistake the user can fix: one line
-        print(f"npformer {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except MemoryError as exc:                  # valid settings, too large for this machine: exit 1
+        print(f"{prog}: error: out of memory{f' ({exc})' if str(exc) else ''}; try smaller sizes", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys):
     assert main(["translate", "--checkpoint", ckpt, "a" * 500]) == 2      # longer than the positions
     assert "exceeds max_len" in capsys.readouterr().err
     assert main(["train", "--steps", "5", "--warmup", "10"]) == 2
-    assert "must be greater than warmup" in capsys.readouterr().err
+    assert "--warmup: expected fewer warm-up steps than --steps 5, got 10" in capsys.readouterr().err
     assert main(["train", "--resume"]) == 2
     assert "--resume needs --checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:                                # argparse: unknown task

@@ -16,17 +16,21 @@ from typing import Iterator
 import numpy as np
 
 from npformer.data.vocab import CharVocab
+from npformer.errors import InputTypeError, RangeError
 
 __all__ = ["CharLMData", "load_corpus"]
 SPLITS = ("train", "valid")
 
 
-def check_int(value, name: str, low: int) -> int:
-    """``value`` as an int >= ``low``, or a TypeError/ValueError naming ``name``."""
+def check_int(value, name: str, low: int, high: int | None = None) -> int:
+    """``value`` as an int in [``low``, ``high``], else npformer's InputTypeError (not an int; bools are
+    not) or RangeError, worded as :mod:`npformer.checks` words them. The data sit below that module in
+    the package's layers (tests/test_imports.py), so they keep this one check of their own."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, got {value}")
+        raise InputTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise RangeError(f"{name}: expected an int {span}, got {value}")
     return int(value)
 
 
@@ -81,6 +85,10 @@ class CharLMData:
             raise TypeError(f"rng: expected a numpy Generator (np.random.default_rng(seed)), "
                             f"got {type(rng).__name__}")
         return rng
+
+    def num_windows(self, split: str) -> int:
+        """How many distinct (x, y) blocks :meth:`random_batch` draws from (their start positions)."""
+        return len(self.ids(split)) - self.block_size
 
     def num_blocks(self, split: str) -> int:
         """How many non-overlapping (x, y) blocks one pass of :meth:`batches` without rng yields."""

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from npformer.data.corpus import check_int as _check_int
 from npformer.data.vocab import CharVocab
 
 __all__ = ["Seq2SeqBatch", "Seq2SeqTask", "get_task", "exact_match", "TASKS", "DATE_FORMATS",
@@ -275,14 +276,6 @@ _SPECS = {
     "reverse": _Spec(lambda rng, k, o: _sample_strings(rng, k, o, flip=True), (10_000, 1_000),
                      _COPY_OPTS, "", None),
 }
-
-
-def _check_int(value: Any, name: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if value < low or (high is not None and value > high):
-        raise ValueError(f"{name}: expected an int in [{low}, {'inf' if high is None else high}], got {value}")
-    return int(value)
 
 
 def _draw_unique(sample, rng, n, opts, seen: set) -> list:

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from npformer.checks import one_of, positive_int
+from npformer.errors import ShapeError
 from npformer.models.bert import BERTConfig, BertEmbeddings, EncoderModel, MaskedLMHead, Pooler
 from npformer.nn import init
 from npformer.nn.linear import Linear
@@ -56,13 +58,13 @@ class ALBERTConfig(BERTConfig):
     share: str = "all"                   # one of SHARE_MODES
 
     def __post_init__(self):
-        if self.share not in SHARE_MODES:
-            raise ValueError(f"share must be one of {SHARE_MODES}, got {self.share!r}")
-        if self.embedding_size is not None and (isinstance(self.embedding_size, bool)
-                                                or not isinstance(self.embedding_size, int)
-                                                or self.embedding_size < 1):
-            raise ValueError(f"embedding_size must be a positive int or None (no factorisation), "
-                             f"got {self.embedding_size!r}")
+        super().__post_init__()
+        if self.hidden_size % self.num_attention_heads:
+            raise ShapeError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                             f"{self.num_attention_heads}")
+        one_of(self.share, "share", SHARE_MODES)
+        if self.embedding_size is not None:
+            positive_int(self.embedding_size, "embedding_size (None: no factorisation)")
 
     @property
     def factorised(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from npformer.backend import get_array_module
-from npformer.checks import token_ids
+from npformer.checks import non_negative_int, one_of, positive_int, probability, real, token_ids
 from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
@@ -22,6 +22,7 @@ from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import TransformerEncoderLayer
 from npformer.ops.activations import gelu_backward, gelu_forward
+from npformer.ops.feedforward import ACTIVATIONS
 
 __all__ = ["BERTConfig", "BERT", "EncoderModel", "BertEmbeddings", "Pooler", "MaskedLMHead"]
 
@@ -40,6 +41,19 @@ class BERTConfig:
     activation: str = "gelu"
     pad_token_id: int = 0
     mlm_head: bool = False
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            positive_int(getattr(self, name), name)
+        # hidden_size % num_attention_heads is not checked here: ALBERT describes its embedding tables (width
+        # E, no attention) with a BERTConfig (ALBERTConfig.as_bert(hidden_size=E)); the layers'
+        # MultiheadAttention refuses a width its heads do not divide (ShapeError) and ALBERTConfig checks H
+        probability(self.dropout, "dropout")
+        real(self.layer_norm_eps, "layer_norm_eps", 0, low_open=True)
+        one_of(self.activation, "activation", tuple(ACTIVATIONS))
+        if non_negative_int(self.pad_token_id, "pad_token_id") >= self.vocab_size:
+            raise RangeError(f"pad_token_id: expected an id in [0, {self.vocab_size}), got {self.pad_token_id}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -16,8 +16,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from npformer.backend import get_array_module
-from npformer.checks import token_ids
-from npformer.errors import RangeError
+from npformer.checks import one_of, positive_int, probability, real, token_ids
+from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
@@ -27,6 +27,7 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import TransformerEncoderLayer
+from npformer.ops.feedforward import ACTIVATIONS
 
 __all__ = ["GPTConfig", "GPT"]
 
@@ -46,6 +47,17 @@ class GPTConfig:
     bias: bool = True
     tie_embeddings: bool = True
     scaled_residual_init: bool = True  # GPT-2's 0.02 / sqrt(2 L) on the residual projections; False: 0.02
+
+    def __post_init__(self):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+            positive_int(getattr(self, name), name)
+        if self.dim_feedforward is not None:
+            positive_int(self.dim_feedforward, "dim_feedforward")
+        if self.d_model % self.n_head:
+            raise ShapeError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        probability(self.dropout, "dropout")
+        one_of(self.activation, "activation", tuple(ACTIVATIONS))
+        real(self.layer_norm_eps, "layer_norm_eps", 0, low_open=True)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from npformer.checks import one_of, token_ids
+from npformer.checks import non_negative_int, one_of, positive_int, probability, token_ids
+from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, PositionalEncoding
@@ -27,6 +28,7 @@ from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.nn.transformer import TransformerEncoderLayer
+from npformer.ops.feedforward import ACTIVATIONS
 
 __all__ = ["NORMS", "NormEncoderConfig", "NormEncoderLayer", "NormEncoder"]
 
@@ -56,6 +58,17 @@ class NormEncoderConfig:
     norm_first: bool = False
     max_len: int = 64
     pad_id: int = 0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_classes", "d_model", "nhead", "num_layers", "dim_feedforward", "max_len"):
+            positive_int(getattr(self, name), name)
+        if self.d_model % self.nhead:
+            raise ShapeError(f"d_model {self.d_model} is not divisible by nhead {self.nhead}")
+        probability(self.dropout, "dropout")
+        one_of(self.activation, "activation", tuple(ACTIVATIONS))
+        one_of(self.norm, "norm", tuple(NORMS))
+        if non_negative_int(self.pad_id, "pad_id") >= self.vocab_size:
+            raise RangeError(f"pad_id: expected an id in [0, {self.vocab_size}), got {self.pad_id}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -13,14 +13,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from npformer.checks import token_ids
-from npformer.errors import RangeError
+from npformer.checks import non_negative_int, one_of, positive_int, probability, token_ids
+from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding
 from npformer.nn.head import OutputHead
 from npformer.nn.module import Module
 from npformer.nn.transformer import Transformer
+from npformer.ops.feedforward import ACTIVATIONS
 
 __all__ = ["Seq2SeqConfig", "Seq2Seq"]
 
@@ -41,6 +42,19 @@ class Seq2SeqConfig:
     pad_id: int = 0
     tie_embeddings: bool = True      # output head shares the target embedding (section 3.4)
     positional: str = "sinusoidal"   # or "learned" (one trained table shared by source and target)
+
+    def __post_init__(self):
+        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "nhead", "num_encoder_layers",
+                     "num_decoder_layers", "dim_feedforward", "max_len"):
+            positive_int(getattr(self, name), name)
+        if self.d_model % self.nhead:
+            raise ShapeError(f"d_model {self.d_model} is not divisible by nhead {self.nhead}")
+        probability(self.dropout, "dropout")
+        one_of(self.activation, "activation", tuple(ACTIVATIONS))
+        one_of(self.positional, "positional", ("sinusoidal", "learned"))
+        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
+        if non_negative_int(self.pad_id, "pad_id") >= smallest:
+            raise RangeError(f"pad_id: expected an id in [0, {smallest}) (both vocabularies), got {self.pad_id}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -32,8 +32,10 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList, Parameter
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import FeedForwardBlock
-from npformer.checks import describe, expect_ndim, non_negative_int, positive_int, token_ids
+from npformer.checks import (describe, expect_ndim, non_negative_int, one_of, positive_int, probability, real,
+                             token_ids)
 from npformer.errors import InputTypeError, ShapeError
+from npformer.ops.feedforward import ACTIVATIONS
 from npformer.ops.multihead import merge_heads, split_heads
 from npformer.ops.relative_attention import relative_attention_backward, relative_attention_forward
 
@@ -57,9 +59,14 @@ class TransformerXLConfig:
     def __post_init__(self):
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "dim_feedforward"):
             positive_int(getattr(self, name), name)
-        if self.d_head is None and self.d_model % self.n_head:
+        if self.d_head is not None:
+            positive_int(self.d_head, "d_head")
+        elif self.d_model % self.n_head:
             raise ShapeError(f"d_model {self.d_model} is not divisible by n_head {self.n_head} (or give d_head)")
         non_negative_int(self.mem_len, "mem_len")
+        probability(self.dropout, "dropout")
+        one_of(self.activation, "activation", tuple(ACTIVATIONS))
+        real(self.layer_norm_eps, "layer_norm_eps", 0, low_open=True)
 
     @property
     def head_size(self) -> int:

@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 
 import numpy as np   # host side only: arrays read from files, tokenizer output, results handed back
 from npformer.backend import get_array_module, to_numpy
+from npformer.checks import positive_int
+from npformer.errors import InputTypeError
 from npformer.models.bert import BERT, BERTConfig
 from npformer.nn.module import StateDictError, no_grad
 from npformer.pretrained._files import INSTALL, check_directory, load_safetensors, read_config
@@ -178,9 +180,8 @@ class SentenceEncoder:
         """(N, C) unit-norm embeddings as a host NumPy array (computed on the model's backend)."""
         if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
             got = "a str" if isinstance(sentences, str) else [type(s).__name__ for s in sentences]
-            raise TypeError(f"sentences: expected a list of str, got {got}")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}")
+            raise InputTypeError(f"sentences: expected a list of str, got {got}")
+        positive_int(batch_size, "batch_size")
         xp = get_array_module(self.model.embeddings.word_embeddings.weight.data)
         out = []
         for i in range(0, len(sentences), batch_size):

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np   # host side only: arrays read from files, token ids handed back
 from npformer.backend import default_rng, to_device, to_numpy
+from npformer.checks import non_negative_int, positive_int, probability, real
+from npformer.errors import RangeError
 from npformer.models.decoding import generate
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.nn.module import StateDictError
@@ -181,11 +183,16 @@ def complete(model: GPT, tokenizer, prompt: str, n: int, *, seed: int = 0, tempe
              top_k: int | None = None, top_p: float | None = 0.95) -> tuple[list[int], str]:
     """``prompt`` continued by ``n`` sampled tokens: (the new token ids, the decoded new text).
     ``temperature=0`` is greedy decoding."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n: expected the number of tokens to sample, an int >= 0, got {n!r}")
+    non_negative_int(n, "n (the number of tokens to sample)")
+    non_negative_int(seed, "seed")
+    real(temperature, "temperature", 0)
+    if top_k is not None:
+        positive_int(top_k, "top_k")
+    if top_p is not None and probability(top_p, "top_p") == 0:
+        raise RangeError("top_p: expected a probability mass in (0, 1], got 0")
     ids = tokenizer.encode(prompt).ids
     if not ids:
-        raise ValueError(f"the prompt {prompt!r} encodes to no tokens; give a non-empty prompt")
+        raise RangeError(f"the prompt {prompt!r} encodes to no tokens; give a non-empty prompt")
     backend = model.backend
     out = generate(model, to_device(np.array([ids], dtype=np.int64), backend), n,
                    default_rng(seed, backend), temperature=temperature, top_k=top_k, top_p=top_p)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from npformer.checks import real
 from npformer.models.albert import SHARE_MODES, ALBERT, ALBERTConfig, parameter_count
 from npformer.models.bert import BERT
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
@@ -81,8 +82,7 @@ def measure(shapes: list[str], build_limit: float) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.build_limit < 0:
-        raise ValueError(f"--build-limit must be >= 0, got {args.build_limit}")
+    real(args.build_limit, "--build-limit", 0)
     rows = measure(list(dict.fromkeys(args.shapes)), args.build_limit)
     out = out_dir(args.out)
     files = [write_csv(out / "albert_params.csv", rows),

@@ -27,9 +27,11 @@ from pathlib import Path
 import numpy
 
 from npformer.backend import get_backend, to_device, to_numpy
+from npformer.checks import non_negative_int, positive_int
 from npformer.data.corpus import CharLMData, load_corpus
 from npformer.data.tasks import get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, SPECIALS, CharVocab
+from npformer.errors import ShapeError
 from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -285,8 +287,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for name in ("d_model", "heads", "layers", "ff", "block_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        positive_int(getattr(args, name), "--" + name.replace("_", "-"))
+    non_negative_int(args.seed, "--seed")
+    if args.checkpoint is None and args.d_model % args.heads:
+        raise ShapeError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
     kind, model, vocabs, task = load_model(args.checkpoint, args.task, args)
     text = args.input if args.input is not None else DEFAULT_INPUTS.get(task)
     if text is None:

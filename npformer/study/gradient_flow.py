@@ -42,6 +42,7 @@ import time
 import numpy
 
 from npformer.backend import get_array_module
+from npformer.checks import non_negative_int, positive_int, real
 from npformer.nn import (LSTM, RNN, LayerNorm, Linear, Module, PositionalEncoding, TransformerEncoder,
                          TransformerEncoderLayer)
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
@@ -197,10 +198,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for name in ("seq_len", "eval_batch", "batch_size"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.steps < 0 or not args.lr > 0:
-        raise ValueError(f"--steps must be >= 0 and --lr > 0, got {args.steps} and {args.lr}")
+        positive_int(getattr(args, name), "--" + name.replace("_", "-"))
+    non_negative_int(args.steps, "--steps")                 # 0: the initialisation alone
+    real(args.lr, "--lr", 0, low_open=True)
+    non_negative_int(args.seed, "--seed")
     print(f"gradient flow over T={args.seq_len} steps: task 'sum', target = sum_t x_t / sqrt(T), x_t in R^8; "
           f"{args.steps} Adam steps (lr {args.lr:g}, batch {args.batch_size}) per model, float64")
     res = measure(args.seq_len, args.steps, args.batch_size, args.lr, args.seed, args.eval_batch)

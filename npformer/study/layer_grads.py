@@ -29,7 +29,9 @@ import time
 import numpy
 
 from npformer.backend import get_array_module
+from npformer.checks import non_negative_int, positive_int, real
 from npformer.data import CharLMData, load_corpus
+from npformer.errors import ShapeError
 from npformer.nn import Embedding, LayerNorm, Linear, Module, ModuleList, PositionalEncoding, no_grad
 from npformer.nn.experimental import ConfigurableEncoderLayer
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -166,10 +168,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for name in ("layers", "d_model", "nhead", "ff", "block_size", "steps", "batch_size", "valid_batches"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if not args.lr > 0:
-        raise ValueError(f"--lr must be > 0, got {args.lr}")
+        positive_int(getattr(args, name), "--heads" if name == "nhead" else "--" + name.replace("_", "-"))
+    if args.d_model % args.nhead:
+        raise ShapeError(f"--d-model {args.d_model} is not divisible by --heads {args.nhead}")
+    real(args.lr, "--lr", 0, low_open=True)
+    non_negative_int(args.seed, "--seed")
     data = CharLMData(load_corpus(), block_size=args.block_size, seed=args.seed)
     print(f"layers: {args.layers}-layer causal character LMs (d_model {args.d_model}, {args.nhead} heads, "
           f"ff {args.ff}, block {args.block_size}) on the shipped corpus, {args.steps} Adam steps "

@@ -37,7 +37,9 @@ from contextlib import contextmanager
 import numpy
 
 from npformer.backend import to_numpy
+from npformer.checks import non_negative_int, positive_int, real
 from npformer.data.vocab import BOS_ID, PAD_ID, CharVocab
+from npformer.errors import RangeError, ShapeError
 from npformer.models.decoding import eval_mode
 from npformer.models.norm_encoder import NORMS, NormEncoder, NormEncoderConfig
 from npformer.nn.module import no_grad
@@ -235,18 +237,23 @@ def _check(args) -> list[str]:
     norms = [n.strip() for n in args.norms.split(",") if n.strip()]
     bad = [n for n in norms if n not in NORMS]
     if bad or not norms:
-        raise ValueError(f"--norms: expected a comma-separated subset of {sorted(NORMS)}, got {args.norms!r}")
-    for name in ("steps", "batch_size", "d_model", "heads", "layers", "ff", "n_valid", "eval_batch", "probes"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        raise RangeError(f"--norms: expected a comma-separated subset of {sorted(NORMS)}, got {args.norms!r}")
+    for name in ("steps", "batch_size", "d_model", "heads", "layers", "ff", "n_valid", "eval_batch", "probes",
+                 "min_len", "max_len"):
+        positive_int(getattr(args, name), "--" + name.replace("_", "-"))
     if args.batch_size < 2:
-        raise ValueError("--batch-size must be >= 2 (BatchNorm needs more than one sequence to train)")
-    if args.extra_pad < 0:
-        raise ValueError(f"--extra-pad must be >= 0, got {args.extra_pad}")
+        raise RangeError(f"--batch-size: expected an int >= 2 (BatchNorm needs more than one sequence to train), "
+                         f"got {args.batch_size}")
+    if args.min_len > args.max_len:
+        raise RangeError(f"--min-len {args.min_len} exceeds --max-len {args.max_len}")
+    non_negative_int(args.extra_pad, "--extra-pad")
     if args.probes >= args.eval_batch:
-        raise ValueError(f"--probes ({args.probes}) must be smaller than --eval-batch ({args.eval_batch})")
+        raise RangeError(f"--probes ({args.probes}) must be smaller than --eval-batch ({args.eval_batch})")
     if args.d_model % args.heads:
-        raise ValueError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
+        raise ShapeError(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
+    real(args.lr, "--lr", 0, low_open=True)
+    real(args.dropout, "--dropout", 0, 1, high_open=True, what="a dropout rate")
+    non_negative_int(args.seed, "--seed")
     return norms
 
 

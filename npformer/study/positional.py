@@ -12,13 +12,15 @@ import argparse
 
 import numpy
 
+from npformer.checks import positive_int
+from npformer.errors import RangeError
 from npformer.nn.embedding import sinusoidal_table
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--positions", type=int, default=128, help="number of positions (default 128)")
-    p.add_argument("--d-model", type=int, default=128, dest="d_model", help="encoding width (default 128)")
+    p.add_argument("--positions", type=int, default=128, help="number of positions, >= 2 (default 128)")
+    p.add_argument("--d-model", type=int, default=128, dest="d_model", help="encoding width, >= 2 (default 128)")
 
 
 def measure(positions: int, d_model: int) -> dict:
@@ -34,8 +36,9 @@ def measure(positions: int, d_model: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.positions < 2 or args.d_model < 2:
-        raise ValueError(f"--positions and --d-model must be >= 2, got {args.positions} and {args.d_model}")
+    for name, value in (("--positions", args.positions), ("--d-model", args.d_model)):
+        if positive_int(value, name) < 2:         # a similarity between positions needs two of each
+            raise RangeError(f"{name}: expected an int >= 2, got {value}")
     m = measure(args.positions, args.d_model)
     out = out_dir(args.out)
     files = [write_csv(out / "positional_similarity.csv",

@@ -15,6 +15,8 @@ import argparse
 import math
 import time
 
+from npformer.checks import non_negative_int, positive_int, real
+from npformer.errors import RangeError
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.config import XLTrainConfig
 from npformer.training.xl_trainer import XLTrainer, recall_period
@@ -66,19 +68,20 @@ def train(args, mem_len: int) -> tuple[XLTrainer, list[dict]]:
 def _check(args) -> list[int]:
     for name in ("steps", "segment", "d_model", "heads", "layers", "ff", "batch_size", "n_train", "n_valid",
                  "eval_every"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.mem_len is not None and args.mem_len < 1:
-        raise ValueError(f"--mem-len must be >= 1 (the model without memory is trained anyway), got {args.mem_len}")
+        positive_int(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.mem_len is not None:               # the model without memory is trained anyway
+        positive_int(args.mem_len, "--mem-len")
+    real(args.lr, "--lr", 0, low_open=True)
+    non_negative_int(args.seed, "--seed")
     m = args.mem_len or args.segment
     if args.eval_mem is None:
         return [0, m, 2 * m, 4 * m]
     try:
         lens = [int(s) for s in args.eval_mem.split(",") if s.strip()]
     except ValueError:
-        raise ValueError(f"--eval-mem: expected comma-separated ints such as 0,16,32, got {args.eval_mem!r}")
+        raise RangeError(f"--eval-mem: expected comma-separated ints such as 0,16,32, got {args.eval_mem!r}") from None
     if not lens or min(lens) < 0:
-        raise ValueError(f"--eval-mem: expected memory lengths >= 0, got {args.eval_mem!r}")
+        raise RangeError(f"--eval-mem: expected memory lengths >= 0, got {args.eval_mem!r}")
     return lens
 
 

@@ -28,9 +28,10 @@ Recipe (a GPT; the loss is computed in float32 from float32 logits)::
         result = amp.step(opt, max_norm=1.0)          # unscale, check, clip, update, round down, zero grads
 
 Works on any backend: NumPy float16 runs on the CPU (slowly: NumPy has no float16 BLAS); bfloat16
-only where the backend has the dtype (neither NumPy nor CuPy does without an extension), with a
-TypeError saying so otherwise. A model whose gradients are non-finite at every scale never steps
-(the scale keeps halving, as torch's does); ``scaler.skipped`` counts the skipped steps.
+only where the backend has the dtype (neither NumPy nor CuPy does without an extension), with an
+InputTypeError (a TypeError) saying so otherwise. A model whose gradients are non-finite at every
+scale never steps (the scale keeps halving, as torch's does); ``scaler.skipped`` counts the skipped
+steps.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from typing import Any, Mapping, NamedTuple
 
 from npformer.backend import get_backend, to_device
 from npformer.checks import describe, one_of, positive_int, real
-from npformer.errors import InputTypeError
+from npformer.errors import InputTypeError, RangeError
 from npformer.nn.module import Module, Parameter
 from npformer.training.optim import clip_grad_norm
 
@@ -77,7 +78,7 @@ class DynamicLossScaler:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         missing = {"scale", "growth_tracker", "skipped"} - set(state)
         if missing:
-            raise ValueError(f"loss scaler state: missing keys {sorted(missing)}, got {sorted(state)}")
+            raise RangeError(f"loss scaler state: missing keys {sorted(missing)}, got {sorted(state)}")
         self.scale = real(state["scale"], "scale", 0, low_open=True)
         self.growth_tracker, self.skipped = int(state["growth_tracker"]), int(state["skipped"])
 
@@ -112,7 +113,7 @@ class MixedPrecision:
 
     def __init__(self, model: Module, dtype: Any = "float16", scaler: DynamicLossScaler | None = None):
         if not isinstance(model, Module):
-            raise TypeError(f"model: expected an npformer Module, got {describe(model)}")
+            raise InputTypeError(f"model: expected an npformer Module, got {describe(model)}")
         self.xp = get_backend(model.backend)
         self.dtype = low_precision_dtype(dtype, self.xp)
         self.model = model

@@ -13,7 +13,15 @@ Every field has one home (``block_size`` and ``n_train``/``n_valid`` belong to t
 live in the small :class:`BlockSize` and :class:`ExampleCounts` that those kinds both extend) and its
 help text in ``metadata["help"]``; the command line builds the flags of ``npformer train`` from these
 fields. :func:`make_config` builds the config of the chosen model and refuses an option that model
-does not have. A checkpoint keeps its config as a dict (``meta["train_config"]``);
+does not have.
+
+Every config checks its fields when it is made (:meth:`TrainConfig.__post_init__`), each message naming
+the field's command-line flag (``--heads``, not ``nhead``), what was expected and what came: sizes and
+counts are ints >= 1, rates finite numbers in their ranges (``--lr inf`` or ``nan`` is refused), the
+choices one of theirs; ``--eval-every`` and ``--checkpoint-every`` may be 0 (only at the end), never
+negative. Without ``--warmup`` the warm-up is :data:`DEFAULT_WARMUP` steps, or ``--steps // 10`` for a
+run of :data:`DEFAULT_WARMUP` steps or fewer (so ``--steps 50`` alone runs); an explicit ``--warmup``
+must be smaller than ``--steps``. A checkpoint keeps its config as a dict (``meta["train_config"]``);
 :func:`config_from_dict` reads it back as the config of its kind, ignoring other kinds' fields, so a
 checkpoint written before the configs were split (one flat dict of every kind's fields) loads too.
 
@@ -22,20 +30,23 @@ the trainers of these model names are in :mod:`npformer.training.registry`.
 
 (No ``from __future__ import annotations`` here: the command line reads each field's type.)
 """
+import math
 from dataclasses import Field, dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from npformer.backend import BACKENDS
-from npformer.checks import one_of
+from npformer.checks import describe, non_negative_int, one_of, positive_int, real
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
-from npformer.errors import RangeError
+from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
-           "BlockSize", "ExampleCounts", "CONFIGS", "DEFAULT_MODELS", "DEFAULT_TASK", "PRECISIONS", "FIELDS",
+           "BlockSize", "ExampleCounts", "CONFIGS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
+           "FIELDS",
            "option", "flag", "choices", "models_with", "default_model", "config_type", "make_config",
            "config_from_dict"]
 
 DEFAULT_TASK = "dates"
+DEFAULT_WARMUP = 100        # warm-up steps of a run longer than this; a shorter one warms up for steps // 10
 PRECISIONS = ("float32", "float16", "bfloat16")
 
 # every task `npformer train` knows -> the model it trains unless --model says otherwise
@@ -69,16 +80,18 @@ class TrainConfig:
                             "kernels)", choices=PRECISIONS)
     steps: int = option(700, "optimiser steps")
     batch_size: int = option(64, "examples a step")
-    lr: float = option(2e-3, "AdamW's peak learning rate, reached after the warm-up")
-    warmup: int = option(100, "steps of linear warm-up from 0 to --lr; then a cosine down to --min-lr")
-    min_lr: float = option(1e-4, "the learning rate at the last step")
+    lr: float = option(2e-3, "AdamW's peak learning rate, reached after the warm-up (a finite number > 0)")
+    warmup: int | None = option(None, f"steps of linear warm-up from 0 to --lr, then a cosine down to --min-lr; "
+                                f"fewer than --steps (default {DEFAULT_WARMUP}, or --steps // 10 when --steps is "
+                                f"{DEFAULT_WARMUP} or fewer)")
+    min_lr: float = option(1e-4, "the learning rate at the last step (0 to --lr)")
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay")
-    clip: float = option(1.0, "clip the gradients' global norm to this")
+    clip: float = option(1.0, "clip the gradients' global norm to this (> 0; inf: no clipping)")
     d_model: int = option(128, "the model width")
     nhead: int = option(4, "attention heads", flag="--heads")
     layers: int = option(2, "layers (the Seq2Seq: encoder and decoder layers, each)")
     dim_feedforward: int = option(256, "feed-forward width", flag="--ff")
-    dropout: float = option(0.1, "dropout rate")
+    dropout: float = option(0.1, "dropout rate, in [0, 1)")
     activation: str | None = option(None, "the feed-forward activation (default: the model's: relu for "
                                     "seq2seq and transformer-xl, gelu_tanh for the others)",
                                     choices=("relu", "gelu", "gelu_tanh"))
@@ -86,9 +99,33 @@ class TrainConfig:
                                      "pre-norm for gpt", off=("--post-norm", "post-norm layers (the paper, "
                                                               "GPT-1)"))
     eval_every: int = option(350, "validate every this many steps (0: only at the end)")
-    log_every: int = option(25, "print the training loss every this many steps")
+    log_every: int = option(25, "print the training loss every this many steps (>= 1; the last step is always "
+                            "printed)")
     checkpoint: str | None = option(None, "write a checkpoint here (.npz)", metavar="PATH")
-    checkpoint_every: int = option(200, "steps between checkpoints")
+    checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)")
+
+    def __post_init__(self):
+        """Check every field (the kind's own included) and fill in the default warm-up; see the module
+        docstring for the rules. Messages name the command-line flags."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:       # an optional field left to its default
+                continue
+            if choices(f.name) is not None:
+                one_of(value, flag(f.name), choices(f.name))
+            elif f.name in CHECKS:
+                CHECKS[f.name](value, flag(f.name))
+        if self.d_model % self.nhead:
+            raise ShapeError(f"{flag('d_model')} {self.d_model} is not divisible by {flag('nhead')} {self.nhead}")
+        if self.warmup is None:
+            self.warmup = DEFAULT_WARMUP if self.steps > DEFAULT_WARMUP else self.steps // 10
+        elif self.warmup >= self.steps:
+            raise RangeError(f"--warmup: expected fewer warm-up steps than --steps {self.steps}, got {self.warmup} "
+                             f"(leave --warmup out for the default, which fits the run)")
+        real(self.min_lr, "--min-lr", 0, self.lr)
+        if self.precision != "float32" and self.dtype != "float32":
+            raise RangeError(f"--precision {self.precision} keeps float32 master weights: use --dtype float32, "
+                             f"not {self.dtype}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
@@ -118,7 +155,7 @@ class BlockSize:
 class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
     """The paper's encoder-decoder on a built-in task (:mod:`npformer.training.seq2seq_trainer`)."""
 
-    label_smoothing: float = option(0.1, "label smoothing of the training loss")
+    label_smoothing: float = option(0.1, "label smoothing of the training loss, in [0, 1)")
 
 
 @dataclass(kw_only=True)
@@ -132,7 +169,7 @@ class CharLMTrainConfig(BlockSize, TrainConfig):
 class ALBERTTrainConfig(CharLMTrainConfig):
     """ALBERT: BERT's masked characters, with a factorised embedding and layers that share parameters."""
 
-    embedding_size: int | None = option(None, "factorise the embedding, V x E then E x H (default: not "
+    embedding_size: int | None = option(None, "factorise the embedding, V x E then E x H (default or 0: not "
                                         "factorised, tables V x H)")
     share: str | None = option(None, "which parameters every layer shares (default all)",
                                choices=("all", "attention", "ffn", "none"))
@@ -164,6 +201,39 @@ def _every_field() -> dict[str, Field]:
 
 # field name -> field, every config's once: the loop's first, then each kind's
 FIELDS: dict[str, Field] = _every_field()
+
+
+def _of_type(kind: type, what: str) -> Callable[[Any, str], Any]:
+    """The check that a value is a ``kind`` (a path is a str, a switch a bool); npformer.checks has
+    checks of numbers, arrays and choices, none of a type alone."""
+    def check(value: Any, name: str) -> Any:
+        if not isinstance(value, kind):
+            raise InputTypeError(f"{name}: expected {what}, got {describe(value)}")
+        return value
+    return check
+
+
+def _max_norm(value: Any, name: str) -> float:
+    """``--clip``: a finite number > 0, or inf for no clipping (clip_grad_norm's meaning)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == math.inf:
+        return math.inf
+    return real(value, name, 0, low_open=True, what="inf (no clipping) or a finite number")
+
+
+# field name -> its check (value, flag); fields with choices are checked against them, the
+# relations between fields (warm-up and steps, min-lr and lr, width and heads) in __post_init__
+CHECKS: dict[str, Callable[[Any, str], Any]] = {
+    "seed": non_negative_int, "steps": positive_int, "batch_size": positive_int,
+    "lr": lambda v, n: real(v, n, 0, low_open=True), "warmup": non_negative_int,
+    "min_lr": lambda v, n: real(v, n, 0), "weight_decay": lambda v, n: real(v, n, 0), "clip": _max_norm,
+    "d_model": positive_int, "nhead": positive_int, "layers": positive_int, "dim_feedforward": positive_int,
+    "dropout": lambda v, n: real(v, n, 0, 1, high_open=True, what="a dropout rate"),
+    "norm_first": _of_type(bool, "True or False"), "eval_every": non_negative_int, "log_every": positive_int,
+    "checkpoint": _of_type(str, "a path (str)"),
+    "checkpoint_every": non_negative_int, "n_train": positive_int, "n_valid": positive_int,
+    "block_size": positive_int, "label_smoothing": lambda v, n: real(v, n, 0, 1, high_open=True),
+    "text": _of_type(str, "a path (str)"), "embedding_size": non_negative_int, "mem_len": non_negative_int,
+}
 
 
 def flag(name: str) -> str:

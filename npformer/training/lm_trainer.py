@@ -21,6 +21,7 @@ import math
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.corpus import CharLMData, load_corpus
 from npformer.data.vocab import CharVocab
+from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
@@ -49,6 +50,10 @@ class LMTrainer(Trainer):
             raise ValueError(f"--model {self.kind} is {'pre' if p['norm_first'] else 'post'}-norm by "
                              "definition; use --model gpt to choose the norm placement")
         self.data = CharLMData(load_corpus(c.text), block_size=c.block_size, seed=c.seed)
+        blocks = self.data.num_windows("train")        # a larger batch only repeats blocks (10**8 fills the memory)
+        if c.batch_size > blocks:
+            raise RangeError(f"--batch-size {c.batch_size} exceeds the {blocks:,} distinct blocks of --block-size "
+                             f"{c.block_size} in the training text; give a smaller --batch-size or a longer --text")
         self.vocab = self.data.vocab
         config = GPTConfig(vocab_size=len(self.vocab), block_size=c.block_size, n_layer=c.layers,
                            n_head=c.nhead, d_model=c.d_model, dim_feedforward=c.dim_feedforward,

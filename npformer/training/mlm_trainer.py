@@ -27,6 +27,7 @@ import numpy as np
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.corpus import CharLMData, load_corpus
 from npformer.data.vocab import PAD_ID, SPECIALS
+from npformer.errors import RangeError
 from npformer.models.albert import ALBERT, ALBERTConfig
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import eval_mode
@@ -89,6 +90,10 @@ class MLMTrainer(Trainer):
         if c.norm_first:
             raise ValueError(f"{self.kind} layers are post-norm (as the paper's); --norm-first does not apply")
         self.data = CharLMData(load_corpus(c.text), block_size=c.block_size, seed=c.seed)
+        blocks = self.data.num_windows("train")        # a larger batch only repeats blocks (10**8 fills the memory)
+        if c.batch_size > blocks:
+            raise RangeError(f"--batch-size {c.batch_size} exceeds the {blocks:,} distinct blocks of --block-size "
+                             f"{c.block_size} in the training text; give a smaller --batch-size or a longer --text")
         self.vocab = self.data.vocab
         self.mask_id = len(self.vocab)                 # [MASK]: one id after the characters
         counts = np.bincount(self.data.train_ids, minlength=len(self.vocab))
@@ -223,9 +228,7 @@ class ALBERTTrainer(MLMTrainer):
 
     def model_for(self, vocab_size):
         c = self.cfg
-        e = c.embedding_size
-        if e is not None and e < 0:
-            raise ValueError(f"--embedding-size must be >= 0 (0: no factorisation), got {e}")
+        e = c.embedding_size                  # None or >= 0 (the config checks it); 0: no factorisation
         config = ALBERTConfig(vocab_size=vocab_size, embedding_size=e or None, hidden_size=c.d_model,
                               num_hidden_layers=c.layers, num_attention_heads=c.nhead,
                               intermediate_size=c.dim_feedforward, max_position_embeddings=c.block_size,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from npformer.backend import default_rng, to_device
 from npformer.data.tasks import TASKS, exact_match, get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
+from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
@@ -30,6 +31,9 @@ class Seq2SeqTrainer(Trainer):
         if c.task not in TASKS:
             raise ValueError(f"task {c.task!r} is not a seq2seq task; expected one of {sorted(TASKS)}")
         self.task = get_task(c.task, seed=c.seed, n_train=c.n_train, n_valid=c.n_valid)
+        if c.batch_size > len(self.task.train):       # a batch draws distinct pairs
+            raise RangeError(f"--batch-size {c.batch_size} exceeds the {len(self.task.train)} training pairs of "
+                             f"--task {c.task} (--n-train); give a smaller --batch-size or a larger --n-train")
         max_len = max(self.task.max_src_len, self.task.max_tgt_len) + 8
         self.model_config = Seq2SeqConfig(
             src_vocab_size=len(self.task.src_vocab), tgt_vocab_size=len(self.task.tgt_vocab),

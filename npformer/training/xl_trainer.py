@@ -19,6 +19,7 @@ from pathlib import Path
 
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.long_range import RecallTask
+from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
@@ -51,14 +52,13 @@ class XLTrainer(Trainer):
         if c.norm_first:
             raise ValueError("transformer-xl is post-norm, as in the paper; leave out --norm-first")
         self.seg_len = c.block_size
-        self.mem_len = c.block_size if c.mem_len is None else c.mem_len
-        if self.mem_len < 0:
-            raise ValueError(f"mem_len: expected an int >= 0 (0: no memory), got {self.mem_len}")
+        self.mem_len = c.block_size if c.mem_len is None else c.mem_len      # >= 0: the config checks it
         self.task = RecallTask(period=recall_period(self.seg_len), length=SEGMENTS * self.seg_len,
                                n_symbols=N_SYMBOLS, n_train=c.n_train or 2000, n_valid=c.n_valid or 200,
                                seed=c.seed)
-        if c.batch_size > len(self.task.train):
-            raise ValueError(f"batch_size {c.batch_size} exceeds the {len(self.task.train)} training sequences")
+        if c.batch_size > len(self.task.train):       # a batch draws distinct sequences
+            raise RangeError(f"--batch-size {c.batch_size} exceeds the {len(self.task.train)} training sequences "
+                             f"(--n-train); give a smaller --batch-size or a larger --n-train")
         self.mems = None
         config = TransformerXLConfig(vocab_size=self.task.vocab_size, n_layer=c.layers, n_head=c.nhead,
                                      d_model=c.d_model, dim_feedforward=c.dim_feedforward, dropout=c.dropout,

@@ -224,9 +224,9 @@ def test_float32_in_float32_out_and_dropout_off_in_eval(xp):
 
 
 def test_bad_configs_and_inputs_are_clear_errors():
-    with pytest.raises(ValueError, match=r"share must be one of .* got 'some'"):
+    with pytest.raises(ValueError, match=r"share: expected one of .* got 'some'"):
         _config("some", 4, 6, 2, 2, mlm=False)
-    with pytest.raises(ValueError, match="embedding_size must be a positive int or None.*got 0"):
+    with pytest.raises(ValueError, match=r"embedding_size \(None: no factorisation\): expected an int >= 1, got 0"):
         _config("all", 0, 6, 2, 2, mlm=False)
     m = ALBERT(_config("all", 4, 6, 2, 2, mlm=False, dropout=0.0), rng=0)
     with pytest.raises(ValueError, match="no masked-LM head"):

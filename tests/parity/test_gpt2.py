@@ -232,7 +232,9 @@ def test_generate_command_with_a_hf_directory(gpt2_dir, capsys):
     assert main(["generate", "--model", str(gpt2_dir), "--prompt", ""]) == 2
     assert "encodes to no tokens" in capsys.readouterr().err
     assert main(["generate", "--model", str(gpt2_dir), "--tokens", "-1"]) == 2
-    assert "n: expected the number of tokens to sample, an int >= 0, got -1" in capsys.readouterr().err
+    assert "--tokens: expected an int >= 0, got -1" in capsys.readouterr().err   # before the model is loaded
+    with pytest.raises(ValueError, match=r"n \(the number of tokens to sample\): expected an int >= 0, got -1"):
+        complete(ours, tok, "The river", -1)
     with pytest.raises(SystemExit):                           # --model and --checkpoint exclude each other
         main(["generate", "--model", str(gpt2_dir), "--checkpoint", "x.npz"])
 

@@ -83,7 +83,7 @@ def test_encode_bad_input(enc32):
         enc32.encode("one string")
     with pytest.raises(TypeError, match="expected a list of str"):
         enc32.encode(["ok", 3])
-    with pytest.raises(ValueError, match="batch_size: expected a positive integer"):
+    with pytest.raises(ValueError, match="batch_size: expected an int >= 1, got 0"):
         enc32.encode(["ok"], batch_size=0)
 
 

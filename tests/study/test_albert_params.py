@@ -52,4 +52,4 @@ def test_base_shape_counts_without_building():
 
 def test_bad_build_limit_is_a_clear_error(tmp_path, capsys):
     assert main(["study", "albert", "--build-limit", "-1", "--out", str(tmp_path)]) == 2
-    assert "--build-limit must be >= 0" in capsys.readouterr().err
+    assert "--build-limit: expected a finite number >= 0, got -1" in capsys.readouterr().err

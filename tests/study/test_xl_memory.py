@@ -56,8 +56,8 @@ def test_data_files_without_matplotlib(tmp_path, capsys, monkeypatch):
     assert "validation loss without memory (M=0)" in out and "matplotlib is not installed" in out
 
 
-@pytest.mark.parametrize("bad, message", [(["--segment", "0"], "--segment must be >= 1"),
-                                          (["--mem-len", "0"], "--mem-len must be >= 1"),
+@pytest.mark.parametrize("bad, message", [(["--segment", "0"], "--segment: expected an int >= 1, got 0"),
+                                          (["--mem-len", "0"], "--mem-len: expected an int >= 1, got 0"),
                                           (["--eval-mem", "4,x"], "--eval-mem: expected comma-separated ints"),
                                           (["--eval-mem", "-1"], "--eval-mem: expected memory lengths >= 0")])
 def test_bad_arguments(tmp_path, capsys, bad, message):

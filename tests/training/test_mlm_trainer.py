@@ -129,7 +129,7 @@ def test_trainer_option_errors():
         _quiet(model="albert", norm_first=True)
     with pytest.raises(ValueError, match="--share does not apply to --model bert; it is an option of --model albert$"):
         _quiet(model="bert", share="all")
-    with pytest.raises(ValueError, match="--embedding-size must be >= 0"):
+    with pytest.raises(ValueError, match="--embedding-size: expected an int >= 0, got -2"):
         _quiet(model="albert", embedding_size=-2)
 
 

@@ -104,12 +104,12 @@ def test_bad_settings(tmp_path):
         _trainer(task="dates")
     with pytest.raises(ValueError, match="post-norm"):
         _trainer(norm_first=True)
-    with pytest.raises(ValueError, match="batch_size 100 exceeds the 64 training sequences"):
+    with pytest.raises(ValueError, match=r"--batch-size 100 exceeds the 64 training sequences \(--n-train\)"):
         _trainer(batch_size=100)
-    with pytest.raises(ValueError, match="mem_len: expected an int >= 0"):
+    with pytest.raises(ValueError, match="--mem-len: expected an int >= 0"):
         _trainer(mem_len=-1)
-    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=50, n_valid=10, d_model=8, nhead=2, layers=1,
-                                          dim_feedforward=8, steps=2, warmup=1), log=lambda _: None)
+    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=50, n_valid=10, batch_size=8, d_model=8, nhead=2,
+                                          layers=1, dim_feedforward=8, steps=2, warmup=1), log=lambda _: None)
     with pytest.raises(ValueError, match="holds a 'seq2seq' checkpoint, not a transformer-xl one"):
         _trainer().load(s2s.save(tmp_path / "s2s.npz"))
 
