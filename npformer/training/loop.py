@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from npformer.backend import get_backend
+from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.checks import non_negative_int, one_of, positive_int
 from npformer.errors import InputTypeError, RangeError
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -55,6 +55,8 @@ class Trainer:
             raise RangeError(f"--precision {c.precision} keeps float32 master weights: use --dtype float32, "
                              f"not {c.dtype}")
         self.xp = get_backend(c.backend)
+        if c.backend == "cupy":       # process-wide: float16 accumulates in float32; float32 exact unless --tf32
+            set_float32_matmul_precision("tf32" if c.tf32 else "highest", c.backend)
         self.model = self.build()
         # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
         self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
