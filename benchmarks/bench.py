@@ -212,6 +212,15 @@ def run_suite(backends: list[Backend], quick: bool, paths=PATHS, parity: bool = 
             "rows": rows}
 
 
+def _allow_tf32(backends: list[Backend]) -> None:
+    from npformer.backend import set_float32_matmul_precision
+    for b in backends:
+        if b.name == "cupy":
+            set_float32_matmul_precision("tf32", "cupy")
+        elif b.name == "torch-cuda":
+            b.torch.backends.cuda.matmul.allow_tf32 = True
+
+
 def _names(text: str) -> list[str]:
     return [n.strip().lower() for n in text.split(",") if n.strip()]
 
@@ -225,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the attention sweep runs on the first")
     ap.add_argument("--only", help="comma list of cases to run (e.g. linear,gpt-small,sweep); default all")
     ap.add_argument("--skip-parity", action="store_true", help="time without checking parity first")
+    ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores in both libraries "
+                    "(CuPy: npformer.backend.set_float32_matmul_precision; PyTorch: allow_tf32); GPU only")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="output folder")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl when it "
@@ -254,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
         print("note:", note)
     if not backends:
         ap.error("no backend can run here")
+    if args.tf32:
+        if not any(b.device == "cuda" for b in backends):
+            ap.error("--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here")
+        _allow_tf32(backends)
+        notes.append("TF32: float32 matmuls on TF32 tensor cores (10-bit mantissa inputs) in both libraries")
     result = run_suite(backends, args.quick, paths, not args.skip_parity, only)
     result["meta"]["notes"] = notes + result["meta"]["notes"]
     for kind, path in write_reports(result, args.out).items():

@@ -382,3 +382,9 @@ def test_summary_has_an_mfu_column_for_training_steps(quick_run):
         cells = [c.strip() for c in line.strip("|").split("|")]
         is_model = cells[0] in MODELS
         assert (cells[mfu].endswith("%") and 0 < float(cells[mfu][:-1]) < 100) if is_model else cells[mfu] == "-"
+
+
+def test_tf32_needs_a_gpu_backend(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--backends", "numpy", "--tf32", "--only", "linear"])
+    assert "--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here" in capsys.readouterr().err
