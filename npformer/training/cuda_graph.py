@@ -32,16 +32,20 @@ on a stream of this object, ordered after the caller's stream and before the cal
 else allocates from, so the graph's buffers are never handed to other arrays.
 
 NumPy has no graphs: passing NumPy arrays is an InputTypeError saying to call the step itself.
+
+``npformer train --cuda-graph`` (:meth:`npformer.training.loop.Trainer.train_step`, the GPT trainers,
+float32) captures the forward and backward this way; the gradient clipping and AdamW run after each
+replay, and :func:`reseed_in_place` gives each step the dropout stream of (seed, step).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from npformer.backend import get_array_module, is_cupy_array
+from npformer.backend import default_rng, get_array_module, is_cupy_array
 from npformer.checks import describe, non_negative_int, values_unchecked
 from npformer.errors import CaptureError, InputTypeError, ShapeError
 
-__all__ = ["CudaGraphStep", "check_static_inputs", "HOST_SYNC_CAUSES"]
+__all__ = ["CudaGraphStep", "check_static_inputs", "reseed_in_place", "HOST_SYNC_CAUSES"]
 
 HOST_SYNC_CAUSES = ("float(), int() or bool() of a device array (an `if` on one), .item(), .get(), "
                     "cupy.asnumpy, printing an array, a shape that depends on the data (nonzero, a boolean "
@@ -128,6 +132,23 @@ class CudaGraphStep:
                                    f"{HOST_SYNC_CAUSES}; move it after the call") from exc
             graph = stream.end_capture()
         self._outputs, self.graph = outputs, graph
+
+
+def reseed_in_place(generator, seed, backend: str = "cupy") -> None:
+    """Give ``generator`` the state ``default_rng(seed)`` starts with, in the memory it already has: a
+    replayed graph draws from the state memory it was captured with (so ``npformer train
+    --cuda-graph`` gets the dropout masks of (seed, step) at every step, as without the graph).
+
+    A CuPy generator keeps its cuRAND states in one device array of its bit generator (``_state``, a
+    CuPy internal): the fresh generator's array is copied into it; CaptureError where that array is
+    not there (another CuPy), saying to train without the graph."""
+    fresh = default_rng(seed, backend)
+    have, new = (getattr(getattr(g, "bit_generator", None), "_state", None) for g in (generator, fresh))
+    if have is None or new is None or have.shape != new.shape or have.dtype != new.dtype:
+        raise CaptureError("reseed_in_place: this CuPy keeps its random generator's state where npformer cannot "
+                           "rewrite it, so a captured step cannot draw each step's dropout masks; train without "
+                           "--cuda-graph")
+    have[...] = new
 
 
 def _end_quietly(stream) -> None:

@@ -141,3 +141,55 @@ def test_a_host_sync_inside_is_a_capture_error_and_shapes_stay_static(cp):
     np.testing.assert_array_equal(cp.asnumpy(ok(x)), [2, 2, 2])
     with pytest.raises(ShapeError, match="static shapes"):
         ok(cp.ones((4,), cp.float32))
+
+
+# -- npformer train --cuda-graph --------------------------------------------------------------------
+
+def test_train_config_refuses_the_graph_on_numpy_and_in_mixed_precision():
+    from npformer.training.config import CharLMTrainConfig
+    with pytest.raises(RangeError, match="--cuda-graph replays CUDA kernels: it needs --backend cupy, got --backend "
+                                         "numpy"):
+        CharLMTrainConfig(task="charlm", cuda_graph=True)
+    with pytest.raises(RangeError, match="--cuda-graph takes --precision float32, got float16"):
+        CharLMTrainConfig(task="charlm", backend="cupy", precision="float16", cuda_graph=True)
+
+
+def test_trainers_whose_batches_change_shape_refuse_the_graph():
+    from npformer.training.config import Seq2SeqTrainConfig
+    from npformer.training.registry import make_trainer
+    config = Seq2SeqTrainConfig(backend="cupy", cuda_graph=True)
+    with pytest.raises(RangeError, match="--cuda-graph: the seq2seq trainer's batches change shape "
+                                         ".*\\(gpt, gpt1, gpt2\\)"):
+        make_trainer(config, log=lambda line: None)
+
+
+def test_reseed_in_place_copies_a_fresh_state_into_the_generator_s_memory(monkeypatch):
+    from npformer.training import cuda_graph
+    captured = np.zeros(4, np.int8)
+    generator = SimpleNamespace(bit_generator=SimpleNamespace(_state=captured))
+    fresh = {}
+
+    def fake_default_rng(seed, backend):
+        fresh[seed] = np.full(4, sum(seed), np.int8)
+        return SimpleNamespace(bit_generator=SimpleNamespace(_state=fresh[seed]))
+    monkeypatch.setattr(cuda_graph, "default_rng", fake_default_rng)
+    cuda_graph.reseed_in_place(generator, (3, 4))
+    assert generator.bit_generator._state is captured and captured.tolist() == [7, 7, 7, 7]
+    with pytest.raises(CaptureError, match="cannot draw each step's dropout masks; train without --cuda-graph"):
+        cuda_graph.reseed_in_place(np.random.default_rng(0), (3, 4), "numpy")    # no cuRAND state array
+
+
+@pytest.mark.gpu
+def test_training_with_the_graph_gives_the_eager_losses(cp):
+    """A character GPT with dropout: eight steps (two eager warm-up calls, the capture, five replays)
+    give the same losses, bit for bit, with and without --cuda-graph."""
+    from npformer.training.config import CharLMTrainConfig
+    from npformer.training.registry import make_trainer
+    losses = {}
+    for graph in (False, True):
+        config = CharLMTrainConfig(task="charlm", backend="cupy", steps=8, batch_size=4, block_size=16, d_model=32,
+                                   nhead=4, layers=2, dim_feedforward=64, dropout=0.1, cuda_graph=graph)
+        trainer = make_trainer(config, log=lambda line: None)
+        losses[graph] = [trainer.train_step() for _ in range(8)]
+        assert trainer._graph is None or trainer._graph.captured
+    assert losses[True] == losses[False], losses
