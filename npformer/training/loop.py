@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from npformer.backend import get_backend
+from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.checks import non_negative_int, one_of, positive_int
 from npformer.errors import InputTypeError, RangeError
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -37,6 +37,7 @@ class Trainer:
     how to draw a batch, compute the loss, evaluate and describe themselves."""
 
     kind = ""          # the model name (a key of config.CONFIGS), also the checkpoint's kind
+    graph_capable = False   # batch() and forward_backward() given, every batch one shape (--cuda-graph)
 
     def __init__(self, config: TrainConfig, log: Callable[[str], None] = print):
         expected = CONFIGS[self.kind]
@@ -54,7 +55,12 @@ class Trainer:
         if c.precision != "float32" and c.dtype != "float32":
             raise RangeError(f"--precision {c.precision} keeps float32 master weights: use --dtype float32, "
                              f"not {c.dtype}")
+        if c.cuda_graph and not self.graph_capable:
+            raise RangeError(f"--cuda-graph: the {self.kind} trainer's batches change shape or carry state from step "
+                             "to step; it runs with the GPT models (gpt, gpt1, gpt2)")
         self.xp = get_backend(c.backend)
+        if c.backend == "cupy":       # process-wide: float16 accumulates in float32; float32 exact unless --tf32
+            set_float32_matmul_precision("tf32" if c.tf32 else "highest", c.backend)
         self.model = self.build()
         # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
         self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
@@ -62,6 +68,7 @@ class Trainer:
         self.opt = AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
         self.step = 0
         self.history: list[dict] = []
+        self._graph = None      # the CudaGraphStep of --cuda-graph, made on the first step
 
     # -- to be provided ------------------------------------------------------------------------------
     def build(self):
@@ -119,9 +126,12 @@ class Trainer:
 
     def train_step(self) -> float:
         c, step = self.cfg, self.step + 1
-        self.model.manual_seed((c.seed, step))   # this step's dropout masks: a function of (seed, step)
         self.model.train()
-        loss, self._tokens = self.loss_and_backward(step)
+        if c.cuda_graph:
+            loss, self._tokens = self._graph_step(step)
+        else:
+            self.model.manual_seed((c.seed, step))   # this step's dropout masks: a function of (seed, step)
+            loss, self._tokens = self.loss_and_backward(step)
         self.opt.lr = self._lr(step)
         if self.amp is None:
             self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
@@ -131,6 +141,29 @@ class Trainer:
             self._grad_norm = self.amp.step(self.opt, max_norm=c.clip).grad_norm
         self.step = step
         return loss
+
+    def _graph_step(self, step: int) -> tuple[float, int]:
+        """Forward and backward replayed from a CUDA graph (:mod:`npformer.training.cuda_graph`), the
+        loss read after it; the same losses as the eager step. The dropout stream of (seed, step) is
+        written into the generator the graph draws from, and the gradients are the arrays the
+        capture made, rewritten by every replay (so they are not zeroed between steps)."""
+        from npformer.training.cuda_graph import CudaGraphStep, reseed_in_place
+        params = self.model.parameters()
+        if self._graph is None:
+            def forward_backward(x, y):
+                self.model.zero_grad()               # the capture's first accumulate makes each gradient
+                return self.forward_backward(x, y), tuple(p.grad for p in params)
+            self._graph = CudaGraphStep(forward_backward, warmup=2)
+        if self._graph.captured:
+            reseed_in_place(self.model.generator(self.cfg.backend), (self.cfg.seed, step), self.cfg.backend)
+        else:                                        # eager warm-up, or the capture: a fresh stream made now
+            self.model.manual_seed((self.cfg.seed, step))
+            self.model.generator(self.cfg.backend)  # outside the capture (seeding is host work)
+        x, y = self.batch(step)
+        loss, grads = self._graph(x, y)
+        for p, g in zip(params, grads):
+            p.grad = g
+        return float(loss), int(x.size)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
