@@ -157,7 +157,8 @@ class _Layer(_FeedForwardParts):
         return s                                                                  # (B, T, C)
 
     def _add_dropout_backward(self, ds, drop):
-        """The branch's gradient ``drop'(ds)`` (the skip's is ds itself)."""
+        """The branch's gradient ``drop'(ds)`` (the skip's is ds itself). The module ``drop`` (and in
+        the hooks above ``padding``) is what the composed variant needs; the op's cache stands in here."""
         return dropout_backward(ds, self._pop())                                  # (B, T, C)
 
 

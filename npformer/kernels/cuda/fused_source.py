@@ -201,5 +201,5 @@ FUSED_ENTRY_POINTS = (
     ("cross_entropy_bwd", "const T* z, const A* shift, const A* log_sum, const long long* t, const A* scale, "
      "T* dz, long long rows, int n, A one_minus_ls, A ls_over_n, int smooth",
      "npf_cross_entropy_bwd<T, A>(z, shift, log_sum, t, scale, dz, rows, n, one_minus_ls, ls_over_n, smooth)",
-     "row"),
+     ""),                                                 # one block per row, no reduction: no shared buffer
 )
