@@ -29,9 +29,12 @@ from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu import softmax as cpu_softmax
 from npformer.kernels import cuda
 from npformer.kernels.cuda import device_floats
+from npformer.kernels.cuda import feedforward as cuda_feedforward
 from npformer.kernels.cuda import flash_attention as cuda_flash
 from npformer.kernels.cuda import multihead as cuda_multihead
-from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, multihead, softmax
+from npformer.kernels.cuda import residual as cuda_residual
+from npformer.ops import (activations, attention, cross_entropy, dropout, feedforward, flash_attention, layernorm,
+                          linear, multihead, residual, softmax)
 
 __all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
 
@@ -74,6 +77,18 @@ FAST_PATHS = (
      lambda x, p=0.0, rng=None, training=True: device_floats(x)),
     (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
+    (feedforward.feed_forward_forward, "cuda", cuda.feed_forward_forward, cuda_feedforward.accepts_forward),
+    (feedforward.feed_forward_backward, "cuda", cuda.feed_forward_backward, cuda_feedforward.accepts_backward),
+    (residual.residual_dropout_forward, "cuda", cuda.residual_dropout_forward,
+     lambda x, branch, **options: device_floats(x, branch)),
+    (residual.residual_dropout_layer_norm_forward, "cuda", cuda.residual_dropout_layer_norm_forward,
+     lambda x, branch, weight=None, bias=None, **options: device_floats(x, branch, weight, bias)),
+    (residual.residual_dropout_layer_norm_backward, "cuda", cuda.residual_dropout_layer_norm_backward,
+     cuda_residual.accepts_norm_backward),
+    (cross_entropy.cross_entropy_forward, "cuda", cuda.cross_entropy_forward,
+     lambda logits, targets, **options: device_floats(logits)),
+    (cross_entropy.cross_entropy_backward, "cuda", cuda.cross_entropy_backward,
+     lambda dloss, cache: device_floats(dloss, getattr(cache, "logits", None))),
     (flash_attention.flash_attention_forward, "cuda", cuda.flash_attention_forward, cuda_flash.accepts_forward),
     (flash_attention.flash_attention_backward, "cuda", cuda.flash_attention_backward, cuda_flash.accepts_backward),
     (multihead.self_attention_backward, "cuda", cuda_multihead.self_attention_backward,

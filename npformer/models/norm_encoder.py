@@ -27,7 +27,7 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.normalization_batch import BatchNorm1d
-from npformer.nn.transformer import TransformerEncoderLayer
+from npformer.nn.transformer import ComposedResiduals, TransformerEncoderLayer
 from npformer.ops.feedforward import ACTIVATIONS
 
 __all__ = ["NORMS", "NormEncoderConfig", "NormEncoderLayer", "NormEncoder"]
@@ -74,8 +74,9 @@ class NormEncoderConfig:
         return asdict(self)
 
 
-class NormEncoderLayer(TransformerEncoderLayer):
-    """``TransformerEncoderLayer`` with the chosen norm in both places (the rest is the same class)."""
+class NormEncoderLayer(ComposedResiduals, TransformerEncoderLayer):
+    """``TransformerEncoderLayer`` with the chosen norm in both places (the rest is the same class; the
+    residual blocks are composed from the norm modules, which the fused layer-norm op cannot be)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float = 0.0,
                  activation: str = "relu", norm: str = "layer", norm_first: bool = False, *,

@@ -10,16 +10,17 @@ class underneath, so the same sub-modules, parameter names and state dicts) with
     SA(h) = dropout1(self_attn(h)),   FF(h) = dropout2(linear2(dropout(act(linear1(h)))))
 
 Only the residual connection changes: without it the gradient has only the path through the
-sub-layer, ``dx = f'(x)^T dy`` instead of ``dy + f'(x)^T dy`` (the same hook serves forward and backward).
+sub-layer, ``dx = f'(x)^T dy`` instead of ``dy + f'(x)^T dy`` (the same hook serves forward and
+backward; the residual blocks are composed from it, :class:`~npformer.nn.transformer.ComposedResiduals`).
 """
 from __future__ import annotations
 
-from npformer.nn.transformer import TransformerEncoderLayer
+from npformer.nn.transformer import ComposedResiduals, TransformerEncoderLayer
 
 __all__ = ["ConfigurableEncoderLayer"]
 
 
-class ConfigurableEncoderLayer(TransformerEncoderLayer):
+class ConfigurableEncoderLayer(ComposedResiduals, TransformerEncoderLayer):
     """Self-attention and feed-forward with layer norm, post- or pre-norm, with or without residuals."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,

@@ -6,6 +6,10 @@ Encoder layer, post-norm (the paper, ``norm_first=False``) and pre-norm (``norm_
     pre:   x = x + drop1(SA(norm1(x)));          x = x + drop2(FF(norm2(x)))
     FF(h) = linear2(dropout(act(linear1(h))))    one op: npformer.ops.feedforward
 
+Each residual is one op with its dropout and the norm that follows it (npformer.ops.residual):
+``s = x + drop(branch)`` and ``y = norm(s)`` together (post-norm keeps y; pre-norm keeps s as the
+stream and y as the next sub-layer's input), and the pre-norm layer's last ``x + drop(branch)``.
+
 The decoder layer adds cross-attention over the encoder output ``memory`` between the two, with
 ``norm2`` and ``drop2`` there and ``norm3``/``drop3`` around the feed-forward block, as PyTorch.
 Every backward runs the forward's lines in reverse; a residual ``x + f(x)`` sends ``dout`` both
@@ -27,10 +31,13 @@ from npformer.nn.dropout import Dropout
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
+from npformer.ops.dropout import dropout_backward
 from npformer.ops.feedforward import ACTIVATIONS, feed_forward_backward, feed_forward_forward
+from npformer.ops.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
+                                   residual_dropout_layer_norm_forward)
 
-__all__ = ["FeedForwardBlock", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
-           "TransformerDecoder", "Transformer"]
+__all__ = ["FeedForwardBlock", "ComposedResiduals", "TransformerEncoderLayer", "TransformerDecoderLayer",
+           "TransformerEncoder", "TransformerDecoder", "Transformer"]
 
 
 class _FeedForwardParts(Module):
@@ -77,9 +84,11 @@ class FeedForwardBlock(_FeedForwardParts):
 
 class _Layer(_FeedForwardParts):
     """What the encoder and decoder layers share: construction (in PyTorch's registration order),
-    self-attention with its dropout, and three hooks a variant may change: the norms' type
-    (:meth:`_make_norm`), how a norm is applied (:meth:`_norm`), and the residual connection
-    (:meth:`_add`, used by the forward and by the backward alike)."""
+    self-attention, and the hooks a variant may change: the norms' type (:meth:`_make_norm`), how a
+    norm is applied (:meth:`_norm`), the residual connection (:meth:`_add`; the backward adds the
+    skip's and the branch's gradients with it), and the residual blocks (:meth:`_add_norm`,
+    :meth:`_add_dropout` and their backwards), one fused op each here; a variant whose norm or
+    residual differs composes them from its hooks instead (:class:`ComposedResiduals`)."""
 
     def _init_layer(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
                     norm_first, bias, dtype, backend, rng, n_norms: int):
@@ -112,16 +121,68 @@ class _Layer(_FeedForwardParts):
     def _sa(self, h, mask, padding, is_causal, kv_cache):
         a, _ = self.self_attn(h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
                               is_causal=is_causal, kv_cache=kv_cache)
-        return self.dropout1(a)                                                   # (B, T, C)
+        return a                                                                  # (B, T, C)
 
     def _sa_backward(self, d):
-        return self.self_attn.backward(self.dropout1.backward(d))[0]              # (B, T, C): dx, all three paths
+        return self.self_attn.backward(d)[0]                                      # (B, T, C): dx, all three paths
 
-    def _ff(self, h, drop):
-        return drop(self._feed_forward(h))                                        # (B, T, C)
+    @staticmethod
+    def _dropout_options(drop, like) -> dict:
+        """The arguments ``drop(like)`` (a Dropout module) would give the dropout op."""
+        active = drop.training and drop.p > 0
+        return dict(p=drop.p, rng=drop.generator(like) if active else None, training=active)
 
-    def _ff_backward(self, d, drop):
-        return self._feed_forward_backward(drop.backward(d))                      # (B, T, C)
+    def _add_norm(self, skip, branch, drop, norm, padding):
+        """``s = skip + drop(branch)`` and ``norm(s)``, as ``(s, norm(s))``: one op."""
+        s, y, cache = residual_dropout_layer_norm_forward(
+            skip, branch, None if norm.weight is None else norm.weight.data,
+            None if norm.bias is None else norm.bias.data, eps=norm.eps, **self._dropout_options(drop, branch))
+        self._push(cache)
+        return s, y                                                               # (B, T, C), (B, T, C)
+
+    def _add_norm_backward(self, ds, dy, drop, norm):
+        """``(dskip, dbranch)`` from the gradient of s (None when s had no other use) and of norm(s)."""
+        # fwd: s = skip + drop(branch), y = norm(s)  ->  dskip = ds + norm'(dy),  dbranch = drop'(dskip)
+        dx, dbranch, dweight, dbias = residual_dropout_layer_norm_backward(ds, dy, self._pop())
+        if norm.weight is not None:
+            norm.weight.accumulate(dweight)
+        if norm.bias is not None:
+            norm.bias.accumulate(dbias)
+        return dx, dbranch                                                        # (B, T, C), (B, T, C)
+
+    def _add_dropout(self, skip, branch, drop):
+        """``skip + drop(branch)``: one op."""
+        s, cache = residual_dropout_forward(skip, branch, **self._dropout_options(drop, branch))
+        self._push(cache)
+        return s                                                                  # (B, T, C)
+
+    def _add_dropout_backward(self, ds, drop):
+        """The branch's gradient ``drop'(ds)`` (the skip's is ds itself). The module ``drop`` (and in
+        the hooks above ``padding``) is what the composed variant needs; the op's cache stands in here."""
+        return dropout_backward(ds, self._pop())                                  # (B, T, C)
+
+
+class ComposedResiduals:
+    """The residual blocks composed of the layer's own modules and hooks (``drop(branch)``,
+    :meth:`_add`, :meth:`_norm`) instead of the fused ops, for a layer variant those ops do not
+    cover (another norm, no residual connection); listed before the layer class in its bases."""
+
+    def _add_norm(self, skip, branch, drop, norm, padding):
+        s = self._add(skip, drop(branch))                                        # (B, T, C)
+        return s, self._norm(norm, s, padding)                                    # (B, T, C), (B, T, C)
+
+    def _add_norm_backward(self, ds, dy, drop, norm):
+        # fwd: s = skip + drop(branch), y = norm(s)  ->  d = ds + norm'(dy) (ds through the skip),  drop'(d)
+        d = norm.backward(dy)
+        if ds is not None:
+            d = self._add(ds, d)
+        return d, drop.backward(d)                                                # (B, T, C), (B, T, C)
+
+    def _add_dropout(self, skip, branch, drop):
+        return self._add(skip, drop(branch))                                      # (B, T, C)
+
+    def _add_dropout_backward(self, ds, drop):
+        return drop.backward(ds)                                                  # (B, T, C)
 
 
 class TransformerEncoderLayer(_Layer):
@@ -140,24 +201,29 @@ class TransformerEncoderLayer(_Layer):
         which attend causally to every cached one (a decoder-only model such as GPT)."""
         x, pad = src, src_key_padding_mask                                       # (B, T, C)
         if self.norm_first:
-            x = self._add(x, self._sa(self._norm(self.norm1, x, pad), src_mask, pad, is_causal, kv_cache))
-            return self._add(x, self._ff(self._norm(self.norm2, x, pad), self.dropout2))
-        x = self._norm(self.norm1, self._add(x, self._sa(x, src_mask, pad, is_causal, kv_cache)), pad)
-        return self._norm(self.norm2, self._add(x, self._ff(x, self.dropout2)), pad)
+            # x1 = x + drop1(SA(norm1(x))),  h = norm2(x1);  y = x1 + drop2(FF(h))
+            a = self._sa(self._norm(self.norm1, x, pad), src_mask, pad, is_causal, kv_cache)
+            x, h = self._add_norm(x, a, self.dropout1, self.norm2, pad)
+            return self._add_dropout(x, self._feed_forward(h), self.dropout2)
+        # x1 = norm1(x + drop1(SA(x)));  y = norm2(x1 + drop2(FF(x1)))
+        _, x = self._add_norm(x, self._sa(x, src_mask, pad, is_causal, kv_cache), self.dropout1, self.norm1, pad)
+        return self._add_norm(x, self._feed_forward(x), self.dropout2, self.norm2, pad)[1]
 
     def backward(self, dout):
         """Returns ``dsrc``; parameter gradients accumulate."""
         if self.norm_first:
-            # fwd: y = x1 + drop2(FF(norm2(x1)))  ->  dx1 = dy + norm2'(FF'(drop2'(dy)))
-            dx1 = self._add(dout, self.norm2.backward(self._ff_backward(dout, self.dropout2)))
-            # fwd: x1 = x + drop1(SA(norm1(x)))  ->  dx = dx1 + norm1'(SA'(drop1'(dx1)))
-            return self._add(dx1, self.norm1.backward(self._sa_backward(dx1)))
+            # fwd: y = x1 + drop2(FF(h))  ->  dx1 = dy (the skip),  dh = FF'(drop2'(dy))
+            dh = self._feed_forward_backward(self._add_dropout_backward(dout, self.dropout2))
+            # fwd: x1 = x + drop1(a), h = norm2(x1)  ->  dx1 += norm2'(dh),  da = drop1'(dx1)
+            dx1, da = self._add_norm_backward(dout, dh, self.dropout1, self.norm2)
+            # fwd: a = SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(da))
+            return self._add(dx1, self.norm1.backward(self._sa_backward(da)))
         # fwd: y = norm2(x1 + drop2(FF(x1)))  ->  d = norm2'(dy);  dx1 = d + FF'(drop2'(d))
-        d = self.norm2.backward(dout)
-        dx1 = self._add(d, self._ff_backward(d, self.dropout2))
+        d, dbranch = self._add_norm_backward(None, dout, self.dropout2, self.norm2)
+        dx1 = self._add(d, self._feed_forward_backward(dbranch))
         # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
-        d = self.norm1.backward(dx1)
-        return self._add(d, self._sa_backward(d))
+        d, dbranch = self._add_norm_backward(None, dx1, self.dropout1, self.norm1)
+        return self._add(d, self._sa_backward(dbranch))
 
 
 class TransformerDecoderLayer(_Layer):
@@ -173,11 +239,11 @@ class TransformerDecoderLayer(_Layer):
     def _mha(self, h, memory, mask, padding, is_causal, kv_cache):
         a, _ = self.multihead_attn(h, memory, memory, attn_mask=mask, key_padding_mask=padding,
                                    need_weights=False, is_causal=is_causal, kv_cache=kv_cache)
-        return self.dropout2(a)                                                   # (B, T, C)
+        return a                                                                  # (B, T, C)
 
     def _mha_backward(self, d):
         # fwd: a = MHA(h, memory, memory)  ->  dh = dquery,  dmemory = dkey + dvalue (memory was both)
-        dq, dk, dv = self.multihead_attn.backward(self.dropout2.backward(d))
+        dq, dk, dv = self.multihead_attn.backward(d)
         return dq, dk + dv                                                        # (B, T, C), (B, S, C)
 
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
@@ -189,34 +255,40 @@ class TransformerDecoderLayer(_Layer):
         self_cache, cross_cache = (None, None) if kv_cache is None else kv_cache
         x, pad = tgt, tgt_key_padding_mask                                       # (B, T, C)
         if self.norm_first:
-            x = self._add(x, self._sa(self._norm(self.norm1, x, pad), tgt_mask, pad, tgt_is_causal, self_cache))
-            x = self._add(x, self._mha(self._norm(self.norm2, x, pad), memory, memory_mask,
-                                       memory_key_padding_mask, memory_is_causal, cross_cache))
-            return self._add(x, self._ff(self._norm(self.norm3, x, pad), self.dropout3))
-        x = self._norm(self.norm1, self._add(x, self._sa(x, tgt_mask, pad, tgt_is_causal, self_cache)), pad)
-        x = self._norm(self.norm2, self._add(x, self._mha(x, memory, memory_mask, memory_key_padding_mask,
-                                                          memory_is_causal, cross_cache)), pad)
-        return self._norm(self.norm3, self._add(x, self._ff(x, self.dropout3)), pad)
+            # x1 = x + drop1(SA(norm1(x))), h = norm2(x1);  x2 = x1 + drop2(MHA(h, memory)), h = norm3(x2)
+            a = self._sa(self._norm(self.norm1, x, pad), tgt_mask, pad, tgt_is_causal, self_cache)
+            x, h = self._add_norm(x, a, self.dropout1, self.norm2, pad)
+            a = self._mha(h, memory, memory_mask, memory_key_padding_mask, memory_is_causal, cross_cache)
+            x, h = self._add_norm(x, a, self.dropout2, self.norm3, pad)
+            return self._add_dropout(x, self._feed_forward(h), self.dropout3)   # y = x2 + drop3(FF(h))
+        # x1 = norm1(x + drop1(SA(x)));  x2 = norm2(x1 + drop2(MHA(x1, memory)));  y = norm3(x2 + drop3(FF(x2)))
+        _, x = self._add_norm(x, self._sa(x, tgt_mask, pad, tgt_is_causal, self_cache), self.dropout1, self.norm1, pad)
+        a = self._mha(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal, cross_cache)
+        _, x = self._add_norm(x, a, self.dropout2, self.norm2, pad)
+        return self._add_norm(x, self._feed_forward(x), self.dropout3, self.norm3, pad)[1]
 
     def backward(self, dout):
         """Returns ``(dtgt, dmemory)``; parameter gradients accumulate."""
         if self.norm_first:
-            # fwd: y = x2 + drop3(FF(norm3(x2)))  ->  dx2 = dy + norm3'(FF'(drop3'(dy)))
-            dx2 = self._add(dout, self.norm3.backward(self._ff_backward(dout, self.dropout3)))
-            # fwd: x2 = x1 + drop2(MHA(norm2(x1), memory))  ->  dx1 = dx2 + norm2'(dquery),  dmemory
-            dq, dmem = self._mha_backward(dx2)
-            dx1 = self._add(dx2, self.norm2.backward(dq))
-            # fwd: x1 = x + drop1(SA(norm1(x)))  ->  dx = dx1 + norm1'(SA'(drop1'(dx1)))
-            return self._add(dx1, self.norm1.backward(self._sa_backward(dx1))), dmem
+            # fwd: y = x2 + drop3(FF(h3))  ->  dx2 = dy (the skip),  dh3 = FF'(drop3'(dy))
+            dh = self._feed_forward_backward(self._add_dropout_backward(dout, self.dropout3))
+            # fwd: x2 = x1 + drop2(a), h3 = norm3(x2)  ->  dx2 += norm3'(dh3),  da = drop2'(dx2)
+            dx2, da = self._add_norm_backward(dout, dh, self.dropout2, self.norm3)
+            # fwd: a = MHA(h2, memory)  ->  dh2 = dquery,  dmemory
+            dh, dmem = self._mha_backward(da)
+            # fwd: x1 = x + drop1(a), h2 = norm2(x1)  ->  dx1 = dx2 + norm2'(dh2),  da = drop1'(dx1)
+            dx1, da = self._add_norm_backward(dx2, dh, self.dropout1, self.norm2)
+            # fwd: a = SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(da))
+            return self._add(dx1, self.norm1.backward(self._sa_backward(da))), dmem
         # fwd: y = norm3(x2 + drop3(FF(x2)))  ->  d = norm3'(dy);  dx2 = d + FF'(drop3'(d))
-        d = self.norm3.backward(dout)
-        dx2 = self._add(d, self._ff_backward(d, self.dropout3))
+        d, dbranch = self._add_norm_backward(None, dout, self.dropout3, self.norm3)
+        dx2 = self._add(d, self._feed_forward_backward(dbranch))
         # fwd: x2 = norm2(x1 + drop2(MHA(x1, memory)))  ->  d = norm2'(dx2);  dx1 = d + dquery,  dmemory
-        d = self.norm2.backward(dx2)
-        dq, dmem = self._mha_backward(d)
+        d, dbranch = self._add_norm_backward(None, dx2, self.dropout2, self.norm2)
+        dq, dmem = self._mha_backward(dbranch)
         # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
-        d = self.norm1.backward(self._add(d, dq))
-        return self._add(d, self._sa_backward(d)), dmem
+        d, dbranch = self._add_norm_backward(None, self._add(d, dq), self.dropout1, self.norm1)
+        return self._add(d, self._sa_backward(dbranch)), dmem
 
 
 class TransformerEncoder(Module):

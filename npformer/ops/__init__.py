@@ -9,9 +9,9 @@ through :mod:`npformer.dispatch` (see :mod:`npformer.kernels`); ``with npformer.
 runs these alone. Every op module is an attribute of this package (``npformer.ops.attention``).
 """
 from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding, feedforward,
-                          flash_attention, layernorm, linear, masks, multihead, relative_attention, rnn,
-                          softmax)
+                          flash_attention, layernorm, linear, masks, multihead, relative_attention, residual,
+                          rnn, softmax)
 
 __all__ = ["activations", "attention", "batchnorm", "cross_entropy", "dropout", "embedding", "feedforward",
-           "flash_attention", "layernorm", "linear", "masks", "multihead", "relative_attention", "rnn",
-           "softmax"]
+           "flash_attention", "layernorm", "linear", "masks", "multihead", "relative_attention", "residual",
+           "rnn", "softmax"]

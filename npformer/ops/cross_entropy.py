@@ -9,7 +9,9 @@
 
 When every target is ignored, ``mean`` returns 0 with a zero gradient (PyTorch returns NaN: a
 deliberate difference, so a batch of only padding cannot poison training).
-The cache keeps only the log-probabilities; p is recomputed as exp(log p) in backward.
+The cache holds no (..., V) array of its own: it keeps the logits (the caller's array) and each
+row's normaliser, log p = (z - shift) - log_sum, so backward recomputes log p exactly as forward
+computed it and writes dz from it (a fused kernel does the same in one pass over each row).
 ``dloss`` is a 0-d array for mean/sum and of shape ``targets.shape`` for none. 16-bit logits are
 computed (and the loss summed) in float32; loss and ``dlogits`` come back in the logits' dtype.
 Targets may use any integer dtype; ``ignore_index`` may even be a valid class id (it is then ignored).
@@ -23,29 +25,32 @@ from npformer.checks import (describe, expect_float, expect_grad, expect_int, ex
                              probability, values_checked)
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
-from npformer.ops.softmax import log_softmax_forward
 
-__all__ = ["CrossEntropyCache", "cross_entropy_forward", "cross_entropy_backward"]
+__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "log_normaliser", "cross_entropy_forward",
+           "cross_entropy_backward"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
 
 class CrossEntropyCache(NamedTuple):
-    """Only log p is kept (p = exp(log p) in backward); targets and validity are (...)-shaped."""
+    """The logits and each row's normaliser (log p is recomputed from them in backward); targets
+    and validity are (...)-shaped."""
 
-    logp: Any            # (..., V) log-probabilities (accumulation dtype)
+    logits: Any          # (..., V) the forward's input (not a copy)
+    shift: Any           # (..., 1) max_j z_j, 0 where not finite (accumulation dtype)
+    log_sum: Any         # (..., 1) log sum_j exp(z_j - shift), 0 where the sum is 0
     targets: Any         # (...) targets with ignored positions set to 0
     valid: Any           # (...) bool, not ignored
-    count: Any           # () max(N_valid, 1) for mean, in logp's dtype (kept on the device); 1 for sum, none
+    count: Any           # () max(N_valid, 1) for mean, in the accumulation dtype (kept on the device); 1 for sum, none
     smoothing: float
     reduction: str
     dtype: Any
 
 
-@dispatched
-def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
-                          label_smoothing: float = 0.0):
-    """Returns ``(loss, cache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none."""
+def check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing):
+    """The forward's checks (every implementation runs them); returns ``(safe_targets, valid, s)``:
+    the targets as int64 with ignored positions set to 0, where they are not ignored, and the
+    smoothing as a float."""
     expect_float(logits, "logits")
     expect_rows(logits, "logits", "(..., V)")
     expect_int(targets, "targets")
@@ -63,39 +68,67 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     if values_checked() and bool(bad.any()):            # (skipped inside a CUDA graph capture)
         raise RangeError(f"targets: class ids must be in [0, {v}) or ignore_index={ignore_index}, "
                          f"got {int(t[bad].reshape(-1)[0])} (V={v})")
-    safe_t = xp.where(valid, t, 0)                       # (...)
-    logp, _ = log_softmax_forward(logits.astype(accumulation_dtype(logits.dtype), copy=False))  # (..., V)
-    picked = xp.take_along_axis(logp, safe_t[..., None], axis=-1)[..., 0]     # (...)
+    return xp.where(valid, t, 0), valid, s               # (...), (...), float
+
+
+def log_normaliser(za):
+    """``(shift, log_sum)`` of each row of ``za`` (..., V): log softmax(z) = (z - shift) - log_sum,
+    with shift = max z (0 when not finite: no inf - inf) and log_sum = log sum exp(z - shift) (0 for
+    a zero sum: an all -inf row stays -inf), the steps of :func:`~npformer.ops.softmax.log_softmax_forward`."""
+    xp = get_array_module(za)
+    m = za.max(axis=-1, keepdims=True)                   # (..., 1)
+    shift = xp.where(xp.isfinite(m), m, 0)               # (..., 1)
+    e = za - shift                                       # (..., V)
+    total = xp.exp(e, out=e).sum(axis=-1, keepdims=True)   # (..., 1) sum exp(z - shift)
+    return shift, xp.log(xp.where(total > 0, total, 1))  # (..., 1), (..., 1)
+
+
+@dispatched
+def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
+                          label_smoothing: float = 0.0):
+    """Returns ``(loss, cache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none."""
+    safe_t, valid, s = check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing)
+    v = logits.shape[-1]
+    xp = get_array_module(logits, targets)
+    za = xp.ascontiguousarray(logits.astype(accumulation_dtype(logits.dtype), copy=False))   # (..., V) rows
+    shift, log_sum = log_normaliser(za)                  # (..., 1), (..., 1)  log p = (z - shift) - log_sum
+    z_t = xp.take_along_axis(za, safe_t[..., None], axis=-1)                   # (..., 1)
+    picked = ((z_t - shift) - log_sum)[..., 0]           # (...) log p_t
     if s == 0:
         nll = -picked                                    # (...)
     else:                                                # -sum_j q_j log p_j, q = (1-s) onehot + s/V
+        logp = za - shift                                # (..., V)
+        logp -= log_sum                                  # (..., V) log p
         nll = -(1.0 - s) * picked - (s / v) * logp.sum(axis=-1)                  # (...)
     nll = xp.where(valid, nll, 0)                        # (...) ignored positions contribute 0
     if reduction == "none":
         loss, count = nll, 1                             # (...)
     else:
         # N_valid stays on the device (no host sync): the same division as by the int count
-        count = xp.maximum(valid.sum(), 1).astype(logp.dtype) if reduction == "mean" else 1     # ()
+        count = xp.maximum(valid.sum(), 1).astype(za.dtype) if reduction == "mean" else 1     # ()
         loss = nll.sum() / count                         # () all ignored: 0 / 1 = 0
-    cache = CrossEntropyCache(logp, safe_t, valid, count, s, reduction, logits.dtype)
+    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, count, s, reduction, logits.dtype)
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 
 
 @dispatched
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     """Returns ``dlogits`` (..., V)."""
-    logp, t, valid, count, s, reduction, dtype = cache
+    logits, shift, log_sum, t, valid, count, s, reduction, dtype = cache
     expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
                 f"the loss of reduction={reduction!r}")
-    xp = get_array_module(dloss, logp)
-    v = logp.shape[-1]
+    xp = get_array_module(dloss, logits)
+    v = logits.shape[-1]
+    acc = accumulation_dtype(dtype)
     # fwd: loss_i = -sum_j q_ij log p_ij,  log p = z - lse(z)  ->  dz_i = (p_i - q_i) * dloss_i / N
-    dz = xp.exp(logp)                                    # (..., V) p, recomputed from log p
+    dz = xp.ascontiguousarray(logits.astype(acc, copy=False)) - shift   # (..., V)
+    dz -= log_sum                                        # (..., V) log p, as forward computed it
+    xp.exp(dz, out=dz)                                   # (..., V) p
     if s:
         dz -= s / v                                      # q's uniform part
     rows = dz.reshape(-1, v)                             # (N, V) view of the fresh dz
     rows[xp.arange(rows.shape[0]), t.reshape(-1)] -= 1.0 - s   # q's one-hot part (one entry a row)
-    scale = dloss.astype(logp.dtype) / count             # () or (...)
+    scale = dloss.astype(acc) / count                    # () or (...)
     scale = xp.where(valid, scale, 0)                    # (...) ignored rows get no gradient
     dz *= scale[..., None]                               # (..., V)
     return dz.astype(dtype, copy=False)                  # (..., V)

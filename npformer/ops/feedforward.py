@@ -16,7 +16,8 @@ from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward,
 from npformer.ops.dropout import dropout_backward, dropout_forward
 from npformer.ops.linear import linear_backward, linear_forward
 
-__all__ = ["FeedForwardCache", "feed_forward_forward", "feed_forward_backward", "ACTIVATIONS"]
+__all__ = ["FeedForwardCache", "feed_forward_activation", "feed_forward_forward", "feed_forward_backward",
+           "ACTIVATIONS"]
 
 ACTIVATIONS = {"relu": (relu_forward, {}, relu_backward),
                "gelu": (gelu_forward, {"approximate": "none"}, gelu_backward),
@@ -33,14 +34,21 @@ class FeedForwardCache(NamedTuple):
     lin2: Any          # LinearCache of out = a' W2^T + b2
 
 
+def feed_forward_activation(w1, w2, activation: str):
+    """The ``ACTIVATIONS`` entry of ``activation``, after checking it and that w2 is (C, F) for w1
+    (F, C) (every implementation of the forward calls this first)."""
+    entry = ACTIVATIONS[one_of(activation, "activation", tuple(ACTIVATIONS))]
+    if w2.ndim == 2 and w1.ndim == 2 and w2.shape != (w1.shape[1], w1.shape[0]):
+        raise ShapeError(f"w2: expected shape (C, F)=({w1.shape[1]}, {w1.shape[0]}) to match w1 (F, C)="
+                         f"{tuple(w1.shape)}, got {tuple(w2.shape)}")
+    return entry
+
+
 @dispatched
 def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0,
                          rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``b1``/``b2`` may be None (bias=False)."""
-    act_fwd, act_kw, act_bwd = ACTIVATIONS[one_of(activation, "activation", tuple(ACTIVATIONS))]
-    if w2.ndim == 2 and w1.ndim == 2 and w2.shape != (w1.shape[1], w1.shape[0]):
-        raise ShapeError(f"w2: expected shape (C, F)=({w1.shape[1]}, {w1.shape[0]}) to match w1 (F, C)="
-                         f"{tuple(w1.shape)}, got {tuple(w2.shape)}")
+    act_fwd, act_kw, act_bwd = feed_forward_activation(w1, w2, activation)
     h, lin1 = linear_forward(x, w1, b1)                  # (..., F)
     a, act = act_fwd(h, **act_kw)                        # (..., F)
     a, drop = dropout_forward(a, dropout_p, rng=rng, training=training)

@@ -215,12 +215,14 @@ def test_float32_matches_float64_and_inputs_untouched(xp):
                                rtol=1e-4, atol=1e-7)
 
 
-def test_cache_keeps_log_probabilities_only(xp):
+def test_cache_holds_no_array_of_the_logits_size_of_its_own(xp):
+    """Only the logits themselves (not a copy) and per-row normalisers: log p = (z - shift) - log_sum."""
     z = randn(xp, (2, 3, 5), 0)
     _, cache = cross_entropy_forward(z, xp.zeros((2, 3), dtype=xp.int64))
     big = [f for f in cache if hasattr(f, "shape") and f.shape == z.shape]
-    assert len(big) == 1 and big[0] is cache.logp
-    np.testing.assert_allclose(host(cache.logp), reference_log_softmax(host(z)), rtol=1e-13)
+    assert len(big) == 1 and big[0] is z
+    assert cache.shift.shape == cache.log_sum.shape == (2, 3, 1)
+    np.testing.assert_allclose(host((z - cache.shift) - cache.log_sum), reference_log_softmax(host(z)), rtol=1e-13)
 
 
 def test_non_contiguous_logits_and_targets(xp):

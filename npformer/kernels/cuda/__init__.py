@@ -14,9 +14,16 @@ flash attention            forward: a block per query tile and head, online soft
                            heads read and written through their strides (no copies)
 self-attention backward    dq, dk, dv written by the flash kernels into the packed (B, T,
                            3E) gradient: no copy to merge heads (multihead.py)
-bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h)); backward one kernel
-                           (dz = da gelu'(h) and the partial sums of dbias); not wired to
-                           an op yet, tested through the emulator
+bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h), and the feed-forward
+                           block's dropout); backward one kernel (dz = da gelu'(h) and the
+                           partial sums of dbias)
+feed-forward (GELU)        x W1^T, the bias + GELU + dropout kernel, the second linear;
+                           backward through the fused bias + GELU backward (own module)
+residual + dropout (+ LN)  s = x + dropout(branch) in one elementwise kernel; with the layer
+                           norm that follows, one block per row (s, mask, y, xhat, rstd);
+                           backward: dx = ds + LN'(dy), dbranch = dx m in one row pass
+cross-entropy              one block per row, one read of the logits: running max and sum of
+                           exponentials, the row's loss; backward writes dlogits directly
 =========================  ===============================================================
 
 Each function has exactly the contract of the reference op it stands in for (arguments, cache
@@ -26,12 +33,17 @@ float64 in float64; only the order of a reduction's additions differs. The kerne
 are compiled once by NVRTC through ``cupy.RawModule`` on first use. Importing this package never
 imports CuPy; :func:`~npformer.kernels.cuda.runtime.device_floats` says which arrays they take.
 """
-from npformer.kernels.cuda.activations import (bias_add_forward, bias_gelu_backward, bias_gelu_forward,
-                                               bias_grad, gelu_backward, gelu_forward)
+from npformer.kernels.cuda.activations import (bias_add_forward, bias_gelu_backward, bias_gelu_dropout_backward,
+                                               bias_gelu_dropout_forward, bias_gelu_forward, bias_grad,
+                                               gelu_backward, gelu_forward)
+from npformer.kernels.cuda.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.kernels.cuda.dropout import dropout_forward
+from npformer.kernels.cuda.feedforward import feed_forward_backward, feed_forward_forward
 from npformer.kernels.cuda.flash_attention import flash_attention_backward, flash_attention_forward
 from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
 from npformer.kernels.cuda.linear import linear_backward
+from npformer.kernels.cuda.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
+                                            residual_dropout_layer_norm_forward)
 from npformer.kernels.cuda.runtime import device_floats
 from npformer.kernels.cuda.softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
                                            softmax_forward)
@@ -40,5 +52,8 @@ __all__ = [
     "device_floats", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "dropout_forward",
     "linear_backward", "flash_attention_forward", "flash_attention_backward", "bias_add_forward", "bias_grad",
-    "bias_gelu_forward", "bias_gelu_backward",
+    "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_dropout_forward", "bias_gelu_dropout_backward",
+    "feed_forward_forward", "feed_forward_backward", "residual_dropout_forward",
+    "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward", "cross_entropy_forward",
+    "cross_entropy_backward",
 ]

@@ -4,21 +4,26 @@
     gelu(x) = x/2 (1 + tanh(sqrt(2/pi) (xc + 0.044715 xc^3))),  xc = clip(x, -100, 100)  ("tanh")
     bias-add:       out = x + b over the last axis;   dbias = dout summed over the leading axes
     bias + GELU:    h = z + b,  a = gelu(h)  ->  dz = da gelu'(h),  dbias = sum dz
+    + dropout:      a' = a m / (1 - p)  ->  da = da' m / (1 - p) first (the feed-forward block's order)
 
 Each forward and backward is one kernel (bias + GELU backward writes ``dz`` and the column partial
-sums of ``dbias`` in the same pass). 16-bit inputs are computed in float32 and rounded once.
+sums of ``dbias`` in the same pass; with dropout, the mask is drawn as the dropout op draws it and
+applied in the same kernel). 16-bit inputs are computed in float32 and rounded once.
 """
 from __future__ import annotations
 
 import numpy
 
+from npformer.backend import accumulation_dtype
 from npformer.checks import expect_float, expect_grad, expect_same_dtype, expect_shape, one_of
 from npformer.errors import ShapeError
+from npformer.kernels.cuda.dropout import dropout_forward, keep_draws
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
 from npformer.ops.activations import APPROXIMATIONS, GeluCache
+from npformer.ops.dropout import DropoutCache, dropout_active
 
 __all__ = ["gelu_forward", "gelu_backward", "bias_add_forward", "bias_grad",
-           "bias_gelu_forward", "bias_gelu_backward"]
+           "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_dropout_forward", "bias_gelu_dropout_backward"]
 
 
 def _tanh_form(approximate) -> numpy.int32:
@@ -85,35 +90,74 @@ def bias_grad(dout):
     return part.sum(axis=0).astype(dout.dtype)           # (C,)
 
 
-def bias_gelu_forward(z, bias, approximate: str = "none"):
-    """``h = z + bias``, ``a = gelu(h)``; returns ``(a, GeluCache(h, approximate))``.
-
-    ``z`` is a linear layer's output without its bias. The cache is the one ``gelu_forward(h)``
-    returns, so ``gelu_backward`` (fused or plain) accepts it too.
-    """
+def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
+    """(a, h, scaled mask or None): one kernel; dropout (0 < p < 1) when ``rng`` is given."""
     n = _check_bias(z, bias)
     form = _tanh_form(approximate)
     xp = device_xp(z, bias)
     z, bias = contiguous(xp, z), contiguous(xp, bias)
     h = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     a = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
+    if rng is not None:
+        u, scale = keep_draws(z, p, rng)                 # the dropout op's draws for a (same shape)
+        mask = xp.empty(z.shape, dtype=z.dtype)          # (..., F) m / (1 - p)
+    else:
+        u, scale, mask = xp.empty((1,), dtype=xp.float32), accumulation_dtype(z.dtype).type(1), h   # never read
     if z.size:
         launch_elements("bias_gelu_fwd", z.dtype, z.size,
-                        (z, bias, h, a, numpy.int64(z.size), numpy.int32(n), form))
+                        (z, bias, u, h, a, mask, numpy.int64(z.size), numpy.int32(n), form, numpy.float32(p),
+                         scale, numpy.int32(rng is not None)))
+    return a, h, (mask if rng is not None else None)
+
+
+def bias_gelu_forward(z, bias, approximate: str = "none"):
+    """``h = z + bias``, ``a = gelu(h)``; returns ``(a, GeluCache(h, approximate))``.
+
+    ``z`` is a linear layer's output without its bias. The cache is the one ``gelu_forward(h)``
+    returns, so ``gelu_backward`` (fused or plain) accepts it too.
+    """
+    a, h, _ = _bias_gelu(z, bias, approximate)
     return a, GeluCache(h, approximate)
+
+
+def bias_gelu_dropout_forward(z, bias, approximate: str = "none", p: float = 0.0, rng=None, training: bool = True):
+    """``a = dropout(gelu(z + bias))``; returns ``(a, GeluCache(h, approximate), DropoutCache)``, the
+    caches ``gelu_forward(h)`` and ``dropout_forward(gelu(h))`` return (the same mask for one seed)."""
+    if not dropout_active(z, p, rng, training):
+        a, act = bias_gelu_forward(z, bias, approximate)
+        return a, act, DropoutCache(None, z.shape, z.dtype)   # the identity: no copy of the fresh a
+    if p == 1.0:                                         # everything dropped, nothing drawn
+        a, act = bias_gelu_forward(z, bias, approximate)
+        a, drop = dropout_forward(a, p, rng)
+        return a, act, drop
+    a, h, mask = _bias_gelu(z, bias, approximate, p, rng)
+    return a, GeluCache(h, approximate), DropoutCache(mask, z.shape, z.dtype)
+
+
+def _bias_gelu_grads(dy, h, approximate, mask):
+    form = _tanh_form(approximate)
+    xp = device_xp(dy, h, mask)
+    expect_grad(dy, "da", h.shape, h.dtype)
+    rows, n = rows_of(h)
+    dy, h = contiguous(xp, dy), contiguous(xp, h)
+    dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)
+    if not rows:
+        return dz, xp.zeros((n,), dtype=h.dtype)
+    m = contiguous(xp, mask) if mask is not None else h  # stand-in, never read
+    # fwd: a = gelu(h), h = z + b  ->  dz = da * gelu'(h),  db = sum over rows of dz
+    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, m, h, dz),
+                             (form, numpy.int32(mask is not None)), 1)
+    return dz, part.sum(axis=0).astype(h.dtype)          # (..., F), (F,)
 
 
 def bias_gelu_backward(da, cache):
     """Returns ``(dz, dbias)``: ``dz = da * gelu'(h)`` and ``dbias = sum of dz over the rows``."""
     h, approximate = cache
-    form = _tanh_form(approximate)
-    xp = device_xp(da, h)
-    expect_grad(da, "da", h.shape, h.dtype)
-    rows, n = rows_of(h)
-    da, h = contiguous(xp, da), contiguous(xp, h)
-    dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)
-    if not rows:
-        return dz, xp.zeros((n,), dtype=h.dtype)
-    # fwd: a = gelu(h), h = z + b  ->  dz = da * gelu'(h),  db = sum over rows of dz
-    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (da, h, dz), (form,), 1)
-    return dz, part.sum(axis=0).astype(h.dtype)          # (..., F), (F,)
+    return _bias_gelu_grads(da, h, approximate, None)
+
+
+def bias_gelu_dropout_backward(da, act_cache, drop_cache):
+    """Returns ``(dz, dbias)`` of ``a = dropout(gelu(z + bias))``: ``da`` times the mask first."""
+    # fwd: a' = a * m / (1 - p)  ->  da = da' * m / (1 - p)   (in the same kernel)
+    h, approximate = act_cache
+    return _bias_gelu_grads(da, h, approximate, drop_cache.scaled_mask)

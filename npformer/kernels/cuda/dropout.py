@@ -15,7 +15,17 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
 from npformer.ops.dropout import DropoutCache, dropout_active
 
-__all__ = ["dropout_forward"]
+__all__ = ["dropout_forward", "keep_draws"]
+
+
+def keep_draws(x, p: float, rng):
+    """What a fused kernel needs to drop exactly the entries the reference drops for ``x`` (0 < p < 1):
+    the same uniforms ``u = rng.random(x.shape, float32)`` (contiguous, (same as x)) and the keep
+    scale ``1 / (1 - p)`` rounded to x's dtype, as a scalar of the accumulation type."""
+    xp = device_xp(x)
+    u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
+    get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
+    return contiguous(xp, u), accumulation_dtype(x.dtype).type(x.dtype.type(1.0 / (1.0 - p)))
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
@@ -26,10 +36,8 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     if p == 1.0:
         scaled = xp.zeros_like(x)                        # (same as x)
         return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
-    u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
-    get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
-    x, u = contiguous(xp, x), contiguous(xp, u)
-    scale = accumulation_dtype(x.dtype).type(x.dtype.type(1.0 / (1.0 - p)))
+    u, scale = keep_draws(x, p, rng)
+    x = contiguous(xp, x)
     out = xp.empty(x.shape, dtype=x.dtype)               # (same as x)
     scaled = xp.empty(x.shape, dtype=x.dtype)            # (same as x)
     if x.size:

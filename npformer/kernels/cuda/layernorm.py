@@ -15,7 +15,7 @@ from npformer.errors import InputTypeError
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_rows, rows_of
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
-__all__ = ["layer_norm_forward", "layer_norm_backward"]
+__all__ = ["layer_norm_forward", "layer_norm_backward", "layer_norm_param_grads", "check_cache_dtypes"]
 
 
 def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
@@ -37,15 +37,20 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     return y, LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype)
 
 
+def check_cache_dtypes(xhat, rstd, dtype) -> None:
+    """The kernels read xhat and rstd in the accumulation dtype of the input's ``dtype``."""
+    acc = accumulation_dtype(dtype)
+    if xhat.dtype != acc or rstd.dtype != acc:
+        raise InputTypeError(f"cache: expected xhat and rstd in {acc} for {numpy.dtype(dtype)} input, "
+                             f"got {xhat.dtype} and {rstd.dtype}")
+
+
 def layer_norm_backward(dy, cache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     xhat, rstd, weight, has_bias, dtype = cache
     expect_grad(dy, "dy", xhat.shape, dtype)
     xp = device_xp(dy, weight)
-    acc = accumulation_dtype(dtype)
-    if xhat.dtype != acc or rstd.dtype != acc:
-        raise InputTypeError(f"cache: expected xhat and rstd in {acc} for {numpy.dtype(dtype)} input, "
-                        f"got {xhat.dtype} and {rstd.dtype}")
+    check_cache_dtypes(xhat, rstd, dtype)
     rows, n = rows_of(xhat)
     dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)
     w = contiguous(xp, weight) if weight is not None else dy   # stand-in, never read
@@ -55,14 +60,22 @@ def layer_norm_backward(dy, cache):
         launch_rows("layer_norm_bwd", dtype, rows, n,
                     (dy, xhat, rstd, w, dx, numpy.int64(rows), numpy.int32(n),
                      numpy.int32(weight is not None)))
+    return (dx, *layer_norm_param_grads(dy, xhat, weight, has_bias, dtype))
+
+
+def layer_norm_param_grads(dy, xhat, weight, has_bias, dtype):
+    """``(dweight, dbias)`` from contiguous ``dy`` and ``xhat`` (..., C) in one column pass; None for
+    an absent weight or bias."""
     if weight is None and not has_bias:
-        return dx, None, None
+        return None, None
+    xp = device_xp(dy)
+    rows, n = rows_of(xhat)
     if rows:
         # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy
         part_dw, part_db = launch_columns(xp, "ln_param_grads", dtype, rows, n, (dy, xhat), (), 2)
         sum_dw, sum_db = part_dw.sum(axis=0), part_db.sum(axis=0)   # (C,)
     else:
-        sum_dw = sum_db = xp.zeros((n,), dtype=acc)
+        sum_dw = sum_db = xp.zeros((n,), dtype=accumulation_dtype(dtype))
     dweight = sum_dw.astype(dtype) if weight is not None else None
     dbias = sum_db.astype(dtype) if has_bias else None
-    return dx, dweight, dbias
+    return dweight, dbias

@@ -16,6 +16,7 @@ import re
 
 import numpy
 
+from npformer.kernels.cuda.fused_source import FUSED_ENTRY_POINTS, FUSED_KERNELS
 from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
 
 __all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES",
@@ -67,6 +68,12 @@ __device__ __forceinline__ float npf_erf(float v) { return erff(v); }
 __device__ __forceinline__ double npf_erf(double v) { return erf(v); }
 __device__ __forceinline__ float npf_tanh(float v) { return tanhf(v); }
 __device__ __forceinline__ double npf_tanh(double v) { return tanh(v); }
+// v rounded to the storage type T and read back (what storing and reloading it does)
+template <typename T, typename A> __device__ __forceinline__ A npf_round(A v) {
+    T t;
+    npf_store(&t, v);
+    return npf_load(t);
+}
 // finite: |v| <= the largest finite value (false for +-inf and NaN)
 __device__ __forceinline__ bool npf_isfinite(float v) { return fabsf(v) <= 3.402823466e+38f; }
 __device__ __forceinline__ bool npf_isfinite(double v) { return fabs(v) <= 1.7976931348623157e+308; }
@@ -240,12 +247,21 @@ __device__ void npf_gelu_bwd(const T* dy, const T* x, T* dx, long long total, in
     NPF_FOR_EACH(k, total) npf_store(dx + k, npf_gelu_grad(npf_load(x[k]), tanh_form) * npf_load(dy[k]));
 }
 // h = z + b (b broadcast over the last axis of n values, h rounded to T as the plain linear's
-// output is), then a = gelu(h)
+// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, m = (u >= p) ? scale : 0
+// is written as the mask and the output is a m (the plain gelu then dropout)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_fwd(const T* z, const T* b, T* h, T* y, long long total, int n, int tanh_form) {
+__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const float* u, T* h, T* y, T* mask, long long total,
+                                  int n, int tanh_form, float p, A scale, int drop) {
     NPF_FOR_EACH(k, total) {
-        npf_store(h + k, npf_load(z[k]) + npf_load(b[k % n]));
-        npf_store(y + k, npf_gelu(npf_load(h[k]), tanh_form));
+        A hk = npf_round<T, A>(npf_load(z[k]) + npf_load(b[k % n]));
+        npf_store(h + k, hk);
+        A a = npf_gelu(hk, tanh_form);
+        if (drop) {
+            A m = u[k] >= p ? scale : A(0);
+            npf_store(mask + k, m);
+            a = npf_round<T, A>(a) * m;
+        }
+        npf_store(y + k, a);
     }
 }
 template <typename T, typename A>
@@ -310,16 +326,18 @@ __device__ void npf_bias_grad(const T* dy, A* part_db, long long rows, int n, lo
     }
     npf_column_partials(db, A(0), 0, part_db, part_db, n, c, s1, s2);
 }
-// bias + GELU backward: dh = da gelu'(h) (written, rounded to T), dbias = sum dh (partials)
+// bias + GELU backward: with dropout (drop = 1) first da = dy m (rounded to T), else da = dy;
+// dh = da gelu'(h) (written, rounded to T), dbias = sum dh (partials)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_bwd(const T* da, const T* h, T* dh, A* part_db, long long rows, int n,
-                                  long long chunk, int tanh_form, A* s1, A* s2) {
+__device__ void npf_bias_gelu_bwd(const T* dy, const T* mask, const T* h, T* dh, A* part_db, long long rows,
+                                  int n, long long chunk, int tanh_form, int drop, A* s1, A* s2) {
     int c = blockIdx.x * NPF_COL_X + threadIdx.x;
     A db = A(0);
     if (c < n) {
         NPF_FOR_CHUNK(r, rows, chunk) {
             long long k = r * n + c;
-            npf_store(dh + k, npf_gelu_grad(npf_load(h[k]), tanh_form) * npf_load(da[k]));
+            A da = drop ? npf_round<T, A>(npf_load(dy[k]) * npf_load(mask[k])) : npf_load(dy[k]);
+            npf_store(dh + k, npf_gelu_grad(npf_load(h[k]), tanh_form) * da);
             db += npf_load(dh[k]);
         }
     }
@@ -342,20 +360,21 @@ _ENTRY_POINTS = (
      "long long chunk", "npf_ln_param_grads<T, A>(dy, xhat, part_dw, part_db, rows, n, chunk, s1, s2)", "col"),
     ("bias_grad", "const T* dy, A* part_db, long long rows, int n, long long chunk",
      "npf_bias_grad<T, A>(dy, part_db, rows, n, chunk, s1, s2)", "col"),
-    ("bias_gelu_bwd", "const T* da, const T* h, T* dh, A* part_db, long long rows, int n, "
-     "long long chunk, int tanh_form",
-     "npf_bias_gelu_bwd<T, A>(da, h, dh, part_db, rows, n, chunk, tanh_form, s1, s2)", "col"),
+    ("bias_gelu_bwd", "const T* dy, const T* mask, const T* h, T* dh, A* part_db, long long rows, int n, "
+     "long long chunk, int tanh_form, int drop",
+     "npf_bias_gelu_bwd<T, A>(dy, mask, h, dh, part_db, rows, n, chunk, tanh_form, drop, s1, s2)", "col"),
     ("gelu_fwd", "const T* x, T* y, long long total, int tanh_form",
      "npf_gelu_fwd<T, A>(x, y, total, tanh_form)", ""),
     ("gelu_bwd", "const T* dy, const T* x, T* dx, long long total, int tanh_form",
      "npf_gelu_bwd<T, A>(dy, x, dx, total, tanh_form)", ""),
-    ("bias_gelu_fwd", "const T* z, const T* b, T* h, T* y, long long total, int n, int tanh_form",
-     "npf_bias_gelu_fwd<T, A>(z, b, h, y, total, n, tanh_form)", ""),
+    ("bias_gelu_fwd", "const T* z, const T* b, const float* u, T* h, T* y, T* mask, long long total, int n, "
+     "int tanh_form, float p, A scale, int drop",
+     "npf_bias_gelu_fwd<T, A>(z, b, u, h, y, mask, total, n, tanh_form, p, scale, drop)", ""),
     ("bias_add", "const T* x, const T* b, T* y, long long total, int n",
      "npf_bias_add<T, A>(x, b, y, total, n)", ""),
     ("dropout_fwd", "const T* x, const float* u, T* y, T* mask, long long total, float p, A scale",
      "npf_dropout_fwd<T, A>(x, u, y, mask, total, p, scale)", ""),
-)
+) + FUSED_ENTRY_POINTS
 _SHARED = {"row": "    __shared__ A buf[NPF_MAX_THREADS];\n",
            "col": "    __shared__ A s1[NPF_COL_X * NPF_COL_Y];\n    __shared__ A s2[NPF_COL_X * NPF_COL_Y];\n",
            "": ""}
@@ -378,7 +397,7 @@ def _constants(text: str) -> str:
     return re.sub(r"@(\w+)@", lambda m: str(values[m.group(1)]), text)
 
 
-KERNELS_SOURCE = _constants(_COMMON) + "\n" + _entry_points()
+KERNELS_SOURCE = _constants(_COMMON) + "\n" + FUSED_KERNELS + "\n" + _entry_points()
 CUDA_SOURCE = HALF_CONVERSIONS + KERNELS_SOURCE
 # NVRTC options: no contraction of a*b+c into one FMA, so the elementwise kernels round each
 # operation as the reference ops' separate CuPy kernels do.

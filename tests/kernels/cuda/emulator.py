@@ -116,7 +116,7 @@ _POINTEE = {"unsigned short": np.float16, "float": np.float32, "double": np.floa
             "long long": np.int64, "unsigned long long": np.uint64}
 _SCALAR = {"long long": (np.int64, ctypes.c_longlong), "int": (np.int32, ctypes.c_int),
            "float": (np.float32, ctypes.c_float), "double": (np.float64, ctypes.c_double)}
-_ROW_KERNELS = ("npf_softmax_", "npf_layer_norm_")
+_ROW_KERNELS = ("npf_softmax_", "npf_layer_norm_", "npf_add_dropout_ln_", "npf_cross_entropy_")
 
 
 def _parse(params: str):

@@ -1,13 +1,15 @@
 """The reference ops reach the CUDA paths through the dispatcher (on CuPy arrays; here the CPU emulation
-makes NumPy arrays count as device arrays): every registered op, and a whole GPT training step's
-gradients, equal the reference path (``npformer.kernels.disabled()``)."""
+makes NumPy arrays count as device arrays): every registered op, and a whole GPT or encoder-decoder
+training step's gradients, equal the reference path (``npformer.kernels.disabled()``); and the layers,
+models and training loss call the fused blocks' reference ops (a NumPy test, no emulator)."""
 import numpy as np
 import pytest
 
 from npformer.backend import default_rng
 from npformer.dispatch import FastPath
 from npformer.kernels import FAST_PATHS, disabled
-from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, multihead, softmax
+from npformer.ops import (activations, attention, cross_entropy, dropout, feedforward, flash_attention, layernorm,
+                          linear, multihead, residual, softmax)
 from tests.helpers import host, randn
 from tests.kernels.cuda.conftest import assert_close
 
@@ -75,6 +77,23 @@ def test_each_wired_op_takes_the_fused_path_and_matches(fx, seen, dtype):
             xe, 2, *ws, is_causal=True, need_weights=False, attention="flash")))
     for g, r in zip(got, ref):
         assert_close(g, r, dtype)
+    w1, b1, w2, b2 = randn(xp, (7, 6), 11, dtype), randn(xp, (7,), 12, dtype), randn(xp, (6, 7), 13, dtype), b
+    got, ref = _both(lambda: (lambda o, c: (o, *feedforward.feed_forward_backward(dy, c)))(
+        *feedforward.feed_forward_forward(x, w1, b1, w2, b2, activation="gelu_tanh", dropout_p=0.2,
+                                          rng=default_rng(5, backend))))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype)
+    got, ref = _both(lambda: residual.residual_dropout_forward(x, dy, p=0.3, rng=default_rng(6, backend))[0])
+    np.testing.assert_array_equal(host(got), host(ref))
+    got, ref = _both(lambda: (lambda s, y, c: (s, y, *residual.residual_dropout_layer_norm_backward(dy, x, c)))(
+        *residual.residual_dropout_layer_norm_forward(x, dy, w, b, p=0.3, rng=default_rng(6, backend))))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype, scale=10.0)
+    tgt = xp.asarray(np.array([[0, 5, -100, 2], [1, 1, 3, 4], [5, -100, 0, 0]]))
+    got, ref = _both(lambda: (lambda l, c: (l, cross_entropy.cross_entropy_backward(xp.ones((), dtype), c)))(
+        *cross_entropy.cross_entropy_forward(x, tgt, label_smoothing=0.1)))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype)
     registered = {op.__name__ for op, name, _, _ in FAST_PATHS if name == "cuda"}
     assert registered <= set(seen), f"CUDA fast paths without a parity case: {sorted(registered - set(seen))}"
 
@@ -110,7 +129,81 @@ def test_a_gpt_training_step_through_the_fused_kernels_equals_the_plain_one(fx, 
         model.backward(cross_entropy_backward(xp.ones(()), cache))
         return [loss] + [p.grad for _, p in model.named_parameters()]
     got, ref = _both(step)
-    assert {"layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "softmax_forward",
-            "softmax_backward", "dropout_forward", "linear_backward"} <= set(seen)
+    assert {"layer_norm_forward", "layer_norm_backward", "softmax_forward", "softmax_backward", "dropout_forward",
+            "linear_backward", "feed_forward_forward", "feed_forward_backward", "residual_dropout_forward",
+            "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward", "cross_entropy_forward",
+            "cross_entropy_backward"} <= set(seen)
     for g, r in zip(got, ref):
         assert_close(g, r, "float64")
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_an_encoder_decoder_step_through_the_fused_kernels_equals_the_plain_one(fx, seen, norm_first):
+    """The paper's post-norm layers and pre-norm ones, encoder and decoder, with dropout everywhere."""
+    from npformer.nn.transformer import Transformer
+    xp = fx.xp
+    backend = "numpy" if fx.name == "emulated" else "cupy"
+    src, tgt, dy = randn(xp, (2, 5, 8), 0), randn(xp, (2, 4, 8), 1), randn(xp, (2, 4, 8), 2)
+
+    def step():
+        model = Transformer(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=16,
+                            dropout=0.2, activation="gelu", norm_first=norm_first, dtype="float64", backend=backend,
+                            rng=1)
+        model.manual_seed(5)
+        y = model(src, tgt, tgt_is_causal=True)
+        return [y, *model.backward(dy)] + [p.grad for _, p in model.named_parameters()]
+    got, ref = _both(step)
+    fused = {"residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward", "feed_forward_forward",
+             "feed_forward_backward"} | ({"residual_dropout_forward"} if norm_first else set())
+    assert fused <= set(seen)
+    for g, r in zip(got, ref):
+        assert_close(g, r, "float64")
+
+
+@pytest.fixture
+def called():
+    """The names of the listed reference ops as they are called (a probe that runs the reference
+    itself, put first among each op's fast paths; the registry is restored after)."""
+    calls = []
+    ops = (residual.residual_dropout_layer_norm_forward, residual.residual_dropout_layer_norm_backward,
+           residual.residual_dropout_forward, feedforward.feed_forward_forward, feedforward.feed_forward_backward,
+           cross_entropy.cross_entropy_forward, cross_entropy.cross_entropy_backward)
+    for op in ops:
+        op.fast_paths.insert(0, FastPath("probe", lambda *a, _op=op, **k: (calls.append(_op.__name__),
+                                                                            _op.reference(*a, **k))[1],
+                                         lambda *a, **k: True))
+    yield calls
+    for op in ops:
+        del op.fast_paths[0]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_layers_and_the_training_loss_call_the_fused_ops(called, norm_first):
+    """On NumPy (no GPU, no emulator): the layers and models call the ops the CUDA kernels stand in for,
+    so on CuPy arrays they take the fast paths: GPT (pre- or post-norm), BERT, the encoder-decoder."""
+    from npformer.models.bert import BERT, BERTConfig
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.nn.transformer import Transformer
+    idx = np.random.default_rng(0).integers(0, 11, (2, 5))
+    gpt = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8, dropout=0.1,
+                        activation="gelu_tanh", norm_first=norm_first), rng=0)
+    loss, cache = cross_entropy.cross_entropy_forward(gpt(idx), idx)
+    gpt.backward(cross_entropy.cross_entropy_backward(np.ones((), loss.dtype), cache))
+    norm_f, norm_b = "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward"
+    if norm_first:   # x1, h = x + drop1(SA(norm1 x)), norm2(x1);  x1 + drop2(FF(h))  (its backward: dropout's)
+        forward, backward = [norm_f, "feed_forward_forward", "residual_dropout_forward"], ["feed_forward_backward", norm_b]
+    else:            # norm1(x + drop1(SA(x)));  norm2(x1 + drop2(FF(x1)))
+        forward, backward = [norm_f, "feed_forward_forward", norm_f], [norm_b, "feed_forward_backward", norm_b]
+    assert called == 2 * forward + ["cross_entropy_forward", "cross_entropy_backward"] + 2 * backward
+    called.clear()
+    bert = BERT(BERTConfig(vocab_size=11, hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=16, max_position_embeddings=8), rng=0)
+    bert(idx)
+    assert called.count("residual_dropout_layer_norm_forward") == 4 and called.count("feed_forward_forward") == 2
+    called.clear()
+    model = Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16,
+                        norm_first=norm_first, rng=0)
+    model.backward(model(randn(np, (2, 5, 8), 0, "float32"), randn(np, (2, 4, 8), 1, "float32")))
+    assert called.count("residual_dropout_layer_norm_forward") == (3 if norm_first else 5)
+    assert called.count("residual_dropout_layer_norm_backward") == (3 if norm_first else 5)
+    assert called.count("feed_forward_forward") == called.count("feed_forward_backward") == 2

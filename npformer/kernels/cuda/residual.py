@@ -1,0 +1,111 @@
+"""Residual add + dropout (+ layer norm) as one kernel (reference: :mod:`npformer.ops.residual`).
+
+    s = x + branch m  (m = [u >= p] / (1 - p), u the dropout op's draws for one seed)   one elementwise kernel
+    s as above, then y = LN(s)                one block per row: s, the mask, y, xhat, rstd written
+    backward: dx = ds + LN'(dy), dbranch = dx m     one block per row; dweight, dbias in the layer-norm
+                                                    kernels' column pass
+
+The caches are the reference's (``DropoutCache``, ``ResidualNormCache`` of a ``DropoutCache`` and a
+``LayerNormCache``), so either backward takes either forward's cache. ``p = 1`` (nothing drawn,
+everything dropped) runs the reference.
+"""
+from __future__ import annotations
+
+import numpy
+
+from npformer.backend import accumulation_dtype
+from npformer.checks import expect_grad
+from npformer.kernels.cuda.dropout import keep_draws
+from npformer.kernels.cuda.layernorm import check_cache_dtypes, layer_norm_param_grads
+from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, launch_elements, launch_rows, rows_of
+from npformer.ops import residual
+from npformer.ops.dropout import DropoutCache, dropout_active
+from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
+
+__all__ = ["accepts_norm_backward", "residual_dropout_forward", "residual_dropout_layer_norm_forward",
+           "residual_dropout_layer_norm_backward"]
+
+
+def accepts_norm_backward(ds, dy, cache) -> bool:
+    norm = getattr(cache, "norm", None)
+    return device_floats(ds, dy, getattr(norm, "weight", None), dtype=getattr(norm, "dtype", None))
+
+
+def _draws(xp, branch, p, rng, active):
+    """(u, scale, drop flag): the dropout op's uniforms for ``branch``, or stand-ins never read."""
+    if active:
+        return (*keep_draws(branch, p, rng), numpy.int32(1))
+    return xp.empty((1,), dtype=xp.float32), accumulation_dtype(branch.dtype).type(1), numpy.int32(0)
+
+
+def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: bool = True):
+    """Returns ``(s, DropoutCache)``."""
+    residual.check_residual_inputs(x, branch)
+    active = dropout_active(branch, p, rng, training)
+    if active and p == 1.0:
+        return residual.residual_dropout_forward.reference(x, branch, p=p, rng=rng, training=training)
+    xp = device_xp(x, branch)
+    x, branch = contiguous(xp, x), contiguous(xp, branch)
+    u, scale, drop = _draws(xp, branch, p, rng, active)
+    s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
+    mask = xp.empty(x.shape, dtype=x.dtype) if active else s   # (..., C) m / (1 - p); a stand-in unless active
+    if x.size:
+        # s = x + branch * m: one kernel
+        launch_elements("add_dropout_fwd", x.dtype, x.size,
+                        (x, branch, u, s, mask, numpy.int64(x.size), numpy.float32(p), scale, drop))
+    return s, DropoutCache(mask if active else None, x.shape, x.dtype)
+
+
+def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p: float = 0.0, rng=None,
+                                        training: bool = True, eps: float = 1e-5):
+    """Returns ``(s, y, ResidualNormCache(DropoutCache, LayerNormCache))``."""
+    residual.check_residual_inputs(x, branch)
+    active = dropout_active(branch, p, rng, training)
+    check_layer_norm_inputs(x, weight, bias, eps)
+    if active and p == 1.0:
+        return residual.residual_dropout_layer_norm_forward.reference(x, branch, weight, bias, p=p, rng=rng,
+                                                                      training=training, eps=eps)
+    xp = device_xp(x, branch, weight, bias)
+    rows, n = rows_of(x)
+    acc = accumulation_dtype(x.dtype)
+    x, branch = contiguous(xp, x), contiguous(xp, branch)
+    w = contiguous(xp, weight) if weight is not None else x   # x stands in for an absent w or b:
+    b = contiguous(xp, bias) if bias is not None else x        # never read (has_w, has_b = 0)
+    u, scale, drop = _draws(xp, branch, p, rng, active)
+    s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
+    mask = xp.empty(x.shape, dtype=x.dtype) if active else s   # (..., C) m / (1 - p); a stand-in unless active
+    y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
+    xhat = xp.empty(x.shape, dtype=acc)                  # (..., C)
+    rstd = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
+    if rows:
+        # s = x + branch * m;  y = LN(s): one block per row
+        launch_rows("add_dropout_ln_fwd", x.dtype, rows, n,
+                    (x, branch, u, w, b, s, mask, y, xhat, rstd, numpy.int64(rows), numpy.int32(n),
+                     numpy.float32(p), scale, drop, acc.type(eps), numpy.int32(weight is not None),
+                     numpy.int32(bias is not None)))
+    return s, y, residual.ResidualNormCache(DropoutCache(mask if active else None, x.shape, x.dtype),
+                                            LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype))
+
+
+def residual_dropout_layer_norm_backward(ds, dy, cache):
+    """Returns ``(dx, dbranch, dweight, dbias)``."""
+    drop, (xhat, rstd, weight, has_bias, dtype) = cache
+    if ds is not None:
+        expect_grad(ds, "ds", xhat.shape, dtype)
+    expect_grad(dy, "dy", xhat.shape, dtype)
+    xp = device_xp(ds, dy, weight, drop.scaled_mask)
+    check_cache_dtypes(xhat, rstd, dtype)
+    rows, n = rows_of(xhat)
+    dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)
+    dsc = contiguous(xp, ds) if ds is not None else dy         # stand-ins, never read
+    w = contiguous(xp, weight) if weight is not None else dy
+    mask = contiguous(xp, drop.scaled_mask) if drop.scaled_mask is not None else dy
+    dx = xp.empty(dy.shape, dtype=dtype)                 # (..., C)
+    dbranch = xp.empty(dy.shape, dtype=dtype)            # (..., C)
+    if rows:
+        # fwd: y = LN(s), s = x + dropout(branch)  ->  dx = ds + LN'(dy),  dbranch = dx * m / (1 - p)
+        launch_rows("add_dropout_ln_bwd", dtype, rows, n,
+                    (dy, dsc, xhat, rstd, w, mask, dx, dbranch, numpy.int64(rows), numpy.int32(n),
+                     numpy.int32(weight is not None), numpy.int32(ds is not None),
+                     numpy.int32(drop.scaled_mask is not None)))
+    return (dx, dbranch, *layer_norm_param_grads(dy, xhat, weight, has_bias, dtype))
