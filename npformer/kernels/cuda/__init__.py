@@ -11,6 +11,9 @@ linear backward            the bias gradient as one coalesced column sum
 flash attention            forward: a block per query tile and head, online softmax over
                            key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
                            dv), a block per query tile (dq); own module (flash_source.py)
+Adam / AdamW               one elementwise kernel over a whole flat buffer: m, v, p and, in
+                           mixed precision, the float16 copy of p (optim.py, optim_source.py)
+sum of squares             float64 block partials, then their sum (clipping's norm)
 bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h)); backward one kernel
                            (dz = da gelu'(h) and the partial sums of dbias); not wired to
                            an op yet, tested through the emulator
@@ -29,6 +32,7 @@ from npformer.kernels.cuda.dropout import dropout_forward
 from npformer.kernels.cuda.flash_attention import flash_attention_backward, flash_attention_forward
 from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
 from npformer.kernels.cuda.linear import linear_backward
+from npformer.kernels.cuda.optim import adam_update, sum_of_squares
 from npformer.kernels.cuda.runtime import device_floats
 from npformer.kernels.cuda.softmax import (log_softmax_backward, log_softmax_forward, softmax_backward,
                                            softmax_forward)
@@ -37,5 +41,5 @@ __all__ = [
     "device_floats", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "dropout_forward",
     "linear_backward", "flash_attention_forward", "flash_attention_backward", "bias_add_forward", "bias_grad",
-    "bias_gelu_forward", "bias_gelu_backward",
+    "bias_gelu_forward", "bias_gelu_backward", "adam_update", "sum_of_squares",
 ]
