@@ -26,6 +26,7 @@ from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import layernorm as cpu_layernorm
 from npformer.kernels.cpu import numpy_floats
+from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cpu import softmax as cpu_softmax
 from npformer.kernels import cuda
 from npformer.kernels.cuda import device_floats
@@ -77,7 +78,9 @@ FAST_PATHS = (
     (flash_attention.flash_attention_forward, "cuda", cuda.flash_attention_forward, cuda_flash.accepts_forward),
     (flash_attention.flash_attention_backward, "cuda", cuda.flash_attention_backward, cuda_flash.accepts_backward),
     (optim.adam_update, "cuda", cuda.adam_update, cuda_optim.accepts_adam),
+    (optim.adam_update, "cpu", cpu_optim.adam_update, cpu_optim.accepts_adam),
     (optim.sum_of_squares, "cuda", cuda.sum_of_squares, lambda x: device_floats(x)),
+    (optim.sum_of_squares, "cpu", cpu_optim.sum_of_squares, lambda x: numpy_floats(x)),
     (attention.scaled_dot_product_attention_forward, "cpu", cpu_attention.scaled_dot_product_attention_forward,
      lambda q, k, v, **options: numpy_floats(q, k, v)),
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,
