@@ -20,8 +20,7 @@ import numpy
 
 from npformer.checks import expect_float, expect_shape
 from npformer.kernels.cuda.optim_source import SQUARES_THREADS
-from npformer.kernels.cuda.runtime import (contiguous, device_floats, device_xp, is_device_array, kernel,
-                                          launch_elements)
+from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, kernel, launch_elements
 from npformer.ops.optim import check_update_arrays
 
 __all__ = ["adam_update", "sum_of_squares", "accepts_adam", "SQUARES_BLOCKS"]
@@ -37,9 +36,8 @@ def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperpa
     if not (device_floats(*arrays) and param.dtype in _ADAM_DTYPES
             and all(a.flags.c_contiguous and a.shape == param.shape for a in arrays)):
         return False
-    return param_copy is None or (is_device_array(param_copy) and param_copy.dtype == numpy.float16
-                                  and param.dtype == numpy.float32 and param_copy.flags.c_contiguous
-                                  and param_copy.shape == param.shape)
+    return param_copy is None or (device_floats(param_copy, dtype=numpy.float16) and param.dtype == numpy.float32
+                                  and param_copy.flags.c_contiguous and param_copy.shape == param.shape)
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
