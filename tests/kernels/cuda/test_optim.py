@@ -8,7 +8,6 @@ from hypothesis import given, strategies as st
 
 from npformer.kernels import cuda, disabled, implementation
 from npformer.kernels.cuda.optim import SQUARES_BLOCKS
-from npformer.kernels.cuda.optim_source import SQUARES_THREADS
 from npformer.ops import optim
 from tests.helpers import host, randn, seeds
 from tests.kernels.cuda.conftest import assert_close
@@ -70,10 +69,12 @@ def test_the_dispatcher_sends_only_what_the_kernel_takes(fx):
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-@pytest.mark.parametrize("n", [1, 255, 257, 5000, SQUARES_THREADS * SQUARES_BLOCKS + 999])
-def test_sum_of_squares_in_float64(fx, dtype, n):
+@pytest.mark.parametrize("n", [1, 255, 257, 5000])
+@pytest.mark.parametrize("blocks", [SQUARES_BLOCKS, 3])
+def test_sum_of_squares_in_float64(fx, monkeypatch, dtype, n, blocks):
     """Block partials in double: within float64 rounding of the reference; float16 squares cannot overflow."""
     xp = fx.xp
+    monkeypatch.setattr(cuda.optim, "SQUARES_BLOCKS", blocks)     # 3 blocks: 5000 > 3 * 256, grid-stride
     x = randn(xp, (n,), n, dtype, scale=300.0)
     got = cuda.sum_of_squares(x)
     with disabled():
