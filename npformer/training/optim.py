@@ -402,10 +402,11 @@ class Adam(Optimizer):
         return (state.get("step", 0), self._adam_args(p, group, 1)["weight_decay"])
 
     def _update_run(self, buffer, start, end, items):
+        for i, _, _ in items:
+            self.state.setdefault(i, {}).setdefault("step", 0)     # first, as _update orders the state
         moments = self._moment_run(buffer, start, end, items, self.moments)
         for i, _, _ in items:
-            state = self.state[i]
-            state["step"] = state.get("step", 0) + 1
+            self.state[i]["step"] += 1
         i, group, p = items[0]
         adam_update(buffer.data[start:end], buffer.grad[start:end], moments["exp_avg"], moments["exp_avg_sq"],
                     param_copy=None if buffer.mirror is None else buffer.mirror[start:end],
