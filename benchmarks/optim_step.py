@@ -122,7 +122,8 @@ def table(rows: list[dict]) -> str:
         b = base.setdefault((r["model"], r["backend"]), r)          # the first path of each model
         s, c = r["step"], r["clip"]
         out.append(f"| {r['model']} ({r['backend']}) | {r['parameters'] / 1e6:.1f}M in {r['tensors']} | {r['path']} "
-                   f"| {s['ms']:.2f} ({s['q1_ms']:.2f}-{s['q3_ms']:.2f}) | {c['ms']:.2f} ({c['q1_ms']:.2f}-{c['q3_ms']:.2f}) "
+                   f"| {s['ms']:.2f} ({s['q1_ms']:.2f}-{s['q3_ms']:.2f}) "
+                   f"| {c['ms']:.2f} ({c['q1_ms']:.2f}-{c['q3_ms']:.2f}) "
                    f"| {r['calls_per_step']['adam_update']} / {r['calls_per_step']['sum_of_squares']} "
                    f"| {b['step']['ms'] / s['ms']:.2f}x | {b['clip']['ms'] / c['ms']:.2f}x |")
     return "\n".join(out)

@@ -60,8 +60,10 @@ def _forward_backward(model, kind: str, src, tgt) -> tuple:
 
 
 def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
+    from npformer.nn.flat import flatten_parameters
     from npformer.training.optim import AdamW
     model = _npformer_model(b.name, m, src_ids.shape[1], DROPOUT)
+    flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     opt = AdamW(model.parameters(), lr=3e-4)
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
 

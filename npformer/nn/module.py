@@ -37,7 +37,8 @@ from npformer.backend import backend_name, default_rng, get_array_module, get_ba
 from npformer.checks import describe
 from npformer.errors import ShapeError, StateDictError
 
-__all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad", "is_grad_enabled"]
+__all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
+           "is_grad_enabled"]
 
 _GRAD = {"enabled": True}
 

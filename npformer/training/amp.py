@@ -196,8 +196,8 @@ class MixedPrecision:
         for _, p, m in self._pairs:
             ps, ms = p.flat, m.flat
             pair = pairs.setdefault(id(ms.buffer), (ms.buffer, ps.buffer))
-            if (ps.start, ps.stop) != (ms.start, ms.stop) or pair[1] is not ps.buffer or ps.buffer.size != ms.buffer.size \
-                    or (p.grad is not None and p.grad is not ps.grad):
+            same_layout = (ps.start, ps.stop) == (ms.start, ms.stop) and ps.buffer.size == ms.buffer.size
+            if not same_layout or pair[1] is not ps.buffer or (p.grad is not None and p.grad is not ps.grad):
                 return None
         return list(pairs.values())
 

@@ -211,7 +211,8 @@ def test_sum_of_squares_in_float64(dtype, shape):
 
 
 def test_every_cpu_fast_path_has_a_parity_case_here():
-    tested = {"adam_update", "sum_of_squares", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+    tested = {"adam_update", "sum_of_squares",
+              "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "dropout_forward",
               "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "cpu"}
