@@ -28,11 +28,13 @@ SHAPES = {   # d_model, heads, layers, feed-forward, vocabulary
 
 def _step(cp, shape: dict, batch: int, seq: int):
     from npformer.models.gpt import GPT, GPTConfig
+    from npformer.nn.flat import flatten_parameters
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from npformer.training.optim import AdamW
     m = shape
     model = GPT(GPTConfig(m["V"], seq, m["L"], m["H"], m["d"], m["F"], 0.1, "gelu_tanh"), dtype="float32",
                 backend="cupy", rng=0)
+    flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     opt = AdamW(model.parameters(), lr=3e-4)
     ids = cp.asarray(numpy.random.default_rng(1).integers(0, m["V"], (batch, seq + 1)))
     x, y = ids[:, :-1], ids[:, 1:]

@@ -71,12 +71,15 @@ def _forward_backward(model, kind: str, src, tgt) -> tuple:
 
 
 def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
-    """zero_grad, forward, cross-entropy, backward, AdamW; under float16 through MixedPrecision
-    (float32 logits for the loss, the scaled gradient, unscale, check, step, round down); with
-    ``graph`` the forward and backward replayed from a CUDA graph and AdamW run after it."""
+    """zero_grad, forward, cross-entropy, backward, AdamW over the flat buffers (as the trainers
+    do); under float16 through MixedPrecision (float32 logits for the loss, the scaled gradient,
+    unscale, check, step, round down); with ``graph`` the forward and backward replayed from a CUDA
+    graph and AdamW run after it."""
+    from npformer.nn.flat import flatten_parameters
     from npformer.training.amp import MixedPrecision
     from npformer.training.optim import AdamW
     model = _npformer_model(b.name, m, src_ids.shape[1], DROPOUT)
+    flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
     if m.get("precision") == "float16":
         return _npformer_mixed_step(model, MixedPrecision(model, "float16"), m["kind"], src, tgt)

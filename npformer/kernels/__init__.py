@@ -26,15 +26,17 @@ from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import layernorm as cpu_layernorm
 from npformer.kernels.cpu import numpy_floats
+from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cpu import softmax as cpu_softmax
 from npformer.kernels import cuda
 from npformer.kernels.cuda import device_floats
 from npformer.kernels.cuda import feedforward as cuda_feedforward
 from npformer.kernels.cuda import flash_attention as cuda_flash
 from npformer.kernels.cuda import multihead as cuda_multihead
+from npformer.kernels.cuda import optim as cuda_optim
 from npformer.kernels.cuda import residual as cuda_residual
 from npformer.ops import (activations, attention, cross_entropy, dropout, feedforward, flash_attention, layernorm,
-                          linear, multihead, residual, softmax)
+                          linear, multihead, optim, residual, softmax)
 
 __all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
 
@@ -93,6 +95,10 @@ FAST_PATHS = (
     (flash_attention.flash_attention_backward, "cuda", cuda.flash_attention_backward, cuda_flash.accepts_backward),
     (multihead.self_attention_backward, "cuda", cuda_multihead.self_attention_backward,
      cuda_multihead.accepts_self_attention_backward),
+    (optim.adam_update, "cuda", cuda.adam_update, cuda_optim.accepts_adam),
+    (optim.adam_update, "cpu", cpu_optim.adam_update, cpu_optim.accepts_adam),
+    (optim.sum_of_squares, "cuda", cuda.sum_of_squares, lambda x: device_floats(x)),
+    (optim.sum_of_squares, "cpu", cpu_optim.sum_of_squares, lambda x: numpy_floats(x)),
     (attention.scaled_dot_product_attention_forward, "cpu", cpu_attention.scaled_dot_product_attention_forward,
      lambda q, k, v, **options: numpy_floats(q, k, v)),
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,

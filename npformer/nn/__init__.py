@@ -7,6 +7,7 @@ returns the gradients of the forward's array inputs and accumulates parameter gr
 from npformer.nn import init
 from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
+from npformer.nn.flat import FlatParameters, flat_gradients, flat_parameters, flatten_parameters
 from npformer.nn.embedding import Embedding, LearnedPositionalEncoding, PositionalEncoding, sinusoidal_table
 from npformer.nn.head import OutputHead
 from npformer.nn.linear import Linear
@@ -22,4 +23,5 @@ __all__ = ["init", "Module", "ModuleList", "Parameter", "StateDictError", "Linea
            "PositionalEncoding", "LearnedPositionalEncoding", "sinusoidal_table", "LayerNorm", "Dropout",
            "RandomStream",           "MultiheadAttention", "KVCache", "FeedForwardBlock", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "Transformer",
-           "OutputHead", "no_grad", "is_grad_enabled", "RNN", "LSTM", "BatchNorm1d"]
+           "OutputHead", "no_grad", "is_grad_enabled", "RNN", "LSTM", "BatchNorm1d", "FlatParameters",
+           "flatten_parameters", "flat_parameters", "flat_gradients"]

@@ -28,6 +28,7 @@ seeded draws from fresh OS entropy (like ``numpy.random.default_rng()``).
 """
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
@@ -36,7 +37,8 @@ from npformer.backend import backend_name, default_rng, get_array_module, get_ba
 from npformer.checks import describe
 from npformer.errors import ShapeError, StateDictError
 
-__all__ = ["Parameter", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad", "is_grad_enabled"]
+__all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
+           "is_grad_enabled"]
 
 _GRAD = {"enabled": True}
 
@@ -79,14 +81,42 @@ class Parameter:
 
     ``decay`` says whether weight decay applies by default (False for biases, norm gains and
     embeddings, which the optimisers leave undecayed unless told otherwise).
+
+    After :func:`npformer.nn.flat.flatten_parameters`, ``data`` is a view into a flat buffer and
+    ``flat`` says where (a :class:`~npformer.nn.flat.FlatSlot`); the first gradient of a step is
+    then written into the slot's view of the flat gradient buffer, and ``grad`` is that view.
+    Assigning a different array to ``data`` takes the parameter out of the buffer (``flat`` None).
     """
 
-    __slots__ = ("data", "grad", "decay")
+    __slots__ = ("_data", "grad", "decay", "_slot")
 
     def __init__(self, data: Any, *, decay: bool = True):
+        self._slot = None
         self.data = data
         self.grad = None
         self.decay = decay
+
+    @property
+    def data(self) -> Any:
+        return self._data
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        if self._slot is not None and value is not self._slot.data:
+            self._slot = None                      # a new array: no longer a view of the flat buffer
+        self._data = value
+
+    @property
+    def flat(self):
+        """Where ``data`` and the gradient live in a flat buffer (a FlatSlot), or None."""
+        return self._slot
+
+    def attach(self, slot) -> None:
+        """Make ``slot.data`` (a view of a flat buffer holding this parameter's values) the data,
+        and ``slot.grad`` the place its gradients accumulate (used by flatten_parameters)."""
+        if tuple(slot.data.shape) != self.shape or slot.data.dtype != self.dtype:
+            raise ShapeError(f"flat slot of {describe(slot.data)} for a parameter of {describe(self.data)}")
+        self._data, self._slot, self.grad = slot.data, slot, None
 
     @property
     def shape(self) -> tuple:
@@ -101,16 +131,47 @@ class Parameter:
         return int(self.data.size)
 
     def accumulate(self, g: Any) -> None:
-        """``grad += g`` (allocating on first use); ``g`` must have the parameter's shape."""
+        """``grad += g`` (allocating on first use, or writing into the flat gradient buffer when the
+        parameter has a flat slot); ``g`` must have the parameter's shape."""
         if tuple(g.shape) != self.shape:
             raise ShapeError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {self.shape}")
-        if self.grad is None:
-            self.grad = g.astype(self.data.dtype, copy=True)
-        else:
+        if self.grad is not None:
             self.grad += g
+        elif self._slot is not None:
+            self._slot.grad[...] = g                 # cast to the parameter's dtype, as astype below
+            self.grad = self._slot.grad
+        else:
+            self.grad = g.astype(self.data.dtype, copy=True)
+
+    def __deepcopy__(self, memo: dict) -> "Parameter":
+        """A copy owns its arrays: it is never in the original's flat buffer."""
+        out = Parameter(copy.deepcopy(self.data, memo), decay=self.decay)
+        out.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = out
+        return out
 
     def __repr__(self) -> str:
         return f"Parameter({describe(self.data)})"
+
+
+def clear_grads(params: Any) -> None:
+    """Set each parameter's grad to None and zero its part of a flat gradient buffer, if it has one
+    (:mod:`npformer.nn.flat`): one fill for a buffer whose parameters are all among ``params``, one
+    per parameter otherwise. So a flat gradient buffer holds zeros where no gradient arrives."""
+    params = list(params)
+    ids = {id(p) for p in params}
+    whole: dict[int, bool] = {}          # id(buffer) -> all its parameters are here (and filled once)
+    for p in params:
+        slot = p.flat
+        if slot is not None:
+            b = slot.buffer
+            if id(b) not in whole:
+                whole[id(b)] = all(id(q) in ids and q.flat is s for q, s in zip(b.params, b.slots))
+                if whole[id(b)]:
+                    b.grad.fill(0)
+            if not whole[id(b)]:
+                slot.grad.fill(0)
+        p.grad = None
 
 
 class Module:
@@ -124,6 +185,7 @@ class Module:
         object.__setattr__(self, "_buffers", [])          # names of this module's buffers, in order
         object.__setattr__(self, "_saved", [])
         object.__setattr__(self, "_stream", None)         # RandomStream, shared across a model
+        object.__setattr__(self, "_flat", None)           # FlatParameters, set by flatten_parameters
         object.__setattr__(self, "training", True)
 
     # -- registration by attribute, as in PyTorch ------------------------------------------------
@@ -204,9 +266,9 @@ class Module:
 
     # -- gradients -------------------------------------------------------------------------------
     def zero_grad(self) -> None:
-        """Forget every accumulated gradient (the one place where gradients are reset)."""
-        for p in self.parameters():
-            p.grad = None
+        """Forget every accumulated gradient (the one place where gradients are reset); a flattened
+        module also fills its flat gradient buffers with zeros (:func:`clear_grads`)."""
+        clear_grads(self.parameters())
 
     def grads(self) -> dict[str, Any]:
         """Gradient per dotted parameter name (zeros for a parameter that received none)."""
@@ -273,6 +335,8 @@ class Module:
                 data = data.astype(get_array_module(data).dtype(dtype), copy=False)
             p.data = data
             p.grad = None
+        if self._flat is not None:       # new arrays left the flat buffers: flatten them again
+            object.__setattr__(self, "_flat", self._flat.rebuilt(self))
         for mod, name in self._buffer_owners().values():
             v = getattr(mod, name)
             v = v if backend is None else to_device(v, backend)
@@ -337,7 +401,9 @@ class Module:
             raise StateDictError(f"cannot load state dict into {type(self).__name__}: "
                                  + "; ".join(problems))
         for k, v in staged.items():
-            if k in own:
+            if k in own and own[k].flat is not None:
+                own[k].data[...] = v                 # in place: the parameter stays in its flat buffer
+            elif k in own:
                 own[k].data = v.copy()
             else:
                 mod, name = buffers[k]

@@ -4,14 +4,15 @@
     dx, dweight, dbias = layer_norm_backward(dout, cache)
 
 Plain and backend-neutral (NumPy or CuPy, taken from the arrays), each composed of the others, no
-state and no mutation of inputs or caches. Where a faster implementation exists it stands in
+state and no mutation of inputs or caches (except the optimiser updates in :mod:`~npformer.ops.optim`,
+which rewrite the parameters and moments they are given). Where a faster implementation exists it stands in
 through :mod:`npformer.dispatch` (see :mod:`npformer.kernels`); ``with npformer.kernels.disabled():``
 runs these alone. Every op module is an attribute of this package (``npformer.ops.attention``).
 """
 from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding, feedforward,
-                          flash_attention, layernorm, linear, masks, multihead, relative_attention, residual,
-                          rnn, softmax)
+                          flash_attention, layernorm, linear, masks, multihead, optim, relative_attention,
+                          residual, rnn, softmax)
 
 __all__ = ["activations", "attention", "batchnorm", "cross_entropy", "dropout", "embedding", "feedforward",
-           "flash_attention", "layernorm", "linear", "masks", "multihead", "relative_attention", "residual",
+           "flash_attention", "layernorm", "linear", "masks", "multihead", "optim", "relative_attention", "residual",
            "rnn", "softmax"]

@@ -27,6 +27,13 @@ Recipe (a GPT; the loss is computed in float32 from float32 logits)::
         model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
         result = amp.step(opt, max_norm=1.0)          # unscale, check, clip, update, round down, zero grads
 
+Flat buffers (:mod:`npformer.nn.flat`): for a flattened model the masters are flattened too, in
+the model's layout, and a step works on whole buffers: the unscaling is one copy and one scaling
+per buffer, the finite check one sum of squares, and the optimiser writes the rounded model weights
+in the same pass as the masters (the master buffer's ``mirror`` is the model's buffer; on CuPy the
+AdamW kernel stores both). The numbers are those of the per-parameter path, which runs for a model
+that is not flattened and inside ``npformer.kernels.disabled()``.
+
 Works on any backend: NumPy float16 runs on the CPU (slowly: NumPy has no float16 BLAS); bfloat16
 only where the backend has the dtype (neither NumPy nor CuPy does without an extension), with an
 InputTypeError (a TypeError) saying so otherwise. A model whose gradients are non-finite at every
@@ -35,13 +42,17 @@ steps.
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from typing import Any, Mapping, NamedTuple
 
 from npformer.backend import get_backend, to_device
 from npformer.checks import describe, one_of, positive_int, real
+from npformer.dispatch import enabled
 from npformer.errors import InputTypeError, RangeError
+from npformer.nn.flat import FlatParameters, flat_parameters
 from npformer.nn.module import Module, Parameter
+from npformer.ops.optim import sum_of_squares
 from npformer.training.optim import clip_grad_norm
 
 __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]
@@ -121,7 +132,9 @@ class MixedPrecision:
         self._pairs = [(name, p, Parameter(p.data.astype(self.xp.float32, copy=True), decay=p.decay))
                        for name, p in model.named_parameters()]      # tied parameters appear once
         self._master_of = {id(p): m for _, p, m in self._pairs}
-        model.to(dtype=self.dtype)
+        model.to(dtype=self.dtype)                 # a flattened model is flattened again, in 16 bits
+        # masters in the model's flat layout (nn.flat: same shapes, decays and order, same offsets)
+        self._flat = FlatParameters(self.named_parameters()) if flat_parameters(model) is not None else None
 
     def named_parameters(self):
         """(name, float32 master) pairs, for the optimiser."""
@@ -144,28 +157,62 @@ class MixedPrecision:
         if foreign:
             raise ValueError(f"optimizer holds {len(foreign)} parameters that are not this MixedPrecision's "
                              "float32 masters; build it over amp.named_parameters()")
-        finite = []
-        for _, p, m in self._pairs:
-            # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
-            if p.grad is None:
-                m.grad = None
-                continue
-            m.grad = p.grad.astype(xp.float32)                            # (same as p), a fresh copy
-            m.grad *= 1.0 / scale
-            finite.append(xp.isfinite(m.grad).all())
-        ok = bool(xp.stack(finite).all()) if finite else True             # one device -> host sync
+        flat = self._flat_pairs()
+        if flat is not None:
+            ok = self._unscale_flat(flat, scale)
+        else:
+            finite = []
+            for _, p, m in self._pairs:
+                # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
+                if p.grad is None:
+                    m.grad = None
+                    continue
+                m.grad = p.grad.astype(xp.float32)                        # (same as p), a fresh copy
+                m.grad *= 1.0 / scale
+                finite.append(xp.isfinite(m.grad).all())
+            ok = bool(xp.stack(finite).all()) if finite else True         # one device -> host sync
         norm = None
         if ok:
             if max_norm is not None:
                 norm = clip_grad_norm(self.parameters(), max_norm)
-            optimizer.step()
-            for _, p, m in self._pairs:
-                p.data[...] = m.data                                      # rounded to the model's dtype, in place
+            optimizer.step()                      # flat: also writes the model's weights (the mirror)
+            if flat is None:
+                for _, p, m in self._pairs:
+                    p.data[...] = m.data                                  # rounded to the model's dtype, in place
+        for master_buffer, _ in flat or ():
+            master_buffer.mirror = None
         for _, p, m in self._pairs:
             m.grad = None
         self.model.zero_grad()
         self.scaler.update(not ok)
         return AmpStep(ok, scale, norm)
+
+    def _flat_pairs(self) -> list | None:
+        """[(master buffer, model buffer)] when the masters and the model are both flat in one layout
+        with every model grad in its buffer (and fast paths are on); else None."""
+        if self._flat is None or not enabled() or flat_parameters(self.model) is None or not self._flat.intact():
+            return None
+        pairs: dict[int, tuple] = {}
+        for _, p, m in self._pairs:
+            ps, ms = p.flat, m.flat
+            pair = pairs.setdefault(id(ms.buffer), (ms.buffer, ps.buffer))
+            same_layout = (ps.start, ps.stop) == (ms.start, ms.stop) and ps.buffer.size == ms.buffer.size
+            if not same_layout or pair[1] is not ps.buffer or (p.grad is not None and p.grad is not ps.grad):
+                return None
+        return list(pairs.values())
+
+    def _unscale_flat(self, flat: list, scale: float) -> bool:
+        """Master grads = model grads / S, buffer by buffer; whether all are finite (one sync)."""
+        xp, sums = self.xp, []
+        for master, model in flat:
+            # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
+            master.grad[...] = model.grad                                 # (size,) float32
+            master.grad *= 1.0 / scale
+            sums.append(sum_of_squares(master.grad))                      # finite iff every element is
+            master.mirror = model.data                                    # the optimiser rounds into it
+        for _, p, m in self._pairs:
+            m.grad = None if p.grad is None else m.flat.grad
+        return math.isfinite(float(xp.stack(sums).sum()))               # one device -> host sync
 
     def master_state_dict(self) -> "OrderedDict[str, Any]":
         """The float32 masters under the model's state_dict names (tied weights under each name)."""

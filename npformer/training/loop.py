@@ -2,7 +2,9 @@
 
 One step: reseed dropout from (seed, step); draw the batch from (seed, step); forward; fused
 cross-entropy; backward; clip by global norm; AdamW with warm-up + cosine learning rate (under mixed
-precision: a 16-bit model, float32 master weights, dynamic loss scaling). Because the batch and the
+precision: a 16-bit model, float32 master weights, dynamic loss scaling). The model's parameters and
+gradients live in flat buffers (:mod:`npformer.nn.flat`), so zeroing, clipping and AdamW are a few
+whole-buffer operations. Because the batch and the
 dropout masks are functions of (seed, step) alone, a run resumed from a checkpoint repeats an
 uninterrupted run's losses exactly. Each task's trainer (:mod:`~npformer.training.seq2seq_trainer`,
 :mod:`~npformer.training.lm_trainer`, :mod:`~npformer.training.mlm_trainer`,
@@ -21,6 +23,7 @@ from typing import Callable
 from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.checks import non_negative_int, one_of, positive_int
 from npformer.errors import InputTypeError, RangeError
+from npformer.nn.flat import flatten_parameters
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
@@ -62,6 +65,7 @@ class Trainer:
         if c.backend == "cupy":       # process-wide: float16 accumulates in float32; float32 exact unless --tf32
             set_float32_matmul_precision("tf32" if c.tf32 else "highest", c.backend)
         self.model = self.build()
+        flatten_parameters(self.model)      # one buffer per dtype: the optimiser updates whole runs of it
         # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
         self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
         params = self.amp.named_parameters() if self.amp else self.model.named_parameters()

@@ -9,8 +9,20 @@
 
 Sources: the algorithm boxes of torch.optim.SGD/Adam/AdamW and torch.nn.utils.clip_grad_norm_.
 Adam is evaluated as torch does it: denom = sqrt(v)/sqrt(1-b2^t) + eps, p -= lr/(1-b1^t) * m/denom.
-State (step counts, moments in the parameter's dtype) lives here, never in the layers; parameters
-are updated in place, so views of ``p.data`` held elsewhere (tied embeddings) stay shared.
+The update rules themselves are the ops :func:`~npformer.ops.optim.adam_update` and
+:func:`~npformer.ops.optim.sgd_update`. State (step counts, moments in the parameter's dtype) lives
+here, never in the layers; parameters are updated in place, so views of ``p.data`` held elsewhere
+(tied embeddings) stay shared.
+
+Flat buffers (:mod:`npformer.nn.flat`): when the parameters live in flat buffers and their grads in
+the flat gradient buffers, a step updates each *run* (parameters next to each other in a buffer
+with the same hyperparameters, weight decay and step count: for a flattened model usually two per
+dtype, the decayed parameters and the others) with one call of the update op over the run, on
+flat moment buffers of the same layout, and ``clip_grad_norm`` takes one sum of squares per
+buffer. The numbers are those of the per-parameter loop (the update is element-wise; the norm's
+additions come in another order). The per-parameter loop runs for parameters outside flat buffers,
+and for everything inside ``npformer.kernels.disabled()``. ``state_dict`` is the same either way
+(``state.{i}.exp_avg`` is parameter i's view of the flat moment buffer, saved as a copy).
 """
 from __future__ import annotations
 
@@ -20,10 +32,12 @@ from typing import Any
 
 from npformer.backend import backend_name, get_array_module, to_device
 from npformer.checks import describe, expect_float, real
+from npformer.dispatch import enabled
 from npformer.errors import InputTypeError
-from npformer.nn.module import Module, Parameter
+from npformer.nn.module import Module, Parameter, clear_grads
+from npformer.ops.optim import adam_update, sgd_update, sum_of_squares
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm", "covered_buffers"]
 
 INF = math.inf
 # hyperparameter -> (low, high, low excluded, high excluded); a pair (PAIRS) is checked per item
@@ -43,6 +57,33 @@ def _entries(items: Any, where: str) -> list:
         expect_float(p.data, f"{where}: data of parameter {name or len(out)}")
         out.append((name, p))
     return out
+
+
+def _mirror_view(p: Parameter) -> Any:
+    """The parameter's part of its flat buffer's mirror (mixed precision's model weights), or None."""
+    slot = p.flat
+    if slot is None or slot.buffer.mirror is None:
+        return None
+    return slot.buffer.mirror[slot.start:slot.stop].reshape(p.shape)
+
+
+def covered_buffers(params: Any) -> list | None:
+    """The flat buffers whose gradients are exactly these parameters' grads, or None.
+
+    Each parameter's grad must be its slot's view of a flat gradient buffer, and every parameter of
+    each such buffer must be among ``params``; then a sum or a scaling over the buffers is one over
+    the grads (the gaps between slots hold zeros)."""
+    params = list(params)
+    ids, buffers = {id(p) for p in params}, {}
+    for p in params:
+        slot = p.flat
+        if slot is None or p.grad is not slot.grad:
+            return None
+        buffers[id(slot.buffer)] = slot.buffer
+    for b in buffers.values():
+        if not all(id(q) in ids and q.flat is slot for q, slot in zip(b.params, b.slots)):
+            return None
+    return list(buffers.values())
 
 
 class Optimizer:
@@ -78,6 +119,8 @@ class Optimizer:
             group.update(params=[p for _, p in entries], names=[n for n, _ in entries])
             self.param_groups.append(group)
         self.state: dict[int, dict[str, Any]] = {}
+        self._flat_moments: dict[int, tuple] = {}   # id(FlatBuffer) -> (buffer, first element, {moment: array})
+        self._views: dict[int, tuple] = {}          # parameter index -> (its slot, {moment: view})
 
     def _checked(self, group: dict) -> dict:
         """The group with every hyperparameter validated and made a Python number."""
@@ -116,9 +159,8 @@ class Optimizer:
             g["lr"] = value
 
     def zero_grad(self) -> None:
-        """Set every parameter's grad to None."""
-        for _, _, _, p in self._indexed():
-            p.grad = None
+        """Set every parameter's grad to None (and zero their parts of flat gradient buffers)."""
+        clear_grads(p for *_, p in self._indexed())
 
     def step(self) -> None:
         """One update of every parameter whose grad is not None (the others are skipped).
@@ -134,11 +176,84 @@ class Optimizer:
                                  f"{describe(p.data)}; they must match in shape and dtype")
         for group, checked in zip(self.param_groups, groups):
             group.update(checked)
-        for i, group, _, p in todo:
-            self._update(p, p.grad, self.state.setdefault(i, {}), group)
+        runs = self._runs(todo) if enabled() else None
+        if runs is None:
+            for i, group, _, p in todo:
+                self._update(p, p.grad, self.state.setdefault(i, {}), group, _mirror_view(p))
+            return
+        for buffer, start, end, items in runs:
+            self._update_run(buffer, start, end, items)
 
-    def _update(self, p: Parameter, g: Any, state: dict, group: dict) -> None:
+    def _update(self, p: Parameter, g: Any, state: dict, group: dict, copy: Any) -> None:
+        """Update one parameter (and write ``copy``, its buffer's mirror, when not None)."""
         raise NotImplementedError
+
+    # -- flat buffers ------------------------------------------------------------------------------
+    def _run_key(self, p: Parameter, state: dict, group: dict) -> tuple:
+        """What parameters of one run share (beside their group): the update's per-parameter inputs."""
+        raise NotImplementedError
+
+    def _update_run(self, buffer, start: int, end: int, items: list) -> None:
+        """Update elements [start, end) of ``buffer``: the parameters ``items`` [(index, group, p)]."""
+        raise NotImplementedError
+
+    def _runs(self, todo: list) -> list | None:
+        """[(buffer, start, end, [(i, group, p)])]: maximal runs of adjacent slots with one group and
+        one ``_run_key``; None when a parameter to update is not in a flat buffer or its grad is not
+        its slot's view of the flat gradient buffer."""
+        entries, order = [], {}
+        for i, group, _, p in todo:
+            slot = p.flat
+            if slot is None or p.grad is not slot.grad:      # the gradient lives elsewhere
+                return None
+            order.setdefault(id(slot.buffer), len(order))
+            entries.append((order[id(slot.buffer)], slot.start, i, group, p))
+        runs: list = []
+        last_key = None
+        for _, _, i, group, p in sorted(entries, key=lambda e: e[:2]):
+            slot = p.flat
+            key = (id(group), self._run_key(p, self.state.get(i, {}), group))
+            if runs and runs[-1][0] is slot.buffer and runs[-1][2] == slot.start and key == last_key:
+                buffer, start, _, items = runs[-1]
+                runs[-1] = (buffer, start, slot.end, items)
+                items.append((i, group, p))
+            else:
+                runs.append((slot.buffer, slot.start, slot.end, [(i, group, p)]))
+            last_key = key
+        return runs
+
+    def _moment_run(self, buffer, start: int, end: int, items: list, names: tuple) -> dict:
+        """{moment: its flat array's elements [start, end)}, after making each parameter's state
+        arrays in ``names`` views of the flat moment buffers (copying in what they held: a fresh
+        state or a loaded state dict; a missing one starts at zeros)."""
+        entry = self._flat_moments.get(id(buffer))
+        if entry is None or any(n not in entry[2] for n in names):
+            ids = {id(q) for *_, q in self._indexed()}
+            for key, (old, _, _) in list(self._flat_moments.items()):      # buffers left behind (Module.to)
+                if not any(q.flat is slot for q, slot in zip(old.params, old.slots)):
+                    del self._flat_moments[key]
+            mine = [slot for q, slot in zip(buffer.params, buffer.slots) if id(q) in ids]
+            lo, hi = min(slot.start for slot in mine), max(slot.end for slot in mine)
+            xp = get_array_module(buffer.data)
+            arrays = dict(entry[2]) if entry is not None else {}
+            arrays.update({n: xp.zeros(hi - lo, dtype=buffer.dtype) for n in names if n not in arrays})  # (hi-lo,)
+            entry = self._flat_moments[id(buffer)] = (buffer, lo, arrays)
+        _, lo, arrays = entry
+        for i, _, p in items:
+            slot, state = p.flat, self.state.setdefault(i, {})
+            cached = self._views.get(i)
+            if cached is None or cached[0] is not slot or any(n not in cached[1] for n in names):
+                cached = self._views[i] = (slot, {n: arrays[n][slot.start - lo:slot.stop - lo].reshape(p.shape)
+                                                  for n in arrays})
+            for n in names:
+                view = cached[1][n]
+                if state.get(n) is not view:
+                    if n in state:
+                        view[...] = state[n]
+                    else:
+                        view.fill(0)
+                    state[n] = view
+        return {n: arrays[n][start - lo:end - lo] for n in names}
 
     def _header(self) -> dict[str, Any]:
         out: dict[str, Any] = {"param_count": sum(len(g["params"]) for g in self.param_groups)}
@@ -229,19 +344,28 @@ class SGD(Optimizer):
     def _complete(self, st):                     # the buffer is absent while momentum is 0
         return "step" in st and set(st) <= {"step", "momentum_buffer"}
 
-    def _update(self, p, g, state, group):
-        mom, wd = group["momentum"], group["weight_decay"]
-        d = g + wd * p.data if wd != 0 else g                      # (same as p)
-        if mom != 0:
-            buf = state.get("momentum_buffer")
-            if buf is None:
-                buf = state["momentum_buffer"] = d.copy()           # (same as p), first step: buf = d
-            else:
-                buf *= mom                                          # buf = mom*buf + (1-damp)*d
-                buf += (1.0 - group["dampening"]) * d
-            d = d + mom * buf if group["nesterov"] else buf         # (same as p)
+    def _sgd_args(self, group):
+        return {k: group[k] for k in ("lr", "momentum", "dampening", "nesterov", "weight_decay")}
+
+    def _update(self, p, g, state, group, copy):
+        first = group["momentum"] != 0 and "momentum_buffer" not in state
+        if first:
+            state["momentum_buffer"] = get_array_module(p.data).empty_like(p.data)   # (same as p), set to d
         state["step"] = state.get("step", 0) + 1
-        p.data -= group["lr"] * d                                   # in place: views stay shared
+        sgd_update(p.data, g, state.get("momentum_buffer") if group["momentum"] != 0 else None,
+                   first=first, param_copy=copy, **self._sgd_args(group))            # in place: views stay shared
+
+    def _run_key(self, p, state, group):
+        return (state.get("step", 0), "momentum_buffer" in state)
+
+    def _update_run(self, buffer, start, end, items):
+        group = items[0][1]
+        first = group["momentum"] != 0 and "momentum_buffer" not in self.state.get(items[0][0], {})
+        moments = self._moment_run(buffer, start, end, items, self.moments if group["momentum"] != 0 else ())
+        for i, _, _ in items:
+            self.state[i]["step"] = self.state[i].get("step", 0) + 1
+        sgd_update(buffer.data[start:end], buffer.grad[start:end], moments.get("momentum_buffer"), first=first,
+                   param_copy=None if buffer.mirror is None else buffer.mirror[start:end], **self._sgd_args(group))
 
 
 class Adam(Optimizer):
@@ -259,27 +383,34 @@ class Adam(Optimizer):
     def _decays(self, p: Parameter) -> bool:
         return True
 
-    def _update(self, p, g, state, group):
+    def _adam_args(self, p: Parameter, group: dict, step: int) -> dict:
+        """The keyword arguments of adam_update for parameter ``p`` (its weight decay) at ``step``."""
+        b1, b2 = group["betas"]
+        wd = group["weight_decay"] if not self.decoupled or self._decays(p) else 0.0
+        return dict(step=step, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"], weight_decay=wd,
+                    decoupled=self.decoupled)
+
+    def _update(self, p, g, state, group, copy):
         xp = get_array_module(p.data)
-        (b1, b2), lr, wd = group["betas"], group["lr"], group["weight_decay"]
         if not state:
             state.update(step=0, exp_avg=xp.zeros_like(p.data), exp_avg_sq=xp.zeros_like(p.data))
         state["step"] += 1
-        t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-        if wd != 0 and not self.decoupled:
-            g = g + wd * p.data                                     # (same as p), Adam: L2 term
-        elif wd != 0 and self._decays(p):
-            p.data *= 1.0 - lr * wd                                 # AdamW: p -= lr*wd*p, first
-        m *= b1                                                     # m = b1*m + (1-b1)*g
-        m += (1.0 - b1) * g
-        v *= b2                                                     # v = b2*v + (1-b2)*g*g
-        v += (1.0 - b2) * (g * g)
-        denom = xp.sqrt(v)                                          # (same as p)
-        denom /= math.sqrt(1.0 - b2 ** t)                           # sqrt(v_hat) = sqrt(v/(1-b2^t))
-        denom += group["eps"]
-        upd = m / denom                                             # (same as p)
-        upd *= lr / (1.0 - b1 ** t)                                 # lr * m_hat / (sqrt(v_hat)+eps)
-        p.data -= upd
+        adam_update(p.data, g, state["exp_avg"], state["exp_avg_sq"], param_copy=copy,
+                    **self._adam_args(p, group, state["step"]))          # in place: views stay shared
+
+    def _run_key(self, p, state, group):
+        return (state.get("step", 0), self._adam_args(p, group, 1)["weight_decay"])
+
+    def _update_run(self, buffer, start, end, items):
+        for i, _, _ in items:
+            self.state.setdefault(i, {}).setdefault("step", 0)     # first, as _update orders the state
+        moments = self._moment_run(buffer, start, end, items, self.moments)
+        for i, _, _ in items:
+            self.state[i]["step"] += 1
+        i, group, p = items[0]
+        adam_update(buffer.data[start:end], buffer.grad[start:end], moments["exp_avg"], moments["exp_avg_sq"],
+                    param_copy=None if buffer.mirror is None else buffer.mirror[start:end],
+                    **self._adam_args(p, group, self.state[i]["step"]))
 
 
 class AdamW(Adam):
@@ -312,6 +443,8 @@ def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6,
     norm raises FloatingPointError naming the parameters with non-finite grads when
     ``error_if_nonfinite`` (the default); otherwise the grads are left unchanged and the non-finite
     norm is returned so the caller can skip the step (torch would write NaN into them instead).
+    When the grads fill whole flat gradient buffers (:func:`covered_buffers`), the sum of squares
+    and the scaling run once per buffer.
     """
     if not (isinstance(max_norm, Real) and max_norm == INF):        # inf: measure without clipping
         max_norm = real(max_norm, "max_norm", 0, what="inf (no clipping) or a number")
@@ -320,23 +453,21 @@ def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6,
     for name, p in _entries(params, "clip_grad_norm"):
         if p.grad is not None and id(p) not in seen:
             seen.add(id(p))
-            entries.append((name, p.grad))
+            entries.append((name, p))
     if not entries:
         return 0.0
-    xp = get_array_module(*[g for _, g in entries])
-    squares = []
-    for _, g in entries:
-        g64 = g.astype(xp.float64)                                  # (same as g)
-        squares.append((g64 * g64).sum())                           # ()
-    total = math.sqrt(float(xp.stack(squares).sum()))
+    xp = get_array_module(*[p.grad for _, p in entries])
+    flat = covered_buffers(p for _, p in entries) if enabled() else None
+    grads = [p.grad for _, p in entries] if flat is None else [b.grad for b in flat]   # one per buffer, if flat
+    total = math.sqrt(float(xp.stack([sum_of_squares(g) for g in grads]).sum()))  # squares in float64
     if not math.isfinite(total):
         if error_if_nonfinite:
-            bad = [n or f"#{k}" for k, (n, g) in enumerate(entries) if not bool(xp.isfinite(g).all())]
+            bad = [n or f"#{k}" for k, (n, p) in enumerate(entries) if not bool(xp.isfinite(p.grad).all())]
             raise FloatingPointError(f"total gradient norm is not finite ({total}); non-finite grads "
                                      f"in parameters {bad}; grads left unchanged")
         return total
     coef = max_norm / (total + eps)
     if coef < 1.0:
-        for _, g in entries:
+        for g in grads:
             g *= coef
     return total

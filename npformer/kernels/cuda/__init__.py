@@ -24,6 +24,9 @@ residual + dropout (+ LN)  s = x + dropout(branch) in one elementwise kernel; wi
                            backward: dx = ds + LN'(dy), dbranch = dx m in one row pass
 cross-entropy              one block per row, one read of the logits: running max and sum of
                            exponentials, the row's loss; backward writes dlogits directly
+Adam / AdamW               one elementwise kernel over a whole flat buffer: m, v, p and, in
+                           mixed precision, the float16 copy of p (optim.py, optim_source.py)
+sum of squares             float64 block partials, then their sum (clipping's norm)
 =========================  ===============================================================
 
 Each function has exactly the contract of the reference op it stands in for (arguments, cache
@@ -42,6 +45,7 @@ from npformer.kernels.cuda.feedforward import feed_forward_backward, feed_forwar
 from npformer.kernels.cuda.flash_attention import flash_attention_backward, flash_attention_forward
 from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
 from npformer.kernels.cuda.linear import linear_backward
+from npformer.kernels.cuda.optim import adam_update, sum_of_squares
 from npformer.kernels.cuda.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
                                             residual_dropout_layer_norm_forward)
 from npformer.kernels.cuda.runtime import device_floats
@@ -56,4 +60,5 @@ __all__ = [
     "feed_forward_forward", "feed_forward_backward", "residual_dropout_forward",
     "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward", "cross_entropy_forward",
     "cross_entropy_backward",
+    "adam_update", "sum_of_squares",
 ]

@@ -17,6 +17,7 @@ import re
 import numpy
 
 from npformer.kernels.cuda.fused_source import FUSED_ENTRY_POINTS, FUSED_KERNELS
+from npformer.kernels.cuda.optim_source import OPTIM_SOURCE
 from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
 
 __all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES",
@@ -397,7 +398,8 @@ def _constants(text: str) -> str:
     return re.sub(r"@(\w+)@", lambda m: str(values[m.group(1)]), text)
 
 
-KERNELS_SOURCE = _constants(_COMMON) + "\n" + FUSED_KERNELS + "\n" + _entry_points()
+KERNELS_SOURCE = (_constants(_COMMON) + "\n" + FUSED_KERNELS + "\n" + _entry_points()
+                  + OPTIM_SOURCE)     # optimisers: optim_source.py
 CUDA_SOURCE = HALF_CONVERSIONS + KERNELS_SOURCE
 # NVRTC options: no contraction of a*b+c into one FMA, so the elementwise kernels round each
 # operation as the reference ops' separate CuPy kernels do.

@@ -5,6 +5,7 @@ either backward on either forward's cache, a float64 gradient check through the 
 same errors for bad input; dropout's mask equal bit for bit. A last test fails when a CPU fast path
 is registered without a case here.
 """
+import contextlib
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis import given, strategies as st
 from npformer import kernels
 from npformer.backend import default_rng
 from npformer.kernels.cpu.activations import erf_float32
-from npformer.ops import activations, attention, dropout, layernorm, softmax
+from npformer.ops import activations, attention, dropout, layernorm, optim, softmax
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds
 
@@ -156,8 +157,62 @@ def test_bad_input_gets_the_reference_error_on_both_paths(call, error):
         call()
 
 
+# -- the optimiser's update and sum of squares (npformer.ops.optim) ----------------------------------
+
+ADAM_CASES = [dict(weight_decay=0.0, decoupled=False), dict(weight_decay=0.1, decoupled=False),
+              dict(weight_decay=0.1, decoupled=True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ADAM_CASES, ids=["no-decay", "adam-l2", "adamw"])
+@pytest.mark.parametrize("n", [1, 7, 3 * (1 << 16) + 5])      # one block, a partial one, several blocks
+def test_adam_update_blocks_give_the_reference_bits(dtype, case, n):
+    """The same operations in the same order per element: every output bit for bit, the float16
+    copy of a float32 parameter included."""
+    p, g, m, v = (randn(np, (n,), s, dtype) for s in range(4))
+    copy_dtype = "float16" if dtype == "float32" else None
+    kw = dict(step=7, lr=3e-3, beta1=0.9, beta2=0.98, eps=1e-6, **case)
+
+    def run():
+        arrays = [a.copy() for a in (p, g, m, v * v)]
+        copy = np.zeros(n, copy_dtype) if copy_dtype else None
+        assert kernels.implementation(optim.adam_update, *arrays, param_copy=copy, **kw) == \
+            ("cpu" if kernels.enabled() else "reference")
+        optim.adam_update(*arrays, param_copy=copy, **kw)
+        return arrays + ([copy] if copy_dtype else [])
+    got, ref = _both(run)
+    for name, a, b in zip(("param", "grad", "exp_avg", "exp_avg_sq", "param_copy"), got, ref):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert not np.array_equal(got[0], p)                              # it did step
+
+
+def test_adam_update_takes_views_in_place_and_rejects_bad_shapes():
+    base = randn(np, (4, 6), 0, "float32")
+    p = base[1:3]                                                     # a contiguous view: updated in place
+    g, m, v = randn(np, (2, 6), 1, "float32"), np.zeros((2, 6), np.float32), np.zeros((2, 6), np.float32)
+    before = p.copy()
+    optim.adam_update(p, g, m, v, step=1, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8)
+    assert not np.array_equal(base[1:3], before) and np.array_equal(base[0], randn(np, (4, 6), 0, "float32")[0])
+    for path in (contextlib.nullcontext(), kernels.disabled()):
+        with path, pytest.raises(ValueError, match=r"exp_avg: expected shape \(2, 6\)"):
+            optim.adam_update(p, g, m[:1], v, step=1, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (3, 5), (1 << 16, 3), (0,)])
+def test_sum_of_squares_in_float64(dtype, shape):
+    """Float64 sums over blocks in another order than the reference's: within float64 rounding."""
+    x = randn(np, shape, 3, dtype, scale=100.0)
+    got, ref = _both(lambda: optim.sum_of_squares(x))
+    assert got.dtype == ref.dtype == np.float64 and got.shape == ref.shape == ()
+    assert_close(got, ref, "float64", scale=float(ref) or 1.0)
+    big = np.full(10, 60000.0, np.float16)                             # squares beyond float16 and exact
+    assert float(optim.sum_of_squares(big)) == 10 * 60000.0 ** 2
+
+
 def test_every_cpu_fast_path_has_a_parity_case_here():
-    tested = {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+    tested = {"adam_update", "sum_of_squares",
+              "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "dropout_forward",
               "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "cpu"}

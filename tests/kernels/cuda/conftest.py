@@ -27,6 +27,7 @@ from npformer.backend import cupy_available, get_backend
 from npformer import kernels
 from npformer.kernels import cpu as kernels_cpu
 from npformer.kernels.cpu import dropout as cpu_dropout
+from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cuda import flash_source, runtime
 from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
 from tests.kernels.cuda import emulator
@@ -66,7 +67,7 @@ def fx(request, monkeypatch):
         return Backend("cuda", get_backend("cupy"))
     module = request.getfixturevalue("emulated_module")
     monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
-    for home in (kernels, kernels_cpu, cpu_dropout):    # NumPy arrays pose as device arrays: not the CPU's
+    for home in (kernels, kernels_cpu, cpu_dropout, cpu_optim):    # NumPy arrays pose as device arrays: not the CPU's
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
     monkeypatch.setattr(runtime, "compile_module", lambda source, options: (

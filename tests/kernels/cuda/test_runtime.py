@@ -51,7 +51,8 @@ def test_device_floats_rules(monkeypatch):
     lambda x: cuda.layer_norm_forward(x), lambda x: cuda.gelu_forward(x),
     lambda x: cuda.bias_add_forward(x, x[0]), lambda x: cuda.bias_grad(x),
     lambda x: cuda.bias_gelu_forward(x, x[0]),
-    lambda x: cuda.dropout_forward(x, 0.5, rng=np.random.default_rng(0))])
+    lambda x: cuda.dropout_forward(x, 0.5, rng=np.random.default_rng(0)), lambda x: cuda.sum_of_squares(x),
+    lambda x: cuda.adam_update(x, x, x, x, step=1, lr=0.1, beta1=0.9, beta2=0.99, eps=1e-8)])
 def test_numpy_arrays_are_refused_with_a_clear_error(call):
     with pytest.raises(TypeError, match=r"the fused CUDA kernels take CuPy arrays; got numpy\.ndarray"):
         call(np.ones((2, 3), np.float32))
@@ -65,7 +66,9 @@ def test_gelu_constants_are_the_reference_ops():
 def test_every_entry_point_exists_for_every_dtype():
     names = {name for name, _ in emulator._ENTRY.findall(source.CUDA_SOURCE)}
     kernels = {e[0] for e in source._ENTRY_POINTS}
-    assert names == {f"npf_{k}_{s}" for k in kernels for s in ("f16", "f32", "f64")}
+    optimisers = {"npf_adam_update_f32", "npf_adam_update_f64",        # float16 parameters: the reference
+                  "npf_sum_squares_f16", "npf_sum_squares_f32", "npf_sum_squares_f64"}
+    assert names == {f"npf_{k}_{s}" for k in kernels for s in ("f16", "f32", "f64")} | optimisers
     assert "@" not in source.CUDA_SOURCE                             # every constant substituted
 
 

@@ -9,7 +9,7 @@ from npformer.backend import default_rng
 from npformer.dispatch import FastPath
 from npformer.kernels import FAST_PATHS, disabled
 from npformer.ops import (activations, attention, cross_entropy, dropout, feedforward, flash_attention, layernorm,
-                          linear, multihead, residual, softmax)
+                          linear, multihead, optim, residual, softmax)
 from tests.helpers import host, randn
 from tests.kernels.cuda.conftest import assert_close
 
@@ -94,6 +94,18 @@ def test_each_wired_op_takes_the_fused_path_and_matches(fx, seen, dtype):
         *cross_entropy.cross_entropy_forward(x, tgt, label_smoothing=0.1)))
     for g, r in zip(got, ref):
         assert_close(g, r, dtype)
+    p, g, m, v = (randn(xp, (3, 5), s, dtype) for s in (11, 12, 13, 14))
+
+    def adam():
+        arrays = [a.copy() for a in (p, g, m, v * v)]
+        optim.adam_update(*arrays, step=3, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1,
+                          decoupled=True)
+        return arrays
+    got, ref = _both(adam)
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(host(a), host(b))        # the same operations: the same bits
+    got, ref = _both(lambda: optim.sum_of_squares(x))
+    assert_close(got, ref, "float64")
     registered = {op.__name__ for op, name, _, _ in FAST_PATHS if name == "cuda"}
     assert registered <= set(seen), f"CUDA fast paths without a parity case: {sorted(registered - set(seen))}"
 

@@ -1,0 +1,70 @@
+"""The optimiser as one kernel launch (reference: :mod:`npformer.ops.optim`).
+
+    adam_update:     m, v, p (and the float16 copy of p, under mixed precision) in one pass over
+                     the arrays: a whole flat buffer (:mod:`npformer.nn.flat`) in one launch, where
+                     the reference runs a dozen CuPy kernels, and the plain optimiser a dozen per
+                     parameter
+    sum_of_squares:  sum x^2 in float64 (gradient clipping's norm, mixed precision's finite check):
+                     one launch of block partial sums (a fixed grid, so a fixed order of additions)
+                     and one sum of at most SQUARES_BLOCKS partials
+
+Adam's arithmetic is the reference's, operation by operation in the parameter's dtype (float32 or
+float64; float16 parameters take the reference), without fused multiply-adds: the same bits as the
+reference op. The CUDA C is in :mod:`npformer.kernels.cuda.optim_source`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy
+
+from npformer.checks import expect_float, expect_shape
+from npformer.kernels.cuda.optim_source import SQUARES_THREADS
+from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, kernel, launch_elements
+from npformer.ops.optim import check_update_arrays
+
+__all__ = ["adam_update", "sum_of_squares", "accepts_adam", "SQUARES_BLOCKS"]
+
+SQUARES_BLOCKS = 1024   # most blocks (and partial sums) of one sum_of_squares launch
+_ADAM_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
+
+
+def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperparameters) -> bool:
+    """C-contiguous CuPy float32/float64 arrays of one dtype; a copy, if any, float16 of a float32
+    parameter (mixed precision's masters and model), C-contiguous, of the parameter's shape."""
+    arrays = (param, grad, exp_avg, exp_avg_sq)
+    if not (device_floats(*arrays) and param.dtype in _ADAM_DTYPES
+            and all(a.flags.c_contiguous and a.shape == param.shape for a in arrays)):
+        return False
+    return param_copy is None or (device_floats(param_copy, dtype=numpy.float16) and param.dtype == numpy.float32
+                                  and param_copy.flags.c_contiguous and param_copy.shape == param.shape)
+
+
+def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
+                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None) -> None:
+    """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
+    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    if param_copy is not None:
+        expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    xp = device_xp(param, grad, exp_avg, exp_avg_sq, param_copy)
+    if param.size == 0:
+        return
+    t = param.dtype.type                 # each Python number rounded to the dtype, as NumPy does
+    copy = param_copy if param_copy is not None else xp.empty(1, dtype=numpy.float16)   # stand-in, unread
+    l2, decoupled_decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
+    launch_elements("adam_update", param.dtype, param.size, (
+        param, grad, exp_avg, exp_avg_sq, copy, numpy.int64(param.size),
+        t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(weight_decay), t(1.0 - lr * weight_decay),
+        t(math.sqrt(1.0 - beta2 ** step)), t(eps), t(lr / (1.0 - beta1 ** step)),
+        numpy.int32(l2), numpy.int32(decoupled_decay), numpy.int32(param_copy is not None)))
+
+
+def sum_of_squares(x):
+    """``sum x^2`` in float64, a 0-d array, as the reference op."""
+    expect_float(x, "x")
+    xp = device_xp(x)
+    x = contiguous(xp, x)
+    blocks = max(1, min(-(-x.size // SQUARES_THREADS), SQUARES_BLOCKS))
+    part = xp.empty(blocks, dtype=numpy.float64)        # (blocks,)
+    kernel("sum_squares", x.dtype)((blocks,), (SQUARES_THREADS,), (x, part, numpy.int64(x.size)))
+    return xp.asarray(part.sum(), dtype=numpy.float64)   # ()

@@ -1,0 +1,107 @@
+"""The optimisers' update rules, element by element, over one array or a whole flat buffer.
+
+    Adam:   g = g + wd p (L2, Adam)  or  p = p (1 - lr wd) (decoupled, AdamW: Loshchilov & Hutter 2019)
+            m = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
+            p = p - lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
+    SGD:    d = g + wd p;  buf = d (first step) | momentum buf + (1 - dampening) d
+            d = d + momentum buf (nesterov) | buf;   p = p - lr d
+    norm:   sum_of_squares(g) = sum_i g_i^2, in float64
+
+Sources: the algorithm boxes of torch.optim.Adam/AdamW/SGD; Adam is evaluated in torch's order
+(the bias corrections applied to sqrt(v) and to the step size, not to m and v).
+
+Unlike the other ops these update their arguments in place (``param``, the moments and
+``param_copy``): an optimiser step rewrites the parameters, and fresh arrays would double the
+memory. They are element-wise, so one call over a flat buffer (:mod:`npformer.nn.flat`) gives
+exactly what one call per parameter gives, and the arithmetic runs in the arrays' dtype with each
+Python number rounded to it first (NumPy's rule for a Python scalar), operation by operation as
+written. A CUDA kernel (:mod:`npformer.kernels.cuda.optim`) does ``adam_update`` in one launch.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from npformer.backend import get_array_module
+from npformer.checks import expect_float, expect_same_dtype, expect_shape
+from npformer.dispatch import dispatched
+
+__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "SQUARES_CHUNK"]
+
+SQUARES_CHUNK = 1 << 20     # elements converted to float64 at a time by sum_of_squares (8 MB)
+
+
+def check_update_arrays(param, **arrays) -> None:
+    """An update's arrays (None: absent) all have the parameter's shape and float dtype."""
+    expect_float(param, "param")
+    for name, a in arrays.items():
+        if a is not None:
+            expect_shape(a, name, tuple(param.shape), "(the parameter's shape)")
+    expect_same_dtype(param=param, **arrays)
+
+
+@dispatched
+def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: int, lr: float, beta1: float,
+                beta2: float, eps: float, weight_decay: float = 0.0, decoupled: bool = False,
+                param_copy: Any = None) -> None:
+    """One Adam (``decoupled=False``, L2 in the gradient) or AdamW step, in place; ``step`` is t >= 1,
+    the number of this update. ``param_copy`` (optional, the parameter's shape, another dtype)
+    receives the new parameter rounded to its dtype: mixed precision's 16-bit model weights."""
+    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    if param_copy is not None:
+        expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    xp = get_array_module(param, grad, exp_avg, exp_avg_sq)
+    if weight_decay != 0 and not decoupled:
+        grad = param * weight_decay + grad                          # (same as p), Adam: g = g + wd p
+    elif weight_decay != 0:
+        param *= 1.0 - lr * weight_decay                            # AdamW: p = p - lr wd p, first
+    tmp = xp.empty_like(param)                                      # (same as p), the one scratch array
+    exp_avg *= beta1                                                # m = b1 m + (1 - b1) g
+    exp_avg += xp.multiply(grad, 1.0 - beta1, out=tmp)
+    exp_avg_sq *= beta2                                             # v = b2 v + (1 - b2) g^2
+    xp.multiply(grad, grad, out=tmp)
+    tmp *= 1.0 - beta2
+    exp_avg_sq += tmp
+    denom = xp.sqrt(exp_avg_sq, out=tmp)                            # sqrt(v_hat) + eps, v_hat = v/(1 - b2^t)
+    denom /= math.sqrt(1.0 - beta2 ** step)
+    denom += eps
+    update = xp.divide(exp_avg, denom, out=tmp)                     # lr m_hat / (sqrt(v_hat) + eps)
+    update *= lr / (1.0 - beta1 ** step)
+    param -= update
+    if param_copy is not None:
+        param_copy[...] = param                                     # rounded to the copy's dtype
+
+
+def sgd_update(param: Any, grad: Any, momentum_buffer: Any, *, lr: float, momentum: float, dampening: float,
+               nesterov: bool, weight_decay: float, first: bool, param_copy: Any = None) -> None:
+    """One SGD step, in place. ``momentum_buffer`` is None when ``momentum`` is 0; on the ``first``
+    step it is overwritten with d (torch's rule), later it is blended."""
+    check_update_arrays(param, grad=grad, momentum_buffer=momentum_buffer)
+    if param_copy is not None:
+        expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    d = param * weight_decay + grad if weight_decay != 0 else grad   # (same as p), d = g + wd p
+    if momentum != 0:
+        buf = momentum_buffer
+        if first:
+            buf[...] = d                                            # buf = d
+        else:
+            buf *= momentum                                         # buf = momentum buf + (1 - dampening) d
+            buf += (1.0 - dampening) * d
+        d = d + momentum * buf if nesterov else buf                 # (same as p)
+    param -= lr * d
+    if param_copy is not None:
+        param_copy[...] = param                                     # rounded to the copy's dtype
+
+
+@dispatched
+def sum_of_squares(x: Any) -> Any:
+    """``sum x^2`` over every element, in float64 (a 0-d array): float16/32 squares cannot overflow.
+    Chunks of SQUARES_CHUNK elements keep the float64 temporaries small."""
+    expect_float(x, "x")
+    xp = get_array_module(x)
+    flat = x.reshape(-1)                                            # (N,)
+    total = xp.zeros((), dtype=xp.float64)                          # ()
+    for start in range(0, flat.size, SQUARES_CHUNK):
+        x64 = flat[start:start + SQUARES_CHUNK].astype(xp.float64)  # (chunk,)
+        total += (x64 * x64).sum()
+    return total
