@@ -24,6 +24,9 @@ exception                  also a                       the mistake
                                                         damaged, missing members or meta keys, sizes
                                                         or dtypes that do not fit, non-finite
                                                         weights) or a path it cannot be written to
+:class:`DistributedError`  ``RuntimeError``             a data-parallel run that cannot go on: mpi4py,
+                                                        MPI or NCCL missing, ranks whose configs
+                                                        differ, a checkpoint of another rank count
 =========================  ===========================  ============================================
 
 Every message names what was expected and what came (:mod:`npformer.checks` writes them).
@@ -31,7 +34,7 @@ Every message names what was expected and what came (:mod:`npformer.checks` writ
 from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
-           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError"]
+           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "DistributedError"]
 
 
 class NpformerError(Exception):
@@ -71,3 +74,8 @@ class BackendUnavailableError(NpformerError, RuntimeError):
 
 class CheckpointError(NpformerError, ValueError):
     """A checkpoint file that cannot be read or written; the message names the file and what is wrong."""
+
+
+class DistributedError(NpformerError, RuntimeError):
+    """A data-parallel run that cannot start or go on (:mod:`npformer.distributed`): the communication
+    library is missing, or the ranks disagree (configs, the rank count of a checkpoint)."""

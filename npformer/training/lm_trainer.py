@@ -65,6 +65,7 @@ class LMTrainer(Trainer):
     def loss_and_backward(self, step):
         c = self.cfg
         x, y = self.data.random_batch("train", c.batch_size, rng=default_rng((c.seed, step), "numpy"))
+        x, y = self.local(x, y)                       # data parallel: this rank's rows of the batch
         x, y = to_device(x, c.backend), to_device(y, c.backend)
         logits = self.model(x)                                                    # (B, T, V)
         loss, dlogits = self.cross_entropy(logits, y)
