@@ -48,23 +48,19 @@ class Bucket(NamedTuple):
 def plan_buckets(arrays: Sequence[Any], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
     """Consecutive arrays of one dtype, up to ``bucket_bytes`` a bucket (see the module docstring)."""
     positive_int(bucket_bytes, "bucket_bytes")
-    buckets: list[Bucket] = []
-    members: list[int] = []
-    offsets: list[int] = []
-    size, dtype = 0, None
-
-    def close():
-        if members:
-            buckets.append(Bucket(str(dtype), tuple(members), tuple(offsets), size))
-
+    groups: list[list[int]] = []                      # indices of the arrays of each bucket
     for i, a in enumerate(arrays):
-        if a.dtype != dtype or (members and (size + a.size) * a.dtype.itemsize > bucket_bytes):
-            close()
-            members, offsets, size, dtype = [], [], 0, a.dtype
-        members.append(i)
-        offsets.append(size)
-        size += a.size
-    close()
+        last = groups[-1] if groups else []
+        nbytes = sum(arrays[j].nbytes for j in last) + a.nbytes
+        if not last or a.dtype != arrays[last[0]].dtype or nbytes > bucket_bytes:
+            groups.append([i])
+        else:
+            last.append(i)
+    buckets = []
+    for members in groups:
+        sizes = [arrays[i].size for i in members]
+        offsets = [sum(sizes[:k]) for k in range(len(sizes))]
+        buckets.append(Bucket(str(arrays[members[0]].dtype), tuple(members), tuple(offsets), sum(sizes)))
     return buckets
 
 
