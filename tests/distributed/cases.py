@@ -12,6 +12,9 @@ MODELS = {   # the global batch is 8: 2 ranks x 4 rows, or one process with 8
     # dates pairs have different lengths, so the ranks' shares of the targets differ (padding ignored)
     "seq2seq": dict(task="dates", model="seq2seq", n_train=200, n_valid=10, batch_size=8, **TINY),
 }
+# Transformer-XL with dropout: each rank's own masks, and a memory that a checkpoint must gather
+XL = dict(task="recall", model="transformer-xl", block_size=8, n_train=40, n_valid=4, batch_size=4, steps=6,
+          **{**TINY, "dropout": 0.1})
 CLIPS = {"no clipping": float("inf"), "clipped": 0.05}
 STEPS_FLOAT32 = 20
 
@@ -40,3 +43,24 @@ def float32_run(model: str, comm=None) -> dict:
     losses = [trainer.train_step() for _ in range(STEPS_FLOAT32)]
     weights = {f"weight/{name}": p.data.copy() for name, p in trainer.model.named_parameters()}
     return {**weights, "losses": np.asarray(losses, dtype=np.float64)}
+
+
+def resumed_run(path, comm=None) -> dict:
+    """Transformer-XL, 6 steps straight and 3 + 3 through a checkpoint at ``path`` (mid-sequence):
+    both runs' losses and final weights."""
+    def trainer():
+        return make_trainer(make_config(XL), log=lambda _: None, comm=comm)
+
+    straight = trainer()
+    out = {"straight/losses": np.asarray([straight.train_step() for _ in range(6)])}
+    first = trainer()
+    losses = [first.train_step() for _ in range(3)]
+    first.save(path)
+    if comm is not None:
+        comm.barrier()                           # rank 0 has written it
+    resumed = trainer()
+    resumed.load(path)
+    out["resumed/losses"] = np.asarray(losses + [resumed.train_step() for _ in range(3)])
+    for name, t in (("straight", straight), ("resumed", resumed)):
+        out.update({f"{name}/weight/{k}": p.data.copy() for k, p in t.model.named_parameters()})
+    return out

@@ -92,3 +92,13 @@ def _comparable(name, got, expected):
         return [(name, (got, expected))]
     d = got.shape[0] // 3
     return [(f"{name}[q]", (got[:d], expected[:d])), (f"{name}[v]", (got[2 * d:], expected[2 * d:]))]
+
+
+def test_a_two_rank_run_resumes_exactly_from_a_checkpoint_mid_sequence(ranks):
+    (r0, _), (r1, _) = ranks
+    np.testing.assert_array_equal(r0["xl/resumed/losses"], r0["xl/straight/losses"])    # bit for bit
+    weights = [k for k in r0 if k.startswith("xl/straight/weight/")]
+    assert weights
+    for k in weights:
+        np.testing.assert_array_equal(r0[k.replace("straight", "resumed")], r0[k], err_msg=k)
+        np.testing.assert_array_equal(r1[k], r0[k], err_msg=k)
