@@ -3,6 +3,7 @@ global batch's Transformer-XL memory (gathered from the ranks) and resumes on 2 
 a batch the ranks do not divide and of a checkpoint of another rank count. (That a resumed run repeats
 the uninterrupted one exactly is tested in test_data_parallel.py.)"""
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ XL = ["--model", "transformer-xl", "--task", "recall", "--block-size", "8", "--d
 
 
 def _train(*args):
-    return mpirun(2, "python", "-m", "npformer", "train", *XL, *args)
+    return mpirun(2, sys.executable, "-m", "npformer", "train", *XL, *args)
 
 
 def _arrays(path):

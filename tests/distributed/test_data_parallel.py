@@ -2,6 +2,7 @@
 interface checks, a config mismatch, float64 gradients and float32 runs) and these tests compare what
 each rank wrote with a one-process run of the same global batch, computed here."""
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ def _rel_err(a, b) -> float:
 def ranks(tmp_path_factory):
     """What ranks 0 and 1 wrote: [(arrays, report), (arrays, report)]."""
     out = tmp_path_factory.mktemp("mpi")
-    run = mpirun(2, "python", "-m", "tests.distributed.mpi_worker", str(out))
+    run = mpirun(2, sys.executable, "-m", "tests.distributed.mpi_worker", str(out))
     assert run.returncode == 0, f"mpirun failed ({run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
     found = []
     for r in range(2):
