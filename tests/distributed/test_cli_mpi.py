@@ -1,7 +1,8 @@
-"""``mpirun -n 2 npformer train`` end to end: rank 0 alone logs and writes, the checkpoint holds the
+"""``mpirun -n 2 npformer train`` end to end, and the README's data-parallel loop on 2 ranks: rank 0 alone logs and writes, the checkpoint holds the
 global batch's Transformer-XL memory (gathered from the ranks) and resumes on 2 ranks, and the errors of
 a batch the ranks do not divide and of a checkpoint of another rank count. (That a resumed run repeats
 the uninterrupted one exactly is tested in test_data_parallel.py.)"""
+import re
 import shutil
 import sys
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from npformer.cli import main
-from tests.distributed.launcher import mpirun
+from tests.distributed.launcher import ROOT, mpirun
 
 XL = ["--model", "transformer-xl", "--task", "recall", "--block-size", "8", "--d-model", "16", "--heads", "2",
       "--layers", "1", "--ff", "32", "--batch-size", "4", "--n-train", "40", "--n-valid", "4", "--eval-every", "0",
@@ -66,3 +67,14 @@ def test_a_two_rank_checkpoint_does_not_resume_in_one_process(runs, capsys, tmp_
     assert main(["train", *XL, "--steps", "6", "--checkpoint", str(path), "--resume"]) == 2
     assert ("was written by a run on 2 rank(s); resume it on 2 (mpirun -n 2), not 1, so it continues exactly"
             in capsys.readouterr().err)
+
+
+def test_the_readmes_data_parallel_loop_runs_on_two_ranks_and_learns(tmp_path):
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    (loop,) = [b for b in blocks if "DataParallel(" in b]
+    (tmp_path / "loop.py").write_text(loop)
+    run = mpirun(2, sys.executable, str(tmp_path / "loop.py"))
+    assert run.returncode == 0, run.stderr[-4000:]
+    (line,) = run.stdout.splitlines()                          # rank 0 alone prints
+    assert line.startswith("2 ranks, global batch 8, loss after 60 steps ")
+    assert float(line.split()[-6]) < 0.1, line
