@@ -88,10 +88,11 @@ class Backend:
         t.cuda.synchronize()
         return (t.cuda.max_memory_allocated() - base) / 2**20
 
-    def matmul_gflops(self, n: int, budget_s: float, warmup_s: float) -> float:
-        """Measured float32 n x n matmul rate: the peak each row is compared with."""
+    def matmul_gflops(self, n: int, budget_s: float, warmup_s: float, precision: str = "float32") -> float:
+        """Measured n x n matmul rate in ``precision`` (float32, or float16 on a GPU: tensor cores with
+        float32 accumulation): the peak each row's MFU is a share of."""
         rng = numpy.random.default_rng(0)
-        a, b = (self.asarray(rng.standard_normal((n, n), dtype=numpy.float32)) for _ in range(2))
+        a, b = (self.asarray(rng.standard_normal((n, n), dtype=numpy.float32).astype(precision)) for _ in range(2))
         t = time_call(lambda: a @ b, self.sync, 2, 10, budget_s, warmup_s)
         return 2.0 * n ** 3 / (t["ms"] * 1e-3) / 1e9
 

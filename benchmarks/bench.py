@@ -34,6 +34,7 @@ from benchmarks.steps import MODELS, model_cases
 # tests/ops/test_flash_attention.py.
 __all__ = ["run_suite", "main", "Backend", "QUICK", "FULL", "sweep_case", "flash_sweep_case", "fits_memory"]
 
+GPU_ONLY_REASON = "sizes made for a GPU, minutes a step on a CPU"
 TIMING_KEYS = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats", "warmup")
 MEASURED_KEYS = ("tokens_per_s", "gflops", "peak_share", "peak_mb", "vs_torch", "fast_speedup")
 
@@ -49,9 +50,16 @@ def _parity_reference(parity: bool, threads: int) -> Backend | Parity:
         return skipped("unchecked: PyTorch is not importable", "unchecked")
 
 
+def _peak(case, b, peaks: dict) -> float:
+    """The matmul peak a row is a share of (its MFU): the float16 rate for a mixed-precision case."""
+    precision = case.get("precision", "float32")
+    return peaks[precision].get(b.name) or peaks["float32"][b.name]
+
+
 def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str] | None, peak: float) -> dict:
     """One JSON row; without ``timing`` (a failed parity check) every measured field is None."""
     row = {"group": case["group"], "name": case["name"], "pass": pas, "shape": case["shape"],
+           "precision": case.get("precision", "float32"),
            "backend": b.name, "framework": b.framework, "device": b.device, "path": path,
            "impl": "torch" if b.framework == "torch" else label(ran),
            "fast_paths": ran, "parity": parity.status, "parity_error": parity.error,
@@ -68,6 +76,8 @@ def _parity(case, b, reference: Backend | Parity, expected: Callable[[], dict]) 
     """``case`` on ``b`` in the current path against the reference's outputs (``expected()``)."""
     if b.framework == "torch":
         return Parity("reference", None, "")
+    if case.get("parity_skipped"):                        # mixed precision: the float32 case is checked
+        return skipped(case["parity_skipped"])
     if isinstance(reference, Parity):
         return reference
     return check(case, b, expected())
@@ -91,6 +101,9 @@ def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[di
     rows = []
     expected = functools.cache(lambda: case["outputs"](reference))        # once per case, when needed
     for b in backends:
+        if case.get("gpu_only") and b.device == "cpu":
+            log(f"  {case['name']} {b.name}: skipped (a GPU case: {GPU_ONLY_REASON})")
+            continue
         if case["group"] == "sweep" and not fits_memory(case, b):
             log(f"  {case['name']} {b.name}: skipped (predicted memory over the budget)")
             continue
@@ -98,11 +111,11 @@ def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[di
             with switch(path or "fast"):
                 parity = _parity(case, b, reference, expected)
                 if parity.failed:
-                    rows += [_row(case, pas, b, path, parity, None, None, peaks[b.name])
+                    rows += [_row(case, pas, b, path, parity, None, None, _peak(case, b, peaks))
                              for pas in case["flops"]]
                     log(f"  {case['name']:<18} {b.name:<10} {path}: FAILED parity, not timed: {parity.detail}")
                     continue
-                rows += _time(case, b, path, parity, cfg, peaks[b.name], log)
+                rows += _time(case, b, path, parity, cfg, _peak(case, b, peaks), log)
                 done.append((case, b, path))
     return rows
 
@@ -176,20 +189,36 @@ def run_suite(backends: list[Backend], quick: bool, paths=PATHS, parity: bool = 
     every backend, npformer on each of ``paths`` (the sweep on the first); the JSON-ready result."""
     cfg = QUICK if quick else FULL
     reference = _parity_reference(parity, backends[0].threads if backends else 1)
-    peaks = {}
+    peaks: dict = {"float32": {}, "float16": {}}          # measured here: the MFU's denominators
     for b in backends:
-        settle(cfg["settle_s"])
-        peaks[b.name] = b.matmul_gflops(cfg["matmul_n"], cfg["budget_s"], cfg["warmup_s"])
-        log(f"matmul peak {b.name}: {peaks[b.name]:.1f} GFLOP/s")
-    rows, done = [], []                                   # done: (case, backend, path) for the memory pass
-    for case in op_cases(cfg) + model_cases(cfg):
-        if only is None or case["name"] in only:
-            rows += _measure(case, backends, paths, cfg, peaks, reference, done, log)
+        for precision in ("float32", "float16") if b.device == "cuda" else ("float32",):
+            settle(cfg["settle_s"])
+            peaks[precision][b.name] = b.matmul_gflops(cfg["matmul_n"], cfg["budget_s"], cfg["warmup_s"], precision)
+            log(f"matmul peak {b.name} {precision}: {peaks[precision][b.name]:.1f} GFLOP/s")
+    rows, done, notes = [], [], []                        # done: (case, backend, path) for the memory pass
+    cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) if only is None or c["name"] in only]
+    gpu_cases = [c["name"] for c in cases if c.get("gpu_only")]
+    if gpu_cases and any(b.device == "cpu" for b in backends):
+        notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): {', '.join(gpu_cases)}")
+    for case in cases:
+        rows += _measure(case, backends, paths, cfg, peaks, reference, done, log)
     if only is None or "sweep" in only:
         rows += _sweep(cfg, backends, paths[0], peaks, reference, done, log)
     _memory_pass(rows, done, cfg, log)
     _ratios(rows)
-    return {"meta": _meta(backends, quick, cfg, paths, reference), "matmul_peak_gflops": peaks, "rows": rows}
+    meta = _meta(backends, quick, cfg, paths, reference)
+    meta["notes"] = notes
+    return {"meta": meta, "matmul_peak_gflops": peaks["float32"], "matmul_peak_gflops_float16": peaks["float16"],
+            "rows": rows}
+
+
+def _allow_tf32(backends: list[Backend]) -> None:
+    from npformer.backend import set_float32_matmul_precision
+    for b in backends:
+        if b.name == "cupy":
+            set_float32_matmul_precision("tf32", "cupy")
+        elif b.name == "torch-cuda":
+            b.torch.backends.cuda.matmul.allow_tf32 = True
 
 
 def _names(text: str) -> list[str]:
@@ -205,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the attention sweep runs on the first")
     ap.add_argument("--only", help="comma list of cases to run (e.g. linear,gpt-small,sweep); default all")
     ap.add_argument("--skip-parity", action="store_true", help="time without checking parity first")
+    ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores in both libraries "
+                    "(CuPy: npformer.backend.set_float32_matmul_precision; PyTorch: allow_tf32); GPU only")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="output folder")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl when it "
@@ -234,8 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         print("note:", note)
     if not backends:
         ap.error("no backend can run here")
+    if args.tf32:
+        if not any(b.device == "cuda" for b in backends):
+            ap.error("--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here")
+        _allow_tf32(backends)
+        notes.append("TF32: float32 matmuls on TF32 tensor cores (10-bit mantissa inputs) in both libraries")
     result = run_suite(backends, args.quick, paths, not args.skip_parity, only)
-    result["meta"]["notes"] = notes
+    result["meta"]["notes"] = notes + result["meta"]["notes"]
     for kind, path in write_reports(result, args.out).items():
         print(f"wrote {kind}: {path}")
     return 0

@@ -23,7 +23,9 @@ __all__ = ["FULL", "QUICK", "FLOPS", "host_normal", "upstream_gradient", "op_cas
 FULL = dict(B=8, T=128, d=256, H=8, F=1024, V=512, model_B=8, model_T=128, warmup=2, warmup_s=0.25,
             repeats=10, budget_s=3.0, matmul_n=2048, sweep_B=1, sweep_T=(128, 256, 512, 1024, 2048, 4096, 8192),
             sweep_stop_s=3.0, settle_s=0.3, mem_min_s=0.2)
-QUICK = dict(B=2, T=64, d=256, H=8, F=1024, V=512, model_B=2, model_T=16, warmup=1, warmup_s=0.05,
+# warm-up: at least warmup calls and warmup_s seconds; quick's 0.2 s is twice the slow start seen from
+# PyTorch right after NumPy ran (8 ms calls of a 0.05 ms op for about 0.1 s on the 2-core machine)
+QUICK = dict(B=2, T=64, d=256, H=8, F=1024, V=512, model_B=2, model_T=16, warmup=1, warmup_s=0.2,
              repeats=3, budget_s=0.05, matmul_n=512, sweep_B=1, sweep_T=(64, 128), sweep_stop_s=1.0,
              settle_s=0.12, mem_min_s=0.02)
 FLOPS = {

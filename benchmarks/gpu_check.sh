@@ -6,7 +6,8 @@
 #
 # writes into OUT_DIR: device.txt (GPU, driver, CUDA, CuPy, PyTorch), gpu_tests.log (the GPU test
 # suite, in parallel with per-test timeouts), bench/ and bench.log (the benchmark suite on CuPy and
-# PyTorch: JSON, markdown, PNG), profile_*.txt (kernel counts and the top kernels of one training
+# PyTorch: JSON, markdown, PNG; the GPU-size, float16 and CUDA-graph cases included), bench-tf32/ and
+# bench-tf32.log (the float32 training steps again with TF32 in both libraries), profile_*.txt (kernel counts and the top kernels of one training
 # step), and summary.txt (each stage's exit status and time). Every stage runs even if one before it
 # failed; the script exits non-zero if any did.
 set -uo pipefail
@@ -46,7 +47,11 @@ PY
 
 stage device      bash -c "$(declare -f device); device > '$out/device.txt' 2>&1"
 stage gpu-tests   bash -c "python -m pytest -m gpu -n '$jobs' --timeout=300 -q -p no:cacheprovider > '$out/gpu_tests.log' 2>&1"
+# every case: the small ones, the issue's GPU sizes, the float16 row (autocast + GradScaler), the CUDA-graph row
 stage bench       bash -c "python benchmarks/run.py --backends cupy,torch --out '$out/bench' > '$out/bench.log' 2>&1"
+stage bench-tf32  bash -c "python benchmarks/run.py --backends cupy,torch --tf32 --paths fast \
+                           --only gpt-medium,gpt-d768-t512,gpt2-124m,seq2seq-d512 \
+                           --out '$out/bench-tf32' > '$out/bench-tf32.log' 2>&1"
 stage profile     bash -c "python benchmarks/profile_step.py --model gpt2-124m --out '$out/profile_gpt2-124m.txt' > /dev/null \
                            && python benchmarks/profile_step.py --model gpt-medium --seq 128 --out '$out/profile_gpt-medium.txt' > /dev/null"
 tail -n 3 "$out/gpu_tests.log" 2>/dev/null

@@ -59,6 +59,7 @@ def _summary(result, by) -> list[str]:
         spec += [(f"{n} fast speed-up", field(n, "fast", "fast_speedup", "{:.2f}x")) for n in npf]
     spec += [(f"{_title(n, first)}/{TORCH_BESIDE[n]}", field(n, first, "vs_torch", "{:.2f}x"))
              for n in npf if TORCH_BESIDE[n] in names]
+    spec += [(f"{_title(*c)} MFU", _mfu(by, c)) for c in cols]
     if "numpy" in names and "cupy" in names:
         def gpu(key):
             cpu, dev = by.get(key[:2] + ("numpy", first)), by.get(key[:2] + ("cupy", first))
@@ -66,6 +67,15 @@ def _summary(result, by) -> list[str]:
         spec.append(("GPU speed-up", gpu))
     keys = dict.fromkeys((r["name"], r["pass"], r["shape"], r["flops"]) for r in rows if r["group"] != "sweep")
     return ["## Summary: median ms [IQR] per column", ""] + _table(spec, keys)
+
+
+def _mfu(by, col) -> Callable:
+    """A training step's model FLOPs per second over the same column's measured matmul peak of the
+    step's precision (both from this run); ops show "-" (their share is in the detail table)."""
+    def cell(key):
+        r = by.get(key[:2] + col)
+        return "-" if r is None or r["group"] != "model" or r["peak_share"] is None else f"{100 * r['peak_share']:.1f}%"
+    return cell
 
 
 def _parity(result) -> list[str]:
@@ -121,7 +131,11 @@ def markdown(result: dict) -> str:
              f"Threads: {meta['threads']} of {meta['cpu_count']} CPUs; versions: "
              + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
              "Float32 matmul peak (GFLOP/s, same run): "
-             + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + ".", ""]
+             + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + "."]
+    if result.get("matmul_peak_gflops_float16"):
+        lines.append("Float16 matmul peak (tensor cores, float32 accumulation; the float16 rows' MFU): "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in result["matmul_peak_gflops_float16"].items()) + ".")
+    lines += ["MFU: a training step's matmul FLOPs per second over the matmul peak measured above.", ""]
     lines += [f"Note: {n}" for n in meta.get("notes", [])] + [""] * bool(meta.get("notes"))
     lines += _summary(result, by) + [""] + _parity(result) + [""]
     if any(r["group"] == "sweep" for r in rows):
@@ -159,6 +173,8 @@ def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
     sweep = [r for r in rows if r["group"] == "sweep" and r["pass"] == "fwd" and r["ms"] is not None]
     for col in dict.fromkeys((r["backend"], r["path"]) for r in sweep):
         for impl in ("attention", "flash attention"):                      # flash: its own line
+            if impl == "flash attention" and col[0].startswith("torch"):
+                continue                               # PyTorch runs the same call in both sweeps
             pts = sorted((int(r["name"].split("=")[1]), r) for r in sweep
                          if (r["backend"], r["path"]) == col and r["name"].startswith(impl + " T="))
             if pts:
@@ -167,6 +183,9 @@ def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
                 axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for _, r in pts], "o-", label=lab)
     axes[1].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd+bwd ms")
     axes[2].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd peak MB")
+    axes[0].set_title(f"Speed per case, relative to {_title(*base)} (higher is faster)", fontsize=10)
+    axes[1].set_title("Attention forward + backward time against T (B=1, H=8, hs=32)", fontsize=10)
+    axes[2].set_title("Attention forward peak memory against T", fontsize=10)
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)

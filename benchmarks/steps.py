@@ -1,7 +1,7 @@
 """The training-step cases: one AdamW step of a GPT or an encoder-decoder, npformer beside PyTorch.
 
 A step is: zero the gradients, forward, cross-entropy, backward, AdamW (lr 3e-4), with dropout
-0.1, float32, no padding tokens; the GPT's targets are its inputs reversed, the seq2seq's source
+0.1, float32 (or float16 mixed precision: the ``-fp16`` case), no padding tokens; the GPT's targets are its inputs reversed, the seq2seq's source
 and target are the same ids and their reverse (S = T).
 
 Parity (``outputs``): the same model with dropout 0 and npformer's weights (rng 0) on both sides
@@ -25,8 +25,19 @@ MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
     "gpt-small": dict(kind="gpt", d=256, H=8, L=4, F=1024, V=512),
     "gpt-medium": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024),
     "seq2seq-base": dict(kind="seq2seq", d=256, H=8, L=3, F=1024, V=1024),  # base 512/8/6+6/2048, halved
+    # GPU sizes (issue 13), skipped on the CPU; B and T are their full-mode sizes (quick mode: the
+    # suite's small ones). precision float16: mixed precision, PyTorch under autocast + GradScaler;
+    # graph: npformer's forward and backward replayed from one CUDA graph (PyTorch eager beside it).
+    "gpt-medium-graph": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024, gpu=True, graph=True),
+    "gpt-d768-t512": dict(kind="gpt", d=768, H=12, L=12, F=3072, V=8192, B=8, T=512, gpu=True),
+    "gpt2-124m": dict(kind="gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True),
+    "gpt2-124m-fp16": dict(kind="gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
+                           precision="float16"),
+    "seq2seq-d512": dict(kind="seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
 }
 DROPOUT = 0.1
+FP16_PARITY = ("skipped: mixed precision (float16 model, float32 masters); the float32 case of the same model "
+               "is checked")
 
 
 def train_flops(m: dict, B: int, T: int) -> int:
@@ -60,14 +71,57 @@ def _forward_backward(model, kind: str, src, tgt) -> tuple:
 
 
 def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
+    """zero_grad, forward, cross-entropy, backward, AdamW; under float16 through MixedPrecision
+    (float32 logits for the loss, the scaled gradient, unscale, check, step, round down); with
+    ``graph`` the forward and backward replayed from a CUDA graph and AdamW run after it."""
+    from npformer.training.amp import MixedPrecision
     from npformer.training.optim import AdamW
     model = _npformer_model(b.name, m, src_ids.shape[1], DROPOUT)
-    opt = AdamW(model.parameters(), lr=3e-4)
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
+    if m.get("precision") == "float16":
+        return _npformer_mixed_step(model, MixedPrecision(model, "float16"), m["kind"], src, tgt)
+    opt = AdamW(model.parameters(), lr=3e-4)
+    if m.get("graph"):
+        return _npformer_graph_step(model, opt, m["kind"], src, tgt)
 
     def step():
         model.zero_grad()
         _forward_backward(model, m["kind"], src, tgt)
+        opt.step()
+    return step
+
+
+def _npformer_mixed_step(model, amp, kind: str, src, tgt) -> Callable[[], Any]:
+    from npformer.backend import get_array_module
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    from npformer.training.optim import AdamW
+    opt = AdamW(amp.named_parameters(), lr=3e-4)
+    xp = get_array_module(src)
+
+    def step():
+        logits = model(src) if kind == "gpt" else model(src, tgt)                # (B, T, V) float16
+        _, cache = cross_entropy_forward(logits.astype(xp.float32), tgt)
+        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+        amp.step(opt)                                # unscale, check, update the masters, round, zero grads
+    return step
+
+
+def _npformer_graph_step(model, opt, kind: str, src, tgt) -> Callable[[], Any]:
+    """The gradients are made inside the graph (each replay rewrites the arrays the capture allocated),
+    so they are never zeroed between steps: a parameter's first contribution is a copy."""
+    from npformer.training.cuda_graph import CudaGraphStep
+    grads = [None]
+
+    def forward_backward(src, tgt):
+        model.zero_grad()                            # at the capture: the first accumulate allocates
+        _forward_backward(model, kind, src, tgt)
+        return tuple(p.grad for p in model.parameters())
+    captured = CudaGraphStep(forward_backward, warmup=2)
+
+    def step():
+        grads[0] = captured(src, tgt)
+        for p, g in zip(model.parameters(), grads[0]):
+            p.grad = g                               # the replay's gradients (the capture's arrays)
         opt.step()
     return step
 
@@ -92,22 +146,27 @@ def _outputs(b, m: dict, src_ids, tgt_ids) -> dict[str, numpy.ndarray]:
     return _compared(b.to_host(logits), b.to_host(loss), {k: b.to_host(g) for k, g in model.grads().items()})
 
 
-def model_cases(c: dict) -> list[dict]:
-    B, T = c["model_B"], c["model_T"]
+def model_cases(c: dict, quick: bool = False) -> list[dict]:
+    """Every model case; a GPU case (``gpu_only``) takes its own B and T in full mode."""
     out = []
     for name, m in MODELS.items():
+        B, T = (c["model_B"], c["model_T"]) if quick or "B" not in m else (m["B"], m["T"])
         src = numpy.random.default_rng(1).integers(1, m["V"], (B, T))          # no padding tokens
         tgt = src[:, ::-1].copy()
         layers = f"{m['L']}+{m['L']}" if m["kind"] == "seq2seq" else str(m["L"])
         shape = f"B={B} T={T} d={m['d']} H={m['H']} L={layers} F={m['F']} V={m['V']}"
+        shape += {"float16": ", float16 mixed", None: ""}[m.get("precision")] + (", CUDA graph" if m.get("graph")
+                                                                                 else "")
 
         def build(b, m=m, src=src, tgt=tgt):
             if b.framework == "npformer":
                 return {"step": _npformer_step(b, m, src, tgt)}
             from benchmarks import torch_reference
-            return {"step": torch_reference.train_step(b, m, src, tgt, DROPOUT)}
+            return {"step": torch_reference.train_step(b, m, src, tgt, DROPOUT, m.get("precision", "float32"))}
         out.append({"name": name, "group": "model", "shape": shape,
                     "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
                     "flops": {"step": train_flops(m, B, T)}, "build": build,
+                    "gpu_only": m.get("gpu", False), "precision": m.get("precision", "float32"),
+                    "parity_skipped": FP16_PARITY if m.get("precision") == "float16" else None,
                     "outputs": lambda b, m=m, src=src, tgt=tgt: _outputs(b, m, src, tgt)})
     return out

@@ -150,11 +150,24 @@ def model_outputs(b, m: dict, src_ids, tgt_ids, state: dict[str, numpy.ndarray])
     return b.to_host(logits), b.to_host(loss), {k: b.to_host(p.grad) for k, p in model.named_parameters()}
 
 
-def train_step(b, m: dict, src_ids, tgt_ids, dropout: float) -> Callable[[], Any]:
-    """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW."""
+def train_step(b, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
+    """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW; under
+    ``precision="float16"`` the forward and loss under ``torch.autocast(float16)`` and the update
+    through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights)."""
     model = make_model(b, m, src_ids.shape[1], dropout)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
+    if precision == "float16":
+        scaler = torch.amp.GradScaler(b.device)
+
+        def mixed_step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(b.device, dtype=torch.float16):
+                loss = _logits_loss(model, m["kind"], src, tgt)[1]
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return mixed_step
 
     def step():
         opt.zero_grad(set_to_none=True)

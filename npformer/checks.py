@@ -6,12 +6,20 @@ mistake (:mod:`npformer.errors`): :class:`InputTypeError` for a wrong type or dt
 They only read their arguments; a failed check raises before any output is computed, so nothing is
 ever half-written. The scalar checks return the value converted (``positive_int`` returns an
 ``int``, ``real`` a ``float``), so a caller keeps what was checked.
+
+Checks of array *values* (token ids within the vocabulary, class ids within the logits) read the
+data back to the host. Inside a CUDA graph capture (:mod:`npformer.training.cuda_graph`) that is
+not possible, so the capture runs under :func:`values_unchecked` and those checks are skipped (ops
+ask :func:`values_checked`); the eager calls before the capture check them as usual. Types, ranks
+and shapes are always checked.
 """
 from __future__ import annotations
 
+import contextvars
 import math
+from contextlib import contextmanager
 from numbers import Integral, Real
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from npformer.backend import is_array, is_cupy_array
 from npformer.errors import InputTypeError, RangeError, ShapeError
@@ -19,7 +27,26 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "token_ids", "integer", "positive_int",
            "non_negative_int",
-           "real", "probability", "one_of"]
+           "real", "probability", "one_of", "values_checked", "values_unchecked"]
+
+_VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
+
+
+def values_checked() -> bool:
+    """Whether checks of array values (ids in range) run here: True except inside
+    :func:`values_unchecked` (a CUDA graph capture)."""
+    return _VALUES.get()
+
+
+@contextmanager
+def values_unchecked() -> Iterator[None]:
+    """Skip the checks of array values inside the block (this thread); types and shapes are still
+    checked. For a CUDA graph capture, where reading data back to the host is impossible."""
+    token = _VALUES.set(False)
+    try:
+        yield
+    finally:
+        _VALUES.reset(token)
 
 
 def describe(x: Any) -> str:
@@ -120,7 +147,7 @@ def token_ids(ids: Any, name: str, vocab_size: int | None = None, ndim: int = 2)
     [0, ``vocab_size``) when a vocabulary size is given."""
     expect_int(ids, name)
     expect_ndim(ids, name, ndim, "(B, T) of token ids" if ndim == 2 else "of token ids")
-    if vocab_size is not None and ids.size:
+    if vocab_size is not None and ids.size and values_checked():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             raise RangeError(f"{name}: token ids must be in [0, {vocab_size}) for a vocabulary of "

@@ -20,6 +20,8 @@ exception                  also a                       the mistake
                                                         ``npformer.detect_anomaly()``)
 :class:`StateDictError`    ``KeyError``, ``ValueError``  a state dict that does not fit a module
 :class:`BackendUnavailableError`  ``RuntimeError``      the backend asked for cannot run here
+:class:`CaptureError`      ``RuntimeError``             a step that CUDA cannot capture in a graph (a
+                                                        host sync inside it)
 :class:`CheckpointError`   ``ValueError``               a checkpoint that cannot be read (not a zip,
                                                         damaged, missing members or meta keys, sizes
                                                         or dtypes that do not fit, non-finite
@@ -34,7 +36,8 @@ Every message names what was expected and what came (:mod:`npformer.checks` writ
 from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
-           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "DistributedError"]
+           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "CaptureError",
+           "DistributedError"]
 
 
 class NpformerError(Exception):
@@ -74,6 +77,11 @@ class BackendUnavailableError(NpformerError, RuntimeError):
 
 class CheckpointError(NpformerError, ValueError):
     """A checkpoint file that cannot be read or written; the message names the file and what is wrong."""
+
+
+class CaptureError(NpformerError, RuntimeError):
+    """A step that cannot be captured in a CUDA graph: it reads device data on the host inside
+    (``float(loss)``, ``.item()``, a data-dependent shape); see :mod:`npformer.training.cuda_graph`."""
 
 
 class DistributedError(NpformerError, RuntimeError):

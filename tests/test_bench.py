@@ -23,7 +23,7 @@ OPS = ["linear", "softmax", "layer_norm", "gelu", "attention", "multi_head", "ff
 # more than everything else together and run the same code as gpt-small).
 MODELS = ["gpt-small", "seq2seq-base"]
 TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", "peak_share")
-ROW_KEYS = {"group", "name", "pass", "shape", "backend", "framework", "device", "path", "impl", "fast_paths",
+ROW_KEYS = {"group", "name", "pass", "shape", "precision", "backend", "framework", "device", "path", "impl", "fast_paths",
             "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats",
             "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
             "peak_mb"}
@@ -150,6 +150,19 @@ def test_time_call_reports_no_warm_up_call():
                           clock=lambda: now[0])
     assert s["warmup"] == 4 and s["repeats"] == 5 and len(calls) == 9
     assert s["max_ms"] == pytest.approx(1000 * 2.0 ** -10)
+
+
+def test_quick_mode_warms_up_past_a_slow_start():
+    """Quick mode with its own settings: calls slow (8 ms) for the first 0.15 s of a fake clock, as
+    PyTorch's first calls were right after NumPy ran, then fast: no slow call is reported (before the
+    quick warm-up lasted 0.2 s, PyTorch's first linear forward made npformer look 20x faster)."""
+    now = [0.0]
+
+    def fn():
+        now[0] += 0.008 if now[0] < 0.15 else 5e-5
+    s = harness.time_call(fn, lambda: None, QUICK["warmup"], QUICK["repeats"], QUICK["budget_s"],
+                          QUICK["warmup_s"], clock=lambda: now[0])
+    assert s["max_ms"] == pytest.approx(0.05) and s["warmup"] > QUICK["warmup"]
 
 
 def test_time_call_warms_up_then_repeats():
@@ -300,3 +313,78 @@ def test_gpu_check_script_parses_and_the_profiler_refuses_cleanly_without_a_gpu(
                          capture_output=True, text=True)
     assert res.returncode == 2 and "profile_step: backend 'cupy' was requested" in res.stderr, res.stderr
     assert shutil.which("bash")
+
+
+TINY = dict(kind="gpt", d=16, H=2, L=1, F=32, V=20)
+
+
+def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
+    from benchmarks.steps import MODELS
+    gpu = {n for n, m in MODELS.items() if m.get("gpu")}
+    assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "seq2seq-d512"} <= gpu
+    logs = []
+    result = bench.run_suite([Backend("numpy", 1)], quick=True, parity=False, only=gpu, log=logs.append)
+    assert result["rows"] == []
+    assert any(n.startswith("GPU cases skipped on the CPU backends (sizes made for a GPU") and "gpt2-124m" in n
+               for n in result["meta"]["notes"])
+    assert sum("skipped (a GPU case" in line for line in logs) == len(gpu)
+
+
+def test_gpu_case_sizes_are_the_issue_s():
+    from benchmarks.steps import MODELS, train_flops
+    m = MODELS["gpt2-124m"]
+    assert (m["d"], m["L"], m["H"], m["V"], m["B"], m["T"]) == (768, 12, 12, 50257, 8, 1024)
+    assert 6.9e12 < train_flops(m, 8, 1024) < 7.1e12              # "the step is 7.0 TFLOP of matrix products"
+    assert MODELS["gpt2-124m-fp16"]["precision"] == "float16"
+    assert (MODELS["seq2seq-d512"]["B"], MODELS["seq2seq-d512"]["T"], MODELS["seq2seq-d512"]["V"]) == (16, 128, 8192)
+
+
+def test_mixed_precision_step_builders_run_at_tiny_sizes():
+    """npformer's float16 step (MixedPrecision) and PyTorch's (autocast + GradScaler) on the CPU at a
+    tiny size: each step changes the weights (the GPU rows run the same builders)."""
+    from benchmarks.steps import _npformer_step
+    src = np.random.default_rng(0).integers(1, 20, (2, 8))
+    tgt = src[:, ::-1].copy()
+    step = _npformer_step(Backend("numpy", 1), dict(TINY, precision="float16"), src, tgt)
+    step()
+    step()
+    if HAS_TORCH:
+        import torch
+        from benchmarks import torch_reference
+        b = Backend("torch-cpu", 1)
+        torch_step = torch_reference.train_step(b, TINY, src, tgt, 0.0, "float16")
+        torch_step()
+        torch_step()
+
+
+def test_graph_step_refuses_the_cpu_backend():
+    from benchmarks.steps import _npformer_step
+    from npformer.errors import InputTypeError
+    src = np.random.default_rng(0).integers(1, 20, (2, 8))
+    step = _npformer_step(Backend("numpy", 1), dict(TINY, graph=True), src, src[:, ::-1].copy())
+    with pytest.raises(InputTypeError, match="On the NumPy backend there is no graph"):
+        step()
+
+
+def test_mixed_precision_parity_is_skipped_with_the_reason():
+    from benchmarks.steps import FP16_PARITY, model_cases
+    case = next(c for c in model_cases(QUICK, quick=True) if c["name"] == "gpt2-124m-fp16")
+    p = bench._parity(case, Backend("numpy", 1), Backend("numpy", 1), lambda: {})
+    assert p.status == "skipped" and p.detail == FP16_PARITY
+
+
+def test_summary_has_an_mfu_column_for_training_steps(quick_run):
+    out, cols = quick_run
+    summary = _tables(_one(out, ".md").read_text())[0]
+    head = [c.strip() for c in summary[0].strip("|").split("|")]
+    mfu = head.index("numpy MFU")
+    for line in summary[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        is_model = cells[0] in MODELS
+        assert (cells[mfu].endswith("%") and 0 < float(cells[mfu][:-1]) < 100) if is_model else cells[mfu] == "-"
+
+
+def test_tf32_needs_a_gpu_backend(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--backends", "numpy", "--tf32", "--only", "linear"])
+    assert "--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here" in capsys.readouterr().err

@@ -23,6 +23,8 @@ the result is cast back to the input dtype. Every op returns the dtype it was gi
 from npformer.backend.array_module import (BACKENDS, DEFAULT_DTYPE, ENV_VAR, accumulation_dtype, backend_name,
                                            cupy_available, default_backend_name, default_rng, get_array_module,
                                            get_backend, is_array, is_cupy_array, scatter_add, to_device, to_numpy)
+from npformer.backend.matmul_precision import (FLOAT32_MATMUL_PRECISIONS, float32_matmul_precision,
+                                               set_float32_matmul_precision)
 from npformer.backend.special import erf
 from npformer.errors import BackendUnavailableError
 
@@ -30,5 +32,6 @@ __all__ = [
     "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
     "default_backend_name", "get_backend", "backend_name", "get_array_module",
     "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
-    "scatter_add", "erf", "accumulation_dtype",
+    "scatter_add", "erf", "accumulation_dtype", "FLOAT32_MATMUL_PRECISIONS", "set_float32_matmul_precision",
+    "float32_matmul_precision",
 ]

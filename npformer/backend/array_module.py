@@ -152,6 +152,11 @@ def scatter_add(target: Any, indices: Any, values: Any) -> None:
     add in whatever order the threads arrive (a GPU gradient check once failed and then passed on the
     same example). The float64 sum keeps the differences exact to the rows' own precision. Other
     shapes use ``numpy.add.at`` / ``cupyx.scatter_add``.
+
+    NumPy gathers the run ends (``flatnonzero``: as many as there are distinct indices). CuPy forms
+    the same differences at every position, keeps them at the run ends, zeros elsewhere, and adds
+    all N rows (adding 0.0 changes nothing, so the order of the atomics does not matter): the same
+    totals with no data-dependent shape, so no host sync, and the op can be captured in a CUDA graph.
     """
     xp = get_array_module(target, indices, values)
     if not (target.ndim == 2 and getattr(indices, "ndim", 0) == 1 and indices.size
@@ -164,11 +169,28 @@ def scatter_add(target: Any, indices: Any, values: Any) -> None:
     ids = xp.where(indices < 0, indices + target.shape[0], indices)        # (N,) -1 and V-1 are one row
     order = xp.argsort(ids, kind="stable")                                  # (N,)
     ids = ids[order]                                                        # (N,) sorted
-    ends = xp.flatnonzero(xp.concatenate([ids[1:] != ids[:-1], xp.ones(1, dtype=bool)]))   # last row of each run
+    last = xp.concatenate([ids[1:] != ids[:-1], xp.ones(1, dtype=bool)])    # (N,) the last row of its run
     running = xp.cumsum(values[order], axis=0, dtype=xp.float64)           # (N, C)
-    totals = running[ends]                                                  # (U, C) everything up to each run's end
-    totals[1:] -= running[ends[:-1]]                                        # less the runs before it
-    target[ids[ends]] += totals.astype(target.dtype, copy=False)            # (U, C), unique rows: no collisions
+    if xp is numpy:
+        ends = xp.flatnonzero(last)                                         # (U,)
+        totals = running[ends]                                              # (U, C) everything up to each run's end
+        totals[1:] -= running[ends[:-1]]                                    # less the runs before it
+        target[ids[ends]] += totals.astype(target.dtype, copy=False)        # (U, C), unique rows: no collisions
+    else:
+        scatter_add_fixed_shapes(target, ids, last, running)
+
+
+def scatter_add_fixed_shapes(target: Any, ids: Any, last: Any, running: Any) -> None:
+    """The CuPy half of :func:`scatter_add` (any backend takes it: a test holds it to NumPy's half):
+    ``ids`` (N,) sorted, ``last`` (N,) marking the end of each run, ``running`` (N, C) float64."""
+    xp = get_array_module(target, ids, running)
+    starts = xp.searchsorted(ids, ids, side="left")                        # (N,) first row of each row's run
+    before = xp.where((starts > 0)[:, None], running[starts - 1], 0.0)      # (N, C) the runs before it
+    totals = xp.where(last[:, None], running - before, 0.0)                 # (N, C) a run's total at its end
+    if xp is numpy:
+        numpy.add.at(target, ids, totals.astype(target.dtype, copy=False))
+    else:
+        importlib.import_module("cupyx").scatter_add(target, ids, totals.astype(target.dtype, copy=False))
 
 
 def accumulation_dtype(dtype: Any) -> Any:

@@ -30,7 +30,8 @@ from npformer.kernels.cpu import softmax as cpu_softmax
 from npformer.kernels import cuda
 from npformer.kernels.cuda import device_floats
 from npformer.kernels.cuda import flash_attention as cuda_flash
-from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, softmax
+from npformer.kernels.cuda import multihead as cuda_multihead
+from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, multihead, softmax
 
 __all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
 
@@ -75,6 +76,8 @@ FAST_PATHS = (
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
     (flash_attention.flash_attention_forward, "cuda", cuda.flash_attention_forward, cuda_flash.accepts_forward),
     (flash_attention.flash_attention_backward, "cuda", cuda.flash_attention_backward, cuda_flash.accepts_backward),
+    (multihead.self_attention_backward, "cuda", cuda_multihead.self_attention_backward,
+     cuda_multihead.accepts_self_attention_backward),
     (attention.scaled_dot_product_attention_forward, "cpu", cpu_attention.scaled_dot_product_attention_forward,
      lambda q, k, v, **options: numpy_floats(q, k, v)),
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import (describe, expect_float, expect_grad, expect_int, expect_rows, integer, one_of,
-                             probability)
+                             probability, values_checked)
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
 from npformer.ops.softmax import log_softmax_forward
@@ -36,7 +36,7 @@ class CrossEntropyCache(NamedTuple):
     logp: Any            # (..., V) log-probabilities (accumulation dtype)
     targets: Any         # (...) targets with ignored positions set to 0
     valid: Any           # (...) bool, not ignored
-    count: int           # N_valid (mean) or 1 (sum, none)
+    count: Any           # () max(N_valid, 1) for mean, in logp's dtype (kept on the device); 1 for sum, none
     smoothing: float
     reduction: str
     dtype: Any
@@ -60,7 +60,7 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     t = targets.astype(xp.int64, copy=False)             # (...) unsigned ids compare safely with -100
     valid = t != ignore_index                            # (...)
     bad = valid & ((t < 0) | (t >= v))                   # (...)
-    if bool(bad.any()):
+    if values_checked() and bool(bad.any()):            # (skipped inside a CUDA graph capture)
         raise RangeError(f"targets: class ids must be in [0, {v}) or ignore_index={ignore_index}, "
                          f"got {int(t[bad].reshape(-1)[0])} (V={v})")
     safe_t = xp.where(valid, t, 0)                       # (...)
@@ -74,9 +74,10 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     if reduction == "none":
         loss, count = nll, 1                             # (...)
     else:
-        count = int(valid.sum()) if reduction == "mean" else 1
-        loss = nll.sum() / max(count, 1)                 # () all ignored: 0 / 1 = 0
-    cache = CrossEntropyCache(logp, safe_t, valid, max(count, 1), s, reduction, logits.dtype)
+        # N_valid stays on the device (no host sync): the same division as by the int count
+        count = xp.maximum(valid.sum(), 1).astype(logp.dtype) if reduction == "mean" else 1     # ()
+        loss = nll.sum() / count                         # () all ignored: 0 / 1 = 0
+    cache = CrossEntropyCache(logp, safe_t, valid, count, s, reduction, logits.dtype)
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 
 

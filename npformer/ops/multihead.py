@@ -48,9 +48,12 @@ def split_heads(x, num_heads: int):
 
 
 def merge_heads(*heads):
-    """(B, H, T, hs) -> (B, T, H * hs); several arrays are merged side by side, (B, T, n * H * hs),
-    with one copy each (the packed gradient of a packed projection)."""
+    """(B, H, T, hs) -> (B, T, H * hs): a view when the heads lie in memory as (B, T, H, hs) (the CUDA
+    flash attention writes them so), one copy otherwise. Several arrays are merged side by side,
+    (B, T, n * H * hs), with one copy each (the packed gradient of a packed projection)."""
     b, h, t, hs = heads[0].shape
+    if len(heads) == 1:
+        return heads[0].transpose(0, 2, 1, 3).reshape(b, t, h * hs)             # (B, T, E)
     out = get_array_module(heads[0]).empty((b, t, len(heads), h, hs), dtype=heads[0].dtype)
     for i, part in enumerate(heads):
         out[:, :, i] = part.transpose(0, 2, 1, 3)                                # (B, T, H, hs)

@@ -120,12 +120,12 @@ def load_bert(path, *, dtype="float32", backend=None, require_pooler=True):
 
     ``require_pooler=False`` accepts a checkpoint without the pooler; its weights are then zeros, so
     the model's ``pooled`` output is all zeros (the hidden states, and sentence embeddings, are exact)."""
+    root = check_directory(path, REQUIRED_FILES)        # a wrong path is named before a missing package
     try:
         import safetensors.numpy  # noqa: F401
         from tokenizers import Tokenizer
     except ImportError as exc:
         raise ImportError(f"loading pretrained weights needs safetensors and tokenizers: {INSTALL}") from exc
-    root = check_directory(path, REQUIRED_FILES)
     config = bert_config_from_hf(read_config(root))
     state = hf_bert_state_dict(load_safetensors(root), config.num_hidden_layers, require_pooler=require_pooler)
     model = BERT(config, dtype=dtype, backend=backend, rng=0)

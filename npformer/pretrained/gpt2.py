@@ -168,14 +168,14 @@ def load_gpt2(path, *, dtype="float32", backend=None) -> GPT:
 
 def load_gpt2_tokenizer(path):
     """The ``tokenizers.Tokenizer`` of a model directory (its ``tokenizer.json``)."""
+    file = Path(path) / "tokenizer.json"            # a missing file is named before a missing package
+    if not file.is_file():
+        raise FileNotFoundError(f"model directory {str(path)!r} has no tokenizer.json (needed to turn the "
+                                "prompt into token ids and back)")
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:
         raise ImportError(f"tokenizing needs the tokenizers package: {INSTALL}") from exc
-    file = Path(path) / "tokenizer.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"model directory {str(path)!r} has no tokenizer.json (needed to turn the "
-                                "prompt into token ids and back)")
     return Tokenizer.from_file(str(file))
 
 

@@ -103,6 +103,12 @@ class TrainConfig:
                             "printed)")
     checkpoint: str | None = option(None, "write a checkpoint here (.npz)", metavar="PATH")
     checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)")
+    tf32: bool = option(False, "float32 matrix products on TF32 tensor cores (CuPy, compute capability >= 8.0): "
+                        "faster, inputs rounded to 10 mantissa bits; see npformer.backend.matmul_precision",
+                        off=("--no-tf32", "exact float32 matrix products (the default)"))
+    cuda_graph: bool = option(False, "replay each step's forward and backward from one CUDA graph (CuPy, float32, "
+                              "the GPT models: fixed-size batches); see npformer.training.cuda_graph",
+                              off=("--no-cuda-graph", "launch every kernel of a step from Python (the default)"))
 
     def __post_init__(self):
         """Check every field (the kind's own included) and fill in the default warm-up; see the module
@@ -126,6 +132,14 @@ class TrainConfig:
         if self.precision != "float32" and self.dtype != "float32":
             raise RangeError(f"--precision {self.precision} keeps float32 master weights: use --dtype float32, "
                              f"not {self.dtype}")
+        if self.tf32 and self.backend != "cupy":
+            raise RangeError(f"--tf32 is a tensor-core mode of NVIDIA GPUs: it needs --backend cupy, got --backend "
+                             f"{self.backend}")
+        if self.cuda_graph and self.backend != "cupy":
+            raise RangeError(f"--cuda-graph replays CUDA kernels: it needs --backend cupy, got --backend {self.backend}")
+        if self.cuda_graph and self.precision != "float32":
+            raise RangeError(f"--cuda-graph takes --precision float32, got {self.precision}: mixed precision's loss "
+                             "scale and its skipped steps are decided on the host, step by step")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
@@ -228,7 +242,8 @@ CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "min_lr": lambda v, n: real(v, n, 0), "weight_decay": lambda v, n: real(v, n, 0), "clip": _max_norm,
     "d_model": positive_int, "nhead": positive_int, "layers": positive_int, "dim_feedforward": positive_int,
     "dropout": lambda v, n: real(v, n, 0, 1, high_open=True, what="a dropout rate"),
-    "norm_first": _of_type(bool, "True or False"), "eval_every": non_negative_int, "log_every": positive_int,
+    "norm_first": _of_type(bool, "True or False"), "tf32": _of_type(bool, "True or False"),
+    "cuda_graph": _of_type(bool, "True or False"), "eval_every": non_negative_int, "log_every": positive_int,
     "checkpoint": _of_type(str, "a path (str)"),
     "checkpoint_every": non_negative_int, "n_train": positive_int, "n_valid": positive_int,
     "block_size": positive_int, "label_smoothing": lambda v, n: real(v, n, 0, 1, high_open=True),

@@ -62,15 +62,25 @@ class LMTrainer(Trainer):
                            scaled_residual_init=p.get("scaled_residual_init", True))
         return GPT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
-    def loss_and_backward(self, step):
+    graph_capable = True      # fixed-size batches: the step can be replayed from a CUDA graph
+
+    def batch(self, step):
+        """The (inputs, targets) of ``step`` on the model's device, (B, T) each."""
         c = self.cfg
         x, y = self.data.random_batch("train", c.batch_size, rng=default_rng((c.seed, step), "numpy"))
         x, y = self.local(x, y)                       # data parallel: this rank's rows of the batch
-        x, y = to_device(x, c.backend), to_device(y, c.backend)
+        return to_device(x, c.backend), to_device(y, c.backend)
+
+    def forward_backward(self, x, y):
+        """Forward, cross-entropy, backward of one batch; returns the loss (a device array)."""
         logits = self.model(x)                                                    # (B, T, V)
         loss, dlogits = self.cross_entropy(logits, y)
         self.model.backward(dlogits)
-        return float(loss), int(x.size)
+        return loss
+
+    def loss_and_backward(self, step):
+        x, y = self.batch(step)
+        return float(self.forward_backward(x, y)), int(x.size)
 
     def evaluate(self, limit: int | None = None, batch_size: int = 32) -> dict:
         """Mean validation loss over non-overlapping blocks (the first ``limit`` blocks if given)."""

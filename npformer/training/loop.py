@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from npformer.backend import get_backend
+from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.checks import non_negative_int, one_of, positive_int
 from npformer.distributed import Communicator, DataParallel, shard_rows, take_shard
 from npformer.errors import DistributedError, InputTypeError, RangeError
@@ -41,6 +41,7 @@ class Trainer:
     how to draw a batch, compute the loss, evaluate and describe themselves."""
 
     kind = ""          # the model name (a key of config.CONFIGS), also the checkpoint's kind
+    graph_capable = False   # batch() and forward_backward() given, every batch one shape (--cuda-graph)
 
     def __init__(self, config: TrainConfig, log: Callable[[str], None] = print, comm: Communicator | None = None):
         expected = CONFIGS[self.kind]
@@ -58,7 +59,12 @@ class Trainer:
         if c.precision != "float32" and c.dtype != "float32":
             raise RangeError(f"--precision {c.precision} keeps float32 master weights: use --dtype float32, "
                              f"not {c.dtype}")
+        if c.cuda_graph and not self.graph_capable:
+            raise RangeError(f"--cuda-graph: the {self.kind} trainer's batches change shape or carry state from step "
+                             "to step; it runs with the GPT models (gpt, gpt1, gpt2)")
         self.xp = get_backend(c.backend)
+        if c.backend == "cupy":       # process-wide: float16 accumulates in float32; float32 exact unless --tf32
+            set_float32_matmul_precision("tf32" if c.tf32 else "highest", c.backend)
         # data parallel (npformer.distributed): rank 0 logs; the ranks check they run the same model and
         # config and take rank 0's weights (before mixed precision copies them into its masters)
         self.comm, self.rank0 = comm, comm is None or comm.rank == 0
@@ -73,6 +79,7 @@ class Trainer:
         self.opt = AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
         self.step = 0
         self.history: list[dict] = []
+        self._graph = None      # the CudaGraphStep of --cuda-graph, made on the first step
 
     # -- to be provided ------------------------------------------------------------------------------
     def build(self):
@@ -107,10 +114,10 @@ class Trainer:
         """
         if self.amp is None:
             loss, cache = cross_entropy_forward(logits, targets, **kwargs)
-            self._loss_count = int(cache.valid.sum())     # the targets the mean is over (data parallel weights)
+            self._loss_valid = cache.valid     # the targets the mean is over (weights of a data-parallel step)
             return loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache)
         loss, cache = cross_entropy_forward(logits.astype(self.xp.float32), targets, **kwargs)
-        self._loss_count = int(cache.valid.sum())
+        self._loss_valid = cache.valid
         return loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype)
 
     # -- data parallel (npformer.distributed) -----------------------------------------------------------
@@ -122,6 +129,11 @@ class Trainer:
         """This rank's rows of the step's global batch (``arrays`` as drawn for ``--batch-size``
         rows); the arrays themselves in a one-process run."""
         return arrays if self.comm is None else take_shard(arrays, self.comm.rank, self.comm.size)
+
+    def dropout_seed(self, step: int) -> tuple:
+        """This step's dropout stream: (seed, step), and the rank's own in a data-parallel run."""
+        dp = self.data_parallel
+        return dp.dropout_seed(self.cfg.seed, step) if dp else (self.cfg.seed, step)
 
     def check_ranks(self, meta: dict, path) -> None:
         """A checkpoint resumes on the number of ranks that wrote it (each rank's dropout stream is its own)."""
@@ -149,13 +161,15 @@ class Trainer:
 
     def train_step(self) -> float:
         c, step = self.cfg, self.step + 1
-        dp = self.data_parallel
-        # this step's dropout masks: a function of (seed, step), and of the rank in a data-parallel run
-        self.model.manual_seed(dp.dropout_seed(c.seed, step) if dp else (c.seed, step))
         self.model.train()
-        loss, self._tokens = self.loss_and_backward(step)
-        if dp:     # the global batch's gradients on every rank, its loss and token count
-            loss, _, self._tokens = dp.reduce_gradients(loss, self._loss_count, self._tokens)
+        if c.cuda_graph:
+            loss, self._tokens = self._graph_step(step)
+        else:
+            self.model.manual_seed(self.dropout_seed(step))
+            loss, self._tokens = self.loss_and_backward(step)
+        if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
+            count = int(self._loss_valid.sum())      # read here, not in cross_entropy: a CUDA graph captures that
+            loss, _, self._tokens = self.data_parallel.reduce_gradients(loss, count, self._tokens)
         self.opt.lr = self._lr(step)
         if self.amp is None:
             self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
@@ -165,6 +179,29 @@ class Trainer:
             self._grad_norm = self.amp.step(self.opt, max_norm=c.clip).grad_norm
         self.step = step
         return loss
+
+    def _graph_step(self, step: int) -> tuple[float, int]:
+        """Forward and backward replayed from a CUDA graph (:mod:`npformer.training.cuda_graph`), the
+        loss read after it; the same losses as the eager step. The dropout stream of (seed, step) is
+        written into the generator the graph draws from, and the gradients are the arrays the
+        capture made, rewritten by every replay (so they are not zeroed between steps)."""
+        from npformer.training.cuda_graph import CudaGraphStep, reseed_in_place
+        params = self.model.parameters()
+        if self._graph is None:
+            def forward_backward(x, y):
+                self.model.zero_grad()               # the capture's first accumulate makes each gradient
+                return self.forward_backward(x, y), tuple(p.grad for p in params)
+            self._graph = CudaGraphStep(forward_backward, warmup=2)
+        if self._graph.captured:
+            reseed_in_place(self.model.generator(self.cfg.backend), self.dropout_seed(step), self.cfg.backend)
+        else:                                        # eager warm-up, or the capture: a fresh stream made now
+            self.model.manual_seed(self.dropout_seed(step))
+            self.model.generator(self.cfg.backend)  # outside the capture (seeding is host work)
+        x, y = self.batch(step)
+        loss, grads = self._graph(x, y)
+        for p, g in zip(params, grads):
+            p.grad = g
+        return float(loss), int(x.size)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -192,3 +192,21 @@ def test_scatter_add_rows_are_summed_in_a_fixed_order_to_float32_precision():
         scatter_add(g, ids, vals)
     np.testing.assert_array_equal(got[0], got[1])
     np.testing.assert_allclose(got[0], exact.astype(np.float32), rtol=2e-7, atol=1e-9)
+
+
+def test_scatter_add_fixed_shapes_gives_the_run_ends_totals_bit_for_bit():
+    """CuPy's half of the row path (no data-dependent shape: capturable in a CUDA graph), run on NumPy
+    arrays, against NumPy's half: the same bits, skewed and negative ids, a non-zero start."""
+    from npformer.backend.array_module import scatter_add_fixed_shapes
+    rng = np.random.default_rng(6)
+    for n, v in ((1, 3), (1000, 7), (3000, 400)):
+        ids = np.where(rng.random(n) < 0.3, 2, rng.integers(-v, v, n))
+        vals = rng.standard_normal((n, 5)).astype(np.float32)
+        start = rng.standard_normal((v, 5)).astype(np.float32)
+        want, got = start.copy(), start.copy()
+        scatter_add(want, ids, vals)                                         # NumPy's half
+        sorted_ids = np.sort(np.where(ids < 0, ids + v, ids), kind="stable")
+        order = np.argsort(np.where(ids < 0, ids + v, ids), kind="stable")
+        last = np.concatenate([sorted_ids[1:] != sorted_ids[:-1], [True]])
+        scatter_add_fixed_shapes(got, sorted_ids, last, np.cumsum(vals[order], axis=0, dtype=np.float64))
+        np.testing.assert_array_equal(got, want)

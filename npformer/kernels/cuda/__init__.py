@@ -10,7 +10,10 @@ dropout                    uniforms from the Generator passed in (the reference'
 linear backward            the bias gradient as one coalesced column sum
 flash attention            forward: a block per query tile and head, online softmax over
                            key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
-                           dv), a block per query tile (dq); own module (flash_source.py)
+                           dv), a block per query tile (dq); own module (flash_source.py);
+                           heads read and written through their strides (no copies)
+self-attention backward    dq, dk, dv written by the flash kernels into the packed (B, T,
+                           3E) gradient: no copy to merge heads (multihead.py)
 bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h)); backward one kernel
                            (dz = da gelu'(h) and the partial sums of dbias); not wired to
                            an op yet, tested through the emulator

@@ -12,6 +12,13 @@ float64 in float64 (for gradient checks); head sizes up to 128, any Tq and Tk.
 
 ``block_q`` and ``block_k`` are checked and kept in the cache (the reference's backward tiles by
 them), but the kernels use their own tiles (:data:`~npformer.kernels.cuda.flash_source.TILES`).
+
+No copies for the heads: the kernels read and write (B, H, T, hs) arrays through their strides (the
+last axis contiguous), so the heads of a packed (B, T, 3E) projection are read where they are, and
+the output and the gradients are written as (B, T, H, hs) arrays seen as (B, H, T, hs): merging the
+heads back to (B, T, E) is then a view (:func:`npformer.ops.multihead.merge_heads`).
+:func:`flash_attention_backward_into` writes dq, dk, dv into arrays the caller gives (the
+self-attention fast path gives the three thirds of one packed (B, T, 3E) gradient).
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ import numpy
 
 from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad
-from npformer.errors import RangeError
+from npformer.errors import RangeError, ShapeError
 from npformer.kernels.cuda import runtime
 from npformer.kernels.cuda.flash_source import (FLASH_NVRTC_OPTIONS, HEAD_SIZES, MAX_HEAD_SIZE, MODULE_SOURCES,
                                                 SHARED, THREADS, TILES, entry_name)
@@ -29,8 +36,9 @@ from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
-__all__ = ["flash_attention_forward", "flash_attention_backward", "accepts_forward", "accepts_backward",
-           "keep_threshold", "head_bucket", "flash_module"]
+__all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
+           "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
+           "merged_heads"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -119,6 +127,24 @@ def _size_args(q, k, v, masks, scale, acc) -> tuple:
             numpy.int32(hv), acc.type(scale), numpy.int32(causal), numpy.int32(masks.shift if causal else 0))
 
 
+def strided_heads(xp, a):
+    """``a`` itself when its last axis is contiguous and its strides are not negative (the kernels
+    take the other strides), else a contiguous copy."""
+    if a.strides[-1] == a.itemsize and min(a.strides) >= 0:
+        return a
+    return xp.ascontiguousarray(a)
+
+
+def heads_layout(a) -> tuple:
+    """The (B, H, T) element strides of a (B, H, T, hs) array, as the kernels' NpfFaLayout."""
+    return tuple(numpy.int64(st // a.itemsize) for st in a.strides[:3])
+
+
+def merged_heads(xp, b: int, h: int, t: int, hs: int, dtype):
+    """A fresh (B, T, H, hs) array seen as (B, H, T, hs): its heads merge to (B, T, E) as a view."""
+    return xp.empty((b, t, h, hs), dtype=dtype).transpose(0, 2, 1, 3)            # (B, H, T, hs)
+
+
 def _launch(name, dtype, d, tiles: int, bh: int, args: tuple) -> None:
     _kernel(name, dtype, d)((tiles, min(bh, MAX_GRID)), (THREADS,), args, shared_mem=_shared(name, dtype, d))
 
@@ -137,42 +163,63 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     acc = accumulation_dtype(q.dtype)
     p = float(dropout_p) if training and dropout_p > 0 else 0.0
     seed = draw_seed(rng, q, xp) if p > 0 else None
-    q, k, v = contiguous(xp, q), contiguous(xp, k), contiguous(xp, v)
-    out = xp.empty((b, h, tq, hv), dtype=q.dtype)                                 # (B, H, Tq, hv)
+    q, k, v = strided_heads(xp, q), strided_heads(xp, k), strided_heads(xp, v)
+    out = merged_heads(xp, b, h, tq, hv, q.dtype)                                 # (B, H, Tq, hv) view
     lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
     if b * h and tq:
         _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h,
-                (q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc))
+                (q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
+                + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
 
 
 def flash_attention_backward(dout, cache: FlashAttentionCache):
-    """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv), as the reference op (any forward's cache)."""
+    """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv), as the reference op (any forward's cache);
+    each a (B, T, H, hs) array seen as (B, H, T, hs)."""
+    expect_grad(dout, "dout", cache.out.shape, cache.out.dtype)
+    xp = device_xp(dout, cache.q, cache.k, cache.v, cache.out)
+    b, h, tq, hs = cache.q.shape
+    tk, hv = cache.k.shape[2], cache.v.shape[3]
+    dq = merged_heads(xp, b, h, tq, hs, cache.q.dtype)                           # (B, H, Tq, hs)
+    dk = merged_heads(xp, b, h, tk, hs, cache.k.dtype)                           # (B, H, Tk, hs)
+    dv = merged_heads(xp, b, h, tk, hv, cache.v.dtype)                           # (B, H, Tk, hv)
+    flash_attention_backward_into(dout, cache, dq, dk, dv)
+    return dq, dk, dv
+
+
+def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) -> None:
+    """The backward of :func:`flash_attention_backward`, writing into ``dq``, ``dk``, ``dv``: arrays
+    of q's, k's and v's shapes and dtype whose last axis is contiguous (views of a larger array
+    included: every element is written)."""
     q, k, v, out, lse, masks, p, seed, scale, _, _ = cache
     expect_grad(dout, "dout", out.shape, out.dtype)
-    xp = device_xp(dout, q, k, v, out)
+    xp = device_xp(dout, q, k, v, out, dq, dk, dv)
+    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        expect_grad(g, name, like.shape, like.dtype)
+        if g.strides[-1] != g.itemsize or min(g.strides) < 0:
+            raise ShapeError(f"{name}: the kernels write rows with a contiguous last axis; got strides {g.strides}")
     b, h, tq, hs = q.shape
     tk, hv = k.shape[2], v.shape[3]
     d = head_bucket(hs, hv)
     acc = accumulation_dtype(q.dtype)
-    q, k, v, out, dout = (contiguous(xp, a) for a in (q, k, v, out, dout))
+    q, k, v, out, dout = (strided_heads(xp, a) for a in (q, k, v, out, dout))
     lse = contiguous(xp, lse.astype(acc, copy=False))
-    dq = xp.empty(q.shape, dtype=q.dtype)                                         # (B, H, Tq, hs)
-    dk = xp.empty(k.shape, dtype=k.dtype)                                         # (B, H, Tk, hs)
-    dv = xp.empty(v.shape, dtype=v.dtype)                                         # (B, H, Tk, hv)
     if not b * h:
-        return dq, dk, dv
+        return
     br, bc = TILES[_acc_name(q.dtype), d]
     dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
     rows = b * h * tq
     if rows:
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // 256), MAX_GRID)),), (256,),
-                                    (dout, out, dvec, numpy.int64(rows), numpy.int32(hv)))
+                                    (dout, out, dvec, numpy.int64(rows), numpy.int32(hv), numpy.int32(tq),
+                                     numpy.int32(h)) + heads_layout(dout) + heads_layout(out))
     common = _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
-    _launch("bwd_dkdv", q.dtype, d, -(-tk // bc), b * h, (q, k, v, dout, lse, dvec, dk, dv) + common)
+    qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
+    _launch("bwd_dkdv", q.dtype, d, -(-tk // bc), b * h,
+            (q, k, v, dout, lse, dvec, dk, dv) + common + qkv + heads_layout(dk) + heads_layout(dv))
     if tq:
-        _launch("bwd_dq", q.dtype, d, -(-tq // br), b * h, (q, k, v, dout, lse, dvec, dq) + common)
-    return dq, dk, dv
+        _launch("bwd_dq", q.dtype, d, -(-tq // br), b * h, (q, k, v, dout, lse, dvec, dq) + common + qkv
+                + heads_layout(dq))
 
 
 def _device_masks(*masks) -> bool:

@@ -41,6 +41,11 @@ nothing to a dot product); rows are D + 4 values apart in shared memory (16-byte
 or 8 rows read at once fall in distinct banks). Shared memory is dynamic: :data:`SHARED` gives each
 kernel's bytes, which the kernel also carves out (a test checks the two agree).
 
+Strides. q, k, v, out, dout, dq, dk, dv are (B, H, T, D) arrays with a contiguous last axis and any
+other strides (``NpfFaLayout``: element (b, h, t, d) at ``b sb + h sh + t st + d``): the heads of a
+packed (B, T, 3E) projection are read in place, and (B, T, H, hs) outputs merge into (B, T, E) as
+views. lse and D stay (B, H, T) contiguous.
+
 Modules. Each (dtype, D) pair is its own small NVRTC module (:func:`module_source`), compiled on
 first use: a run compiles the three kernels it needs (seconds), not all 27 instantiations (about a
 minute). A module is self-contained: :data:`~npformer.kernels.cuda.source.HALF_CONVERSIONS`, then the
@@ -58,7 +63,7 @@ import numpy
 from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "shared_bytes", "entry_name",
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "STRIDED", "shared_bytes", "entry_name",
            "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
@@ -137,6 +142,15 @@ template <typename A> struct NpfFaArgs {
     long long bh_count; int H, Tq, Tk, hs, hv; A scale; int causal, shift;   // causal: key j visible to i when j <= i + shift
 };
 
+// Where one tensor's (B, H, T, D) elements are: element (b, h, t, d) at b sb + h sh + t st + d (a strided
+// view: the heads of a packed (B, T, 3, H, hs) projection, or (B, T, H, hs) merged heads, need no copy).
+struct NpfFaLayout { long long sb, sh, st; };
+
+// The offset of head bh = b H + h
+__device__ __forceinline__ long long npf_fa_head(const NpfFaLayout& l, long long bh, int H) {
+    return (bh / H) * l.sb + (bh % H) * l.sh;
+}
+
 // _keep: splitmix64 of seed + n * golden; kept when the top 24 bits >= keep_min
 __device__ __forceinline__ bool npf_fa_keep(unsigned long long seed, unsigned long long n, int keep_min) {
     unsigned long long z = n * @GOLDEN@ULL + seed;
@@ -177,13 +191,14 @@ __device__ __forceinline__ A npf_fa_score(A dot, const NpfFaArgs<A>& a, long lon
     return s;
 }
 
-// Rows [r0, r0 + N) of one head's (rows, width) matrix x into s (N, D + 4), zeros past rows and width.
+// Rows [r0, r0 + N) of one head's (rows, width) matrix x (rows `stride` apart) into s (N, D + 4), zeros
+// past rows and width.
 template <typename T, typename A, int N, int D>
-__device__ __forceinline__ void npf_fa_load(const T* x, int r0, int rows, int width, A* s) {
+__device__ __forceinline__ void npf_fa_load(const T* x, int r0, int rows, int width, long long stride, A* s) {
     for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
         int r = e / D, d = e % D;
         A value = A(0);
-        if (r0 + r < rows && d < width) value = npf_load(x[(long long)(r0 + r) * width + d]);
+        if (r0 + r < rows && d < width) value = npf_load(x[(long long)(r0 + r) * stride + d]);
         s[r * (D + 4) + d] = value;
     }
 }
@@ -249,7 +264,8 @@ __device__ __forceinline__ int npf_fa_key_tiles(int i1, int Tk, int causal, int 
 //                  acc = alpha acc + dropout(P) v_j;  m = m_new
 //   then  out = acc / l (l = 0 -> 1: zeros),  lse = m + log l (l = 0 -> +inf)
 template <typename T, typename A, int D, int BR, int BC>
-__device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* lse, const NpfFaArgs<A>& a) {
+__device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* lse, const NpfFaArgs<A>& a,
+                               NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
     typedef NpfFaShape<A, D, BR, BC> S;
     constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC, CP = BC + 4;
     NPF_FA_SHARED(smem, S::FWD * sizeof(A));
@@ -266,7 +282,7 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();                                     // the previous head's readers are done
-        npf_fa_load<T, A, BR, D>(q + bh * a.Tq * a.hs, i0, a.Tq, a.hs, Qs);
+        npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
         A m[R], l[R], acc[R][DC];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -278,8 +294,8 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
             __syncthreads();                                 // done with the last tile's K, V, P
-            npf_fa_load<T, A, BC, D>(k + bh * a.Tk * a.hs, j0, a.Tk, a.hs, Ks);
-            npf_fa_load<T, A, BC, D>(v + bh * a.Tk * a.hv, j0, a.Tk, a.hv, Vs);
+            npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
             __syncthreads();
             A s[R][C];
             npf_fa_dot<A, R, C, D>(Qs, Ks, s);
@@ -335,22 +351,27 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
             const bool empty = l[r] == A(0);                 // a fully masked row: zeros, lse +inf
             const A den = empty ? A(1) : l[r];
             const long long at = bh * a.Tq + i;
+            T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
 #pragma unroll
             for (int c = 0; c < DC; ++c) {
                 const int d = npf_fa_col(tc, c);
-                if (d < a.hv) npf_store(out + at * a.hv + d, acc[r][c] / den);
+                if (d < a.hv) npf_store(out_row + d, acc[r][c] / den);
             }
             if (tc == 0) lse[at] = empty ? inf : m[r] + npf_log(l[r]);
         }
     }
 }
 
-// D_i = rowsum(dO_i * O_i) for each of `rows` rows of hv values
+// D_i = rowsum(dO_i * O_i) for each of `rows` = B H Tq rows of hv values (row = bh Tq + i)
 template <typename T, typename A>
-__device__ void npf_fa_bwd_pre(const T* dout, const T* out, A* dvec, long long rows, int hv) {
+__device__ void npf_fa_bwd_pre(const T* dout, const T* out, A* dvec, long long rows, int hv, int Tq, int H,
+                               NpfFaLayout gl, NpfFaLayout ol) {
     NPF_FOR_EACH(row, rows) {
+        const long long bh = row / Tq, i = row % Tq;
+        const T* g = dout + npf_fa_head(gl, bh, H) + i * gl.st;
+        const T* o = out + npf_fa_head(ol, bh, H) + i * ol.st;
         A s = A(0);
-        for (int d = 0; d < hv; ++d) s += npf_load(dout[row * hv + d]) * npf_load(out[row * hv + d]);
+        for (int d = 0; d < hv; ++d) s += npf_load(g[d]) * npf_load(o[d]);
         dvec[row] = s;
     }
 }
@@ -377,7 +398,8 @@ __device__ __forceinline__ void npf_fa_grad(A dot, A dp, A lse_i, A d_i, const N
 // Thread rows are keys, columns queries:  dv_j += P_drop^T dO_i,  dk_j += dS^T q_i
 template <typename T, typename A, int D, int BR, int BC>
 __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec,
-                                T* dk, T* dv, const NpfFaArgs<A>& a) {
+                                T* dk, T* dv, const NpfFaArgs<A>& a, NpfFaLayout ql, NpfFaLayout kl,
+                                NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
     typedef NpfFaShape<A, D, BR, BC> S;
     constexpr int R = BC / NPF_FA_TR, C = BR / NPF_FA_TC, DC = D / NPF_FA_TC, RP = BR + 4;
     NPF_FA_SHARED(smem, S::DKDV * sizeof(A));
@@ -396,8 +418,8 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();
-        npf_fa_load<T, A, BC, D>(k + bh * a.Tk * a.hs, j0, a.Tk, a.hs, Ks);
-        npf_fa_load<T, A, BC, D>(v + bh * a.Tk * a.hv, j0, a.Tk, a.hv, Vs);
+        npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
         A dka[R][DC], dva[R][DC];
 #pragma unroll
         for (int r = 0; r < R; ++r)
@@ -407,8 +429,8 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
             const int i0 = qt * BR;
             if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
             __syncthreads();                                 // done with the last query tile
-            npf_fa_load<T, A, BR, D>(q + bh * a.Tq * a.hs, i0, a.Tq, a.hs, Qs);
-            npf_fa_load<T, A, BR, D>(dout + bh * a.Tq * a.hv, i0, a.Tq, a.hv, dOs);
+            npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+            npf_fa_load<T, A, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
             for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
                 const bool in = i0 + e < a.Tq;               // rows past Tq: P = exp(S - inf) = 0
                 lse_s[e] = in ? lse[bh * a.Tq + i0 + e] : inf;
@@ -444,12 +466,13 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
         for (int r = 0; r < R; ++r) {
             const int j = j0 + tr + NPF_FA_TR * r;
             if (j >= a.Tk) continue;
-            const long long at = bh * a.Tk + j;
+            T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
+            T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
 #pragma unroll
             for (int c = 0; c < DC; ++c) {
                 const int d = npf_fa_col(tc, c);
-                if (d < a.hs) npf_store(dk + at * a.hs + d, dka[r][c]);
-                if (d < a.hv) npf_store(dv + at * a.hv + d, dva[r][c]);
+                if (d < a.hs) npf_store(dk_row + d, dka[r][c]);
+                if (d < a.hv) npf_store(dv_row + d, dva[r][c]);
             }
         }
     }
@@ -458,7 +481,8 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
 // dQ: block (x: query tile, last first; y: b H + h) over its visible key tiles:  dq_i += dS k_j
 template <typename T, typename A, int D, int BR, int BC>
 __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec,
-                              T* dq, const NpfFaArgs<A>& a) {
+                              T* dq, const NpfFaArgs<A>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                              NpfFaLayout gl, NpfFaLayout dql) {
     typedef NpfFaShape<A, D, BR, BC> S;
     constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC, CP = BC + 4;
     NPF_FA_SHARED(smem, S::DQ * sizeof(A));
@@ -474,8 +498,8 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();
-        npf_fa_load<T, A, BR, D>(q + bh * a.Tq * a.hs, i0, a.Tq, a.hs, Qs);
-        npf_fa_load<T, A, BR, D>(dout + bh * a.Tq * a.hv, i0, a.Tq, a.hv, dOs);
+        npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load<T, A, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
         A lse_r[R], d_r[R], dqa[R][DC];
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -488,8 +512,8 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
             __syncthreads();
-            npf_fa_load<T, A, BC, D>(k + bh * a.Tk * a.hs, j0, a.Tk, a.hs, Ks);
-            npf_fa_load<T, A, BC, D>(v + bh * a.Tk * a.hv, j0, a.Tk, a.hv, Vs);
+            npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
             __syncthreads();
             A s[R][C], dp[R][C];
             npf_fa_dot<A, R, C, D>(Qs, Ks, s);
@@ -515,7 +539,7 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
 #pragma unroll
             for (int c = 0; c < DC; ++c) {
                 const int d = npf_fa_col(tc, c);
-                if (d < a.hs) npf_store(dq + (bh * a.Tq + i) * a.hs + d, dqa[r][c]);
+                if (d < a.hs) npf_store(dq + npf_fa_head(dql, bh, a.H) + i * dql.st + d, dqa[r][c]);
             }
         }
     }
@@ -529,16 +553,35 @@ _ARGS = ("const bool* mask_b, const A* mask_f, long long mask_bh, int mask_kind,
 _STRUCT = ("const NpfFaArgs<A> args = {mask_b, mask_f, mask_bh, mask_kind, pad_b, pad_f, pad_kind, seed, "
            "keep_min, keep_scale, bh_count, H, Tq, Tk, hs, hv, scale, causal, shift};")
 
+# The strided tensors of each entry point, in the order of their layouts (element strides over B, H and T
+# after the kernel's other arguments; the last axis is contiguous). STRIDED: every such parameter name.
+_LAYOUTS = {"fwd": ("q", "k", "v", "out"), "bwd_dkdv": ("q", "k", "v", "dout", "dk", "dv"),
+            "bwd_dq": ("q", "k", "v", "dout", "dq"), "bwd_pre": ("dout", "out")}
+STRIDED = frozenset(n for names in _LAYOUTS.values() for n in names)
+
+
+def _layout_params(name: str) -> str:
+    return "".join(f", long long {t}_sb, long long {t}_sh, long long {t}_st" for t in _LAYOUTS[name])
+
+
+def _layout_args(name: str) -> str:
+    return "".join(f", NpfFaLayout{{{t}_sb, {t}_sh, {t}_st}}" for t in _LAYOUTS[name])
+
+
 # (name, parameters, body): per dtype, and per head-size bucket when the body names D, BR, BC
 _ENTRY_POINTS = (
-    ("fwd", "const T* q, const T* k, const T* v, T* out, A* lse, " + _ARGS,
-     _STRUCT + " npf_fa_forward<T, A, D, BR, BC>(q, k, v, out, lse, args);"),
+    ("fwd", "const T* q, const T* k, const T* v, T* out, A* lse, " + _ARGS + _layout_params("fwd"),
+     _STRUCT + " npf_fa_forward<T, A, D, BR, BC>(q, k, v, out, lse, args" + _layout_args("fwd") + ");"),
     ("bwd_dkdv", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dk, T* dv, "
-     + _ARGS, _STRUCT + " npf_fa_bwd_dkdv<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dk, dv, args);"),
-    ("bwd_dq", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dq, " + _ARGS,
-     _STRUCT + " npf_fa_bwd_dq<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dq, args);"),
-    ("bwd_pre", "const T* dout, const T* out, A* dvec, long long rows, int hv",
-     "npf_fa_bwd_pre<T, A>(dout, out, dvec, rows, hv);"),
+     + _ARGS + _layout_params("bwd_dkdv"),
+     _STRUCT + " npf_fa_bwd_dkdv<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dk, dv, args"
+     + _layout_args("bwd_dkdv") + ");"),
+    ("bwd_dq", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dq, " + _ARGS
+     + _layout_params("bwd_dq"),
+     _STRUCT + " npf_fa_bwd_dq<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dq, args" + _layout_args("bwd_dq") + ");"),
+    ("bwd_pre", "const T* dout, const T* out, A* dvec, long long rows, int hv, int Tq, int H"
+     + _layout_params("bwd_pre"),
+     "npf_fa_bwd_pre<T, A>(dout, out, dvec, rows, hv, Tq, H" + _layout_args("bwd_pre") + ");"),
 )
 
 _TEST_ENTRY_POINTS = r"""

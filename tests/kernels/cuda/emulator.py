@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from npformer.kernels.cuda.flash_source import STRIDED
 from npformer.kernels.cuda.source import KERNELS_SOURCE, MAX_THREADS
 
 SHIM = r"""
@@ -172,7 +173,11 @@ class EmulatedKernel:
         for a, (ctype, ptr, pname) in zip(args, self.params):
             if ptr:
                 assert isinstance(a, np.ndarray), f"{self.name}.{pname}: expected an array, got {type(a)}"
-                assert a.flags.c_contiguous, f"{self.name}.{pname}: array is not C-contiguous"
+                if self.name.startswith("npf_fa_") and pname in STRIDED:   # strided heads: rows may be apart
+                    assert a.strides[-1] == a.itemsize and min(a.strides) >= 0, \
+                        f"{self.name}.{pname}: strides {a.strides} (the last axis must be contiguous)"
+                else:
+                    assert a.flags.c_contiguous, f"{self.name}.{pname}: array is not C-contiguous"
                 assert a.dtype == _POINTEE[ctype], f"{self.name}.{pname}: {a.dtype} for a {ctype}*"
                 values.append(a.ctypes.data)
             else:

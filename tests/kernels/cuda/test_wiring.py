@@ -7,7 +7,7 @@ import pytest
 from npformer.backend import default_rng
 from npformer.dispatch import FastPath
 from npformer.kernels import FAST_PATHS, disabled
-from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, softmax
+from npformer.ops import activations, attention, dropout, flash_attention, layernorm, linear, multihead, softmax
 from tests.helpers import host, randn
 from tests.kernels.cuda.conftest import assert_close
 
@@ -65,6 +65,14 @@ def test_each_wired_op_takes_the_fused_path_and_matches(fx, seen, dtype):
     got, ref = _both(lambda: (lambda o, c: (o, *flash_attention.flash_attention_backward(
         randn(xp, o.shape, 10, dtype), c)))(*flash_attention.flash_attention_forward(
             q, k, v, key_padding_mask=pad, is_causal=True, dropout_p=0.2, rng=default_rng(4, backend))))
+    for g, r in zip(got, ref):
+        assert_close(g, r, dtype)
+    xe = randn(xp, (2, 5, 6), 11, dtype)                   # self-attention, 2 heads: the packed backward
+    ws = (randn(xp, (18, 6), 12, dtype), randn(xp, (18,), 13, dtype), randn(xp, (6, 6), 14, dtype),
+          randn(xp, (6,), 15, dtype))
+    got, ref = _both(lambda: (lambda o, _, c: (o, *multihead.self_attention_backward(
+        randn(xp, o.shape, 16, dtype), c)))(*multihead.self_attention_forward(
+            xe, 2, *ws, is_causal=True, need_weights=False, attention="flash")))
     for g, r in zip(got, ref):
         assert_close(g, r, dtype)
     registered = {op.__name__ for op, name, _, _ in FAST_PATHS if name == "cuda"}

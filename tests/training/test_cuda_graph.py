@@ -1,0 +1,195 @@
+"""CUDA graph capture of a step (npformer.training.cuda_graph): refusals and the capture logic on the
+CPU (with stand-ins for CuPy's stream and allocator), equal results with and without the graph on a GPU."""
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from npformer.backend import cupy_available, get_backend
+from npformer.checks import values_checked
+from npformer.errors import CaptureError, InputTypeError, RangeError, ShapeError
+from npformer.training.cuda_graph import HOST_SYNC_CAUSES, CudaGraphStep, check_static_inputs
+
+
+def test_numpy_inputs_are_refused_with_what_to_do():
+    step = CudaGraphStep(lambda x: x * 2)
+    with pytest.raises(InputTypeError, match="input 0: CUDA graphs replay CuPy work; got numpy float32 array "
+                                             r"of shape \(2, 3\). On the NumPy backend .* call the step itself"):
+        step(np.zeros((2, 3), np.float32))
+    with pytest.raises(InputTypeError, match="at least one input array"):
+        step()
+
+
+def test_bad_arguments():
+    with pytest.raises(InputTypeError, match="fn must be callable"):
+        CudaGraphStep(3)
+    with pytest.raises(RangeError, match="warmup"):
+        CudaGraphStep(lambda x: x, warmup=-1)
+
+
+def test_static_inputs_name_the_input_and_both_shapes():
+    expected = [((4, 8), np.dtype(np.int64)), ((4, 8), np.dtype(np.int64))]
+    check_static_inputs(expected, (np.zeros((4, 8), np.int64), np.ones((4, 8), np.int64)))
+    with pytest.raises(ShapeError, match=r"input 1: a captured step has static shapes, \(4, 8\) at the capture, "
+                                         r"got numpy int64 array of shape \(4, 9\); capture one step per shape"):
+        check_static_inputs(expected, (np.zeros((4, 8), np.int64), np.zeros((4, 9), np.int64)))
+    with pytest.raises(InputTypeError, match="input 0: captured with dtype int64, got numpy int32 array"):
+        check_static_inputs(expected, (np.zeros((4, 8), np.int32), np.zeros((4, 8), np.int64)))
+    with pytest.raises(ShapeError, match="captured with 2 inputs, got 1"):
+        check_static_inputs(expected, (np.zeros((4, 8), np.int64),))
+
+
+class _Stream:
+    """Stand-in for a cupy.cuda.Stream: records the capture calls."""
+
+    def __init__(self):
+        self.events = []
+
+    def begin_capture(self):
+        self.events.append("begin")
+
+    def end_capture(self):
+        self.events.append("end")
+        return "graph"
+
+
+def _fake_xp(allocations: list):
+    @contextmanager
+    def using_allocator(malloc):
+        allocations.append(malloc)
+        yield
+    return SimpleNamespace(cuda=SimpleNamespace(using_allocator=using_allocator))
+
+
+def _prepared(fn):
+    step = CudaGraphStep(fn)
+    step._stream, step._pool, step._static = _Stream(), SimpleNamespace(malloc="private malloc"), ["x"]
+    return step
+
+
+def test_capture_runs_the_step_once_unchecked_from_the_private_pool():
+    seen, allocations = [], []
+
+    def fn(x):
+        seen.append((x, values_checked()))
+        return "loss"
+    step = _prepared(fn)
+    step._capture(_fake_xp(allocations))
+    assert seen == [("x", False)] and values_checked()          # value checks off inside the capture only
+    assert step._stream.events == ["begin", "end"] and allocations == ["private malloc"]
+    assert step.captured and step.graph == "graph" and step._outputs == "loss"
+
+
+def test_a_failed_capture_is_a_capture_error_naming_the_host_syncs():
+    def fn(x):
+        raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
+    step = _prepared(fn)
+    with pytest.raises(CaptureError, match="could not be captured in a CUDA graph \\(cudaErrorStreamCapture"
+                                           "Unsupported.*nothing may read device data on the host") as info:
+        step._capture(_fake_xp([]))
+    assert HOST_SYNC_CAUSES in str(info.value) and "float()" in HOST_SYNC_CAUSES
+    assert step._stream.events == ["begin", "end"] and not step.captured     # capture mode left, no graph
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cp():
+    if not cupy_available():
+        pytest.skip("CuPy is not installed or no CUDA device is visible")
+    return get_backend("cupy")
+
+
+def _gpt_step(cp):
+    """Forward, cross-entropy and backward of a small GPT (dropout 0); returns (loss, a gradient)."""
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32, dim_feedforward=64,
+                          dropout=0.0), backend="cupy", rng=0)
+
+    def step(x, y):
+        model.zero_grad()
+        logits = model(x)
+        loss, cache = cross_entropy_forward(logits, y)
+        model.backward(cross_entropy_backward(cp.ones((), logits.dtype), cache))
+        return loss, model.grads()["wte.weight"]
+    return step
+
+
+@pytest.mark.gpu
+def test_captured_gpt_step_gives_the_eager_losses_and_gradients(cp):
+    eager, graphed = _gpt_step(cp), CudaGraphStep(_gpt_step(cp), warmup=1)
+    rng = np.random.default_rng(0)
+    for i in range(4):                       # warm-up, capture, two replays: each a new batch
+        x, y = (cp.asarray(rng.integers(0, 50, (4, 16))) for _ in range(2))
+        want_loss, want_grad = (a.copy() for a in eager(x, y))
+        loss, grad = graphed(x, y)
+        assert graphed.captured == (i >= 1)
+        np.testing.assert_array_equal(cp.asnumpy(loss), cp.asnumpy(want_loss))
+        np.testing.assert_array_equal(cp.asnumpy(grad), cp.asnumpy(want_grad))
+
+
+@pytest.mark.gpu
+def test_a_host_sync_inside_is_a_capture_error_and_shapes_stay_static(cp):
+    step = CudaGraphStep(lambda x: x * float(x.sum()), warmup=1)
+    x = cp.ones((3,), cp.float32)
+    step(x)                                   # eager: the sync is allowed
+    with pytest.raises(CaptureError, match="nothing may read device data on the host"):
+        step(x)
+    ok = CudaGraphStep(lambda x: x * 2, warmup=0)
+    np.testing.assert_array_equal(cp.asnumpy(ok(x)), [2, 2, 2])
+    with pytest.raises(ShapeError, match="static shapes"):
+        ok(cp.ones((4,), cp.float32))
+
+
+# -- npformer train --cuda-graph --------------------------------------------------------------------
+
+def test_train_config_refuses_the_graph_on_numpy_and_in_mixed_precision():
+    from npformer.training.config import CharLMTrainConfig
+    with pytest.raises(RangeError, match="--cuda-graph replays CUDA kernels: it needs --backend cupy, got --backend "
+                                         "numpy"):
+        CharLMTrainConfig(task="charlm", cuda_graph=True)
+    with pytest.raises(RangeError, match="--cuda-graph takes --precision float32, got float16"):
+        CharLMTrainConfig(task="charlm", backend="cupy", precision="float16", cuda_graph=True)
+
+
+def test_trainers_whose_batches_change_shape_refuse_the_graph():
+    from npformer.training.config import Seq2SeqTrainConfig
+    from npformer.training.registry import make_trainer
+    config = Seq2SeqTrainConfig(backend="cupy", cuda_graph=True)
+    with pytest.raises(RangeError, match="--cuda-graph: the seq2seq trainer's batches change shape "
+                                         ".*\\(gpt, gpt1, gpt2\\)"):
+        make_trainer(config, log=lambda line: None)
+
+
+def test_reseed_in_place_copies_a_fresh_state_into_the_generator_s_memory(monkeypatch):
+    from npformer.training import cuda_graph
+    captured = np.zeros(4, np.int8)
+    generator = SimpleNamespace(bit_generator=SimpleNamespace(_state=captured))
+    fresh = {}
+
+    def fake_default_rng(seed, backend):
+        fresh[seed] = np.full(4, sum(seed), np.int8)
+        return SimpleNamespace(bit_generator=SimpleNamespace(_state=fresh[seed]))
+    monkeypatch.setattr(cuda_graph, "default_rng", fake_default_rng)
+    cuda_graph.reseed_in_place(generator, (3, 4))
+    assert generator.bit_generator._state is captured and captured.tolist() == [7, 7, 7, 7]
+    with pytest.raises(CaptureError, match="cannot draw each step's dropout masks; train without --cuda-graph"):
+        cuda_graph.reseed_in_place(np.random.default_rng(0), (3, 4), "numpy")    # no cuRAND state array
+
+
+@pytest.mark.gpu
+def test_training_with_the_graph_gives_the_eager_losses(cp):
+    """A character GPT with dropout: eight steps (two eager warm-up calls, the capture, five replays)
+    give the same losses, bit for bit, with and without --cuda-graph."""
+    from npformer.training.config import CharLMTrainConfig
+    from npformer.training.registry import make_trainer
+    losses = {}
+    for graph in (False, True):
+        config = CharLMTrainConfig(task="charlm", backend="cupy", steps=8, batch_size=4, block_size=16, d_model=32,
+                                   nhead=4, layers=2, dim_feedforward=64, dropout=0.1, cuda_graph=graph)
+        trainer = make_trainer(config, log=lambda line: None)
+        losses[graph] = [trainer.train_step() for _ in range(8)]
+        assert trainer._graph is None or trainer._graph.captured
+    assert losses[True] == losses[False], losses
