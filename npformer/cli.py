@@ -102,10 +102,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         config = make_config(given)
     _check_precision(config)
-    trainer = make_trainer(config)
+    from npformer.distributed import world_communicator
+    comm = world_communicator(config.backend)     # under mpirun -n N: data parallel (npformer.distributed)
+    trainer = make_trainer(config, comm=comm)
     if args.resume:
         trainer.load(args.checkpoint)
-        print(f"resumed from {args.checkpoint} at step {trainer.step}")
+        trainer.log(f"resumed from {args.checkpoint} at step {trainer.step}")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)

@@ -26,6 +26,9 @@ exception                  also a                       the mistake
                                                         damaged, missing members or meta keys, sizes
                                                         or dtypes that do not fit, non-finite
                                                         weights) or a path it cannot be written to
+:class:`DistributedError`  ``RuntimeError``             a data-parallel run that cannot go on: mpi4py,
+                                                        MPI or NCCL missing, ranks whose configs
+                                                        differ, a checkpoint of another rank count
 =========================  ===========================  ============================================
 
 Every message names what was expected and what came (:mod:`npformer.checks` writes them).
@@ -33,7 +36,8 @@ Every message names what was expected and what came (:mod:`npformer.checks` writ
 from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
-           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "CaptureError"]
+           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "CaptureError",
+           "DistributedError"]
 
 
 class NpformerError(Exception):
@@ -78,3 +82,8 @@ class CheckpointError(NpformerError, ValueError):
 class CaptureError(NpformerError, RuntimeError):
     """A step that cannot be captured in a CUDA graph: it reads device data on the host inside
     (``float(loss)``, ``.item()``, a data-dependent shape); see :mod:`npformer.training.cuda_graph`."""
+
+
+class DistributedError(NpformerError, RuntimeError):
+    """A data-parallel run that cannot start or go on (:mod:`npformer.distributed`): the communication
+    library is missing, or the ranks disagree (configs, the rank count of a checkpoint)."""

@@ -68,6 +68,7 @@ class LMTrainer(Trainer):
         """The (inputs, targets) of ``step`` on the model's device, (B, T) each."""
         c = self.cfg
         x, y = self.data.random_batch("train", c.batch_size, rng=default_rng((c.seed, step), "numpy"))
+        x, y = self.local(x, y)                       # data parallel: this rank's rows of the batch
         return to_device(x, c.backend), to_device(y, c.backend)
 
     def forward_backward(self, x, y):

@@ -6,7 +6,10 @@ precision: a 16-bit model, float32 master weights, dynamic loss scaling). The mo
 gradients live in flat buffers (:mod:`npformer.nn.flat`), so zeroing, clipping and AdamW are a few
 whole-buffer operations. Because the batch and the
 dropout masks are functions of (seed, step) alone, a run resumed from a checkpoint repeats an
-uninterrupted run's losses exactly. Each task's trainer (:mod:`~npformer.training.seq2seq_trainer`,
+uninterrupted run's losses exactly. Given a communicator (``mpirun -n N npformer train``), the loop
+trains data-parallel (:mod:`npformer.distributed`): ``--batch-size`` is the global batch, each rank
+takes its rows of it, the gradients are summed over the ranks before clipping, and rank 0 alone logs,
+evaluates and writes checkpoints. Each task's trainer (:mod:`~npformer.training.seq2seq_trainer`,
 :mod:`~npformer.training.lm_trainer`, :mod:`~npformer.training.mlm_trainer`,
 :mod:`~npformer.training.xl_trainer`) builds its model and says how to draw a batch, compute the loss
 and evaluate; :mod:`npformer.training.registry` picks one by model name.
@@ -22,7 +25,8 @@ from typing import Callable
 
 from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.checks import non_negative_int, one_of, positive_int
-from npformer.errors import InputTypeError, RangeError
+from npformer.distributed import Communicator, DataParallel, shard_rows, take_shard
+from npformer.errors import DistributedError, InputTypeError, RangeError
 from npformer.nn.flat import flatten_parameters
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import MixedPrecision
@@ -42,7 +46,7 @@ class Trainer:
     kind = ""          # the model name (a key of config.CONFIGS), also the checkpoint's kind
     graph_capable = False   # batch() and forward_backward() given, every batch one shape (--cuda-graph)
 
-    def __init__(self, config: TrainConfig, log: Callable[[str], None] = print):
+    def __init__(self, config: TrainConfig, log: Callable[[str], None] = print, comm: Communicator | None = None):
         expected = CONFIGS[self.kind]
         if type(config) is not expected:
             raise InputTypeError(f"config: the {self.kind} trainer trains from a {expected.__name__}, "
@@ -64,8 +68,15 @@ class Trainer:
         self.xp = get_backend(c.backend)
         if c.backend == "cupy":       # process-wide: float16 accumulates in float32; float32 exact unless --tf32
             set_float32_matmul_precision("tf32" if c.tf32 else "highest", c.backend)
+        # data parallel (npformer.distributed): rank 0 logs; the ranks check they run the same model and
+        # config and take rank 0's weights (before mixed precision copies them into its masters)
+        self.comm, self.rank0 = comm, comm is None or comm.rank == 0
+        if comm is not None:
+            shard_rows(c.batch_size, comm.rank, comm.size)          # the batch splits evenly, or a RangeError
+            self.log = log if self.rank0 else _silent
         self.model = self.build()
         flatten_parameters(self.model)      # one buffer per dtype: the optimiser updates whole runs of it
+        self.data_parallel = None if comm is None else DataParallel(self.model, comm, config=asdict(c))
         # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
         self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
         params = self.amp.named_parameters() if self.amp else self.model.named_parameters()
@@ -93,7 +104,7 @@ class Trainer:
 
     def meta(self) -> dict:
         meta = {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
-                "model_config": self.model.config.to_dict()}
+                "model_config": self.model.config.to_dict(), "ranks": self.ranks}
         if self.amp:
             meta["loss_scaler"] = self.amp.scaler.state_dict()
         return meta
@@ -107,9 +118,33 @@ class Trainer:
         """
         if self.amp is None:
             loss, cache = cross_entropy_forward(logits, targets, **kwargs)
+            self._loss_valid = cache.valid     # the targets the mean is over (weights of a data-parallel step)
             return loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache)
         loss, cache = cross_entropy_forward(logits.astype(self.xp.float32), targets, **kwargs)
+        self._loss_valid = cache.valid
         return loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype)
+
+    # -- data parallel (npformer.distributed) -----------------------------------------------------------
+    @property
+    def ranks(self) -> int:
+        return 1 if self.comm is None else self.comm.size
+
+    def local(self, *arrays):
+        """This rank's rows of the step's global batch (``arrays`` as drawn for ``--batch-size``
+        rows); the arrays themselves in a one-process run."""
+        return arrays if self.comm is None else take_shard(arrays, self.comm.rank, self.comm.size)
+
+    def dropout_seed(self, step: int) -> tuple:
+        """This step's dropout stream: (seed, step), and the rank's own in a data-parallel run."""
+        dp = self.data_parallel
+        return dp.dropout_seed(self.cfg.seed, step) if dp else (self.cfg.seed, step)
+
+    def check_ranks(self, meta: dict, path) -> None:
+        """A checkpoint resumes on the number of ranks that wrote it (each rank's dropout stream is its own)."""
+        saved = int(meta.get("ranks", 1))
+        if saved != self.ranks:
+            raise DistributedError(f"{path} was written by a run on {saved} rank(s); resume it on {saved} "
+                                   f"(mpirun -n {saved}), not {self.ranks}, so it continues exactly")
 
     def model_state(self) -> dict:
         """The weights a checkpoint keeps: the float32 masters under mixed precision."""
@@ -134,8 +169,11 @@ class Trainer:
         if c.cuda_graph:
             loss, self._tokens = self._graph_step(step)
         else:
-            self.model.manual_seed((c.seed, step))   # this step's dropout masks: a function of (seed, step)
+            self.model.manual_seed(self.dropout_seed(step))
             loss, self._tokens = self.loss_and_backward(step)
+        if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
+            count = int(self._loss_valid.sum())      # read here, not in cross_entropy: a CUDA graph captures that
+            loss, _, self._tokens = self.data_parallel.reduce_gradients(loss, count, self._tokens)
         self.opt.lr = self._lr(step)
         if self.amp is None:
             self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
@@ -159,9 +197,9 @@ class Trainer:
                 return self.forward_backward(x, y), tuple(p.grad for p in params)
             self._graph = CudaGraphStep(forward_backward, warmup=2)
         if self._graph.captured:
-            reseed_in_place(self.model.generator(self.cfg.backend), (self.cfg.seed, step), self.cfg.backend)
+            reseed_in_place(self.model.generator(self.cfg.backend), self.dropout_seed(step), self.cfg.backend)
         else:                                        # eager warm-up, or the capture: a fresh stream made now
-            self.model.manual_seed((self.cfg.seed, step))
+            self.model.manual_seed(self.dropout_seed(step))
             self.model.generator(self.cfg.backend)  # outside the capture (seeding is host work)
         x, y = self.batch(step)
         loss, grads = self._graph(x, y)
@@ -171,11 +209,15 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        return save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
+        """Write a checkpoint (rank 0 alone in a data-parallel run: the ranks' weights are equal)."""
+        if self.rank0:
+            save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
+        return Path(path)
 
     def load(self, path: str | Path) -> None:
         # the kind, then names, shapes and dtypes are checked before any tensor is read
         ck = load_checkpoint(path, kind=self.kind, expected=self.model_state())
+        self.check_ranks(ck.meta, path)
         self.load_model_state(ck.model, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])
@@ -183,10 +225,10 @@ class Trainer:
     # -- the whole run -----------------------------------------------------------------------------
     def fit(self) -> dict:
         c, log = self.cfg, self.log
-        if c.checkpoint:             # a path that cannot be written fails now, not after the training
+        if c.checkpoint and self.rank0:   # a path that cannot be written fails now, not after the training
             check_checkpoint_path(c.checkpoint)
         log(self.describe())
-        tty = sys.stdout.isatty()
+        tty = sys.stdout.isatty() and self.rank0
         start, tokens, window = time.perf_counter(), 0, []
         while self.step < c.steps:
             loss = self.train_step()
@@ -205,7 +247,7 @@ class Trainer:
                     print("\r" + line, end="", flush=True)
                 else:
                     log(line)
-            if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
+            if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps and self.rank0:
                 if tty:
                     print()
                 log("  " + self.report(self.evaluate(limit=300), quick=True))
@@ -215,9 +257,15 @@ class Trainer:
             print()
         if c.checkpoint:
             self.save(c.checkpoint)
+        if not self.rank0:       # data parallel: rank 0 evaluates
+            return {}
         result = self.evaluate()
         log(self.report(result, quick=False) + f"  ({time.perf_counter() - start:.0f}s)")
         return result
+
+
+def _silent(_: str) -> None:
+    """The log of a data-parallel rank other than 0."""
 
 
 def _bar(frac: float, width: int = 20) -> str:

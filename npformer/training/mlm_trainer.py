@@ -127,7 +127,7 @@ class MLMTrainer(Trainer):
         c = self.cfg
         rng = default_rng((c.seed, step), "numpy")
         x, _ = self.data.random_batch("train", c.batch_size, rng=rng)
-        inputs, targets = self._mask(x, rng)
+        inputs, targets = self.local(*self._mask(x, rng))     # data parallel: this rank's rows of the batch
         logits, cols, answers = self._picked_logits(inputs, targets)
         loss, dlogits = self.cross_entropy(logits, to_device(answers, c.backend))
         dpicked = self.model.mlm.backward(dlogits)                               # (B, k, H)
@@ -135,7 +135,7 @@ class MLMTrainer(Trainer):
         dhidden = self.xp.zeros(inputs.shape + dpicked.shape[-1:], dtype=dpicked.dtype)   # (B, T, H)
         dhidden[to_device(np.arange(len(cols))[:, None], c.backend), to_device(cols, c.backend)] = dpicked
         self.model.backward(dhidden=dhidden)
-        return float(loss), int(x.size)
+        return float(loss), int(inputs.size)
 
     def evaluate(self, limit: int | None = None, batch_size: int = 64) -> dict:
         """Loss and accuracy at the masked positions of the validation blocks (the first ``limit``

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 from npformer.checks import one_of
+from npformer.distributed import Communicator
 from npformer.training.config import TrainConfig, default_model
 from npformer.training.lm_trainer import GPT1Trainer, GPT2Trainer, LMTrainer
 from npformer.training.loop import Trainer
@@ -31,8 +32,10 @@ TRAINERS: dict[str, type[Trainer]] = {
 }
 
 
-def make_trainer(config: TrainConfig, log: Callable[[str], None] = print) -> Trainer:
+def make_trainer(config: TrainConfig, log: Callable[[str], None] = print,
+                 comm: Communicator | None = None) -> Trainer:
     """The trainer of ``config.model`` (default: the task's, :func:`default_model`: a GPT for
-    ``charlm``, Transformer-XL for ``recall``, a Seq2Seq for the other tasks)."""
+    ``charlm``, Transformer-XL for ``recall``, a Seq2Seq for the other tasks); data-parallel over the
+    ranks of ``comm`` when one is given (:mod:`npformer.distributed`)."""
     name = config.model or default_model(config.task)
-    return TRAINERS[one_of(name, "model", tuple(TRAINERS))](config, log)
+    return TRAINERS[one_of(name, "model", tuple(TRAINERS))](config, log, comm)

@@ -51,6 +51,7 @@ class Seq2SeqTrainer(Trainer):
     def loss_and_backward(self, step):
         c = self.cfg
         pick = default_rng((c.seed, step), "numpy").choice(len(self.task.train), c.batch_size, replace=False)
+        (pick,) = self.local(pick)                    # data parallel: this rank's rows of the batch
         src, tgt_in, tgt_out, tokens = self._batch([self.task.train[i] for i in pick.tolist()])
         logits = self.model(src, tgt_in)                                          # (B, T, V)
         loss, dlogits = self.cross_entropy(logits, tgt_out, ignore_index=PAD_ID,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.long_range import RecallTask
+from npformer.distributed import gather_rows
 from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
@@ -76,6 +77,7 @@ class XLTrainer(Trainer):
         if j == 0:
             self.mems = None                              # a new batch of sequences: nothing to remember
         rows = default_rng((c.seed, k), "numpy").choice(len(self.task.train), c.batch_size, replace=False)
+        (rows,) = self.local(rows)                    # data parallel: this rank's rows of the batch
         x, y = self._segment(self.task.train[rows], j)
         logits, self.mems = self.model(x, self.mems)                              # (B, T, V)
         loss, dlogits = self.cross_entropy(logits, y)
@@ -123,17 +125,23 @@ class XLTrainer(Trainer):
 
     # -- checkpoints: the memory travels with the weights ---------------------------------------------
     def save(self, path: str | Path) -> Path:
-        state = dict(self.model_state())
-        state.update({f"mems.{i}": m for i, m in enumerate(self.mems or [])})
-        return save_checkpoint(path, state, self.meta(), self.opt.state_dict())
+        """Weights, optimiser and memory; in a data-parallel run the ranks' memories are gathered (the
+        rows of the global batch, as one process would hold them) and rank 0 writes."""
+        mems = [m if self.comm is None else gather_rows(self.comm, m) for m in self.mems or []]
+        if self.rank0:
+            state = dict(self.model_state())
+            state.update({f"mems.{i}": m for i, m in enumerate(mems)})
+            save_checkpoint(path, state, self.meta(), self.opt.state_dict())
+        return Path(path)
 
     def load(self, path: str | Path) -> None:
         ck = load_checkpoint(path)
         if ck.meta.get("kind") != self.kind:
             raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
+        self.check_ranks(ck.meta, path)
         mems = {k: v for k, v in ck.model.items() if k.startswith("mems.")}
         self.load_model_state({k: v for k, v in ck.model.items() if k not in mems}, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])
-        self.mems = [to_device(mems[f"mems.{i}"], self.cfg.backend).astype(self.model.dtype, copy=False)
-                     for i in range(len(mems))] or None
+        rows = [self.local(mems[f"mems.{i}"])[0] for i in range(len(mems))]   # this rank's (data parallel)
+        self.mems = [to_device(m, self.cfg.backend).astype(self.model.dtype, copy=False) for m in rows] or None
