@@ -14,9 +14,9 @@ only shown (the list is closed and frequent, so it is learnable), and content wo
 training (names, rare nouns in held-out sentences) must be copied character by character through
 the encoder-decoder attention. The same rule is the "telegraphic" summary of headline writing.
 
-The corpus holds 172 sentences, far too few examples on their own, so an example is a window of
-``min_words``..``max_words`` consecutive words of one sentence (every window that holds a content
-word). The sentences are split first, with ``seed``: ``valid_fraction`` of them for validation, the
+The corpus holds 188 sentences (titles included), far too few examples on their own, so an example
+is a window of ``min_words``..``max_words`` consecutive words of one sentence (every window that
+holds a content word). The sentences are split first, with ``seed``: ``valid_fraction`` of them for validation, the
 rest for training, so **no sentence gives windows to both splits**; a training window whose text also
 occurs in a validation sentence (a common phrase such as "in the lower town") is dropped too, so no
 source is in both splits.
