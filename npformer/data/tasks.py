@@ -18,9 +18,10 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 import numpy as np
 
 from npformer.data.corpus import check_int as _check_int
+from npformer.data.summarise import DEFAULT_OPTIONS as _SUMMARISE_OPTIONS, mean_token_f1, summarise_pairs
 from npformer.data.vocab import CharVocab
 
-__all__ = ["Seq2SeqBatch", "Seq2SeqTask", "get_task", "exact_match", "TASKS", "DATE_FORMATS",
+__all__ = ["Seq2SeqBatch", "Seq2SeqTask", "get_task", "exact_match", "TASKS", "METRICS", "DATE_FORMATS",
            "format_date", "number_to_words"]
 SPLITS = ("train", "valid")
 TASKS = {
@@ -28,6 +29,8 @@ TASKS = {
     "numbers": "an integer 0..999999 in English words ('twenty thousand and seventeen') -> digits (20017)",
     "copy": "a random symbol string of length min_len..max_len -> the same string",
     "reverse": "a random symbol string of length min_len..max_len -> the string reversed",
+    "summarise": "a run of 3..8 words of a sentence of the shipped corpus -> its content words in order "
+                 "('He said that a clock was' -> 'said clock'); sentences split between train and valid",
 }
 
 
@@ -70,13 +73,18 @@ class Seq2SeqTask:
 
     The splits are encoded once, here (treat the lists as read-only). ValueError when a split is
     empty, a source is empty or in both splits, or a character is missing from its vocabulary.
-    ``tgt_vocab`` defaults to ``src_vocab`` (shared, as in copy and reverse).
+    ``tgt_vocab`` defaults to ``src_vocab`` (shared, as in copy and reverse). ``metrics`` names the
+    scores of its predictions, keys of :data:`METRICS` (default: exact match alone).
     """
 
     def __init__(self, name: str, train: Sequence[tuple[str, str]], valid: Sequence[tuple[str, str]],
                  src_vocab: CharVocab, tgt_vocab: CharVocab | None = None, *,
-                 description: str = "", config: dict | None = None):
+                 description: str = "", config: dict | None = None, metrics: Sequence[str] = ("exact_match",)):
         self.name, self.description, self.config = name, description, dict(config or {})
+        self.metrics = tuple(metrics)
+        unknown = [m for m in self.metrics if m not in METRICS]
+        if unknown or not self.metrics:
+            raise ValueError(f"metrics: expected one or more of {sorted(METRICS)}, got {list(metrics)}")
         self.src_vocab, self.tgt_vocab = src_vocab, (src_vocab if tgt_vocab is None else tgt_vocab)
         for role, vocab in (("src_vocab", self.src_vocab), ("tgt_vocab", self.tgt_vocab)):
             if not isinstance(vocab, CharVocab):
@@ -157,6 +165,10 @@ class Seq2SeqTask:
         order = rng.permutation(n) if shuffle else np.arange(n)                             # (N,)
         return (self._take(self._encoded[split], order[k * batch_size:(k + 1) * batch_size])
                 for k in range(n_batches))
+
+    def score(self, predictions: Sequence[str], targets: Sequence[str]) -> dict[str, float]:
+        """Each of the task's metrics of ``predictions`` against ``targets``: {name: value in [0, 1]}."""
+        return {name: METRICS[name][1](predictions, targets) for name in self.metrics}
 
     def __repr__(self) -> str:
         return (f"Seq2SeqTask({self.name!r}, train={len(self.train)}, valid={len(self.valid)}, "
@@ -297,10 +309,14 @@ def _draw_unique(sample, rng, n, opts, seen: set) -> list:
 def get_task(name: str, *, seed: int = 0, n_train: int | None = None, n_valid: int | None = None,
              **options: Any) -> "Seq2SeqTask":
     """A built-in task (``TASKS``). Options: copy/reverse ``alphabet="abcdefghij", min_len=1,
-    max_len=10``; numbers ``max_value=999999``; dates none. Sizes default to 20,000/1,000 (dates,
-    numbers) and 10,000/1,000 (copy, reverse). ``task.config`` holds every argument used."""
+    max_len=10``; numbers ``max_value=999999``; summarise ``min_words=3, max_words=8,
+    valid_fraction=0.1``; dates none. Sizes default to 20,000/1,000 (dates, numbers), 10,000/1,000
+    (copy, reverse) and every window of each split (summarise: 13,486/728 with seed 0).
+    ``task.config`` holds every argument used."""
+    if name == "summarise":
+        return _summarise_task(seed, n_train, n_valid, options)
     if name not in _SPECS:
-        raise ValueError(f"unknown task {name!r}; expected one of {sorted(_SPECS)}")
+        raise ValueError(f"unknown task {name!r}; expected one of {sorted(TASKS)}")
     spec = _SPECS[name]
     unknown = sorted(set(options) - set(spec.defaults))
     if unknown:
@@ -334,3 +350,21 @@ def exact_match(predictions: Sequence[str], targets: Sequence[str]) -> float:
         if not isinstance(s, str):
             raise TypeError(f"exact_match: expected strings, got {type(s).__name__} {s!r}"[:120])
     return sum(p == t for p, t in zip(predictions, targets)) / len(targets)
+
+
+def _summarise_task(seed: int, n_train: int | None, n_valid: int | None, options: dict) -> Seq2SeqTask:
+    """The summarise task (:mod:`npformer.data.summarise`), scored by exact match and token F1; one
+    vocabulary, the characters of its pairs, serves both sides (a summary copies its source's words)."""
+    unknown = sorted(set(options) - set(_SUMMARISE_OPTIONS))
+    if unknown:
+        raise TypeError(f"task 'summarise' got unexpected option(s) {unknown}; it accepts {sorted(_SUMMARISE_OPTIONS)}")
+    opts = {**_SUMMARISE_OPTIONS, **options}
+    train, valid = summarise_pairs(seed, n_train, n_valid, **opts)
+    vocab = CharVocab.from_texts(src for src, _ in train + valid)
+    config = {"name": "summarise", "seed": seed, "n_train": len(train), "n_valid": len(valid), **opts}
+    return Seq2SeqTask("summarise", train, valid, vocab, description=TASKS["summarise"], config=config,
+                       metrics=("exact_match", "token_f1"))
+
+
+# metric name -> (how a report names it, function(predictions, targets) -> a fraction)
+METRICS = {"exact_match": ("exact match", exact_match), "token_f1": ("token F1", mean_token_f1)}

@@ -18,7 +18,7 @@ import argparse
 from npformer.checks import real
 from npformer.models.albert import SHARE_MODES, ALBERT, ALBERTConfig, parameter_count
 from npformer.models.bert import BERT
-from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
+from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 
 # name -> (vocabulary V, hidden H, layers L, heads, feed-forward F, positions P, embedding E)
 SHAPES = {
@@ -28,6 +28,8 @@ SHAPES = {
     "large": (30000, 1024, 24, 16, 4096, 512, 128),
 }
 PARTS = ("tables", "mapping", "attention", "ffn", "norms", "pooler")
+PART_NAMES = {"tables": "embedding tables", "mapping": "E -> H mapping", "attention": "attention",
+              "ffn": "feed-forward", "norms": "layer norms", "pooler": "pooler"}     # in the plot
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plot(plt, rows, path):
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6.5 * len(shapes), 5.2), squeeze=False, layout="constrained")
     colours = dict(zip(PARTS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:gray")))
     for ax, shape in zip(axes[0], shapes):
         mine = [r for r in rows if r["shape"] == shape][::-1]            # BERT at the top
@@ -117,7 +119,7 @@ def _plot(plt, rows, path):
         left = [0.0] * len(mine)
         for part in PARTS:
             widths = [r[part] / scale for r in mine]
-            ax.barh(range(len(mine)), widths, left=left, color=colours[part], label=part)
+            ax.barh(range(len(mine)), widths, left=left, color=colours[part], label=PART_NAMES[part])
             left = [a + b for a, b in zip(left, widths)]
         for i, r in enumerate(mine):
             ax.text(left[i], i, f" {r['total'] / scale:,.1f}", va="center", fontsize=8)
@@ -126,7 +128,6 @@ def _plot(plt, rows, path):
         v, h, n, _, f, _, e = SHAPES[shape]
         ax.set_title(f"{shape}: V={v}, H={h}, L={n}, E={e}")
         ax.set_xlim(0, max(left) * 1.18)
-    axes[0][0].legend(loc="lower right", fontsize=8)
+    legend_below(axes[0][0], ncol=3)
     fig.suptitle("BERT against ALBERT: factorised embedding and cross-layer sharing")
-    fig.tight_layout()
     return save_figure(fig, path)

@@ -45,10 +45,11 @@ from npformer.backend import get_array_module
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.nn import (LSTM, RNN, LayerNorm, Linear, Module, PositionalEncoding, TransformerEncoder,
                          TransformerEncoderLayer)
-from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
+from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import Adam, clip_grad_norm
 
 MODELS = ("rnn", "lstm", "transformer")
+NAMES = {"rnn": "Elman RNN", "lstm": "LSTM", "transformer": "Transformer encoder"}   # in plots
 
 
 class RecurrentRegressor(Module):
@@ -222,20 +223,20 @@ def run(args: argparse.Namespace) -> int:
                  "train_loss": {k: r["train_loss"] for k, r in res.items()}})]
     plt = pyplot()
     if plt is not None:
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+        fig, axes = plt.subplots(1, 3, figsize=(16, 5), layout="constrained")
         t = numpy.arange(1, args.seq_len + 1)
         for ax, stage, title in ((axes[0], "init", "at initialisation"),
                                  (axes[1], "trained", f"after {args.steps} training steps")):
             for k, r in res.items():
                 ax.semilogy(t, numpy.where(r[stage] > 0, r[stage], numpy.nan),
-                            label=f"{k} (g_1/g_T = {r['ratio_' + stage]:.1e})")
+                            label=f"{NAMES[k]} (g_1/g_T = {r['ratio_' + stage]:.1e})")
             ax.set(title=f"||dL_T / dx_t|| {title}", xlabel="input step t", ylabel="gradient norm")
-            ax.legend(fontsize=8)
+            legend_below(ax)
         for k, r in res.items():
-            axes[2].plot(r["train_loss"], label=k, lw=0.8)
-        axes[2].axhline(1.0, color="grey", ls=":", lw=0.8, label="predict 0")
+            axes[2].plot(r["train_loss"], label=NAMES[k], lw=0.8)
+        axes[2].axhline(1.0, color="grey", ls=":", lw=0.8, label="always predicting 0")
         axes[2].set(title="training loss", xlabel="step", ylabel="squared error", ylim=(0, 1.6))
-        axes[2].legend(fontsize=8)
+        legend_below(axes[2], ncol=2)
         files.append(save_figure(fig, out / "gradient_flow.png"))
     print("\n  decay ratio g_1/g_T (g_t = mean ||dL_T/dx_t|| over held-out sequences; 1 = flat), and")
     print("  g_1/g_{T-1}, which leaves out x_T's own direct path to the output (the Transformer's residual)")

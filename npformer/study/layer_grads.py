@@ -213,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot(plt, res, args, path):
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9.5), layout="constrained")
     (a, b), (c, d) = axes
     layer_ids = numpy.arange(1, args.layers + 1)
     for n, (k, r) in enumerate(res.items()):
@@ -222,15 +222,14 @@ def _plot(plt, res, args, path):
         steps = numpy.arange(1, len(p) + 1)
         a.semilogy(layer_ids, p[0], marker="o", color=color, label=k)
         b.semilogy(layer_ids, p[-max(1, len(p) // 4):].mean(axis=0), marker="o", color=color, label=k)
-        c.semilogy(steps, p[:, 0], color=color, lw=0.8, label=f"{k}: layer 1")
-        c.semilogy(steps, p[:, -1], color=color, lw=0.8, ls=":", label=f"{k}: layer {args.layers}")
-        d.plot(steps, r["loss"], color=color, lw=0.8, label=k)
+        c.semilogy(steps, p[:, 0], color=color, lw=0.8)
+        c.semilogy(steps, p[:, -1], color=color, lw=0.8, ls=":")
+        d.plot(steps, r["loss"], color=color, lw=0.8)
     a.set(title="||dL/dθ_layer|| at step 1", xlabel="layer", ylabel="gradient norm")
     b.set(title="||dL/dθ_layer||, mean of the last 25% of steps", xlabel="layer", ylabel="gradient norm")
-    c.set(title="first (solid) and last (dotted) layer during training", xlabel="step", ylabel="gradient norm")
+    c.set(title=f"layer 1 (solid) and layer {args.layers} (dotted) during training", xlabel="step",
+          ylabel="gradient norm")
     d.set(title="training loss", xlabel="step", ylabel="cross-entropy (nats)")
-    for ax in (a, b, d):
-        ax.legend(fontsize=8)
-    c.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
+    # one legend for the four panels (the colours are the configurations), under them
+    fig.legend(*a.get_legend_handles_labels(), loc="outside lower center", ncol=len(res), frameon=False)
     return save_figure(fig, path)

@@ -45,7 +45,7 @@ from npformer.models.norm_encoder import NORMS, NormEncoder, NormEncoderConfig
 from npformer.nn.module import no_grad
 from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
-from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
+from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.schedules import cosine_with_warmup
 
@@ -335,19 +335,26 @@ def _print_summary(results: dict, args) -> None:
               f"{nb['change'][1]:.1%} of predictions changed")
 
 
+# each norm as the plots name it (--norms takes the short names)
+NAMES = {"layer": "LayerNorm", "batch": "BatchNorm", "batch_masked": "masked BatchNorm"}
+
+
 def _plot(plt, results: dict, path, args):
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 5), layout="constrained")
     colors = {"layer": "tab:blue", "batch": "tab:red", "batch_masked": "tab:orange"}
     for norm, r in results.items():
         col = colors.get(norm)
         pad = r["by_padding"]
-        a.plot([v["padding_fraction"] for v in pad], [v["accuracy"] for v in pad], "o-", color=col, label=norm)
+        a.plot([v["padding_fraction"] for v in pad], [v["accuracy"] for v in pad], "o-", color=col,
+               label=NAMES[norm])
         a.axhline(r["eval_acc"], color=col, ls=":", lw=1)
         sizes = list(r["by_batch_size"])
-        b.plot(sizes, [r["by_batch_size"][s]["accuracy"] for s in sizes], "o-", color=col, label=norm)
+        b.plot(sizes, [r["by_batch_size"][s]["accuracy"] for s in sizes], "o-", color=col, label=NAMES[norm])
         b.axhline(r["eval_acc"], color=col, ls=":", lw=1)
+    for ax in (a, b):
+        ax.plot([], [], color="gray", ls=":", lw=1, label="running statistics (eval)")
     a.set(title="batch statistics: the same batches, more padding", xlabel="padding fraction of the batch",
-          ylabel="accuracy (dotted: running statistics)")
+          ylabel="accuracy")
     b.set(title="batch statistics vs batch size", xlabel="batch size", xscale="log", ylabel="accuracy")
     b.set_xticks(list(BATCH_SIZES), [str(s) for s in BATCH_SIZES])
     names = list(results)
@@ -361,11 +368,12 @@ def _plot(plt, results: dict, path, args):
             ch = r[1]["change"] if key == "by_batch_size" else r[-1]["change"] if key == "by_padding" else r["change"]
             vals.append(max(ch[0], 1e-17))
         c.bar(x + (k - 1) * 0.22, vals, 0.22, label=label)
-    c.axhspan(1e-17, 1e-12, color="0.9", zorder=0)
-    c.text(0.5, 1e-13, "float64\nrounding", ha="center", va="center", fontsize=7, color="0.4")
+    c.axhspan(1e-17, 1e-12, color="0.9", zorder=0, label="float64 rounding: no change")
     c.set(title="largest logit change of an unchanged sequence", ylabel="max |logit change| (log)", yscale="log")
-    c.set_xticks(x, names)
-    for ax, where in ((a, "best"), (b, "best"), (c, "center")):
-        ax.legend(fontsize=8, loc=where)
-    fig.suptitle("LayerNorm vs BatchNorm in a Transformer encoder (histogram task)")
+    c.set_xticks(x, [NAMES[n] for n in names])
+    legend_below(a, ncol=2)
+    legend_below(b, ncol=2)
+    c.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, fontsize=8, frameon=False)  # no x label
+    fig.suptitle("LayerNorm vs BatchNorm in a Transformer encoder (histogram task; masked BatchNorm leaves "
+                 "the padding out of its statistics)")
     return save_figure(fig, path)

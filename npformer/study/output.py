@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy
 
-__all__ = ["out_dir", "write_csv", "write_json", "pyplot", "save_figure"]
+__all__ = ["out_dir", "write_csv", "write_json", "pyplot", "legend_below", "save_figure"]
 
 
 def out_dir(path: str | os.PathLike) -> Path:
@@ -64,6 +64,13 @@ def pyplot():
         print('note: matplotlib is not installed, so no PNG is written (pip install "npformer[plot]")')
         return None
     return plt
+
+
+def legend_below(ax, ncol: int = 1, **kwargs):
+    """The legend of ``ax`` under its x label, outside the data, so no curve, bar or label runs through
+    it whatever the data look like (a figure made with ``layout="constrained"`` makes room for it)."""
+    return ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=ncol, fontsize=8, frameon=False,
+                     **kwargs)
 
 
 def save_figure(fig, path: str | os.PathLike) -> Path:

@@ -51,10 +51,10 @@ def run(args: argparse.Namespace) -> int:
         fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
         im = a.imshow(m["table"], aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
         a.set(title="sinusoidal encoding PE[pos, i]", xlabel="dimension i", ylabel="position")
-        fig.colorbar(im, ax=a)
+        fig.colorbar(im, ax=a, label="PE[pos, i]")
         im = b.imshow(m["similarity"], cmap="viridis")
         b.set(title="PE[p] . PE[q]", xlabel="position q", ylabel="position p")
-        fig.colorbar(im, ax=b)
+        fig.colorbar(im, ax=b, label="dot product PE[p] . PE[q]")
         files.append(save_figure(fig, out / "positional.png"))
     near, far = m["profile"][1], m["profile"][-1]
     print(f"positional encoding: {args.positions} positions x {args.d_model} dimensions")

@@ -17,7 +17,7 @@ import time
 
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import RangeError
-from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
+from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.config import XLTrainConfig
 from npformer.training.xl_trainer import XLTrainer, recall_period
 
@@ -113,26 +113,30 @@ def run(args: argparse.Namespace) -> int:
              write_json(out / "xl_memory.json", summary)]
     plt = pyplot()
     if plt is not None:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 5), layout="constrained")
         for mem, (_, curve) in runs.items():
             a.plot([r["step"] for r in curve], [r["valid_loss"] for r in curve], marker="o", ms=3,
                    label=f"memory M={mem}" if mem else "no memory (M=0)")
-        for y, text, va in ((summary["uniform_loss"], "best without memory: ln(symbols)", "top"),
-                            (summary["floor_loss"], "perfect recall", "bottom")):
+        for y, text, ls in ((summary["uniform_loss"], "best without memory: ln(symbols)", "--"),
+                            (summary["floor_loss"], "perfect recall", "-.")):
             for ax in (a, b):
-                ax.axhline(y, color="gray", ls="--", lw=0.8)
-                ax.text(0.01, y, text, transform=ax.get_yaxis_transform(), va=va, fontsize=8, color="gray")
+                ax.axhline(y, color="gray", ls=ls, lw=0.8, label=text)
         a.set(title=f"recall, period {summary['period']} > segment {args.segment}", xlabel="training step",
               ylabel="validation loss (nats)")
-        a.legend()
         for mem in runs:
             rows = [r for r in evals if r["trained_mem_len"] == mem]
             b.plot([r["eval_mem_len"] for r in rows], [r["valid_loss"] for r in rows], marker="o",
                    label=f"trained with M={mem}")
-        b.axvline(m, color="gray", ls=":", lw=0.8)                             # the training memory
+            c.plot([r["eval_mem_len"] for r in rows], [100 * r["recall_accuracy"] for r in rows], marker="o",
+                   label=f"trained with M={mem}")
+        for ax in (b, c):
+            ax.axvline(m, color="gray", ls=":", lw=0.8, label=f"training memory M={m}")
         b.set(title="evaluation with other memory lengths", xlabel="memory at evaluation",
               ylabel="validation loss (nats)")
-        b.legend()
+        c.set(title="recall accuracy with other memory lengths", xlabel="memory at evaluation",
+              ylabel="recall accuracy (% of recallable symbols)", ylim=(-3, 103))
+        for ax in (a, b, c):
+            legend_below(ax, ncol=2)
         files.append(save_figure(fig, out / "xl_memory.png"))
     print(f"Transformer-XL ({summary['model']['parameters']:,} parameters, {args.layers} layers) on recall: "
           f"period {summary['period']} > segment {args.segment}, {args.steps} steps per model")

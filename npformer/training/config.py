@@ -69,7 +69,7 @@ class TrainConfig:
     kind trains from its own config below."""
 
     model: str | None = option(None, "the model to train (default: the task's, see --task)")
-    task: str = option(DEFAULT_TASK, "dates, numbers, copy, reverse: a Seq2Seq task; charlm: a character "
+    task: str = option(DEFAULT_TASK, "dates, numbers, copy, reverse, summarise: a Seq2Seq task; charlm: a character "
                        "language model on a text (--model gpt by default); recall: the long-range copy task "
                        "(--model transformer-xl by default)")
     seed: int = option(0, "seed of the weights, the batches and the dropout masks")

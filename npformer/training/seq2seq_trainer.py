@@ -1,14 +1,15 @@
 """Training the paper's encoder-decoder (``Seq2Seq``) on a built-in task:
-``npformer train [--task dates|numbers|copy|reverse]``, the default job.
+``npformer train [--task dates|numbers|copy|reverse|summarise]``, the default job.
 
 A step draws ``batch_size`` pairs of the task's training set from (seed, step) and minimises the
 label-smoothed cross-entropy of the target tokens, padding ignored. Validation reports the loss
-without smoothing and the greedy decoder's exact-match accuracy on the held-out pairs.
+without smoothing and the task's scores of the greedy decoder's outputs on the held-out pairs: exact
+match, and token F1 for summarise (``Seq2SeqTask.metrics``).
 """
 from __future__ import annotations
 
 from npformer.backend import default_rng, to_device
-from npformer.data.tasks import TASKS, exact_match, get_task
+from npformer.data.tasks import METRICS, TASKS, get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode, greedy_decode
@@ -21,7 +22,7 @@ __all__ = ["Seq2SeqTrainer"]
 
 
 class Seq2SeqTrainer(Trainer):
-    """The paper's encoder-decoder on a built-in translation-like task, scored by exact match."""
+    """The paper's encoder-decoder on a built-in translation-like task, scored by the task's metrics."""
 
     kind = "seq2seq"
     cfg: Seq2SeqTrainConfig
@@ -61,7 +62,7 @@ class Seq2SeqTrainer(Trainer):
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, limit: int | None = None, batch_size: int = 250) -> dict:
-        """Validation loss (no smoothing) and greedy exact-match accuracy."""
+        """Validation loss (no smoothing) and the task's scores of the greedy decoder's outputs."""
         pairs = self.task.valid[:limit] if limit else self.task.valid
         total_loss, total_tokens, preds = 0.0, 0, []
         max_len = self.task.max_tgt_len + 2
@@ -75,8 +76,7 @@ class Seq2SeqTrainer(Trainer):
                 total_tokens += int((tgt_out != PAD_ID).sum())
                 ids = greedy_decode(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=max_len)
                 preds += [self.task.tgt_vocab.decode(r) for r in ids]
-        return {"loss": total_loss / max(total_tokens, 1),
-                "exact_match": exact_match(preds, [t for _, t in pairs]),
+        return {"loss": total_loss / max(total_tokens, 1), **self.task.score(preds, [t for _, t in pairs]),
                 "predictions": preds, "targets": [t for _, t in pairs], "sources": [s for s, _ in pairs]}
 
     def translate(self, sources: list[str]) -> list[str]:
@@ -98,4 +98,5 @@ class Seq2SeqTrainer(Trainer):
     def report(self, result: dict, quick: bool) -> str:
         n = len(result["targets"])
         what = f"valid ({n} examples)" if quick else f"final validation ({n} held-out examples)"
-        return f"{what}: loss {result['loss']:.4f}  exact match {result['exact_match']:.1%}"
+        scores = "  ".join(f"{METRICS[m][0]} {result[m]:.1%}" for m in self.task.metrics)
+        return f"{what}: loss {result['loss']:.4f}  {scores}"
