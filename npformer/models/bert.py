@@ -20,7 +20,7 @@ import numpy   # host side only: the candidates fill_mask hands back
 
 from npformer.backend import get_array_module, to_device, to_numpy
 from npformer.checks import non_negative_int, one_of, positive_int, probability, real, token_ids
-from npformer.errors import RangeError, ShapeError
+from npformer.errors import RangeError, ShapeError, StateDictError
 from npformer.interop import check_directory, load_weights, read_config, save_directory
 from npformer.models import hf_bert
 from npformer.nn import init
@@ -266,6 +266,9 @@ class BERT(EncoderModel):
         zeros, so ``pooled`` is zero; the hidden states and masked-LM logits are exact."""
         root = check_directory(path, ("config.json", "model.safetensors"))
         tensors = load_weights(root)
+        if mlm_head and not hf_bert.has_mlm_head(tensors):
+            raise StateDictError(f"{str(path)!r} holds no masked-LM head (no cls.predictions.* tensors): it was "
+                                 "saved as a BertModel; filling masks needs a BertForMaskedLM directory")
         mlm_head = hf_bert.has_mlm_head(tensors) if mlm_head is None else mlm_head
         config = BERTConfig(**hf_bert.config_fields_from_hf(read_config(root)), mlm_head=mlm_head)
         state = hf_bert.state_from_hf(tensors, config.num_hidden_layers, require_pooler=require_pooler,

@@ -120,7 +120,8 @@ def hf_model_type(config) -> str:
         why.append(f"activation {c.activation!r} ({kind}'s {_ACT_FIELD[kind]} has "
                    f"{', '.join(sorted(_TO_HF_ACT[kind]))}; its 'gelu' is the tanh approximation)")
     if kind == "openai-gpt" and (c.dim_feedforward or 4 * c.d_model) != 4 * c.d_model:
-        why.append(f"dim_feedforward {c.dim_feedforward} (openai-gpt's is 4 * n_embd = {4 * c.d_model})")
+        why.append(f"dim_feedforward {c.dim_feedforward} (openai-gpt's is 4 * n_embd = {4 * c.d_model}; "
+                   f"npformer train --ff {4 * c.d_model} trains one that has it)")
     if why:
         norm = "pre-norm, matched by gpt2" if c.norm_first else "post-norm, matched by openai-gpt"
         raise RangeError(f"this GPT ({norm}) has no exact Hugging Face counterpart: " + "; ".join(why))

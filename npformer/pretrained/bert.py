@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np   # host side only: arrays read from files, tokenizer output, results handed back
 from npformer.backend import get_array_module, to_numpy
 from npformer.checks import positive_int
-from npformer.errors import InputTypeError
+from npformer.errors import InputTypeError, RangeError
 from npformer.interop import check_directory
 from npformer.models import hf_bert
 from npformer.models.bert import BERT, BERTConfig
@@ -27,7 +27,7 @@ from npformer.nn.module import no_grad
 from npformer.pretrained._files import INSTALL
 
 __all__ = ["load_bert", "SentenceEncoder", "TokenizerInfo", "default_minilm_path", "bert_config_from_hf",
-           "hf_bert_state_dict", "mean_pool", "l2_normalize", "REQUIRED_FILES"]
+           "hf_bert_state_dict", "mean_pool", "l2_normalize", "fill_mask", "REQUIRED_FILES"]
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
@@ -121,11 +121,15 @@ class SentenceEncoder:
         return tuple(np.array([getattr(e, f) for e in enc], dtype=np.int64)
                      for f in ("ids", "type_ids", "attention_mask"))
 
-    def encode(self, sentences: list[str], batch_size: int = 32):
-        """(N, C) unit-norm embeddings as a host NumPy array (computed on the model's backend)."""
-        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
-            got = "a str" if isinstance(sentences, str) else [type(s).__name__ for s in sentences]
-            raise InputTypeError(f"sentences: expected a list of str, got {got}")
+    def encode(self, sentences: str | list[str], batch_size: int = 32):
+        """Unit-norm embeddings as a host NumPy array (computed on the model's backend): (N, C) for a
+        list of N sentences, (C,) for one sentence given as a str (as sentence-transformers does)."""
+        if isinstance(sentences, str):
+            return self.encode([sentences], batch_size)[0]
+        if not isinstance(sentences, (list, tuple)) or not all(isinstance(s, str) for s in sentences):
+            got = type(sentences).__name__ if not isinstance(sentences, (list, tuple)) else \
+                [type(s).__name__ for s in sentences]
+            raise InputTypeError(f"sentences: expected a str or a list of str, got {got}")
         positive_int(batch_size, "batch_size")
         xp = get_array_module(self.model.embeddings.word_embeddings.weight.data)
         out = []
@@ -136,3 +140,27 @@ class SentenceEncoder:
             out.append(to_numpy(l2_normalize(mean_pool(hidden, keep))))           # (B, C)
         dim = self.model.config.hidden_size
         return np.concatenate(out, axis=0) if out else np.zeros((0, dim), dtype=self.model.dtype)
+
+
+def fill_mask(model: BERT, tokenizer_info: TokenizerInfo, text: str, top_k: int = 5, mask_token: str = "[MASK]"
+              ) -> tuple[str, list[list[tuple[str, float]]]]:
+    """Every ``mask_token`` of ``text`` filled by a pretrained BERT with its masked-LM head
+    (:func:`load_bert` with ``mlm_head=True``): ``(the text with each mask replaced by its most
+    likely token, per mask the top_k (token, probability) pairs)``. Special tokens are never
+    candidates."""
+    tok = tokenizer_info.tokenizer
+    mask_id = tok.token_to_id(mask_token)
+    if mask_id is None:
+        raise RangeError(f"the tokenizer has no {mask_token!r} token; give the one it uses (mask_token=...)")
+    enc = tok.encode(text.lower() if tokenizer_info.do_lower_case else text)
+    ids = np.array([enc.ids], dtype=np.int64)                                     # (1, T)
+    if not (ids == mask_id).any():
+        raise RangeError(f"text {text!r}: no {mask_token} to fill (the tokenizer's mask token)")
+    special = sorted({i for i, t in tok.get_added_tokens_decoder().items() if t.special})
+    xp = get_array_module(model.embeddings.word_embeddings.weight.data)
+    fills = model.fill_mask(xp.asarray(ids), mask_id, top_k=top_k, exclude=special)
+    filled = ids[0].tolist()
+    for f in fills:
+        filled[f.position] = int(f.ids[0])
+    return (tok.decode(filled, skip_special_tokens=True),
+            [[(tok.id_to_token(int(i)), float(p)) for i, p in zip(f.ids, f.probs)] for f in fills])

@@ -78,11 +78,18 @@ def test_padding_does_not_change_an_embedding(enc32):
     assert enc32.encode([]).shape == (0, 384)
 
 
+def test_one_string_gives_one_vector(enc32):
+    """As sentence-transformers: a str in, a 1-D embedding out, equal to that sentence's row."""
+    one = enc32.encode(SENTENCES[0])
+    assert one.shape == (384,) and one.dtype == np.float32
+    np.testing.assert_array_equal(one, enc32.encode([SENTENCES[0]])[0])
+
+
 def test_encode_bad_input(enc32):
-    with pytest.raises(TypeError, match="expected a list of str"):
-        enc32.encode("one string")
-    with pytest.raises(TypeError, match="expected a list of str"):
+    with pytest.raises(TypeError, match=r"expected a str or a list of str, got \['str', 'int'\]"):
         enc32.encode(["ok", 3])
+    with pytest.raises(TypeError, match="expected a str or a list of str, got int"):
+        enc32.encode(3)
     with pytest.raises(ValueError, match="batch_size: expected an int >= 1, got 0"):
         enc32.encode(["ok"], batch_size=0)
 
