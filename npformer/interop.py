@@ -68,7 +68,7 @@ def to_numpy_state_dict(module) -> dict[str, numpy.ndarray]:
 def save_safetensors(path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> Path:
     """Write ``tensors`` (name -> array-like) to ``path`` in the safetensors format, names sorted,
     the header padded with spaces to a multiple of 8 bytes (so every tensor starts 8-byte aligned)."""
-    arrays = {k: numpy.ascontiguousarray(_host(v)) for k, v in sorted(tensors.items())}
+    arrays = {k: numpy.asarray(_host(v), order="C") for k, v in sorted(tensors.items())}   # 0-d stays 0-d
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for name, a in arrays.items():
