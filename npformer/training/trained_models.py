@@ -10,7 +10,7 @@ a character the model never saw is an error naming it, never a silent ``<unk>``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 import numpy as np   # host side only: ids built from text, candidates handed back
 
@@ -53,10 +53,12 @@ class Trained:
 
 
 def _config(cls, d: dict):
-    unknown = sorted(set(d) - {f.name for f in fields(cls)})
-    if unknown:
-        raise ValueError(f"the checkpoint's model config has fields {unknown} that {cls.__name__} does not "
-                         "know: it was written by another version of npformer")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    absent = sorted(f.name for f in fields(cls) if f.name not in d and f.default is MISSING)
+    if unknown or absent:
+        raise ValueError(f"the checkpoint's model config has fields {unknown} that {cls.__name__} does not know "
+                         f"and lacks {absent}: it was written by another version of npformer")
     return cls(**d)
 
 

