@@ -1,10 +1,12 @@
 """The ``npformer`` command line (also ``python -m npformer``).
 
     npformer train [--task dates] [--steps N] [--backend numpy|cupy] [--checkpoint PATH] [--resume] ...
-    npformer translate --checkpoint PATH "3rd of March 1997" ...
+    npformer translate --checkpoint PATH [--beam N] "3rd of March 1997" ...
     npformer generate --checkpoint PATH --prompt "The " [--temperature T] [--top-k K] [--top-p P]
     npformer generate --model DIR --prompt "The " ...        (a Hugging Face GPT-2 directory)
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
+    npformer fill-mask --checkpoint PATH | --model DIR "The riv[MASK]r" ... [--top-k K]
+    npformer export --checkpoint PATH --to DIR              (the Hugging Face layout)
     npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
     npformer bench [--quick] [--backends numpy,cupy,torch] [--out DIR]
@@ -193,14 +195,16 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from npformer.training.checkpoint import load_checkpoint
     from npformer.training.seq2seq_trainer import Seq2SeqTrainer
 
+    from npformer.data.tasks import TASKS
     meta = load_checkpoint(args.checkpoint).meta
     if meta.get("kind") != Seq2SeqTrainer.kind:
         raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; translate needs a Seq2Seq "
-                         "checkpoint from 'npformer train --task dates|numbers|copy|reverse'")
+                         f"checkpoint from 'npformer train --task {'|'.join(TASKS)}'")
     config = config_from_dict(meta["train_config"], meta["kind"])
+    positive_int(args.beam, "--beam")
     trainer = Seq2SeqTrainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
     trainer.load(args.checkpoint)
-    for src, out in zip(args.text, trainer.translate(args.text)):
+    for src, out in zip(args.text, trainer.translate(args.text, beam=args.beam)):
         print(f"{src}\t{out}")
     return 0
 
@@ -251,6 +255,56 @@ def _generate_pretrained(args: argparse.Namespace) -> int:
     _, text = complete(model, tokenizer, args.prompt, args.tokens, seed=args.seed,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     print(args.prompt + text)
+    return 0
+
+
+def _print_fills(text: str, filled: str, candidates: list) -> None:
+    print(filled)
+    for i, pairs in enumerate(candidates, 1):
+        print(f"  [MASK] {i}: " + "  ".join(f"{t!r} {p:.3f}" for t, p in pairs))
+
+
+def cmd_fill_mask(args: argparse.Namespace) -> int:
+    positive_int(args.top_k, "--top-k")
+    if args.model:
+        try:
+            from npformer.pretrained import fill_mask, load_bert
+            model, info = load_bert(args.model, backend=args.backend, require_pooler=False, mlm_head=True)
+        except ImportError as exc:   # the optional extra is not installed
+            print(f"npformer fill-mask: error: {exc}", file=sys.stderr)
+            return 2
+        for text in args.text:
+            _print_fills(text, *fill_mask(model, info, text, args.top_k))
+        return 0
+    from npformer.training.trained_models import fill_mask_text, load_trained
+
+    trained = load_trained(args.checkpoint, backend=args.backend, kinds=("bert", "albert"),
+                           need="fill-mask needs a bert or albert checkpoint from 'npformer train --task charlm "
+                                "--model bert|albert'")
+    for text in args.text:
+        _print_fills(text, *fill_mask_text(trained, text, args.top_k))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    from npformer.training.trained_models import load_trained
+
+    trained = load_trained(args.checkpoint, kinds=("gpt", "gpt1", "gpt2", "bert"),
+                           need="export writes GPT (gpt, gpt1, gpt2) and BERT checkpoints; Seq2Seq, ALBERT and "
+                                "Transformer-XL have no exporter")
+    if Path(args.to).exists() and not Path(args.to).is_dir():
+        raise RangeError(f"--to {args.to} is a file; expected a directory (created if needed)")
+    trained.model.save_pretrained(args.to)
+    vocab = {"vocab": trained.vocabs[0].to_dict(), **({"mask_id": trained.mask_id} if trained.kind == "bert" else {})}
+    (Path(args.to) / "npformer_vocab.json").write_text(json.dumps(vocab, indent=1) + "\n")
+    config = json.loads((Path(args.to) / "config.json").read_text())
+    print(f"wrote {args.to}: {config['architectures'][0]} (model_type {config['model_type']!r}) from the "
+          f"{trained.kind} checkpoint {args.checkpoint}, {trained.model.num_parameters():,} parameters, "
+          f"{trained.model.dtype}")
+    for name in ("config.json", "model.safetensors", "npformer_vocab.json"):
+        print(f"  {Path(args.to) / name}")
     return 0
 
 
@@ -344,6 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint")
     tr.add_argument("--checkpoint", required=True, metavar="PATH")
+    tr.add_argument("--beam", type=int, default=1, metavar="N", help="beam search with N hypotheses and the "
+                    "GNMT length penalty 0.6; 1: greedy (default 1)")
     tr.add_argument("--backend", choices=["numpy", "cupy"])
     tr.add_argument("text", nargs="+")
     tr.set_defaults(func=cmd_translate)
@@ -368,6 +424,29 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=["float32", "float64"], help="with --model: the weights' dtype (default "
                      "float32)")
     gen.set_defaults(func=cmd_generate)
+
+    fm = sub.add_parser("fill-mask", help="fill each [MASK] of a text with a BERT/ALBERT checkpoint "
+                        "(npformer train --task charlm --model bert|albert) or a Hugging Face BertForMaskedLM",
+                        description="Prints each text with its masks filled by the most likely token, then the "
+                                    "top K candidates of each mask with their probabilities.")
+    src = fm.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="PATH", help="a bert or albert checkpoint from 'npformer train "
+                     "--task charlm' ([MASK] stands for one character)")
+    src.add_argument("--model", metavar="DIR", help="a Hugging Face BertForMaskedLM directory (config.json, "
+                     "model.safetensors, tokenizer.json)")
+    fm.add_argument("text", nargs="+", help="text with [MASK] where a token is missing")
+    fm.add_argument("--top-k", type=int, default=5, dest="top_k", help="candidates shown per mask (default 5)")
+    fm.add_argument("--backend", choices=["numpy", "cupy"])
+    fm.set_defaults(func=cmd_fill_mask)
+
+    ex = sub.add_parser("export", help="write a GPT or BERT checkpoint as a Hugging Face model directory",
+                        description="Writes config.json and model.safetensors (GPT2LMHeadModel for a pre-norm "
+                                    "GPT, OpenAIGPTLMHeadModel for a post-norm one, BertForMaskedLM for BERT) "
+                                    "and npformer_vocab.json (the characters of the ids). A model that no "
+                                    "Hugging Face architecture computes exactly is refused, saying why.")
+    ex.add_argument("--checkpoint", required=True, metavar="PATH", help="a gpt, gpt1, gpt2 or bert checkpoint")
+    ex.add_argument("--to", required=True, metavar="DIR", help="the directory to write (created if needed)")
+    ex.set_defaults(func=cmd_export)
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT (all-MiniLM-L6-v2)",
                         description="Prints one line per sentence: the text, a tab and its unit-norm "

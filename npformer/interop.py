@@ -11,16 +11,38 @@ Anything array-like is accepted: NumPy or CuPy arrays, and tensors (converted th
 which NumPy cannot hold, become float32, exactly). Every ``torch.nn`` module npformer mirrors
 round-trips this way: MultiheadAttention, TransformerEncoderLayer/DecoderLayer,
 TransformerEncoder/Decoder and Transformer (tests/parity/test_torch_layers.py).
+
+Hugging Face model directories (``config.json`` and ``model.safetensors``, or shards listed in
+``model.safetensors.index.json``) are read and written here with NumPy alone, for the models'
+``save_pretrained``/``from_pretrained`` and :mod:`npformer.pretrained`. A safetensors file is::
+
+    8 bytes     N, the header's length (unsigned, little-endian)
+    N bytes     a JSON object: {name: {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]},
+                "__metadata__": {str: str}}, offsets into the data that follows
+    the data    each tensor's bytes, C order, little-endian, back to back
+
+bfloat16 tensors (``BF16``), which NumPy cannot hold, are widened to float32 exactly on reading.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy
 
 from npformer.backend import to_numpy
+from npformer.errors import CheckpointError
 
-__all__ = ["from_arrays", "to_numpy_state_dict"]
+__all__ = ["from_arrays", "to_numpy_state_dict", "save_safetensors", "load_safetensors_file",
+           "check_directory", "read_config", "load_weights", "save_directory", "WEIGHTS", "INDEX"]
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+# safetensors dtype names <-> NumPy dtypes (little-endian); BF16 is read only (widened to float32)
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+           "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+_NAMES = {numpy.dtype(v): k for k, v in _DTYPES.items()}
 
 
 def _host(v: Any) -> numpy.ndarray:
@@ -40,3 +62,122 @@ def from_arrays(state: Mapping[str, Any]) -> dict[str, numpy.ndarray]:
 def to_numpy_state_dict(module) -> dict[str, numpy.ndarray]:
     """Host copies of a module's parameters under their (PyTorch) names, tied weights under each name."""
     return {k: to_numpy(v).copy() for k, v in module.state_dict().items()}
+
+
+# -- safetensors files -----------------------------------------------------------------------------
+def save_safetensors(path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> Path:
+    """Write ``tensors`` (name -> array-like) to ``path`` in the safetensors format, names sorted,
+    the header padded with spaces to a multiple of 8 bytes (so every tensor starts 8-byte aligned)."""
+    arrays = {k: numpy.asarray(_host(v), order="C") for k, v in sorted(tensors.items())}   # 0-d stays 0-d
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, a in arrays.items():
+        if a.dtype.newbyteorder("<") not in _NAMES:
+            raise CheckpointError(f"{name}: safetensors has no dtype for {a.dtype} (expected one of "
+                                  f"{sorted(str(d) for d in _NAMES)})")
+        header[name] = {"dtype": _NAMES[a.dtype.newbyteorder("<")], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + a.nbytes]}
+        offset += a.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path = Path(path)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for a in arrays.values():
+            f.write(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    return path
+
+
+def load_safetensors_file(path) -> dict[str, numpy.ndarray]:
+    """Every tensor of the safetensors file ``path`` as a host NumPy array, by name. A file whose
+    header or offsets do not fit its size is one :class:`CheckpointError` naming it."""
+    data = Path(path).read_bytes()
+    where = f"{str(path)!r} is not a safetensors file"
+    if len(data) < 8:
+        raise CheckpointError(f"{where}: {len(data)} bytes, fewer than the 8 of the header's length")
+    n = int.from_bytes(data[:8], "little")
+    if 8 + n > len(data):
+        raise CheckpointError(f"{where}: its header of {n} bytes is longer than the file ({len(data)} bytes)")
+    try:
+        header = json.loads(data[8:8 + n])
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where}: its header is not JSON ({exc})") from None
+    body = memoryview(data)[8 + n:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
+        width = 2 if dtype == "BF16" else numpy.dtype(_DTYPES.get(dtype, "V1")).itemsize
+        if dtype not in _DTYPES and dtype != "BF16":
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} has dtype {dtype!r}, which NumPy cannot hold")
+        if not 0 <= begin <= end <= len(body) or end - begin != width * int(numpy.prod(shape)):
+            raise CheckpointError(f"{str(path)!r}: tensor {name!r} of shape {shape} and dtype {dtype} does not "
+                                  f"fit its offsets [{begin}, {end}) in {len(body)} bytes of data")
+        raw = body[begin:end]
+        if dtype == "BF16":      # the upper half of a float32: widen exactly
+            a = (numpy.frombuffer(raw, "<u2").astype(numpy.uint32) << 16).view(numpy.float32)
+        else:
+            a = numpy.frombuffer(raw, _DTYPES[dtype]).astype(numpy.dtype(_DTYPES[dtype]).newbyteorder("="))
+        out[name] = a.reshape(shape)
+    return out
+
+
+# -- Hugging Face model directories ---------------------------------------------------------------
+def _present(root: Path, name: str) -> bool:
+    # a sharded checkpoint (save_pretrained with max_shard_size) replaces the one file by an index
+    return (root / name).is_file() or (name == WEIGHTS and (root / INDEX).is_file())
+
+
+def check_directory(path, required: tuple[str, ...]) -> Path:
+    """``Path(path)`` after checking that it is a directory holding every file in ``required``
+    (``model.safetensors`` may be a sharded ``model.safetensors.index.json``)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"model directory {str(root)!r} does not exist (expected a directory with "
+                                f"{', '.join(required)})")
+    absent = [f for f in required if not _present(root, f)]
+    if absent:
+        raise FileNotFoundError(f"model directory {str(root)!r} is missing {', '.join(absent)} "
+                                f"(expected {', '.join(required)})")
+    return root
+
+
+def read_config(root: Path) -> dict:
+    """The JSON object in ``root / "config.json"``."""
+    try:
+        cfg = json.loads((root / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{root / 'config.json'} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{root / 'config.json'}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
+def load_weights(root: Path) -> dict[str, numpy.ndarray]:
+    """Every tensor of the checkpoint in ``root`` (one file, or the shards its index lists) by name."""
+    if (root / WEIGHTS).is_file():
+        return load_safetensors_file(root / WEIGHTS)
+    index = json.loads((root / INDEX).read_text())
+    shards = sorted(set(index.get("weight_map", {}).values()))
+    absent = [s for s in shards if not (root / s).is_file()]
+    if not shards or absent:
+        raise FileNotFoundError(f"{root / INDEX} lists shards that are not in the directory: {absent}"
+                                if absent else f"{root / INDEX} lists no shards (empty weight_map)")
+    tensors: dict[str, numpy.ndarray] = {}
+    for s in shards:
+        tensors.update(load_safetensors_file(root / s))
+    return tensors
+
+
+def save_directory(path, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> Path:
+    """Write a Hugging Face model directory: ``config.json`` (keys sorted) and ``model.safetensors``
+    (``{"format": "pt"}`` metadata, as transformers writes). The directory is created if needed."""
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise FileExistsError(f"{str(root)!r} is a file; expected a directory to write the model into")
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+    save_safetensors(root / WEIGHTS, tensors, {"format": "pt"})
+    return root

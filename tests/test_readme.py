@@ -51,3 +51,11 @@ def test_ci_runs_the_readme_set_up_commands_exactly():
     assert lines.index(test) == at_train + 1 and first < at_train
     assert not any("pip" in line for line in lines[first:at_train]), "something installed before the README's commands"
     assert lines.index("pip install -e \".[test]\" && pytest") < lines.index('pip_install -e ".[test,pretrained,plot]"')
+
+
+def test_readme_model_use_example_runs(tmp_path, monkeypatch):
+    """The 'Using trained models' block: generate, save_pretrained and from_pretrained, as printed."""
+    blocks = [b for b in _python_blocks((ROOT / "README.md").read_text()) if "save_pretrained" in b]
+    assert len(blocks) == 1, "the README's generate/save_pretrained example"
+    monkeypatch.chdir(tmp_path)                     # it writes a model directory
+    assert _run(blocks[0]).split() == ["(1,", "13)", "True"]

@@ -2,6 +2,7 @@
 
     id 0 = <pad>,  id 1 = <bos>,  id 2 = <eos>,  id 3 = <unk>,  ids 4.. = the symbols, in order
     encode(text)  = [id(c) for c in text]            (a character not in the vocabulary -> <unk>)
+    check_text(text, what)                            (raises RangeError naming the unknown characters)
     decode(ids)   = "".join(token(i) for i in ids)   (strip_special: drop <pad>/<bos>, stop at <eos>)
 
 Every symbol is a single character, so the specials (written with angle brackets, five or more
@@ -14,6 +15,8 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import numpy as np
+
+from npformer.errors import RangeError
 
 __all__ = ["SPECIALS", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "CharVocab"]
 
@@ -90,6 +93,18 @@ class CharVocab:
         get = self._ids.get
         ids = [get(ch, UNK_ID) for ch in text]
         return ([BOS_ID] if add_bos else []) + ids + ([EOS_ID] if add_eos else [])
+
+    def check_text(self, text: str, what: str = "text") -> str:
+        """``text`` after checking that every character is in the vocabulary; otherwise a
+        :class:`RangeError` naming ``what``, the characters it does not know and the ones it does.
+        For text a user gives a trained model (a prompt, a source), where ``<unk>`` would hide a typo."""
+        if not isinstance(text, str):
+            raise TypeError(f"{what}: expected a str, got {type(text).__name__}")
+        unknown = "".join(sorted(set(text) - set(self._ids)))
+        if unknown:
+            raise RangeError(f"{what} {text!r}: the characters {unknown!r} are not in the model's vocabulary "
+                             f"of {len(self._symbols)} characters {''.join(self._symbols)!r}")
+        return text
 
     def decode(self, ids: Any, strip_special: bool = True) -> str:
         """The text of ``ids`` (a sequence of ints or a 1-d NumPy integer array).

@@ -4,15 +4,25 @@ embeddings, post-norm GELU layers, a pooled [CLS] output and an optional masked-
     e = LayerNorm(word[ids] + position[0..T-1] + token_type[segments]);  x = dropout(e)
     h = layer_L(... layer_1(x, key padding) ...)                          (B, T, C) post-norm
     pooled = tanh(h[:, 0] W_p^T + b_p)                                    (B, C)
-    mlm logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b_v              (B, T, V) tied decoder
+    mlm logits = LayerNorm(act(h W_t^T + b_t)) word^T + b_v               (B, T, V) tied decoder
+
+``act`` is the layers' activation, as in the released BERT code and Hugging Face's
+``BertPredictionHeadTransform`` (``hidden_act`` for both). ``fill_mask`` ranks the candidates for each
+masked position; ``save_pretrained``/``from_pretrained`` write and read the Hugging Face layout
+(``BertForMaskedLM`` with the head, ``BertModel`` without: :mod:`npformer.models.hf_bert`).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
-from npformer.backend import get_array_module
+import numpy   # host side only: the candidates fill_mask hands back
+
+from npformer.backend import get_array_module, to_device, to_numpy
 from npformer.checks import non_negative_int, one_of, positive_int, probability, real, token_ids
-from npformer.errors import RangeError, ShapeError
+from npformer.errors import RangeError, ShapeError, StateDictError
+from npformer.interop import check_directory, load_weights, read_config, save_directory
+from npformer.models import hf_bert
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding
@@ -21,10 +31,11 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import TransformerEncoderLayer
-from npformer.ops.activations import gelu_backward, gelu_forward
+from npformer.models.decoding import eval_mode
 from npformer.ops.feedforward import ACTIVATIONS
+from npformer.ops.softmax import softmax_forward
 
-__all__ = ["BERTConfig", "BERT", "EncoderModel", "BertEmbeddings", "Pooler", "MaskedLMHead"]
+__all__ = ["BERTConfig", "BERT", "EncoderModel", "MaskFill", "BertEmbeddings", "Pooler", "MaskedLMHead"]
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,8 @@ class Pooler(Module):
 
 
 class MaskedLMHead(Module):
-    """``logits = LayerNorm(gelu(h W_t^T + b_t)) word^T + b`` with the decoder tied to the word embeddings.
+    """``logits = LayerNorm(act(h W_t^T + b_t)) word^T + b`` with the decoder tied to the word embeddings;
+    ``act`` is the config's activation (the layers').
 
     ``W_t`` maps the hidden width H to the word table's width D (H for BERT, E for ALBERT's
     factorised tables)."""
@@ -116,19 +128,29 @@ class MaskedLMHead(Module):
     def __init__(self, c: BERTConfig, word_embeddings: Embedding, rng, kw):
         super().__init__()
         d = word_embeddings.embedding_dim
+        self.act_forward, self.act_kwargs, self.act_backward = ACTIVATIONS[c.activation]
         self.dense = Linear(c.hidden_size, d, rng=rng, **kw)
         self.LayerNorm = LayerNorm(d, c.layer_norm_eps, **kw)
         self.decoder = OutputHead(d, c.vocab_size, bias=True, tied=word_embeddings.weight, **kw)
 
     def forward(self, h):
-        a, cache = gelu_forward(self.dense(h))                                    # (B, T, D)
+        a, cache = self.act_forward(self.dense(h), **self.act_kwargs)             # (B, T, D)
         self._push(cache)
         return self.decoder(self.LayerNorm(a))                                    # (B, T, V)
 
     def backward(self, dlogits):
-        # fwd: logits = decoder(LayerNorm(gelu(dense(h))))  ->  back through each, newest first
+        # fwd: logits = decoder(LayerNorm(act(dense(h))))  ->  back through each, newest first
         da = self.LayerNorm.backward(self.decoder.backward(dlogits))              # (B, T, D)
-        return self.dense.backward(gelu_backward(da, self._pop()))                # (B, T, H)
+        return self.dense.backward(self.act_backward(da, self._pop()))            # (B, T, H)
+
+
+class MaskFill(NamedTuple):
+    """One masked position's candidates: ``row`` and ``position`` in the input, the ``ids`` (k,) from
+    the most likely down and their probabilities ``probs`` (k,)."""
+    row: int
+    position: int
+    ids: numpy.ndarray
+    probs: numpy.ndarray
 
 
 class EncoderModel(Module):
@@ -171,6 +193,27 @@ class EncoderModel(Module):
                              f"{type(self.config).__name__}(mlm_head=True)")
         return self.mlm(hidden)
 
+    def fill_mask(self, input_ids, mask_id: int, *, top_k: int = 5, exclude=(), token_type_ids=None,
+                  key_padding_mask=None) -> list[MaskFill]:
+        """The ``top_k`` most likely tokens for every position of ``input_ids`` (B, T) that holds
+        ``mask_id``, by the masked-LM head's softmax over the vocabulary without the ids in
+        ``exclude`` (special tokens, the mask itself). Returns one :class:`MaskFill` per masked
+        position, in row-major order, as host arrays. Runs in eval mode under ``no_grad``."""
+        top_k = positive_int(top_k, "top_k")
+        token_ids(input_ids, "input_ids", self.config.vocab_size)
+        xp = get_array_module(input_ids)
+        rows, cols = (to_numpy(a) for a in xp.nonzero(input_ids == mask_id))
+        if rows.size == 0:
+            raise RangeError(f"input_ids: no position holds the mask id {mask_id}; nothing to fill")
+        with eval_mode(self):
+            hidden, _ = self(input_ids, token_type_ids, key_padding_mask)                # (B, T, C)
+            logits = self.mlm_logits(hidden[to_device(rows, self.backend), to_device(cols, self.backend)])  # (N, V)
+        logits = to_numpy(logits).astype(numpy.float64)                                  # (N, V)
+        logits[:, list(exclude)] = -numpy.inf
+        p, _ = softmax_forward(logits)                                                   # (N, V)
+        best = numpy.argsort(-p, axis=-1, kind="stable")[:, :min(top_k, p.shape[-1] - len(set(exclude)))]
+        return [MaskFill(int(r), int(c), ids, p[i, ids]) for i, (r, c, ids) in enumerate(zip(rows, cols, best))]
+
     def backward(self, dhidden=None, dpooled=None, dmlm_logits=None):
         """Back-propagate any of the three outputs' gradients (each call of forward once, and
         ``mlm_logits`` once if it was called); accumulates every parameter gradient (a shared
@@ -206,3 +249,33 @@ class BERT(EncoderModel):
         self.pooler = Pooler(c.hidden_size, rng, kw)
         self.mlm = MaskedLMHead(c, self.embeddings.word_embeddings, rng, kw) if c.mlm_head else None
         self.manual_seed(init.stream_seed(rng))          # the model's dropout stream
+
+    def save_pretrained(self, path) -> None:
+        """Write the model as a Hugging Face directory, ``config.json`` and ``model.safetensors``:
+        ``BertForMaskedLM``'s layout with a masked-LM head (no pooler: that class has none),
+        ``BertModel``'s without (:mod:`npformer.models.hf_bert`)."""
+        config = {**hf_bert.hf_config(self.config), "dtype": str(self.dtype)}
+        save_directory(path, config, hf_bert.state_to_hf(self.state_dict(), self.config))
+
+    @classmethod
+    def from_pretrained(cls, path, *, dtype="float32", backend=None, require_pooler: bool = False,
+                        mlm_head: bool | None = None) -> "BERT":
+        """A BERT in eval mode from a Hugging Face BERT directory (``config.json``, ``model.safetensors``
+        or its shards), read with NumPy alone. ``mlm_head``: load the masked-LM head (None: when
+        the file has one). Without a pooler in the file (and ``require_pooler=False``) the pooler is
+        zeros, so ``pooled`` is zero; the hidden states and masked-LM logits are exact."""
+        root = check_directory(path, ("config.json", "model.safetensors"))
+        tensors = load_weights(root)
+        if mlm_head and not hf_bert.has_mlm_head(tensors):
+            raise StateDictError(f"{str(path)!r} holds no masked-LM head (no cls.predictions.* tensors): it was "
+                                 "saved as a BertModel; filling masks needs a BertForMaskedLM directory")
+        mlm_head = hf_bert.has_mlm_head(tensors) if mlm_head is None else mlm_head
+        config = BERTConfig(**hf_bert.config_fields_from_hf(read_config(root)), mlm_head=mlm_head)
+        state = hf_bert.state_from_hf(tensors, config.num_hidden_layers, require_pooler=require_pooler,
+                                      mlm_head=mlm_head)
+        model = cls(config, dtype=dtype, backend=backend, rng=0)
+        if "pooler.dense.weight" not in state:
+            for name, value in model.state_dict().items():
+                if name.startswith("pooler."):
+                    state[name] = value * 0
+        return model.load_state_dict(state, strict=True).eval()

@@ -1,5 +1,6 @@
 """Decoding: greedy and beam search (with the GNMT length penalty) for ``Seq2Seq``; sampling with
-temperature, top-k and top-p for ``GPT``.
+temperature, top-k and top-p for ``GPT`` (with its key/value cache) and ``TransformerXL`` (with its
+memory); ``GPT.generate`` and ``TransformerXL.generate`` call them.
 
 Both encode the source once and run the decoder on the growing prefix under ``no_grad`` in eval
 mode. Beam search scores a finished hypothesis by ``log p(y | x) / lp(|y|)`` with
@@ -15,7 +16,8 @@ from npformer.errors import RangeError
 from npformer.nn.module import no_grad
 from npformer.ops.softmax import log_softmax_forward, softmax_forward
 
-__all__ = ["greedy_decode", "beam_search", "eval_mode", "strip_after_eos", "sample_next", "generate"]
+__all__ = ["greedy_decode", "beam_search", "eval_mode", "strip_after_eos", "sample_next", "generate",
+           "generate_with_memory"]
 
 
 @contextmanager
@@ -161,11 +163,21 @@ def sample_next(logits, rng, *, temperature: float = 1.0, top_k: int | None = No
     return xp.minimum(idx, p.shape[-1] - 1)                                       # (B,)
 
 
+def _sampling_args(max_new_tokens, rng, temperature):
+    """``max_new_tokens`` checked, and a generator required whenever tokens are drawn at random
+    (``temperature > 0``): sampling is seeded only by a generator the caller passes."""
+    max_new_tokens = non_negative_int(max_new_tokens, "max_new_tokens")
+    if real(temperature, "temperature", 0.0) > 0 and rng is None:
+        raise RangeError("rng: sampling (temperature > 0) needs a seeded generator, e.g. "
+                         "rng=npformer.backend.default_rng(0, model.backend); temperature=0 is greedy and needs none")
+    return max_new_tokens
+
+
 def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, use_cache: bool = True):
     """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens with a decoder-only model (GPT).
     With ``use_cache`` the prompt is run once and each new token alone (key/value cache)."""
-    max_new_tokens = non_negative_int(max_new_tokens, "max_new_tokens")
+    max_new_tokens = _sampling_args(max_new_tokens, rng, temperature)
     xp = get_array_module(idx)
     block = model.config.block_size
     with eval_mode(model):
@@ -182,4 +194,25 @@ def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
             logits = model(idx[:, -block:])[:, -1]
             nxt = sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
             idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+    return idx
+
+
+def generate_with_memory(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
+                         top_k: int | None = None, top_p: float | None = None, mem_len: int | None = None):
+    """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens with a Transformer-XL. The prompt
+    is one segment; each new token is the next segment, reading the last ``mem_len`` positions
+    (default ``config.mem_len``) of every layer from the memory, as the paper evaluates. With a
+    memory of 0 each step reruns the whole sequence (relative positions have no length limit)."""
+    max_new_tokens = _sampling_args(max_new_tokens, rng, temperature)
+    keep = non_negative_int(model.config.mem_len if mem_len is None else mem_len, "mem_len")
+    xp = get_array_module(idx)
+    with eval_mode(model):
+        logits, mems = model(idx, mem_len=keep)                                   # (B, T, V)
+        for _ in range(max_new_tokens):
+            nxt = sample_next(logits[:, -1], rng, temperature=temperature, top_k=top_k, top_p=top_p)
+            idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+            if keep:
+                logits, mems = model(idx[:, -1:], mems, mem_len=keep)             # (B, 1, V)
+            else:
+                logits, _ = model(idx, mem_len=0)                                 # (B, t + 1, V)
     return idx

@@ -9,6 +9,10 @@ each in a residual branch. GPT-2's initialisation: every weight matrix N(0, 0.02
 and the two projections that write into the residual stream (``self_attn.out_proj.weight``,
 ``linear2.weight``) N(0, (0.02 / sqrt(2 L))^2) so the stream's variance does not grow with depth
 (``scaled_residual_init=False`` keeps them at 0.02, as GPT-1).
+
+``generate`` samples a continuation (greedy, temperature, top-k, top-p; the key/value cache), and
+``save_pretrained``/``from_pretrained`` write and read the Hugging Face layout that computes the same
+(GPT-2 for pre-norm, OpenAI GPT for post-norm: :mod:`npformer.models.hf_gpt`).
 """
 from __future__ import annotations
 
@@ -18,6 +22,9 @@ from dataclasses import asdict, dataclass
 from npformer.backend import get_array_module
 from npformer.checks import one_of, positive_int, probability, real, token_ids
 from npformer.errors import RangeError, ShapeError
+from npformer.interop import check_directory, load_weights, read_config, save_directory
+from npformer.models import hf_gpt
+from npformer.models.decoding import generate
 from npformer.nn import init
 from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
@@ -141,3 +148,32 @@ class GPT(Module):
     def new_cache(self) -> list[KVCache]:
         """An empty key/value cache per layer, for :meth:`forward` in incremental decoding."""
         return [KVCache() for _ in self.layers]
+
+    def generate(self, idx, max_new_tokens: int, *, rng=None, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, use_cache: bool = True):
+        """``idx`` (B, T) followed by ``max_new_tokens`` new tokens: (B, T + max_new_tokens).
+
+        Each token is drawn from softmax(logits / temperature), restricted to the ``top_k`` most
+        likely and/or the smallest set whose probability reaches ``top_p``; ``temperature=0`` is
+        greedy (the arg-max, no generator needed). ``rng`` is the seeded generator that draws them,
+        ``npformer.backend.default_rng(seed, model.backend)``: the same seed gives the same tokens.
+        With ``use_cache`` the prompt runs once and each new token alone (key/value cache); past
+        ``block_size`` the context slides. Runs in eval mode under ``no_grad``."""
+        return generate(self, idx, max_new_tokens, rng, temperature=temperature, top_k=top_k, top_p=top_p,
+                        use_cache=use_cache)
+
+    def save_pretrained(self, path) -> None:
+        """Write the model as a Hugging Face directory: ``config.json`` and ``model.safetensors`` in the
+        layout of ``GPT2LMHeadModel`` (pre-norm) or ``OpenAIGPTLMHeadModel`` (post-norm); a GPT that
+        neither computes exactly is refused (:func:`npformer.models.hf_gpt.hf_model_type` says why)."""
+        config = {**hf_gpt.hf_config(self.config), "dtype": str(self.dtype)}
+        save_directory(path, config, hf_gpt.state_to_hf(self.state_dict(), self.config, with_tied=False))
+
+    @classmethod
+    def from_pretrained(cls, path, *, dtype="float32", backend=None) -> "GPT":
+        """A GPT in eval mode from a Hugging Face ``gpt2`` or ``openai-gpt`` directory
+        (``config.json``, ``model.safetensors`` or its shards), read with NumPy alone."""
+        root = check_directory(path, ("config.json", "model.safetensors"))
+        config = GPTConfig(**hf_gpt.config_fields_from_hf(read_config(root)))
+        state = hf_gpt.state_from_hf(load_weights(root), config)
+        return cls(config, dtype=dtype, backend=backend, rng=0).load_state_dict(state, strict=True).eval()

@@ -35,6 +35,7 @@ from npformer.nn.transformer import FeedForwardBlock
 from npformer.checks import (describe, expect_ndim, non_negative_int, one_of, positive_int, probability, real,
                              token_ids)
 from npformer.errors import InputTypeError, ShapeError
+from npformer.models.decoding import generate_with_memory
 from npformer.ops.feedforward import ACTIVATIONS
 from npformer.ops.multihead import merge_heads, split_heads
 from npformer.ops.relative_attention import relative_attention_backward, relative_attention_forward
@@ -243,3 +244,11 @@ class TransformerXL(Module):
             dh = layer.backward(dh)
         # fwd: h^0 = drop(E[idx] * sqrt(d))
         self.wte.backward(self.drop.backward(dh) * self.scale)
+
+    def generate(self, idx, max_new_tokens: int, *, rng=None, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, mem_len: int | None = None):
+        """``idx`` (B, T) followed by ``max_new_tokens`` sampled tokens, as :meth:`GPT.generate`
+        (``temperature=0`` greedy; ``rng`` the seeded generator). The memory is the cache: each new
+        token reads the last ``mem_len`` positions (default ``config.mem_len``) of every layer."""
+        return generate_with_memory(self, idx, max_new_tokens, rng, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, mem_len=mem_len)

@@ -8,7 +8,7 @@ makes them (all-MiniLM-L6-v2: mean pooling over non-padding tokens, then L2 norm
 A directory holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` (and optionally
 ``sentence_bert_config.json``: ``max_seq_length``; the weights may be sharded as
 ``model.safetensors.index.json``). Needs ``pip install "npformer[pretrained]"``
-(safetensors, tokenizers). Host-side code: NumPy for I/O only; the network runs in npformer's modules.
+(tokenizers; the weights are read with NumPy by :mod:`npformer.interop`). Host-side code: NumPy for I/O only; the network runs in npformer's modules.
 """
 from __future__ import annotations
 
@@ -19,22 +19,17 @@ from typing import Any, NamedTuple
 import numpy as np   # host side only: arrays read from files, tokenizer output, results handed back
 from npformer.backend import get_array_module, to_numpy
 from npformer.checks import positive_int
-from npformer.errors import InputTypeError
+from npformer.errors import InputTypeError, RangeError
+from npformer.interop import check_directory
+from npformer.models import hf_bert
 from npformer.models.bert import BERT, BERTConfig
-from npformer.nn.module import StateDictError, no_grad
-from npformer.pretrained._files import INSTALL, check_directory, load_safetensors, read_config
+from npformer.nn.module import no_grad
+from npformer.pretrained._files import INSTALL
 
 __all__ = ["load_bert", "SentenceEncoder", "TokenizerInfo", "default_minilm_path", "bert_config_from_hf",
-           "hf_bert_state_dict", "mean_pool", "l2_normalize", "REQUIRED_FILES"]
+           "hf_bert_state_dict", "mean_pool", "l2_normalize", "fill_mask", "REQUIRED_FILES"]
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-# Hugging Face ``hidden_act`` -> npformer activation (HF "gelu" is the exact erf form).
-_HF_ACT = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-# HF per-layer names -> npformer per-layer names (q/k/v are packed separately, see hf_bert_state_dict).
-_LAYER = {"attention.output.dense": "self_attn.out_proj", "attention.output.LayerNorm": "norm1",
-          "intermediate.dense": "linear1", "output.dense": "linear2", "output.LayerNorm": "norm2"}
-_QKV = ("query", "key", "value")   # packed in this order into in_proj_weight, as torch's MHA
-_IGNORED_PREFIXES = ("embeddings.position_ids", "cls.")   # buffers and pre-training heads npformer omits
 
 
 class TokenizerInfo(NamedTuple):
@@ -58,80 +53,30 @@ def default_minilm_path() -> Path:
 
 def bert_config_from_hf(cfg: dict) -> BERTConfig:
     """A :class:`BERTConfig` from a Hugging Face BERT ``config.json`` dictionary."""
-    need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"]
-    absent = [k for k in need if k not in cfg]
-    if absent:
-        raise ValueError(f"config.json: expected the BERT fields {need}, missing {absent}")
-    act = cfg.get("hidden_act", "gelu")
-    if act not in _HF_ACT:
-        raise ValueError(f"config.json: hidden_act must be one of {sorted(_HF_ACT)}, got {act!r}")
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("config.json: only position_embedding_type 'absolute' is supported, got "
-                         f"{cfg['position_embedding_type']!r}")
-    opt = {"max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
-    return BERTConfig(**{k: cfg[k] for k in need}, **{k: cfg.get(k, d) for k, d in opt.items()},
-                      activation=_HF_ACT[act], dropout=cfg.get("hidden_dropout_prob", 0.1),
-                      pad_token_id=cfg.get("pad_token_id") or 0)
+    return BERTConfig(**hf_bert.config_fields_from_hf(cfg))
 
 
 def hf_bert_state_dict(tensors: dict, num_layers: int, *, require_pooler: bool = True) -> dict:
-    """Rename a Hugging Face BERT state (prefix ``bert.`` or none) to npformer's names, packing
-    query/key/value into ``in_proj_weight``/``in_proj_bias``. Raises :class:`StateDictError` naming
-    every missing HF tensor and every unexpected one (position_ids and ``cls.*`` heads are ignored).
-    With ``require_pooler=False`` a checkpoint without ``pooler.dense.*`` (HF ``BertForMaskedLM``,
-    ``add_pooling_layer=False``) is accepted and the result simply lacks those two keys."""
-    src = {}
-    for k, v in tensors.items():
-        k = k[len("bert."):] if k.startswith("bert.") else k
-        k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        src[k] = v
-    same = [f"embeddings.{e}_embeddings.weight" for e in ("word", "position", "token_type")] \
-        + [f"{m}.{p}" for m in ("embeddings.LayerNorm", "pooler.dense") for p in ("weight", "bias")]
-    plan = {n: [n] for n in same}
-    for p in ("weight", "bias"):
-        for i in range(num_layers):
-            hf, ours = f"encoder.layer.{i}.", f"layers.{i}."
-            plan[ours + f"self_attn.in_proj_{p}"] = [hf + f"attention.self.{n}.{p}" for n in _QKV]
-            for h, o in _LAYER.items():
-                plan[ours + f"{o}.{p}"] = [hf + f"{h}.{p}"]
-    if not require_pooler and not any(k.startswith("pooler.") for k in src):
-        del plan["pooler.dense.weight"], plan["pooler.dense.bias"]
-    used = {n for names in plan.values() for n in names}
-    missing = sorted(n for n in used if n not in src)
-    unexpected = sorted(k for k in src if k not in used and not k.startswith(_IGNORED_PREFIXES))
-    if missing or unexpected:
-        raise StateDictError("the Hugging Face BERT weights do not fit the config: "
-                             + "; ".join(([f"missing tensors: {missing}"] if missing else [])
-                                         + ([f"unexpected tensors: {unexpected}"] if unexpected else [])))
-    out, bad = {}, []
-    for ours, names in plan.items():
-        parts = [np.asarray(src[n]) for n in names]
-        if len({p.shape for p in parts}) > 1:
-            bad.append(f"{ours}: query/key/value shapes differ: {[p.shape for p in parts]}")
-            continue
-        out[ours] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
-    if bad:
-        raise StateDictError("mismatched tensors: " + "; ".join(bad))
-    return out
+    """Rename a Hugging Face BERT state to npformer's names (the encoder and pooler:
+    :func:`npformer.models.hf_bert.state_from_hf`, where the names are listed)."""
+    return hf_bert.state_from_hf(tensors, num_layers, require_pooler=require_pooler)
 
 
-def load_bert(path, *, dtype="float32", backend=None, require_pooler=True):
+def load_bert(path, *, dtype="float32", backend=None, require_pooler=True, mlm_head=False):
     """Load a local Hugging Face BERT directory -> ``(BERT in eval mode, TokenizerInfo)``.
 
     ``require_pooler=False`` accepts a checkpoint without the pooler; its weights are then zeros, so
-    the model's ``pooled`` output is all zeros (the hidden states, and sentence embeddings, are exact)."""
+    the model's ``pooled`` output is all zeros (the hidden states, and sentence embeddings, are exact).
+    ``mlm_head=True`` loads the masked-LM head too (``cls.predictions.*``, as ``BertForMaskedLM``
+    saves it), for :func:`fill_mask`."""
     root = check_directory(path, REQUIRED_FILES)        # a wrong path is named before a missing package
     try:
-        import safetensors.numpy  # noqa: F401
         from tokenizers import Tokenizer
     except ImportError as exc:
-        raise ImportError(f"loading pretrained weights needs safetensors and tokenizers: {INSTALL}") from exc
-    config = bert_config_from_hf(read_config(root))
-    state = hf_bert_state_dict(load_safetensors(root), config.num_hidden_layers, require_pooler=require_pooler)
-    model = BERT(config, dtype=dtype, backend=backend, rng=0)
-    if "pooler.dense.weight" not in state:
-        state.update({k: np.zeros(v.shape) for k, v in model.state_dict().items() if k.startswith("pooler")})
-    model.load_state_dict(state, strict=True).eval()
+        raise ImportError(f"loading a pretrained model's tokenizer needs tokenizers: {INSTALL}") from exc
+    model = BERT.from_pretrained(root, dtype=dtype, backend=backend, require_pooler=require_pooler,
+                                 mlm_head=mlm_head)
+    config = model.config
 
     st = root / "sentence_bert_config.json"
     st = json.loads(st.read_text()) if st.is_file() else {}
@@ -176,11 +121,15 @@ class SentenceEncoder:
         return tuple(np.array([getattr(e, f) for e in enc], dtype=np.int64)
                      for f in ("ids", "type_ids", "attention_mask"))
 
-    def encode(self, sentences: list[str], batch_size: int = 32):
-        """(N, C) unit-norm embeddings as a host NumPy array (computed on the model's backend)."""
-        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
-            got = "a str" if isinstance(sentences, str) else [type(s).__name__ for s in sentences]
-            raise InputTypeError(f"sentences: expected a list of str, got {got}")
+    def encode(self, sentences: str | list[str], batch_size: int = 32):
+        """Unit-norm embeddings as a host NumPy array (computed on the model's backend): (N, C) for a
+        list of N sentences, (C,) for one sentence given as a str (as sentence-transformers does)."""
+        if isinstance(sentences, str):
+            return self.encode([sentences], batch_size)[0]
+        if not isinstance(sentences, (list, tuple)) or not all(isinstance(s, str) for s in sentences):
+            got = type(sentences).__name__ if not isinstance(sentences, (list, tuple)) else \
+                [type(s).__name__ for s in sentences]
+            raise InputTypeError(f"sentences: expected a str or a list of str, got {got}")
         positive_int(batch_size, "batch_size")
         xp = get_array_module(self.model.embeddings.word_embeddings.weight.data)
         out = []
@@ -191,3 +140,27 @@ class SentenceEncoder:
             out.append(to_numpy(l2_normalize(mean_pool(hidden, keep))))           # (B, C)
         dim = self.model.config.hidden_size
         return np.concatenate(out, axis=0) if out else np.zeros((0, dim), dtype=self.model.dtype)
+
+
+def fill_mask(model: BERT, tokenizer_info: TokenizerInfo, text: str, top_k: int = 5, mask_token: str = "[MASK]"
+              ) -> tuple[str, list[list[tuple[str, float]]]]:
+    """Every ``mask_token`` of ``text`` filled by a pretrained BERT with its masked-LM head
+    (:func:`load_bert` with ``mlm_head=True``): ``(the text with each mask replaced by its most
+    likely token, per mask the top_k (token, probability) pairs)``. Special tokens are never
+    candidates."""
+    tok = tokenizer_info.tokenizer
+    mask_id = tok.token_to_id(mask_token)
+    if mask_id is None:
+        raise RangeError(f"the tokenizer has no {mask_token!r} token; give the one it uses (mask_token=...)")
+    enc = tok.encode(text.lower() if tokenizer_info.do_lower_case else text)
+    ids = np.array([enc.ids], dtype=np.int64)                                     # (1, T)
+    if not (ids == mask_id).any():
+        raise RangeError(f"text {text!r}: no {mask_token} to fill (the tokenizer's mask token)")
+    special = sorted({i for i, t in tok.get_added_tokens_decoder().items() if t.special})
+    xp = get_array_module(model.embeddings.word_embeddings.weight.data)
+    fills = model.fill_mask(xp.asarray(ids), mask_id, top_k=top_k, exclude=special)
+    filled = ids[0].tolist()
+    for f in fills:
+        filled[f.position] = int(f.ids[0])
+    return (tok.decode(filled, skip_special_tokens=True),
+            [[(tok.id_to_token(int(i)), float(p)) for i, p in zip(f.ids, f.probs)] for f in fills])

@@ -5,7 +5,9 @@ tokens on both axes, from a checkpoint of ``npformer train`` or from a freshly i
         decoder self-attention (target x target, causal) and cross-attention (target x source),
         per layer and head; the decoder reads ``<bos>`` + the target (``--target``, default the
         model's own greedy output), as in training (teacher forcing).
-    GPT (charlm): causal self-attention (text x text) per layer and head.
+    GPT (charlm; gpt, gpt1, gpt2): causal self-attention (text x text) per layer and head.
+    BERT, ALBERT (charlm, masked): self-attention over the whole text (text x text) per layer and
+        head (ALBERT's shared layer once per use); ``[MASK]`` in the input is the mask token.
 
 The layers call ``MultiheadAttention`` with ``need_weights=False`` (the weights are not needed for
 the output). :func:`record_attention` asks each attention module for them, per head, for the
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 from contextlib import contextmanager
-from dataclasses import fields
 from pathlib import Path
 
 import numpy
@@ -29,7 +30,7 @@ import numpy
 from npformer.backend import get_backend, to_device, to_numpy
 from npformer.checks import non_negative_int, positive_int
 from npformer.data.corpus import CharLMData, load_corpus
-from npformer.data.tasks import get_task
+from npformer.data.tasks import TASKS, get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, SPECIALS, CharVocab
 from npformer.errors import ShapeError
 from npformer.models.decoding import eval_mode, greedy_decode
@@ -37,9 +38,9 @@ from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.nn.attention import MultiheadAttention
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
-from npformer.training.checkpoint import load_checkpoint
+from npformer.training.trained_models import MASK_TOKEN, encode_masked, load_trained
 
-SEQ2SEQ_TASKS = ("dates", "numbers", "copy", "reverse")
+SEQ2SEQ_TASKS = tuple(TASKS)            # every built-in seq2seq task (npformer.data.tasks)
 DEFAULT_INPUTS = {"dates": "3rd of March 1997", "numbers": "twenty thousand and seventeen",
                   "copy": "abcdefghij", "reverse": "abcdefghij", "charlm": "The river ran"}
 DEFAULT_TARGETS = {"dates": "1997-03-03", "numbers": "20017", "copy": "abcdefghij", "reverse": "jihgfedcba"}
@@ -49,6 +50,8 @@ GROUPS = {  # (kind, module attribute) -> (file/label key, what the axes hold)
     ("decoder", "multihead_attn"): ("decoder_cross", "decoder cross-attention"),
     ("gpt", "self_attn"): ("self", "self-attention (causal)"),
 }
+# checkpoint kinds -> how their attention is read: "seq2seq", "gpt" (causal) or "encoder" (bidirectional)
+READS = {"seq2seq": "seq2seq", "gpt": "gpt", "gpt1": "gpt", "gpt2": "gpt", "bert": "encoder", "albert": "encoder"}
 
 
 # -- recording -----------------------------------------------------------------------------------
@@ -60,7 +63,7 @@ def record_attention(model):
     records: list = []
     wrapped = []
     for name, mod in model.named_modules():
-        if not isinstance(mod, MultiheadAttention):
+        if not isinstance(mod, MultiheadAttention) or any(m is mod for m in wrapped):   # ALBERT: one module, L names
             continue
 
         def forward(*args, _mod=mod, _name=name, **kwargs):
@@ -85,6 +88,8 @@ def record_attention(model):
 def _label(vocab: CharVocab, i: int) -> str:
     if i < len(SPECIALS):
         return SPECIALS[i]
+    if i >= len(vocab):
+        return MASK_TOKEN
     ch = vocab.symbols[i - len(SPECIALS)]
     return {" ": "␣", "\n": "\\n", "\t": "\\t"}.get(ch, ch)
 
@@ -92,43 +97,19 @@ def _label(vocab: CharVocab, i: int) -> str:
 def _encode(vocab: CharVocab, text: str, what: str) -> list[int]:
     if not isinstance(text, str) or not text:
         raise ValueError(f"{what}: expected a non-empty string, got {text!r}")
-    missing = sorted(set(text) - set(vocab.symbols))
-    if missing:
-        raise ValueError(f"{what} {text!r}: the characters {''.join(missing)!r} are not in the model's "
-                         f"vocabulary of {len(vocab.symbols)} symbols {''.join(vocab.symbols)!r}")
-    return vocab.encode(text)
-
-
-def _config(cls, d: dict):
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f"the checkpoint's model config has fields {unknown} that {cls.__name__} does not "
-                         "know: it was written by another version of npformer")
-    return cls(**d)
+    return vocab.encode(vocab.check_text(text, what))
 
 
 def load_model(checkpoint: str | None, task: str, args: argparse.Namespace):
-    """``(kind, model, vocabularies, task name)``; kind "seq2seq" or "gpt". ``vocabularies`` is
-    (src, tgt) for seq2seq and (vocab,) for gpt."""
+    """``(kind, model, vocabularies, task name)``; kind "seq2seq", "gpt" or "encoder" (:data:`READS`).
+    ``vocabularies`` is (src, tgt) for seq2seq and (vocab,) for the others."""
     backend = args.backend or "numpy"
     get_backend(backend)
     if checkpoint is not None:
-        ck = load_checkpoint(checkpoint)
-        meta = ck.meta
-        kind = meta.get("kind")
-        dtype = meta.get("train_config", {}).get("dtype", "float32")
-        if kind == "seq2seq":
-            model = Seq2Seq(_config(Seq2SeqConfig, meta["model_config"]), dtype=dtype, backend=backend)
-            vocabs = (CharVocab.from_dict(meta["src_vocab"]), CharVocab.from_dict(meta["tgt_vocab"]))
-        elif kind == "gpt":
-            model = GPT(_config(GPTConfig, meta["model_config"]), dtype=dtype, backend=backend)
-            vocabs = (CharVocab.from_dict(meta["vocab"]),)
-        else:
-            raise ValueError(f"{checkpoint} holds a {kind!r} model; attention maps need a 'seq2seq' or 'gpt' "
-                             "checkpoint from 'npformer train'")
-        model.load_state_dict(ck.model)
-        return kind, model, vocabs, meta.get("train_config", {}).get("task", "")
+        trained = load_trained(checkpoint, backend=backend, kinds=tuple(READS),
+                               need="attention maps need a checkpoint of " + ", ".join(READS)
+                                    + " from 'npformer train'")
+        return READS[trained.kind], trained.model, trained.vocabs, trained.meta.get("train_config", {}).get("task", "")
     if task == "charlm":
         vocab = CharLMData(load_corpus(), block_size=args.block_size).vocab
         cfg = GPTConfig(vocab_size=len(vocab), block_size=args.block_size, n_layer=args.layers, n_head=args.heads,
@@ -156,7 +137,19 @@ def attention_maps(kind: str, model, vocabs: tuple, text: str, target: str | Non
         tokens = [_label(vocab, i) for i in ids]
         with eval_mode(model), record_attention(model) as rec:
             model(to_device(numpy.asarray([ids]), backend))
-        axes = {"self_attn": (tokens, tokens)}
+        result = {"kind": kind, "input": text, "tokens": tokens}
+    elif kind == "encoder":
+        (vocab,) = vocabs
+        mask_id = len(vocab)                      # npformer train's [MASK]: one id after the characters
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"input: expected a non-empty string, got {text!r}")
+        ids = encode_masked(vocab, text, mask_id) if MASK_TOKEN in text else _encode(vocab, text, "input")
+        if len(ids) > model.config.max_position_embeddings:
+            raise ValueError(f"input: {len(ids)} characters, but the model reads at most "
+                             f"max_position_embeddings={model.config.max_position_embeddings}")
+        tokens = [_label(vocab, i) for i in ids]
+        with eval_mode(model), record_attention(model) as rec:
+            model(to_device(numpy.asarray([ids]), backend))
         result = {"kind": kind, "input": text, "tokens": tokens}
     else:
         src_vocab, tgt_vocab = vocabs
@@ -178,17 +171,16 @@ def attention_maps(kind: str, model, vocabs: tuple, text: str, target: str | Non
             model(src, to_device(numpy.asarray([tgt_in]), backend))
         result = {"kind": kind, "input": text, "target": target, "source_tokens": src_tokens,
                   "target_tokens": tgt_tokens}
-    maps = []
+    maps, calls = [], {}
     for name, w in rec:
-        parts = name.split(".")
-        attr = parts[-1]
-        stack = "gpt" if kind == "gpt" else ("encoder" if ".encoder." in f".{name}." else "decoder")
+        attr = name.split(".")[-1]
+        stack = kind if kind in ("gpt", "encoder") else ("encoder" if ".encoder." in f".{name}." else "decoder")
         if (stack, attr) not in GROUPS:
             raise ValueError(f"unexpected attention module {name!r}")
         key, label = GROUPS[(stack, attr)]
-        layer = int(parts[parts.index("layers") + 1])
-        if kind == "gpt":
-            q, k = axes["self_attn"]
+        layer = calls[key] = calls.get(key, -1) + 1     # layers run in order; a shared layer once per use
+        if kind in ("gpt", "encoder"):
+            q = k = result["tokens"]
         elif stack == "encoder":
             q = k = src_tokens
         else:
@@ -268,8 +260,8 @@ def _plot(plt, maps: list[dict], group: str, label: str, path: Path, title: str)
 
 # -- the command ---------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", metavar="PATH", help="a checkpoint from 'npformer train' (Seq2Seq or "
-                   "GPT); without it, a freshly initialised model for --task")
+    p.add_argument("--checkpoint", metavar="PATH", help="a checkpoint from 'npformer train' (seq2seq, gpt, "
+                   "gpt1, gpt2, bert or albert); without it, a freshly initialised model for --task")
     p.add_argument("--input", metavar="TEXT", help="the text to attend over (default: an example for the task)")
     p.add_argument("--target", metavar="TEXT", help="seq2seq: the decoder's text (default: the model's "
                    "greedy output for --input; for a fresh model and the default input, the right answer)")
@@ -295,8 +287,9 @@ def run(args: argparse.Namespace) -> int:
     text = args.input if args.input is not None else DEFAULT_INPUTS.get(task)
     if text is None:
         raise ValueError(f"no default input for a model trained on {task!r}: give --input TEXT")
-    if kind == "gpt" and args.target is not None:
-        raise ValueError("--target is for Seq2Seq models; a GPT attends over --input only")
+    if kind != "seq2seq" and args.target is not None:
+        raise ValueError(f"--target is for Seq2Seq models; a {'GPT' if kind == 'gpt' else 'BERT or ALBERT'} "
+                         "attends over --input only")
     target = args.target
     if target is None and kind == "seq2seq" and args.checkpoint is None and args.input is None:
         target = DEFAULT_TARGETS[task]           # an untrained model's own output is noise

@@ -132,8 +132,9 @@ class GPT2Trainer(LMTrainer):
 
 def sample_text(model: GPT, vocab: CharVocab, prompt: str, n: int, *, seed: int = 0, backend: str = "numpy",
                 temperature: float = 0.8, top_k: int | None = None, top_p: float | None = 0.95) -> str:
-    """``prompt`` continued by ``n`` sampled characters."""
-    ids = vocab.encode(prompt) or [vocab.bos_id]
+    """``prompt`` continued by ``n`` sampled characters (an empty prompt starts from ``<bos>``). A
+    character the model's vocabulary lacks is an error naming it."""
+    ids = vocab.encode(vocab.check_text(prompt, "prompt")) or [vocab.bos_id]
     idx = to_device([ids], backend)
     out = generate(model, idx, n, default_rng(seed, backend), temperature=temperature, top_k=top_k,
                    top_p=top_p)

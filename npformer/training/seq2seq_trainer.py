@@ -9,10 +9,11 @@ match, and token F1 for summarise (``Seq2SeqTask.metrics``).
 from __future__ import annotations
 
 from npformer.backend import default_rng, to_device
+from npformer.checks import positive_int
 from npformer.data.tasks import METRICS, TASKS, get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, PAD_ID
 from npformer.errors import RangeError
-from npformer.models.decoding import eval_mode, greedy_decode
+from npformer.models.decoding import beam_search, eval_mode, greedy_decode
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.config import Seq2SeqTrainConfig
@@ -79,10 +80,18 @@ class Seq2SeqTrainer(Trainer):
         return {"loss": total_loss / max(total_tokens, 1), **self.task.score(preds, [t for _, t in pairs]),
                 "predictions": preds, "targets": [t for _, t in pairs], "sources": [s for s, _ in pairs]}
 
-    def translate(self, sources: list[str]) -> list[str]:
+    def translate(self, sources: list[str], beam: int = 1, length_penalty: float = 0.6) -> list[str]:
+        """Each source decoded greedily (``beam=1``) or by beam search with ``beam`` hypotheses and the
+        GNMT length penalty. A character outside the source vocabulary is an error naming it."""
+        for s in sources:
+            self.task.src_vocab.check_text(s, "source")
         src, _ = self.task.encode_sources(sources)
-        ids = greedy_decode(self.model, to_device(src, self.cfg.backend), bos_id=BOS_ID, eos_id=EOS_ID,
-                            max_len=self.task.max_tgt_len + 2)
+        src, max_len = to_device(src, self.cfg.backend), self.task.max_tgt_len + 2
+        if positive_int(beam, "beam") == 1:
+            ids = greedy_decode(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=max_len)
+        else:
+            ids = beam_search(self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=max_len, beam_size=beam,
+                              length_penalty=length_penalty)
         return [self.task.tgt_vocab.decode(r) for r in ids]
 
     def meta(self) -> dict:

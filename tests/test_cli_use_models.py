@@ -1,0 +1,130 @@
+"""Using trained models from the command line: ``translate --beam``, ``fill-mask``, ``export`` (read back
+by transformers where installed), ``study attention`` on every GPT kind, BERT and ALBERT, and text
+with characters outside the model's vocabulary refused by name everywhere."""
+import json
+
+import numpy as np
+import pytest
+
+from npformer.cli import main
+from npformer.data.vocab import CharVocab
+from npformer.training.trained_models import fill_mask_text, load_trained
+
+COMMON = ["--steps", "3", "--warmup", "1", "--d-model", "8", "--heads", "2", "--eval-every", "0", "--layers", "2"]
+LM = ["--task", "charlm", "--batch-size", "2", "--block-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    """Checkpoints trained for 3 steps: a dates Seq2Seq, gpt1 (F = 4C, as OpenAI GPT), gpt2, bert, albert."""
+    d = tmp_path_factory.mktemp("ck")
+    runs = {"dates": ["--task", "dates", "--ff", "8", "--n-train", "32", "--batch-size", "4"],
+            "gpt1": [*LM, "--model", "gpt1", "--ff", "32"], "gpt2": [*LM, "--model", "gpt2", "--ff", "8"],
+            "bert": [*LM, "--model", "bert", "--ff", "8"], "albert": [*LM, "--model", "albert", "--ff", "8"]}
+    for name, argv in runs.items():
+        assert main(["train", *COMMON, *argv, "--checkpoint", str(d / f"{name}.npz")]) == 0
+    return d
+
+
+def _err(capsys, argv):
+    capsys.readouterr()
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_translate_with_beam_search(ck, capsys):
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(ck / "dates.npz"), "--beam", "3", "3 March 1997", "4 July"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["3 March 1997", "4 July"]
+    assert "--beam: expected an int >= 1, got 0" in _err(capsys, ["translate", "--checkpoint", str(ck / "dates.npz"),
+                                                                  "--beam", "0", "x"])
+
+
+def test_characters_outside_the_vocabulary_are_named(ck, capsys):
+    msg = _err(capsys, ["translate", "--checkpoint", str(ck / "dates.npz"), "3 Märch 1997"])
+    assert "source '3 Märch 1997': the characters 'ä' are not in the model's vocabulary" in msg
+    msg = _err(capsys, ["generate", "--checkpoint", str(ck / "gpt2.npz"), "--prompt", "Thé river€"])
+    assert "prompt 'Thé river€': the characters 'é€' are not in the model's vocabulary of" in msg
+    msg = _err(capsys, ["fill-mask", "--checkpoint", str(ck / "bert.npz"), "Thé riv[MASK]r"])
+    assert "the characters 'é' are not in the model's vocabulary" in msg
+    msg = _err(capsys, ["study", "attention", "--checkpoint", str(ck / "gpt1.npz"), "--input", "Thé",
+                        "--out", str(ck / "att")])
+    assert "the characters 'é' are not in the model's vocabulary" in msg
+
+
+@pytest.mark.parametrize("name", ["bert", "albert"])
+def test_fill_mask(ck, capsys, name):
+    capsys.readouterr()
+    assert main(["fill-mask", "--checkpoint", str(ck / f"{name}.npz"), "--top-k", "3", "The riv[MASK]r [MASK]an"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    trained = load_trained(ck / f"{name}.npz")
+    filled, candidates = fill_mask_text(trained, "The riv[MASK]r [MASK]an", top_k=3)
+    assert out[0] == filled and len(filled) == len("The river ran") and filled.startswith("The riv")
+    assert len(out) == 3 and out[1].startswith("  [MASK] 1: ") and out[2].startswith("  [MASK] 2: ")
+    for pairs in candidates:
+        assert len(pairs) == 3 and all(len(t) == 1 and t in trained.vocabs[0] for t, _ in pairs)
+        probs = [p for _, p in pairs]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1
+    assert filled[7] == candidates[0][0][0] and filled[10] == candidates[1][0][0]
+    assert "no [MASK] to fill" in _err(capsys, ["fill-mask", "--checkpoint", str(ck / f"{name}.npz"), "The river"])
+
+
+def test_fill_mask_needs_a_masked_model(ck, capsys):
+    msg = _err(capsys, ["fill-mask", "--checkpoint", str(ck / "gpt2.npz"), "a[MASK]"])
+    assert "holds a 'gpt2' model; fill-mask needs a bert or albert checkpoint" in msg
+
+
+@pytest.mark.parametrize("name", ["gpt1", "gpt2", "bert", "albert"])
+def test_study_attention_reads_every_gpt_kind_and_the_encoders(ck, capsys, name):
+    out = ck / f"att_{name}"
+    capsys.readouterr()
+    text = "The r[MASK]ver" if name in ("bert", "albert") else "The river"
+    assert main(["study", "attention", "--checkpoint", str(ck / f"{name}.npz"), "--input", text,
+                 "--out", str(out)]) == 0
+    data = json.load(open(out / "attention.json"))
+    assert data["model"] == ("gpt" if name.startswith("gpt") else "encoder")
+    assert len(data["tokens"]) == 9 and (name.startswith("gpt") or data["tokens"][5] == "[MASK]")
+    assert sorted(m["layer"] for m in data["maps"]) == [0, 1]          # ALBERT: its one layer, once per use
+    for m in data["maps"]:
+        w = np.asarray(m["weights"])
+        np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+        assert (np.triu(w, k=1).max() == 0) == name.startswith("gpt")   # causal only in a GPT
+
+
+def test_export_refuses_what_it_cannot_write(ck, capsys):
+    for name in ("albert", "dates"):
+        assert "Seq2Seq, ALBERT and Transformer-XL have no exporter" in \
+            _err(capsys, ["export", "--checkpoint", str(ck / f"{name}.npz"), "--to", str(ck / "x")])
+    assert "--to " in _err(capsys, ["export", "--checkpoint", str(ck / "gpt2.npz"), "--to", str(ck / "bert.npz")])
+
+
+@pytest.mark.parametrize("name, cls", [("gpt1", "OpenAIGPTLMHeadModel"), ("gpt2", "GPT2LMHeadModel"),
+                                       ("bert", "BertForMaskedLM")])
+def test_export_writes_the_hugging_face_layout(ck, capsys, tmp_path, name, cls):
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(ck / f"{name}.npz"), "--to", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {tmp_path}: {cls}")
+    trained = load_trained(ck / f"{name}.npz", backend="numpy")
+    extra = json.loads((tmp_path / "npformer_vocab.json").read_text())
+    assert CharVocab.from_dict(extra["vocab"]) == trained.vocabs[0]
+    ids = np.array([trained.vocabs[0].encode("The river")])
+    if name == "bert":
+        assert extra["mask_id"] == trained.mask_id
+        ids[0, 3] = trained.mask_id
+        h, _ = trained.model(ids)
+        ours = trained.model.mlm_logits(h)
+    else:
+        ours = trained.model(ids)
+    back = type(trained.model).from_pretrained(tmp_path)
+    np.testing.assert_array_equal(back.mlm_logits(back(ids)[0]) if name == "bert" else back(ids), ours)
+
+    torch = pytest.importorskip("torch", reason="torch not installed: reading the export with transformers needs it")
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    transformers.logging.set_verbosity_error()
+    auto = transformers.AutoModelForMaskedLM if name == "bert" else transformers.AutoModelForCausalLM
+    theirs = auto.from_pretrained(str(tmp_path)).eval()
+    assert type(theirs).__name__ == cls
+    with torch.no_grad():
+        logits = theirs(torch.tensor(ids)).logits.numpy()
+    assert np.abs(logits - ours).max() <= 1e-5 * np.abs(ours).max()     # float32
