@@ -51,8 +51,8 @@ def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys):
     assert "exceeds max_len" in capsys.readouterr().err
     assert main(["train", "--steps", "5", "--warmup", "10"]) == 2
     assert "--warmup: expected fewer warm-up steps than --steps 5, got 10" in capsys.readouterr().err
-    assert main(["train", "--resume"]) == 2
-    assert "--resume needs --checkpoint" in capsys.readouterr().err
+    assert main(["train", "--resume"]) == 2                              # no runs/dates-seq2seq here
+    assert "--resume: no checkpoint to continue, runs/dates-seq2seq/last.npz" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:                                # argparse: unknown task
         main(["train", "--task", "nope"])
     assert exc.value.code == 2
