@@ -21,7 +21,7 @@ import math
 import sys
 import textwrap
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -56,7 +56,7 @@ class Trainer:
         if config.model not in (None, self.kind):
             raise RangeError(f"config.model: expected {self.kind!r} or None for the {self.kind} trainer, "
                              f"got {config.model!r}")
-        self.cfg, self.log = config, log
+        self.cfg, self.log = replace(config, model=self.kind), log     # the model named, in checkpoints and config.json
         c = config
         if non_negative_int(c.warmup, "warmup") >= positive_int(c.steps, "steps"):
             raise RangeError(f"steps ({c.steps}) must be greater than warmup ({c.warmup})")
