@@ -125,20 +125,21 @@ def plot_metrics(path: str | Path, out: str | Path | None = None) -> Path:
         raise RangeError(f"{path}: the metrics hold no training line yet; nothing to plot")
     try:
         from matplotlib.figure import Figure            # no pyplot: no global state, no display needed
+        from matplotlib.ticker import FormatStrFormatter
     except ImportError:
         raise ImportError('npformer plot needs matplotlib: pip install "npformer[plot]"') from None
     valid = [r for r in records if r.get("split") == "valid"]
     steps = [r["step"] for r in train]
     fig = Figure(figsize=(12, 3.6), layout="constrained")
     loss, lr, norm = fig.subplots(1, 3)
-    loss.plot(steps, [r["loss"] for r in train], label="training loss (mean since the last line)")
+    loss.plot(steps, [r["loss"] for r in train], label="training (mean of each --log-every steps)")
     if valid:
-        loss.plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="validation loss")
+        loss.plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="validation")
     loss.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats)")
-    loss.legend()
+    loss.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2))     # below the axes: never over a curve
     lr.plot(steps, [r["lr"] for r in train], color="tab:green")
     lr.set(title="Learning rate (warm-up, then cosine)", xlabel="step", ylabel="learning rate")
-    lr.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    lr.yaxis.set_major_formatter(FormatStrFormatter("%.1e"))    # on each tick: no offset text under the title
     finite = [(s, r["grad_norm"]) for s, r in zip(steps, train) if math.isfinite(r["grad_norm"])]
     norm.plot([s for s, _ in finite], [g for _, g in finite], color="tab:red")
     norm.set(title="Gradient norm before clipping", xlabel="step", ylabel="global L2 norm")
