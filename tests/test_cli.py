@@ -38,7 +38,8 @@ def test_train_translate_and_resume(tmp_path, capsys):
     assert [line.split("\t")[0] for line in lines] == ["abc", "jj"]
 
 
-def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys):
+def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)                  # no runs/ of other tests: --resume has nothing to continue
     missing = str(tmp_path / "none.npz")
     assert main(["translate", "--checkpoint", missing, "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
