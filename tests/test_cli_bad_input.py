@@ -127,7 +127,7 @@ CASES = [
     train("--config", "{dir}/missing.json", names="--config"),
     train("--config", "{file}", names="not valid JSON"),
     train("--config", "{bad_key}", names="'nheads' is not an option"),
-    train("--config", "{bad_value}", names="--lr"),
+    train("--config", "{bad_value}", names="bad_value.json: lr: expected a real number"),
     train("--config", "{bad_toml}", names="not valid TOML"),
     # -- eval, plot ---------------------------------------------------------------------------------
     row(["eval", "--checkpoint", "{dir}/missing.npz"], "missing.npz"),
