@@ -11,6 +11,6 @@ The layers, bottom-up: ``errors``, ``backend``, ``checks``, ``dispatch``, ``ops`
 from npformer import backend, kernels, ops
 from npformer.dispatch import detect_anomaly
 from npformer.tools.gradcheck import GradcheckError, GradcheckReport, gradcheck
+from npformer.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["backend", "kernels", "ops", "detect_anomaly", "gradcheck", "GradcheckReport", "GradcheckError", "__version__"]

@@ -1,8 +1,10 @@
 """The ``npformer`` command line (also ``python -m npformer``).
 
-    npformer train [--task dates] [--steps N] [--backend numpy|cupy] [--checkpoint PATH] [--resume] ...
-    npformer translate --checkpoint PATH [--beam N] "3rd of March 1997" ...
-    npformer generate --checkpoint PATH --prompt "The " [--temperature T] [--top-k K] [--top-p P]
+    npformer train [--task dates] [--steps N] [--config FILE] [--out-dir DIR] [--resume] ...
+    npformer eval --checkpoint PATH|RUN_DIR [--json]
+    npformer plot RUN_DIR [--out FILE.png]
+    npformer translate --checkpoint PATH|RUN_DIR [--beam N] "3rd of March 1997" ...
+    npformer generate --checkpoint PATH|RUN_DIR --prompt "The " [--temperature T] [--top-k K] [--top-p P]
     npformer generate --model DIR --prompt "The " ...        (a Hugging Face GPT-2 directory)
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
     npformer fill-mask --checkpoint PATH | --model DIR "The riv[MASK]r" ... [--top-k K]
@@ -10,6 +12,11 @@
     npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
     npformer bench [--quick] [--backends numpy,cupy,torch] [--out DIR]
+    npformer --version
+
+A run of ``npformer train`` writes its run directory (default ``runs/TASK-MODEL``; see
+:mod:`npformer.training.run`); every ``--checkpoint`` of the other commands takes such a directory
+too, meaning its best.npz.
 
 Building the parser imports no model, no trainer and no experiment: the flags of ``npformer train``
 come from the config dataclasses (:mod:`npformer.training.config`) and the experiments' one-line
@@ -38,6 +45,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 import time
 import traceback
 import typing
@@ -49,11 +57,14 @@ from typing import Any
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import NpformerError, RangeError
 from npformer.study import EXPERIMENTS
-from npformer.training.config import CONFIGS, FIELDS, choices, config_from_dict, flag, make_config, models_with
+from npformer.training.config import (CONFIGS, DEFAULT_TASK, FIELDS, MODELS, choices, config_from_dict, default_model,
+                                      flag, make_config, models_with, options_from_file)
+from npformer.training.run import RunDirectory, checkpoint_file, default_out_dir
+from npformer.version import __version__
 
 # the options a resumed run may change; every other one continues as the checkpoint says, and giving
 # it with another value than the checkpoint's is an error
-RESUMABLE = ("steps", "checkpoint", "backend", "eval_every", "log_every", "checkpoint_every")
+RESUMABLE = ("steps", "out_dir", "checkpoint", "backend", "eval_every", "log_every", "checkpoint_every")
 # NumPy's floating-point warnings while a run diverges: the loop reports the divergence in one line
 NUMPY_FP_WARNINGS = r"(overflow|invalid value|divide by zero|underflow) encountered"
 
@@ -67,9 +78,21 @@ class Parser(argparse.ArgumentParser):
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    """Columns padded to their widest cell: numbers right-aligned (a column whose cells all read as
+    numbers, header aside), text left-aligned."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()   # noqa: E731
+    numeric = [bool(rows) and all(_is_number(r[i]) for r in rows) for i in range(len(header))]
+    line = lambda r: "  ".join(c.rjust(w) if num else c.ljust(w)                 # noqa: E731
+                               for c, w, num in zip(r, widths, numeric)).rstrip()
     return "\n".join([line(header), line(tuple("-" * w for w in widths)), *map(line, rows)])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def cmd_gradcheck(args: argparse.Namespace) -> int:
@@ -94,22 +117,23 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from npformer.training.registry import make_trainer
 
-    given = {name: value for name, value in vars(args).items() if name in FIELDS and value is not None}
-    if "checkpoint_every" in given and not args.checkpoint:
-        raise RangeError("--checkpoint-every needs --checkpoint PATH (where the checkpoints go)")
+    given = options_from_file(args.config) if args.config else {}        # --config FILE, then the flags
+    given.update({name: value for name, value in vars(args).items() if name in FIELDS and value is not None})
     if args.resume:
-        if not args.checkpoint:
-            raise ValueError("--resume needs --checkpoint PATH (the checkpoint to continue from)")
-        config = _resumed_config(args.checkpoint, given)
+        source, given = _resume_source(given)
+        config = _resumed_config(source, given)
     else:
         config = make_config(given)
+    if config.out_dir is None:
+        config = replace(config, out_dir=default_out_dir(config.task, config.model))
+    check_out_dir(config.out_dir, "--out-dir")
     _check_precision(config)
     from npformer.distributed import world_communicator
     comm = world_communicator(config.backend)     # under mpirun -n N: data parallel (npformer.distributed)
     trainer = make_trainer(config, comm=comm)
     if args.resume:
-        trainer.load(args.checkpoint)
-        trainer.log(f"resumed from {args.checkpoint} at step {trainer.step}")
+        trainer.load(source)
+        trainer.log(f"resumed from {source} at step {trainer.step}")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)
@@ -134,7 +158,30 @@ def _shown(name: str, value: Any) -> str:
     return f"{flag(name)} {value}"
 
 
-def _resumed_config(path: str, given: dict[str, Any]):
+def _resume_source(given: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint ``--resume`` continues from, and the options with a run directory given as
+    ``--checkpoint`` moved to ``--out-dir``: ``--checkpoint PATH`` (a checkpoint, or a run directory's
+    last.npz), else the last.npz of ``--out-dir``, else of the default run directory of the
+    ``--task``/``--model`` given (``npformer train --resume`` alone continues runs/dates-seq2seq)."""
+    if "checkpoint" in given:
+        if not Path(given["checkpoint"]).is_dir():
+            return Path(given["checkpoint"]), given
+        given = dict(given)
+        run = given.pop("checkpoint")
+        given.setdefault("out_dir", run)
+        return checkpoint_file(run, "last"), given
+    task = given.get("task", DEFAULT_TASK)
+    model = given.get("model") or default_model(task)
+    out_dir = given.get("out_dir") or default_out_dir(task, model)
+    last = RunDirectory(out_dir).last
+    if not last.is_file():
+        where = "--out-dir" if "out_dir" in given else f"the run directory of --task {task} --model {model}"
+        raise FileNotFoundError(f"--resume: no checkpoint to continue, {last} ({where}) does not exist; give "
+                                "--checkpoint PATH or --out-dir DIR of the run")
+    return last, given
+
+
+def _resumed_config(path: str | Path, given: dict[str, Any]):
     """The config of the run saved in ``path``, with the options a resumed run may change (RESUMABLE)
     taken from ``given``. Any other option given must agree with the checkpoint: a resumed run is
     the same run, so a different model, task or size is an error naming the flag, the checkpoint's
@@ -180,8 +227,6 @@ def _diverged(trainer, exc: FloatingPointError) -> int:
     after it (the loss), it had."""
     inside = any(frame.f_code.co_name == "train_step" for frame, _ in traceback.walk_tb(exc.__traceback__))
     c, step = trainer.cfg, trainer.step + (1 if inside else 0)
-    if sys.stdout.isatty():
-        print()                                       # end the progress line
     tips = [f"a lower --lr (this run: {c.lr:g})", f"a longer --warmup (this run: {c.warmup})",
             f"a smaller --clip (this run: {c.clip:g})"]
     tips.append("--precision float32" if c.precision != "float32" else
@@ -189,6 +234,43 @@ def _diverged(trainer, exc: FloatingPointError) -> int:
     print(f"npformer train: error: the run diverged at step {step} of {c.steps}: the loss or its gradients "
           f"became inf or NaN; try {', '.join(tips[:-1])} or {tips[-1]}", file=sys.stderr)
     return 1
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """The validation figures of a checkpoint (a run directory: its best.npz), on the whole held-out
+    set of its task, as its run's final evaluation computes them."""
+    import json
+
+    from npformer.training.checkpoint import load_checkpoint
+    from npformer.training.registry import make_trainer
+    from npformer.training.run import scalars
+
+    meta = load_checkpoint(args.checkpoint).meta
+    config = config_from_dict(meta["train_config"], meta.get("kind"))
+    trainer = make_trainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
+    trainer.load(args.checkpoint)
+    result = trainer.evaluate()
+    if args.json:
+        print(json.dumps({"checkpoint": args.checkpoint, "model": config.model, "task": config.task,
+                          "step": trainer.step, **scalars(result)}))
+    else:
+        print(f"{args.checkpoint}: --model {config.model} --task {config.task}, step {trainer.step} of {config.steps}")
+        print(trainer.report(result, quick=False))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from npformer.training.run import plot_metrics
+
+    if args.out is not None and Path(args.out).is_dir():
+        raise RangeError(f"--out {args.out} is a directory; expected a file name such as {Path(args.out) / 'loss.png'}")
+    try:
+        out = plot_metrics(args.run, args.out)
+    except ImportError as exc:         # the plot extra is not installed
+        print(f"npformer plot: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out}")
+    return 0
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -368,6 +450,14 @@ def experiment_parser(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+CHECKPOINT_HELP = "a checkpoint of npformer train, or its run directory (its best.npz)"
+TRAIN_DESCRIPTION = "\n".join([
+    "Trains a model on a built-in task (by default the paper's encoder-decoder on dates), reports the",
+    "validation loss and the task's score, and prints examples. The run directory (--out-dir) gets",
+    "config.json, metrics.jsonl, last.npz and best.npz. An option of another model than the chosen",
+    "one is an error.", "", "models (--model):",
+    *(line for name, text in MODELS.items()
+      for line in textwrap.wrap(text, 100, initial_indent=f"  {name:15s} ", subsequent_indent=" " * 18))])
 REFERENCE_HELP = ("run the reference ops alone (npformer/ops), none of the fast paths in npformer/kernels: "
                   "the same results to rounding, slower")
 
@@ -375,6 +465,7 @@ REFERENCE_HELP = ("run the reference ops alone (npformer/ops), none of the fast 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="npformer", description="A Transformer written by hand in NumPy/CuPy: forward and "
                                                  "backward of every op, checked.")
+    parser.add_argument("--version", action="version", version=f"npformer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("gradcheck", help="finite-difference check of every hand-written backward",
@@ -387,17 +478,36 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_gradcheck)
 
     t = sub.add_parser("train", help="train a Transformer on a built-in task (default: a Seq2Seq on dates)",
-                       description="Trains a model on a built-in task (by default the paper's encoder-decoder "
-                                   "on dates), reports the validation loss and the task's score, and prints "
-                                   "examples. An option of another model than the chosen one is an error.")
+                       formatter_class=argparse.RawDescriptionHelpFormatter, description=TRAIN_DESCRIPTION)
+    t.add_argument("--config", metavar="FILE", help="read options from a JSON or TOML (.toml) file: a table "
+                   "of field names (batch_size) or flag names (batch-size) and values, such as a run's "
+                   "config.json; flags on the command line override it")
     _add_train_options(t)
-    t.add_argument("--resume", action="store_true", help="continue the run saved in --checkpoint (with its "
-                   "settings; only " + ", ".join(flag(n) for n in RESUMABLE) + " may change)")
+    t.add_argument("--resume", action="store_true", help="continue a run from --checkpoint PATH (a checkpoint, "
+                   "or a run directory's last.npz), else from the last.npz of --out-dir, with its settings (only "
+                   + ", ".join(flag(n) for n in RESUMABLE) + " may change)")
     t.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
     t.set_defaults(func=cmd_train)
 
+    ev = sub.add_parser("eval", help="the validation figures of a checkpoint or run directory",
+                        description="Evaluates a checkpoint of npformer train (a run directory: its best.npz) "
+                                    "on its task's whole held-out set and prints the figures of the run's "
+                                    "final validation.")
+    ev.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
+    ev.add_argument("--backend", choices=["numpy", "cupy"])
+    ev.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    ev.set_defaults(func=cmd_eval)
+
+    pl = sub.add_parser("plot", help="draw a run's loss, learning rate and gradient norm to a PNG",
+                        description="Reads the metrics.jsonl of a run directory of npformer train and draws "
+                                    "the training and validation loss, the learning rate and the gradient "
+                                    "norm against the step (needs matplotlib: pip install \"npformer[plot]\").")
+    pl.add_argument("run", metavar="RUN_DIR", help="a run directory (or its metrics.jsonl)")
+    pl.add_argument("--out", metavar="FILE", help="the image to write (default RUN_DIR/metrics.png)")
+    pl.set_defaults(func=cmd_plot)
+
     tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint")
-    tr.add_argument("--checkpoint", required=True, metavar="PATH")
+    tr.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     tr.add_argument("--beam", type=int, default=1, metavar="N", help="beam search with N hypotheses and the "
                     "GNMT length penalty 0.6; 1: greedy (default 1)")
     tr.add_argument("--backend", choices=["numpy", "cupy"])
@@ -407,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="sample text from a GPT checkpoint (npformer train --task charlm) "
                          "or a Hugging Face GPT-2 directory")
     src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint from 'npformer train --task charlm'")
+    src.add_argument("--checkpoint", metavar="PATH", help="a GPT checkpoint from 'npformer train --task charlm', "
+                     "or its run directory (its best.npz)")
     src.add_argument("--model", metavar="DIR", help="a Hugging Face GPT-2 directory (config.json, "
                      "model.safetensors, tokenizer.json)")
     gen.add_argument("--prompt", default="The ")
@@ -512,6 +623,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     prog = "npformer " + args.command + (f" {args.study}" if args.command == "study" else "")
     try:
+        if args.command != "train" and isinstance(getattr(args, "checkpoint", None), str):
+            args.checkpoint = str(checkpoint_file(args.checkpoint))     # a run directory: its best.npz
         if args.command == "study":
             check_out_dir(args.out)
         if getattr(args, "reference", False):   # --reference: no fast path anywhere in the run

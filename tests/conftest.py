@@ -4,6 +4,9 @@ Profiles (``pytest --hypothesis-profile=NAME``, or ``HYPOTHESIS_PROFILE=NAME``):
 
 * ``ci`` (default): derandomized, 15 examples a test, no deadline; what ``.ci/run`` uses;
 * ``deep``: 300 random examples a test, for a long run by hand.
+
+The tests run in a temporary working directory (``npformer train`` writes its run directory under
+``runs/`` there, never into the checkout); a test that needs the checkout names it by its path.
 """
 import os
 
@@ -18,6 +21,15 @@ settings.register_profile("ci", derandomize=True, max_examples=15, deadline=None
 settings.register_profile("deep", max_examples=300, deadline=None,
                           suppress_health_check=_SUPPRESS, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _working_directory(tmp_path_factory):
+    """A fresh working directory for the session, the checkout's restored after it."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
 
 
 @pytest.fixture(scope="session", params=["numpy", pytest.param("cupy", marks=pytest.mark.gpu)])

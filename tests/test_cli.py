@@ -38,7 +38,8 @@ def test_train_translate_and_resume(tmp_path, capsys):
     assert [line.split("\t")[0] for line in lines] == ["abc", "jj"]
 
 
-def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys):
+def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)                  # no runs/ of other tests: --resume has nothing to continue
     missing = str(tmp_path / "none.npz")
     assert main(["translate", "--checkpoint", missing, "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -51,8 +52,8 @@ def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys):
     assert "exceeds max_len" in capsys.readouterr().err
     assert main(["train", "--steps", "5", "--warmup", "10"]) == 2
     assert "--warmup: expected fewer warm-up steps than --steps 5, got 10" in capsys.readouterr().err
-    assert main(["train", "--resume"]) == 2
-    assert "--resume needs --checkpoint" in capsys.readouterr().err
+    assert main(["train", "--resume"]) == 2                              # no runs/dates-seq2seq here
+    assert "--resume: no checkpoint to continue, runs/dates-seq2seq/last.npz" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:                                # argparse: unknown task
         main(["train", "--task", "nope"])
     assert exc.value.code == 2

@@ -13,6 +13,7 @@ beyond its exit status (the suite in benchmarks/ parses them with argparse's usu
 import collections
 import contextlib
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,7 @@ LM = ["--task", "charlm", "--steps", "4", "--warmup", "1", "--d-model", "16", "-
 XL = ["--task", "recall", "--steps", "3", "--warmup", "0", "--d-model", "16", "--heads", "2", "--layers", "1",
       "--ff", "16", "--batch-size", "4", "--block-size", "4", "--n-train", "16", "--eval-every", "0"]
 USAGE, DIVERGED = 2, 1
-COMMANDS = ("train", "translate", "generate", "embed", "gradcheck", "study", "bench")
+COMMANDS = ("train", "eval", "plot", "translate", "generate", "embed", "gradcheck", "study", "bench")
 
 OUTCOMES: collections.Counter = collections.Counter()
 
@@ -71,7 +72,6 @@ CASES = [
     train("--eval-every", "-1", names="--eval-every"),
     *(train("--log-every", v, names="--log-every") for v in ("0", "-1")),
     train("--checkpoint-every", "-1", "--checkpoint", "{dir}/c.npz", names="--checkpoint-every"),
-    train("--checkpoint-every", "5", names="--checkpoint-every"),          # nowhere to write them
     train("--seed", "-1", names="--seed"),
     *(train("--n-train", v, names="--n-train") for v in ("0", "-1", "3")),
     *(train("--n-valid", v, names="--n-valid") for v in ("0", "-1")),
@@ -108,7 +108,9 @@ CASES = [
     xl("--n-train", "2", names="--batch-size"),
     xl("--block-size", "0", names="--block-size"),
     # -- train --resume: the checkpoint's settings hold --------------------------------------------
-    row(["train", "--resume"], "--resume needs --checkpoint"),
+    row(["train", "--resume"], "--resume: no checkpoint to continue"),
+    row(["train", "--resume", "--out-dir", "{dir}"], "--resume: no checkpoint to continue"),
+    row(["train", "--resume", "--checkpoint", "{dir}"], "without last.npz"),
     row(["train", "--resume", "--checkpoint", "{dir}/missing.npz"], "missing.npz"),
     row(["train", "--resume", "--checkpoint", "{s2s}", "--model", "gpt"], "--model gpt conflicts"),
     row(["train", "--resume", "--checkpoint", "{s2s}", "--task", "dates"], "--task dates conflicts"),
@@ -119,6 +121,22 @@ CASES = [
     row(["train", "--resume", "--checkpoint", "{gpt}", "--heads", "4"], "--heads 4 conflicts"),
     row(["train", "--resume", "--checkpoint", "{gpt}", "--steps", "0"], "--steps"),
     row(["train", "--resume", "--checkpoint", "{s2s}", "--steps", "3"], "--steps 3: the run saved in"),
+    # -- train: the run directory and --config FILE -----------------------------------------------
+    train("--out-dir", "{file}", names="afile.txt"),                       # a file, not a directory
+    train("--out-dir", "{file}/run", names="afile.txt"),
+    train("--config", "{dir}/missing.json", names="--config"),
+    train("--config", "{file}", names="not valid JSON"),
+    train("--config", "{bad_key}", names="'nheads' is not an option"),
+    train("--config", "{bad_value}", names="bad_value.json: lr: expected a real number"),
+    train("--config", "{bad_toml}", names="not valid TOML"),
+    # -- eval, plot ---------------------------------------------------------------------------------
+    row(["eval", "--checkpoint", "{dir}/missing.npz"], "missing.npz"),
+    row(["eval", "--checkpoint", "{file}"], "not an npformer checkpoint"),
+    row(["eval", "--checkpoint", "{dir}"], "without best.npz or last.npz"),
+    row(["eval"], "--checkpoint"),
+    row(["plot", "{dir}"], "no metrics file"),
+    row(["plot", "{file}"], "line 1"),
+    row(["plot"], "RUN_DIR"),
     # -- generate ---------------------------------------------------------------------------------
     *(row(["generate", "--checkpoint", "{gpt}", "--tokens", v], "--tokens") for v in ("-1", "x")),
     *(row(["generate", "--checkpoint", "{gpt}", "--temperature", v], "--temperature")
@@ -196,8 +214,12 @@ def paths(tmp_path_factory):
     (d / "afile.txt").write_text("x")
     (d / "empty.txt").write_text("")
     (d / "short.txt").write_text("abc")
+    (d / "bad_key.json").write_text('{"nheads": 4}')
+    (d / "bad_value.json").write_text('{"lr": "fast"}')
+    (d / "bad.toml").write_text("steps = = 3")
     return {"dir": str(d), "s2s": s2s, "gpt": gpt, "file": str(d / "afile.txt"), "empty": str(d / "empty.txt"),
-            "short": str(d / "short.txt")}
+            "short": str(d / "short.txt"), "bad_key": str(d / "bad_key.json"), "bad_value": str(d / "bad_value.json"),
+            "bad_toml": str(d / "bad.toml")}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -335,8 +357,9 @@ def test_a_floating_point_error_outside_the_loop_is_not_reported_as_a_divergence
 
 def test_a_diverged_run_is_one_line_from_the_shell():
     """NumPy's overflow warnings are silenced while the loop checks the loss: one line, exit 1."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "npformer", "train", *TINY, "--lr", "1e6"], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+                          text=True, timeout=120, env=env)          # in the tests' working directory
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("npformer train: error: the run diverged at step "), lines

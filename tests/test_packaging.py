@@ -60,7 +60,7 @@ def test_every_data_file_is_declared_package_data():
 
 
 def test_one_version_and_a_licence_file():
-    assert CFG["metadata"]["version"].strip() == "attr: npformer.__version__"
+    assert CFG["metadata"]["version"].strip() == "attr: npformer.version.__version__"
     assert re.fullmatch(r"\d+\.\d+\.\d+", npformer.__version__)
     assert CFG["metadata"]["license"].strip() == "MIT"
     assert CFG["metadata"]["license_files"].strip() == "LICENSE"

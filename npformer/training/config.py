@@ -12,8 +12,9 @@
 Every field has one home (``block_size`` and ``n_train``/``n_valid`` belong to two kinds each, so they
 live in the small :class:`BlockSize` and :class:`ExampleCounts` that those kinds both extend) and its
 help text in ``metadata["help"]``; the command line builds the flags of ``npformer train`` from these
-fields. :func:`make_config` builds the config of the chosen model and refuses an option that model
-does not have.
+fields, and :func:`options_from_file` reads the same options from a JSON or TOML file (``--config``,
+flags winning). :func:`make_config` builds the config of the chosen model and refuses an option that
+model does not have; :data:`MODELS` says what each model is.
 
 Every config checks its fields when it is made (:meth:`TrainConfig.__post_init__`), each message naming
 the field's command-line flag (``--heads``, not ``nhead``), what was expected and what came: sizes and
@@ -30,8 +31,10 @@ the trainers of these model names are in :mod:`npformer.training.registry`.
 
 (No ``from __future__ import annotations`` here: the command line reads each field's type.)
 """
+import json
 import math
 from dataclasses import Field, dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from npformer.backend import BACKENDS
@@ -40,10 +43,10 @@ from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
-           "BlockSize", "ExampleCounts", "CONFIGS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
+           "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
            "FIELDS",
            "option", "flag", "choices", "models_with", "default_model", "config_type", "make_config",
-           "config_from_dict"]
+           "config_from_dict", "options_from_file"]
 
 DEFAULT_TASK = "dates"
 DEFAULT_WARMUP = 100        # warm-up steps of a run longer than this; a shorter one warms up for steps // 10
@@ -101,7 +104,11 @@ class TrainConfig:
     eval_every: int = option(350, "validate every this many steps (0: only at the end)")
     log_every: int = option(25, "print the training loss every this many steps (>= 1; the last step is always "
                             "printed)")
-    checkpoint: str | None = option(None, "write a checkpoint here (.npz)", metavar="PATH")
+    out_dir: str | None = option(None, "the run directory: config.json, metrics.jsonl, last.npz and best.npz (the "
+                                 "lowest validation loss) (default runs/TASK-MODEL, e.g. runs/dates-seq2seq)",
+                                 metavar="DIR")
+    checkpoint: str | None = option(None, "also write the latest checkpoint here (.npz), as last.npz in --out-dir "
+                                    "(default: only there)", metavar="PATH")
     checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)")
     tf32: bool = option(False, "float32 matrix products on TF32 tensor cores (CuPy, compute capability >= 8.0): "
                         "faster, inputs rounded to 10 mantissa bits; see npformer.backend.matmul_precision",
@@ -203,6 +210,22 @@ CONFIGS: dict[str, type[TrainConfig]] = {
     "bert": CharLMTrainConfig, "albert": ALBERTTrainConfig, "transformer-xl": XLTrainConfig,
 }
 
+# model name -> what it is, for ``npformer train --help``
+MODELS: dict[str, str] = {
+    "seq2seq": "the paper's encoder-decoder (Vaswani et al. 2017), post-norm, ReLU, tied output head; on a "
+               "Seq2Seq task (dates, numbers, copy, reverse)",
+    "gpt": "a decoder-only character language model (--task charlm), pre-norm and tanh-GELU unless --post-norm "
+           "or --activation say otherwise",
+    "gpt1": "GPT-1 (Radford et al. 2018): post-norm blocks, no final layer norm, N(0, 0.02^2) weights",
+    "gpt2": "GPT-2 (Radford et al. 2019): pre-norm blocks, a final layer norm, residual projections scaled by "
+            "1/sqrt(2 layers)",
+    "bert": "BERT (Devlin et al. 2019): an encoder predicting masked characters of the text",
+    "albert": "ALBERT (Lan et al. 2020): BERT with a factorised embedding (--embedding-size) and layers that "
+              "share parameters (--share)",
+    "transformer-xl": "Transformer-XL (Dai et al. 2019): segment recurrence with a memory (--mem-len) and "
+                      "relative positions, on --task recall",
+}
+
 
 
 def _every_field() -> dict[str, Field]:
@@ -244,7 +267,7 @@ CHECKS: dict[str, Callable[[Any, str], Any]] = {
     "dropout": lambda v, n: real(v, n, 0, 1, high_open=True, what="a dropout rate"),
     "norm_first": _of_type(bool, "True or False"), "tf32": _of_type(bool, "True or False"),
     "cuda_graph": _of_type(bool, "True or False"), "eval_every": non_negative_int, "log_every": positive_int,
-    "checkpoint": _of_type(str, "a path (str)"),
+    "checkpoint": _of_type(str, "a path (str)"), "out_dir": _of_type(str, "a path (str)"),
     "checkpoint_every": non_negative_int, "n_train": positive_int, "n_valid": positive_int,
     "block_size": positive_int, "label_smoothing": lambda v, n: real(v, n, 0, 1, high_open=True),
     "text": _of_type(str, "a path (str)"), "embedding_size": non_negative_int, "mem_len": non_negative_int,
@@ -283,7 +306,8 @@ def make_config(options: Mapping[str, Any]) -> TrainConfig:
     ``options`` (field name -> value) set and every other field at its default.
 
     An option the chosen model does not have is an error naming the option, the model and the models
-    that have it (``--share`` belongs to albert alone), never silently ignored.
+    that have it (``--share`` belongs to albert alone), never silently ignored. The config names its
+    model even when the task chose it, so a run's config.json says which model it trained.
     """
     task = options.get("task", DEFAULT_TASK)
     model = options.get("model") or default_model(task)
@@ -297,7 +321,7 @@ def make_config(options: Mapping[str, Any]) -> TrainConfig:
         chosen = f"--model {model}" + ("" if options.get("model") else f" (the default for --task {task})")
         raise RangeError(f"{flag(name)} does not apply to {chosen}; it is an option of --model "
                          f"{', '.join(models_with(name))}")
-    return cls(**options)
+    return cls(**{**options, "model": model})
 
 
 def config_from_dict(d: Mapping[str, Any], model: str | None = None) -> TrainConfig:
@@ -310,3 +334,48 @@ def config_from_dict(d: Mapping[str, Any], model: str | None = None) -> TrainCon
     """
     name = d.get("model") or model or default_model(d.get("task", DEFAULT_TASK))
     return config_type(name).from_dict({**d, "model": name})
+
+
+def options_from_file(path: str | Path) -> dict[str, Any]:
+    """The options (field name -> value) in the JSON or TOML file ``path`` (``npformer train --config
+    FILE``; TOML when the name ends in ``.toml``): one table of settings, each named as its field
+    (``batch_size``, ``nhead``) or its flag without the dashes (``batch-size``, ``heads``), such as a
+    run's config.json. A null value (JSON) leaves the field at its default. Each value is checked here
+    (the message names the file and the key); how they fit together, as the config is made."""
+    where = f"--config {path}"
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{where}: no such file")
+    if p.suffix == ".toml":
+        try:
+            import tomllib
+        except ImportError:              # Python 3.10
+            raise RangeError(f"{where}: reading TOML needs Python 3.11 or later (tomllib); give a JSON file") from None
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise RangeError(f"{where}: not valid TOML ({exc})") from None
+    else:
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise RangeError(f"{where}: not valid JSON ({exc.msg}, line {exc.lineno}); a .toml name reads TOML") \
+                from None
+    if not isinstance(data, dict):
+        raise RangeError(f"{where}: expected a table of settings (a JSON object), got {describe(data)}")
+    names = {**{flag(n)[2:]: n for n in FIELDS}, **{n: n for n in FIELDS}}
+    options: dict[str, Any] = {}
+    for key, value in data.items():
+        name = names.get(key)
+        if name is None:
+            raise RangeError(f"{where}: {key!r} is not an option of npformer train; expected one of {sorted(FIELDS)}")
+        if name in options:
+            raise RangeError(f"{where}: {key!r} sets {flag(name)} a second time")
+        if value is None:
+            continue
+        if choices(name) is not None:             # each value checked alone now, so the message names the file
+            one_of(value, f"{where}: {key}", choices(name))
+        elif name in CHECKS:
+            CHECKS[name](value, f"{where}: {key}")
+        options[name] = value
+    return options

@@ -13,15 +13,24 @@ evaluates and writes checkpoints. Each task's trainer (:mod:`~npformer.training.
 :mod:`~npformer.training.lm_trainer`, :mod:`~npformer.training.mlm_trainer`,
 :mod:`~npformer.training.xl_trainer`) builds its model and says how to draw a batch, compute the loss
 and evaluate; :mod:`npformer.training.registry` picks one by model name.
+
+What a run reports: every ``log_every`` steps a record of the mean loss, the learning rate, the mean
+gradient norm before clipping and the tokens/s of those steps, and at each evaluation the trainer's
+figures, into ``Trainer.history`` and, given ``out_dir``, the run directory's metrics.jsonl beside its
+config and checkpoints (:mod:`npformer.training.run`). On a terminal the progress is a tqdm bar with
+its ETA; in a log (a pipe, a file, a notebook) one line a record, the ETA formatted by tqdm.
 """
 from __future__ import annotations
 
 import math
 import sys
+import textwrap
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
+
+from tqdm import tqdm
 
 from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.checks import non_negative_int, one_of, positive_int
@@ -33,6 +42,7 @@ from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
 from npformer.training.config import CONFIGS, PRECISIONS, TrainConfig
 from npformer.training.optim import AdamW, clip_grad_norm
+from npformer.training.run import RunDirectory, scalars
 from npformer.training.schedules import cosine_with_warmup
 
 __all__ = ["Trainer"]
@@ -54,7 +64,7 @@ class Trainer:
         if config.model not in (None, self.kind):
             raise RangeError(f"config.model: expected {self.kind!r} or None for the {self.kind} trainer, "
                              f"got {config.model!r}")
-        self.cfg, self.log = config, log
+        self.cfg, self.log = replace(config, model=self.kind), log     # the model named, in checkpoints and config.json
         c = config
         if non_negative_int(c.warmup, "warmup") >= positive_int(c.steps, "steps"):
             raise RangeError(f"steps ({c.steps}) must be greater than warmup ({c.warmup})")
@@ -82,7 +92,8 @@ class Trainer:
         params = self.amp.named_parameters() if self.amp else self.model.named_parameters()
         self.opt = AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
         self.step = 0
-        self.history: list[dict] = []
+        self.best_loss = math.inf     # the lowest validation loss of the run so far (best.npz's)
+        self.history: list[dict] = []     # the run's metrics records (see npformer.training.run)
         self._graph = None      # the CudaGraphStep of --cuda-graph, made on the first step
 
     # -- to be provided ------------------------------------------------------------------------------
@@ -104,7 +115,8 @@ class Trainer:
 
     def meta(self) -> dict:
         meta = {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
-                "model_config": self.model.config.to_dict(), "ranks": self.ranks}
+                "model_config": self.model.config.to_dict(), "ranks": self.ranks,
+                "best_valid_loss": self.best_loss if math.isfinite(self.best_loss) else None}
         if self.amp:
             meta["loss_scaler"] = self.amp.scaler.state_dict()
         return meta
@@ -221,53 +233,102 @@ class Trainer:
         self.load_model_state(ck.model, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])
+        best = ck.meta.get("best_valid_loss")          # None: no evaluation yet, or a file from before it was kept
+        self.best_loss = math.inf if best is None else float(best)
 
     # -- the whole run -----------------------------------------------------------------------------
     def fit(self) -> dict:
+        """Train to ``steps``, validating every ``eval_every`` steps and at the end; returns the final
+        evaluation. With ``out_dir`` the run directory (:mod:`npformer.training.run`) gets the config,
+        the metrics, last.npz and best.npz; every record also goes to ``self.history``. On a terminal
+        the progress is a tqdm bar; otherwise one line every ``log_every`` steps, with the ETA."""
         c, log = self.cfg, self.log
-        if c.checkpoint and self.rank0:   # a path that cannot be written fails now, not after the training
-            check_checkpoint_path(c.checkpoint)
+        # every rank knows the paths (saving is collective: Transformer-XL gathers its memory); rank 0 alone
+        # checks them, writes the run directory and evaluates
+        run = RunDirectory(c.out_dir) if c.out_dir else None
+        saves = list(dict.fromkeys(Path(p) for p in (run and run.last, c.checkpoint) if p))  # the latest checkpoint
+        if self.rank0:
+            for path in saves + ([run.best] if run else []):      # a path that cannot be written fails now
+                check_checkpoint_path(path)
+        if run and self.rank0:
+            run.start(c, self.step)
+            log(f"run directory {run.path}: config.json, metrics.jsonl, last.npz, best.npz")
+        log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in asdict(c).items()), 110,
+                                       subsequent_indent="  "))
         log(self.describe())
-        tty = sys.stdout.isatty() and self.rank0
-        start, tokens, window = time.perf_counter(), 0, []
-        while self.step < c.steps:
-            loss = self.train_step()
-            if not math.isfinite(loss):
-                raise FloatingPointError(f"loss became {loss} at step {self.step}")
-            tokens += self._tokens
-            window.append(loss)
-            elapsed = time.perf_counter() - start
-            if self.step % c.log_every == 0 or self.step == c.steps:
-                line = (f"step {self.step:5d}/{c.steps} {_bar(self.step / c.steps)} loss "
-                        f"{sum(window) / len(window):.4f}  lr {self.opt.lr:.2e}  "
-                        f"{tokens / elapsed:,.0f} tok/s  {elapsed:.0f}s")
-                window = []
-                self.history.append({"step": self.step, "loss": loss, "time": elapsed})
-                if tty:
-                    print("\r" + line, end="", flush=True)
-                else:
-                    log(line)
-            if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps and self.rank0:
-                if tty:
-                    print()
-                log("  " + self.report(self.evaluate(limit=300), quick=True))
-            if c.checkpoint and c.checkpoint_every and self.step % c.checkpoint_every == 0:
-                self.save(c.checkpoint)
-        if tty:
-            print()
-        if c.checkpoint:
-            self.save(c.checkpoint)
-        if not self.rank0:       # data parallel: rank 0 evaluates
-            return {}
-        result = self.evaluate()
-        log(self.report(result, quick=False) + f"  ({time.perf_counter() - start:.0f}s)")
+        tty = self.log is print and sys.stdout.isatty() and self.rank0
+        say = tqdm.write if tty else log
+        first, start = self.step, time.perf_counter()
+        window: dict = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
+        with tqdm(total=c.steps, initial=self.step, unit="step", file=sys.stdout, disable=not tty,
+                  dynamic_ncols=True, bar_format=BAR) as bar:
+            while self.step < c.steps:
+                began = time.perf_counter()
+                loss = self.train_step()
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"loss became {loss} at step {self.step}")
+                window["seconds"] += time.perf_counter() - began
+                window["loss"].append(loss)
+                window["grad_norm"].append(float(self._grad_norm))
+                window["tokens"] += self._tokens
+                bar.update(1)
+                if self.step % c.log_every == 0 or self.step == c.steps:
+                    record = self._train_record(window, time.perf_counter() - start)
+                    self._record(run, record)
+                    figures = (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  grad norm "
+                               f"{record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s")
+                    bar.set_postfix_str(figures, refresh=False)
+                    if not tty:
+                        log(f"step {self.step:5d}/{c.steps}  {figures}  " + tqdm.format_meter(
+                            self.step, c.steps, record["time_s"], initial=first, bar_format=TIMES))
+                    window = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
+                if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
+                    say("  " + self._evaluate(run, limit=300)[1])
+                if c.checkpoint_every and self.step % c.checkpoint_every == 0 and self.step < c.steps:
+                    for path in saves:
+                        self.save(path)
+        result, line = self._evaluate(run, final=True)       # best.npz first, so last.npz knows the best loss
+        for path in saves:
+            self.save(path)
+        log(line + f"  ({time.perf_counter() - start:.0f}s)")
         return result
+
+    def _train_record(self, window: dict, elapsed: float) -> dict:
+        n = len(window["loss"])
+        return {"split": "train", "step": self.step, "loss": sum(window["loss"]) / n, "lr": self.opt.lr,
+                "grad_norm": sum(window["grad_norm"]) / n,
+                "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9), "time_s": round(elapsed, 3)}
+
+    def _evaluate(self, run: RunDirectory | None, limit: int | None = None, final: bool = False) -> tuple[dict, str]:
+        """Evaluate (the first ``limit`` examples, or all when ``final``), record the figures, write
+        best.npz when the validation loss is the lowest so far; ``(result, report line)``. In a
+        data-parallel run rank 0 evaluates and tells the other ranks whether to save (saving is
+        collective: Transformer-XL gathers its memory); they get ``({}, "")``."""
+        result = self.evaluate(limit=None if final else limit) if self.rank0 else {}
+        best, loss = (result["loss"] < self.best_loss, result["loss"]) if self.rank0 else (False, math.inf)
+        if self.comm is not None:
+            flag = self.comm.broadcast(self.xp.asarray([float(best), loss], dtype=self.xp.float64))
+            best, loss = bool(flag[0] > 0), float(flag[1])
+        if best:
+            self.best_loss = loss
+            if run:
+                self.save(run.best)
+        if not self.rank0:
+            return {}, ""
+        self._record(run, {"split": "valid", "step": self.step, **scalars(result), "final": final, "best": best})
+        return result, self.report(result, quick=not final)
+
+    def _record(self, run: RunDirectory | None, record: dict) -> None:
+        self.history.append(record)
+        if run and self.rank0:
+            run.record(record)
+
+
+# tqdm's fields: the progress bar on a terminal (the postfix, the figures, comes after a comma), and the
+# times that end the line every --log-every steps elsewhere (the ETA from the steps of this session)
+BAR = "step {n_fmt}/{total_fmt} {bar} {elapsed}<{remaining}{postfix}"
+TIMES = "{elapsed} elapsed, ETA {remaining}"
 
 
 def _silent(_: str) -> None:
     """The log of a data-parallel rank other than 0."""
-
-
-def _bar(frac: float, width: int = 20) -> str:
-    n = int(round(frac * width))
-    return "[" + "#" * n + "." * (width - n) + "]"

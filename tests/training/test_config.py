@@ -116,4 +116,4 @@ def test_a_checkpoint_with_an_old_flat_config_resumes_exactly_and_samples(tmp_pa
     assert main(["train", "--resume", "--checkpoint", str(path), "--steps", "6"]) == 0
     assert "resumed from" in capsys.readouterr().out
     rewritten = ckpt.load_checkpoint(path).meta["train_config"]               # in the new format now
-    assert rewritten == asdict(replace(config, steps=6, checkpoint=str(path)))
+    assert rewritten == asdict(replace(config, steps=6, checkpoint=str(path), out_dir="runs/charlm-gpt2"))

@@ -1,0 +1,148 @@
+"""The run directory of ``npformer train`` (nanoGPT's ``out_dir``): what a run leaves behind.
+
+    runs/dates-seq2seq/            the default: runs/TASK-MODEL under the working directory (--out-dir)
+        config.json                the effective config, every field of the run's TrainConfig (what
+                                   ``npformer train --config FILE`` reads back)
+        metrics.jsonl              one JSON object a line, in step order: {"split": "train", ...} every
+                                   --log-every steps, {"split": "valid", ...} at each evaluation
+        last.npz                   the latest checkpoint (every --checkpoint-every steps and at the end):
+                                   ``npformer train --resume`` continues from it
+        best.npz                   the checkpoint of the lowest validation loss so far: what
+                                   ``npformer translate|generate|eval --checkpoint runs/dates-seq2seq`` read
+
+A training line holds the step, the mean training loss of the steps since the last line (``loss``),
+the learning rate of the step, the mean global gradient norm before clipping (``grad_norm``), the
+training throughput of those steps (``tokens_per_s``, evaluation time excluded) and the seconds since
+the run (or its resumption) started (``time_s``). A validation line holds the step, the trainer's
+scalar figures (``loss``, and ``exact_match``, ``bits_per_char``, ``accuracy``, ... by task), ``final``
+(true for the evaluation on the whole held-out set at the end; the periodic ones read its first 300
+examples or blocks) and ``best`` (true when it wrote best.npz). A non-finite gradient norm (a step
+skipped under mixed precision) is written as JSON's usual extension, ``Infinity``.
+
+A fixed name per task and model, not a timestamp, so the README's next command can name the run,
+and running the same command again starts that run afresh (config.json and metrics.jsonl are
+rewritten, the checkpoints replaced as they are saved), as nanoGPT's out_dir does; ``--out-dir`` keeps
+runs apart. A resumed run keeps the metrics up to its checkpoint's step and appends to them.
+
+This module reads and writes files only; it imports no model and no trainer (the command line uses
+it to find a run's checkpoint), and matplotlib only inside :func:`plot_metrics`.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from npformer.errors import RangeError
+
+__all__ = ["RunDirectory", "default_out_dir", "checkpoint_file", "read_metrics", "plot_metrics", "scalars"]
+
+RUNS = "runs"                 # the folder, under the working directory, that holds the runs by default
+
+
+def default_out_dir(task: str, model: str) -> str:
+    """The run directory of ``--task task --model model`` when ``--out-dir`` is not given."""
+    return f"{RUNS}/{task}-{model}"
+
+
+class RunDirectory:
+    """The files of one run (see the module docstring); nothing is written until :meth:`start`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config = self.path / "config.json"
+        self.metrics = self.path / "metrics.jsonl"
+        self.last = self.path / "last.npz"
+        self.best = self.path / "best.npz"
+
+    def start(self, config: Any, step: int) -> None:
+        """Write ``config`` (a dataclass) as config.json, and keep the metrics of steps up to ``step``
+        (none for a new run, those before the checkpoint for a resumed one)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.config.write_text(json.dumps(asdict(config), indent=2) + "\n")
+        kept = [r for r in read_metrics(self.metrics) if r["step"] <= step] if step and self.metrics.exists() else []
+        self.metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+    def record(self, record: dict) -> None:
+        """Append one line to metrics.jsonl (opened and closed each time: a crash loses nothing written)."""
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def checkpoint_file(path: str | Path, which: str = "best") -> Path:
+    """The checkpoint ``path`` names: itself when it is not a directory, else the run directory's
+    ``best.npz`` (``which="best"``, falling back to ``last.npz`` when no evaluation has written one
+    yet) or ``last.npz`` (``which="last"``, what a resumed run continues from)."""
+    p = Path(path)
+    if not p.is_dir():
+        return p
+    run = RunDirectory(p)
+    for candidate in ((run.best, run.last) if which == "best" else (run.last,)):
+        if candidate.is_file():
+            return candidate
+    wanted = "best.npz or last.npz" if which == "best" else "last.npz"
+    raise FileNotFoundError(f"{path} is a directory without {wanted}: expected a checkpoint file or the run "
+                            "directory of an npformer train run")
+
+
+def scalars(result: dict) -> dict[str, float]:
+    """The numbers among an evaluation's results (its loss, score, counts), without the texts and lists."""
+    return {k: (v if isinstance(v, int) else float(v)) for k, v in result.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a metrics file, or of the metrics.jsonl of the run directory ``path``."""
+    p = Path(path)
+    if p.is_dir():
+        p = RunDirectory(p).metrics
+    if not p.is_file():
+        raise FileNotFoundError(f"{path}: no metrics file (expected a run directory of npformer train, with "
+                                "metrics.jsonl, or such a file)")
+    records = []
+    for number, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RangeError(f"{p}, line {number}: not a JSON object ({exc.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise RangeError(f"{p}, line {number}: expected a JSON object with an integer 'step', got {line[:60]!r}")
+        records.append(record)
+    return records
+
+
+def plot_metrics(path: str | Path, out: str | Path | None = None) -> Path:
+    """Draw a run's training and validation loss, learning rate and gradient norm against the step,
+    three panels in one PNG (default: ``metrics.png`` in the run directory); returns its path.
+    Needs matplotlib (``pip install "npformer[plot]"``); without it, an ImportError saying so."""
+    records = read_metrics(path)
+    train = [r for r in records if r.get("split") == "train"]
+    if not train:
+        raise RangeError(f"{path}: the metrics hold no training line yet; nothing to plot")
+    try:
+        from matplotlib.figure import Figure            # no pyplot: no global state, no display needed
+        from matplotlib.ticker import FormatStrFormatter
+    except ImportError:
+        raise ImportError('npformer plot needs matplotlib: pip install "npformer[plot]"') from None
+    valid = [r for r in records if r.get("split") == "valid"]
+    steps = [r["step"] for r in train]
+    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    loss, lr, norm = fig.subplots(1, 3)
+    loss.plot(steps, [r["loss"] for r in train], label="training (mean of each --log-every steps)")
+    if valid:
+        loss.plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="validation")
+    loss.set(title="Loss", xlabel="step", ylabel="cross-entropy (nats)")
+    loss.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2))     # below the axes: never over a curve
+    lr.plot(steps, [r["lr"] for r in train], color="tab:green")
+    lr.set(title="Learning rate (warm-up, then cosine)", xlabel="step", ylabel="learning rate")
+    lr.yaxis.set_major_formatter(FormatStrFormatter("%.1e"))    # on each tick: no offset text under the title
+    finite = [(s, r["grad_norm"]) for s, r in zip(steps, train) if math.isfinite(r["grad_norm"])]
+    norm.plot([s for s, _ in finite], [g for _, g in finite], color="tab:red")
+    norm.set(title="Gradient norm before clipping", xlabel="step", ylabel="global L2 norm")
+    out = Path(out) if out is not None else (Path(path) if Path(path).is_dir() else Path(path).parent) / "metrics.png"
+    fig.savefig(out, dpi=110)
+    return out

@@ -1,0 +1,119 @@
+"""npformer train's run directory from the command line, and what reads it: translate/eval with a run
+directory, --resume of the default run, --config FILE (JSON, TOML, the flags winning), npformer plot,
+npformer --version, and the help generated from the config dataclasses."""
+import json
+import sys
+from dataclasses import MISSING
+
+import pytest
+
+from npformer.cli import build_parser, main
+from npformer.training.config import CONFIGS, FIELDS, MODELS, flag
+from npformer.training.run import RunDirectory, read_metrics
+from npformer.version import __version__
+
+TINY = ["--task", "copy", "--n-train", "200", "--n-valid", "30", "--steps", "6", "--warmup", "1", "--d-model", "16",
+        "--heads", "2", "--layers", "1", "--ff", "32", "--batch-size", "8", "--eval-every", "0", "--log-every", "3"]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_train_writes_the_default_run_directory_that_the_next_commands_read(workdir, capsys):
+    assert main(["train", *TINY]) == 0
+    out = capsys.readouterr().out
+    run = RunDirectory("runs/copy-seq2seq")
+    assert out.startswith("run directory runs/copy-seq2seq: config.json, metrics.jsonl, last.npz, best.npz\n"
+                          "config: model=seq2seq task=copy seed=0 ")
+    assert run.best.is_file() and run.last.is_file()
+    final = read_metrics(run.path)[-1]
+    assert final["split"] == "valid" and final["final"] and final["step"] == 6
+    assert main(["translate", "--checkpoint", "runs/copy-seq2seq", "abc"]) == 0
+    assert capsys.readouterr().out.startswith("abc\t")
+    assert main(["eval", "--checkpoint", "runs/copy-seq2seq", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["checkpoint"] == str(run.best) and figures["step"] == 6
+    assert figures["loss"] == final["loss"] and figures["exact_match"] == final["exact_match"]   # the same model, data
+    assert main(["eval", "--checkpoint", str(run.last)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{run.last}: --model seq2seq --task copy, step 6 of 6"
+    assert lines[1].startswith(f"final validation (30 held-out examples): loss {final['loss']:.4f}")
+
+
+def test_resume_continues_the_default_run_and_checkpoint_still_writes_there_too(workdir, capsys):
+    assert main(["train", *TINY, "--checkpoint", "mine.npz"]) == 0
+    capsys.readouterr()
+    assert (workdir / "mine.npz").is_file() and (workdir / "runs/copy-seq2seq/last.npz").is_file()
+    assert main(["train", "--task", "copy", "--resume", "--steps", "9"]) == 0
+    assert capsys.readouterr().out.startswith("resumed from runs/copy-seq2seq/last.npz at step 6\n")
+    steps = [r["step"] for r in read_metrics("runs/copy-seq2seq") if r["split"] == "train"]
+    assert steps == [3, 6, 9]
+    assert main(["train", "--resume", "--checkpoint", "runs/copy-seq2seq", "--steps", "12"]) == 0
+    assert "resumed from runs/copy-seq2seq/last.npz at step 9" in capsys.readouterr().out
+
+
+def test_config_file_json_and_toml_with_the_flags_winning(workdir):
+    (workdir / "c.json").write_text(json.dumps({"task": "copy", "n_train": 200, "n-valid": 30, "steps": 4,
+                                                "warmup": 1, "d_model": 16, "heads": 2, "layers": 1, "ff": 32,
+                                                "batch_size": 8, "eval_every": 0, "lr": 0.01, "activation": None}))
+    assert main(["train", "--config", "c.json", "--steps", "6", "--out-dir", "a"]) == 0
+    saved = json.loads((workdir / "a/config.json").read_text())
+    assert saved["steps"] == 6 and saved["lr"] == 0.01 and saved["nhead"] == 2 and saved["n_valid"] == 30
+    (workdir / "c.toml").write_text('task = "copy"\nn_train = 200\nn_valid = 30\nsteps = 6\nwarmup = 1\n'
+                                    'd_model = 16\nheads = 2\nlayers = 1\nff = 32\nbatch_size = 8\neval_every = 0\n'
+                                    'lr = 0.02\n')
+    assert main(["train", "--config", "c.toml", "--lr", "0.01", "--out-dir", "b"]) == 0
+    assert json.loads((workdir / "b/config.json").read_text()) == {**saved, "out_dir": "b"}
+    # a run's config.json runs it again: the same losses
+    assert main(["train", "--config", "a/config.json", "--out-dir", "c"]) == 0
+    losses = lambda d: [r["loss"] for r in read_metrics(d) if r["split"] == "train"]   # noqa: E731
+    assert losses("c") == losses("a") == losses("b")
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out == f"npformer {__version__}\n"
+
+
+def test_plot_command_writes_the_png(workdir, capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["train", *TINY, "--out-dir", "r"]) == 0
+    capsys.readouterr()
+    assert main(["plot", "r"]) == 0
+    assert capsys.readouterr().out == "wrote r/metrics.png\n" and (workdir / "r/metrics.png").is_file()
+    assert main(["plot", "r", "--out", "r"]) == 2
+    assert "--out r is a directory" in capsys.readouterr().err
+
+
+def test_plot_command_without_matplotlib_says_what_to_install(workdir, capsys, monkeypatch):
+    (workdir / "r").mkdir()
+    RunDirectory("r").record({"split": "train", "step": 1, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0})
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)      # as if it were not installed
+    assert main(["plot", "r"]) == 2
+    assert capsys.readouterr().err == 'npformer plot: error: npformer plot needs matplotlib: pip install "npformer[plot]"\n'
+
+
+def _train_help(monkeypatch) -> str:
+    monkeypatch.setenv("COLUMNS", "10000")          # no line breaks inside the help texts
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return " ".join(sub.choices["train"].format_help().split())
+
+
+def test_train_help_gives_every_field_a_flag_help_and_default_and_describes_every_model(monkeypatch):
+    text = _train_help(monkeypatch)
+    for name, f in FIELDS.items():
+        assert flag(name) in text, name
+        help_text = " ".join(f.metadata["help"].split())
+        assert help_text in text, name
+        if f.default is not None and f.default is not MISSING:
+            assert f"{help_text} (default {f.default})" in text, name
+        else:
+            assert "default" in help_text, f"{name}: its help does not say what leaving it out means"
+    assert set(MODELS) == set(CONFIGS)
+    for name, description in MODELS.items():
+        assert f"{name} {' '.join(description.split())}" in text, name
+    assert "--config FILE" in text and "--out-dir DIR" in text

@@ -1,0 +1,163 @@
+"""The run directory and the metrics of a training run (npformer.training.run, Trainer.fit): written,
+read back, trimmed on resume, the best checkpoint kept; the progress on a terminal and in a log."""
+import io
+import json
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from npformer.errors import RangeError
+from npformer.training.checkpoint import load_checkpoint
+from npformer.training.config import Seq2SeqTrainConfig
+from npformer.training.run import RunDirectory, checkpoint_file, plot_metrics, read_metrics
+from npformer.training.schedules import cosine_with_warmup
+from npformer.training.seq2seq_trainer import Seq2SeqTrainer
+
+SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+             batch_size=16, steps=8, warmup=2, lr=3e-3, eval_every=4, log_every=2, checkpoint_every=4)
+TRAIN_KEYS = {"split", "step", "loss", "lr", "grad_norm", "tokens_per_s", "time_s"}
+
+
+def _fit(config, lines=None):
+    trainer = Seq2SeqTrainer(config, log=(lines.append if lines is not None else lambda _: None))
+    return trainer, trainer.fit()
+
+
+def test_fit_writes_the_run_directory_and_the_metrics_read_back(tmp_path):
+    config = Seq2SeqTrainConfig(**SMALL, out_dir=str(tmp_path / "run"))
+    trainer, result = _fit(config)
+    run = RunDirectory(tmp_path / "run")
+    assert sorted(p.name for p in run.path.iterdir()) == ["best.npz", "config.json", "last.npz", "metrics.jsonl"]
+    assert json.loads(run.config.read_text()) == {**asdict(config), "model": "seq2seq"}     # the model named
+    records = read_metrics(run.path)
+    assert records == trainer.history == read_metrics(run.metrics)
+    train = [r for r in records if r["split"] == "train"]
+    valid = [r for r in records if r["split"] == "valid"]
+    assert [r["step"] for r in train] == [2, 4, 6, 8] and all(set(r) == TRAIN_KEYS for r in train)
+    for r in train:
+        assert r["lr"] == cosine_with_warmup(r["step"], 3e-3, 2, 8, min_lr=1e-4)
+        assert r["tokens_per_s"] > 0 and r["grad_norm"] > 0 and np.isfinite(r["loss"])
+    assert [(r["step"], r["final"]) for r in valid] == [(4, False), (8, True)]
+    assert valid[-1]["loss"] == result["loss"] and valid[-1]["exact_match"] == result["exact_match"]
+    assert "predictions" not in valid[-1]                         # numbers only
+    best_loss = min(r["loss"] for r in valid)
+    best_step = [r["step"] for r in valid if r["best"]][-1]
+    assert [r["best"] for r in valid] == [True, valid[1]["loss"] < valid[0]["loss"]]
+    best, last = load_checkpoint(run.best).meta, load_checkpoint(run.last).meta
+    assert best["step"] == best_step and best["best_valid_loss"] == best_loss
+    assert last["step"] == 8 and last["best_valid_loss"] == best_loss
+
+
+def test_the_metrics_hold_each_steps_loss_and_gradient_norm(tmp_path):
+    """With --log-every 1 a training line is one step: the loss and the norm before clipping of an
+    uninterrupted run of train_step, exactly."""
+    config = Seq2SeqTrainConfig(**{**SMALL, "log_every": 1, "eval_every": 0, "clip": 0.5})
+    straight = Seq2SeqTrainer(config, log=lambda _: None)
+    expected = []
+    for _ in range(8):
+        loss = straight.train_step()
+        expected.append((loss, float(straight._grad_norm)))
+    trainer, _ = _fit(config)
+    got = [(r["loss"], r["grad_norm"]) for r in trainer.history if r["split"] == "train"]
+    assert got == expected
+    assert any(norm > 0.5 for _, norm in got)                      # the norm before clipping is what is kept
+
+
+def test_a_resumed_run_keeps_the_metrics_up_to_its_checkpoint_and_its_best_loss(tmp_path):
+    out = str(tmp_path / "run")
+    first, _ = _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out))
+    before = read_metrics(out)
+    run = RunDirectory(out)
+    run.record({"split": "train", "step": 99, "loss": 0.0})        # a line past the checkpoint: dropped on resume
+    resumed = Seq2SeqTrainer(Seq2SeqTrainConfig(**{**SMALL, "steps": 12}, out_dir=out), log=lambda _: None)
+    resumed.load(run.last)
+    assert resumed.step == 8 and resumed.best_loss == first.best_loss
+    resumed.fit()
+    after = read_metrics(out)
+    assert after[:len(before)] == before
+    assert [r["step"] for r in after[len(before):] if r["split"] == "train"] == [10, 12]
+    assert json.loads(run.config.read_text())["steps"] == 12
+    valid = [r for r in after if r["split"] == "valid"]
+    assert load_checkpoint(run.best).meta["best_valid_loss"] == min(r["loss"] for r in valid)
+
+
+def test_start_keeps_the_lines_up_to_the_step(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    config = Seq2SeqTrainConfig(**SMALL)
+    run.start(config, 0)
+    for step in (2, 4, 6):
+        run.record({"split": "train", "step": step})
+    run.start(config, 4)
+    assert [r["step"] for r in read_metrics(run.path)] == [2, 4]
+    run.start(config, 0)                                            # a new run starts afresh
+    assert read_metrics(run.path) == []
+
+
+def test_checkpoint_file_finds_a_run_directorys_checkpoints(tmp_path):
+    run = RunDirectory(tmp_path / "run")
+    run.path.mkdir()
+    with pytest.raises(FileNotFoundError, match="without best.npz or last.npz"):
+        checkpoint_file(run.path)
+    run.last.write_bytes(b"x")
+    assert checkpoint_file(run.path) == run.last                    # no evaluation wrote best.npz yet
+    run.best.write_bytes(b"x")
+    assert checkpoint_file(run.path) == run.best and checkpoint_file(run.path, "last") == run.last
+    assert checkpoint_file(run.last) == run.last and checkpoint_file("none.npz").name == "none.npz"
+
+
+def test_bad_metrics_files_are_named_with_the_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no metrics file"):
+        read_metrics(tmp_path)
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n[1, 2]\n')
+    with pytest.raises(RangeError, match="line 2: expected a JSON object with an integer 'step'"):
+        read_metrics(path)
+    path.write_text('{"step": 1}\n{"step": \n')
+    with pytest.raises(RangeError, match="line 2: not a JSON object"):
+        read_metrics(path)
+
+
+def test_plot_draws_a_png_of_the_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = str(tmp_path / "run")
+    _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out))
+    png = plot_metrics(out)
+    assert png == RunDirectory(out).path / "metrics.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    other = plot_metrics(RunDirectory(out).metrics, tmp_path / "curves.png")
+    assert other.is_file()
+
+
+def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch):
+    run = RunDirectory(tmp_path)
+    run.record({"split": "train", "step": 1, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0})
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)      # as if it were not installed
+    with pytest.raises(ImportError, match=r'pip install "npformer\[plot\]"'):
+        plot_metrics(tmp_path)
+
+
+def test_a_log_gets_a_line_a_record_with_the_gradient_norm_and_the_eta():
+    lines = []
+    _fit(Seq2SeqTrainConfig(**SMALL), lines)
+    steps = [line for line in lines if line.startswith("step ")]
+    assert len(steps) == 4 and steps[-1].startswith("step     8/8  loss ")
+    assert all("grad norm " in line and " tok/s " in line and "elapsed, ETA " in line for line in steps)
+    assert lines[0].startswith("config: model=seq2seq task=copy ")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_a_terminal_gets_a_progress_bar(monkeypatch):
+    screen = _Terminal()
+    monkeypatch.setattr(sys, "stdout", screen)
+    trainer = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL), log=print)
+    trainer.fit()
+    text = screen.getvalue()
+    assert "\r" in text and "step 8/8 " in text and "grad norm" in text     # the bar, redrawn in place
+    assert "  valid (40 examples)" in text and "final validation" in text
+    assert not any(line.startswith("step     2/8") for line in text.splitlines())   # no log lines
