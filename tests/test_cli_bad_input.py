@@ -209,8 +209,8 @@ def paths(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad_input")
     s2s, gpt = str(d / "s2s.npz"), str(d / "gpt.npz")
     with contextlib.redirect_stdout(io.StringIO()):
-        assert main(["train", *TINY, "--checkpoint", s2s]) == 0
-        assert main(["train", *LM, "--checkpoint", gpt]) == 0
+        assert main(["train", *TINY, "--checkpoint", s2s, "--out-dir", str(d / "run-s2s")]) == 0
+        assert main(["train", *LM, "--checkpoint", gpt, "--out-dir", str(d / "run-gpt")]) == 0
     (d / "afile.txt").write_text("x")
     (d / "empty.txt").write_text("")
     (d / "short.txt").write_text("abc")
@@ -258,7 +258,8 @@ def _outcome(code, err: str) -> str:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("argv,names,code", CASES)
-def test_a_bad_invocation_is_one_line_naming_the_flag(paths, argv, names, code):
+def test_a_bad_invocation_is_one_line_naming_the_flag(paths, argv, names, code, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)          # an empty working directory: no runs/ of other tests to resume
     argv = [a.format(**paths) for a in argv]
     names = names.format(**paths)
     got, _, err = _run(argv)
