@@ -1,11 +1,17 @@
-"""Dropout's mask for NumPy's default bit generator (PCG64) from its raw bits (reference:
-:mod:`npformer.ops.dropout`).
+"""Dropout's mask for NumPy's default bit generator (PCG64) from its raw bits, in parts drawn side by
+side (reference: :mod:`npformer.ops.dropout`).
 
 Drawing the float32 uniforms is most of dropout's cost. NumPy builds a float32 uniform as
 (b >> 8) * 2^-24 from each 32-bit half b of a 64-bit draw (low half first), so u >= p exactly when
-b >= ceil(p * 2^24) * 2^8: one integer comparison per element skips the float conversion (about
-1.5x faster). The mask is the reference's bit for bit and the generator ends in the same state
-(tested). Other generators, odd sizes, or a PCG64 holding a spare 32-bit half run the reference.
+b >= ceil(p * 2^24) * 2^8: one integer comparison per element skips the float conversion.
+
+The reference draws one uniform per element in C order. Element e comes from 64-bit draw e // 2, so
+the mask of elements [a, b), a even, is the comparison of draws a/2 onwards: a copy of the
+generator advanced by a/2 (``PCG64.advance``, a jump, not a loop) draws it. :class:`KeepMask` hands
+out such parts, to the threads of the dropout here and to the attention kernel's blocks; at the end
+the caller's generator is advanced past all of them. The mask is the reference's bit for bit and the
+generator ends in the same state, whatever the number of parts (tested). Other generators, odd
+sizes, or a PCG64 holding a spare 32-bit half run the reference.
 """
 from __future__ import annotations
 
@@ -14,18 +20,55 @@ import math
 import numpy
 
 from npformer.kernels.cpu import numpy_floats
+from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
+from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
 from npformer.ops.dropout import DropoutCache, dropout_active
 
-__all__ = ["accepts", "dropout_forward"]
+__all__ = ["accepts", "streamable", "KeepMask", "dropout_forward"]
 
-_STEP = 1 << 16              # draws per block: no full-size temporary
+
+def streamable(rng, size: int) -> bool:
+    """Whether :class:`KeepMask` reproduces ``rng``'s next ``size`` float32 uniforms."""
+    bitgen = getattr(rng, "bit_generator", None)
+    return type(bitgen) is numpy.random.PCG64 and size % 2 == 0 and not bitgen.state["has_uint32"]
 
 
 def accepts(x, p=0.0, rng=None, training=True) -> bool:
     """A NumPy float array, with a PCG64 generator whose next draws this path reproduces."""
-    bitgen = getattr(rng, "bit_generator", None)
-    return (numpy_floats(x) and type(bitgen) is numpy.random.PCG64 and x.size % 2 == 0
-            and not bitgen.state["has_uint32"])
+    return numpy_floats(x) and streamable(rng, x.size)
+
+
+class KeepMask:
+    """The scaled keep-mask m / (1 - p) of the next ``size`` uniforms of ``rng``, written part by part.
+
+    ``stream(start)`` (``start`` even) returns a function that writes the mask of the next
+    ``out.size`` elements into the flat array ``out`` at each call, from element ``start`` on. Parts
+    may be written in any order, from any thread. ``finish()`` advances ``rng`` past the ``size``
+    uniforms, as drawing them would have.
+    """
+
+    def __init__(self, rng, size: int, p: float, dtype):
+        # u = (b >> 8) 2^-24 >= float32(p)  <=>  b >= ceil(float32(p) 2^24) 2^8, b a 32-bit half of a draw
+        self.threshold = numpy.uint32(math.ceil(float(numpy.float32(p)) * 2.0 ** 24) << 8)
+        self.scale = numpy.dtype(dtype).type(1.0 / (1.0 - p))
+        self.bitgen, self.size = rng.bit_generator, size
+        self.state = self.bitgen.state
+
+    def stream(self, start: int):
+        draws = numpy.random.PCG64(0)
+        draws.state = self.state
+        draws.advance(start // 2)
+
+        def write(out) -> None:                          # out.size even but for the mask's last part
+            for i in range(0, out.size, BLOCK_ELEMENTS):
+                part = out[i:i + BLOCK_ELEMENTS]
+                halves = draws.random_raw(-(-part.size // 2)).view(numpy.uint32)[:part.size]
+                numpy.greater_equal(halves, self.threshold, out=part)
+                part *= self.scale
+        return write
+
+    def finish(self) -> None:
+        self.bitgen.advance(self.size // 2)
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
@@ -34,12 +77,19 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     if p == 1.0:
         scaled = numpy.zeros_like(x)                     # (same as x)
         return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
-    # u = (b >> 8) 2^-24 >= float32(p)  <=>  b >= ceil(float32(p) 2^24) 2^8, b a 32-bit half of a draw
-    threshold = numpy.uint32(math.ceil(float(numpy.float32(p)) * 2.0 ** 24) << 8)
-    keep = numpy.empty(x.size, dtype=x.dtype)            # (N,)
-    for i in range(0, x.size, _STEP):
-        halves = rng.bit_generator.random_raw(min(_STEP, x.size - i) // 2).view(numpy.uint32)
-        numpy.greater_equal(halves, threshold, out=keep[i:i + halves.size])
-    scaled = keep.reshape(x.shape)                       # (same as x)
-    scaled *= x.dtype.type(1.0 / (1.0 - p))              # m / (1 - p)
-    return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
+    mask = KeepMask(rng, x.size, p, x.dtype)
+    scaled = numpy.empty(x.shape, dtype=x.dtype)         # (same as x)
+    out = numpy.empty(x.shape, dtype=x.dtype)            # (same as x)
+    flat_x, flat_m, flat_o = x.reshape(-1), scaled.reshape(-1), out.reshape(-1)
+
+    def run(a: int, b: int) -> None:                     # elements [a, b), a even
+        write = mask.stream(a)
+        for i in range(a, b, BLOCK_ELEMENTS):            # (blocks of even size)
+            j = min(i + BLOCK_ELEMENTS, b)
+            write(flat_m[i:j])
+            numpy.multiply(flat_x[i:j], flat_m[i:j], out=flat_o[i:j])
+
+    parts = split(x.size, min(get_num_threads(), max(1, x.size // MIN_THREAD_ELEMENTS)), multiple=2)
+    run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
+    mask.finish()
+    return out, DropoutCache(scaled, x.shape, x.dtype)

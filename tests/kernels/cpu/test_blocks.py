@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from npformer.kernels.cpu import blocks
-from npformer.kernels.cpu.blocks import blockwise, get_num_threads, set_num_threads
+from npformer.kernels.cpu.blocks import blockwise
+from npformer.kernels.cpu.threads import get_num_threads, set_num_threads
 
 
 def _chain(out, x, y):
@@ -23,7 +24,7 @@ def _row_softmax(out, x):
 def small_blocks(monkeypatch, n):
     """Blocks of n elements, for one thread and for several (so small arrays use threads too)."""
     monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", n)
-    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", n)
+    monkeypatch.setattr(blocks, "MIN_THREAD_ELEMENTS", n)
 
 
 @pytest.fixture
@@ -114,22 +115,23 @@ def test_nested_calls_run_in_their_own_thread(monkeypatch, threads):
     np.testing.assert_array_equal(got, np.arange(64.0) + 2 * inner.sum())
 
 
-def test_threads_only_for_arrays_of_two_thread_blocks(monkeypatch, threads):
-    """Below two thread blocks everything runs in the calling thread, in the small blocks."""
+def test_threads_only_for_arrays_of_two_thread_runs(monkeypatch, threads):
+    """Below two threads' minimum run everything runs in the calling thread, in the small blocks;
+    from there each thread takes one contiguous run, in the same small blocks."""
     import threading
     monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 10)
-    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", 100)
+    monkeypatch.setattr(blocks, "MIN_THREAD_ELEMENTS", 100)
     threads(2)
     seen = []
 
     def fn(out, x):
         seen.append((threading.current_thread() is threading.main_thread(), x.size))
         out[...] = x
-    blockwise(fn, np.empty(199), np.arange(199.0))       # < 2 thread blocks: 20 small blocks, here
+    blockwise(fn, np.empty(199), np.arange(199.0))       # < 2 runs of 100: 20 small blocks, here
     assert all(main for main, _ in seen) and [n for _, n in seen] == [10] * 19 + [9]
     seen.clear()
-    blockwise(fn, np.empty(200), np.arange(200.0))       # 2 thread blocks, one on a helper
-    assert sorted(seen) == [(False, 100), (True, 100)]
+    blockwise(fn, np.empty(200), np.arange(200.0))       # 2 runs of 100, one on a pool thread
+    assert sorted(seen) == [(False, 10)] * 10 + [(True, 10)] * 10
 
 
 def test_zero_dimensional_arrays_are_computed_in_place():
