@@ -19,7 +19,7 @@ from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
-__all__ = ["DropoutCache", "dropout_active", "dropout_forward", "dropout_backward"]
+__all__ = ["DropoutCache", "dropout_active", "dropout_mask", "dropout_forward", "dropout_backward"]
 
 
 class DropoutCache(NamedTuple):
@@ -44,18 +44,23 @@ def dropout_active(x, p, rng, training) -> bool:
     return True
 
 
+def dropout_mask(x, p: float, rng):
+    """The scaled keep-mask m / (1 - p) for ``x``: its shape and dtype, from ``rng``'s next uniforms
+    (zeros for p = 1, drawing nothing)."""
+    xp = get_array_module(x)
+    if p == 1.0:
+        return xp.zeros_like(x)                          # (same as x)
+    u = rng.random(x.shape, dtype=xp.float32)            # (same as x) uniform [0, 1)
+    get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
+    return (u >= p).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))   # (same as x) m / (1 - p)
+
+
 @dispatched
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``rng`` is required when ``training`` and ``p > 0``."""
     if not dropout_active(x, p, rng, training):
         return x.copy(), DropoutCache(None, x.shape, x.dtype)
-    xp = get_array_module(x)
-    if p == 1.0:
-        scaled = xp.zeros_like(x)                        # (same as x)
-    else:
-        u = rng.random(x.shape, dtype=xp.float32)        # (same as x) uniform [0, 1)
-        get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
-        scaled = (u >= p).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))   # (same as x) m / (1 - p)
+    scaled = dropout_mask(x, p, rng)                     # (same as x)
     return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
 
 

@@ -1,10 +1,24 @@
-"""Scaled dot-product attention for NumPy with the softmax and its backward run in the score buffer
-itself (reference: :mod:`npformer.ops.attention`, the same signature, cache and results).
+"""Scaled dot-product attention for NumPy, block by block of heads, the blocks shared out between
+threads (reference: :mod:`npformer.ops.attention`, the same signature, cache and results).
 
-The reference allocates S, then P = softmax(S), then dP, then dS: four (B, H, Tq, Tk) arrays. Here
-P overwrites S and dS overwrites dP, row block by row block (:mod:`npformer.kernels.cpu.blocks`),
-which halves the largest temporaries of a training step's attention. 16-bit scores are widened to
-float32 for the softmax, as the reference does.
+The reference runs each step over all (B, H, Tq, Tk) scores: S, then P, then P_drop, then out, each
+a pass over memory and each matmul a loop of small products. Here the whole chain runs on one block
+at a time: a few heads of one batch element (or, for long sequences, a run of query rows of one
+head), about 64K scores, which stay in cache from the product that makes them to the product that
+uses them:
+
+    forward, per block:   S = (q * scale) k^T + bias  ->  P = softmax(S) (kept: the cache)
+                          ->  P_drop = P * mask  ->  out = P_drop v
+    backward, per block:  P_drop again  ->  dv += P_drop^T dout,  dP = (dout v^T) * mask
+                          ->  dS = P * (dP - rowsum(dP * P)) * scale  ->  dq = dS k,  dk += dS^T q
+
+Threads take contiguous runs of whole heads (a head's query-row blocks stay on one thread, so dk
+and dv sum in a fixed order), with BLAS at one thread each (:mod:`npformer.kernels.cpu.threads`).
+Each block computes the same products and row operations whichever thread runs it, so the results
+do not depend on the number of threads. The dropout mask is the reference's, each block drawing its
+own run of the generator's stream (:class:`~npformer.kernels.cpu.dropout.KeepMask`); where the
+stream cannot be cut there (another generator, an odd Tk), the mask is drawn whole first, as the
+reference draws it. 16-bit inputs run the softmax in float32, as the reference.
 """
 from __future__ import annotations
 
@@ -12,22 +26,62 @@ import numpy
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
-from npformer.kernels.cpu.blocks import blockwise
+from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
+from npformer.kernels.cpu.dropout import KeepMask, streamable
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
+from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
 from npformer.ops.attention import AttentionCache, check_attention_inputs
-from npformer.ops.dropout import DropoutCache, dropout_forward
+from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask
 from npformer.ops.masks import attention_bias
 
-__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"]
+__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "blocks"]
 
 
-def _in_rows(kernel, out, *arrays):
-    """kernel(out, *arrays) over blocks of whole rows of (B, H, Tq, Tk) arrays; ``out`` may be an input."""
-    if out.dtype != accumulation_dtype(out.dtype):       # 16-bit scores: the softmax runs in float32
-        wide = [a.astype(numpy.float32) for a in arrays]
-        out[...] = kernel(numpy.empty_like(wide[0]), *wide)
-        return out
-    return blockwise(kernel, out, *arrays, row=out.shape[-1])
+def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[int, slice, slice]]]:
+    """The blocks of a (b, h, tq, tk) score array, grouped by head: ``[[(batch, heads, rows), ...], ...]``.
+
+    A group is a few whole heads of one batch element (about BLOCK_ELEMENTS scores), or one head cut
+    into runs of query rows; each block is a contiguous run of the scores in C order."""
+    per_head = tq * tk
+    if per_head <= BLOCK_ELEMENTS:
+        n = max(1, BLOCK_ELEMENTS // max(per_head, 1))
+        return [[(i, slice(j, min(j + n, h)), slice(0, tq))] for i in range(b) for j in range(0, h, n)]
+    rows = max(1, BLOCK_ELEMENTS // tk)
+    return [[(i, slice(j, j + 1), slice(r, min(r + rows, tq))) for r in range(0, tq, rows)]
+            for i in range(b) for j in range(h)]
+
+
+def _offset(block, h: int, tq: int, tk: int) -> int:
+    """Index of the block's first score in the C-order (B, H, Tq, Tk) array."""
+    i, heads, rows = block
+    return ((i * h + heads.start) * tq + rows.start) * tk
+
+
+def _parallel(groups: list, run_block) -> None:
+    """run_block(block) for every block, the groups split in contiguous runs over the threads."""
+    def run(a: int, b: int) -> None:
+        for group in groups[a:b]:
+            for block in group:
+                run_block(block)
+    parts = split(len(groups), min(get_num_threads(), len(groups)))
+    run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
+
+
+def _softmax(s):
+    """P = softmax(S) in S's buffer (in float32 for 16-bit scores)."""
+    if s.dtype != accumulation_dtype(s.dtype):
+        s[...] = softmax_rows(numpy.empty(s.shape, numpy.float32), s.astype(numpy.float32))
+        return s
+    return softmax_rows(s, s)
+
+
+def _softmax_grad(dp, p):
+    """dS = P * (dP - rowsum(dP * P)) in dP's buffer (in float32 for 16-bit)."""
+    if dp.dtype != accumulation_dtype(dp.dtype):
+        dp[...] = softmax_grad_rows(numpy.empty(dp.shape, numpy.float32), p.astype(numpy.float32),
+                                    dp.astype(numpy.float32))
+        return dp
+    return softmax_grad_rows(dp, p, dp)
 
 
 def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None,
@@ -35,37 +89,76 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
                                          dropout_p: float = 0.0, rng=None, training: bool = True,
                                          scale: float | None = None, need_weights: bool = False):
     scale = check_attention_inputs(q, k, v, scale, dropout_p)
-    bias = attention_bias(q.shape[:3] + k.shape[2:3], q.dtype, attn_mask=attn_mask,
-                          key_padding_mask=key_padding_mask, is_causal=is_causal,
-                          causal_alignment=causal_alignment, xp=numpy)   # broadcasts to (B, H, Tq, Tk)
-    s = (q * scale) @ k.swapaxes(-1, -2)                 # (B, H, Tq, Tk); scaled first, as the reference
+    b, h, tq, _ = q.shape
+    tk, hv = k.shape[2], v.shape[3]
+    shape = (b, h, tq, tk)
+    bias = attention_bias(shape, q.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                          is_causal=is_causal, causal_alignment=causal_alignment, xp=numpy)
     if bias is not None:
-        s += bias                                        # -inf where blocked
-    p = _in_rows(softmax_rows, s, s)                     # (B, H, Tq, Tk) P in s's buffer; all -inf row -> 0
-    if training and dropout_p > 0:
-        p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
-    else:
-        p_drop, drop = p, DropoutCache(None, p.shape, p.dtype)
-    out = p_drop @ v                                     # (B, H, Tq, hv)
-    weights = None
-    if need_weights:                                     # never the cached P itself: callers may write to it
-        weights = p_drop.copy() if drop.scaled_mask is None else p_drop    # (B, H, Tq, Tk)
+        bias = numpy.broadcast_to(bias, shape)           # (B, H, Tq, Tk) view: blocks slice it
+    dtype = q.dtype
+    scale_t = dtype.type(scale)
+    p = numpy.empty(shape, dtype)                        # (B, H, Tq, Tk) S, then P in place
+    out = numpy.empty((b, h, tq, hv), dtype)             # (B, H, Tq, hv)
+    mask = stream = None
+    if dropout_active(q, dropout_p, rng, training):    # (its errors: no rng)
+        if dropout_p == 1.0 or not (streamable(rng, p.size) and tk % 2 == 0):
+            mask = dropout_mask(p, dropout_p, rng)           # drawn whole, as the reference
+        else:
+            mask, stream = numpy.empty(shape, dtype), KeepMask(rng, p.size, dropout_p, dtype)
+    weights = numpy.empty(shape, dtype) if need_weights else None
+
+    def run_block(block) -> None:
+        i, heads, rows = block
+        s = p[i, heads, rows]                            # (h', r, Tk) view
+        numpy.matmul(q[i, heads, rows] * scale_t, k[i, heads].swapaxes(-1, -2), out=s)
+        if bias is not None:
+            s += bias[i, heads, rows]                    # -inf where blocked
+        _softmax(s)                                      # P, an all -inf row -> 0
+        p_drop = s
+        if mask is not None:
+            m = mask[i, heads, rows]
+            if stream is not None:
+                stream.stream(_offset(block, h, tq, tk))(m.reshape(-1))   # (a view: blocks are contiguous)
+            p_drop = s * m                               # (h', r, Tk)
+        if weights is not None:
+            weights[i, heads, rows] = p_drop
+        numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
+
+    _parallel(blocks(*shape), run_block)
+    if stream is not None:
+        stream.finish()
+    drop = DropoutCache(mask, shape, dtype)
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 
 
 def scaled_dot_product_attention_backward(dout, cache):
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
-    p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask           # (B, H, Tq, Tk), recomputed
-    # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
-    dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)
-    dp = dout @ v.swapaxes(-1, -2)                       # (B, H, Tq, Tk), fresh: updated in place below
-    if drop.scaled_mask is not None:
-        dp *= drop.scaled_mask                           # fwd: P_drop = P * m / (1 - p)
-    # fwd: P = softmax(S)  ->  dS = P * (dP - sum_k dP * P), in dp's buffer
-    ds = _in_rows(softmax_grad_rows, dp, p, dp)          # (B, H, Tq, Tk)
-    # fwd: S = q @ k^T * scale + bias  ->  dq = dS @ k * scale,  dk = dS^T @ q * scale
-    ds *= scale
-    dq = ds @ k                                          # (B, H, Tq, hs)
-    dk = ds.swapaxes(-1, -2) @ q                         # (B, H, Tk, hs)
+    b, h, tq, tk = p.shape
+    dtype, mask, scale_t = q.dtype, drop.scaled_mask, q.dtype.type(scale)
+    dq, dk, dv = (numpy.empty(a.shape, dtype) for a in (q, k, v))     # (B, H, T, hs / hv)
+
+    def run_block(block) -> None:
+        i, heads, rows = block
+        first = rows.start == 0                          # dk, dv: written by a head's first block, then summed
+        p_c = p[i, heads, rows]                          # (h', r, Tk)
+        p_drop = p_c if mask is None else p_c * mask[i, heads, rows]
+        g = dout[i, heads, rows]                         # (h', r, hv)
+        # fwd: out = P_drop @ v  ->  dv = P_drop^T @ dout,  dP_drop = dout @ v^T
+        dv_part = numpy.matmul(p_drop.swapaxes(-1, -2), g)
+        dp = numpy.matmul(g, v[i, heads].swapaxes(-1, -2))           # (h', r, Tk), fresh
+        if mask is not None:
+            dp *= mask[i, heads, rows]                   # fwd: P_drop = P * m / (1 - p)
+        ds = _softmax_grad(dp, p_c)                      # fwd: P = softmax(S), in dp's buffer
+        ds *= scale_t                                    # fwd: S = (q * scale) k^T + bias
+        numpy.matmul(ds, k[i, heads], out=dq[i, heads, rows])
+        dk_part = numpy.matmul(ds.swapaxes(-1, -2), q[i, heads, rows])
+        if first:
+            dv[i, heads], dk[i, heads] = dv_part, dk_part
+        else:
+            dv[i, heads] += dv_part
+            dk[i, heads] += dk_part
+
+    _parallel(blocks(b, h, tq, tk), run_block)
     return dq, dk, dv

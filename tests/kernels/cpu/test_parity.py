@@ -245,3 +245,111 @@ def test_erf_float32_edges():
     got = erf_float32(np.float32([np.inf, -np.inf, np.nan, 0.0, 4.25, 1e30, -3.4e38]))
     assert got.dtype == np.float32 and np.isnan(got[2])
     np.testing.assert_array_equal(got[[0, 1, 3, 4, 5, 6]], [1, -1, 0, 1, 1, -1])
+
+
+# -- the threaded, blocked attention and dropout: cut points, threads and the streamed mask -----------
+
+@pytest.fixture
+def tiny_blocks(monkeypatch):
+    """Blocks of 8 scores and thread runs of 8 elements, so small arrays take every cut."""
+    from npformer.kernels.cpu import attention as cpu_attention, dropout as cpu_dropout
+    monkeypatch.setattr(cpu_attention, "BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(cpu_dropout, "BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(cpu_dropout, "MIN_THREAD_ELEMENTS", 8)
+
+
+@pytest.fixture
+def thread_count():
+    from npformer.kernels.cpu import threads
+    before = threads.get_num_threads()
+    yield threads.set_num_threads
+    threads.set_num_threads(before)
+
+
+@pytest.mark.parametrize("tq, tk", [(1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk, mask drawn whole
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_count, tq, tk, dtype):
+    """Blocks of query rows (scores per head > 8) and of several heads, on 1, 2 and 3 threads: the
+    reference's outputs and gradients, the same dropout mask bit for bit and the generator left in
+    the same state; the results bit for bit the same for every thread count."""
+    b, h, hs = 2, 3, 4
+    q, k, v = (randn(np, (b, h, t, hs), i, dtype) for i, t in enumerate((tq, tk, tk)))
+    dout = randn(np, (b, h, tq, hs), 3, dtype)
+    pad = np.zeros((b, tk), bool)
+    pad[1, -1] = True
+    kw = dict(key_padding_mask=pad, is_causal=True, causal_alignment="bottom_right", dropout_p=0.3,
+              need_weights=True)
+
+    def run():
+        rng = default_rng(5, "numpy")
+        out, weights, cache = attention.scaled_dot_product_attention_forward(q, k, v, rng=rng, **kw)
+        grads = attention.scaled_dot_product_attention_backward(dout, cache)
+        return (out, weights, *grads), cache.dropout.scaled_mask, rng.random(3)
+    with kernels.disabled():
+        ref, ref_mask, ref_next = run()
+    results = []
+    for n in (1, 2, 3):
+        thread_count(n)
+        got, mask, nxt = run()
+        np.testing.assert_array_equal(mask, ref_mask)
+        np.testing.assert_array_equal(nxt, ref_next)
+        for name, g, r in zip(("out", "weights", "dq", "dk", "dv"), got, ref):
+            assert_close(g, r, dtype, what=f"attention {name}, {n} threads")
+        results.append(got)
+    for other in results[1:]:
+        for g, r in zip(other, results[0]):
+            np.testing.assert_array_equal(g, r)
+
+
+def test_attention_blocks_are_contiguous_runs_in_head_groups():
+    from npformer.kernels.cpu.attention import blocks
+    for shape in ((2, 3, 4, 4), (1, 8, 128, 128), (2, 2, 300, 300), (1, 1, 1, 70000)):
+        groups = blocks(*shape)
+        b, h, tq, tk = shape
+        seen = np.zeros(shape, int)
+        for group in groups:
+            assert len({(i, hh.start) for i, hh, _ in group}) == 1          # a group: the same heads
+            for i, heads, rows in group:
+                part = seen[i, heads, rows]
+                assert part.size and seen[i, heads, rows].base is seen      # a view: contiguous in C order
+                assert np.shares_memory(part, seen) and part.flags.c_contiguous
+                seen[i, heads, rows] += 1
+        assert (seen == 1).all()
+
+
+@pytest.mark.parametrize("n", [2, 10, 64, 130])
+def test_dropout_parts_on_threads_give_the_reference_mask(tiny_blocks, thread_count, n):
+    x = randn(np, (n,), 0, "float32")
+    rng_ref = default_rng(1, "numpy")
+    with kernels.disabled():
+        out_ref, cache_ref = dropout.dropout_forward(x, 0.4, rng=rng_ref)
+    for threads in (1, 2, 3):
+        thread_count(threads)
+        rng = default_rng(1, "numpy")
+        out, cache = dropout.dropout_forward(x, 0.4, rng=rng)
+        np.testing.assert_array_equal(cache.scaled_mask, cache_ref.scaled_mask)
+        np.testing.assert_array_equal(out, out_ref)
+        state, state_ref = rng.bit_generator.state, rng_ref.bit_generator.state
+        assert state["state"] == state_ref["state"] and state["has_uint32"] == state_ref["has_uint32"] == 0
+        np.testing.assert_array_equal(rng.random(5, dtype=np.float32), rng_ref.random(5, dtype=np.float32))
+        rng_ref = default_rng(1, "numpy")
+        rng_ref.random((n,), dtype=np.float32)
+
+
+def test_attention_fast_path_peak_memory_is_at_most_the_reference():
+    import tracemalloc
+    q, k, v = (randn(np, (2, 4, 256, 16), i, "float32") for i in range(3))
+
+    def peak():
+        tracemalloc.start()
+        try:
+            out, _, cache = attention.scaled_dot_product_attention_forward(
+                q, k, v, is_causal=True, dropout_p=0.1, rng=default_rng(0, "numpy"))
+            attention.scaled_dot_product_attention_backward(out, cache)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    fast = peak()
+    with kernels.disabled():
+        ref = peak()
+    assert fast <= ref, (fast, ref)
