@@ -16,7 +16,11 @@ off. Either backward accepts either forward's cache. The switch::
         ...
 
 is per thread (a ``contextvars`` variable), defaults to on, and is never read from the
-environment. :func:`implementation` tells which one a call would run.
+environment. Named, it switches off only the fast paths of those names, the others still run::
+
+    with npformer.kernels.disabled("numba"):  # the NumPy fast paths (and the reference elsewhere)
+        ...
+ :func:`implementation` tells which one a call would run.
 
 Every reference op passes through here, fast path or not, which makes this also the place of the
 opt-in anomaly mode (as ``torch.autograd.detect_anomaly``)::
@@ -43,6 +47,7 @@ __all__ = ["FastPath", "dispatched", "register", "enabled", "set_enabled", "disa
            "registered", "detect_anomaly", "anomaly_detection_enabled"]
 
 _ON = contextvars.ContextVar("npformer_fast_paths", default=True)
+_OFF_NAMES = contextvars.ContextVar("npformer_fast_paths_off", default=frozenset())
 _ANOMALY = contextvars.ContextVar("npformer_detect_anomaly", default=False)
 _OPS: dict[str, Callable] = {}        # "module.name" -> the dispatched op, in definition order
 
@@ -69,7 +74,9 @@ def dispatched(reference: Callable) -> Callable:
     def op(*args, **kwargs):
         run = reference
         if paths and _ON.get():
-            run = next((path.run for path in paths if path.accepts(*args, **kwargs)), reference)
+            off = _OFF_NAMES.get()
+            run = next((path.run for path in paths if path.name not in off and path.accepts(*args, **kwargs)),
+                       reference)
         result = run(*args, **kwargs)
         if _ANOMALY.get():
             _check_finite(name, (*args, *kwargs.values()), result)
@@ -104,20 +111,26 @@ def set_enabled(flag: bool) -> None:
 
 
 @contextmanager
-def disabled() -> Iterator[None]:
-    """Run only the reference ops inside the block (in this thread); restores the switch after."""
-    token = _ON.set(False)
+def disabled(*names: str) -> Iterator[None]:
+    """Run only the reference ops inside the block (in this thread), or with ``names`` ("numba",
+    "cpu", "cuda"), every fast path but those; restores the switch after."""
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"disabled: expected fast-path names (str), got {name!r}")
+    var, value = (_OFF_NAMES, _OFF_NAMES.get() | frozenset(names)) if names else (_ON, False)
+    token = var.set(value)
     try:
         yield
     finally:
-        _ON.reset(token)
+        var.reset(token)
 
 
 def implementation(op: Callable, *args, **kwargs) -> str:
     """The name of what ``op(*args, **kwargs)`` would run: a fast path's name or ``"reference"``."""
     if _ON.get():
+        off = _OFF_NAMES.get()
         for path in getattr(op, "fast_paths", ()):
-            if path.accepts(*args, **kwargs):
+            if path.name not in off and path.accepts(*args, **kwargs):
                 return path.name
     return "reference"
 

@@ -15,6 +15,7 @@ import pytest
 from benchmarks import bench, harness, parity, paths
 from benchmarks.backends import Backend
 from benchmarks.cases import QUICK, op_cases
+from npformer.kernels import numba_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -112,8 +113,13 @@ def test_both_paths_are_timed_and_labelled(quick_run):
         assert ref["impl"] == "reference" and ref["fast_paths"] == []
         assert fast["impl"] == paths.label(fast["fast_paths"])
         assert fast["fast_speedup"] == ref["fast_speedup"] == pytest.approx(ref["ms"] / fast["ms"])
-    for name in ("softmax", "layer_norm", "gelu", "attention", "ffn", *MODELS):   # CPU fast paths inside
-        assert rows[(name, "fwd" if name not in MODELS else "step", "fast")]["impl"] == "cpu", name
+    compiled = numba_cpu.AVAILABLE                  # numba installed: its paths run first where they exist
+    impls = {"softmax": "numba" if compiled else "cpu", "layer_norm": "numba" if compiled else "cpu",
+             "gelu": "numba" if compiled else "cpu", "attention": "cpu", "ffn": "numba" if compiled else "cpu",
+             "cross_entropy": "numba" if compiled else "reference",
+             **{m: "cpu+numba" if compiled else "cpu" for m in MODELS}}
+    for name, impl in impls.items():                # CPU fast paths inside
+        assert rows[(name, "fwd" if name not in MODELS else "step", "fast")]["impl"] == impl, name
     assert rows[("linear", "fwd", "fast")]["impl"] == "reference"            # no CPU fast path for it
 
 
@@ -128,7 +134,8 @@ def test_fast_paths_run_agrees_with_kernels_implementation():
             with paths.switch(path):
                 ran = paths.fast_paths_run(lambda: op(x))
                 assert paths.label(ran) == kernels.implementation(op, x)
-                assert ran == ([f"cpu:{op.__name__}"] if path == "fast" else [])
+                name = "numba" if numba_cpu.AVAILABLE else "cpu"
+                assert ran == ([f"{name}:{op.__name__}"] if path == "fast" else [])
 
 
 def test_quick_rows_come_after_warm_up(quick_run):

@@ -6,6 +6,8 @@ results (to rounding; parity tests hold each to its reference, outputs and gradi
 
 * :mod:`npformer.kernels.cpu`: NumPy arrays: element-wise chains over cache-sized blocks, softmax
   in the score buffer, a float32 erf, dropout masks from raw PCG64 bits;
+* :mod:`npformer.kernels.numba_cpu`: NumPy float32/float64 arrays, when numba is installed (the
+  ``fast`` extra): each op one compiled, vectorised loop over its rows, tried before the NumPy ones;
 * :mod:`npformer.kernels.cuda`: CuPy arrays: fused CUDA kernels, one launch where the reference
   runs several (flash attention: one forward launch where the reference runs thousands).
 
@@ -15,6 +17,8 @@ reference itself (:mod:`npformer.dispatch`). Everything runs on the reference pa
 
     with npformer.kernels.disabled():
         ...
+
+and ``disabled("numba")`` switches off only the compiled paths (the NumPy fast paths run).
 
 ``npformer.kernels.implementation(op, *args)`` names what a call would run.
 """
@@ -28,6 +32,7 @@ from npformer.kernels.cpu import layernorm as cpu_layernorm
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cpu import softmax as cpu_softmax
+from npformer.kernels import numba_cpu
 from npformer.kernels import cuda
 from npformer.kernels.cuda import device_floats
 from npformer.kernels.cuda import feedforward as cuda_feedforward
@@ -104,6 +109,37 @@ FAST_PATHS = (
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,
      lambda dout, cache: numpy_floats(dout, getattr(cache, "p", None))),
 )
+
+
+
+def _numba_paths() -> tuple:
+    """The compiled CPU paths (numba installed): tried before the NumPy ones."""
+    from npformer.kernels.numba_cpu import activations as nb_activations
+    from npformer.kernels.numba_cpu import cross_entropy as nb_cross_entropy
+    from npformer.kernels.numba_cpu import layernorm as nb_layernorm
+    from npformer.kernels.numba_cpu import softmax as nb_softmax
+    floats = numba_cpu.numba_floats
+    return (
+        (softmax.softmax_forward, "numba", nb_softmax.softmax_forward, lambda x: floats(x)),
+        (softmax.softmax_backward, "numba", nb_softmax.softmax_backward, lambda dy, cache: floats(dy, _y(cache))),
+        (softmax.log_softmax_forward, "numba", nb_softmax.log_softmax_forward, lambda x: floats(x)),
+        (softmax.log_softmax_backward, "numba", nb_softmax.log_softmax_backward,
+         lambda dy, cache: floats(dy, _y(cache))),
+        (activations.gelu_forward, "numba", nb_activations.gelu_forward, lambda x, approximate="none": floats(x)),
+        (activations.gelu_backward, "numba", nb_activations.gelu_backward, lambda dy, cache: floats(dy, _x(cache))),
+        (layernorm.layer_norm_forward, "numba", nb_layernorm.layer_norm_forward,
+         lambda x, weight=None, bias=None, eps=1e-5: floats(x, weight, bias)),
+        (layernorm.layer_norm_backward, "numba", nb_layernorm.layer_norm_backward,
+         lambda dy, cache: floats(dy, getattr(cache, "xhat", None), getattr(cache, "weight", None))),
+        (cross_entropy.cross_entropy_forward, "numba", nb_cross_entropy.cross_entropy_forward,
+         lambda logits, targets, **options: floats(logits)),
+        (cross_entropy.cross_entropy_backward, "numba", nb_cross_entropy.cross_entropy_backward,
+         lambda dloss, cache: floats(dloss, getattr(cache, "logits", None))),
+    )
+
+
+if numba_cpu.AVAILABLE:          # first: they take NumPy arrays only, so they never shadow the CUDA paths
+    FAST_PATHS = _numba_paths() + FAST_PATHS
 
 for _op, _name, _run, _accepts in FAST_PATHS:
     register(_op, _name, _run, _accepts)

@@ -1,0 +1,105 @@
+"""Cross-entropy forward and backward, one compiled pass over each row of logits each (reference:
+:mod:`npformer.ops.cross_entropy`, whose semantics and cache these keep).
+
+Forward, per row: the maximum, ``sum exp(z - max)`` (and ``sum z`` with label smoothing) in one
+pass, then the row's loss from the target's logit; nothing of size (N, V) is written. Backward, per
+row: ``dz = (p - q) dloss / N_valid`` with ``p = exp((z - shift) - log_sum)`` recomputed as forward
+defined it, written straight into the gradient. Loss reductions are NumPy's sums over the (N,) row
+losses, as the reference.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy
+from numba import njit
+
+from npformer.backend import accumulation_dtype
+from npformer.checks import expect_grad
+from npformer.kernels.numba_cpu.rows import over_rows
+from npformer.kernels.numba_cpu.softmax import row_max
+from npformer.kernels.numba_cpu.vector_math import FASTMATH, exp32, exp64
+from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs
+
+__all__ = ["cross_entropy_forward", "cross_entropy_backward"]
+
+
+def _kernels(exp):
+    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+    def forward(nll, shift, log_sum, z, targets, valid, smoothing, start, stop):
+        v = z.shape[1]
+        for r in range(start, stop):
+            zr = z[r]
+            m = row_max(zr)
+            s = zr.dtype.type(0)
+            for j in range(v):
+                s += exp(zr[j] - m)
+            ls = math.log(s) if s > 0 else zr.dtype.type(0)
+            shift[r], log_sum[r] = m, ls
+            if not valid[r]:
+                nll[r] = 0
+                continue
+            picked = (zr[targets[r]] - m) - ls                       # log p_t
+            if smoothing == 0:
+                nll[r] = -picked
+            else:
+                total = zr.dtype.type(0)
+                for j in range(v):
+                    total += zr[j]
+                sum_logp = total - v * (m + ls)                      # sum_j log p_j
+                nll[r] = -(1 - smoothing) * picked - (smoothing / v) * sum_logp
+
+    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+    def backward(dz, z, shift, log_sum, targets, scale, smoothing, start, stop):
+        v = z.shape[1]
+        uniform = smoothing / v
+        for r in range(start, stop):
+            zr, dzr, a = z[r], dz[r], scale[r]
+            m, ls = shift[r], log_sum[r]
+            for j in range(v):
+                dzr[j] = (exp((zr[j] - m) - ls) - uniform) * a
+            dzr[targets[r]] -= (1 - smoothing) * a
+
+    return forward, backward
+
+
+_KERNELS = {numpy.dtype(numpy.float32): _kernels(exp32), numpy.dtype(numpy.float64): _kernels(exp64)}
+
+
+def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
+                          label_smoothing: float = 0.0):
+    safe_t, valid, s = check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing)
+    v = logits.shape[-1]
+    z = numpy.ascontiguousarray(logits).reshape(-1, v)               # (N, V)
+    n, dt = z.shape[0], logits.dtype
+    nll, shift, log_sum = numpy.empty(n, dt), numpy.empty((n, 1), dt), numpy.empty((n, 1), dt)
+    forward = _KERNELS[dt][0]
+    over_rows(forward, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1), dt.type(s))
+    lead = logits.shape[:-1]
+    nll = nll.reshape(lead)                                          # (...)
+    valid = valid.reshape(lead)
+    if reduction == "none":
+        loss, count = nll, 1
+    else:
+        count = numpy.maximum(valid.sum(), 1).astype(dt) if reduction == "mean" else 1     # ()
+        loss = nll.sum() / count                                     # ()
+    cache = CrossEntropyCache(logits, shift.reshape(lead + (1,)), log_sum.reshape(lead + (1,)), safe_t, valid,
+                              count, s, reduction, dt)
+    return numpy.asarray(loss).astype(dt), cache
+
+
+def cross_entropy_backward(dloss, cache: CrossEntropyCache):
+    logits, shift, log_sum, t, valid, count, s, reduction, dtype = cache
+    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
+                f"the loss of reduction={reduction!r}")
+    v = logits.shape[-1]
+    acc = accumulation_dtype(dtype)
+    z = numpy.ascontiguousarray(logits, dtype=acc).reshape(-1, v)   # (N, V)
+    n = z.shape[0]
+    scale = numpy.where(valid, dloss.astype(acc) / count, 0).astype(acc).reshape(-1)   # (N,) 0 for ignored rows
+    shift_rows = numpy.ascontiguousarray(shift, dtype=acc).reshape(-1)
+    log_sum_rows = numpy.ascontiguousarray(log_sum, dtype=acc).reshape(-1)
+    dz = numpy.empty_like(z)
+    backward = _KERNELS[acc][1]
+    over_rows(backward, n, v, dz, z, shift_rows, log_sum_rows, t.reshape(-1), scale, acc.type(s))
+    return dz.reshape(logits.shape).astype(dtype, copy=False)

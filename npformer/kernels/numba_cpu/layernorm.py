@@ -1,0 +1,111 @@
+"""Layer norm forward and backward, one compiled pass over each row (reference:
+:mod:`npformer.ops.layernorm`).
+
+Forward, per row: the mean, then ``sum (x - mu)^2`` (two passes over a row already in cache, the
+reference's two-pass variance), then ``xhat`` and ``y = xhat w + b`` written together. Backward, per
+row: ``g = dy w``, ``mean(g)`` and ``mean(g xhat)`` in one pass, then ``dx`` in a second. The
+parameter gradients ``dw = sum dy xhat`` and ``db = sum dy`` are summed over blocks of
+:data:`ROWS_PER_PART` rows into a (parts, C) array, then over the parts in order: the same sums
+whatever the thread count.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy
+from numba import njit
+
+from npformer.backend import accumulation_dtype
+from npformer.checks import expect_grad
+from npformer.kernels.numba_cpu.rows import over_rows
+from npformer.kernels.numba_cpu.vector_math import FASTMATH
+from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
+
+__all__ = ["layer_norm_forward", "layer_norm_backward", "ROWS_PER_PART"]
+
+ROWS_PER_PART = 64
+
+
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _forward(y, xhat, rstd, x, weight, bias, eps, start, stop):
+    c = x.shape[1]
+    for r in range(start, stop):
+        xr, xhr, yr = x[r], xhat[r], y[r]
+        total = xr.dtype.type(0)
+        for j in range(c):
+            total += xr[j]
+        mu = total / c
+        ss = xr.dtype.type(0)
+        for j in range(c):
+            d = xr[j] - mu
+            ss += d * d
+        rs = xr.dtype.type(1) / math.sqrt(ss / c + eps)
+        rstd[r] = rs
+        for j in range(c):
+            h = (xr[j] - mu) * rs
+            xhr[j] = h
+            if weight is not None:
+                h = h * weight[j]
+            if bias is not None:
+                h = h + bias[j]
+            yr[j] = h
+
+
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+def _backward(dx, dweight_parts, dbias_parts, dy, xhat, rstd, weight, start, stop):
+    c = dy.shape[1]
+    for r in range(start, stop):
+        dyr, xhr, dxr = dy[r], xhat[r], dx[r]
+        part = r // ROWS_PER_PART
+        if dweight_parts is not None:
+            dwp = dweight_parts[part]
+            for j in range(c):
+                dwp[j] += dyr[j] * xhr[j]
+        if dbias_parts is not None:
+            dbp = dbias_parts[part]
+            for j in range(c):
+                dbp[j] += dyr[j]
+        g_sum = dyr.dtype.type(0)
+        gx_sum = dyr.dtype.type(0)
+        for j in range(c):
+            g = dyr[j] * weight[j] if weight is not None else dyr[j]
+            g_sum += g
+            gx_sum += g * xhr[j]
+        g_mean, gx_mean, rs = g_sum / c, gx_sum / c, rstd[r]
+        for j in range(c):
+            g = dyr[j] * weight[j] if weight is not None else dyr[j]
+            dxr[j] = rs * (g - g_mean - xhr[j] * gx_mean)
+
+
+def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
+    check_layer_norm_inputs(x, weight, bias, eps)
+    c = x.shape[-1]
+    rows = numpy.ascontiguousarray(x).reshape(-1, c)                 # (N, C)
+    y, xhat = numpy.empty_like(rows), numpy.empty_like(rows)         # (N, C)
+    rstd = numpy.empty((rows.shape[0], 1), dtype=rows.dtype)         # (N, 1)
+    w = None if weight is None else numpy.ascontiguousarray(weight, dtype=x.dtype)
+    b = None if bias is None else numpy.ascontiguousarray(bias, dtype=x.dtype)
+    over_rows(_forward, rows.shape[0], c, y, xhat, rstd[:, 0], rows, w, b, x.dtype.type(eps))
+    shape = x.shape
+    return y.reshape(shape), LayerNormCache(xhat.reshape(shape), rstd.reshape(shape[:-1] + (1,)), weight,
+                                            bias is not None, x.dtype)
+
+
+def layer_norm_backward(dy, cache):
+    xhat, rstd, weight, has_bias, dtype = cache
+    expect_grad(dy, "dy", xhat.shape, dtype)
+    c = xhat.shape[-1]
+    acc = accumulation_dtype(dtype)
+    dys = numpy.ascontiguousarray(dy, dtype=acc).reshape(-1, c)     # (N, C)
+    xh = numpy.ascontiguousarray(xhat, dtype=acc).reshape(-1, c)    # (N, C)
+    rs = numpy.ascontiguousarray(rstd, dtype=acc).reshape(-1)       # (N,)
+    n = dys.shape[0]
+    parts = -(-n // ROWS_PER_PART)
+    dw_parts = numpy.zeros((parts, c), acc) if weight is not None else None   # (parts, C)
+    db_parts = numpy.zeros((parts, c), acc) if has_bias else None              # (parts, C)
+    w = None if weight is None else numpy.ascontiguousarray(weight, dtype=acc)
+    dx = numpy.empty_like(dys)
+    over_rows(_backward, n, c, dx, dw_parts, db_parts, dys, xh, rs, w, multiple=ROWS_PER_PART)
+    dweight = dw_parts.sum(axis=0).astype(dtype) if dw_parts is not None else None
+    dbias = db_parts.sum(axis=0).astype(dtype) if db_parts is not None else None
+    return dx.reshape(xhat.shape).astype(dtype, copy=False), dweight, dbias

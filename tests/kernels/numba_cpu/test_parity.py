@@ -1,0 +1,219 @@
+"""Every numba-compiled CPU fast path (npformer.kernels.numba_cpu) against its reference op.
+
+For each: outputs and gradients in float64 and float32 within ``TOL`` (tests/helpers.py) over
+hypothesis-drawn shapes, -inf masks and ignored targets; either backward on either forward's cache;
+a float64 central-difference gradient check through the compiled path; the reference's errors for
+bad input; the same bits whatever the thread count; NaN and infinities as the reference gives them.
+The last test fails when a compiled path is registered without a case here. Skipped without numba.
+"""
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+pytest.importorskip("numba", reason="numba is not installed (the optional fast extra: pip install -e '.[fast]')")
+
+from npformer import kernels  # noqa: E402
+from npformer.kernels.cpu import threads  # noqa: E402
+from npformer.kernels.numba_cpu import vector_math  # noqa: E402
+from npformer.ops import activations, cross_entropy, layernorm, softmax  # noqa: E402
+from npformer.tools.gradcheck import gradcheck  # noqa: E402
+from tests.helpers import assert_close, assert_gradcheck, randn, seeds  # noqa: E402
+
+DTYPES = ("float64", "float32")
+shapes = st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple)
+
+
+def _pair_case(fwd, bwd, x, dy, dtype, what, **kw):
+    """Forward and backward: compiled against reference, and each backward on both caches."""
+    y, cache = fwd(x, **kw)
+    with kernels.disabled():
+        y_ref, cache_ref = fwd(x, **kw)
+        dx_ref = bwd(dy, cache_ref)
+        dx_ref_on_fast = bwd(dy, cache)
+    assert_close(y, y_ref, dtype, what=f"{what} forward")
+    scale = max(1.0, float(np.abs(dy.astype(np.float64)).max()) * float(np.abs(x.astype(np.float64)).max()))
+    grads = bwd(dy, cache), bwd(dy, cache_ref), dx_ref_on_fast
+    for label, g in zip(("compiled", "compiled on the reference cache", "reference on the compiled cache"), grads):
+        for gi, ri in zip(g if isinstance(g, tuple) else (g,), dx_ref if isinstance(dx_ref, tuple) else (dx_ref,)):
+            if ri is not None:
+                assert_close(gi, ri, dtype, scale=scale, what=f"{what} backward, {label}")
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), masked=st.booleans())
+def test_softmax_and_log_softmax(shape, seed, dtype, masked):
+    x = randn(np, shape, seed, dtype, scale=3.0)
+    if masked:                                           # -inf entries and, with one column, whole rows
+        x[..., 0] = -np.inf
+    dy = randn(np, shape, seed + 1, dtype)
+    assert kernels.implementation(softmax.softmax_forward, x) == "numba"
+    _pair_case(softmax.softmax_forward, softmax.softmax_backward, x, dy, dtype, "softmax")
+    if not masked:                                       # log-softmax of a fully masked row is -inf: no dy
+        _pair_case(softmax.log_softmax_forward, softmax.log_softmax_backward, x, dy, dtype, "log_softmax")
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), form=st.sampled_from(["none", "tanh"]),
+       scale=st.sampled_from([1.0, 3.0, 30.0]))
+def test_gelu(shape, seed, dtype, form, scale):
+    x, dy = randn(np, shape, seed, dtype, scale=scale), randn(np, shape, seed + 1, dtype)
+    assert kernels.implementation(activations.gelu_forward, x, approximate=form) == "numba"
+    _pair_case(activations.gelu_forward, activations.gelu_backward, x, dy, dtype, f"gelu {form}", approximate=form)
+
+
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), weight=st.booleans(), bias=st.booleans())
+def test_layer_norm(shape, seed, dtype, weight, bias):
+    x, dy = randn(np, shape, seed, dtype, scale=2.0), randn(np, shape, seed + 1, dtype)
+    w = randn(np, shape[-1:], seed + 2, dtype) if weight else None
+    b = randn(np, shape[-1:], seed + 3, dtype) if bias else None
+    assert kernels.implementation(layernorm.layer_norm_forward, x, w, b) == "numba"
+    _pair_case(lambda x: layernorm.layer_norm_forward(x, w, b), layernorm.layer_norm_backward, x, dy, dtype,
+               "layer norm")
+
+
+@given(lead=st.lists(st.integers(1, 5), min_size=0, max_size=2).map(tuple), v=st.integers(1, 9), seed=seeds,
+       dtype=st.sampled_from(DTYPES), reduction=st.sampled_from(["mean", "sum", "none"]),
+       smoothing=st.sampled_from([0.0, 0.1]), data=st.data())
+def test_cross_entropy(lead, v, seed, dtype, reduction, smoothing, data):
+    logits = randn(np, lead + (v,), seed, dtype, scale=3.0)
+    targets = np.asarray(data.draw(st.lists(st.integers(-1, v - 1), min_size=int(np.prod(lead, dtype=int)),
+                                            max_size=int(np.prod(lead, dtype=int))))).reshape(lead)
+    kw = dict(reduction=reduction, ignore_index=-1, label_smoothing=smoothing)
+    assert kernels.implementation(cross_entropy.cross_entropy_forward, logits, targets, **kw) == "numba"
+    loss, cache = cross_entropy.cross_entropy_forward(logits, targets, **kw)
+    with kernels.disabled():
+        loss_ref, cache_ref = cross_entropy.cross_entropy_forward(logits, targets, **kw)
+    assert_close(loss, loss_ref, dtype, scale=max(1.0, float(np.abs(loss_ref).sum())), what="cross-entropy loss")
+    dloss = randn(np, loss.shape, seed + 1, dtype) if reduction == "none" else np.asarray(1.5, dtype)
+    with kernels.disabled():
+        ref = cross_entropy.cross_entropy_backward(dloss, cache_ref)
+        ref_on_fast = cross_entropy.cross_entropy_backward(dloss, cache)
+    for label, g in (("compiled", cross_entropy.cross_entropy_backward(dloss, cache)),
+                     ("compiled on the reference cache", cross_entropy.cross_entropy_backward(dloss, cache_ref)),
+                     ("reference on the compiled cache", ref_on_fast)):
+        assert_close(g, ref, dtype, scale=max(1.0, float(np.abs(dloss).max())), what=f"cross-entropy grad, {label}")
+
+
+def test_cross_entropy_of_masked_logits_and_all_ignored_targets():
+    logits = randn(np, (3, 4), 0, "float32")
+    logits[0, 1:] = -np.inf                              # one class left in row 0
+    for targets in (np.array([0, 2, 3]), np.array([-100, -100, -100])):
+        for s in (0.0, 0.2):
+            got, cache = cross_entropy.cross_entropy_forward(logits, targets, label_smoothing=s)
+            with kernels.disabled():
+                ref, cache_ref = cross_entropy.cross_entropy_forward(logits, targets, label_smoothing=s)
+                g_ref = cross_entropy.cross_entropy_backward(np.asarray(1.0, np.float32), cache_ref)
+            assert_close(got, ref, "float32", what=f"loss, targets {targets}, smoothing {s}")
+            assert_close(cross_entropy.cross_entropy_backward(np.asarray(1.0, np.float32), cache), g_ref,
+                         "float32", what="gradient")
+
+
+def test_non_finite_inputs_come_out_as_the_reference_gives_them():
+    x = np.array([[np.nan, 1.0, 2.0], [np.inf, 1.0, 2.0], [-np.inf, -np.inf, -np.inf], [1.0, -np.inf, 3.0]],
+                 np.float32)
+    for fwd in (softmax.softmax_forward, softmax.log_softmax_forward):
+        got = fwd(x)[0]
+        with kernels.disabled(), np.errstate(invalid="ignore"):   # the reference's inf - inf
+            ref = fwd(x)[0]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg=fwd.__name__)
+        assert_close(got, ref, "float32", what=fwd.__name__)
+    g = np.array([np.nan, np.inf, -3e38, 0.0, 3e38], np.float32)
+    got = activations.gelu_forward(g)[0]
+    with kernels.disabled():
+        ref = activations.gelu_forward(g)[0]
+    assert np.isnan(got[0]) and np.isnan(ref[0]) and got[1] == ref[1] == np.inf and got[3] == 0
+    assert abs(got[2]) < 1e-6 and got[4] == ref[4]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy"])
+def test_gradcheck_through_the_compiled_path(name):
+    """float64 central differences through the compiled paths (they take float64 arrays)."""
+    x = randn(np, (2, 3, 5), 1)
+    cases = {
+        "softmax": (softmax.softmax_forward, softmax.softmax_backward, {"x": x}, {}),
+        "log_softmax": (softmax.log_softmax_forward, softmax.log_softmax_backward, {"x": x}, {}),
+        "gelu": (activations.gelu_forward, activations.gelu_backward, {"x": x}, {"approximate": "none"}),
+        "gelu_tanh": (activations.gelu_forward, activations.gelu_backward, {"x": x}, {"approximate": "tanh"}),
+        "layer_norm": (layernorm.layer_norm_forward, layernorm.layer_norm_backward,
+                       {"x": x, "weight": randn(np, (5,), 2), "bias": randn(np, (5,), 3)}, {}),
+        "cross_entropy": (cross_entropy.cross_entropy_forward, cross_entropy.cross_entropy_backward,
+                          {"logits": x}, {"targets": np.array([[0, 4, -100], [2, 1, 3]]), "label_smoothing": 0.1}),
+    }
+    fwd, bwd, inputs, kw = cases[name]
+    assert kernels.implementation(fwd, *inputs.values(), **kw) == "numba"
+    assert_gradcheck(gradcheck(fwd, bwd, inputs, kwargs=kw, label=f"{name} (numba)"))
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: softmax.softmax_forward(np.zeros((2, 0), np.float32)), "x: expected rows"),
+    (lambda: activations.gelu_forward(np.zeros(3, np.float32), approximate="erf"), "approximate: expected one of"),
+    (lambda: layernorm.layer_norm_forward(np.zeros((2, 3), np.float32), np.ones(4, np.float32)),
+     r"weight: expected shape \(3,\)"),
+    (lambda: cross_entropy.cross_entropy_forward(np.zeros((2, 3), np.float32), np.array([0, 3])),
+     r"targets: class ids must be in \[0, 3\)"),
+    (lambda: softmax.softmax_backward(np.zeros((2, 4), np.float32), softmax.softmax_forward(np.zeros((2, 3), np.float32))[1]),
+     "dy: expected"),
+])
+def test_bad_input_gets_the_reference_error_on_both_paths(call, error):
+    with pytest.raises(ValueError, match=error):
+        call()
+    with kernels.disabled(), pytest.raises(ValueError, match=error):
+        call()
+
+
+@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy"])
+def test_results_do_not_depend_on_the_thread_count(op):
+    """Rows are shared out in whole runs; every row's arithmetic is the same on any thread, and the
+    layer norm's parameter gradients are summed in fixed blocks of rows."""
+    x = randn(np, (600, 512), 0, "float32")               # 300K elements: two threads' worth
+    dy = randn(np, x.shape, 1, "float32")
+    w, b = randn(np, (512,), 2, "float32"), randn(np, (512,), 3, "float32")
+    t = np.random.default_rng(4).integers(0, 512, 600)
+    calls = {
+        "gelu": lambda: (lambda y, c: (y, activations.gelu_backward(dy, c)))(*activations.gelu_forward(x)),
+        "softmax": lambda: (lambda y, c: (y, softmax.softmax_backward(dy, c)))(*softmax.softmax_forward(x)),
+        "layer_norm": lambda: (lambda y, c: (y, *layernorm.layer_norm_backward(dy, c)))(
+            *layernorm.layer_norm_forward(x, w, b)),
+        "cross_entropy": lambda: (lambda l, c: (l, cross_entropy.cross_entropy_backward(np.asarray(1.0, np.float32), c)))(
+            *cross_entropy.cross_entropy_forward(x, t)),
+    }
+    before = threads.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            threads.set_num_threads(n)
+            results.append(calls[op]())
+    finally:
+        threads.set_num_threads(before)
+    for other in results[1:]:
+        for a, b_ in zip(results[0], other):
+            np.testing.assert_array_equal(a, b_)
+
+
+def test_exp32_and_phi32_accuracy():
+    """exp32 within 2 float32 ulp on [-87, 21] (the callers' range), 0 below, NaN through; the
+    float32 CDF within 2e-7 absolute everywhere."""
+    from numba import njit
+
+    @njit
+    def apply(f32, x):
+        out = np.empty_like(x)
+        for i in range(x.size):
+            out[i] = f32(x[i])
+        return out
+    x = np.linspace(-87.0, 21.0, 200001).astype(np.float32)
+    got, ref = apply(vector_math.exp32, x).astype(np.float64), np.exp(x.astype(np.float64))
+    ulp = np.spacing(ref.astype(np.float32)).astype(np.float64)
+    assert (np.abs(got - ref) / ulp).max() <= 2.0
+    edges = apply(vector_math.exp32, np.array([-88.0, -np.inf, np.nan, 0.0], np.float32))
+    assert edges[0] == edges[1] == 0 and np.isnan(edges[2]) and edges[3] == 1
+    from math import erfc
+    z = np.linspace(-12, 12, 100001).astype(np.float32)
+    phi_ref = np.array([0.5 * erfc(-float(v) / np.sqrt(2)) for v in z])
+    assert np.abs(apply(vector_math.phi32, z).astype(np.float64) - phi_ref).max() < 2e-7
+
+
+def test_every_numba_fast_path_has_a_parity_case_here():
+    tested = {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
+              "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward",
+              "cross_entropy_forward", "cross_entropy_backward"}
+    registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "numba"}
+    assert registered and registered <= tested, f"numba fast paths without a parity case: {sorted(registered - tested)}"
