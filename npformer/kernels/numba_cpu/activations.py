@@ -25,7 +25,7 @@ F = numpy.float32
 _INV_SQRT_2PI_32, _K32, _C32, _CLIP32 = F(INV_SQRT_2PI), F(SQRT_2_OVER_PI), F(TANH_CUBIC), F(TANH_CLIP)
 
 
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
 def _forward32(y, x, tanh_form, start, stop):
     y, x = y[start:stop], x[start:stop]      # (loops from 0 to a length: indices known >= 0, vectorised)
     if tanh_form:
@@ -37,7 +37,7 @@ def _forward32(y, x, tanh_form, start, stop):
             y[i] = x[i] * phi32(x[i])
 
 
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
 def _backward32(dx, x, dy, tanh_form, start, stop):
     dx, x, dy = dx[start:stop], x[start:stop], dy[start:stop]
     if tanh_form:
@@ -52,7 +52,7 @@ def _backward32(dx, x, dy, tanh_form, start, stop):
             dx[i] = dy[i] * (phi32(v) + v * exp32(F(-0.5) * v * v) * _INV_SQRT_2PI_32)
 
 
-@njit(nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy", cache=True)
 def _forward64(y, x, tanh_form, start, stop):
     y, x = y[start:stop], x[start:stop]
     for i in range(x.size):
@@ -64,7 +64,7 @@ def _forward64(y, x, tanh_form, start, stop):
             y[i] = v * phi64(v)
 
 
-@njit(nogil=True, error_model="numpy")
+@njit(nogil=True, error_model="numpy", cache=True)
 def _backward64(dx, x, dy, tanh_form, start, stop):
     dx, x, dy = dx[start:stop], x[start:stop], dy[start:stop]
     for i in range(x.size):

@@ -18,52 +18,47 @@ from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.numba_cpu.rows import over_rows
 from npformer.kernels.numba_cpu.softmax import row_max
-from npformer.kernels.numba_cpu.vector_math import FASTMATH, exp32, exp64
+from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward"]
 
 
-def _kernels(exp):
-    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def forward(nll, shift, log_sum, z, targets, valid, smoothing, start, stop):
-        v = z.shape[1]
-        for r in range(start, stop):
-            zr = z[r]
-            m = row_max(zr)
-            s = zr.dtype.type(0)
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def _forward_rows(nll, shift, log_sum, z, targets, valid, smoothing, start, stop):
+    v = z.shape[1]
+    for r in range(start, stop):
+        zr = z[r]
+        m = row_max(zr)
+        s = zr.dtype.type(0)
+        for j in range(v):
+            s += vexp(zr[j] - m)
+        ls = math.log(s) if s > 0 else zr.dtype.type(0)
+        shift[r], log_sum[r] = m, ls
+        if not valid[r]:
+            nll[r] = 0
+            continue
+        picked = (zr[targets[r]] - m) - ls             # log p_t
+        if smoothing == 0:
+            nll[r] = -picked
+        else:
+            total = zr.dtype.type(0)
             for j in range(v):
-                s += exp(zr[j] - m)
-            ls = math.log(s) if s > 0 else zr.dtype.type(0)
-            shift[r], log_sum[r] = m, ls
-            if not valid[r]:
-                nll[r] = 0
-                continue
-            picked = (zr[targets[r]] - m) - ls                       # log p_t
-            if smoothing == 0:
-                nll[r] = -picked
-            else:
-                total = zr.dtype.type(0)
-                for j in range(v):
-                    total += zr[j]
-                sum_logp = total - v * (m + ls)                      # sum_j log p_j
-                nll[r] = -(1 - smoothing) * picked - (smoothing / v) * sum_logp
-
-    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def backward(dz, z, shift, log_sum, targets, scale, smoothing, start, stop):
-        v = z.shape[1]
-        uniform = smoothing / v
-        for r in range(start, stop):
-            zr, dzr, a = z[r], dz[r], scale[r]
-            m, ls = shift[r], log_sum[r]
-            for j in range(v):
-                dzr[j] = (exp((zr[j] - m) - ls) - uniform) * a
-            dzr[targets[r]] -= (1 - smoothing) * a
-
-    return forward, backward
+                total += zr[j]
+            sum_logp = total - v * (m + ls)            # sum_j log p_j
+            nll[r] = -(1 - smoothing) * picked - (smoothing / v) * sum_logp
 
 
-_KERNELS = {numpy.dtype(numpy.float32): _kernels(exp32), numpy.dtype(numpy.float64): _kernels(exp64)}
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def _backward_rows(dz, z, shift, log_sum, targets, scale, smoothing, start, stop):
+    v = z.shape[1]
+    uniform = smoothing / z.dtype.type(v)              # (in the logits' dtype: float32 loops stay float32)
+    for r in range(start, stop):
+        zr, dzr, a = z[r], dz[r], scale[r]
+        m, ls = shift[r], log_sum[r]
+        for j in range(v):
+            dzr[j] = (vexp((zr[j] - m) - ls) - uniform) * a
+        dzr[targets[r]] -= (1 - smoothing) * a
 
 
 def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
@@ -73,8 +68,7 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     z = numpy.ascontiguousarray(logits).reshape(-1, v)               # (N, V)
     n, dt = z.shape[0], logits.dtype
     nll, shift, log_sum = numpy.empty(n, dt), numpy.empty((n, 1), dt), numpy.empty((n, 1), dt)
-    forward = _KERNELS[dt][0]
-    over_rows(forward, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1), dt.type(s))
+    over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1), dt.type(s))
     lead = logits.shape[:-1]
     nll = nll.reshape(lead)                                          # (...)
     valid = valid.reshape(lead)
@@ -100,6 +94,5 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     shift_rows = numpy.ascontiguousarray(shift, dtype=acc).reshape(-1)
     log_sum_rows = numpy.ascontiguousarray(log_sum, dtype=acc).reshape(-1)
     dz = numpy.empty_like(z)
-    backward = _KERNELS[acc][1]
-    over_rows(backward, n, v, dz, z, shift_rows, log_sum_rows, t.reshape(-1), scale, acc.type(s))
+    over_rows(_backward_rows, n, v, dz, z, shift_rows, log_sum_rows, t.reshape(-1), scale, acc.type(s))
     return dz.reshape(logits.shape).astype(dtype, copy=False)

@@ -26,20 +26,21 @@ __all__ = ["layer_norm_forward", "layer_norm_backward", "ROWS_PER_PART"]
 ROWS_PER_PART = 64
 
 
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
 def _forward(y, xhat, rstd, x, weight, bias, eps, start, stop):
     c = x.shape[1]
+    n_c = x.dtype.type(c)                              # (divisions in the rows' dtype)
     for r in range(start, stop):
         xr, xhr, yr = x[r], xhat[r], y[r]
         total = xr.dtype.type(0)
         for j in range(c):
             total += xr[j]
-        mu = total / c
+        mu = total / n_c
         ss = xr.dtype.type(0)
         for j in range(c):
             d = xr[j] - mu
             ss += d * d
-        rs = xr.dtype.type(1) / math.sqrt(ss / c + eps)
+        rs = xr.dtype.type(1) / math.sqrt(ss / n_c + eps)
         rstd[r] = rs
         for j in range(c):
             h = (xr[j] - mu) * rs
@@ -51,9 +52,10 @@ def _forward(y, xhat, rstd, x, weight, bias, eps, start, stop):
             yr[j] = h
 
 
-@njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
 def _backward(dx, dweight_parts, dbias_parts, dy, xhat, rstd, weight, start, stop):
     c = dy.shape[1]
+    n_c = dy.dtype.type(c)
     for r in range(start, stop):
         dyr, xhr, dxr = dy[r], xhat[r], dx[r]
         part = r // ROWS_PER_PART
@@ -71,7 +73,7 @@ def _backward(dx, dweight_parts, dbias_parts, dy, xhat, rstd, weight, start, sto
             g = dyr[j] * weight[j] if weight is not None else dyr[j]
             g_sum += g
             gx_sum += g * xhr[j]
-        g_mean, gx_mean, rs = g_sum / c, gx_sum / c, rstd[r]
+        g_mean, gx_mean, rs = g_sum / n_c, gx_sum / n_c, rstd[r]
         for j in range(c):
             g = dyr[j] * weight[j] if weight is not None else dyr[j]
             dxr[j] = rs * (g - g_mean - xhr[j] * gx_mean)

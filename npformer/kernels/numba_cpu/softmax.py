@@ -15,10 +15,10 @@ from numba import njit
 
 from npformer.checks import expect_grad, expect_rows
 from npformer.kernels.numba_cpu.rows import over_rows
-from npformer.kernels.numba_cpu.vector_math import FASTMATH, exp32, exp64
+from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.softmax import SoftmaxCache
 
-__all__ = ["row_max", "softmax_rows32", "softmax_rows64", "softmax_forward", "softmax_backward",
+__all__ = ["row_max", "softmax_rows", "softmax_grad_rows", "log_softmax_rows", "log_softmax_grad_rows", "softmax_forward", "softmax_backward",
            "log_softmax_forward", "log_softmax_backward"]
 
 
@@ -40,89 +40,84 @@ def row_max(x):
     return m if math.isfinite(m) else x.dtype.type(0)
 
 
-def _softmax_kernels(exp):
-    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def forward(y, x, start, stop):
-        for r in range(start, stop):
-            xr, yr = x[r], y[r]
-            m = row_max(xr)
-            s = xr.dtype.type(0)
-            for j in range(xr.size):
-                e = exp(xr[j] - m)
-                yr[j] = e
-                s += e
-            inv = xr.dtype.type(1) / (s if s != 0 else xr.dtype.type(1))     # all -inf: zeros stay zeros
-            for j in range(xr.size):
-                yr[j] *= inv
-
-    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def backward(dx, y, dy, start, stop):
-        for r in range(start, stop):
-            yr, dyr, dxr = y[r], dy[r], dx[r]
-            dot = yr.dtype.type(0)
-            for j in range(yr.size):
-                dot += dyr[j] * yr[j]
-            for j in range(yr.size):
-                dxr[j] = (dyr[j] - dot) * yr[j]
-
-    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def log_forward(z, x, start, stop):
-        for r in range(start, stop):
-            xr, zr = x[r], z[r]
-            m = row_max(xr)
-            s = xr.dtype.type(0)
-            for j in range(xr.size):
-                s += exp(xr[j] - m)
-            shift = m + (math.log(s) if s > 0 else xr.dtype.type(0))          # all -inf: stays -inf
-            for j in range(xr.size):
-                zr[j] = xr[j] - shift
-
-    @njit(nogil=True, fastmath=FASTMATH, error_model="numpy")
-    def log_backward(dx, logy, dy, start, stop):
-        for r in range(start, stop):
-            lr, dyr, dxr = logy[r], dy[r], dx[r]
-            total = lr.dtype.type(0)
-            for j in range(lr.size):
-                total += dyr[j]
-            for j in range(lr.size):
-                dxr[j] = dyr[j] - exp(lr[j]) * total
-
-    return forward, backward, log_forward, log_backward
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def softmax_rows(y, x, start, stop):
+    for r in range(start, stop):
+        xr, yr = x[r], y[r]
+        m = row_max(xr)
+        s = xr.dtype.type(0)
+        for j in range(xr.size):
+            e = vexp(xr[j] - m)
+            yr[j] = e
+            s += e
+        inv = xr.dtype.type(1) / (s if s != 0 else xr.dtype.type(1))     # all -inf: zeros stay zeros
+        for j in range(xr.size):
+            yr[j] *= inv
 
 
-_KERNELS = {numpy.dtype(numpy.float32): _softmax_kernels(exp32), numpy.dtype(numpy.float64): _softmax_kernels(exp64)}
-softmax_rows32 = _KERNELS[numpy.dtype(numpy.float32)][0]
-softmax_rows64 = _KERNELS[numpy.dtype(numpy.float64)][0]
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def softmax_grad_rows(dx, y, dy, start, stop):
+    for r in range(start, stop):
+        yr, dyr, dxr = y[r], dy[r], dx[r]
+        dot = yr.dtype.type(0)
+        for j in range(yr.size):
+            dot += dyr[j] * yr[j]
+        for j in range(yr.size):
+            dxr[j] = (dyr[j] - dot) * yr[j]
 
 
-def _run(which, *arrays):
-    """kernel ``which`` of the arrays' dtype over their rows (all of one shape (..., N)); returns the output."""
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def log_softmax_rows(z, x, start, stop):
+    for r in range(start, stop):
+        xr, zr = x[r], z[r]
+        m = row_max(xr)
+        s = xr.dtype.type(0)
+        for j in range(xr.size):
+            s += vexp(xr[j] - m)
+        shift = m + (math.log(s) if s > 0 else xr.dtype.type(0))          # all -inf: stays -inf
+        for j in range(xr.size):
+            zr[j] = xr[j] - shift
+
+
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def log_softmax_grad_rows(dx, logy, dy, start, stop):
+    for r in range(start, stop):
+        lr, dyr, dxr = logy[r], dy[r], dx[r]
+        total = lr.dtype.type(0)
+        for j in range(lr.size):
+            total += dyr[j]
+        for j in range(lr.size):
+            dxr[j] = dyr[j] - vexp(lr[j]) * total
+
+
+def _run(kernel, *arrays):
+    """``kernel`` over the rows of arrays of one shape (..., N) and dtype; returns its output."""
     shape = arrays[0].shape
     rows = [numpy.ascontiguousarray(a).reshape(-1, shape[-1]) for a in arrays]
     out = numpy.empty_like(rows[0])
-    over_rows(_KERNELS[arrays[0].dtype][which], rows[0].shape[0], shape[-1], out, *rows)
+    over_rows(kernel, rows[0].shape[0], shape[-1], out, *rows)
     return out.reshape(shape)
 
 
 def softmax_forward(x):
     expect_rows(x, "x")
-    y = _run(0, x)                                       # (..., N)
+    y = _run(softmax_rows, x)                            # (..., N)
     return y, SoftmaxCache(y)
 
 
 def softmax_backward(dy, cache):
     expect_grad(dy, "dy", cache.y.shape, cache.y.dtype)
     # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
-    return _run(1, cache.y, dy)
+    return _run(softmax_grad_rows, cache.y, dy)
 
 
 def log_softmax_forward(x):
     expect_rows(x, "x")
-    z = _run(2, x)                                       # (..., N)
+    z = _run(log_softmax_rows, x)                        # (..., N)
     return z, SoftmaxCache(z)
 
 
 def log_softmax_backward(dy, cache):
     expect_grad(dy, "dy", cache.y.shape, cache.y.dtype)
     # fwd: log y = x - lse(x)  ->  dx = dy - softmax(x) * sum(dy)
-    return _run(3, cache.y, dy)
+    return _run(log_softmax_grad_rows, cache.y, dy)

@@ -23,11 +23,12 @@ from __future__ import annotations
 import math
 
 import numpy
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from npformer.kernels.cpu.activations import _F32_CLIP, _F32_DEN, _F32_NUM
 
-__all__ = ["FASTMATH", "exp32", "sigmoid32", "phi32", "exp64", "phi64"]
+__all__ = ["FASTMATH", "exp32", "sigmoid32", "phi32", "exp64", "phi64", "vexp"]
 
 # reassociation (vectorised sums), contraction (fused multiply-add), signed zeros and reciprocals;
 # not "nnan"/"ninf": NaN and infinities in must come out as the reference gives them
@@ -90,3 +91,16 @@ def exp64(v):
 def phi64(x):
     """The standard normal CDF, float64: erfc(-x / sqrt 2) / 2 (no cancellation for x < 0)."""
     return 0.5 * math.erfc(-x * 0.7071067811865476)
+
+
+def vexp(v):
+    """exp in compiled loops of either float type: :func:`exp32` for float32, the C library's for
+    float64 (chosen when the loop is compiled; one loop serves both dtypes)."""
+    return math.exp(v)
+
+
+@overload(vexp, inline="always")
+def _vexp_typed(v):
+    if v == types.float32:
+        return lambda v: exp32(v)
+    return lambda v: exp64(v)
