@@ -115,6 +115,7 @@ FAST_PATHS = (
 def _numba_paths() -> tuple:
     """The compiled CPU paths (numba installed): tried before the NumPy ones."""
     from npformer.kernels.numba_cpu import activations as nb_activations
+    from npformer.kernels.numba_cpu import attention as nb_attention
     from npformer.kernels.numba_cpu import cross_entropy as nb_cross_entropy
     from npformer.kernels.numba_cpu import layernorm as nb_layernorm
     from npformer.kernels.numba_cpu import softmax as nb_softmax
@@ -135,6 +136,10 @@ def _numba_paths() -> tuple:
          lambda logits, targets, **options: floats(logits)),
         (cross_entropy.cross_entropy_backward, "numba", nb_cross_entropy.cross_entropy_backward,
          lambda dloss, cache: floats(dloss, getattr(cache, "logits", None))),
+        (attention.scaled_dot_product_attention_forward, "numba", nb_attention.scaled_dot_product_attention_forward,
+         lambda q, k, v, **options: floats(q, k, v)),
+        (attention.scaled_dot_product_attention_backward, "numba",
+         nb_attention.scaled_dot_product_attention_backward, lambda dout, cache: floats(dout, getattr(cache, "p", None))),
     )
 
 

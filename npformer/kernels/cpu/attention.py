@@ -22,6 +22,8 @@ reference draws it. 16-bit inputs run the softmax in float32, as the reference.
 """
 from __future__ import annotations
 
+from typing import Any, Callable, NamedTuple
+
 import numpy
 
 from npformer.backend import accumulation_dtype
@@ -34,7 +36,8 @@ from npformer.ops.attention import AttentionCache, check_attention_inputs
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask
 from npformer.ops.masks import attention_bias
 
-__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "blocks"]
+__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "blocks", "RowKernels",
+           "attention_forward", "attention_backward"]
 
 
 def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[int, slice, slice]]]:
@@ -67,6 +70,14 @@ def _parallel(groups: list, run_block) -> None:
     run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
 
 
+class RowKernels(NamedTuple):
+    """The row operations a block runs, in place on contiguous (h', r, Tk) blocks:
+    ``softmax(s)`` (P into S's buffer) and ``softmax_grad(dp, p)`` (dS into dP's buffer)."""
+
+    softmax: Callable[[Any], Any]
+    softmax_grad: Callable[[Any, Any], Any]
+
+
 def _softmax(s):
     """P = softmax(S) in S's buffer (in float32 for 16-bit scores)."""
     if s.dtype != accumulation_dtype(s.dtype):
@@ -84,10 +95,24 @@ def _softmax_grad(dp, p):
     return softmax_grad_rows(dp, p, dp)
 
 
+NUMPY_ROWS = RowKernels(_softmax, _softmax_grad)
+
+
 def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None,
                                          is_causal: bool = False, causal_alignment: str = "top_left",
                                          dropout_p: float = 0.0, rng=None, training: bool = True,
                                          scale: float | None = None, need_weights: bool = False):
+    return attention_forward(NUMPY_ROWS, q, k, v, attn_mask, key_padding_mask, is_causal, causal_alignment,
+                             dropout_p, rng, training, scale, need_weights)
+
+
+def scaled_dot_product_attention_backward(dout, cache):
+    return attention_backward(NUMPY_ROWS, dout, cache)
+
+
+def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, is_causal, causal_alignment,
+                      dropout_p, rng, training, scale, need_weights):
+    """The forward above with the row operations ``rows_`` (the compiled CPU paths pass theirs)."""
     scale = check_attention_inputs(q, k, v, scale, dropout_p)
     b, h, tq, _ = q.shape
     tk, hv = k.shape[2], v.shape[3]
@@ -114,7 +139,7 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
         numpy.matmul(q[i, heads, rows] * scale_t, k[i, heads].swapaxes(-1, -2), out=s)
         if bias is not None:
             s += bias[i, heads, rows]                    # -inf where blocked
-        _softmax(s)                                      # P, an all -inf row -> 0
+        rows_.softmax(s)                                 # P, an all -inf row -> 0
         p_drop = s
         if mask is not None:
             m = mask[i, heads, rows]
@@ -132,7 +157,8 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 
 
-def scaled_dot_product_attention_backward(dout, cache):
+def attention_backward(rows_: RowKernels, dout, cache):
+    """The backward above with the row operations ``rows_``."""
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     b, h, tq, tk = p.shape
@@ -150,7 +176,7 @@ def scaled_dot_product_attention_backward(dout, cache):
         dp = numpy.matmul(g, v[i, heads].swapaxes(-1, -2))           # (h', r, Tk), fresh
         if mask is not None:
             dp *= mask[i, heads, rows]                   # fwd: P_drop = P * m / (1 - p)
-        ds = _softmax_grad(dp, p_c)                      # fwd: P = softmax(S), in dp's buffer
+        ds = rows_.softmax_grad(dp, p_c)                 # fwd: P = softmax(S), in dp's buffer
         ds *= scale_t                                    # fwd: S = (q * scale) k^T + bias
         numpy.matmul(ds, k[i, heads], out=dq[i, heads, rows])
         dk_part = numpy.matmul(ds.swapaxes(-1, -2), q[i, heads, rows])

@@ -12,7 +12,8 @@ its inputs once and writes its outputs once, every intermediate in registers:
   one pass over each row;
 * :mod:`~npformer.kernels.numba_cpu.cross_entropy`: the loss and its gradient, one pass over each
   row of logits each, no (N, V) temporary;
-* :mod:`~npformer.kernels.numba_cpu.optim`: Adam's update in one pass over the flat buffers.
+* :mod:`~npformer.kernels.numba_cpu.attention`: the NumPy attention fast path's blocks with these
+  softmax loops inside.
 
 Each has its reference op's signature and cache type, is registered before the NumPy fast path in
 :mod:`npformer.kernels` when numba is installed, and is held to the reference by

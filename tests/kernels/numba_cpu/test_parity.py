@@ -15,9 +15,10 @@ pytest.importorskip("numba", reason="numba is not installed (the optional fast e
 from npformer import kernels  # noqa: E402
 from npformer.kernels.cpu import threads  # noqa: E402
 from npformer.kernels.numba_cpu import vector_math  # noqa: E402
-from npformer.ops import activations, cross_entropy, layernorm, softmax  # noqa: E402
+from npformer.backend import default_rng  # noqa: E402
+from npformer.ops import activations, attention, cross_entropy, layernorm, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
-from tests.helpers import assert_close, assert_gradcheck, randn, seeds  # noqa: E402
+from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
 
 DTYPES = ("float64", "float32")
 shapes = st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple)
@@ -92,6 +93,28 @@ def test_cross_entropy(lead, v, seed, dtype, reduction, smoothing, data):
         assert_close(g, ref, dtype, scale=max(1.0, float(np.abs(dloss).max())), what=f"cross-entropy grad, {label}")
 
 
+@given(b=st.integers(1, 2), h=st.integers(1, 2), tq=st.integers(1, 5), tk=st.integers(1, 6),
+       hs=st.integers(1, 4), seed=seeds, dtype=st.sampled_from(DTYPES), causal=st.booleans(),
+       p=st.sampled_from([0.0, 0.3]), data=st.data())
+def test_attention(b, h, tq, tk, hs, seed, dtype, causal, p, data):
+    q, k, v = (randn(np, (b, h, t, hs), seed + i, dtype) for i, t in enumerate((tq, tk, tk)))
+    dout = randn(np, (b, h, tq, hs), seed + 3, dtype)
+    kw = dict(key_padding_mask=data.draw(padding_masks(b, tk)), is_causal=causal, dropout_p=p, need_weights=True)
+
+    def run():
+        out, weights, cache = attention.scaled_dot_product_attention_forward(
+            q, k, v, rng=default_rng(seed, "numpy"), **kw)
+        return (out, weights, *attention.scaled_dot_product_attention_backward(dout, cache)), cache
+    assert kernels.implementation(attention.scaled_dot_product_attention_forward, q, k, v, **kw) == "numba"
+    got, cache = run()
+    with kernels.disabled():
+        ref, cache_ref = run()
+    for name, g, r in zip(("out", "weights", "dq", "dk", "dv"), got, ref):
+        assert_close(g, r, dtype, what=f"attention {name}")
+    for g, r in zip(attention.scaled_dot_product_attention_backward(dout, cache_ref), ref[2:]):
+        assert_close(g, r, dtype, what="attention backward on the reference cache")
+
+
 def test_cross_entropy_of_masked_logits_and_all_ignored_targets():
     logits = randn(np, (3, 4), 0, "float32")
     logits[0, 1:] = -np.inf                              # one class left in row 0
@@ -123,7 +146,8 @@ def test_non_finite_inputs_come_out_as_the_reference_gives_them():
     assert abs(got[2]) < 1e-6 and got[4] == ref[4]
 
 
-@pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy"])
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy",
+                                  "attention"])
 def test_gradcheck_through_the_compiled_path(name):
     """float64 central differences through the compiled paths (they take float64 arrays)."""
     x = randn(np, (2, 3, 5), 1)
@@ -136,6 +160,10 @@ def test_gradcheck_through_the_compiled_path(name):
                        {"x": x, "weight": randn(np, (5,), 2), "bias": randn(np, (5,), 3)}, {}),
         "cross_entropy": (cross_entropy.cross_entropy_forward, cross_entropy.cross_entropy_backward,
                           {"logits": x}, {"targets": np.array([[0, 4, -100], [2, 1, 3]]), "label_smoothing": 0.1}),
+        "attention": (attention.scaled_dot_product_attention_forward,
+                      attention.scaled_dot_product_attention_backward,
+                      {"q": randn(np, (2, 2, 3, 4), 4), "k": randn(np, (2, 2, 5, 4), 5), "v": randn(np, (2, 2, 5, 4), 6)},
+                      {"is_causal": True, "causal_alignment": "bottom_right"}),
     }
     fwd, bwd, inputs, kw = cases[name]
     assert kernels.implementation(fwd, *inputs.values(), **kw) == "numba"
@@ -214,6 +242,7 @@ def test_exp32_and_phi32_accuracy():
 def test_every_numba_fast_path_has_a_parity_case_here():
     tested = {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward",
-              "cross_entropy_forward", "cross_entropy_backward"}
+              "cross_entropy_forward", "cross_entropy_backward",
+              "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "numba"}
     assert registered and registered <= tested, f"numba fast paths without a parity case: {sorted(registered - tested)}"
