@@ -39,6 +39,7 @@ FLOPS = {
     "multi_head": "fwd 8*N*d^2 + 4*E*hs + 5*E (QKV and out projections), bwd twice the matmuls + 4*E",
     "ffn": "fwd 4*N*d*F + 10*N*F, bwd 8*N*d*F + 15*N*F",
     "cross_entropy": "fwd 5 per logit, bwd 3 per logit",
+    "dropout": "fwd 2 per element (compare, scale), bwd 1 per element; the random draws not counted",
     "train_step": "matmuls only, fwd+bwd = 3x fwd: gpt 6*N*(L*(4d^2+2dF) + V*d) + 12*L*B*T^2*d; "
                   "seq2seq (S=T) 6*(2*N*L*(6d^2+2dF) + N*V*d) + 36*L*B*T^2*d; "
                   "embeddings, element-wise work and AdamW not counted",
@@ -123,6 +124,52 @@ def _attention_case(name, B, H, T, hs, flash=False, group="op") -> dict:
     return case
 
 
+DROPOUT_P = 0.1
+
+
+def _dropout_outputs(x, out, dy, dx) -> dict:
+    """What two dropouts with different generators share: the kept fraction (to 2 decimals: 1M
+    draws put it within 0.001 of 1 - p), and the scale 1/(1 - p) of every kept element, forward
+    and backward."""
+    x, out, dy, dx = (numpy.asarray(a, numpy.float64) for a in (x, out, dy, dx))
+    kept = out != 0
+    return {"kept_fraction": numpy.round(kept.mean(), 2), "scale": (out[kept] / x[kept]).mean(keepdims=True),
+            "grad_scale": (dx[kept] / dy[kept]).mean(keepdims=True)}
+
+
+def _dropout_case(host_x) -> dict:
+    """Dropout (p = 0.1) of a (B, T, F) activation; parity compares what does not depend on the generator."""
+    def build(b):
+        if b.framework == "torch":
+            import torch
+            x = b.asarray(host_x).requires_grad_(True)
+            y = torch.nn.functional.dropout(x, DROPOUT_P)
+            dy = b.asarray(upstream_gradient(tuple(y.shape)))
+            return {"fwd": lambda: torch.nn.functional.dropout(x, DROPOUT_P),
+                    "bwd": lambda: torch.autograd.grad(y, x, dy, retain_graph=True)[0], "_probe": (x, y, dy)}
+        from npformer.backend import default_rng
+        from npformer.ops import dropout
+        x, rng = b.asarray(host_x), default_rng(0, b.name)
+        y, cache = dropout.dropout_forward(x, DROPOUT_P, rng=rng)
+        dy = b.asarray(upstream_gradient(tuple(y.shape)))
+        return {"fwd": lambda: dropout.dropout_forward(x, DROPOUT_P, rng=rng),
+                "bwd": lambda: dropout.dropout_backward(dy, cache), "_probe": (x, y, dy)}
+
+    def outputs(b):
+        calls = build(b)
+        x, y, dy = calls.pop("_probe")
+        dx = calls["bwd"]()
+        return _dropout_outputs(b.to_host(x), b.to_host(y), b.to_host(dy), b.to_host(dx))
+
+    def timed(b):
+        calls = build(b)
+        calls.pop("_probe")
+        return calls
+    n = host_x.size
+    return {"name": "dropout", "group": "op", "shape": f"h {host_x.shape}, p={DROPOUT_P}", "tokens": n // host_x.shape[-1],
+            "flops": {"fwd": 2 * n, "bwd": n}, "build": timed, "outputs": outputs}
+
+
 def op_cases(c: dict) -> list[dict]:
     from npformer.ops import activations, cross_entropy, feedforward, layernorm, linear, softmax
     B, T, d, H, F, V = (c[k] for k in "BTdHFV")
@@ -158,6 +205,7 @@ def op_cases(c: dict) -> list[dict]:
         _op_case("cross_entropy", f"logits ({B}, {T}, {V})", {"fwd": 5 * N * V, "bwd": 3 * N * V}, N,
                  ("dlogits",), _npformer_calls(cross_entropy, "cross_entropy", [logits, tgt]),
                  _torch_calls("cross_entropy", [logits, tgt], 1)),
+        _dropout_case(h),
     ]
 
 

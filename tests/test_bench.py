@@ -226,7 +226,12 @@ def test_op_cases_compare_the_gradients_npformer_returns():
     cfg = dict(QUICK, B=1, T=4, d=16, H=2, F=8, V=6)
     for case in op_cases(cfg):
         outputs = case["outputs"](b)
-        assert "out" in outputs and len(outputs) >= 2 and set(case["build"](b)) == {"fwd", "bwd"}, case["name"]
+        assert set(case["build"](b)) == {"fwd", "bwd"}, case["name"]
+        if case["name"] == "dropout":                # generators differ: what the mask's law fixes
+            assert set(outputs) == {"kept_fraction", "scale", "grad_scale"}
+            assert outputs["scale"] == pytest.approx(1 / 0.9) and outputs["grad_scale"] == pytest.approx(1 / 0.9)
+            continue
+        assert "out" in outputs and len(outputs) >= 2, case["name"]
 
 
 def test_markdown_tables_are_well_formed(quick_run):
