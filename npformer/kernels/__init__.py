@@ -118,6 +118,7 @@ def _numba_paths() -> tuple:
     from npformer.kernels.numba_cpu import attention as nb_attention
     from npformer.kernels.numba_cpu import cross_entropy as nb_cross_entropy
     from npformer.kernels.numba_cpu import layernorm as nb_layernorm
+    from npformer.kernels.numba_cpu import optim as nb_optim
     from npformer.kernels.numba_cpu import softmax as nb_softmax
     floats = numba_cpu.numba_floats
     return (
@@ -140,6 +141,8 @@ def _numba_paths() -> tuple:
          lambda q, k, v, **options: floats(q, k, v)),
         (attention.scaled_dot_product_attention_backward, "numba",
          nb_attention.scaled_dot_product_attention_backward, lambda dout, cache: floats(dout, getattr(cache, "p", None))),
+        (optim.adam_update, "numba", nb_optim.adam_update, numba_cpu.accepts_adam),
+        (optim.sum_of_squares, "numba", nb_optim.sum_of_squares, lambda x: floats(x)),
     )
 
 

@@ -13,7 +13,9 @@ its inputs once and writes its outputs once, every intermediate in registers:
 * :mod:`~npformer.kernels.numba_cpu.cross_entropy`: the loss and its gradient, one pass over each
   row of logits each, no (N, V) temporary;
 * :mod:`~npformer.kernels.numba_cpu.attention`: the NumPy attention fast path's blocks with these
-  softmax loops inside.
+  softmax loops inside;
+* :mod:`~npformer.kernels.numba_cpu.optim`: Adam's update in one pass over the flat buffers, and the
+  float64 sum of squares.
 
 Each has its reference op's signature and cache type, is registered before the NumPy fast path in
 :mod:`npformer.kernels` when numba is installed, and is held to the reference by
@@ -29,7 +31,7 @@ from typing import Any
 
 import numpy
 
-__all__ = ["AVAILABLE", "numba_floats"]
+__all__ = ["AVAILABLE", "numba_floats", "accepts_adam"]
 
 AVAILABLE = importlib.util.find_spec("numba") is not None
 FLOATS = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
@@ -39,3 +41,10 @@ def numba_floats(*arrays: Any) -> bool:
     """True when numba is installed and every argument that is not None is a NumPy float32/float64
     array (anything else goes to the next implementation, which gives the errors)."""
     return AVAILABLE and all(a is None or (type(a) is numpy.ndarray and a.dtype in FLOATS) for a in arrays)
+
+
+def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperparameters) -> bool:
+    """float32/float64 C-contiguous buffers of one dtype, and no 16-bit copy to write."""
+    arrays = (param, grad, exp_avg, exp_avg_sq)
+    return (param_copy is None and numba_floats(*arrays) and all(a.flags.c_contiguous for a in arrays)
+            and len({a.dtype for a in arrays}) == 1)

@@ -16,7 +16,7 @@ from npformer import kernels  # noqa: E402
 from npformer.kernels.cpu import threads  # noqa: E402
 from npformer.kernels.numba_cpu import vector_math  # noqa: E402
 from npformer.backend import default_rng  # noqa: E402
-from npformer.ops import activations, attention, cross_entropy, layernorm, softmax  # noqa: E402
+from npformer.ops import activations, attention, cross_entropy, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
 from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
 
@@ -239,10 +239,47 @@ def test_exp32_and_phi32_accuracy():
     assert np.abs(apply(vector_math.phi32, z).astype(np.float64) - phi_ref).max() < 2e-7
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("case", [dict(weight_decay=0.0), dict(weight_decay=0.1, decoupled=True),
+                                  dict(weight_decay=0.1, decoupled=False)])
+@pytest.mark.parametrize("n", [1, 1000, 300_001])       # one thread, and a buffer cut between threads
+def test_adam_update_gives_the_reference_bits(dtype, case, n):
+    rng = np.random.default_rng(n)
+    arrays = [rng.standard_normal(n).astype(dtype) for _ in range(3)] + [rng.random(n).astype(dtype)]
+    fast, ref = [a.copy() for a in arrays], [a.copy() for a in arrays]
+    hyper = dict(step=3, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, **case)
+    assert kernels.implementation(optim.adam_update, *fast, **hyper) == "numba"
+    optim.adam_update(*fast, **hyper)
+    with kernels.disabled():
+        optim.adam_update(*ref, **hyper)
+    for name, f, r in zip(("param", "grad", "exp_avg", "exp_avg_sq"), fast, ref):
+        np.testing.assert_array_equal(f, r, err_msg=name)
+
+
+def test_adam_update_leaves_mixed_precision_copies_and_bad_shapes_to_the_others():
+    p, copy = np.ones(4, np.float32), np.ones(4, np.float16)
+    hyper = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+    assert kernels.implementation(optim.adam_update, p, p.copy(), p.copy(), p.copy(), param_copy=copy, **hyper) == "cpu"
+    with pytest.raises(ValueError, match="grad: expected shape"):
+        optim.adam_update(p, np.ones(3, np.float32), p.copy(), p.copy(), **hyper)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sum_of_squares_in_float64(dtype):
+    x = randn(np, (301, 7), 3, dtype, scale=100.0)
+    assert kernels.implementation(optim.sum_of_squares, x) == "numba"
+    got = optim.sum_of_squares(x)
+    with kernels.disabled():
+        ref = optim.sum_of_squares(x)
+    assert got.dtype == np.float64 and got.shape == ()
+    assert_close(got, ref, "float64", scale=float(ref))
+
+
 def test_every_numba_fast_path_has_a_parity_case_here():
     tested = {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward",
               "cross_entropy_forward", "cross_entropy_backward",
-              "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
+              "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward",
+              "adam_update", "sum_of_squares"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "numba"}
     assert registered and registered <= tested, f"numba fast paths without a parity case: {sorted(registered - tested)}"

@@ -1,0 +1,65 @@
+"""Adam's update and the sum of squares in one compiled pass over the flat buffers (reference:
+:mod:`npformer.ops.optim`).
+
+Adam: each element's parameter, gradient and moments are read once and written once, the
+reference's operations in its order, each constant rounded to the arrays' dtype first and no
+fused multiply-adds, so the bits are the reference's (tested). The buffer is cut into one run per
+thread. Mixed precision's 16-bit ``param_copy`` takes the NumPy fast path.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy
+from numba import njit
+
+from npformer.checks import expect_float
+from npformer.kernels.numba_cpu.rows import over_rows
+from npformer.ops.optim import check_update_arrays
+
+__all__ = ["adam_update", "sum_of_squares"]
+
+
+@njit(nogil=True, error_model="numpy", cache=True)     # no fastmath: the reference's roundings, operation by operation
+def _adam(p, g, m, v, l2, wd, decay, b1, one_minus_b1, b2, one_minus_b2, bias2, eps, step_size, start, stop):
+    p, g, m, v = p[start:stop], g[start:stop], m[start:stop], v[start:stop]
+    for i in range(p.size):
+        gi = p[i] * wd + g[i] if l2 else g[i]
+        pi = p[i] * decay
+        mi = m[i] * b1
+        mi = mi + gi * one_minus_b1
+        vi = v[i] * b2
+        vi = vi + (gi * gi) * one_minus_b2
+        denom = math.sqrt(vi) / bias2 + eps
+        m[i], v[i] = mi, vi
+        p[i] = pi - (mi / denom) * step_size
+
+
+@njit(nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy", cache=True)
+def _squares(x, out, start, stop):
+    total = 0.0
+    for i in range(start, stop):
+        xi = numpy.float64(x[i])
+        total += xi * xi
+    out[0] = total
+
+
+def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
+                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None) -> None:
+    """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
+    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    t = param.dtype.type
+    l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
+    flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]       # (N,) views (C-contiguous)
+    over_rows(_adam, flat[0].size, 1, *flat, l2, t(weight_decay), t(1.0 - lr * weight_decay) if decay else t(1.0),
+              t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(math.sqrt(1.0 - beta2 ** step)), t(eps),
+              t(lr / (1.0 - beta1 ** step)))
+
+
+def sum_of_squares(x):
+    """``sum x^2`` in float64 (a 0-d array), in one pass (the NumPy path converts blocks to float64)."""
+    expect_float(x, "x")
+    flat = numpy.ascontiguousarray(x).reshape(-1)
+    out = numpy.zeros(1, numpy.float64)
+    _squares(flat, out, 0, flat.size)
+    return out.reshape(())
