@@ -166,8 +166,8 @@ def _dropout_case(host_x) -> dict:
         calls.pop("_probe")
         return calls
     n = host_x.size
-    return {"name": "dropout", "group": "op", "shape": f"h {host_x.shape}, p={DROPOUT_P}", "tokens": n // host_x.shape[-1],
-            "flops": {"fwd": 2 * n, "bwd": n}, "build": timed, "outputs": outputs}
+    return {"name": "dropout", "group": "op", "shape": f"h {host_x.shape}, p={DROPOUT_P}",
+            "tokens": n // host_x.shape[-1], "flops": {"fwd": 2 * n, "bwd": n}, "build": timed, "outputs": outputs}
 
 
 def op_cases(c: dict) -> list[dict]:

@@ -140,7 +140,8 @@ def _numba_paths() -> tuple:
         (attention.scaled_dot_product_attention_forward, "numba", nb_attention.scaled_dot_product_attention_forward,
          lambda q, k, v, **options: floats(q, k, v)),
         (attention.scaled_dot_product_attention_backward, "numba",
-         nb_attention.scaled_dot_product_attention_backward, lambda dout, cache: floats(dout, getattr(cache, "p", None))),
+         nb_attention.scaled_dot_product_attention_backward,
+         lambda dout, cache: floats(dout, getattr(cache, "p", None))),
         (optim.adam_update, "numba", nb_optim.adam_update, numba_cpu.accepts_adam),
         (optim.sum_of_squares, "numba", nb_optim.sum_of_squares, lambda x: floats(x)),
     )
