@@ -6,7 +6,7 @@ over its rows (:mod:`~npformer.kernels.numba_cpu.softmax`) instead of a chain of
 from __future__ import annotations
 
 from npformer.kernels.cpu.attention import RowKernels, attention_backward, attention_forward
-from npformer.kernels.numba_cpu.softmax import softmax_grad_rows, softmax_rows
+from npformer.kernels.numba_cpu.softmax import softmax_grad_rows_in_place, softmax_rows_in_place
 
 __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"]
 
@@ -14,14 +14,14 @@ __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention
 def _softmax(s):
     """P = softmax(S) in the contiguous block S's buffer."""
     rows = s.reshape(-1, s.shape[-1])                    # (h' r, Tk) view
-    softmax_rows(rows, rows, 0, rows.shape[0])
+    softmax_rows_in_place(rows, 0, rows.shape[0])
     return s
 
 
 def _softmax_grad(dp, p):
     """dS = P * (dP - rowsum(dP * P)) in dP's buffer."""
     rows, p_rows = dp.reshape(-1, dp.shape[-1]), p.reshape(-1, p.shape[-1])
-    softmax_grad_rows(rows, p_rows, rows, 0, rows.shape[0])
+    softmax_grad_rows_in_place(rows, p_rows, 0, rows.shape[0])
     return dp
 
 

@@ -1,26 +1,41 @@
 """Compiled row loops shared out between the CPU fast paths' threads.
 
 ``kernel(*arrays, start, stop)`` handles rows ``[start, stop)``; compiled with ``nogil=True`` it runs on
-several threads at once. :func:`over_rows` cuts the rows into one contiguous run per thread (each at
-least :data:`~npformer.kernels.cpu.blocks.MIN_THREAD_ELEMENTS` elements, else fewer threads), so the
-parts depend only on the shape and the thread count.
+several threads at once. :func:`over_rows` cuts the rows into chunks of about
+:data:`CHUNK_ELEMENTS` elements and each thread takes the next chunk as it finishes one. A thread
+slowed down by another program (or by BLAS's workers, which keep a core busy for a while after each
+matrix product) then simply takes fewer chunks. Every chunk is computed the same way whichever
+thread takes it, so the results do not depend on the threads or the timing.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable
 
 from npformer.kernels.cpu.blocks import MIN_THREAD_ELEMENTS
-from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel, split
+from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel
 
-__all__ = ["over_rows"]
+__all__ = ["over_rows", "CHUNK_ELEMENTS"]
+
+CHUNK_ELEMENTS = 1 << 15          # 128 KB of float32 a chunk: a few microseconds of work, in L2
 
 
 def over_rows(kernel: Callable[..., Any], n_rows: int, width: int, *args: Any, multiple: int = 1) -> None:
-    """``kernel(*args, start, stop)`` over ``range(n_rows)`` of rows of ``width`` elements, the run
-    boundaries multiples of ``multiple``."""
+    """``kernel(*args, start, stop)`` over ``range(n_rows)`` of rows of ``width`` elements, every chunk
+    boundary a multiple of ``multiple``."""
     work = n_rows * max(width, 1)
     threads = 1 if in_parallel_region() else min(get_num_threads(), work // MIN_THREAD_ELEMENTS)
     if threads <= 1 or n_rows <= multiple:
         kernel(*args, 0, n_rows)
         return
-    run_parallel([lambda a=a, b=b: kernel(*args, a, b) for a, b in split(n_rows, threads, multiple)])
+    rows = max(multiple, CHUNK_ELEMENTS // max(width, 1) // multiple * multiple)     # rows a chunk
+    n_chunks = -(-n_rows // rows)
+    chunks = itertools.count()                       # next() is atomic under the GIL
+
+    def take() -> None:
+        for i in iter(chunks.__next__, None):
+            if i >= n_chunks:
+                return
+            kernel(*args, i * rows, min((i + 1) * rows, n_rows))
+
+    run_parallel([take] * threads)

@@ -18,7 +18,7 @@ from npformer.kernels.numba_cpu.rows import over_rows
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.softmax import SoftmaxCache
 
-__all__ = ["row_max", "softmax_rows", "softmax_grad_rows", "log_softmax_rows", "log_softmax_grad_rows", "softmax_forward", "softmax_backward",
+__all__ = ["row_max", "softmax_rows", "softmax_rows_in_place", "softmax_grad_rows", "softmax_grad_rows_in_place", "log_softmax_rows", "log_softmax_grad_rows", "softmax_forward", "softmax_backward",
            "log_softmax_forward", "log_softmax_backward"]
 
 
@@ -53,6 +53,35 @@ def softmax_rows(y, x, start, stop):
         inv = xr.dtype.type(1) / (s if s != 0 else xr.dtype.type(1))     # all -inf: zeros stay zeros
         for j in range(xr.size):
             yr[j] *= inv
+
+
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def softmax_rows_in_place(x, start, stop):
+    """x = softmax(x) row by row. (A kernel of its own: given one array as both input and output,
+    :func:`softmax_rows`' vectorised loops would find them overlapping and run element by element.)"""
+    for r in range(start, stop):
+        xr = x[r]
+        m = row_max(xr)
+        s = xr.dtype.type(0)
+        for j in range(xr.size):
+            e = vexp(xr[j] - m)
+            xr[j] = e
+            s += e
+        inv = xr.dtype.type(1) / (s if s != 0 else xr.dtype.type(1))
+        for j in range(xr.size):
+            xr[j] *= inv
+
+
+@njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
+def softmax_grad_rows_in_place(dy, y, start, stop):
+    """dy = y * (dy - sum(dy * y)) row by row (dy overwritten; see :func:`softmax_rows_in_place`)."""
+    for r in range(start, stop):
+        yr, dyr = y[r], dy[r]
+        dot = yr.dtype.type(0)
+        for j in range(yr.size):
+            dot += dyr[j] * yr[j]
+        for j in range(yr.size):
+            dyr[j] = (dyr[j] - dot) * yr[j]
 
 
 @njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
