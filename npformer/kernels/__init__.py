@@ -29,6 +29,7 @@ from npformer.kernels.cpu import activations as cpu_activations
 from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import layernorm as cpu_layernorm
+from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cpu import softmax as cpu_softmax
@@ -83,7 +84,10 @@ FAST_PATHS = (
     (dropout.dropout_forward, "cuda", cuda.dropout_forward,
      lambda x, p=0.0, rng=None, training=True: device_floats(x)),
     (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
+    (linear.linear_forward, "cpu", cpu_linear.linear_forward, lambda x, weight, bias=None: numpy_floats(x, weight, bias)),
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
+    (linear.linear_backward, "cpu", cpu_linear.linear_backward,
+     lambda dout, cache: numpy_floats(dout, getattr(cache, "x", None), getattr(cache, "weight", None))),
     (feedforward.feed_forward_forward, "cuda", cuda.feed_forward_forward, cuda_feedforward.accepts_forward),
     (feedforward.feed_forward_backward, "cuda", cuda.feed_forward_backward, cuda_feedforward.accepts_backward),
     (residual.residual_dropout_forward, "cuda", cuda.residual_dropout_forward,

@@ -15,7 +15,7 @@ from npformer.checks import expect_float, expect_grad, expect_ndim, expect_same_
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 
-__all__ = ["LinearCache", "linear_forward", "linear_backward", "matmul_last"]
+__all__ = ["LinearCache", "check_linear_inputs", "linear_forward", "linear_backward", "matmul_last"]
 
 
 def matmul_last(x, w):
@@ -31,9 +31,8 @@ class LinearCache(NamedTuple):
     has_bias: bool
 
 
-@dispatched
-def linear_forward(x, weight, bias=None):
-    """``out = x @ W^T + b``; returns ``(out, cache)``."""
+def check_linear_inputs(x, weight, bias) -> None:
+    """The forward's checks (every implementation runs them)."""
     expect_float(x, "x")
     expect_ndim(weight, "weight", 2, "(C_out, C_in)")
     c_out, c_in = weight.shape
@@ -45,6 +44,11 @@ def linear_forward(x, weight, bias=None):
     expect_same_dtype(x=x, weight=weight, bias=bias)
     get_array_module(x, weight, bias)  # raises on mixed backends
 
+
+@dispatched
+def linear_forward(x, weight, bias=None):
+    """``out = x @ W^T + b``; returns ``(out, cache)``."""
+    check_linear_inputs(x, weight, bias)
     out = matmul_last(x, weight.T)                       # (..., C_out)
     if bias is not None:
         out += bias

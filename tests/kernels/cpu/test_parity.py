@@ -15,7 +15,9 @@ from hypothesis import given, strategies as st
 from npformer import kernels
 from npformer.backend import default_rng
 from npformer.kernels.cpu.activations import erf_float32
-from npformer.ops import activations, attention, dropout, layernorm, optim, softmax
+from npformer.kernels.cpu import linear as cpu_linear
+from npformer.kernels.cpu import threads
+from npformer.ops import activations, attention, dropout, layernorm, linear, optim, softmax
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds
 
@@ -147,6 +149,10 @@ def test_gradcheck_through_the_fast_path(name):
      r"weight: expected shape \(3,\)"),
     (lambda: dropout.dropout_forward(np.zeros(4, np.float32), 1.5, rng=default_rng(0, "numpy")),
      r"p: expected a probability in \[0, 1\]"),
+    (lambda: linear.linear_forward(np.zeros((2, 3), np.float32), np.zeros((4, 5), np.float32)),
+     r"x: expected last axis of size C_in=5"),
+    (lambda: linear.linear_forward(np.zeros((2, 3), np.float32), np.zeros((4, 3), np.float32), np.zeros(3, np.float32)),
+     r"bias: expected shape \(4,\)"),
     (lambda: attention.scaled_dot_product_attention_forward(*(np.zeros((1, 1, 2, 3), np.float32),) * 3,
                                                             dropout_p=-0.1), "dropout_p: expected a probability"),
 ])
@@ -210,8 +216,67 @@ def test_sum_of_squares_in_float64(dtype, shape):
     assert float(optim.sum_of_squares(big)) == 10 * 60000.0 ** 2
 
 
+@given(lead=st.lists(st.integers(1, 5), min_size=0, max_size=2).map(tuple), c_in=st.integers(1, 6),
+       c_out=st.integers(1, 6), seed=seeds, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
+       thread_count=st.integers(1, 3))
+def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count, monkeypatch_module):
+    """Products cut between 1-3 threads (every product split: MIN_PARALLEL_FLOPS 1) against the reference."""
+    x, dy = randn(np, lead + (c_in,), seed, dtype), randn(np, lead + (c_out,), seed + 1, dtype)
+    w = randn(np, (c_out, c_in), seed + 2, dtype)
+    b = randn(np, (c_out,), seed + 3, dtype) if bias else None
+    assert kernels.implementation(linear.linear_forward, x, w, b) == "cpu"
+    before = threads.get_num_threads()
+    threads.set_num_threads(thread_count)
+    try:
+        _pair_case(lambda x: linear.linear_forward(x, w, b), linear.linear_backward, x, dy, dtype, "linear")
+    finally:
+        threads.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
+        yield mp
+
+
+def test_gradcheck_through_the_linear_fast_path(monkeypatch):
+    monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)                  # cut into parts even here
+    inputs = {"x": randn(np, (2, 3, 5), 1), "weight": randn(np, (4, 5), 2), "bias": randn(np, (4,), 3)}
+    assert kernels.implementation(linear.linear_forward, *inputs.values()) == "cpu"
+    assert_gradcheck(gradcheck(linear.linear_forward, linear.linear_backward, inputs, label="linear (cpu fast path)"))
+
+
+def test_linear_parts_cover_the_products_whatever_the_thread_count(monkeypatch):
+    """Big enough to be cut (rows and output features), with ragged ends; the same within rounding
+    for 1-3 threads, and bit for bit from run to run at one thread count."""
+    x, w, b = randn(np, (3, 37, 40), 0, "float32"), randn(np, (50, 40), 1, "float32"), randn(np, (50,), 2, "float32")
+    dy = randn(np, (3, 37, 50), 3, "float32")
+    monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
+    with kernels.disabled():
+        y_ref, c_ref = linear.linear_forward(x, w, b)
+        g_ref = linear.linear_backward(dy, c_ref)
+    before = threads.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            threads.set_num_threads(n)
+            y, cache = linear.linear_forward(x, w, b)
+            grads = linear.linear_backward(dy, cache)
+            assert_close(y, y_ref, "float32", what=f"{n} threads forward")
+            for g, r in zip(grads, g_ref):
+                assert_close(g, r, "float32", scale=float(np.abs(r).max()), what=f"{n} threads backward")
+            again = linear.linear_backward(dy, linear.linear_forward(x, w, b)[1])
+            for g, r in zip(again, grads):
+                np.testing.assert_array_equal(g, r)
+            empty, cache = linear.linear_forward(x[:, :0], w, b)          # no rows: zero weight gradient
+            dx, dw, db = linear.linear_backward(empty, cache)
+            assert empty.shape == (3, 0, 50) and dx.shape == (3, 0, 40) and not dw.any() and not db.any()
+    finally:
+        threads.set_num_threads(before)
+
+
 def test_every_cpu_fast_path_has_a_parity_case_here():
-    tested = {"adam_update", "sum_of_squares",
+    tested = {"adam_update", "sum_of_squares", "linear_forward", "linear_backward",
               "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "dropout_forward",
               "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
