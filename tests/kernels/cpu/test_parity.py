@@ -219,7 +219,7 @@ def test_sum_of_squares_in_float64(dtype, shape):
 @given(lead=st.lists(st.integers(1, 5), min_size=0, max_size=2).map(tuple), c_in=st.integers(1, 6),
        c_out=st.integers(1, 6), seed=seeds, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        thread_count=st.integers(1, 3))
-def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count, monkeypatch_module):
+def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count):
     """Products cut between 1-3 threads (every product split: MIN_PARALLEL_FLOPS 1) against the reference."""
     x, dy = randn(np, lead + (c_in,), seed, dtype), randn(np, lead + (c_out,), seed + 1, dtype)
     w = randn(np, (c_out, c_in), seed + 2, dtype)
@@ -228,16 +228,11 @@ def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count, monkeypatch_
     before = threads.get_num_threads()
     threads.set_num_threads(thread_count)
     try:
-        _pair_case(lambda x: linear.linear_forward(x, w, b), linear.linear_backward, x, dy, dtype, "linear")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
+            _pair_case(lambda x: linear.linear_forward(x, w, b), linear.linear_backward, x, dy, dtype, "linear")
     finally:
         threads.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
-        yield mp
 
 
 def test_gradcheck_through_the_linear_fast_path(monkeypatch):
