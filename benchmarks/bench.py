@@ -25,6 +25,7 @@ import numpy
 from benchmarks.backends import Backend, make_backends, device_name
 from benchmarks.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, op_cases, sweep_case
 from benchmarks.harness import fix_malloc_thresholds, settle, time_call
+from npformer.backend.host_memory import retain_freed_memory
 from benchmarks.parity import RTOL, Parity, check, skipped
 from benchmarks.paths import PATHS, fast_paths_run, label, switch
 from benchmarks.report import write_reports
@@ -261,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         notes.append(f"numpy BLAS threads: library default (threadpoolctl absent); torch threads: "
                      f"{args.threads}")
+    if any(b.device == "cpu" for b in backends) and retain_freed_memory():
+        notes.append("host allocator: glibc malloc keeps freed memory for reuse while timing "
+                     "(npformer.backend.host_memory.retain_freed_memory, as npformer train does), for both libraries")
     for note in notes:
         print("note:", note)
     if not backends:

@@ -128,6 +128,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = replace(config, out_dir=default_out_dir(config.task, config.model))
     check_out_dir(config.out_dir, "--out-dir")
     _check_precision(config)
+    if config.backend == "numpy":
+        from npformer.backend.host_memory import retain_freed_memory
+        retain_freed_memory()                     # each step's arrays reuse the last step's pages
     from npformer.distributed import world_communicator
     comm = world_communicator(config.backend)     # under mpirun -n N: data parallel (npformer.distributed)
     trainer = make_trainer(config, comm=comm)
