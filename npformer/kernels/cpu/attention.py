@@ -4,8 +4,8 @@ threads (reference: :mod:`npformer.ops.attention`, the same signature, cache and
 The reference runs each step over all (B, H, Tq, Tk) scores: S, then P, then P_drop, then out, each
 a pass over memory and each matmul a loop of small products. Here the whole chain runs on one block
 at a time: a few heads of one batch element (or, for long sequences, a run of query rows of one
-head), about 64K scores, which stay in cache from the product that makes them to the product that
-uses them:
+head; or, for short sequences, several whole batch elements), about 64K scores, which stay in cache
+from the product that makes them to the product that uses them:
 
     forward, per block:   S = (q * scale) k^T + bias  ->  P = softmax(S) (kept: the cache)
                           ->  P_drop = P * mask  ->  out = P_drop v
@@ -40,24 +40,28 @@ __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention
            "attention_forward", "attention_backward"]
 
 
-def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[int, slice, slice]]]:
+def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, slice]]]:
     """The blocks of a (b, h, tq, tk) score array, grouped by head: ``[[(batch, heads, rows), ...], ...]``.
 
-    A group is a few whole heads of one batch element (about BLOCK_ELEMENTS scores), or one head cut
-    into runs of query rows; each block is a contiguous run of the scores in C order."""
+    A group is a run of whole batch elements (when one holds at most BLOCK_ELEMENTS scores), a few
+    whole heads of one batch element (about BLOCK_ELEMENTS scores), or one head cut into runs of
+    query rows; each block is a contiguous run of the scores in C order."""
     per_head = tq * tk
+    if h * per_head <= BLOCK_ELEMENTS:
+        n = max(1, BLOCK_ELEMENTS // max(h * per_head, 1))
+        return [[(slice(i, min(i + n, b)), slice(0, h), slice(0, tq))] for i in range(0, b, n)]
     if per_head <= BLOCK_ELEMENTS:
         n = max(1, BLOCK_ELEMENTS // max(per_head, 1))
-        return [[(i, slice(j, min(j + n, h)), slice(0, tq))] for i in range(b) for j in range(0, h, n)]
+        return [[(slice(i, i + 1), slice(j, min(j + n, h)), slice(0, tq))] for i in range(b) for j in range(0, h, n)]
     rows = max(1, BLOCK_ELEMENTS // tk)
-    return [[(i, slice(j, j + 1), slice(r, min(r + rows, tq))) for r in range(0, tq, rows)]
+    return [[(slice(i, i + 1), slice(j, j + 1), slice(r, min(r + rows, tq))) for r in range(0, tq, rows)]
             for i in range(b) for j in range(h)]
 
 
 def _offset(block, h: int, tq: int, tk: int) -> int:
     """Index of the block's first score in the C-order (B, H, Tq, Tk) array."""
     i, heads, rows = block
-    return ((i * h + heads.start) * tq + rows.start) * tk
+    return ((i.start * h + heads.start) * tq + rows.start) * tk
 
 
 def _parallel(groups: list, run_block) -> None:
@@ -71,7 +75,7 @@ def _parallel(groups: list, run_block) -> None:
 
 
 class RowKernels(NamedTuple):
-    """The row operations a block runs, in place on contiguous (h', r, Tk) blocks:
+    """The row operations a block runs, in place on contiguous (b', h', r, Tk) blocks:
     ``softmax(s)`` (P into S's buffer) and ``softmax_grad(dp, p)`` (dS into dP's buffer)."""
 
     softmax: Callable[[Any], Any]
@@ -135,7 +139,7 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
 
     def run_block(block) -> None:
         i, heads, rows = block
-        s = p[i, heads, rows]                            # (h', r, Tk) view
+        s = p[i, heads, rows]                            # (b', h', r, Tk) view
         numpy.matmul(q[i, heads, rows] * scale_t, k[i, heads].swapaxes(-1, -2), out=s)
         if bias is not None:
             s += bias[i, heads, rows]                    # -inf where blocked
@@ -145,7 +149,7 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
             m = mask[i, heads, rows]
             if stream is not None:
                 stream.stream(_offset(block, h, tq, tk))(m.reshape(-1))   # (a view: blocks are contiguous)
-            p_drop = s * m                               # (h', r, Tk)
+            p_drop = s * m                               # (b', h', r, Tk)
         if weights is not None:
             weights[i, heads, rows] = p_drop
         numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
@@ -168,12 +172,12 @@ def attention_backward(rows_: RowKernels, dout, cache):
     def run_block(block) -> None:
         i, heads, rows = block
         first = rows.start == 0                          # dk, dv: written by a head's first block, then summed
-        p_c = p[i, heads, rows]                          # (h', r, Tk)
+        p_c = p[i, heads, rows]                          # (b', h', r, Tk)
         p_drop = p_c if mask is None else p_c * mask[i, heads, rows]
-        g = dout[i, heads, rows]                         # (h', r, hv)
+        g = dout[i, heads, rows]                         # (b', h', r, hv)
         # fwd: out = P_drop @ v  ->  dv = P_drop^T @ dout,  dP_drop = dout @ v^T
         dv_part = numpy.matmul(p_drop.swapaxes(-1, -2), g)
-        dp = numpy.matmul(g, v[i, heads].swapaxes(-1, -2))           # (h', r, Tk), fresh
+        dp = numpy.matmul(g, v[i, heads].swapaxes(-1, -2))           # (b', h', r, Tk), fresh
         if mask is not None:
             dp *= mask[i, heads, rows]                   # fwd: P_drop = P * m / (1 - p)
         ds = rows_.softmax_grad(dp, p_c)                 # fwd: P = softmax(S), in dp's buffer

@@ -25,7 +25,7 @@ from npformer.ops.linear import LinearCache, check_linear_inputs
 
 __all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS"]
 
-MIN_PARALLEL_FLOPS = 1 << 22       # 4 MFLOP: about 30 microseconds of one core, ten hand-offs
+MIN_PARALLEL_FLOPS = 1 << 26       # 67 MFLOP a part: below, BLAS's own threads hand off faster than the pool
 ROW_MULTIPLE = 16                  # part boundaries (rows of the products)
 
 

@@ -13,7 +13,7 @@ __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention
 
 def _softmax(s):
     """P = softmax(S) in the contiguous block S's buffer."""
-    rows = s.reshape(-1, s.shape[-1])                    # (h' r, Tk) view
+    rows = s.reshape(-1, s.shape[-1])                    # (b' h' r, Tk) view
     softmax_rows_in_place(rows, 0, rows.shape[0])
     return s
 

@@ -363,12 +363,12 @@ def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_cou
 
 def test_attention_blocks_are_contiguous_runs_in_head_groups():
     from npformer.kernels.cpu.attention import blocks
-    for shape in ((2, 3, 4, 4), (1, 8, 128, 128), (2, 2, 300, 300), (1, 1, 1, 70000)):
+    for shape in ((2, 3, 4, 4), (300, 4, 9, 9), (1, 8, 128, 128), (2, 2, 300, 300), (1, 1, 1, 70000)):
         groups = blocks(*shape)
         b, h, tq, tk = shape
         seen = np.zeros(shape, int)
         for group in groups:
-            assert len({(i, hh.start) for i, hh, _ in group}) == 1          # a group: the same heads
+            assert len({(i.start, hh.start) for i, hh, _ in group}) == 1    # a group: the same heads
             for i, heads, rows in group:
                 part = seen[i, heads, rows]
                 assert part.size and seen[i, heads, rows].base is seen      # a view: contiguous in C order
