@@ -1,6 +1,9 @@
-"""Reproduce the coefficients of npformer's float32 erf (npformer/kernels/cpu/activations.py).
+"""Reproduce the coefficients of npformer's float32 erfs: the NumPy fast path's
+(npformer/kernels/cpu/activations.py) and the compiled GELU's (npformer/kernels/numba_cpu/vector_math.py).
 
-    erf(x) = tanh(u(x)),  u(x) = atanh(erf(x)) = x N(x^2) / D(x^2),  N, D of degree 5, D(0) = 1
+    NumPy:     erf(x) = tanh(u(x)),  u(x) = atanh(erf(x)) = x N(x^2) / D(x^2),  N, D of degree 5, D(0) = 1
+    compiled:  erf(x) = x P(x^2) / Q(x^2) on |x| <= 3.92 (erf rounds to +-1 in float32 beyond),
+               P, Q of degree 5, Q(0) = 1: no exp, one division (the compiled loops' cheapest form)
 
 A rational least-squares fit of f(s) = atanh(erf(x)) / x, s = x^2, on x in (0, 4.25], linearised
 as N(s) - f(s) (D(s) - 1) = f(s) and divided by f(s) D_prev(s) so that the residual is the
@@ -20,12 +23,14 @@ import sys
 import numpy as np
 
 HI, DEG = 4.25, 5
+HI_DIRECT = 3.92                                                     # erf(3.92) = 1 - 2.4e-8: 1 in float32
 
 
-def fit(x, iterations=80):
+def fit(x, iterations=80, direct=False):
+    """The fit of atanh(erf(x)) / x (or, ``direct``, of erf(x) / x) on ``x``; returns (coefficients, worst error)."""
     s = x * x
     erfc = np.array([math.erfc(v) for v in x])
-    f = 0.5 * np.log((2.0 - erfc) / erfc) / x                       # atanh(erf(x)) / x
+    f = (1.0 - erfc) / x if direct else 0.5 * np.log((2.0 - erfc) / erfc) / x
     vn = np.vander(s, DEG + 1, increasing=True)                     # 1, s, ..., s^5
     vd = vn[:, 1:]                                                   # s, ..., s^5 (D(0) = 1)
     scale = np.concatenate([np.abs(vn).max(0), np.abs(vd).max(0)])  # column scaling
@@ -58,6 +63,23 @@ def main():
     spacing = np.maximum(np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64), 2.0 ** -149)
     ulp = np.abs(erf_float32(x32).astype(np.float64) - ref) / spacing
     print(f"npformer float32 erf on [-6, 6]: worst {ulp.max():.2f} ulp, {np.mean(ulp <= 1):.1%} within one ulp")
+
+    xd = np.linspace(0.0, HI_DIRECT, 40001)[1:]
+    c, rel = fit(xd, iterations=60, direct=True)
+    print("\ncompiled GELU's erf = x P(x^2) / Q(x^2):")
+    print("P:", ", ".join(repr(float(v)) for v in c[:DEG + 1]))
+    print("Q: 1.0,", ", ".join(repr(float(v)) for v in c[DEG + 1:]))
+    print(f"worst relative error on (0, {HI_DIRECT}]: {rel:.2e}; all coefficients positive: {bool((c > 0).all())}")
+    p32, q32 = [np.float32(v) for v in c[:DEG + 1]], [np.float32(1.0)] + [np.float32(v) for v in c[DEG + 1:]]
+    z = np.clip(x32, -np.float32(HI_DIRECT), np.float32(HI_DIRECT))
+    s32, num, den = z * z, np.zeros_like(z), np.zeros_like(z)
+    for a in p32[::-1]:
+        num = num * s32 + a
+    for a in q32[::-1]:
+        den = den * s32 + a
+    got = (z * num / den).astype(np.float64)
+    print(f"in float32 on [-6, 6]: worst {(np.abs(got - ref) / spacing).max():.2f} ulp, "
+          f"absolute {np.abs(got - ref).max():.2e}")
 
 
 if __name__ == "__main__":

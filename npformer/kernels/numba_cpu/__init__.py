@@ -23,6 +23,11 @@ Each has its reference op's signature and cache type, is registered before the N
 paths instead. Rows are shared out between :mod:`~npformer.kernels.cpu.threads`' threads (the
 compiled loops release the GIL) in parts that depend only on the shape and thread count.
 Float32 and float64 arrays only (16-bit floats take the NumPy fast paths).
+
+The loops are compiled on first use and cached on disk beside their modules (numba's
+``cache=True``: later processes load them in milliseconds). Numba keys that cache on the file of
+each loop's own module only: after editing :mod:`~npformer.kernels.numba_cpu.vector_math` (inlined
+into the others), delete ``npformer/kernels/numba_cpu/__pycache__/*.nb[ic]``.
 """
 from __future__ import annotations
 
