@@ -75,12 +75,14 @@ def sigmoid32(t):
 
 @njit(inline="always", fastmath=FASTMATH, error_model="numpy")
 def erf32(z):
-    """erf of float32 z: z P(z^2) / Q(z^2), z clipped to +-3.92 (NaN stays NaN)."""
+    """erf of float32 z: z P(z^2) / Q(z^2), exactly +-1 beyond +-3.92 (NaN stays NaN)."""
     c = min(max(z, -_ERF_CLIP), _ERF_CLIP)
     s = c * c
     num = ((((_P5 * s + _P4) * s + _P3) * s + _P2) * s + _P1) * s + _P0
     den = ((((_Q5 * s + _Q4) * s + _Q3) * s + _Q2) * s + _Q1) * s + F(1.0)
     e = c * num / den
+    e = F(1.0) if z >= _ERF_CLIP else e
+    e = F(-1.0) if z <= -_ERF_CLIP else e               # (so GELU's far tail is exactly 0)
     return z if z != z else e
 
 
