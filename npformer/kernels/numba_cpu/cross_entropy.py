@@ -16,7 +16,7 @@ from numba import njit
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
-from npformer.kernels.numba_cpu.rows import over_rows
+from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.softmax import row_max
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs
@@ -68,7 +68,8 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     z = numpy.ascontiguousarray(logits).reshape(-1, v)               # (N, V)
     n, dt = z.shape[0], logits.dtype
     nll, shift, log_sum = numpy.empty(n, dt), numpy.empty((n, 1), dt), numpy.empty((n, 1), dt)
-    over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1), dt.type(s))
+    over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1), dt.type(s),
+              per_thread=CHEAP)
     lead = logits.shape[:-1]
     nll = nll.reshape(lead)                                          # (...)
     valid = valid.reshape(lead)
@@ -94,5 +95,6 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     shift_rows = numpy.ascontiguousarray(shift, dtype=acc).reshape(-1)
     log_sum_rows = numpy.ascontiguousarray(log_sum, dtype=acc).reshape(-1)
     dz = numpy.empty_like(z)
-    over_rows(_backward_rows, n, v, dz, z, shift_rows, log_sum_rows, t.reshape(-1), scale, acc.type(s))
+    over_rows(_backward_rows, n, v, dz, z, shift_rows, log_sum_rows, t.reshape(-1), scale, acc.type(s),
+              per_thread=CHEAP)
     return dz.reshape(logits.shape).astype(dtype, copy=False)

@@ -17,7 +17,7 @@ from numba import njit
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
-from npformer.kernels.numba_cpu.rows import over_rows
+from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.vector_math import FASTMATH
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
@@ -87,7 +87,7 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     rstd = numpy.empty((rows.shape[0], 1), dtype=rows.dtype)         # (N, 1)
     w = None if weight is None else numpy.ascontiguousarray(weight, dtype=x.dtype)
     b = None if bias is None else numpy.ascontiguousarray(bias, dtype=x.dtype)
-    over_rows(_forward, rows.shape[0], c, y, xhat, rstd[:, 0], rows, w, b, x.dtype.type(eps))
+    over_rows(_forward, rows.shape[0], c, y, xhat, rstd[:, 0], rows, w, b, x.dtype.type(eps), per_thread=CHEAP)
     shape = x.shape
     return y.reshape(shape), LayerNormCache(xhat.reshape(shape), rstd.reshape(shape[:-1] + (1,)), weight,
                                             bias is not None, x.dtype)
@@ -107,7 +107,7 @@ def layer_norm_backward(dy, cache):
     db_parts = numpy.zeros((parts, c), acc) if has_bias else None              # (parts, C)
     w = None if weight is None else numpy.ascontiguousarray(weight, dtype=acc)
     dx = numpy.empty_like(dys)
-    over_rows(_backward, n, c, dx, dw_parts, db_parts, dys, xh, rs, w, multiple=ROWS_PER_PART)
+    over_rows(_backward, n, c, dx, dw_parts, db_parts, dys, xh, rs, w, multiple=ROWS_PER_PART, per_thread=CHEAP)
     dweight = dw_parts.sum(axis=0).astype(dtype) if dw_parts is not None else None
     dbias = db_parts.sum(axis=0).astype(dtype) if db_parts is not None else None
     return dx.reshape(xhat.shape).astype(dtype, copy=False), dweight, dbias

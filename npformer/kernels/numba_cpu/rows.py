@@ -15,16 +15,21 @@ from typing import Any, Callable
 from npformer.kernels.cpu.blocks import MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel
 
-__all__ = ["over_rows", "CHUNK_ELEMENTS"]
+__all__ = ["over_rows", "CHUNK_ELEMENTS", "CHEAP"]
 
 CHUNK_ELEMENTS = 1 << 15          # 128 KB of float32 a chunk: a few microseconds of work, in L2
+CHEAP = 1 << 20                   # elements a thread for loops of a few operations an element
 
 
-def over_rows(kernel: Callable[..., Any], n_rows: int, width: int, *args: Any, multiple: int = 1) -> None:
+def over_rows(kernel: Callable[..., Any], n_rows: int, width: int, *args: Any, multiple: int = 1,
+              per_thread: int = MIN_THREAD_ELEMENTS) -> None:
     """``kernel(*args, start, stop)`` over ``range(n_rows)`` of rows of ``width`` elements, every chunk
-    boundary a multiple of ``multiple``."""
+    boundary a multiple of ``multiple``, with a thread for every ``per_thread`` elements (at most
+    the thread count): :data:`CHEAP` for loops of a few operations an element (a hand-off to a
+    sleeping thread costs about 60 microseconds on the 2-core development machine: layer norm,
+    softmax's backward and cross-entropy ran faster on one thread up to about 1M elements)."""
     work = n_rows * max(width, 1)
-    threads = 1 if in_parallel_region() else min(get_num_threads(), work // MIN_THREAD_ELEMENTS)
+    threads = 1 if in_parallel_region() else min(get_num_threads(), work // per_thread)
     if threads <= 1 or n_rows <= multiple:
         kernel(*args, 0, n_rows)
         return

@@ -14,7 +14,8 @@ import numpy
 from numba import njit
 
 from npformer.checks import expect_grad, expect_rows
-from npformer.kernels.numba_cpu.rows import over_rows
+from npformer.kernels.cpu.blocks import MIN_THREAD_ELEMENTS
+from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.softmax import SoftmaxCache
 
@@ -119,12 +120,12 @@ def log_softmax_grad_rows(dx, logy, dy, start, stop):
             dxr[j] = dyr[j] - vexp(lr[j]) * total
 
 
-def _run(kernel, *arrays):
+def _run(kernel, *arrays, per_thread=MIN_THREAD_ELEMENTS):
     """``kernel`` over the rows of arrays of one shape (..., N) and dtype; returns its output."""
     shape = arrays[0].shape
     rows = [numpy.ascontiguousarray(a).reshape(-1, shape[-1]) for a in arrays]
     out = numpy.empty_like(rows[0])
-    over_rows(kernel, rows[0].shape[0], shape[-1], out, *rows)
+    over_rows(kernel, rows[0].shape[0], shape[-1], out, *rows, per_thread=per_thread)
     return out.reshape(shape)
 
 
@@ -137,7 +138,7 @@ def softmax_forward(x):
 def softmax_backward(dy, cache):
     expect_grad(dy, "dy", cache.y.shape, cache.y.dtype)
     # fwd: y = exp(x - m) / s  ->  dx = y * (dy - <dy, y>)
-    return _run(softmax_grad_rows, cache.y, dy)
+    return _run(softmax_grad_rows, cache.y, dy, per_thread=CHEAP)
 
 
 def log_softmax_forward(x):
