@@ -100,8 +100,11 @@ def _run_part(fn: Callable[[], Any]) -> Any:
 def run_parallel(tasks: Sequence[Callable[[], Any]]) -> list:
     """Run every task, the first on this thread and the others on the pool, with BLAS at one thread
     until all have finished; returns their results in order (an exception in any is re-raised).
-    Inside a part, or with one task, the tasks run one after another on this thread."""
-    if len(tasks) <= 1 or in_parallel_region():
+    Inside a part the tasks run one after another on this thread. A single task runs on this
+    thread with BLAS at one thread too (work too small to split: a product handed to BLAS's own
+    threads there runs slower, and leaves them spinning on the other cores), unless the thread
+    count is 1, where BLAS keeps the caller's setting."""
+    if in_parallel_region() or (len(tasks) <= 1 and get_num_threads() == 1):
         return [fn() for fn in tasks]
     blas = _blas_controllers()
     before = [c.num_threads for c in blas]
@@ -110,8 +113,8 @@ def run_parallel(tasks: Sequence[Callable[[], Any]]) -> list:
     futures = []
     try:
         futures = [_pool(len(tasks) - 1).submit(_run_part, fn) for fn in tasks[1:]]
-        first = _run_part(tasks[0])
-        return [first] + [f.result() for f in futures]
+        first = _run_part(tasks[0]) if tasks else None
+        return ([first] if tasks else []) + [f.result() for f in futures]
     finally:
         for f in futures:           # every part finished (an exception above left some running)
             f.exception()

@@ -25,6 +25,7 @@ import pytest
 
 from npformer.backend import cupy_available, get_backend
 from npformer import kernels
+from npformer.kernels import numba_cpu
 from npformer.kernels import cpu as kernels_cpu
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import optim as cpu_optim
@@ -69,6 +70,7 @@ def fx(request, monkeypatch):
     monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
     for home in (kernels, kernels_cpu, cpu_dropout, cpu_optim):    # NumPy arrays pose as device arrays: not the CPU's
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
+    monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
     monkeypatch.setattr(runtime, "compile_module", lambda source, options: (
         request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
