@@ -115,7 +115,7 @@ def test_both_paths_are_timed_and_labelled(quick_run):
         assert fast["fast_speedup"] == ref["fast_speedup"] == pytest.approx(ref["ms"] / fast["ms"])
     compiled = numba_cpu.AVAILABLE                  # numba installed: its paths run first where they exist
     one = "numba" if compiled else "cpu"
-    impls = {"softmax": one, "layer_norm": one, "gelu": one, "attention": one, "ffn": one,
+    impls = {"softmax": one, "layer_norm": one, "gelu": one, "attention": one, "ffn": "cpu+numba" if compiled else "cpu",
              "cross_entropy": "numba" if compiled else "reference", **{m: "cpu+numba" if compiled else "cpu" for m in MODELS}}
     for name, impl in impls.items():                # CPU fast paths inside
         assert rows[(name, "fwd" if name not in MODELS else "step", "fast")]["impl"] == impl, name
