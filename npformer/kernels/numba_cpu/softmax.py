@@ -1,8 +1,9 @@
 """Softmax and log-softmax rows, forward and backward, one compiled loop each (reference:
 :mod:`npformer.ops.softmax`).
 
-Per row: the maximum (0 when it is not finite: no inf - inf), then ``exp(x - max)`` and its sum in
-one pass, then one scaling pass; everything after the first read stays in cache. A row of -inf
+Per row: the maximum (0 when it is not finite: no inf - inf; taken on the floats' bits as ordered
+integers, which vectorises), then ``exp(x - max)`` and its sum in one pass, then one scaling pass;
+everything after the first read stays in cache. A row of -inf
 gives zeros (softmax) or stays -inf (log-softmax), as the reference. float32 rows use the
 vectorised :func:`~npformer.kernels.numba_cpu.vector_math.exp32`.
 """
@@ -20,7 +21,8 @@ from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.softmax import SoftmaxCache
 
-__all__ = ["row_max", "softmax_rows", "softmax_rows_in_place", "softmax_grad_rows", "softmax_grad_rows_in_place", "log_softmax_rows", "log_softmax_grad_rows", "softmax_forward", "softmax_backward",
+__all__ = ["row_max", "softmax_rows", "softmax_rows_in_place", "softmax_grad_rows", "softmax_grad_rows_in_place",
+           "log_softmax_rows", "log_softmax_grad_rows", "softmax_forward", "softmax_backward",
            "log_softmax_forward", "log_softmax_backward"]
 
 
