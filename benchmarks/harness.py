@@ -74,13 +74,8 @@ def _glibc():
 def fix_malloc_thresholds() -> bool:
     """Fix glibc's mmap and trim thresholds at 64 KiB, so that memory freed earlier is not still
     resident and hiding a later call's peak; False where glibc's ``mallopt`` is unavailable."""
-    try:
-        libc = _glibc()
-        libc.mallopt(-3, 1 << 16)                         # M_MMAP_THRESHOLD = 64 KiB
-        libc.mallopt(-1, 1 << 16)                         # M_TRIM_THRESHOLD = 64 KiB
-    except (OSError, AttributeError):
-        return False
-    return True
+    from npformer.backend.host_memory import set_malloc_thresholds
+    return set_malloc_thresholds(1 << 16, 1 << 16)
 
 
 def host_peak_mb(fn: Callable[[], Any], min_s: float = 0.2) -> float | None:

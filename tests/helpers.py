@@ -60,6 +60,24 @@ def assert_close(got, ref, dtype, scale=None, what=""):
     assert err <= TOL[dtype] * scale, f"{what}: max error {err:.3g} > {TOL[dtype]:g} * {scale:.3g} ({dtype})"
 
 
+def assert_fast_path_pair(fwd, bwd, x, dy, dtype, what, **kw):
+    """A forward and its backward on the fast path against the reference path (inside
+    ``npformer.kernels.disabled()``), and each backward on the other path's cache."""
+    from npformer import kernels
+    y, cache = fwd(x, **kw)
+    with kernels.disabled():
+        y_ref, cache_ref = fwd(x, **kw)
+        dx_ref = bwd(dy, cache_ref)
+        dx_ref_on_fast = bwd(dy, cache)
+    assert_close(y, y_ref, dtype, what=f"{what} forward")
+    scale = max(1.0, float(np.abs(dy.astype(np.float64)).max()) * float(np.abs(x.astype(np.float64)).max()))
+    grads = bwd(dy, cache), bwd(dy, cache_ref), dx_ref_on_fast
+    for label, g in zip(("fast", "fast on the reference cache", "reference on the fast cache"), grads):
+        for gi, ri in zip(g if isinstance(g, tuple) else (g,), dx_ref if isinstance(dx_ref, tuple) else (dx_ref,)):
+            if ri is not None:
+                assert_close(gi, ri, dtype, scale=scale, what=f"{what} backward, {label}")
+
+
 def model_check(xp, max_elements: int) -> dict:
     """How a whole model's gradcheck samples its parameters: ``max_elements`` elements of each on
     NumPy; on CuPy one random direction per tensor (chainer's check_backward: four forward passes

@@ -21,20 +21,26 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-__all__ = ["retain_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["retain_freed_memory", "set_malloc_thresholds", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3     # mallopt's parameter numbers (malloc.h)
 MMAP_THRESHOLD = 32 << 20                         # glibc's largest allowed: bigger blocks still get fresh pages
 TRIM_THRESHOLD = 2 ** 31 - 1                      # the largest an int takes: the heap's top is kept
 
 
-def retain_freed_memory() -> bool:
-    """Set glibc malloc's mmap threshold to :data:`MMAP_THRESHOLD` and its trim threshold to
-    :data:`TRIM_THRESHOLD` for this process; True if both were set."""
+def set_malloc_thresholds(mmap_bytes: int, trim_bytes: int) -> bool:
+    """Set glibc malloc's mmap and trim thresholds for this process; True if both were set, False
+    where the C library has no ``mallopt`` (not glibc: musl, macOS, Windows)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):               # not glibc (musl, macOS, Windows)
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_bytes)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_bytes))
+
+
+def retain_freed_memory() -> bool:
+    """Set glibc malloc's mmap threshold to :data:`MMAP_THRESHOLD` and its trim threshold to
+    :data:`TRIM_THRESHOLD` for this process; True if both were set."""
+    return set_malloc_thresholds(MMAP_THRESHOLD, TRIM_THRESHOLD)

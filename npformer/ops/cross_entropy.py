@@ -26,8 +26,8 @@ from npformer.checks import (describe, expect_float, expect_grad, expect_int, ex
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
 
-__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "log_normaliser", "cross_entropy_forward",
-           "cross_entropy_backward"]
+__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "log_normaliser", "reduce_losses",
+           "cross_entropy_forward", "cross_entropy_backward"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
@@ -83,6 +83,17 @@ def log_normaliser(za):
     return shift, xp.log(xp.where(total > 0, total, 1))  # (..., 1), (..., 1)
 
 
+def reduce_losses(nll, valid, reduction: str):
+    """``(loss, count)`` from the row losses ``nll`` (...) (0 where not ``valid``): the rows themselves
+    for none, their sum for sum, their sum over max(N_valid, 1) for mean (every implementation ends so)."""
+    if reduction == "none":
+        return nll, 1                                    # (...)
+    xp = get_array_module(nll)
+    # N_valid stays on the device (no host sync, CUDA-graph safe): the same division as by the int count
+    count = xp.maximum(valid.sum(), 1).astype(nll.dtype) if reduction == "mean" else 1     # ()
+    return nll.sum() / count, count                      # () all ignored: 0 / 1 = 0
+
+
 @dispatched
 def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
                           label_smoothing: float = 0.0):
@@ -101,12 +112,7 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
         logp -= log_sum                                  # (..., V) log p
         nll = -(1.0 - s) * picked - (s / v) * logp.sum(axis=-1)                  # (...)
     nll = xp.where(valid, nll, 0)                        # (...) ignored positions contribute 0
-    if reduction == "none":
-        loss, count = nll, 1                             # (...)
-    else:
-        # N_valid stays on the device (no host sync): the same division as by the int count
-        count = xp.maximum(valid.sum(), 1).astype(za.dtype) if reduction == "mean" else 1     # ()
-        loss = nll.sum() / count                         # () all ignored: 0 / 1 = 0
+    loss, count = reduce_losses(nll, valid, reduction)   # () or (...)
     cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, count, s, reduction, logits.dtype)
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 

@@ -104,7 +104,7 @@ def run_parallel(tasks: Sequence[Callable[[], Any]]) -> list:
     thread with BLAS at one thread too (work too small to split: a product handed to BLAS's own
     threads there runs slower, and leaves them spinning on the other cores), unless the thread
     count is 1, where BLAS keeps the caller's setting."""
-    if in_parallel_region() or (len(tasks) <= 1 and get_num_threads() == 1):
+    if not tasks or in_parallel_region() or (len(tasks) == 1 and get_num_threads() == 1):
         return [fn() for fn in tasks]
     blas = _blas_controllers()
     before = [c.num_threads for c in blas]
@@ -113,8 +113,8 @@ def run_parallel(tasks: Sequence[Callable[[], Any]]) -> list:
     futures = []
     try:
         futures = [_pool(len(tasks) - 1).submit(_run_part, fn) for fn in tasks[1:]]
-        first = _run_part(tasks[0]) if tasks else None
-        return ([first] if tasks else []) + [f.result() for f in futures]
+        first = _run_part(tasks[0])
+        return [first] + [f.result() for f in futures]
     finally:
         for f in futures:           # every part finished (an exception above left some running)
             f.exception()

@@ -15,7 +15,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_rows, rows_of
-from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs
+from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, reduce_losses
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward"]
 
@@ -43,12 +43,7 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
         launch_rows("cross_entropy_fwd", logits.dtype, rows, v,
                     (z, t, ok, nll, shift, log_sum, numpy.int64(rows), numpy.int32(v),
                      *_smoothing_terms(acc, s, v)))
-    if reduction == "none":
-        loss, count = nll, 1                             # (...)
-    else:
-        # N_valid stays on the device (no host sync, CUDA-graph safe), as in the reference
-        count = xp.maximum(valid.sum(), 1).astype(nll.dtype) if reduction == "mean" else 1     # ()
-        loss = nll.sum() / count                         # () all ignored: 0 / 1 = 0
+    loss, count = reduce_losses(nll, valid, reduction)   # () or (...), as the reference
     cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, count, s, reduction, logits.dtype)
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 

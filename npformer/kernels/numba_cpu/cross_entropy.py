@@ -19,7 +19,7 @@ from npformer.checks import expect_grad
 from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.softmax import row_max
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
-from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs
+from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, reduce_losses
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward"]
 
@@ -68,16 +68,10 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     z = numpy.ascontiguousarray(logits).reshape(-1, v)               # (N, V)
     n, dt = z.shape[0], logits.dtype
     nll, shift, log_sum = numpy.empty(n, dt), numpy.empty((n, 1), dt), numpy.empty((n, 1), dt)
-    over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1), dt.type(s),
-              per_thread=CHEAP)
+    over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1),
+              dt.type(s), per_thread=CHEAP)
     lead = logits.shape[:-1]
-    nll = nll.reshape(lead)                                          # (...)
-    valid = valid.reshape(lead)
-    if reduction == "none":
-        loss, count = nll, 1
-    else:
-        count = numpy.maximum(valid.sum(), 1).astype(dt) if reduction == "mean" else 1     # ()
-        loss = nll.sum() / count                                     # ()
+    loss, count = reduce_losses(nll.reshape(lead), valid, reduction)   # () or (...)
     cache = CrossEntropyCache(logits, shift.reshape(lead + (1,)), log_sum.reshape(lead + (1,)), safe_t, valid,
                               count, s, reduction, dt)
     return numpy.asarray(loss).astype(dt), cache

@@ -36,9 +36,9 @@ def _adam(p, g, m, v, l2, wd, decay, b1, one_minus_b1, b2, one_minus_b2, bias2, 
 
 
 @njit(nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy", cache=True)
-def _squares(x, out, start, stop):
+def _squares(x, out):
     total = 0.0
-    for i in range(start, stop):
+    for i in range(x.size):                              # (from 0 to a length: vectorised)
         xi = numpy.float64(x[i])
         total += xi * xi
     out[0] = total
@@ -61,5 +61,5 @@ def sum_of_squares(x):
     expect_float(x, "x")
     flat = numpy.ascontiguousarray(x).reshape(-1)
     out = numpy.zeros(1, numpy.float64)
-    _squares(flat, out, 0, flat.size)
+    _squares(flat, out)
     return out.reshape(())

@@ -19,7 +19,7 @@ from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import threads
 from npformer.ops import activations, attention, dropout, layernorm, linear, optim, softmax
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds
+from tests.helpers import assert_close, assert_fast_path_pair, assert_gradcheck, padding_masks, randn, seeds
 
 DTYPES = ("float64", "float32", "float16")
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
@@ -34,20 +34,10 @@ def _both(fn):
 
 
 def _pair_case(fwd, bwd, x, dy, dtype, what, **kw):
-    """The forward and backward of one op: fast against reference, and each backward on both caches."""
+    """The forward and backward of one op on its NumPy fast path: fast against reference, and each
+    backward on both caches."""
     assert getattr(fwd, "fast_paths", None) is None or kernels.implementation(fwd, x, **kw) == "cpu"
-    y, cache = fwd(x, **kw)
-    with kernels.disabled():
-        y_ref, cache_ref = fwd(x, **kw)
-        dx_ref = bwd(dy, cache_ref)
-        dx_ref_on_fast = bwd(dy, cache)
-    assert_close(y, y_ref, dtype, what=f"{what} forward")
-    scale = max(1.0, float(np.abs(dy.astype(np.float64)).max()) * float(np.abs(x.astype(np.float64)).max()))
-    grads = bwd(dy, cache), bwd(dy, cache_ref), dx_ref_on_fast
-    for label, g in zip(("fast", "fast on the reference cache", "reference on the fast cache"), grads):
-        for gi, ri in zip(g if isinstance(g, tuple) else (g,), dx_ref if isinstance(dx_ref, tuple) else (dx_ref,)):
-            if ri is not None:
-                assert_close(gi, ri, dtype, scale=scale, what=f"{what} backward, {label}")
+    assert_fast_path_pair(fwd, bwd, x, dy, dtype, what, **kw)
 
 
 @given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), masked=st.booleans())

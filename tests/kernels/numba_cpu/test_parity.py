@@ -18,26 +18,10 @@ from npformer.kernels.numba_cpu import vector_math  # noqa: E402
 from npformer.backend import default_rng  # noqa: E402
 from npformer.ops import activations, attention, cross_entropy, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
-from tests.helpers import assert_close, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
+from tests.helpers import assert_close, assert_fast_path_pair, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
 
 DTYPES = ("float64", "float32")
 shapes = st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple)
-
-
-def _pair_case(fwd, bwd, x, dy, dtype, what, **kw):
-    """Forward and backward: compiled against reference, and each backward on both caches."""
-    y, cache = fwd(x, **kw)
-    with kernels.disabled():
-        y_ref, cache_ref = fwd(x, **kw)
-        dx_ref = bwd(dy, cache_ref)
-        dx_ref_on_fast = bwd(dy, cache)
-    assert_close(y, y_ref, dtype, what=f"{what} forward")
-    scale = max(1.0, float(np.abs(dy.astype(np.float64)).max()) * float(np.abs(x.astype(np.float64)).max()))
-    grads = bwd(dy, cache), bwd(dy, cache_ref), dx_ref_on_fast
-    for label, g in zip(("compiled", "compiled on the reference cache", "reference on the compiled cache"), grads):
-        for gi, ri in zip(g if isinstance(g, tuple) else (g,), dx_ref if isinstance(dx_ref, tuple) else (dx_ref,)):
-            if ri is not None:
-                assert_close(gi, ri, dtype, scale=scale, what=f"{what} backward, {label}")
 
 
 @given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), masked=st.booleans())
@@ -47,9 +31,9 @@ def test_softmax_and_log_softmax(shape, seed, dtype, masked):
         x[..., 0] = -np.inf
     dy = randn(np, shape, seed + 1, dtype)
     assert kernels.implementation(softmax.softmax_forward, x) == "numba"
-    _pair_case(softmax.softmax_forward, softmax.softmax_backward, x, dy, dtype, "softmax")
+    assert_fast_path_pair(softmax.softmax_forward, softmax.softmax_backward, x, dy, dtype, "softmax")
     if not masked:                                       # log-softmax of a fully masked row is -inf: no dy
-        _pair_case(softmax.log_softmax_forward, softmax.log_softmax_backward, x, dy, dtype, "log_softmax")
+        assert_fast_path_pair(softmax.log_softmax_forward, softmax.log_softmax_backward, x, dy, dtype, "log_softmax")
 
 
 @given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), form=st.sampled_from(["none", "tanh"]),
@@ -57,7 +41,7 @@ def test_softmax_and_log_softmax(shape, seed, dtype, masked):
 def test_gelu(shape, seed, dtype, form, scale):
     x, dy = randn(np, shape, seed, dtype, scale=scale), randn(np, shape, seed + 1, dtype)
     assert kernels.implementation(activations.gelu_forward, x, approximate=form) == "numba"
-    _pair_case(activations.gelu_forward, activations.gelu_backward, x, dy, dtype, f"gelu {form}", approximate=form)
+    assert_fast_path_pair(activations.gelu_forward, activations.gelu_backward, x, dy, dtype, f"gelu {form}", approximate=form)
 
 
 @given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), weight=st.booleans(), bias=st.booleans())
@@ -66,7 +50,7 @@ def test_layer_norm(shape, seed, dtype, weight, bias):
     w = randn(np, shape[-1:], seed + 2, dtype) if weight else None
     b = randn(np, shape[-1:], seed + 3, dtype) if bias else None
     assert kernels.implementation(layernorm.layer_norm_forward, x, w, b) == "numba"
-    _pair_case(lambda x: layernorm.layer_norm_forward(x, w, b), layernorm.layer_norm_backward, x, dy, dtype,
+    assert_fast_path_pair(lambda x: layernorm.layer_norm_forward(x, w, b), layernorm.layer_norm_backward, x, dy, dtype,
                "layer norm")
 
 
