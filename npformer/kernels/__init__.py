@@ -84,6 +84,8 @@ FAST_PATHS = (
     (dropout.dropout_forward, "cuda", cuda.dropout_forward,
      lambda x, p=0.0, rng=None, training=True: device_floats(x)),
     (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
+    (dropout.dropout_backward, "cuda", cuda.dropout_backward, lambda dout, cache: device_floats(dout)),
+    (dropout.dropout_backward, "cpu", cpu_dropout.dropout_backward, cpu_dropout.accepts_backward),
     (linear.linear_forward, "cpu", cpu_linear.linear_forward, lambda x, weight, bias=None: numpy_floats(x, weight, bias)),
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
     (linear.linear_backward, "cpu", cpu_linear.linear_backward,
@@ -121,6 +123,7 @@ def _numba_paths() -> tuple:
     from npformer.kernels.numba_cpu import activations as nb_activations
     from npformer.kernels.numba_cpu import attention as nb_attention
     from npformer.kernels.numba_cpu import cross_entropy as nb_cross_entropy
+    from npformer.kernels.numba_cpu import dropout as nb_dropout
     from npformer.kernels.numba_cpu import layernorm as nb_layernorm
     from npformer.kernels.numba_cpu import optim as nb_optim
     from npformer.kernels.numba_cpu import softmax as nb_softmax
@@ -141,6 +144,10 @@ def _numba_paths() -> tuple:
          lambda logits, targets, **options: floats(logits)),
         (cross_entropy.cross_entropy_backward, "numba", nb_cross_entropy.cross_entropy_backward,
          lambda dloss, cache: floats(dloss, getattr(cache, "logits", None))),
+        (dropout.dropout_forward, "numba", nb_dropout.dropout_forward,
+         lambda x, p=0.0, rng=None, training=True: floats(x) and cpu_dropout.accepts(x, p, rng, training)),
+        (dropout.dropout_backward, "numba", nb_dropout.dropout_backward,
+         lambda dout, cache: floats(dout) and cpu_dropout.accepts_backward(dout, cache)),
         (attention.scaled_dot_product_attention_forward, "numba", nb_attention.scaled_dot_product_attention_forward,
          lambda q, k, v, **options: floats(q, k, v)),
         (attention.scaled_dot_product_attention_backward, "numba",

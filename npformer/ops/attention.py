@@ -48,7 +48,7 @@ class AttentionCache(NamedTuple):
     k: Any                 # (B, H, Tk, hs)
     v: Any                 # (B, H, Tk, hv)
     p: Any                 # (B, H, Tq, Tk) softmax probabilities, before dropout
-    dropout: DropoutCache  # scaled keep-mask (B, H, Tq, Tk), or None inside when no dropout ran
+    dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) and scale, or None inside when no dropout ran
     scale: float
 
 
@@ -94,11 +94,11 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
     else:
-        p_drop, drop = p, DropoutCache(None, p.shape, p.dtype)
+        p_drop, drop = p, DropoutCache.identity(p)
     out = p_drop @ v                                     # (B, H, Tq, hv)
     weights = None
     if need_weights:                                     # never the cached P itself: callers may write to it
-        weights = p_drop.copy() if drop.scaled_mask is None else p_drop    # (B, H, Tq, Tk)
+        weights = p_drop.copy() if drop.keep is None else p_drop           # (B, H, Tq, Tk)
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 
 
@@ -107,11 +107,11 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv)."""
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
-    p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask           # (B, H, Tq, Tk), recomputed
+    p_drop = p if drop.keep is None else p * drop.keep * drop.scale    # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)
     dp = dout @ v.swapaxes(-1, -2)                       # (B, H, Tq, Tk) dP_drop
-    if drop.scaled_mask is not None:
+    if drop.keep is not None:
         dp = dropout_backward(dp, drop)                  # fwd: P_drop = dropout(P)
     # fwd: P = softmax(S)  ->  dS = P * (dP - sum_k dP * P)   (0 at masked keys and fully masked rows)
     ds = softmax_backward(dp, SoftmaxCache(p))           # (B, H, Tq, Tk)

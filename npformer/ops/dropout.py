@@ -19,16 +19,24 @@ from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
-__all__ = ["DropoutCache", "dropout_active", "dropout_mask", "dropout_forward", "dropout_backward"]
+__all__ = ["DropoutCache", "dropout_active", "keep_scale", "dropout_mask", "dropout_forward", "dropout_backward"]
 
 
 class DropoutCache(NamedTuple):
-    """The scaled keep-mask m / (1 - p) in the input's dtype, or None when dropout was the identity;
-    the input's shape and dtype (what the backward's ``dout`` must have)."""
+    """The keep-mask m as booleans (one byte an entry, a quarter of a float32 mask) and the scale
+    1 / (1 - p) as a scalar of the input's dtype (0 for p = 1, where nothing is kept), or None for
+    both when dropout was the identity; the input's shape and dtype (what the backward's ``dout``
+    must have). ``out = x * keep * scale`` and ``dx = dout * keep * scale``."""
 
-    scaled_mask: Any    # (same shape as x) or None
+    keep: Any           # bool (same shape as x) or None
+    scale: Any          # x's dtype scalar 1 / (1 - p), or None
     x_shape: tuple
     x_dtype: Any
+
+    @classmethod
+    def identity(cls, x) -> "DropoutCache":
+        """The cache of a dropout that dropped nothing (eval mode or p = 0)."""
+        return cls(None, None, x.shape, x.dtype)
 
 
 def dropout_active(x, p, rng, training) -> bool:
@@ -44,24 +52,29 @@ def dropout_active(x, p, rng, training) -> bool:
     return True
 
 
+def keep_scale(p: float, dtype):
+    """1 / (1 - p) rounded to ``dtype``, the factor kept entries are scaled by (0 for p = 1)."""
+    return dtype.type(0.0 if p == 1.0 else 1.0 / (1.0 - p))
+
+
 def dropout_mask(x, p: float, rng):
-    """The scaled keep-mask m / (1 - p) for ``x``: its shape and dtype, from ``rng``'s next uniforms
-    (zeros for p = 1, drawing nothing)."""
+    """``(keep, scale)`` for ``x``: the keep-mask m = [u >= p] as booleans of x's shape, from
+    ``rng``'s next uniforms (all False for p = 1, drawing nothing), and :func:`keep_scale`."""
     xp = get_array_module(x)
     if p == 1.0:
-        return xp.zeros_like(x)                          # (same as x)
+        return xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
     u = rng.random(x.shape, dtype=xp.float32)            # (same as x) uniform [0, 1)
     get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
-    return (u >= p).astype(x.dtype) * x.dtype.type(1.0 / (1.0 - p))   # (same as x) m / (1 - p)
+    return xp.asarray(u >= p), keep_scale(p, x.dtype)    # (same as x) m (an array for 0-d x too)
 
 
 @dispatched
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``rng`` is required when ``training`` and ``p > 0``."""
     if not dropout_active(x, p, rng, training):
-        return x.copy(), DropoutCache(None, x.shape, x.dtype)
-    scaled = dropout_mask(x, p, rng)                     # (same as x)
-    return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
+        return x.copy(), DropoutCache.identity(x)
+    keep, scale = dropout_mask(x, p, rng)                # (same as x), scalar
+    return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
 
 
 @dispatched
@@ -69,6 +82,6 @@ def dropout_backward(dout, cache: DropoutCache):
     """``dx = dout * m / (1 - p)`` (a copy of dout when dropout was the identity)."""
     expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
     # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
-    if cache.scaled_mask is None:
+    if cache.keep is None:
         return dout.copy()
-    return dout * cache.scaled_mask
+    return dout * cache.keep * cache.scale

@@ -90,7 +90,7 @@ class RelativeAttentionCache(NamedTuple):
     bias_u: Any            # (H, hs)
     bias_v: Any            # (H, hs)
     p: Any                 # (B, H, Tq, Tk) softmax probabilities, before dropout
-    dropout: DropoutCache  # scaled keep-mask (B, H, Tq, Tk), or None inside
+    dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) and scale, or None inside
     shift: RelShiftCache
     scale: float
 
@@ -138,7 +138,7 @@ def relative_attention_forward(q, k, v, r, r_weight, bias_u, bias_v, *, attn_mas
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)        # (B, H, Tq, Tk)
     else:
-        p_drop, drop = p, DropoutCache(None, p.shape, p.dtype)
+        p_drop, drop = p, DropoutCache.identity(p)
     out = p_drop @ v                                                                # (B, H, Tq, hv)
     return out, RelativeAttentionCache(q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale)
 
@@ -149,12 +149,12 @@ def relative_attention_backward(dout, cache: RelativeAttentionCache):
     q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     h, tk, hs = rk.shape
-    p_drop = p if drop.scaled_mask is None else p * drop.scaled_mask                 # (B, H, Tq, Tk), recomputed
+    p_drop = p if drop.keep is None else p * drop.keep * drop.scale                 # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ values  ->  dP_drop = dout @ values^T,  dvalues = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                                             # (B, H, Tk, hv)
     dp_drop = dout @ v.swapaxes(-1, -2)                                             # (B, H, Tq, Tk)
     # fwd: P_drop = dropout(P)
-    dp = dp_drop if drop.scaled_mask is None else dropout_backward(dp_drop, drop)    # (B, H, Tq, Tk)
+    dp = dp_drop if drop.keep is None else dropout_backward(dp_drop, drop)           # (B, H, Tq, Tk)
     # fwd: P = softmax(S)  (0 at blocked keys and fully masked rows)
     ds = softmax_backward(dp, SoftmaxCache(p))                                      # (B, H, Tq, Tk)
     # fwd: S = (AC + BD) * scale + bias  ->  dAC = dBD = dS * scale

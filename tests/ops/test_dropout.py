@@ -81,7 +81,7 @@ def test_mask_is_exactly_random_float32_ge_p(shape, p):
     a, b = default_rng(11, "numpy"), default_rng(11, "numpy")
     out, cache = dropout_forward(x, p, rng=a)
     keep = b.random(shape, dtype=np.float32) >= p
-    np.testing.assert_array_equal(cache.scaled_mask != 0, keep)
+    np.testing.assert_array_equal(cache.keep, keep)
     np.testing.assert_array_equal(out, keep * np.float32(1 / (1 - p)))
     np.testing.assert_array_equal(a.random(7), b.random(7))
 
@@ -91,4 +91,4 @@ def test_mask_with_other_bit_generators():
     for bitgen in (np.random.MT19937, np.random.Philox, np.random.SFC64):
         a, b = np.random.Generator(bitgen(5)), np.random.Generator(bitgen(5))
         _, cache = dropout_forward(x, 0.25, rng=a)
-        np.testing.assert_array_equal(cache.scaled_mask != 0, b.random((64, 64), dtype=np.float32) >= 0.25)
+        np.testing.assert_array_equal(cache.keep, b.random((64, 64), dtype=np.float32) >= 0.25)

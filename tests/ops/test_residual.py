@@ -28,7 +28,7 @@ def test_forward_is_add_then_layer_norm_with_the_dropout_ops_mask(xp, shape, p, 
     d, drop = dropout_forward(br, p, rng=default_rng(seed, name))
     np.testing.assert_array_equal(host(s), host(x + d))
     if p:
-        np.testing.assert_array_equal(host(cache.drop.scaled_mask), host(drop.scaled_mask))
+        np.testing.assert_array_equal(host(cache.drop.keep), host(drop.keep))
     np.testing.assert_allclose(host(y), _layer_norm(host(x + d), host(w), host(b)), rtol=1e-12, atol=1e-12)
     s2, drop2 = residual_dropout_forward(x, br, p=p, rng=default_rng(seed, name))
     np.testing.assert_array_equal(host(s2), host(s))
@@ -73,7 +73,7 @@ def test_gradcheck_pre_norm_both_outputs(xp, shape, p, seed):
 def test_eval_mode_is_the_plain_residual_and_dtypes_kept(xp, dtype):
     x, br = randn(xp, (2, 3, 5), 0, dtype), randn(xp, (2, 3, 5), 1, dtype)
     s, y, cache = residual_dropout_layer_norm_forward(x, br, p=0.5, training=False)
-    assert s.dtype == y.dtype == x.dtype and cache.drop.scaled_mask is None
+    assert s.dtype == y.dtype == x.dtype and cache.drop.keep is None
     np.testing.assert_array_equal(host(s), host(x + br))
     dx, dbranch, dw, db = residual_dropout_layer_norm_backward(randn(xp, (2, 3, 5), 2, dtype),
                                                                randn(xp, (2, 3, 5), 3, dtype), cache)

@@ -8,8 +8,8 @@ head; or, for short sequences, several whole batch elements), about 64K scores, 
 from the product that makes them to the product that uses them:
 
     forward, per block:   S = (q * scale) k^T + bias  ->  P = softmax(S) (kept: the cache)
-                          ->  P_drop = P * mask  ->  out = P_drop v
-    backward, per block:  P_drop again  ->  dv += P_drop^T dout,  dP = (dout v^T) * mask
+                          ->  P_drop = P * keep * scale  ->  out = P_drop v
+    backward, per block:  P_drop again  ->  dv += P_drop^T dout,  dP = (dout v^T) * keep * scale
                           ->  dS = P * (dP - rowsum(dP * P)) * scale  ->  dq = dS k,  dk += dS^T q
 
 Threads take contiguous runs of whole heads (a head's query-row blocks stay on one thread, so dk
@@ -29,11 +29,11 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
-from npformer.kernels.cpu.dropout import KeepMask, streamable
+from npformer.kernels.cpu.dropout import KeepMask, apply_keep, streamable
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
 from npformer.ops.attention import AttentionCache, check_attention_inputs
-from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask
+from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
 from npformer.ops.masks import attention_bias
 
 __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "blocks", "RowKernels",
@@ -76,10 +76,12 @@ def _parallel(groups: list, run_block) -> None:
 
 class RowKernels(NamedTuple):
     """The row operations a block runs, in place on contiguous (b', h', r, Tk) blocks:
-    ``softmax(s)`` (P into S's buffer) and ``softmax_grad(dp, p)`` (dS into dP's buffer)."""
+    ``softmax(s)`` (P into S's buffer), ``softmax_grad(dp, p)`` (dS into dP's buffer) and
+    ``apply_keep(out, x, keep, scale)`` (dropout's ``out = x * keep * scale``; out may be x)."""
 
     softmax: Callable[[Any], Any]
     softmax_grad: Callable[[Any, Any], Any]
+    apply_keep: Callable[[Any, Any, Any, Any], None]
 
 
 def _softmax(s):
@@ -99,7 +101,7 @@ def _softmax_grad(dp, p):
     return softmax_grad_rows(dp, p, dp)
 
 
-NUMPY_ROWS = RowKernels(_softmax, _softmax_grad)
+NUMPY_ROWS = RowKernels(_softmax, _softmax_grad, apply_keep)
 
 
 def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None,
@@ -129,12 +131,13 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
     scale_t = dtype.type(scale)
     p = numpy.empty(shape, dtype)                        # (B, H, Tq, Tk) S, then P in place
     out = numpy.empty((b, h, tq, hv), dtype)             # (B, H, Tq, hv)
-    mask = stream = None
+    keep = stream = keep_s = None
     if dropout_active(q, dropout_p, rng, training):    # (its errors: no rng)
         if dropout_p == 1.0 or not (streamable(rng, p.size) and tk % 2 == 0):
-            mask = dropout_mask(p, dropout_p, rng)           # drawn whole, as the reference
+            keep, keep_s = dropout_mask(p, dropout_p, rng)   # drawn whole, as the reference
         else:
-            mask, stream = numpy.empty(shape, dtype), KeepMask(rng, p.size, dropout_p, dtype)
+            keep, stream = numpy.empty(shape, bool), KeepMask(rng, p.size, dropout_p)
+            keep_s = keep_scale(dropout_p, dtype)
     weights = numpy.empty(shape, dtype) if need_weights else None
 
     def run_block(block) -> None:
@@ -145,19 +148,20 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
             s += bias[i, heads, rows]                    # -inf where blocked
         rows_.softmax(s)                                 # P, an all -inf row -> 0
         p_drop = s
-        if mask is not None:
-            m = mask[i, heads, rows]
+        if keep is not None:
+            m = keep[i, heads, rows]
             if stream is not None:
                 stream.stream(_offset(block, h, tq, tk))(m.reshape(-1))   # (a view: blocks are contiguous)
-            p_drop = s * m                               # (b', h', r, Tk)
-        if weights is not None:
+            p_drop = weights[i, heads, rows] if weights is not None else numpy.empty(s.shape, dtype)
+            rows_.apply_keep(p_drop, s, m, keep_s)       # (b', h', r, Tk) P * m / (1 - p)
+        elif weights is not None:
             weights[i, heads, rows] = p_drop
         numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
 
     _parallel(blocks(*shape), run_block)
     if stream is not None:
         stream.finish()
-    drop = DropoutCache(mask, shape, dtype)
+    drop = DropoutCache(keep, keep_s, shape, dtype)      # (None, None: no dropout ran)
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 
 
@@ -166,20 +170,23 @@ def attention_backward(rows_: RowKernels, dout, cache):
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     b, h, tq, tk = p.shape
-    dtype, mask, scale_t = q.dtype, drop.scaled_mask, q.dtype.type(scale)
+    dtype, keep, scale_t = q.dtype, drop.keep, q.dtype.type(scale)
     dq, dk, dv = (numpy.empty(a.shape, dtype) for a in (q, k, v))     # (B, H, T, hs / hv)
 
     def run_block(block) -> None:
         i, heads, rows = block
         first = rows.start == 0                          # dk, dv: written by a head's first block, then summed
         p_c = p[i, heads, rows]                          # (b', h', r, Tk)
-        p_drop = p_c if mask is None else p_c * mask[i, heads, rows]
+        p_drop = p_c
+        if keep is not None:
+            p_drop = numpy.empty(p_c.shape, dtype)
+            rows_.apply_keep(p_drop, p_c, keep[i, heads, rows], drop.scale)
         g = dout[i, heads, rows]                         # (b', h', r, hv)
         # fwd: out = P_drop @ v  ->  dv = P_drop^T @ dout,  dP_drop = dout @ v^T
         dv_part = numpy.matmul(p_drop.swapaxes(-1, -2), g)
         dp = numpy.matmul(g, v[i, heads].swapaxes(-1, -2))           # (b', h', r, Tk), fresh
-        if mask is not None:
-            dp *= mask[i, heads, rows]                   # fwd: P_drop = P * m / (1 - p)
+        if keep is not None:                             # fwd: P_drop = P * m / (1 - p)
+            rows_.apply_keep(dp, dp, keep[i, heads, rows], drop.scale)
         ds = rows_.softmax_grad(dp, p_c)                 # fwd: P = softmax(S), in dp's buffer
         ds *= scale_t                                    # fwd: S = (q * scale) k^T + bias
         numpy.matmul(ds, k[i, heads], out=dq[i, heads, rows])

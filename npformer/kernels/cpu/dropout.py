@@ -12,6 +12,11 @@ out such parts, to the threads of the dropout here and to the attention kernel's
 the caller's generator is advanced past all of them. The mask is the reference's bit for bit and the
 generator ends in the same state, whatever the number of parts (tested). Other generators, odd
 sizes, or a PCG64 holding a spare 32-bit half run the reference.
+
+The mask is kept as booleans with the scale 1 / (1 - p) beside it, as the reference keeps it; the
+forward's ``x * keep * scale`` and the backward's ``dout * keep * scale`` run block by block in
+cache, over the threads. ``forward_with``/``backward_with`` take that product as an argument, so
+the compiled CPU path (:mod:`npformer.kernels.numba_cpu.dropout`) reuses the rest.
 """
 from __future__ import annotations
 
@@ -19,12 +24,14 @@ import math
 
 import numpy
 
+from npformer.checks import expect_grad
 from npformer.kernels.cpu import numpy_floats
-from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
+from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS, blockwise
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
-from npformer.ops.dropout import DropoutCache, dropout_active
+from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 
-__all__ = ["accepts", "streamable", "KeepMask", "dropout_forward"]
+__all__ = ["accepts", "accepts_backward", "streamable", "apply_keep", "KeepMask", "forward_with", "backward_with",
+           "dropout_forward", "dropout_backward"]
 
 
 def streamable(rng, size: int) -> bool:
@@ -38,19 +45,31 @@ def accepts(x, p=0.0, rng=None, training=True) -> bool:
     return numpy_floats(x) and streamable(rng, x.size)
 
 
+def accepts_backward(dout, cache) -> bool:
+    """A NumPy float gradient and a NumPy keep-mask (or none)."""
+    keep = getattr(cache, "keep", None)
+    return numpy_floats(dout) and (keep is None or type(keep) is numpy.ndarray)
+
+
+def apply_keep(out, x, keep, scale) -> None:
+    """``out = x * keep * scale`` (keep booleans, scale a scalar of x's dtype), in ``out``."""
+    numpy.multiply(x, keep, out=out)
+    out *= scale
+
+
 class KeepMask:
-    """The scaled keep-mask m / (1 - p) of the next ``size`` uniforms of ``rng``, written part by part.
+    """The keep-mask m = [u >= p] of the next ``size`` uniforms of ``rng`` as booleans, written part
+    by part.
 
     ``stream(start)`` (``start`` even) returns a function that writes the mask of the next
-    ``out.size`` elements into the flat array ``out`` at each call, from element ``start`` on. Parts
-    may be written in any order, from any thread. ``finish()`` advances ``rng`` past the ``size``
-    uniforms, as drawing them would have.
+    ``out.size`` elements into the flat bool array ``out`` at each call, from element ``start`` on.
+    Parts may be written in any order, from any thread. ``finish()`` advances ``rng`` past the
+    ``size`` uniforms, as drawing them would have.
     """
 
-    def __init__(self, rng, size: int, p: float, dtype):
+    def __init__(self, rng, size: int, p: float):
         # u = (b >> 8) 2^-24 >= float32(p)  <=>  b >= ceil(float32(p) 2^24) 2^8, b a 32-bit half of a draw
         self.threshold = numpy.uint32(math.ceil(float(numpy.float32(p)) * 2.0 ** 24) << 8)
-        self.scale = numpy.dtype(dtype).type(1.0 / (1.0 - p))
         self.bitgen, self.size = rng.bit_generator, size
         self.state = self.bitgen.state
 
@@ -64,32 +83,52 @@ class KeepMask:
                 part = out[i:i + BLOCK_ELEMENTS]
                 halves = draws.random_raw(-(-part.size // 2)).view(numpy.uint32)[:part.size]
                 numpy.greater_equal(halves, self.threshold, out=part)
-                part *= self.scale
         return write
 
     def finish(self) -> None:
         self.bitgen.advance(self.size // 2)
 
 
-def dropout_forward(x, p: float, rng=None, training: bool = True):
+def forward_with(apply, x, p: float, rng, training: bool):
+    """The forward below with ``apply(out, x, keep, scale)`` for ``out = x * keep * scale`` (the
+    compiled CPU path passes its own)."""
     if not dropout_active(x, p, rng, training):
-        return x.copy(), DropoutCache(None, x.shape, x.dtype)
+        return x.copy(), DropoutCache.identity(x)
+    scale = keep_scale(p, x.dtype)
     if p == 1.0:
-        scaled = numpy.zeros_like(x)                     # (same as x)
-        return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
-    mask = KeepMask(rng, x.size, p, x.dtype)
-    scaled = numpy.empty(x.shape, dtype=x.dtype)         # (same as x)
+        keep = numpy.zeros(x.shape, dtype=bool)          # (same as x)
+        return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
+    mask = KeepMask(rng, x.size, p)
+    keep = numpy.empty(x.shape, dtype=bool)              # (same as x)
     out = numpy.empty(x.shape, dtype=x.dtype)            # (same as x)
-    flat_x, flat_m, flat_o = x.reshape(-1), scaled.reshape(-1), out.reshape(-1)
+    flat_x, flat_k, flat_o = x.reshape(-1), keep.reshape(-1), out.reshape(-1)
 
     def run(a: int, b: int) -> None:                     # elements [a, b), a even
         write = mask.stream(a)
         for i in range(a, b, BLOCK_ELEMENTS):            # (blocks of even size)
             j = min(i + BLOCK_ELEMENTS, b)
-            write(flat_m[i:j])
-            numpy.multiply(flat_x[i:j], flat_m[i:j], out=flat_o[i:j])
+            write(flat_k[i:j])
+            apply(flat_o[i:j], flat_x[i:j], flat_k[i:j], scale)
 
     parts = split(x.size, min(get_num_threads(), max(1, x.size // MIN_THREAD_ELEMENTS)), multiple=2)
     run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
     mask.finish()
-    return out, DropoutCache(scaled, x.shape, x.dtype)
+    return out, DropoutCache(keep, scale, x.shape, x.dtype)
+
+
+def backward_with(apply, dout, cache: DropoutCache):
+    """The backward below with ``apply`` as in :func:`forward_with`."""
+    expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
+    if cache.keep is None:
+        return dout.copy()
+    # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p), block by block
+    dx = numpy.empty(dout.shape, dtype=dout.dtype)       # (same as x)
+    return blockwise(lambda o, g, k: apply(o, g, k, cache.scale), dx, numpy.ascontiguousarray(dout), cache.keep)
+
+
+def dropout_forward(x, p: float, rng=None, training: bool = True):
+    return forward_with(apply_keep, x, p, rng, training)
+
+
+def dropout_backward(dout, cache):
+    return backward_with(apply_keep, dout, cache)

@@ -6,7 +6,8 @@ layer norm                 one block per row; backward: a row pass for dx, a col
                            for dweight and dbias
 GELU (erf and tanh)        one elementwise kernel forward, one backward
 dropout                    uniforms from the Generator passed in (the reference's mask for
-                           a seed), then one kernel for compare, scale and multiply
+                           a seed), then one kernel for compare, scale and multiply (the
+                           mask kept as booleans); backward one kernel
 linear backward            the bias gradient as one coalesced column sum
 flash attention            forward: a block per query tile and head, online softmax over
                            key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
@@ -40,7 +41,7 @@ from npformer.kernels.cuda.activations import (bias_add_forward, bias_gelu_backw
                                                bias_gelu_dropout_forward, bias_gelu_forward, bias_grad,
                                                gelu_backward, gelu_forward)
 from npformer.kernels.cuda.cross_entropy import cross_entropy_backward, cross_entropy_forward
-from npformer.kernels.cuda.dropout import dropout_forward
+from npformer.kernels.cuda.dropout import dropout_backward, dropout_forward
 from npformer.kernels.cuda.feedforward import feed_forward_backward, feed_forward_forward
 from npformer.kernels.cuda.flash_attention import flash_attention_backward, flash_attention_forward
 from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
@@ -55,6 +56,7 @@ from npformer.kernels.cuda.softmax import (log_softmax_backward, log_softmax_for
 __all__ = [
     "device_floats", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "dropout_forward",
+    "dropout_backward",
     "linear_backward", "flash_attention_forward", "flash_attention_backward", "bias_add_forward", "bias_grad",
     "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_dropout_forward", "bias_gelu_dropout_backward",
     "feed_forward_forward", "feed_forward_backward", "residual_dropout_forward",

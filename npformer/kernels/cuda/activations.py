@@ -20,7 +20,7 @@ from npformer.errors import ShapeError
 from npformer.kernels.cuda.dropout import dropout_forward, keep_draws
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
 from npformer.ops.activations import APPROXIMATIONS, GeluCache
-from npformer.ops.dropout import DropoutCache, dropout_active
+from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 
 __all__ = ["gelu_forward", "gelu_backward", "bias_add_forward", "bias_grad",
            "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_dropout_forward", "bias_gelu_dropout_backward"]
@@ -91,7 +91,7 @@ def bias_grad(dout):
 
 
 def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
-    """(a, h, scaled mask or None): one kernel; dropout (0 < p < 1) when ``rng`` is given."""
+    """(a, h, keep-mask or None): one kernel; dropout (0 < p < 1) when ``rng`` is given."""
     n = _check_bias(z, bias)
     form = _tanh_form(approximate)
     xp = device_xp(z, bias)
@@ -100,14 +100,15 @@ def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
     a = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     if rng is not None:
         u, scale = keep_draws(z, p, rng)                 # the dropout op's draws for a (same shape)
-        mask = xp.empty(z.shape, dtype=z.dtype)          # (..., F) m / (1 - p)
+        keep = xp.empty(z.shape, dtype=bool)             # (..., F) m
     else:
-        u, scale, mask = xp.empty((1,), dtype=xp.float32), accumulation_dtype(z.dtype).type(1), h   # never read
+        u, scale, keep = xp.empty((1,), dtype=xp.float32), accumulation_dtype(z.dtype).type(1), None
+    keep_arg = keep if keep is not None else xp.empty((1,), dtype=bool)   # a stand-in, never read
     if z.size:
         launch_elements("bias_gelu_fwd", z.dtype, z.size,
-                        (z, bias, u, h, a, mask, numpy.int64(z.size), numpy.int32(n), form, numpy.float32(p),
+                        (z, bias, u, h, a, keep_arg, numpy.int64(z.size), numpy.int32(n), form, numpy.float32(p),
                          scale, numpy.int32(rng is not None)))
-    return a, h, (mask if rng is not None else None)
+    return a, h, keep
 
 
 def bias_gelu_forward(z, bias, approximate: str = "none"):
@@ -125,39 +126,41 @@ def bias_gelu_dropout_forward(z, bias, approximate: str = "none", p: float = 0.0
     caches ``gelu_forward(h)`` and ``dropout_forward(gelu(h))`` return (the same mask for one seed)."""
     if not dropout_active(z, p, rng, training):
         a, act = bias_gelu_forward(z, bias, approximate)
-        return a, act, DropoutCache(None, z.shape, z.dtype)   # the identity: no copy of the fresh a
+        return a, act, DropoutCache.identity(z)          # the identity: no copy of the fresh a
     if p == 1.0:                                         # everything dropped, nothing drawn
         a, act = bias_gelu_forward(z, bias, approximate)
         a, drop = dropout_forward(a, p, rng)
         return a, act, drop
-    a, h, mask = _bias_gelu(z, bias, approximate, p, rng)
-    return a, GeluCache(h, approximate), DropoutCache(mask, z.shape, z.dtype)
+    a, h, keep = _bias_gelu(z, bias, approximate, p, rng)
+    return a, GeluCache(h, approximate), DropoutCache(keep, keep_scale(p, z.dtype), z.shape, z.dtype)
 
 
-def _bias_gelu_grads(dy, h, approximate, mask):
+def _bias_gelu_grads(dy, h, approximate, keep, scale):
     form = _tanh_form(approximate)
-    xp = device_xp(dy, h, mask)
+    xp = device_xp(dy, h)
     expect_grad(dy, "da", h.shape, h.dtype)
     rows, n = rows_of(h)
     dy, h = contiguous(xp, dy), contiguous(xp, h)
     dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)
     if not rows:
         return dz, xp.zeros((n,), dtype=h.dtype)
-    m = contiguous(xp, mask) if mask is not None else h  # stand-in, never read
+    acc = accumulation_dtype(h.dtype)
+    k = contiguous(xp, keep) if keep is not None else xp.empty((1,), dtype=bool)   # a stand-in, never read
+    s = acc.type(scale) if keep is not None else acc.type(1)
     # fwd: a = gelu(h), h = z + b  ->  dz = da * gelu'(h),  db = sum over rows of dz
-    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, m, h, dz),
-                             (form, numpy.int32(mask is not None)), 1)
+    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, k, s, h, dz),
+                             (form, numpy.int32(keep is not None)), 1)
     return dz, part.sum(axis=0).astype(h.dtype)          # (..., F), (F,)
 
 
 def bias_gelu_backward(da, cache):
     """Returns ``(dz, dbias)``: ``dz = da * gelu'(h)`` and ``dbias = sum of dz over the rows``."""
     h, approximate = cache
-    return _bias_gelu_grads(da, h, approximate, None)
+    return _bias_gelu_grads(da, h, approximate, None, None)
 
 
 def bias_gelu_dropout_backward(da, act_cache, drop_cache):
     """Returns ``(dz, dbias)`` of ``a = dropout(gelu(z + bias))``: ``da`` times the mask first."""
     # fwd: a' = a * m / (1 - p)  ->  da = da' * m / (1 - p)   (in the same kernel)
     h, approximate = act_cache
-    return _bias_gelu_grads(da, h, approximate, drop_cache.scaled_mask)
+    return _bias_gelu_grads(da, h, approximate, drop_cache.keep, drop_cache.scale)

@@ -1,21 +1,23 @@
-"""Fused inverted dropout forward (reference: :mod:`npformer.ops.dropout`).
+"""Fused inverted dropout, forward and backward (reference: :mod:`npformer.ops.dropout`).
 
     u ~ U[0, 1) from the Generator passed in, drawn exactly as the plain op draws it
-    m = [u >= p] / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
+    keep = [u >= p],  m = keep / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
+    dx = dout m
 
 so one seed gives the plain op's mask bit for bit; the compare, scale and multiply are one kernel
-that writes ``out`` and the cached scaled mask. The backward is the plain op's
-``dout * scaled_mask``, a single CuPy kernel already, so it has no fused twin.
+that writes ``out`` and the cached boolean mask (one byte an entry), and the backward one kernel
+where the plain op's ``dout * keep * scale`` runs two.
 """
 from __future__ import annotations
 
 import numpy
 
 from npformer.backend import accumulation_dtype, get_array_module
+from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
-from npformer.ops.dropout import DropoutCache, dropout_active
+from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 
-__all__ = ["dropout_forward", "keep_draws"]
+__all__ = ["dropout_forward", "dropout_backward", "keep_draws"]
 
 
 def keep_draws(x, p: float, rng):
@@ -25,23 +27,39 @@ def keep_draws(x, p: float, rng):
     xp = device_xp(x)
     u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
     get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
-    return contiguous(xp, u), accumulation_dtype(x.dtype).type(x.dtype.type(1.0 / (1.0 - p)))
+    return contiguous(xp, u), accumulation_dtype(x.dtype).type(keep_scale(p, x.dtype))
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
-    """Returns ``(out, DropoutCache(scaled_mask, x_shape, x_dtype))``; ``rng`` is required when training with p > 0."""
+    """Returns ``(out, DropoutCache(keep, scale, x_shape, x_dtype))``; ``rng`` is required when
+    training with p > 0."""
     if not dropout_active(x, p, rng, training):
-        return x.copy(), DropoutCache(None, x.shape, x.dtype)
+        return x.copy(), DropoutCache.identity(x)
     xp = device_xp(x)
     if p == 1.0:
-        scaled = xp.zeros_like(x)                        # (same as x)
-        return x * scaled, DropoutCache(scaled, x.shape, x.dtype)
+        keep, scale = xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
+        return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
     u, scale = keep_draws(x, p, rng)
     x = contiguous(xp, x)
     out = xp.empty(x.shape, dtype=x.dtype)               # (same as x)
-    scaled = xp.empty(x.shape, dtype=x.dtype)            # (same as x)
+    keep = xp.empty(x.shape, dtype=bool)                 # (same as x)
     if x.size:
         # out = x * [u >= p] / (1 - p), the mask kept for the backward
         launch_elements("dropout_fwd", x.dtype, x.size,
-                        (x, u, out, scaled, numpy.int64(x.size), numpy.float32(p), scale))
-    return out, DropoutCache(scaled, x.shape, x.dtype)
+                        (x, u, out, keep, numpy.int64(x.size), numpy.float32(p), scale))
+    return out, DropoutCache(keep, keep_scale(p, x.dtype), x.shape, x.dtype)
+
+
+def dropout_backward(dout, cache: DropoutCache):
+    """``dx = dout * keep * scale`` in one kernel (a copy of dout when dropout was the identity)."""
+    expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
+    if cache.keep is None:
+        return dout.copy()
+    xp = device_xp(dout)
+    dout, keep = contiguous(xp, dout), contiguous(xp, cache.keep)
+    dx = xp.empty(dout.shape, dtype=dout.dtype)          # (same as x)
+    if dout.size:
+        # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
+        launch_elements("dropout_bwd", dout.dtype, dout.size,
+                        (dout, keep, dx, numpy.int64(dout.size), accumulation_dtype(dout.dtype).type(cache.scale)))
+    return dx

@@ -23,17 +23,17 @@ inline double npf_inf(double) { return __builtin_huge_val(); }
 #endif
 
 // Residual add and dropout of each element (grid-stride):
-//   d = branch m  (drop = 1: m = (u >= p) ? scale : 0, written as the mask; drop = 0: d = branch)
+//   d = branch m  (drop = 1: keep = (u >= p) written as the mask, m = keep ? scale : 0; drop = 0: d = branch)
 //   s = x + d     (d and s each rounded to T, as the plain dropout then add)
 template <typename T, typename A>
-__device__ void npf_add_dropout_fwd(const T* x, const T* br, const float* u, T* s, T* mask, long long total,
+__device__ void npf_add_dropout_fwd(const T* x, const T* br, const float* u, T* s, bool* keep, long long total,
                                     float p, A scale, int drop) {
     NPF_FOR_EACH(k, total) {
         A d = npf_load(br[k]);
         if (drop) {
-            A m = u[k] >= p ? scale : A(0);
-            npf_store(mask + k, m);
-            d = npf_round<T, A>(d * m);
+            bool kk = u[k] >= p;
+            keep[k] = kk;
+            d = npf_round<T, A>(d * (kk ? scale : A(0)));
         }
         npf_store(s + k, npf_load(x[k]) + d);
     }
@@ -45,7 +45,7 @@ __device__ void npf_add_dropout_fwd(const T* x, const T* br, const float* u, T* 
 // Each thread reads back only the entries of s it wrote itself (the same i), so no barrier is needed.
 template <typename T, typename A>
 __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const float* u, const T* w, const T* b, T* s,
-                                       T* mask, T* y, A* xhat, A* rstd, long long rows, int n, float p, A scale,
+                                       bool* keep, T* y, A* xhat, A* rstd, long long rows, int n, float p, A scale,
                                        int drop, A eps, int has_w, int has_b, A* buf) {
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
@@ -53,9 +53,9 @@ __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const float* u, 
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             A d = npf_load(br[o + i]);
             if (drop) {
-                A m = u[o + i] >= p ? scale : A(0);
-                npf_store(mask + o + i, m);
-                d = npf_round<T, A>(d * m);
+                bool kk = u[o + i] >= p;
+                keep[o + i] = kk;
+                d = npf_round<T, A>(d * (kk ? scale : A(0)));
             }
             A sv = npf_round<T, A>(npf_load(x[o + i]) + d);
             npf_store(s + o + i, sv);
@@ -81,11 +81,12 @@ __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const float* u, 
 
 // Its backward for each row; one block per row.  g = dy w (w optional),
 //   dsn = rstd (g - mean g - xhat mean(g xhat))   (rounded to T: layer norm's dx)
-//   dx = ds + dsn  (has_ds; rounded to T; the gradient of s, which is also x's),   dbranch = dx m  (drop)
+//   dx = ds + dsn  (has_ds; rounded to T; the gradient of s, which is also x's),
+//   dbranch = dx m  (drop; m = keep ? scale : 0)
 template <typename T, typename A>
 __device__ void npf_add_dropout_ln_bwd(const T* dy, const T* ds, const A* xhat, const A* rstd, const T* w,
-                                       const T* mask, T* dx, T* dbr, long long rows, int n, int has_w, int has_ds,
-                                       int drop, A* buf) {
+                                       const bool* keep, A scale, T* dx, T* dbr, long long rows, int n, int has_w,
+                                       int has_ds, int drop, A* buf) {
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
         A sg = A(0), sgh = A(0);
@@ -102,7 +103,7 @@ __device__ void npf_add_dropout_ln_bwd(const T* dy, const T* ds, const A* xhat, 
             A d = npf_round<T, A>(((g - mean_g) - xhat[o + i] * mean_gh) * r);
             if (has_ds) d = npf_round<T, A>(npf_load(ds[o + i]) + d);
             npf_store(dx + o + i, d);
-            npf_store(dbr + o + i, drop ? d * npf_load(mask[o + i]) : d);
+            npf_store(dbr + o + i, drop ? d * (keep[o + i] ? scale : A(0)) : d);
         }
     }
 }
@@ -184,16 +185,16 @@ __device__ void npf_cross_entropy_bwd(const T* z, const A* shift, const A* log_s
 
 # extern "C" entry points: (name, parameters, call, shared memory kind), as in source.py
 FUSED_ENTRY_POINTS = (
-    ("add_dropout_fwd", "const T* x, const T* br, const float* u, T* s, T* mask, long long total, float p, "
-     "A scale, int drop", "npf_add_dropout_fwd<T, A>(x, br, u, s, mask, total, p, scale, drop)", ""),
-    ("add_dropout_ln_fwd", "const T* x, const T* br, const float* u, const T* w, const T* b, T* s, T* mask, "
+    ("add_dropout_fwd", "const T* x, const T* br, const float* u, T* s, bool* keep, long long total, float p, "
+     "A scale, int drop", "npf_add_dropout_fwd<T, A>(x, br, u, s, keep, total, p, scale, drop)", ""),
+    ("add_dropout_ln_fwd", "const T* x, const T* br, const float* u, const T* w, const T* b, T* s, bool* keep, "
      "T* y, A* xhat, A* rstd, long long rows, int n, float p, A scale, int drop, A eps, int has_w, int has_b",
-     "npf_add_dropout_ln_fwd<T, A>(x, br, u, w, b, s, mask, y, xhat, rstd, rows, n, p, scale, drop, eps, "
+     "npf_add_dropout_ln_fwd<T, A>(x, br, u, w, b, s, keep, y, xhat, rstd, rows, n, p, scale, drop, eps, "
      "has_w, has_b, buf)", "row"),
-    ("add_dropout_ln_bwd", "const T* dy, const T* ds, const A* xhat, const A* rstd, const T* w, const T* mask, "
-     "T* dx, T* dbr, long long rows, int n, int has_w, int has_ds, int drop",
-     "npf_add_dropout_ln_bwd<T, A>(dy, ds, xhat, rstd, w, mask, dx, dbr, rows, n, has_w, has_ds, drop, buf)",
-     "row"),
+    ("add_dropout_ln_bwd", "const T* dy, const T* ds, const A* xhat, const A* rstd, const T* w, "
+     "const bool* keep, A scale, T* dx, T* dbr, long long rows, int n, int has_w, int has_ds, int drop",
+     "npf_add_dropout_ln_bwd<T, A>(dy, ds, xhat, rstd, w, keep, scale, dx, dbr, rows, n, has_w, has_ds, drop, "
+     "buf)", "row"),
     ("cross_entropy_fwd", "const T* z, const long long* t, const bool* valid, A* loss, A* shift, A* log_sum, "
      "long long rows, int n, A one_minus_ls, A ls_over_n, int smooth",
      "npf_cross_entropy_fwd<T, A>(z, t, valid, loss, shift, log_sum, rows, n, one_minus_ls, ls_over_n, smooth, "

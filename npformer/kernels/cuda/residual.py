@@ -19,7 +19,7 @@ from npformer.kernels.cuda.dropout import keep_draws
 from npformer.kernels.cuda.layernorm import check_cache_dtypes, layer_norm_param_grads
 from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, launch_elements, launch_rows, rows_of
 from npformer.ops import residual
-from npformer.ops.dropout import DropoutCache, dropout_active
+from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
 __all__ = ["accepts_norm_backward", "residual_dropout_forward", "residual_dropout_layer_norm_forward",
@@ -38,6 +38,11 @@ def _draws(xp, branch, p, rng, active):
     return xp.empty((1,), dtype=xp.float32), accumulation_dtype(branch.dtype).type(1), numpy.int32(0)
 
 
+def _cache(keep, p: float, x, active: bool) -> DropoutCache:
+    """The dropout op's cache for the kernels' mask (the identity's when nothing was dropped)."""
+    return DropoutCache(keep, keep_scale(p, x.dtype), x.shape, x.dtype) if active else DropoutCache.identity(x)
+
+
 def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: bool = True):
     """Returns ``(s, DropoutCache)``."""
     residual.check_residual_inputs(x, branch)
@@ -48,12 +53,12 @@ def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: b
     x, branch = contiguous(xp, x), contiguous(xp, branch)
     u, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
-    mask = xp.empty(x.shape, dtype=x.dtype) if active else s   # (..., C) m / (1 - p); a stand-in unless active
+    keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     if x.size:
         # s = x + branch * m: one kernel
         launch_elements("add_dropout_fwd", x.dtype, x.size,
-                        (x, branch, u, s, mask, numpy.int64(x.size), numpy.float32(p), scale, drop))
-    return s, DropoutCache(mask if active else None, x.shape, x.dtype)
+                        (x, branch, u, s, keep, numpy.int64(x.size), numpy.float32(p), scale, drop))
+    return s, _cache(keep, p, x, active)
 
 
 def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p: float = 0.0, rng=None,
@@ -73,17 +78,17 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     b = contiguous(xp, bias) if bias is not None else x        # never read (has_w, has_b = 0)
     u, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
-    mask = xp.empty(x.shape, dtype=x.dtype) if active else s   # (..., C) m / (1 - p); a stand-in unless active
+    keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     xhat = xp.empty(x.shape, dtype=acc)                  # (..., C)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
     if rows:
         # s = x + branch * m;  y = LN(s): one block per row
         launch_rows("add_dropout_ln_fwd", x.dtype, rows, n,
-                    (x, branch, u, w, b, s, mask, y, xhat, rstd, numpy.int64(rows), numpy.int32(n),
+                    (x, branch, u, w, b, s, keep, y, xhat, rstd, numpy.int64(rows), numpy.int32(n),
                      numpy.float32(p), scale, drop, acc.type(eps), numpy.int32(weight is not None),
                      numpy.int32(bias is not None)))
-    return s, y, residual.ResidualNormCache(DropoutCache(mask if active else None, x.shape, x.dtype),
+    return s, y, residual.ResidualNormCache(_cache(keep, p, x, active),
                                             LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype))
 
 
@@ -93,19 +98,20 @@ def residual_dropout_layer_norm_backward(ds, dy, cache):
     if ds is not None:
         expect_grad(ds, "ds", xhat.shape, dtype)
     expect_grad(dy, "dy", xhat.shape, dtype)
-    xp = device_xp(ds, dy, weight, drop.scaled_mask)
+    xp = device_xp(ds, dy, weight)
     check_cache_dtypes(xhat, rstd, dtype)
     rows, n = rows_of(xhat)
     dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)
     dsc = contiguous(xp, ds) if ds is not None else dy         # stand-ins, never read
     w = contiguous(xp, weight) if weight is not None else dy
-    mask = contiguous(xp, drop.scaled_mask) if drop.scaled_mask is not None else dy
+    active = drop.keep is not None
+    keep = contiguous(xp, drop.keep) if active else xp.empty((1,), dtype=bool)   # a stand-in, never read
+    scale = accumulation_dtype(dtype).type(drop.scale if active else 1)
     dx = xp.empty(dy.shape, dtype=dtype)                 # (..., C)
     dbranch = xp.empty(dy.shape, dtype=dtype)            # (..., C)
     if rows:
         # fwd: y = LN(s), s = x + dropout(branch)  ->  dx = ds + LN'(dy),  dbranch = dx * m / (1 - p)
         launch_rows("add_dropout_ln_bwd", dtype, rows, n,
-                    (dy, dsc, xhat, rstd, w, mask, dx, dbranch, numpy.int64(rows), numpy.int32(n),
-                     numpy.int32(weight is not None), numpy.int32(ds is not None),
-                     numpy.int32(drop.scaled_mask is not None)))
+                    (dy, dsc, xhat, rstd, w, keep, scale, dx, dbranch, numpy.int64(rows), numpy.int32(n),
+                     numpy.int32(weight is not None), numpy.int32(ds is not None), numpy.int32(active)))
     return (dx, dbranch, *layer_norm_param_grads(dy, xhat, weight, has_bias, dtype))

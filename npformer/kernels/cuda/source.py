@@ -248,19 +248,19 @@ __device__ void npf_gelu_bwd(const T* dy, const T* x, T* dx, long long total, in
     NPF_FOR_EACH(k, total) npf_store(dx + k, npf_gelu_grad(npf_load(x[k]), tanh_form) * npf_load(dy[k]));
 }
 // h = z + b (b broadcast over the last axis of n values, h rounded to T as the plain linear's
-// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, m = (u >= p) ? scale : 0
-// is written as the mask and the output is a m (the plain gelu then dropout)
+// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, keep = (u >= p) is
+// written as the mask and the output is a m, m = keep ? scale : 0 (the plain gelu then dropout)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const float* u, T* h, T* y, T* mask, long long total,
+__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const float* u, T* h, T* y, bool* keep, long long total,
                                   int n, int tanh_form, float p, A scale, int drop) {
     NPF_FOR_EACH(k, total) {
         A hk = npf_round<T, A>(npf_load(z[k]) + npf_load(b[k % n]));
         npf_store(h + k, hk);
         A a = npf_gelu(hk, tanh_form);
         if (drop) {
-            A m = u[k] >= p ? scale : A(0);
-            npf_store(mask + k, m);
-            a = npf_round<T, A>(a) * m;
+            bool kk = u[k] >= p;
+            keep[k] = kk;
+            a = npf_round<T, A>(a) * (kk ? scale : A(0));
         }
         npf_store(y + k, a);
     }
@@ -269,14 +269,20 @@ template <typename T, typename A>
 __device__ void npf_bias_add(const T* x, const T* b, T* y, long long total, int n) {
     NPF_FOR_EACH(k, total) npf_store(y + k, npf_load(x[k]) + npf_load(b[k % n]));
 }
-// inverted dropout: m = (u >= p) ? scale : 0 (scale = 1 / (1 - p) rounded to T), out = x m
+// inverted dropout: keep = (u >= p) written as the mask, out = x m, m = keep ? scale : 0
+// (scale = 1 / (1 - p) rounded to T)
 template <typename T, typename A>
-__device__ void npf_dropout_fwd(const T* x, const float* u, T* y, T* mask, long long total, float p, A scale) {
+__device__ void npf_dropout_fwd(const T* x, const float* u, T* y, bool* keep, long long total, float p, A scale) {
     NPF_FOR_EACH(k, total) {
-        A m = u[k] >= p ? scale : A(0);
-        npf_store(mask + k, m);
-        npf_store(y + k, npf_load(x[k]) * m);
+        bool kk = u[k] >= p;
+        keep[k] = kk;
+        npf_store(y + k, npf_load(x[k]) * (kk ? scale : A(0)));
     }
+}
+// its backward: dx = dy m
+template <typename T, typename A>
+__device__ void npf_dropout_bwd(const T* dy, const bool* keep, T* dx, long long total, A scale) {
+    NPF_FOR_EACH(k, total) npf_store(dx + k, npf_load(dy[k]) * (keep[k] ? scale : A(0)));
 }
 
 // Column sums over the rows of an (rows, n) array, coalesced: block (NPF_COL_X, NPF_COL_Y) covers
@@ -327,17 +333,17 @@ __device__ void npf_bias_grad(const T* dy, A* part_db, long long rows, int n, lo
     }
     npf_column_partials(db, A(0), 0, part_db, part_db, n, c, s1, s2);
 }
-// bias + GELU backward: with dropout (drop = 1) first da = dy m (rounded to T), else da = dy;
-// dh = da gelu'(h) (written, rounded to T), dbias = sum dh (partials)
+// bias + GELU backward: with dropout (drop = 1) first da = dy m (m = keep ? scale : 0, rounded to T),
+// else da = dy; dh = da gelu'(h) (written, rounded to T), dbias = sum dh (partials)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_bwd(const T* dy, const T* mask, const T* h, T* dh, A* part_db, long long rows,
-                                  int n, long long chunk, int tanh_form, int drop, A* s1, A* s2) {
+__device__ void npf_bias_gelu_bwd(const T* dy, const bool* keep, A scale, const T* h, T* dh, A* part_db,
+                                  long long rows, int n, long long chunk, int tanh_form, int drop, A* s1, A* s2) {
     int c = blockIdx.x * NPF_COL_X + threadIdx.x;
     A db = A(0);
     if (c < n) {
         NPF_FOR_CHUNK(r, rows, chunk) {
             long long k = r * n + c;
-            A da = drop ? npf_round<T, A>(npf_load(dy[k]) * npf_load(mask[k])) : npf_load(dy[k]);
+            A da = drop ? npf_round<T, A>(npf_load(dy[k]) * (keep[k] ? scale : A(0))) : npf_load(dy[k]);
             npf_store(dh + k, npf_gelu_grad(npf_load(h[k]), tanh_form) * da);
             db += npf_load(dh[k]);
         }
@@ -361,20 +367,22 @@ _ENTRY_POINTS = (
      "long long chunk", "npf_ln_param_grads<T, A>(dy, xhat, part_dw, part_db, rows, n, chunk, s1, s2)", "col"),
     ("bias_grad", "const T* dy, A* part_db, long long rows, int n, long long chunk",
      "npf_bias_grad<T, A>(dy, part_db, rows, n, chunk, s1, s2)", "col"),
-    ("bias_gelu_bwd", "const T* dy, const T* mask, const T* h, T* dh, A* part_db, long long rows, int n, "
-     "long long chunk, int tanh_form, int drop",
-     "npf_bias_gelu_bwd<T, A>(dy, mask, h, dh, part_db, rows, n, chunk, tanh_form, drop, s1, s2)", "col"),
+    ("bias_gelu_bwd", "const T* dy, const bool* keep, A scale, const T* h, T* dh, A* part_db, long long rows, "
+     "int n, long long chunk, int tanh_form, int drop",
+     "npf_bias_gelu_bwd<T, A>(dy, keep, scale, h, dh, part_db, rows, n, chunk, tanh_form, drop, s1, s2)", "col"),
     ("gelu_fwd", "const T* x, T* y, long long total, int tanh_form",
      "npf_gelu_fwd<T, A>(x, y, total, tanh_form)", ""),
     ("gelu_bwd", "const T* dy, const T* x, T* dx, long long total, int tanh_form",
      "npf_gelu_bwd<T, A>(dy, x, dx, total, tanh_form)", ""),
-    ("bias_gelu_fwd", "const T* z, const T* b, const float* u, T* h, T* y, T* mask, long long total, int n, "
+    ("bias_gelu_fwd", "const T* z, const T* b, const float* u, T* h, T* y, bool* keep, long long total, int n, "
      "int tanh_form, float p, A scale, int drop",
-     "npf_bias_gelu_fwd<T, A>(z, b, u, h, y, mask, total, n, tanh_form, p, scale, drop)", ""),
+     "npf_bias_gelu_fwd<T, A>(z, b, u, h, y, keep, total, n, tanh_form, p, scale, drop)", ""),
     ("bias_add", "const T* x, const T* b, T* y, long long total, int n",
      "npf_bias_add<T, A>(x, b, y, total, n)", ""),
-    ("dropout_fwd", "const T* x, const float* u, T* y, T* mask, long long total, float p, A scale",
-     "npf_dropout_fwd<T, A>(x, u, y, mask, total, p, scale)", ""),
+    ("dropout_fwd", "const T* x, const float* u, T* y, bool* keep, long long total, float p, A scale",
+     "npf_dropout_fwd<T, A>(x, u, y, keep, total, p, scale)", ""),
+    ("dropout_bwd", "const T* dy, const bool* keep, T* dx, long long total, A scale",
+     "npf_dropout_bwd<T, A>(dy, keep, dx, total, scale)", ""),
 ) + FUSED_ENTRY_POINTS
 _SHARED = {"row": "    __shared__ A buf[NPF_MAX_THREADS];\n",
            "col": "    __shared__ A s1[NPF_COL_X * NPF_COL_Y];\n    __shared__ A s2[NPF_COL_X * NPF_COL_Y];\n",

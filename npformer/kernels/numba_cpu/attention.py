@@ -1,11 +1,13 @@
 """Scaled dot-product attention for NumPy with compiled row operations (reference:
 :mod:`npformer.ops.attention`): the NumPy fast path's blocks, threads and dropout stream
 (:mod:`npformer.kernels.cpu.attention`), each block's softmax and softmax backward one compiled loop
-over its rows (:mod:`~npformer.kernels.numba_cpu.softmax`) instead of a chain of NumPy passes.
+over its rows (:mod:`~npformer.kernels.numba_cpu.softmax`) instead of a chain of NumPy passes, and
+its dropout product one loop too (:mod:`~npformer.kernels.numba_cpu.dropout`).
 """
 from __future__ import annotations
 
 from npformer.kernels.cpu.attention import RowKernels, attention_backward, attention_forward
+from npformer.kernels.numba_cpu.dropout import apply_keep
 from npformer.kernels.numba_cpu.softmax import softmax_grad_rows_in_place, softmax_rows_in_place
 
 __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"]
@@ -25,7 +27,7 @@ def _softmax_grad(dp, p):
     return dp
 
 
-COMPILED_ROWS = RowKernels(_softmax, _softmax_grad)
+COMPILED_ROWS = RowKernels(_softmax, _softmax_grad, apply_keep)
 
 
 def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None,

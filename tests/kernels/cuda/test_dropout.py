@@ -1,4 +1,5 @@
-"""Fused dropout forward against the plain op: the same seed gives the same mask and output, bit for bit."""
+"""Fused dropout forward and backward against the plain op: the same seed gives the same mask, output and
+gradient, bit for bit."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -24,12 +25,35 @@ def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, 
     with disabled():
         out_ref, cache_ref = dropout_forward(x, p, rng=rng(fx, seed))
     out, cache = cuda.dropout_forward(x, p, rng=rng(fx, seed))
-    assert out.dtype == x.dtype and cache.scaled_mask.dtype == x.dtype and out.shape == x.shape
-    np.testing.assert_array_equal(host(cache.scaled_mask), host(cache_ref.scaled_mask))
+    assert out.dtype == x.dtype and cache.keep.dtype == bool and out.shape == x.shape
+    np.testing.assert_array_equal(host(cache.keep), host(cache_ref.keep))
+    assert cache.scale == cache_ref.scale and cache.scale.dtype == x.dtype
     np.testing.assert_array_equal(host(out), host(out_ref))
     dout = randn(fx.xp, shape, seed + 1, dtype=dtype)
-    with disabled():                                   # the backward is the plain op's, on either cache
-        np.testing.assert_array_equal(host(dropout_backward(dout, cache)), host(dropout_backward(dout, cache_ref)))
+    with disabled():
+        dx_ref = host(dropout_backward(dout, cache_ref))
+        np.testing.assert_array_equal(host(dropout_backward(dout, cache)), dx_ref)
+    for c in (cache, cache_ref):                       # the fused backward on either forward's cache
+        dx = cuda.dropout_backward(dout, c)
+        assert dx.dtype == x.dtype
+        np.testing.assert_array_equal(host(dx), dx_ref)
+
+
+def test_backward_of_non_finite_and_non_contiguous_gradients(fx):
+    """inf or NaN where an entry was dropped gives NaN, as the plain product does; a transposed dout
+    is read through a contiguous copy."""
+    x = randn(fx.xp, (6, 8), 0, dtype="float32")
+    _, cache = cuda.dropout_forward(x, 0.5, rng=rng(fx, 1))
+    dout = randn(fx.xp, (8, 6), 1, dtype="float32").T
+    dout[0, :] = float("inf")
+    dout[1, :] = float("nan")
+    with disabled(), np.errstate(invalid="ignore"):
+        ref = host(dropout_backward(dout, cache))
+    got = host(cuda.dropout_backward(dout, cache))
+    np.testing.assert_array_equal(got, ref)
+    assert np.isnan(got[0][~host(cache.keep)[0]]).all()
+    identity = cuda.dropout_forward(x, 0.5, training=False)[1]
+    np.testing.assert_array_equal(host(cuda.dropout_backward(dout, identity)), host(dout))
 
 
 @given(shape=st.lists(st.integers(1, 5), min_size=0, max_size=2).map(tuple), p=st.sampled_from([0.1, 0.5, 0.9]),
@@ -38,7 +62,7 @@ def test_gradcheck_float64_with_fixed_mask(fx, shape, p, seed):
     def forward(x):   # a fresh generator per call: the same mask at every finite-difference point
         return cuda.dropout_forward(x, p, rng=rng(fx, seed))
 
-    assert_gradcheck(gradcheck(forward, dropout_backward, {"x": randn(fx.xp, shape, seed)}, seed=seed))
+    assert_gradcheck(gradcheck(forward, cuda.dropout_backward, {"x": randn(fx.xp, shape, seed)}, seed=seed))
 
 
 def test_inverted_scaling_keeps_the_mean(fx):
@@ -54,10 +78,10 @@ def test_identity_cases_and_p_one(fx, dtype):
     x = randn(fx.xp, (3, 4), 1, dtype=dtype)
     for p, training in ((0.0, True), (0.5, False)):
         out, cache = cuda.dropout_forward(x, p, rng=None, training=training)
-        assert cache.scaled_mask is None and out is not x
+        assert cache.keep is None and out is not x
         np.testing.assert_array_equal(host(out), host(x))
     out, cache = cuda.dropout_forward(x, 1.0, rng=rng(fx, 0))
-    assert not host(out).any() and not host(cache.scaled_mask).any() and out.dtype == x.dtype
+    assert not host(out).any() and not host(cache.keep).any() and out.dtype == x.dtype
 
 
 def test_non_contiguous_input(fx):
@@ -75,3 +99,6 @@ def test_bad_input_is_refused(fx):
         cuda.dropout_forward(x, 1.5, rng=rng(fx, 0))
     with pytest.raises(ValueError, match="needs rng"):
         cuda.dropout_forward(x, 0.5)
+    _, cache = cuda.dropout_forward(x, 0.5, rng=rng(fx, 0))
+    with pytest.raises(ValueError, match=r"dout: expected the shape of the forward's output, \(2, 3\)"):
+        cuda.dropout_backward(randn(fx.xp, (3, 2), 0), cache)

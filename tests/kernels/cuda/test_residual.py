@@ -48,9 +48,10 @@ def test_matches_the_reference_ops(fx, lead, n, drop, affine, with_ds, dtype, se
         s_ref, y_ref, c_ref = residual_dropout_layer_norm_forward(x, br, w, b, rng=rng(fx, seed), **kw)
         grads_ref = residual_dropout_layer_norm_backward(ds, dy, c_ref)
     s, y, cache = cuda.residual_dropout_layer_norm_forward(x, br, w, b, rng=rng(fx, seed), **kw)
-    assert (cache.drop.scaled_mask is None) == (c_ref.drop.scaled_mask is None)
-    if cache.drop.scaled_mask is not None:                # the same entries dropped, the same scale
-        np.testing.assert_array_equal(host(cache.drop.scaled_mask), host(c_ref.drop.scaled_mask))
+    assert (cache.drop.keep is None) == (c_ref.drop.keep is None)
+    if cache.drop.keep is not None:                # the same entries dropped, the same scale
+        np.testing.assert_array_equal(host(cache.drop.keep), host(c_ref.drop.keep))
+        assert cache.drop.scale == c_ref.drop.scale
     np.testing.assert_array_equal(host(s), host(s_ref))  # d = branch m, then x + d: the same roundings
     assert_close(y, y_ref, dtype, what="y")
     acc = str(c_ref.norm.xhat.dtype)
@@ -77,9 +78,10 @@ def test_residual_dropout_is_the_reference_bit_for_bit(fx, shape, drop, dtype, s
         s_ref, c_ref = residual_dropout_forward(x, br, p=p, rng=rng(fx, seed), training=training)
     s, cache = cuda.residual_dropout_forward(x, br, p=p, rng=rng(fx, seed), training=training)
     np.testing.assert_array_equal(host(s), host(s_ref))
-    assert (cache.scaled_mask is None) == (c_ref.scaled_mask is None)
-    if cache.scaled_mask is not None:
-        np.testing.assert_array_equal(host(cache.scaled_mask), host(c_ref.scaled_mask))
+    assert (cache.keep is None) == (c_ref.keep is None)
+    if cache.keep is not None:
+        np.testing.assert_array_equal(host(cache.keep), host(c_ref.keep))
+        assert cache.scale == c_ref.scale
 
 
 @given(shape=st.tuples(st.integers(1, 3), st.integers(2, 6)), p=st.sampled_from([0.0, 0.3]),
@@ -114,7 +116,7 @@ def test_p_one_drops_everything_and_draws_nothing(fx):
     g = rng(fx, 0)
     s, y, cache = cuda.residual_dropout_layer_norm_forward(x, br, p=1.0, rng=g)
     np.testing.assert_array_equal(host(s), host(x))
-    assert not host(cache.drop.scaled_mask).any()
+    assert not host(cache.drop.keep).any()
     assert g.random() == rng(fx, 0).random()            # the generator was not advanced
 
 

@@ -60,8 +60,10 @@ def test_each_wired_op_takes_the_fused_path_and_matches(fx, seen, dtype):
                                                     linear.linear_forward(x, wl, bl)[1]))
     for g, r in zip(got, ref):
         assert_close(g, r, dtype)
-    got, ref = _both(lambda: dropout.dropout_forward(x, 0.3, rng=default_rng(7, backend))[0])
-    np.testing.assert_array_equal(host(got), host(ref))       # the same draws: the same mask
+    got, ref = _both(lambda: (lambda o, c: (o, dropout.dropout_backward(dy, c)))(
+        *dropout.dropout_forward(x, 0.3, rng=default_rng(7, backend))))
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(host(g), host(r))       # the same draws: the same mask
     q, k, v = (randn(xp, (2, 2, 5, 3), s, dtype) for s in (7, 8, 9))
     pad = xp.asarray(np.array([[False] * 4 + [True], [False] * 5]))
     got, ref = _both(lambda: (lambda o, c: (o, *flash_attention.flash_attention_backward(

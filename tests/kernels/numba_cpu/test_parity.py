@@ -16,7 +16,7 @@ from npformer import kernels  # noqa: E402
 from npformer.kernels.cpu import threads  # noqa: E402
 from npformer.kernels.numba_cpu import vector_math  # noqa: E402
 from npformer.backend import default_rng  # noqa: E402
-from npformer.ops import activations, attention, cross_entropy, layernorm, optim, softmax  # noqa: E402
+from npformer.ops import activations, attention, cross_entropy, dropout, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
 from tests.helpers import assert_close, assert_fast_path_pair, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
 
@@ -99,6 +99,31 @@ def test_attention(b, h, tq, tk, hs, seed, dtype, causal, p, data):
         assert_close(g, r, dtype, what="attention backward on the reference cache")
 
 
+@given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), p=st.sampled_from([0.1, 0.5, 0.9, 1.0]))
+def test_dropout(shape, seed, dtype, p):
+    """The mask, output and gradient bit for bit (a product, no rounding choices), the generator left
+    where the reference leaves it; inf and NaN in dropped entries give NaN as in the reference."""
+    x = randn(np, shape + (2,), seed, dtype)             # an even size: the raw-bits mask applies
+    x.reshape(-1)[:2] = [np.inf, np.nan]
+    dout = randn(np, x.shape, seed + 1, dtype)
+    dout.reshape(-1)[-1:] = -np.inf
+    rng, rng_ref = default_rng(seed, "numpy"), default_rng(seed, "numpy")
+    assert kernels.implementation(dropout.dropout_forward, x, p, rng=rng) == "numba"
+    with np.errstate(invalid="ignore"):
+        out, cache = dropout.dropout_forward(x, p, rng=rng)
+        assert kernels.implementation(dropout.dropout_backward, dout, cache) == "numba"
+        with kernels.disabled():
+            out_ref, cache_ref = dropout.dropout_forward(x, p, rng=rng_ref)
+            dx_ref = dropout.dropout_backward(dout, cache_ref)
+        dx, dx_on_ref = dropout.dropout_backward(dout, cache), dropout.dropout_backward(dout, cache_ref)
+    np.testing.assert_array_equal(cache.keep, cache_ref.keep)
+    assert cache.scale == cache_ref.scale and cache.scale.dtype == x.dtype
+    for got, ref in ((out, out_ref), (dx, dx_ref), (dx_on_ref, dx_ref)):
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(got.view(f"i{got.itemsize}"), ref.view(f"i{ref.itemsize}"))   # -0 too
+    np.testing.assert_array_equal(rng.random(5), rng_ref.random(5))
+
+
 def test_cross_entropy_of_masked_logits_and_all_ignored_targets():
     logits = randn(np, (3, 4), 0, "float32")
     logits[0, 1:] = -np.inf                              # one class left in row 0
@@ -131,7 +156,7 @@ def test_non_finite_inputs_come_out_as_the_reference_gives_them():
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy",
-                                  "attention"])
+                                  "attention", "dropout"])
 def test_gradcheck_through_the_compiled_path(name):
     """float64 central differences through the compiled paths (they take float64 arrays)."""
     x = randn(np, (2, 3, 5), 1)
@@ -148,9 +173,14 @@ def test_gradcheck_through_the_compiled_path(name):
                       attention.scaled_dot_product_attention_backward,
                       {"q": randn(np, (2, 2, 3, 4), 4), "k": randn(np, (2, 2, 5, 4), 5), "v": randn(np, (2, 2, 5, 4), 6)},
                       {"is_causal": True, "causal_alignment": "bottom_right"}),
+        "dropout": (lambda x: dropout.dropout_forward(x, 0.4, rng=default_rng(3, "numpy")),   # one mask each call
+                    dropout.dropout_backward, {"x": x}, {}),
     }
     fwd, bwd, inputs, kw = cases[name]
-    assert kernels.implementation(fwd, *inputs.values(), **kw) == "numba"
+    if name == "dropout":
+        assert kernels.implementation(dropout.dropout_forward, x, 0.4, rng=default_rng(3, "numpy")) == "numba"
+    else:
+        assert kernels.implementation(fwd, *inputs.values(), **kw) == "numba"
     assert_gradcheck(gradcheck(fwd, bwd, inputs, kwargs=kw, label=f"{name} (numba)"))
 
 
@@ -171,7 +201,7 @@ def test_bad_input_gets_the_reference_error_on_both_paths(call, error):
         call()
 
 
-@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy"])
+@pytest.mark.parametrize("op", ["gelu", "softmax", "layer_norm", "cross_entropy", "dropout"])
 def test_results_do_not_depend_on_the_thread_count(op, monkeypatch):
     """Rows are handed out in chunks; every row's arithmetic is the same on any thread, and the
     layer norm's parameter gradients are summed in fixed blocks of rows. (The loops that take a
@@ -190,6 +220,8 @@ def test_results_do_not_depend_on_the_thread_count(op, monkeypatch):
             *layernorm.layer_norm_forward(x, w, b)),
         "cross_entropy": lambda: (lambda l, c: (l, cross_entropy.cross_entropy_backward(np.asarray(1.0, np.float32), c)))(
             *cross_entropy.cross_entropy_forward(x, t)),
+        "dropout": lambda: (lambda y, c: (y, c.keep, dropout.dropout_backward(dy, c)))(
+            *dropout.dropout_forward(x, 0.3, rng=default_rng(7, "numpy"))),
     }
     before = threads.get_num_threads()
     try:
@@ -274,7 +306,7 @@ def test_sum_of_squares_in_float64(dtype):
 def test_every_numba_fast_path_has_a_parity_case_here():
     tested = {"softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward",
-              "cross_entropy_forward", "cross_entropy_backward",
+              "cross_entropy_forward", "cross_entropy_backward", "dropout_forward", "dropout_backward",
               "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward",
               "adam_update", "sum_of_squares"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "numba"}
