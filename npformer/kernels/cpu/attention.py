@@ -15,10 +15,11 @@ from the product that makes them to the product that uses them:
 Threads take contiguous runs of whole heads (a head's query-row blocks stay on one thread, so dk
 and dv sum in a fixed order), with BLAS at one thread each (:mod:`npformer.kernels.cpu.threads`).
 Each block computes the same products and row operations whichever thread runs it, so the results
-do not depend on the number of threads. The dropout mask is the reference's, each block drawing its
-own run of the generator's stream (:class:`~npformer.kernels.cpu.dropout.KeepMask`); where the
-stream cannot be cut there (another generator, an odd Tk), the mask is drawn whole first, as the
-reference draws it. 16-bit inputs run the softmax in float32, as the reference.
+do not depend on the number of threads. The dropout mask is the reference's, drawn as booleans
+before the blocks run, in one part of the generator's stream per thread
+(:class:`~npformer.kernels.cpu.dropout.KeepMask`: a generator per block cost more than its draws);
+where the stream cannot be cut (another generator, an odd number of scores) it is drawn whole, as
+the reference draws it. 16-bit inputs run the softmax in float32, as the reference.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
-from npformer.kernels.cpu.dropout import KeepMask, apply_keep, streamable
+from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep, streamable
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
 from npformer.ops.attention import AttentionCache, check_attention_inputs
@@ -56,12 +57,6 @@ def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, sl
     rows = max(1, BLOCK_ELEMENTS // tk)
     return [[(slice(i, i + 1), slice(j, j + 1), slice(r, min(r + rows, tq))) for r in range(0, tq, rows)]
             for i in range(b) for j in range(h)]
-
-
-def _offset(block, h: int, tq: int, tk: int) -> int:
-    """Index of the block's first score in the C-order (B, H, Tq, Tk) array."""
-    i, heads, rows = block
-    return ((i.start * h + heads.start) * tq + rows.start) * tk
 
 
 def _parallel(groups: list, run_block) -> None:
@@ -131,13 +126,13 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
     scale_t = dtype.type(scale)
     p = numpy.empty(shape, dtype)                        # (B, H, Tq, Tk) S, then P in place
     out = numpy.empty((b, h, tq, hv), dtype)             # (B, H, Tq, hv)
-    keep = stream = keep_s = None
+    keep = keep_s = None
     if dropout_active(q, dropout_p, rng, training):    # (its errors: no rng)
-        if dropout_p == 1.0 or not (streamable(rng, p.size) and tk % 2 == 0):
+        if dropout_p == 1.0 or not streamable(rng, p.size):
             keep, keep_s = dropout_mask(p, dropout_p, rng)   # drawn whole, as the reference
         else:
-            keep, stream = numpy.empty(shape, bool), KeepMask(rng, p.size, dropout_p)
-            keep_s = keep_scale(dropout_p, dtype)
+            keep, keep_s = numpy.empty(shape, bool), keep_scale(dropout_p, dtype)
+            draw_keep(KeepMask(rng, p.size, dropout_p), keep)   # in parts side by side
     weights = numpy.empty(shape, dtype) if need_weights else None
 
     def run_block(block) -> None:
@@ -150,8 +145,6 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
         p_drop = s
         if keep is not None:
             m = keep[i, heads, rows]
-            if stream is not None:
-                stream.stream(_offset(block, h, tq, tk))(m.reshape(-1))   # (a view: blocks are contiguous)
             p_drop = weights[i, heads, rows] if weights is not None else numpy.empty(s.shape, dtype)
             rows_.apply_keep(p_drop, s, m, keep_s)       # (b', h', r, Tk) P * m / (1 - p)
         elif weights is not None:
@@ -159,8 +152,6 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
         numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
 
     _parallel(blocks(*shape), run_block)
-    if stream is not None:
-        stream.finish()
     drop = DropoutCache(keep, keep_s, shape, dtype)      # (None, None: no dropout ran)
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 

@@ -30,7 +30,8 @@ from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS, blo
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 
-__all__ = ["accepts", "accepts_backward", "streamable", "apply_keep", "KeepMask", "forward_with", "backward_with",
+__all__ = ["accepts", "accepts_backward", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with",
+           "backward_with",
            "dropout_forward", "dropout_backward"]
 
 
@@ -87,6 +88,15 @@ class KeepMask:
 
     def finish(self) -> None:
         self.bitgen.advance(self.size // 2)
+
+
+def draw_keep(mask: KeepMask, keep) -> None:
+    """The whole mask into the C-contiguous bool array ``keep`` (``mask.size`` entries), in one
+    part per thread, then ``mask.finish()``."""
+    flat = keep.reshape(-1)
+    parts = split(flat.size, min(get_num_threads(), max(1, flat.size // MIN_THREAD_ELEMENTS)), multiple=2)
+    run_parallel([lambda a=a, b=b: mask.stream(a)(flat[a:b]) for a, b in parts])
+    mask.finish()
 
 
 def forward_with(apply, x, p: float, rng, training: bool):

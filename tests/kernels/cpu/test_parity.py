@@ -353,7 +353,7 @@ def thread_count():
     threads.set_num_threads(before)
 
 
-@pytest.mark.parametrize("tq, tk", [(1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk, mask drawn whole
+@pytest.mark.parametrize("tq, tk", [(1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_count, tq, tk, dtype):
     """Blocks of query rows (scores per head > 8) and of several heads, on 1, 2 and 3 threads: the
