@@ -14,9 +14,10 @@ generator ends in the same state, whatever the number of parts (tested). Other g
 sizes, or a PCG64 holding a spare 32-bit half run the reference.
 
 The mask is kept as booleans with the scale 1 / (1 - p) beside it, as the reference keeps it; the
-forward's ``x * keep * scale`` and the backward's ``dout * keep * scale`` run block by block in
-cache, over the threads. ``forward_with``/``backward_with`` take that product as an argument, so
-the compiled CPU path (:mod:`npformer.kernels.numba_cpu.dropout`) reuses the rest.
+forward's ``x * keep * scale`` runs block by block, each block right after its mask, over the
+threads. ``forward_with`` takes that product as an argument, so the compiled CPU path
+(:mod:`npformer.kernels.numba_cpu.dropout`) reuses the rest. The backward has no NumPy fast path:
+the reference's ``dout * keep * scale`` was faster than any blocking of it measured here.
 """
 from __future__ import annotations
 
@@ -24,9 +25,8 @@ import math
 
 import numpy
 
-from npformer.checks import expect_grad
 from npformer.kernels.cpu import numpy_floats
-from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS, blockwise
+from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 
@@ -44,12 +44,6 @@ def streamable(rng, size: int) -> bool:
 def accepts(x, p=0.0, rng=None, training=True) -> bool:
     """A NumPy float array, with a PCG64 generator whose next draws this path reproduces."""
     return numpy_floats(x) and streamable(rng, x.size)
-
-
-def accepts_backward(dout, cache) -> bool:
-    """A NumPy float gradient and a NumPy keep-mask (or none)."""
-    keep = getattr(cache, "keep", None)
-    return numpy_floats(dout) and (keep is None or type(keep) is numpy.ndarray)
 
 
 def apply_keep(out, x, keep, scale) -> None:
@@ -126,19 +120,6 @@ def forward_with(apply, x, p: float, rng, training: bool):
     return out, DropoutCache(keep, scale, x.shape, x.dtype)
 
 
-def backward_with(apply, dout, cache: DropoutCache):
-    """The backward below with ``apply`` as in :func:`forward_with`."""
-    expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
-    if cache.keep is None:
-        return dout.copy()
-    # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p), block by block
-    dx = numpy.empty(dout.shape, dtype=dout.dtype)       # (same as x)
-    return blockwise(lambda o, g, k: apply(o, g, k, cache.scale), dx, numpy.ascontiguousarray(dout), cache.keep)
-
-
 def dropout_forward(x, p: float, rng=None, training: bool = True):
     return forward_with(apply_keep, x, p, rng, training)
 
-
-def dropout_backward(dout, cache):
-    return backward_with(apply_keep, dout, cache)

@@ -16,6 +16,7 @@ from npformer import kernels  # noqa: E402
 from npformer.kernels.cpu import threads  # noqa: E402
 from npformer.kernels.numba_cpu import vector_math  # noqa: E402
 from npformer.backend import default_rng  # noqa: E402
+from npformer.errors import NpformerError  # noqa: E402
 from npformer.ops import activations, attention, cross_entropy, dropout, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
 from tests.helpers import assert_close, assert_fast_path_pair, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
@@ -122,6 +123,25 @@ def test_dropout(shape, seed, dtype, p):
         assert got.dtype == x.dtype
         np.testing.assert_array_equal(got.view(f"i{got.itemsize}"), ref.view(f"i{ref.itemsize}"))   # -0 too
     np.testing.assert_array_equal(rng.random(5), rng_ref.random(5))
+
+
+def test_dropout_backward_of_transposed_gradients_identities_and_bad_gradients():
+    x = randn(np, (300, 8), 0, "float32")
+    _, cache = dropout.dropout_forward(x, 0.3, rng=default_rng(0, "numpy"))
+    dout = randn(np, (8, 300), 1, "float32").T                       # not C-contiguous
+    assert kernels.implementation(dropout.dropout_backward, dout, cache) == "numba"
+    with kernels.disabled():
+        ref = dropout.dropout_backward(dout, cache)
+    np.testing.assert_array_equal(dropout.dropout_backward(dout, cache), ref)
+    identity = dropout.dropout_forward(x, 0.3, training=False)[1]
+    dx = dropout.dropout_backward(dout, identity)
+    np.testing.assert_array_equal(dx, dout)
+    assert dx is not dout
+    for bad in (np.zeros((300, 7), np.float32), np.zeros((300, 8), np.float64)):
+        with pytest.raises(NpformerError, match="dout: expected the"):
+            dropout.dropout_backward(bad, cache)
+        with kernels.disabled(), pytest.raises(NpformerError, match="dout: expected the"):
+            dropout.dropout_backward(bad, cache)
 
 
 def test_cross_entropy_of_masked_logits_and_all_ignored_targets():
