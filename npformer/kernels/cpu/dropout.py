@@ -28,11 +28,9 @@ import numpy
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
-from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
+from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
 
-__all__ = ["accepts", "accepts_backward", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with",
-           "backward_with",
-           "dropout_forward", "dropout_backward"]
+__all__ = ["accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
 
 
 def streamable(rng, size: int) -> bool:
@@ -84,12 +82,16 @@ class KeepMask:
         self.bitgen.advance(self.size // 2)
 
 
+def _parts(size: int) -> list[tuple[int, int]]:
+    """One run of elements per thread (each at least MIN_THREAD_ELEMENTS long), starting at even offsets."""
+    return split(size, min(get_num_threads(), max(1, size // MIN_THREAD_ELEMENTS)), multiple=2)
+
+
 def draw_keep(mask: KeepMask, keep) -> None:
     """The whole mask into the C-contiguous bool array ``keep`` (``mask.size`` entries), in one
     part per thread, then ``mask.finish()``."""
     flat = keep.reshape(-1)
-    parts = split(flat.size, min(get_num_threads(), max(1, flat.size // MIN_THREAD_ELEMENTS)), multiple=2)
-    run_parallel([lambda a=a, b=b: mask.stream(a)(flat[a:b]) for a, b in parts])
+    run_parallel([lambda a=a, b=b: mask.stream(a)(flat[a:b]) for a, b in _parts(flat.size)])
     mask.finish()
 
 
@@ -98,10 +100,10 @@ def forward_with(apply, x, p: float, rng, training: bool):
     compiled CPU path passes its own)."""
     if not dropout_active(x, p, rng, training):
         return x.copy(), DropoutCache.identity(x)
-    scale = keep_scale(p, x.dtype)
-    if p == 1.0:
-        keep = numpy.zeros(x.shape, dtype=bool)          # (same as x)
+    if p == 1.0:                                         # nothing kept, nothing drawn: the reference's mask
+        keep, scale = dropout_mask(x, p, rng)
         return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
+    scale = keep_scale(p, x.dtype)
     mask = KeepMask(rng, x.size, p)
     keep = numpy.empty(x.shape, dtype=bool)              # (same as x)
     out = numpy.empty(x.shape, dtype=x.dtype)            # (same as x)
@@ -114,8 +116,7 @@ def forward_with(apply, x, p: float, rng, training: bool):
             write(flat_k[i:j])
             apply(flat_o[i:j], flat_x[i:j], flat_k[i:j], scale)
 
-    parts = split(x.size, min(get_num_threads(), max(1, x.size // MIN_THREAD_ELEMENTS)), multiple=2)
-    run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
+    run_parallel([lambda a=a, b=b: run(a, b) for a, b in _parts(x.size)])
     mask.finish()
     return out, DropoutCache(keep, scale, x.shape, x.dtype)
 

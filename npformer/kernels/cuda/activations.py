@@ -17,7 +17,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_float, expect_grad, expect_same_dtype, expect_shape, one_of
 from npformer.errors import ShapeError
-from npformer.kernels.cuda.dropout import dropout_forward, keep_draws
+from npformer.kernels.cuda.dropout import dropout_forward, keep_arguments, keep_draws
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
 from npformer.ops.activations import APPROXIMATIONS, GeluCache
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
@@ -135,7 +135,7 @@ def bias_gelu_dropout_forward(z, bias, approximate: str = "none", p: float = 0.0
     return a, GeluCache(h, approximate), DropoutCache(keep, keep_scale(p, z.dtype), z.shape, z.dtype)
 
 
-def _bias_gelu_grads(dy, h, approximate, keep, scale):
+def _bias_gelu_grads(dy, h, approximate, drop: DropoutCache):
     form = _tanh_form(approximate)
     xp = device_xp(dy, h)
     expect_grad(dy, "da", h.shape, h.dtype)
@@ -144,23 +144,20 @@ def _bias_gelu_grads(dy, h, approximate, keep, scale):
     dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)
     if not rows:
         return dz, xp.zeros((n,), dtype=h.dtype)
-    acc = accumulation_dtype(h.dtype)
-    k = contiguous(xp, keep) if keep is not None else xp.empty((1,), dtype=bool)   # a stand-in, never read
-    s = acc.type(scale) if keep is not None else acc.type(1)
+    keep, scale, active = keep_arguments(xp, drop, h.dtype)
     # fwd: a = gelu(h), h = z + b  ->  dz = da * gelu'(h),  db = sum over rows of dz
-    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, k, s, h, dz),
-                             (form, numpy.int32(keep is not None)), 1)
+    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, keep, scale, h, dz), (form, active), 1)
     return dz, part.sum(axis=0).astype(h.dtype)          # (..., F), (F,)
 
 
 def bias_gelu_backward(da, cache):
     """Returns ``(dz, dbias)``: ``dz = da * gelu'(h)`` and ``dbias = sum of dz over the rows``."""
     h, approximate = cache
-    return _bias_gelu_grads(da, h, approximate, None, None)
+    return _bias_gelu_grads(da, h, approximate, DropoutCache.identity(h))
 
 
 def bias_gelu_dropout_backward(da, act_cache, drop_cache):
     """Returns ``(dz, dbias)`` of ``a = dropout(gelu(z + bias))``: ``da`` times the mask first."""
     # fwd: a' = a * m / (1 - p)  ->  da = da' * m / (1 - p)   (in the same kernel)
     h, approximate = act_cache
-    return _bias_gelu_grads(da, h, approximate, drop_cache.keep, drop_cache.scale)
+    return _bias_gelu_grads(da, h, approximate, drop_cache)

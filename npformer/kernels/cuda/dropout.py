@@ -17,7 +17,7 @@ from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
 
-__all__ = ["dropout_forward", "dropout_backward", "keep_draws"]
+__all__ = ["dropout_forward", "dropout_backward", "keep_draws", "keep_arguments"]
 
 
 def keep_draws(x, p: float, rng):
@@ -28,6 +28,16 @@ def keep_draws(x, p: float, rng):
     u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
     get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
     return contiguous(xp, u), accumulation_dtype(x.dtype).type(keep_scale(p, x.dtype))
+
+
+def keep_arguments(xp, cache: DropoutCache, dtype) -> tuple:
+    """What a fused backward kernel takes of a dropout's cache: ``(keep, scale, drop)``, the boolean
+    mask (contiguous), the scale as a scalar of the accumulation type and the flag 1; or, when the
+    dropout was the identity, a 1-element stand-in never read, 1 and 0."""
+    acc = accumulation_dtype(dtype)
+    if cache.keep is None:
+        return xp.empty((1,), dtype=bool), acc.type(1), numpy.int32(0)
+    return contiguous(xp, cache.keep), acc.type(cache.scale), numpy.int32(1)
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
@@ -56,10 +66,10 @@ def dropout_backward(dout, cache: DropoutCache):
     if cache.keep is None:
         return dout.copy()
     xp = device_xp(dout)
-    dout, keep = contiguous(xp, dout), contiguous(xp, cache.keep)
+    dout = contiguous(xp, dout)
+    keep, scale, _ = keep_arguments(xp, cache, dout.dtype)
     dx = xp.empty(dout.shape, dtype=dout.dtype)          # (same as x)
     if dout.size:
         # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
-        launch_elements("dropout_bwd", dout.dtype, dout.size,
-                        (dout, keep, dx, numpy.int64(dout.size), accumulation_dtype(dout.dtype).type(cache.scale)))
+        launch_elements("dropout_bwd", dout.dtype, dout.size, (dout, keep, dx, numpy.int64(dout.size), scale))
     return dx

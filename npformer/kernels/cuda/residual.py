@@ -15,7 +15,7 @@ import numpy
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
-from npformer.kernels.cuda.dropout import keep_draws
+from npformer.kernels.cuda.dropout import keep_arguments, keep_draws
 from npformer.kernels.cuda.layernorm import check_cache_dtypes, layer_norm_param_grads
 from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, launch_elements, launch_rows, rows_of
 from npformer.ops import residual
@@ -104,14 +104,12 @@ def residual_dropout_layer_norm_backward(ds, dy, cache):
     dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)
     dsc = contiguous(xp, ds) if ds is not None else dy         # stand-ins, never read
     w = contiguous(xp, weight) if weight is not None else dy
-    active = drop.keep is not None
-    keep = contiguous(xp, drop.keep) if active else xp.empty((1,), dtype=bool)   # a stand-in, never read
-    scale = accumulation_dtype(dtype).type(drop.scale if active else 1)
+    keep, scale, active = keep_arguments(xp, drop, dtype)
     dx = xp.empty(dy.shape, dtype=dtype)                 # (..., C)
     dbranch = xp.empty(dy.shape, dtype=dtype)            # (..., C)
     if rows:
         # fwd: y = LN(s), s = x + dropout(branch)  ->  dx = ds + LN'(dy),  dbranch = dx * m / (1 - p)
         launch_rows("add_dropout_ln_bwd", dtype, rows, n,
                     (dy, dsc, xhat, rstd, w, keep, scale, dx, dbranch, numpy.int64(rows), numpy.int32(n),
-                     numpy.int32(weight is not None), numpy.int32(ds is not None), numpy.int32(active)))
+                     numpy.int32(weight is not None), numpy.int32(ds is not None), active))
     return (dx, dbranch, *layer_norm_param_grads(dy, xhat, weight, has_bias, dtype))

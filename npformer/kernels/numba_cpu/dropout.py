@@ -5,8 +5,9 @@ The mask is drawn as the NumPy fast path draws it (:mod:`npformer.kernels.cpu.dr
 bits, parts side by side, the reference's mask bit for bit); NumPy's ``x * keep`` casts the booleans
 through a buffer and then scales in a second pass, here both are one loop that reads x and the mask
 once (the backward 0.3-0.9x the reference's time from 256K to 2M elements, a thread per
-:data:`~npformer.kernels.numba_cpu.rows.CHEAP` elements). The product is the reference's exactly: a kept entry is ``x * scale``, a dropped one ``x * 0``
-(so inf or NaN there still gives NaN, as in the reference and PyTorch). No fast-math: bit for bit.
+:data:`~npformer.kernels.numba_cpu.rows.CHEAP` elements). The product is the reference's exactly: a
+kept entry is ``x * scale``, a dropped one ``x * 0`` (so inf or NaN there still gives NaN, as in the
+reference and PyTorch). No fast-math: bit for bit.
 """
 from __future__ import annotations
 
