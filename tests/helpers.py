@@ -95,3 +95,44 @@ def assert_gradcheck(report):
 
 def host(a):
     return to_numpy(a)
+
+
+def assert_packed_self_attention(path: str, dtype, p: float, seed: int = 0, b: int = 2, t: int = 7, h: int = 3,
+                                 hs: int = 4):
+    """Self-attention on NumPy through the CPU fast path ``path`` ("cpu" or "numba"): the attention's
+    output lies in memory as (B, T, H, hs), so merging the heads is a view; the backward's packed
+    fast path (npformer.kernels.multihead) gives the reference op's results on the same caches bit
+    for bit (the same products on the same values), and the reference path's to rounding (in
+    ``kernels.disabled()``); the dropout mask is drawn once per forward from one seed."""
+    from npformer import kernels
+    from npformer.backend import default_rng
+    from npformer.ops import multihead
+    e = h * hs
+    x = randn(np, (b, t, e), seed, dtype)
+    weights = (randn(np, (3 * e, e), seed + 1, dtype, scale=0.3), randn(np, (3 * e,), seed + 2, dtype),
+               randn(np, (e, e), seed + 3, dtype, scale=0.3), randn(np, (e,), seed + 4, dtype))
+    dout = randn(np, (b, t, e), seed + 5, dtype)
+    kw = dict(is_causal=True, need_weights=False, dropout_p=p)
+
+    def forward():
+        return multihead.self_attention_forward(x, h, *weights, rng=default_rng(seed, "numpy"), **kw)
+    out, _, cache = forward()
+    merged = cache.out_proj.x                                                    # (B, T, E): the merged heads
+    assert merged.flags.c_contiguous and merged.shape == (b, t, e)
+    heads = multihead.split_heads(merged, h)                                     # what attention returned
+    assert np.shares_memory(multihead.merge_heads(heads), merged)
+    assert kernels.implementation(multihead.self_attention_backward, dout, cache) == path
+    got = multihead.self_attention_backward(dout, cache)
+    same = multihead.self_attention_backward.reference(dout, cache)             # then a merge copy
+    with kernels.disabled():
+        out_ref, _, cache_ref = forward()
+        ref = multihead.self_attention_backward(dout, cache_ref)
+    assert_close(out, out_ref, dtype, what="self-attention out")
+    names = ("dx", "din_proj_weight", "din_proj_bias", "dout_proj_weight", "dout_proj_bias")
+    for g, s, r, name in zip(got, same, ref, names):
+        assert g.dtype == np.dtype(dtype) and g.shape == r.shape, name
+        np.testing.assert_array_equal(g, s, err_msg=name)
+        assert_close(g, r, dtype, what=name)
+    crossed = multihead.self_attention_backward(dout, cache_ref)                # the reference path's cache
+    for g, r, name in zip(crossed, ref, names):
+        assert_close(g, r, dtype, what=f"{name} on the reference cache")

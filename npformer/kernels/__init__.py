@@ -113,6 +113,8 @@ FAST_PATHS = (
      lambda q, k, v, **options: numpy_floats(q, k, v)),
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,
      lambda dout, cache: numpy_floats(dout, getattr(cache, "p", None))),
+    (multihead.self_attention_backward, "cpu", cpu_attention.self_attention_backward,
+     cpu_attention.accepts_self_attention_backward),
 )
 
 
@@ -152,6 +154,8 @@ def _numba_paths() -> tuple:
         (attention.scaled_dot_product_attention_backward, "numba",
          nb_attention.scaled_dot_product_attention_backward,
          lambda dout, cache: floats(dout, getattr(cache, "p", None))),
+        (multihead.self_attention_backward, "numba", nb_attention.self_attention_backward,
+         nb_attention.accepts_self_attention_backward),
         (optim.adam_update, "numba", nb_optim.adam_update, numba_cpu.accepts_adam),
         (optim.sum_of_squares, "numba", nb_optim.sum_of_squares, lambda x: floats(x)),
     )

@@ -20,6 +20,11 @@ before the blocks run, in one part of the generator's stream per thread
 (:class:`~npformer.kernels.cpu.dropout.KeepMask`: a generator per block cost more than its draws);
 where the stream cannot be cut (another generator, an odd number of scores) it is drawn whole, as
 the reference draws it. 16-bit inputs run the softmax in float32, as the reference.
+
+The output is written as (B, Tq, H, hv) in memory (returned as its (B, H, Tq, hv) view), so merging
+the heads after it is a view, not a copy; the backward can write dq, dk and dv into any arrays of
+their shapes with a contiguous last axis (``attention_backward_into``), which self-attention's
+backward uses to write them straight into its packed gradient (:mod:`npformer.kernels.multihead`).
 """
 from __future__ import annotations
 
@@ -29,16 +34,20 @@ import numpy
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
+from npformer.errors import ShapeError
+from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
 from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep, streamable
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
+from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
 from npformer.ops.attention import AttentionCache, check_attention_inputs
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
 from npformer.ops.masks import attention_bias
 
-__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "blocks", "RowKernels",
-           "attention_forward", "attention_backward"]
+__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "self_attention_backward",
+           "blocks", "RowKernels", "attention_forward", "attention_backward", "attention_backward_into",
+           "accepts_self_attention_backward"]
 
 
 def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, slice]]]:
@@ -111,6 +120,19 @@ def scaled_dot_product_attention_backward(dout, cache):
     return attention_backward(NUMPY_ROWS, dout, cache)
 
 
+def self_attention_backward(dout, cache):
+    """:func:`npformer.ops.multihead.self_attention_backward` with the heads' gradients written into
+    the packed gradient (no merge copy)."""
+    def backward_into(g, attn, dq, dk, dv) -> None:
+        attention_backward_into(NUMPY_ROWS, g, attn, dq, dk, dv)
+    return packed_self_attention_backward(backward_into, numpy, dout, cache)
+
+
+def accepts_self_attention_backward(dout, cache) -> bool:
+    """A self-attention cache of this attention (no past keys) and a NumPy float gradient."""
+    return packed_cache(cache, AttentionCache) and numpy_floats(dout, cache.attn.p)
+
+
 def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, is_causal, causal_alignment,
                       dropout_p, rng, training, scale, need_weights):
     """The forward above with the row operations ``rows_`` (the compiled CPU paths pass theirs)."""
@@ -125,7 +147,7 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
     dtype = q.dtype
     scale_t = dtype.type(scale)
     p = numpy.empty(shape, dtype)                        # (B, H, Tq, Tk) S, then P in place
-    out = numpy.empty((b, h, tq, hv), dtype)             # (B, H, Tq, hv)
+    out = numpy.empty((b, tq, h, hv), dtype).transpose(0, 2, 1, 3)   # (B, H, Tq, hv) view of (B, Tq, H, hv)
     keep = keep_s = None
     if dropout_active(q, dropout_p, rng, training):    # (its errors: no rng)
         if dropout_p == 1.0 or not streamable(rng, p.size):
@@ -158,11 +180,23 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
 
 def attention_backward(rows_: RowKernels, dout, cache):
     """The backward above with the row operations ``rows_``."""
+    dq, dk, dv = (numpy.empty(a.shape, a.dtype) for a in (cache.q, cache.k, cache.v))   # (B, H, T, hs / hv)
+    attention_backward_into(rows_, dout, cache, dq, dk, dv)
+    return dq, dk, dv
+
+
+def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
+    """The backward with the row operations ``rows_``, writing into ``dq``, ``dk``, ``dv``: NumPy
+    arrays of q's, k's and v's shapes and dtype with a contiguous last axis (views of a larger
+    array included: every element is written)."""
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
+    for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+        expect_grad(g, name, like.shape, like.dtype, what=name[1:])
+        if g.strides[-1] != g.itemsize:
+            raise ShapeError(f"{name}: expected a contiguous last axis to write rows into, got strides {g.strides}")
     b, h, tq, tk = p.shape
     dtype, keep, scale_t = q.dtype, drop.keep, q.dtype.type(scale)
-    dq, dk, dv = (numpy.empty(a.shape, dtype) for a in (q, k, v))     # (B, H, T, hs / hv)
 
     def run_block(block) -> None:
         i, heads, rows = block
@@ -189,4 +223,3 @@ def attention_backward(rows_: RowKernels, dout, cache):
             dk[i, heads] += dk_part
 
     _parallel(blocks(b, h, tq, tk), run_block)
-    return dq, dk, dv

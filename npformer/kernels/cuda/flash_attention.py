@@ -195,7 +195,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     expect_grad(dout, "dout", out.shape, out.dtype)
     xp = device_xp(dout, q, k, v, out, dq, dk, dv)
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        expect_grad(g, name, like.shape, like.dtype)
+        expect_grad(g, name, like.shape, like.dtype, what=name[1:])
         if g.strides[-1] != g.itemsize or min(g.strides) < 0:
             raise ShapeError(f"{name}: the kernels write rows with a contiguous last axis; got strides {g.strides}")
     b, h, tq, hs = q.shape

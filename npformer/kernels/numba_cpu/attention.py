@@ -2,15 +2,22 @@
 :mod:`npformer.ops.attention`): the NumPy fast path's blocks, threads and dropout stream
 (:mod:`npformer.kernels.cpu.attention`), each block's softmax and softmax backward one compiled loop
 over its rows (:mod:`~npformer.kernels.numba_cpu.softmax`) instead of a chain of NumPy passes, and
-its dropout product one loop too (:mod:`~npformer.kernels.numba_cpu.dropout`).
+its dropout product one loop too (:mod:`~npformer.kernels.numba_cpu.dropout`). Self-attention's
+backward writes the heads' gradients into its packed gradient as on the NumPy path.
 """
 from __future__ import annotations
 
-from npformer.kernels.cpu.attention import RowKernels, attention_backward, attention_forward
+import numpy
+
+from npformer.kernels.cpu.attention import RowKernels, attention_backward, attention_backward_into, attention_forward
+from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
+from npformer.kernels.numba_cpu import numba_floats
 from npformer.kernels.numba_cpu.dropout import apply_keep
 from npformer.kernels.numba_cpu.softmax import softmax_grad_rows_in_place, softmax_rows_in_place
+from npformer.ops.attention import AttentionCache
 
-__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"]
+__all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "self_attention_backward",
+           "accepts_self_attention_backward"]
 
 
 def _softmax(s):
@@ -40,3 +47,16 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
 
 def scaled_dot_product_attention_backward(dout, cache):
     return attention_backward(COMPILED_ROWS, dout, cache)
+
+
+def self_attention_backward(dout, cache):
+    """:func:`npformer.ops.multihead.self_attention_backward` with the heads' gradients written into
+    the packed gradient (no merge copy)."""
+    def backward_into(g, attn, dq, dk, dv) -> None:
+        attention_backward_into(COMPILED_ROWS, g, attn, dq, dk, dv)
+    return packed_self_attention_backward(backward_into, numpy, dout, cache)
+
+
+def accepts_self_attention_backward(dout, cache) -> bool:
+    """A self-attention cache of the CPU attention (no past keys) and a float32/float64 NumPy gradient."""
+    return packed_cache(cache, AttentionCache) and numba_floats(dout, cache.attn.p)

@@ -17,9 +17,10 @@ from npformer.backend import default_rng
 from npformer.kernels.cpu.activations import erf_float32
 from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import threads
-from npformer.ops import activations, attention, dropout, layernorm, linear, optim, softmax
+from npformer.ops import activations, attention, dropout, layernorm, linear, multihead, optim, softmax
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_close, assert_fast_path_pair, assert_gradcheck, padding_masks, randn, seeds
+from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,
+                           padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32", "float16")
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
@@ -265,7 +266,8 @@ def test_every_cpu_fast_path_has_a_parity_case_here():
     tested = {"adam_update", "sum_of_squares", "linear_forward", "linear_backward",
               "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "dropout_forward",
-              "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward"}
+              "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward",
+              "self_attention_backward"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "cpu"}
     assert registered <= tested, f"CPU fast paths without a parity case: {sorted(registered - tested)}"
 
@@ -404,3 +406,42 @@ def test_attention_fast_path_peak_memory_is_at_most_the_reference():
     with kernels.disabled():
         ref = peak()
     assert fast <= ref, (fast, ref)
+
+
+# -- self-attention's backward into the packed gradient (npformer.kernels.multihead) -------------------
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_self_attention_merges_heads_without_copies(dtype, p, thread_count):
+    for n in (1, 2):
+        thread_count(n)
+        assert_packed_self_attention("cpu", dtype, p)
+
+
+def test_gradcheck_through_the_packed_self_attention_backward():
+    e, h = 6, 2
+    inputs = {"x": randn(np, (2, 5, e), 1), "in_proj_weight": randn(np, (3 * e, e), 2, scale=0.4),
+              "in_proj_bias": randn(np, (3 * e,), 3), "out_proj_weight": randn(np, (e, e), 4, scale=0.4),
+              "out_proj_bias": randn(np, (e,), 5)}
+    kw = dict(num_heads=h, is_causal=True, need_weights=False)
+    _, _, cache = multihead.self_attention_forward(**inputs, **kw)
+    assert kernels.implementation(multihead.self_attention_backward, np.ones((2, 5, e)), cache) == "cpu"
+    assert_gradcheck(gradcheck(multihead.self_attention_forward, multihead.self_attention_backward, inputs,
+                               kwargs=kw, label="self-attention (packed cpu backward)"))
+
+
+def test_attention_backward_into_checks_what_it_writes_into():
+    from npformer.kernels.cpu.attention import NUMPY_ROWS, attention_backward_into
+    from npformer.errors import ShapeError
+    q, k, v = (randn(np, (1, 2, 3, 4), i, "float32") for i in range(3))
+    out, _, cache = attention.scaled_dot_product_attention_forward(q, k, v)
+    dq, dk, dv = (np.zeros_like(a) for a in (q, k, v))
+    attention_backward_into(NUMPY_ROWS, out, cache, dq, dk, dv)
+    for got, want in zip((dq, dk, dv), attention.scaled_dot_product_attention_backward(out, cache)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ShapeError, match=r"dk: expected the shape of k, \(1, 2, 3, 4\)"):
+        attention_backward_into(NUMPY_ROWS, out, cache, dq, dk[:, :, :2], dv)
+    with pytest.raises(TypeError, match="dv: expected the dtype of v, float32"):
+        attention_backward_into(NUMPY_ROWS, out, cache, dq, dk, dv.astype(np.float64))
+    with pytest.raises(ShapeError, match="dq: expected a contiguous last axis"):
+        attention_backward_into(NUMPY_ROWS, out, cache, np.zeros((1, 2, 3, 8), np.float32)[..., ::2], dk, dv)

@@ -27,6 +27,7 @@ from npformer.backend import cupy_available, get_backend
 from npformer import kernels
 from npformer.kernels import numba_cpu
 from npformer.kernels import cpu as kernels_cpu
+from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cuda import flash_source, runtime
@@ -68,7 +69,8 @@ def fx(request, monkeypatch):
         return Backend("cuda", get_backend("cupy"))
     module = request.getfixturevalue("emulated_module")
     monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
-    for home in (kernels, kernels_cpu, cpu_dropout, cpu_optim):    # NumPy arrays pose as device arrays: not the CPU's
+    # NumPy arrays pose as device arrays: not the CPU's
+    for home in (kernels, kernels_cpu, cpu_attention, cpu_dropout, cpu_optim):
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
     monkeypatch.setattr(runtime, "array_module", lambda: np)

@@ -19,7 +19,8 @@ from npformer.backend import default_rng  # noqa: E402
 from npformer.errors import NpformerError  # noqa: E402
 from npformer.ops import activations, attention, cross_entropy, dropout, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
-from tests.helpers import assert_close, assert_fast_path_pair, assert_gradcheck, padding_masks, randn, seeds  # noqa: E402
+from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,  # noqa: E402
+                           padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32")
 shapes = st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple)
@@ -328,6 +329,13 @@ def test_every_numba_fast_path_has_a_parity_case_here():
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward",
               "cross_entropy_forward", "cross_entropy_backward", "dropout_forward", "dropout_backward",
               "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward",
-              "adam_update", "sum_of_squares"}
+              "self_attention_backward", "adam_update", "sum_of_squares"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "numba"}
     assert registered and registered <= tested, f"numba fast paths without a parity case: {sorted(registered - tested)}"
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_self_attention_merges_heads_without_copies(dtype, p):
+    """The compiled attention's self-attention backward into the packed gradient (npformer.kernels.multihead)."""
+    assert_packed_self_attention("numba", dtype, p)
