@@ -81,11 +81,13 @@ def _parallel(groups: list, run_block) -> None:
 class RowKernels(NamedTuple):
     """The row operations a block runs, in place on contiguous (b', h', r, Tk) blocks:
     ``softmax(s)`` (P into S's buffer), ``softmax_grad(dp, p)`` (dS into dP's buffer) and
-    ``apply_keep(out, x, keep, scale)`` (dropout's ``out = x * keep * scale``; out may be x)."""
+    ``apply_keep(out, x, keep, scale)`` (dropout's ``out = x * keep * scale``; out may be x); and
+    ``keep_mask``, the :class:`~npformer.kernels.cpu.dropout.KeepMask` (sub)class that draws the mask."""
 
     softmax: Callable[[Any], Any]
     softmax_grad: Callable[[Any, Any], Any]
     apply_keep: Callable[[Any, Any, Any, Any], None]
+    keep_mask: type
 
 
 def _softmax(s):
@@ -105,7 +107,7 @@ def _softmax_grad(dp, p):
     return softmax_grad_rows(dp, p, dp)
 
 
-NUMPY_ROWS = RowKernels(_softmax, _softmax_grad, apply_keep)
+NUMPY_ROWS = RowKernels(_softmax, _softmax_grad, apply_keep, KeepMask)
 
 
 def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None,
@@ -154,7 +156,7 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
             keep, keep_s = dropout_mask(p, dropout_p, rng)   # drawn whole, as the reference
         else:
             keep, keep_s = numpy.empty(shape, bool), keep_scale(dropout_p, dtype)
-            draw_keep(KeepMask(rng, p.size, dropout_p), keep)   # in parts side by side
+            draw_keep(rows_.keep_mask(rng, p.size, dropout_p), keep)   # in parts side by side
     weights = numpy.empty(shape, dtype) if need_weights else None
 
     def run_block(block) -> None:

@@ -55,7 +55,8 @@ class KeepMask:
     by part.
 
     ``stream(start)`` (``start`` even) returns a function that writes the mask of the next
-    ``out.size`` elements into the flat bool array ``out`` at each call, from element ``start`` on.
+    ``out.size`` elements into the flat, contiguous bool array ``out`` at each call, from element
+    ``start`` on (a subclass may write them another way: the compiled CPU path's does).
     Parts may be written in any order, from any thread. ``finish()`` advances ``rng`` past the
     ``size`` uniforms, as drawing them would have.
     """
@@ -66,10 +67,15 @@ class KeepMask:
         self.bitgen, self.size = rng.bit_generator, size
         self.state = self.bitgen.state
 
-    def stream(self, start: int):
+    def draws_from(self, start: int) -> numpy.random.PCG64:
+        """A copy of the generator advanced to element ``start`` (even): draw ``start // 2`` on."""
         draws = numpy.random.PCG64(0)
         draws.state = self.state
         draws.advance(start // 2)
+        return draws
+
+    def stream(self, start: int):
+        draws = self.draws_from(start)
 
         def write(out) -> None:                          # out.size even but for the mask's last part
             for i in range(0, out.size, BLOCK_ELEMENTS):
@@ -95,16 +101,16 @@ def draw_keep(mask: KeepMask, keep) -> None:
     mask.finish()
 
 
-def forward_with(apply, x, p: float, rng, training: bool):
-    """The forward below with ``apply(out, x, keep, scale)`` for ``out = x * keep * scale`` (the
-    compiled CPU path passes its own)."""
+def forward_with(apply, mask_type: type, x, p: float, rng, training: bool):
+    """The forward below with ``apply(out, x, keep, scale)`` for ``out = x * keep * scale`` and the
+    mask drawn by ``mask_type`` (:class:`KeepMask` or a subclass; the compiled CPU path passes its own)."""
     if not dropout_active(x, p, rng, training):
         return x.copy(), DropoutCache.identity(x)
     if p == 1.0:                                         # nothing kept, nothing drawn: the reference's mask
         keep, scale = dropout_mask(x, p, rng)
         return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
     scale = keep_scale(p, x.dtype)
-    mask = KeepMask(rng, x.size, p)
+    mask = mask_type(rng, x.size, p)
     keep = numpy.empty(x.shape, dtype=bool)              # (same as x)
     out = numpy.empty(x.shape, dtype=x.dtype)            # (same as x)
     flat_x, flat_k, flat_o = x.reshape(-1), keep.reshape(-1), out.reshape(-1)
@@ -122,5 +128,5 @@ def forward_with(apply, x, p: float, rng, training: bool):
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
-    return forward_with(apply_keep, x, p, rng, training)
+    return forward_with(apply_keep, KeepMask, x, p, rng, training)
 

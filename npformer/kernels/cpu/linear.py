@@ -9,10 +9,12 @@ up to twice as slow). Here each product is cut into one part per thread of
     forward:   out[rows] = x[rows] @ W^T + b                    rows split
     backward:  dx[rows] = dout[rows] @ W                        rows split
                dW[outs] = dout[:, outs]^T @ x                   output features split
-               db = sum of dout over rows
+               db[outs] = sum of dout[:, outs] over rows        (beside dW's part, dout's columns warm)
 
 so BLAS's own workers are never woken and nothing spins. Every element is one BLAS dot product
 over the same K whichever part holds it; the parts depend only on the shapes and the thread count.
+NumPy sums a column slice down its rows as it sums the whole array, so db is the reference's bit
+for bit (tested).
 Products under :data:`MIN_PARALLEL_FLOPS` run as the reference.
 """
 from __future__ import annotations
@@ -58,6 +60,7 @@ def linear_backward(dout, cache: LinearCache):
     n = d2.shape[0]
     dx = numpy.empty((n, c_in), dtype=x.dtype)                       # (N, C_in)
     dweight = numpy.empty((c_out, c_in), dtype=x.dtype)              # (C_out, C_in)
+    dbias = numpy.empty(c_out, dtype=x.dtype) if has_bias else None  # (C_out,)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
     parts = _threads(4 * n * c_in * c_out)
     rows, outs = split(n, parts, ROW_MULTIPLE), split(c_out, parts, ROW_MULTIPLE)
@@ -69,7 +72,8 @@ def linear_backward(dout, cache: LinearCache):
         if k < len(outs):
             a, b = outs[k]
             numpy.matmul(d2[:, a:b].T, x2, out=dweight[a:b])
+            if has_bias:
+                d2[:, a:b].sum(axis=0, out=dbias[a:b])
 
     run_parallel([lambda k=k: part(k) for k in range(max(len(rows), len(outs)))])
-    dbias = d2.sum(axis=0) if has_bias else None                     # (C_out,)
     return dx.reshape(x.shape), dweight, dbias

@@ -2,7 +2,7 @@
 :mod:`npformer.ops.attention`): the NumPy fast path's blocks, threads and dropout stream
 (:mod:`npformer.kernels.cpu.attention`), each block's softmax and softmax backward one compiled loop
 over its rows (:mod:`~npformer.kernels.numba_cpu.softmax`) instead of a chain of NumPy passes, and
-its dropout product one loop too (:mod:`~npformer.kernels.numba_cpu.dropout`). Self-attention's
+its dropout mask and product compiled too (:mod:`~npformer.kernels.numba_cpu.dropout`). Self-attention's
 backward writes the heads' gradients into its packed gradient as on the NumPy path.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy
 from npformer.kernels.cpu.attention import RowKernels, attention_backward, attention_backward_into, attention_forward
 from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
 from npformer.kernels.numba_cpu import numba_floats
-from npformer.kernels.numba_cpu.dropout import apply_keep
+from npformer.kernels.numba_cpu.dropout import CompiledKeepMask, apply_keep
 from npformer.kernels.numba_cpu.softmax import softmax_grad_rows_in_place, softmax_rows_in_place
 from npformer.ops.attention import AttentionCache
 
@@ -34,7 +34,7 @@ def _softmax_grad(dp, p):
     return dp
 
 
-COMPILED_ROWS = RowKernels(_softmax, _softmax_grad, apply_keep)
+COMPILED_ROWS = RowKernels(_softmax, _softmax_grad, apply_keep, CompiledKeepMask)
 
 
 def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None,

@@ -1,8 +1,9 @@
 """Dropout's ``x * keep * scale``, forward and backward, as one compiled loop (reference:
 :mod:`npformer.ops.dropout`).
 
-The mask is drawn as the NumPy fast path draws it (:mod:`npformer.kernels.cpu.dropout`: raw PCG64
-bits, parts side by side, the reference's mask bit for bit); NumPy's ``x * keep`` casts the booleans
+The mask is drawn in the NumPy fast path's parts (:mod:`npformer.kernels.cpu.dropout`: parts of
+the PCG64 stream side by side, the reference's mask bit for bit), each part by the compiled
+generator (:mod:`~npformer.kernels.numba_cpu.pcg64`: draw, compare and write in one loop); NumPy's ``x * keep`` casts the booleans
 through a buffer and then scales in a second pass, here both are one loop that reads x and the mask
 once (the backward 0.3-0.9x the reference's time from 256K to 2M elements, a thread per
 :data:`~npformer.kernels.numba_cpu.rows.CHEAP` elements). The product is the reference's exactly: a
@@ -17,9 +18,24 @@ from numba import njit
 from npformer.checks import expect_grad
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.numba_cpu import numba_floats
+from npformer.kernels.numba_cpu.pcg64 import split_state, write_keep
 from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 
-__all__ = ["apply_keep", "accepts_backward", "dropout_forward", "dropout_backward"]
+__all__ = ["apply_keep", "CompiledKeepMask", "accepts_backward", "dropout_forward", "dropout_backward"]
+
+
+class CompiledKeepMask(cpu_dropout.KeepMask):
+    """:class:`~npformer.kernels.cpu.dropout.KeepMask` with each part drawn and compared by the
+    compiled PCG64 (the same booleans, the caller's generator advanced the same way)."""
+
+    def stream(self, start: int):
+        hi, lo, inc_hi, inc_lo = split_state(self.draws_from(start))
+        state, threshold = [hi, lo], numpy.uint64(self.threshold)
+
+        def write(out) -> None:                          # (numba hands uint64 back as int: re-typed)
+            hi, lo = write_keep(out, state[0], state[1], inc_hi, inc_lo, threshold)
+            state[0], state[1] = numpy.uint64(hi), numpy.uint64(lo)
+        return write
 
 
 @njit(nogil=True, error_model="numpy", cache=True)
@@ -45,7 +61,7 @@ def accepts_backward(dout, cache) -> bool:
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
-    return cpu_dropout.forward_with(apply_keep, x, p, rng, training)
+    return cpu_dropout.forward_with(apply_keep, CompiledKeepMask, x, p, rng, training)
 
 
 def dropout_backward(dout, cache):

@@ -227,6 +227,21 @@ def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count):
         threads.set_num_threads(before)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_bias_gradient_is_the_reference_bit_for_bit(monkeypatch, thread_count, dtype):
+    """db summed per part of output features, beside that part's dW: the reference's sum, bit for bit,
+    for C-ordered and transposed gradients and any thread count."""
+    monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
+    x, w, b = randn(np, (2, 45, 24), 0, dtype), randn(np, (70, 24), 1, dtype), randn(np, (70,), 2, dtype)
+    _, cache = linear.linear_forward(x, w, b)
+    for dy in (randn(np, (2, 45, 70), 3, dtype), randn(np, (70, 45, 2), 4, dtype).transpose(2, 1, 0)):
+        with kernels.disabled():
+            want = linear.linear_backward(dy, cache)[2]
+        for n in (1, 2, 3):
+            thread_count(n)
+            np.testing.assert_array_equal(linear.linear_backward(dy, cache)[2], want, err_msg=f"{n} threads")
+
+
 def test_gradcheck_through_the_linear_fast_path(monkeypatch):
     monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)                  # cut into parts even here
     inputs = {"x": randn(np, (2, 3, 5), 1), "weight": randn(np, (4, 5), 2), "bias": randn(np, (4,), 3)}

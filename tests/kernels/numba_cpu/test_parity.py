@@ -126,6 +126,31 @@ def test_dropout(shape, seed, dtype, p):
     np.testing.assert_array_equal(rng.random(5), rng_ref.random(5))
 
 
+@given(seed=seeds, n=st.integers(1, 300), start=st.integers(0, 40).map(lambda s: 2 * s),
+       cuts=st.lists(st.integers(1, 60), max_size=4), carry=st.booleans(),
+       p=st.sampled_from([1e-9, 0.1, 0.5, 0.999999]))
+def test_compiled_pcg64_mask_is_numpys_bit_for_bit(seed, n, start, cuts, carry, p):
+    """The compiled PCG64 (npformer.kernels.numba_cpu.pcg64) draws NumPy's stream: a part from any
+    even start, written over several calls (even sizes, the last any size) equals the NumPy fast
+    path's mask, for any seed, and across the 64-bit carry of the state's low half."""
+    from npformer.kernels.cpu.dropout import KeepMask
+    from npformer.kernels.numba_cpu.dropout import CompiledKeepMask
+    bitgen = np.random.PCG64(seed)
+    if carry:                                            # the low half about to wrap: the carry is taken
+        state = bitgen.state
+        state["state"]["state"] = (seed << 64) | (2 ** 64 - 3)
+        bitgen.state = state
+    sizes = [2 * c for c in cuts] + [n]
+    want, got = np.empty(sum(sizes), bool), np.empty(sum(sizes), bool)
+    for mask_type, out in ((KeepMask, want), (CompiledKeepMask, got)):
+        write = mask_type(np.random.Generator(bitgen), start + out.size, p).stream(start)
+        at = 0
+        for size in sizes:
+            write(out[at:at + size])
+            at += size
+    np.testing.assert_array_equal(got, want)
+
+
 def test_dropout_backward_of_transposed_gradients_identities_and_bad_gradients():
     x = randn(np, (300, 8), 0, "float32")
     _, cache = dropout.dropout_forward(x, 0.3, rng=default_rng(0, "numpy"))
