@@ -28,6 +28,7 @@ backward uses to write them straight into its packed gradient (:mod:`npformer.ke
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import numpy
@@ -47,7 +48,7 @@ from npformer.ops.masks import attention_bias
 
 __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "self_attention_backward",
            "blocks", "RowKernels", "attention_forward", "attention_backward", "attention_backward_into",
-           "accepts_self_attention_backward"]
+           "self_attention_backward_with", "accepts_self_attention_backward"]
 
 
 def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, slice]]]:
@@ -125,9 +126,12 @@ def scaled_dot_product_attention_backward(dout, cache):
 def self_attention_backward(dout, cache):
     """:func:`npformer.ops.multihead.self_attention_backward` with the heads' gradients written into
     the packed gradient (no merge copy)."""
-    def backward_into(g, attn, dq, dk, dv) -> None:
-        attention_backward_into(NUMPY_ROWS, g, attn, dq, dk, dv)
-    return packed_self_attention_backward(backward_into, numpy, dout, cache)
+    return self_attention_backward_with(NUMPY_ROWS, dout, cache)
+
+
+def self_attention_backward_with(rows_: RowKernels, dout, cache):
+    """The self-attention backward above with the row operations ``rows_``."""
+    return packed_self_attention_backward(functools.partial(attention_backward_into, rows_), numpy, dout, cache)
 
 
 def accepts_self_attention_backward(dout, cache) -> bool:

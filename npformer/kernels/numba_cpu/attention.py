@@ -7,10 +7,9 @@ backward writes the heads' gradients into its packed gradient as on the NumPy pa
 """
 from __future__ import annotations
 
-import numpy
-
-from npformer.kernels.cpu.attention import RowKernels, attention_backward, attention_backward_into, attention_forward
-from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
+from npformer.kernels.cpu.attention import (RowKernels, attention_backward, attention_forward,
+                                            self_attention_backward_with)
+from npformer.kernels.multihead import packed_cache
 from npformer.kernels.numba_cpu import numba_floats
 from npformer.kernels.numba_cpu.dropout import CompiledKeepMask, apply_keep
 from npformer.kernels.numba_cpu.softmax import softmax_grad_rows_in_place, softmax_rows_in_place
@@ -52,9 +51,7 @@ def scaled_dot_product_attention_backward(dout, cache):
 def self_attention_backward(dout, cache):
     """:func:`npformer.ops.multihead.self_attention_backward` with the heads' gradients written into
     the packed gradient (no merge copy)."""
-    def backward_into(g, attn, dq, dk, dv) -> None:
-        attention_backward_into(COMPILED_ROWS, g, attn, dq, dk, dv)
-    return packed_self_attention_backward(backward_into, numpy, dout, cache)
+    return self_attention_backward_with(COMPILED_ROWS, dout, cache)
 
 
 def accepts_self_attention_backward(dout, cache) -> bool:
