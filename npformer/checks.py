@@ -25,7 +25,7 @@ from npformer.backend import is_array, is_cupy_array
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
-           "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "token_ids", "integer", "positive_int",
+           "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "expect_row_buffer", "token_ids", "integer", "positive_int",
            "non_negative_int",
            "real", "probability", "one_of", "values_checked", "values_unchecked"]
 
@@ -140,6 +140,15 @@ def expect_grad(d: Any, name: str, shape: Sequence[int], dtype: Any, what: str =
     if d.dtype != dtype:
         raise InputTypeError(f"{name}: expected the dtype of {what}, {dtype}, got {describe(d)}; "
                              "cast it first (nothing is promoted silently)")
+
+
+def expect_row_buffer(g: Any, name: str, like: Any) -> None:
+    """An output array a kernel writes whole rows into (``dq`` for ``q``, say; a view of a larger
+    array allowed): ``like``'s shape and dtype, its last axis contiguous and no axis running backwards."""
+    expect_grad(g, name, like.shape, like.dtype, what=name[1:] if name.startswith("d") else name)
+    if g.strides[-1] != g.itemsize or min(g.strides, default=0) < 0:
+        raise ShapeError(f"{name}: expected a contiguous last axis to write rows into (and no negative "
+                         f"stride), got strides {g.strides}")
 
 
 def token_ids(ids: Any, name: str, vocab_size: int | None = None, ndim: int = 2) -> None:

@@ -34,8 +34,7 @@ from typing import Any, Callable, NamedTuple
 import numpy
 
 from npformer.backend import accumulation_dtype
-from npformer.checks import expect_grad
-from npformer.errors import ShapeError
+from npformer.checks import expect_grad, expect_row_buffer
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
 from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep, streamable
@@ -198,9 +197,7 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        expect_grad(g, name, like.shape, like.dtype, what=name[1:])
-        if g.strides[-1] != g.itemsize:
-            raise ShapeError(f"{name}: expected a contiguous last axis to write rows into, got strides {g.strides}")
+        expect_row_buffer(g, name, like)
     b, h, tq, tk = p.shape
     dtype, keep, scale_t = q.dtype, drop.keep, q.dtype.type(scale)
 

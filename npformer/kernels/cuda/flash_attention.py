@@ -27,8 +27,8 @@ import functools
 import numpy
 
 from npformer.backend import accumulation_dtype, get_backend, to_numpy
-from npformer.checks import expect_grad
-from npformer.errors import RangeError, ShapeError
+from npformer.checks import expect_grad, expect_row_buffer
+from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
 from npformer.kernels.cuda.flash_source import (FLASH_NVRTC_OPTIONS, HEAD_SIZES, MAX_HEAD_SIZE, MODULE_SOURCES,
                                                 SHARED, THREADS, TILES, entry_name)
@@ -195,9 +195,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     expect_grad(dout, "dout", out.shape, out.dtype)
     xp = device_xp(dout, q, k, v, out, dq, dk, dv)
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
-        expect_grad(g, name, like.shape, like.dtype, what=name[1:])
-        if g.strides[-1] != g.itemsize or min(g.strides) < 0:
-            raise ShapeError(f"{name}: the kernels write rows with a contiguous last axis; got strides {g.strides}")
+        expect_row_buffer(g, name, like)
     b, h, tq, hs = q.shape
     tk, hv = k.shape[2], v.shape[3]
     d = head_bucket(hs, hv)
