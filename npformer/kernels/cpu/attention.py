@@ -39,7 +39,7 @@ from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
 from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep, streamable
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
-from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
+from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
 from npformer.ops.attention import AttentionCache, check_attention_inputs
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
@@ -74,7 +74,7 @@ def _parallel(groups: list, run_block) -> None:
         for group in groups[a:b]:
             for block in group:
                 run_block(block)
-    parts = split(len(groups), min(get_num_threads(), len(groups)))
+    parts = split(len(groups), threads_for(len(groups), 1))
     run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
 
 

@@ -12,9 +12,9 @@ from the same rows of C values: softmax), so the parts are independent and the r
 bit the same whatever the block size and number of threads (tested). On CuPy, for small arrays, and
 for arrays that are not C-contiguous, ``fn`` runs once on the whole arrays.
 
-Threads: arrays of at least two blocks per thread are cut into one contiguous run of blocks per
-thread (:mod:`npformer.kernels.cpu.threads`: its pool and thread count, BLAS at one thread
-meanwhile). NumPy ufuncs release the GIL, so the runs go on side by side.
+Threads: arrays of at least :data:`MIN_THREAD_ELEMENTS` per thread are cut into one contiguous run
+of blocks per thread (:mod:`npformer.kernels.cpu.threads`: its pool and thread count, BLAS at one
+thread meanwhile; one run while BLAS's own threads are awake). NumPy ufuncs release the GIL, so the runs go on side by side.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy
 
 from npformer.errors import ShapeError
-from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel, split
+from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 
 __all__ = ["blockwise", "BLOCK_ELEMENTS", "MIN_THREAD_ELEMENTS"]
 
@@ -55,7 +55,7 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
     flat = [a.reshape(-1, width) if row is not None else a.reshape(-1) for a in (out,) + arrays]
     n_rows = flat[0].shape[0]
     per_block = max(1, BLOCK_ELEMENTS // width)
-    threads = 1 if in_parallel_region() else min(get_num_threads(), out.size // MIN_THREAD_ELEMENTS)
+    threads = threads_for(out.size, MIN_THREAD_ELEMENTS)
 
     def run(start: int, stop: int) -> None:
         for i in range(start, stop, per_block):

@@ -27,7 +27,7 @@ import numpy
 
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
-from npformer.kernels.cpu.threads import get_num_threads, run_parallel, split
+from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
 
 __all__ = ["accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
@@ -90,7 +90,7 @@ class KeepMask:
 
 def _parts(size: int) -> list[tuple[int, int]]:
     """One run of elements per thread (each at least MIN_THREAD_ELEMENTS long), starting at even offsets."""
-    return split(size, min(get_num_threads(), max(1, size // MIN_THREAD_ELEMENTS)), multiple=2)
+    return split(size, threads_for(size, MIN_THREAD_ELEMENTS), multiple=2)
 
 
 def draw_keep(mask: KeepMask, keep) -> None:

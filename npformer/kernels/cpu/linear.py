@@ -15,24 +15,39 @@ so BLAS's own workers are never woken and nothing spins. Every element is one BL
 over the same K whichever part holds it; the parts depend only on the shapes and the thread count.
 NumPy sums a column slice down its rows as it sums the whole array, so db is the reference's bit
 for bit (tested).
-Products under :data:`MIN_PARALLEL_FLOPS` run as the reference.
+Products under :data:`MIN_PARALLEL_FLOPS` a part, and every product while BLAS's own threads are
+awake, run as the reference: one BLAS call on BLAS's own threads, whose hand-off is faster than the
+pool's at that size (:mod:`npformer.kernels.cpu.threads` says why the two are not mixed).
 """
 from __future__ import annotations
 
 import numpy
 
 from npformer.checks import expect_grad
-from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel, split
+from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, note_blas_product, run_parallel, split
 from npformer.ops.linear import LinearCache, check_linear_inputs
 
 __all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS"]
 
 MIN_PARALLEL_FLOPS = 1 << 26       # 67 MFLOP a part: below, BLAS's own threads hand off faster than the pool
+MIN_PARALLEL_WEIGHT = 1 << 16      # weight entries (256 x 256): narrower layers' products stay with BLAS
 ROW_MULTIPLE = 16                  # part boundaries (rows of the products)
 
 
-def _threads(flops: int) -> int:
-    return 1 if in_parallel_region() else min(get_num_threads(), flops // MIN_PARALLEL_FLOPS)
+def _parts(flops: int, weight_size: int) -> int:
+    """Parts of a product of ``flops`` with a weight of ``weight_size`` entries: from the shapes and
+    the thread count alone, never from timing (BLAS's own threads may add a product's terms in
+    another order than one thread does, so the choice must not vary from run to run)."""
+    if in_parallel_region() or weight_size < MIN_PARALLEL_WEIGHT:
+        return 1
+    return max(1, min(get_num_threads(), flops // MIN_PARALLEL_FLOPS))
+
+
+def _run(tasks: list) -> None:
+    """The parts on the pool; a single part (the whole product) on BLAS's own threads, noted as such."""
+    run_parallel(tasks)
+    if len(tasks) == 1:
+        note_blas_product()
 
 
 def linear_forward(x, weight, bias=None):
@@ -48,7 +63,8 @@ def linear_forward(x, weight, bias=None):
         if bias is not None:
             out[a:b] += bias
 
-    run_parallel([lambda a=a, b=b: part(a, b) for a, b in split(n, _threads(2 * n * c_in * c_out), ROW_MULTIPLE)])
+    parts = split(n, _parts(2 * n * c_in * c_out, weight.size), ROW_MULTIPLE)
+    _run([lambda a=a, b=b: part(a, b) for a, b in parts])
     return out.reshape(x.shape[:-1] + (c_out,)), LinearCache(x, weight, bias is not None)
 
 
@@ -62,7 +78,7 @@ def linear_backward(dout, cache: LinearCache):
     dweight = numpy.empty((c_out, c_in), dtype=x.dtype)              # (C_out, C_in)
     dbias = numpy.empty(c_out, dtype=x.dtype) if has_bias else None  # (C_out,)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
-    parts = _threads(4 * n * c_in * c_out)
+    parts = _parts(4 * n * c_in * c_out, weight.size)
     rows, outs = split(n, parts, ROW_MULTIPLE), split(c_out, parts, ROW_MULTIPLE)
 
     def part(k: int) -> None:
@@ -75,5 +91,5 @@ def linear_backward(dout, cache: LinearCache):
             if has_bias:
                 d2[:, a:b].sum(axis=0, out=dbias[a:b])
 
-    run_parallel([lambda k=k: part(k) for k in range(max(len(rows), len(outs)))])
+    _run([lambda k=k: part(k) for k in range(max(len(rows), len(outs)))])
     return dx.reshape(x.shape), dweight, dbias

@@ -1,22 +1,37 @@
-"""The CPU fast paths' threads: one pool, and BLAS kept to one thread while the pool works.
+"""The CPU fast paths' threads: one pool, BLAS kept to one thread while the pool works, and the
+pool left alone while BLAS's own threads are awake.
 
 NumPy's ufuncs and its BLAS calls release the GIL, so Python threads can run them on several cores
-at once. Two things make that pay on a small machine:
+at once. Three things decide whether that pays on a small machine:
 
 * one persistent pool (threads are started once, not per call), each worker handed its task
-  through a pair of locks: a hand-off and its return cost about 18 microseconds on the 2-core
-  development machine, against 92 through ``concurrent.futures`` (its futures, queue and
-  conditions), and a training step makes a hundred or more of them;
-* OpenBLAS held to one thread inside a parallel region. OpenBLAS's own workers otherwise keep
-  spinning for a while after each matrix product, on the very cores the pool wants; and a matmul
-  run by a pool thread should use that thread alone.
+  through a pair of locks: a hand-off and its return cost 17 to 90 microseconds on the 2-core
+  development machine (a VM: waking a sleeping thread is slow there), against 92 and more through
+  ``concurrent.futures``;
+* OpenBLAS held to one thread inside a parallel region, so that a matmul run by a pool thread uses
+  that thread alone;
+* OpenBLAS's own workers keep spinning for about 0.1 s (2^28 clock cycles) after every product
+  they ran, on the very cores the pool wants: a pool thread sharing a core with one runs at half
+  speed. Measured on the default ``npformer train`` step (d_model 128), a product of about 50 MFLOP
+  takes 0.36 ms on BLAS's two threads against 0.45 ms cut in two for the pool, and mixing the two
+  (BLAS's threads for the small products, the pool for the rest) made a gpt-small step 1.4x slower.
 
+So every fast path asks :func:`threads_for` how many parts to cut its work into. It answers 1 inside
+a parallel region, and 1 while BLAS's workers are awake: for :data:`BLAS_AWAKE_SECONDS` after a
+product that ran on BLAS's own threads (:func:`note_blas_product`, called by the linear layers for
+a product too small to split). A model whose products are all small therefore runs them on BLAS's
+threads and its element-wise work on the calling thread; a model whose products are large splits
+them, and its element-wise work, over the pool, and BLAS's workers stay asleep. Either way the
+parts never fight BLAS for a core.
+
+    parts = threads_for(work, per_thread)     # how many parts (1 .. get_num_threads())
     run_parallel([f, g])        # f() on this thread, g() on a pool thread, BLAS at 1 thread; waits
 
 :func:`set_num_threads` sets how many threads the fast paths use; the default is the number of CPUs
 this process may run on. With 1 every fast path runs on the calling thread alone, with BLAS as the
-caller set it. The split of work into parts depends only on that number and the shapes, never on
-timing, so results are the same from run to run at a fixed thread count (tested).
+caller set it. Results never depend on how the work was cut: every fast path computes each element
+the same way whichever part holds it (each product element one BLAS dot product over the same K;
+tested against BLAS's own threads), so timing may choose the parts without changing a bit.
 
 BLAS threads are controlled through ``threadpoolctl`` (a dependency of npformer); where it cannot
 find the BLAS library, regions still run in parallel and BLAS keeps its own setting. The fast paths
@@ -28,11 +43,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any, Callable, Sequence
 
 from npformer.checks import positive_int
 
-__all__ = ["get_num_threads", "set_num_threads", "run_parallel", "split", "in_parallel_region"]
+__all__ = ["get_num_threads", "set_num_threads", "run_parallel", "split", "in_parallel_region", "threads_for",
+           "note_blas_product", "blas_awake", "BLAS_AWAKE_SECONDS"]
+
+BLAS_AWAKE_SECONDS = 0.15      # OpenBLAS's workers spin 2^28 cycles (about 0.1 s measured) after a product
 
 
 def _cpus() -> int:
@@ -42,7 +61,7 @@ def _cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_state: dict[str, Any] = {"threads": _cpus(), "workers": [], "blas": None}
+_state: dict[str, Any] = {"threads": _cpus(), "workers": [], "blas": None, "blas_awake_until": 0.0}
 _busy = threading.Lock()        # held by the thread whose tasks the workers run
 _local = threading.local()      # .inside: this thread is running a part of a parallel region
 
@@ -60,6 +79,26 @@ def set_num_threads(n: int) -> None:
 def in_parallel_region() -> bool:
     """True on a thread that is running a part of :func:`run_parallel` (nested calls run inline)."""
     return getattr(_local, "inside", False)
+
+
+def threads_for(work: int, per_thread: int) -> int:
+    """How many parts to cut ``work`` into, each at least ``per_thread`` of it: at most the thread
+    count, and 1 inside a parallel region or while BLAS's own workers are awake (:func:`blas_awake`)."""
+    if in_parallel_region() or blas_awake():
+        return 1
+    return max(1, min(get_num_threads(), work // max(per_thread, 1)))
+
+
+def blas_awake() -> bool:
+    """True for :data:`BLAS_AWAKE_SECONDS` after :func:`note_blas_product`: BLAS's workers are still
+    spinning on the other cores, so work cut for the pool would share a core with one."""
+    return time.monotonic() < _state["blas_awake_until"]
+
+
+def note_blas_product() -> None:
+    """Record that a product just ran with BLAS's own threads (when BLAS has more than one)."""
+    if any(c.num_threads > 1 for c in _blas_controllers()):
+        _state["blas_awake_until"] = time.monotonic() + BLAS_AWAKE_SECONDS
 
 
 def _blas_controllers() -> list:
@@ -147,11 +186,9 @@ def _run_part(fn: Callable[[], Any]) -> Any:
 def run_parallel(tasks: Sequence[Callable[[], Any]]) -> list:
     """Run every task, the first on this thread and the others on the pool, with BLAS at one thread
     until all have finished; returns their results in order (an exception in any is re-raised).
-    Inside a part the tasks run one after another on this thread. A single task runs on this
-    thread with BLAS at one thread too (work too small to split: a product handed to BLAS's own
-    threads there runs slower, and leaves them spinning on the other cores), unless the thread
-    count is 1, where BLAS keeps the caller's setting."""
-    if not tasks or in_parallel_region() or (len(tasks) == 1 and get_num_threads() == 1):
+    Inside a part the tasks run one after another on this thread; a single task runs on this
+    thread as it is (BLAS as the caller set it)."""
+    if len(tasks) <= 1 or in_parallel_region():
         return [fn() for fn in tasks]
     if not _busy.acquire(blocking=False):      # another thread's region is running: this one inline
         return [_run_part(fn) for fn in tasks]

@@ -13,7 +13,7 @@ import itertools
 from typing import Any, Callable
 
 from npformer.kernels.cpu.blocks import MIN_THREAD_ELEMENTS
-from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel
+from npformer.kernels.cpu.threads import run_parallel, threads_for
 
 __all__ = ["over_rows", "CHUNK_ELEMENTS", "CHEAP"]
 
@@ -29,7 +29,7 @@ def over_rows(kernel: Callable[..., Any], n_rows: int, width: int, *args: Any, m
     sleeping thread costs about 60 microseconds on the 2-core development machine: layer norm,
     softmax's backward and cross-entropy ran faster on one thread up to about 1M elements)."""
     work = n_rows * max(width, 1)
-    threads = 1 if in_parallel_region() else min(get_num_threads(), work // per_thread)
+    threads = threads_for(work, per_thread)
     if threads <= 1 or n_rows <= multiple:
         kernel(*args, 0, n_rows)
         return

@@ -91,3 +91,90 @@ def test_a_forked_child_starts_its_own_workers(thread_count):
         time.sleep(0.01)
     os.kill(pid, 9)
     pytest.fail("run_parallel hung in a forked child")
+
+
+def test_threads_for_cuts_by_work_and_thread_count_and_not_inside_a_region(thread_count):
+    thread_count(3)
+    assert threads.threads_for(10, 4) == 2
+    assert threads.threads_for(100, 4) == 3
+    assert threads.threads_for(3, 4) == 1 and threads.threads_for(0, 4) == 1
+    assert threads.run_parallel([lambda: threads.threads_for(100, 1)] * 2) == [1, 1]
+    thread_count(1)
+    assert threads.threads_for(100, 1) == 1
+
+
+@pytest.fixture
+def two_blas_threads():
+    """BLAS at two threads (restored after); skipped where threadpoolctl finds no BLAS."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not threads._blas_controllers():
+        pytest.skip("threadpoolctl finds no BLAS library in this process")
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        yield
+
+
+def test_the_pool_waits_while_blas_threads_are_awake(monkeypatch, thread_count, two_blas_threads):
+    """After a product on BLAS's own threads, work is not cut for the pool until BLAS_AWAKE_SECONDS
+    have passed (BLAS's workers spin meanwhile); with BLAS at one thread nothing is noted."""
+    thread_count(2)
+    monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
+    assert not threads.blas_awake() and threads.threads_for(100, 1) == 2
+    threads.note_blas_product()
+    assert threads.blas_awake() and threads.threads_for(100, 1) == 1
+    monkeypatch.setitem(threads._state, "blas_awake_until", 0.0)
+    with threadpoolctl_limits(1):
+        threads.note_blas_product()
+    assert not threads.blas_awake()
+
+
+def threadpoolctl_limits(n):
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(n, user_api="blas")
+
+
+def test_a_small_linear_layer_runs_on_blas_threads_and_keeps_element_wise_work_on_this_thread(
+        monkeypatch, thread_count, two_blas_threads):
+    from npformer.kernels.cpu import blocks, linear
+    thread_count(2)
+    monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
+    cut = []
+    monkeypatch.setattr(blocks, "run_parallel", lambda tasks: cut.append(len(tasks)) or [f() for f in tasks])
+    x = np.ones((4 * blocks.MIN_THREAD_ELEMENTS,), np.float32)
+    blocks.blockwise(lambda o, a: np.add(a, 1, out=o), np.empty_like(x), x)
+    assert cut == [2]                                              # BLAS asleep: cut for the pool
+    linear.linear_forward(np.ones((64, 32), np.float32), np.ones((16, 32), np.float32))   # one part
+    assert threads.blas_awake()
+    blocks.blockwise(lambda o, a: np.add(a, 1, out=o), np.empty_like(x), x)
+    assert cut == [2]                                              # awake: on this thread, uncut
+
+
+@pytest.mark.parametrize("shape", [(300, 64, 96), (1001, 130, 67), (64, 512, 48), (700, 256, 256)])
+def test_a_products_parts_depend_on_its_shapes_not_on_timing(monkeypatch, thread_count, two_blas_threads, shape):
+    """BLAS's own threads may add a product's terms in another order than one thread (OpenBLAS cuts K
+    for some shapes), so linear's parts must not follow blas_awake(): its forward and backward are
+    the same bits whether BLAS's workers were just woken or not, at 1 and 2 threads; narrow layers
+    (weight under MIN_PARALLEL_WEIGHT entries) run as one part, on BLAS's threads, and say so."""
+    from npformer.kernels.cpu import linear
+    n, c_in, c_out = shape
+    rng = np.random.default_rng(n)
+    x, w = rng.standard_normal((n, c_in), dtype=np.float32), rng.standard_normal((c_out, c_in), dtype=np.float32)
+    b, dy = rng.standard_normal(c_out, dtype=np.float32), rng.standard_normal((n, c_out), dtype=np.float32)
+    monkeypatch.setattr(linear, "MIN_PARALLEL_FLOPS", 1 << 20)
+    cut = []
+    monkeypatch.setattr(linear, "run_parallel", lambda tasks: cut.append(len(tasks)) or [f() for f in tasks])
+
+    def run():
+        out, cache = linear.linear_forward(x, w, b)
+        return (out, *linear.linear_backward(dy, cache))
+    for count in (1, 2):
+        thread_count(count)
+        monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
+        monkeypatch.setitem(threads._state, "blas_awake_until", 0.0)
+        asleep = run()
+        narrow = c_in * c_out < linear.MIN_PARALLEL_WEIGHT
+        assert threads.blas_awake() == (narrow or count == 1)        # one part: BLAS's own threads
+        assert cut[-2:] == [1, 1] if narrow or count == 1 else cut[-2:] == [2, 2]
+        threads.note_blas_product()
+        for got, want in zip(run(), asleep):
+            np.testing.assert_array_equal(got, want)
+        assert cut[-2:] == cut[-4:-2]
