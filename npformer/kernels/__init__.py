@@ -28,6 +28,7 @@ from npformer.dispatch import FastPath, disabled, enabled, implementation, regis
 from npformer.kernels.cpu import activations as cpu_activations
 from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
+from npformer.kernels.cpu import embedding as cpu_embedding
 from npformer.kernels.cpu import layernorm as cpu_layernorm
 from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import numpy_floats
@@ -41,8 +42,8 @@ from npformer.kernels.cuda import flash_attention as cuda_flash
 from npformer.kernels.cuda import multihead as cuda_multihead
 from npformer.kernels.cuda import optim as cuda_optim
 from npformer.kernels.cuda import residual as cuda_residual
-from npformer.ops import (activations, attention, cross_entropy, dropout, feedforward, flash_attention, layernorm,
-                          linear, multihead, optim, residual, softmax)
+from npformer.ops import (activations, attention, cross_entropy, dropout, embedding, feedforward, flash_attention,
+                          layernorm, linear, multihead, optim, residual, softmax)
 
 __all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
 
@@ -85,6 +86,7 @@ FAST_PATHS = (
      lambda x, p=0.0, rng=None, training=True: device_floats(x)),
     (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
     (dropout.dropout_backward, "cuda", cuda.dropout_backward, lambda dout, cache: device_floats(dout)),
+    (embedding.embedding_backward, "cpu", cpu_embedding.embedding_backward, cpu_embedding.accepts_backward),
     (linear.linear_forward, "cpu", cpu_linear.linear_forward, lambda x, weight, bias=None: numpy_floats(x, weight, bias)),
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
     (linear.linear_backward, "cpu", cpu_linear.linear_backward,

@@ -17,7 +17,7 @@ from npformer.backend import default_rng
 from npformer.kernels.cpu.activations import erf_float32
 from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import threads
-from npformer.ops import activations, attention, dropout, layernorm, linear, multihead, optim, softmax
+from npformer.ops import activations, attention, dropout, embedding, layernorm, linear, multihead, optim, softmax
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,
                            padding_masks, randn, seeds)
@@ -281,8 +281,33 @@ def test_linear_parts_cover_the_products_whatever_the_thread_count(monkeypatch):
         threads.set_num_threads(before)
 
 
+@given(lead=st.lists(st.integers(1, 7), min_size=0, max_size=2).map(tuple), v=st.integers(1, 9),
+       c=st.integers(1, 5), seed=seeds, dtype=st.sampled_from(DTYPES), pad=st.booleans())
+def test_embedding_backward(lead, v, c, seed, dtype, pad):
+    """Repeated ids (few distinct ones), a padding row or none, any id order: the reference's
+    gradient to rounding, an unused row exactly zero."""
+    ids = np.random.default_rng(seed).integers(0, v, lead)
+    w = randn(np, (v, c), seed, dtype)
+    padding_idx = int(seed % v) if pad else None
+    out, cache = embedding.embedding_forward(ids, w, padding_idx=padding_idx)
+    dout = randn(np, out.shape, seed + 1, dtype)
+    assert kernels.implementation(embedding.embedding_backward, dout, cache) == "cpu"
+    got, ref = _both(lambda: embedding.embedding_backward(dout, cache))
+    assert got.dtype == ref.dtype == np.dtype(dtype)
+    assert_close(got, ref, dtype, scale=max(1.0, float(np.abs(dout.astype(np.float64)).sum())), what="dW")
+    unused = np.setdiff1d(np.arange(v), ids)
+    assert not np.any(got[unused]) and (padding_idx is None or not np.any(got[padding_idx]))
+
+
+def test_gradcheck_through_the_embedding_fast_path():
+    ids = np.array([[3, 1, 3, 0], [1, 1, 4, 3]])                       # padding row 2 unused: its gradient is 0
+    w = randn(np, (5, 3), 0)
+    assert_gradcheck(gradcheck(embedding.embedding_forward, embedding.embedding_backward, {"ids": ids, "weight": w},
+                               kwargs={"padding_idx": 2}, label="embedding (cpu fast path)"))
+
+
 def test_every_cpu_fast_path_has_a_parity_case_here():
-    tested = {"adam_update", "sum_of_squares", "linear_forward", "linear_backward",
+    tested = {"adam_update", "sum_of_squares", "linear_forward", "linear_backward", "embedding_backward",
               "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
               "gelu_forward", "gelu_backward", "layer_norm_forward", "layer_norm_backward", "dropout_forward",
               "scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward",
