@@ -399,3 +399,19 @@ def test_tf32_needs_a_gpu_backend(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--quick", "--backends", "numpy", "--tf32", "--only", "linear"])
     assert "--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here" in capsys.readouterr().err
+
+
+def test_train_pair_runs_both_installs_and_reports_equal_losses(tmp_path, capsys):
+    """benchmarks/train_pair.py with this interpreter on both sides: one round of a few steps, a
+    report with both speeds, their ratio and the same loss (the same seeds and code)."""
+    from benchmarks import train_pair
+    out = tmp_path / "pair.md"
+    train_pair.main(["--other", sys.executable, "--rounds", "1", "--steps", "7", "--out", str(out)])
+    text = out.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| 1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1].replace(",", "")) > 0 and float(cells[2].replace(",", "")) > 0
+    assert cells[3].endswith("x") and cells[4] == cells[5]
+    assert re.search(r"Medians: this [\d,]+ tok/s, other [\d,]+ tok/s: this at \d+\.\d\dx", text)
+    with pytest.raises(SystemExit):
+        train_pair.main(["--other", sys.executable, "--steps", "3"])

@@ -15,9 +15,13 @@ so BLAS's own workers are never woken and nothing spins. Every element is one BL
 over the same K whichever part holds it; the parts depend only on the shapes and the thread count.
 NumPy sums a column slice down its rows as it sums the whole array, so db is the reference's bit
 for bit (tested).
-Products under :data:`MIN_PARALLEL_FLOPS` a part, and every product while BLAS's own threads are
-awake, run as the reference: one BLAS call on BLAS's own threads, whose hand-off is faster than the
-pool's at that size (:mod:`npformer.kernels.cpu.threads` says why the two are not mixed).
+Two kinds of product run as the reference instead, one BLAS call on BLAS's own threads (whose
+hand-off is faster than the pool's, :mod:`npformer.kernels.cpu.threads`): those under
+:data:`MIN_PARALLEL_FLOPS` a part, and every product of a layer whose weight has fewer than
+:data:`MIN_PARALLEL_WEIGHT` entries (narrower than 256 x 256: a small model's layers, whose
+element-wise work then stays off the pool too, rather than share a core with BLAS's spinning
+workers). The choice follows the shapes alone, never timing, so a product is computed the same way
+in every run.
 """
 from __future__ import annotations
 

@@ -12,26 +12,29 @@ at once. Three things decide whether that pays on a small machine:
   that thread alone;
 * OpenBLAS's own workers keep spinning for about 0.1 s (2^28 clock cycles) after every product
   they ran, on the very cores the pool wants: a pool thread sharing a core with one runs at half
-  speed. Measured on the default ``npformer train`` step (d_model 128), a product of about 50 MFLOP
-  takes 0.36 ms on BLAS's two threads against 0.45 ms cut in two for the pool, and mixing the two
-  (BLAS's threads for the small products, the pool for the rest) made a gpt-small step 1.4x slower.
+  speed. Yet for small products BLAS's threads are the faster of the two: a 2048 x 128 x 128
+  product (67 MFLOP) took 0.36-0.39 ms on BLAS's two threads against 0.45-0.49 ms cut in two for
+  the pool. And mixing them (BLAS's threads for some products, the pool for the rest) made a
+  gpt-small step 1.3-1.4x slower.
 
-So every fast path asks :func:`threads_for` how many parts to cut its work into. It answers 1 inside
-a parallel region, and 1 while BLAS's workers are awake: for :data:`BLAS_AWAKE_SECONDS` after a
-product that ran on BLAS's own threads (:func:`note_blas_product`, called by the linear layers for
-a product too small to split). A model whose products are all small therefore runs them on BLAS's
-threads and its element-wise work on the calling thread; a model whose products are large splits
-them, and its element-wise work, over the pool, and BLAS's workers stay asleep. Either way the
-parts never fight BLAS for a core.
+So a training step should use one or the other throughout. The linear layers choose by the layer
+(:mod:`npformer.kernels.cpu.linear`: layers narrower than 256 x 256 give their products to BLAS's
+threads, wider ones cut theirs for the pool, by the shapes alone, so a product is always computed
+the same way), and every fast path asks :func:`threads_for` how many parts to cut its element-wise
+work into. It answers 1 inside a parallel region, and 1 while BLAS's workers are awake: for
+:data:`BLAS_AWAKE_SECONDS` after a product ran on BLAS's own threads (:func:`note_blas_product`).
+A small model (the default ``npformer train``, d_model 128) thus runs its products on BLAS's threads
+and its element-wise work on the calling thread; a large one (the benchmark's gpt-small) cuts
+products and element-wise work alike for the pool, and BLAS's workers stay asleep.
 
     parts = threads_for(work, per_thread)     # how many parts (1 .. get_num_threads())
     run_parallel([f, g])        # f() on this thread, g() on a pool thread, BLAS at 1 thread; waits
 
 :func:`set_num_threads` sets how many threads the fast paths use; the default is the number of CPUs
 this process may run on. With 1 every fast path runs on the calling thread alone, with BLAS as the
-caller set it. Results never depend on how the work was cut: every fast path computes each element
-the same way whichever part holds it (each product element one BLAS dot product over the same K;
-tested against BLAS's own threads), so timing may choose the parts without changing a bit.
+caller set it. The element-wise fast paths compute each element the same way whichever part holds
+it, so timing may choose their parts without changing a bit; a product's parts never depend on
+timing (BLAS's own threads may add its terms in another order: tested).
 
 BLAS threads are controlled through ``threadpoolctl`` (a dependency of npformer); where it cannot
 find the BLAS library, regions still run in parallel and BLAS keeps its own setting. The fast paths
