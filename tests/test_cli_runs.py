@@ -80,7 +80,7 @@ def test_version(capsys):
 
 
 def test_plot_command_writes_the_png(workdir, capsys):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
     assert main(["train", *TINY, "--out-dir", "r"]) == 0
     capsys.readouterr()
     assert main(["plot", "r"]) == 0

@@ -37,5 +37,5 @@ def test_tutorial_runs_and_prints_what_it_shows(tmp_path, monkeypatch):
         if shown is not None:
             assert checker.check_output(shown, printed.getvalue(), flags), (
                 f"block {number} printed\n{printed.getvalue()}\nbut the tutorial shows\n{shown}")
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
     assert (tmp_path / "tutorial_attention.png").stat().st_size > 1000

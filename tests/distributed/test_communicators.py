@@ -124,7 +124,7 @@ def test_a_missing_nccl_is_one_clear_error(monkeypatch):
 
 @pytest.mark.gpu
 def test_the_real_nccl_on_one_gpu_does_what_the_interface_says():
-    cupy = pytest.importorskip("cupy")
+    cupy = pytest.importorskip("cupy", reason="CuPy not installed: this test runs the communicator on device arrays")
     try:
         nccl = import_nccl()
     except (BackendUnavailableError, DistributedError) as exc:

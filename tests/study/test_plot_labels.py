@@ -10,7 +10,7 @@ import pytest
 from npformer.cli import main
 from npformer.study import EXPERIMENTS
 
-matplotlib = pytest.importorskip("matplotlib")
+matplotlib = pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
 from matplotlib.transforms import Bbox  # noqa: E402  (after the skip without matplotlib)
 
 TINY = {

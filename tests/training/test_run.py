@@ -120,7 +120,7 @@ def test_bad_metrics_files_are_named_with_the_line(tmp_path):
 
 
 def test_plot_draws_a_png_of_the_curves(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
     out = str(tmp_path / "run")
     _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out))
     png = plot_metrics(out)

@@ -14,7 +14,8 @@ for arrays that are not C-contiguous, ``fn`` runs once on the whole arrays.
 
 Threads: arrays of at least :data:`MIN_THREAD_ELEMENTS` per thread are cut into one contiguous run
 of blocks per thread (:mod:`npformer.kernels.cpu.threads`: its pool and thread count, BLAS at one
-thread meanwhile; one run while BLAS's own threads are awake). NumPy ufuncs release the GIL, so the runs go on side by side.
+thread meanwhile; one run while BLAS's own threads are awake). NumPy ufuncs release the GIL, so
+the runs go on side by side.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ up to twice as slow). Here each product is cut into one part per thread of
                dW[outs] = dout[:, outs]^T @ x                   output features split
                db[outs] = sum of dout[:, outs] over rows        (beside dW's part, dout's columns warm)
 
-so BLAS's own workers are never woken and nothing spins. Every element is one BLAS dot product
+so BLAS's own workers are not woken and nothing spins. Every element is one BLAS dot product
 over the same K whichever part holds it; the parts depend only on the shapes and the thread count.
 NumPy sums a column slice down its rows as it sums the whole array, so db is the reference's bit
 for bit (tested).
@@ -31,7 +31,7 @@ from npformer.checks import expect_grad
 from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, note_blas_product, run_parallel, split
 from npformer.ops.linear import LinearCache, check_linear_inputs
 
-__all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS"]
+__all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS", "MIN_PARALLEL_WEIGHT"]
 
 MIN_PARALLEL_FLOPS = 1 << 26       # 67 MFLOP a part: below, BLAS's own threads hand off faster than the pool
 MIN_PARALLEL_WEIGHT = 1 << 16      # weight entries (256 x 256): narrower layers' products stay with BLAS

@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from npformer.kernels.cpu import threads
 
@@ -106,10 +107,9 @@ def test_threads_for_cuts_by_work_and_thread_count_and_not_inside_a_region(threa
 @pytest.fixture
 def two_blas_threads():
     """BLAS at two threads (restored after); skipped where threadpoolctl finds no BLAS."""
-    threadpoolctl = pytest.importorskip("threadpoolctl")
     if not threads._blas_controllers():
         pytest.skip("threadpoolctl finds no BLAS library in this process")
-    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+    with threadpool_limits(2, user_api="blas"):
         yield
 
 
@@ -122,14 +122,9 @@ def test_the_pool_waits_while_blas_threads_are_awake(monkeypatch, thread_count, 
     threads.note_blas_product()
     assert threads.blas_awake() and threads.threads_for(100, 1) == 1
     monkeypatch.setitem(threads._state, "blas_awake_until", 0.0)
-    with threadpoolctl_limits(1):
+    with threadpool_limits(1, user_api="blas"):
         threads.note_blas_product()
     assert not threads.blas_awake()
-
-
-def threadpoolctl_limits(n):
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(n, user_api="blas")
 
 
 def test_a_small_linear_layer_runs_on_blas_threads_and_keeps_element_wise_work_on_this_thread(
