@@ -18,10 +18,13 @@ import functools
 import gc
 import os
 import platform
+import subprocess
 from typing import Callable
 
 import numpy
 
+import npformer
+from npformer.kernels import numba_cpu
 from benchmarks.backends import Backend, make_backends, device_name
 from benchmarks.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, op_cases, sweep_case
 from benchmarks.harness import fix_malloc_thresholds, settle, time_call
@@ -169,15 +172,35 @@ def _ratios(rows: list[dict]) -> None:
         r["fast_speedup"] = ref / fast if fast and ref else None
 
 
+def source_commit(root: str | None = None) -> str | None:
+    """The git commit of the checkout at ``root`` (default: the one npformer is imported from), with
+    "+changes" when its tracked files differ from it; None outside a git checkout or without git."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(npformer.__file__)))
+    try:
+        def git(*args):
+            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        commit = git("rev-parse", "--short=7", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+changes" if changed else "")
+
+
 def _meta(backends, quick, cfg, paths, reference) -> dict:
     checked = isinstance(reference, Backend)
-    versions = {"numpy": numpy.__version__, "python": platform.python_version()}
+    versions = {"npformer": npformer.__version__, "numpy": numpy.__version__,
+                "python": platform.python_version()}
+    if numba_cpu.AVAILABLE:
+        import numba                                      # the compiled CPU paths' version
+        versions["numba"] = numba.__version__
     for b in backends:
         mod = b.torch or b.xp
         versions[mod.__name__] = mod.__version__
     return {"device": device_name(backends), "date": datetime.date.today().isoformat(),
             "mode": "quick" if quick else "full", "threads": backends[0].threads if backends else 0,
             "cpu_count": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+            "commit": source_commit(),
             "versions": versions, "backends": [b.name for b in backends], "paths": list(paths),
             "parity": {"rtol": RTOL, "reference": "torch-cpu float32" if checked else None,
                        "status": "checked" if checked else reference.status},

@@ -129,7 +129,8 @@ def markdown(result: dict) -> str:
     by = {(r["name"], r["pass"], r["backend"], r["path"]): r for r in rows}
     lines = [f"# npformer benchmarks: {meta['device']}, {meta['date']} ({meta['mode']} mode)", "",
              f"Threads: {meta['threads']} of {meta['cpu_count']} CPUs; versions: "
-             + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
+             + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+             + (f"; commit {meta['commit']}" if meta.get("commit") else "") + ".",
              "Float32 matmul peak (GFLOP/s, same run): "
              + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + "."]
     if result.get("matmul_peak_gflops_float16"):

@@ -15,6 +15,7 @@ import pytest
 from benchmarks import bench, harness, parity, paths
 from benchmarks.backends import Backend
 from benchmarks.cases import QUICK, op_cases
+import npformer
 from npformer.kernels import numba_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,6 +66,28 @@ def _tables(text):
     return tables
 
 
+def test_source_commit_names_the_checkout(tmp_path):
+    """The run records which code ran: a git checkout's commit, "+changes" once a tracked file
+    differs from it, and None outside a checkout."""
+    assert bench.source_commit(str(tmp_path)) is None
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       check=True, capture_output=True)
+    try:
+        git("init", "-q")
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"git is not usable here ({e}): the commit is then recorded as None, tested above")
+    (tmp_path / "f.txt").write_text("a")
+    git("add", "f.txt")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "--short=7", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert bench.source_commit(str(tmp_path)) == head
+    (tmp_path / "f.txt").write_text("b")
+    assert bench.source_commit(str(tmp_path)) == head + "+changes"
+
+
 def test_json_rows_and_columns(quick_run):
     out, backends = quick_run
     result = json.loads(_one(out, ".json").read_text())
@@ -72,6 +95,7 @@ def test_json_rows_and_columns(quick_run):
     assert meta["mode"] == "quick" and meta["backends"] == backends and meta["paths"] == ["fast", "reference"]
     assert set(result["matmul_peak_gflops"]) == set(backends)
     assert set(meta["flop_counts"]) >= {"linear", "attention", "train_step"}
+    assert meta["versions"]["npformer"] == npformer.__version__ and meta["commit"] == bench.source_commit()
     rows = result["rows"]
     for r in rows:
         assert set(r) == ROW_KEYS, set(r) ^ ROW_KEYS
