@@ -22,6 +22,7 @@ import subprocess
 from typing import Callable
 
 import numpy
+from threadpoolctl import threadpool_limits
 
 import npformer
 from npformer.kernels import numba_cpu
@@ -262,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(CuPy: npformer.backend.set_float32_matmul_precision; PyTorch: allow_tf32); GPU only")
     ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="output folder")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                    help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl when it "
-                         "is installed (default: the CPUs this process may use)")
+                    help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl "
+                         "(default: the CPUs this process may use)")
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error(f"--threads: expected a positive count, got {args.threads}")
@@ -279,12 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         backends, notes = make_backends(_names(args.backends), args.threads)
     except ValueError as exc:
         ap.error(str(exc))
-    try:                                                  # numpy's BLAS threads to match torch's
-        from threadpoolctl import threadpool_limits
-        threadpool_limits(args.threads)
-    except ImportError:
-        notes.append(f"numpy BLAS threads: library default (threadpoolctl absent); torch threads: "
-                     f"{args.threads}")
+    threadpool_limits(args.threads)                       # numpy's BLAS threads to match torch's
     if any(b.device == "cpu" for b in backends) and retain_freed_memory():
         notes.append("host allocator: glibc malloc keeps freed memory for reuse while timing "
                      "(npformer.backend.host_memory.retain_freed_memory, as npformer train does), for both libraries")
