@@ -617,7 +617,21 @@ def check_out_dir(path: str, name: str = "--out") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Run one command; its exit status. A closed reader of the output (``npformer gradcheck | head``)
+    stops the command quietly with 141, the status of a process ended by SIGPIPE, as ``seq`` gives."""
+    try:
+        status = _run_command(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()                                # here, where a closed pipe is caught
+        return status
+    except BrokenPipeError:
+        try:            # Python flushes stdout at exit, which would fail on the closed pipe again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):    # stdout replaced by an object without a file
+            pass
+        return 141
+
+
+def _run_command(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
         return _run_bench(argv[1:])
     if argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:

@@ -65,6 +65,17 @@ def test_python_dash_m_runs_the_same_cli():
     assert done.returncode == 0 and "relu" in done.stdout
 
 
+def test_a_closed_reader_stops_the_command_quietly():
+    """``npformer gradcheck | head``: once the reader has gone, the command stops with SIGPIPE's
+    status (141) and no traceback, its results written or not."""
+    proc = subprocess.Popen([sys.executable, "-m", "npformer", "gradcheck", "--only", "relu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()                                   # the reader goes before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert err == ""
+
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("npformer.models", "npformer.pretrained", "npformer.training.loop", "npformer.training.registry",
          "npformer.training.seq2seq_trainer", "npformer.training.lm_trainer", "npformer.training.mlm_trainer",
