@@ -30,9 +30,10 @@ class RecallTask:
     """Fixed ``train`` and ``valid`` sequences (N, length + 1) of int64 ids in [0, n_symbols), read-only."""
 
     name = "recall"
+    DEFAULT_SIZES = (2000, 200)          # training and validation sequences when not given
 
-    def __init__(self, *, period: int, length: int, n_symbols: int = 16, n_train: int = 2000,
-                 n_valid: int = 200, seed: int = 0):
+    def __init__(self, *, period: int, length: int, n_symbols: int = 16, n_train: int = DEFAULT_SIZES[0],
+                 n_valid: int = DEFAULT_SIZES[1], seed: int = 0):
         self.period = check_int(period, "period", 2)
         self.length = check_int(length, "length", 1)
         self.n_symbols = check_int(n_symbols, "n_symbols", 2)

@@ -306,12 +306,18 @@ def _draw_unique(sample, rng, n, opts, seen: set) -> list:
     return pairs
 
 
+def default_sizes() -> dict[str, tuple[int, int] | None]:
+    """Each task's (n_train, n_valid) when they are not given; None for summarise, which takes
+    every window of each split."""
+    return {**{name: spec.sizes for name, spec in _SPECS.items()}, "summarise": None}
+
+
 def get_task(name: str, *, seed: int = 0, n_train: int | None = None, n_valid: int | None = None,
              **options: Any) -> "Seq2SeqTask":
     """A built-in task (``TASKS``). Options: copy/reverse ``alphabet="abcdefghij", min_len=1,
     max_len=10``; numbers ``max_value=999999``; summarise ``min_words=3, max_words=8,
-    valid_fraction=0.1``; dates none. Sizes default to 20,000/1,000 (dates, numbers), 10,000/1,000
-    (copy, reverse) and every window of each split (summarise: 13,486/728 with seed 0).
+    valid_fraction=0.1``; dates none. Sizes default to :func:`default_sizes` (summarise: every window
+    of each split, 13,486/728 with seed 0).
     ``task.config`` holds every argument used."""
     if name == "summarise":
         return _summarise_task(seed, n_train, n_valid, options)

@@ -39,7 +39,9 @@ from typing import Any, Callable, Mapping
 
 from npformer.backend import BACKENDS
 from npformer.checks import describe, non_negative_int, one_of, positive_int, real
+from npformer.data.long_range import RecallTask
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
+from npformer.data.tasks import default_sizes
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
@@ -156,12 +158,23 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
+def _sizes_help(what: str, split: int) -> str:
+    """``what`` the task draws, and each task's default count of them (``split`` 0: training, 1:
+    validation), tasks with the same count named together."""
+    counts: dict[str, list[str]] = {}
+    for name, sizes in {**default_sizes(), "recall": RecallTask.DEFAULT_SIZES}.items():
+        counts.setdefault("every window" if sizes is None else f"{sizes[split]:,}", []).append(name)
+    said = "; ".join(", ".join(names[:-1]) + " and " * (len(names) > 1) + names[-1] + " " + count
+                     for count, names in counts.items())
+    return f"{what} the task draws (default: {said})"
+
+
 @dataclass(kw_only=True)
 class ExampleCounts:
     """The fields of a kind whose task draws its examples: the Seq2Seq tasks, recall."""
 
-    n_train: int | None = option(None, "training examples the task draws (default: the task's own)")
-    n_valid: int | None = option(None, "validation examples the task draws (default: the task's own)")
+    n_train: int | None = option(None, _sizes_help("training examples", 0))
+    n_valid: int | None = option(None, _sizes_help("validation examples", 1))
 
 
 @dataclass(kw_only=True)

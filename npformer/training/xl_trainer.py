@@ -54,9 +54,9 @@ class XLTrainer(Trainer):
             raise ValueError("transformer-xl is post-norm, as in the paper; leave out --norm-first")
         self.seg_len = c.block_size
         self.mem_len = c.block_size if c.mem_len is None else c.mem_len      # >= 0: the config checks it
+        sizes = {k: v for k, v in (("n_train", c.n_train), ("n_valid", c.n_valid)) if v is not None}
         self.task = RecallTask(period=recall_period(self.seg_len), length=SEGMENTS * self.seg_len,
-                               n_symbols=N_SYMBOLS, n_train=c.n_train or 2000, n_valid=c.n_valid or 200,
-                               seed=c.seed)
+                               n_symbols=N_SYMBOLS, seed=c.seed, **sizes)   # the task's own sizes otherwise
         if c.batch_size > len(self.task.train):       # a batch draws distinct sequences
             raise RangeError(f"--batch-size {c.batch_size} exceeds the {len(self.task.train)} training sequences "
                              f"(--n-train); give a smaller --batch-size or a larger --n-train")

@@ -42,6 +42,17 @@ def test_every_field_has_one_home_and_help_text():
     assert flag("nhead") == "--heads" and flag("dim_feedforward") == "--ff" and flag("mem_len") == "--mem-len"
 
 
+def test_the_example_count_help_gives_each_tasks_default(capsys):
+    """--n-train/--n-valid say what "default" means for every task that draws examples."""
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--n-train N_TRAIN training examples the task draws (default: dates and numbers 20,000; copy and "
+            "reverse 10,000; summarise every window; recall 2,000)") in text
+    assert ("--n-valid N_VALID validation examples the task draws (default: dates, numbers, copy and reverse "
+            "1,000; summarise every window; recall 200)") in text
+
+
 @pytest.mark.parametrize("options,message", [
     ({"model": "gpt", "share": "all"}, "--share does not apply to --model gpt; it is an option of --model albert"),
     ({"task": "copy", "mem_len": 4}, "--mem-len does not apply to --model seq2seq (the default for --task copy); "

@@ -99,6 +99,13 @@ def test_default_memory_is_the_segment_and_zero_means_none():
     assert trainer.mems is None and trainer.model.config.mem_len == 0
 
 
+def test_the_task_draws_its_default_sizes_unless_given():
+    trainer = _trainer(n_train=None, n_valid=None)
+    assert (len(trainer.task.train), len(trainer.task.valid)) == (2000, 200)
+    trainer = _trainer(n_train=16, n_valid=None)
+    assert (len(trainer.task.train), len(trainer.task.valid)) == (16, 200)
+
+
 def test_bad_settings(tmp_path):
     with pytest.raises(ValueError, match="transformer-xl trains on the task 'recall'"):
         _trainer(task="dates")
