@@ -374,6 +374,7 @@ def cmd_fill_mask(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     import json
 
+    from npformer.interop import load_safetensors_file
     from npformer.training.trained_models import load_trained
 
     trained = load_trained(args.checkpoint, kinds=("gpt", "gpt1", "gpt2", "bert"),
@@ -385,9 +386,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     vocab = {"vocab": trained.vocabs[0].to_dict(), **({"mask_id": trained.mask_id} if trained.kind == "bert" else {})}
     (Path(args.to) / "npformer_vocab.json").write_text(json.dumps(vocab, indent=1) + "\n")
     config = json.loads((Path(args.to) / "config.json").read_text())
+    written = sum(a.size for a in load_safetensors_file(Path(args.to) / "model.safetensors").values())
+    total = trained.model.num_parameters()
+    left = "" if written == total else f" of the model's {total:,} (the rest has no place in {config['architectures'][0]})"
     print(f"wrote {args.to}: {config['architectures'][0]} (model_type {config['model_type']!r}) from the "
-          f"{trained.kind} checkpoint {args.checkpoint}, {trained.model.num_parameters():,} parameters, "
-          f"{trained.model.dtype}")
+          f"{trained.kind} checkpoint {args.checkpoint}, {written:,} parameters{left}, {trained.model.dtype}")
     for name in ("config.json", "model.safetensors", "npformer_vocab.json"):
         print(f"  {Path(args.to) / name}")
     return 0

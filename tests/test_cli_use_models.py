@@ -8,6 +8,7 @@ import pytest
 
 from npformer.cli import main
 from npformer.data.vocab import CharVocab
+from npformer.interop import load_safetensors_file
 from npformer.training.trained_models import fill_mask_text, load_trained
 
 COMMON = ["--steps", "3", "--warmup", "1", "--d-model", "8", "--heads", "2", "--eval-every", "0", "--layers", "2"]
@@ -104,8 +105,17 @@ def test_export_refuses_what_it_cannot_write(ck, capsys):
 def test_export_writes_the_hugging_face_layout(ck, capsys, tmp_path, name, cls):
     capsys.readouterr()
     assert main(["export", "--checkpoint", str(ck / f"{name}.npz"), "--to", str(tmp_path)]) == 0
-    assert capsys.readouterr().out.startswith(f"wrote {tmp_path}: {cls}")
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote {tmp_path}: {cls}")
     trained = load_trained(ck / f"{name}.npz", backend="numpy")
+    written = sum(a.size for a in load_safetensors_file(tmp_path / "model.safetensors").values())
+    if name == "bert":           # BertForMaskedLM has no pooler: the summary counts what was written
+        pooler = sum(p.data.size for p in trained.model.pooler.parameters())
+        assert written == trained.model.num_parameters() - pooler > 0
+        assert (f", {written:,} parameters of the model's {trained.model.num_parameters():,} (the rest has no "
+                f"place in {cls})") in out
+    else:
+        assert written == trained.model.num_parameters() and f", {written:,} parameters, float32" in out
     extra = json.loads((tmp_path / "npformer_vocab.json").read_text())
     assert CharVocab.from_dict(extra["vocab"]) == trained.vocabs[0]
     ids = np.array([trained.vocabs[0].encode("The river")])
