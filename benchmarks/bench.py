@@ -173,16 +173,18 @@ def _ratios(rows: list[dict]) -> None:
         r["fast_speedup"] = ref / fast if fast and ref else None
 
 
+def _git(root: str, *args: str) -> str:
+    return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=10,
+                          check=True).stdout.strip()
+
+
 def source_commit(root: str | None = None) -> str | None:
     """The git commit of the checkout at ``root`` (default: the one npformer is imported from), with
     "+changes" when its tracked files differ from it; None outside a git checkout or without git."""
     root = root or os.path.dirname(os.path.dirname(os.path.abspath(npformer.__file__)))
     try:
-        def git(*args):
-            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                                  timeout=10, check=True).stdout.strip()
-        commit = git("rev-parse", "--short=7", "HEAD")
-        changed = git("status", "--porcelain", "--untracked-files=no")
+        commit = _git(root, "rev-parse", "--short=7", "HEAD")
+        changed = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return commit + ("+changes" if changed else "")

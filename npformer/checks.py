@@ -25,9 +25,9 @@ from npformer.backend import is_array, is_cupy_array
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
-           "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "expect_row_buffer", "token_ids", "integer", "positive_int",
-           "non_negative_int",
-           "real", "probability", "one_of", "values_checked", "values_unchecked"]
+           "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "expect_row_buffer", "token_ids",
+           "integer", "positive_int", "non_negative_int", "real", "probability", "one_of", "values_checked",
+           "values_unchecked"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
 

@@ -13,6 +13,10 @@ heads = st.integers(1, 3)
 head_size = st.integers(1, 4)
 seeds = st.integers(0, 2**16)
 
+# Why a test that needs an optional package skips without it (pytest.importorskip's reason).
+NO_TORCH = "torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)"
+NO_MATPLOTLIB = 'matplotlib not installed: this test draws a plot (pip install -e ".[plot]")'
+
 
 def randn(xp, shape, seed=0, dtype="float64", scale=1.0):
     """Seeded standard-normal array on backend ``xp`` (drawn on the host, so equal across backends)."""

@@ -11,6 +11,7 @@ from npformer.cli import build_parser, main
 from npformer.training.config import CONFIGS, FIELDS, MODELS, flag
 from npformer.training.run import RunDirectory, read_metrics
 from npformer.version import __version__
+from tests.helpers import NO_MATPLOTLIB
 
 TINY = ["--task", "copy", "--n-train", "200", "--n-valid", "30", "--steps", "6", "--warmup", "1", "--d-model", "16",
         "--heads", "2", "--layers", "1", "--ff", "32", "--batch-size", "8", "--eval-every", "0", "--log-every", "3"]
@@ -80,7 +81,7 @@ def test_version(capsys):
 
 
 def test_plot_command_writes_the_png(workdir, capsys):
-    pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
+    pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
     assert main(["train", *TINY, "--out-dir", "r"]) == 0
     capsys.readouterr()
     assert main(["plot", "r"]) == 0

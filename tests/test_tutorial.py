@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import NO_MATPLOTLIB
+
 TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 # a python block, then (optionally, after blank lines only) the text block of what it prints
 BLOCK = re.compile(r"```python\n(?P<code>.*?)```(?:\n\s*```text\n(?P<shown>.*?)```)?", re.S)
@@ -37,5 +39,5 @@ def test_tutorial_runs_and_prints_what_it_shows(tmp_path, monkeypatch):
         if shown is not None:
             assert checker.check_output(shown, printed.getvalue(), flags), (
                 f"block {number} printed\n{printed.getvalue()}\nbut the tutorial shows\n{shown}")
-    pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
+    pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
     assert (tmp_path / "tutorial_attention.png").stat().st_size > 1000

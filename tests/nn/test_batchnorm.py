@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 from npformer.nn import BatchNorm1d, StateDictError
 from npformer.nn.module import no_grad
 from npformer.tools.gradcheck import gradcheck_module
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import NO_TORCH, assert_gradcheck, host, randn, seeds
 
 TORCH_KEYS = ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"]
 
@@ -149,7 +149,7 @@ def test_bad_construction():
 
 @pytest.mark.parametrize("momentum", [0.1, None])
 def test_parity_with_torch_batchnorm1d(momentum):
-    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     c = 5
     ours = BatchNorm1d(c, momentum=momentum, dtype="float64")
     ref = torch.nn.BatchNorm1d(c, momentum=momentum, dtype=torch.float64)

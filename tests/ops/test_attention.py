@@ -11,7 +11,7 @@ from npformer.backend import backend_name, default_rng
 from npformer.ops.attention import (scaled_dot_product_attention_backward as sdpa_backward,
                                     scaled_dot_product_attention_forward as sdpa_forward)
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, batch, head_size, heads, host, padding_masks, randn, seeds, seq
+from tests.helpers import NO_TORCH, assert_gradcheck, batch, head_size, heads, host, padding_masks, randn, seeds, seq
 
 CAUSAL = st.sampled_from([None, "top_left", "bottom_right"])
 
@@ -201,7 +201,7 @@ def test_large_float32_blocked_softmax_matches_float64(xp):
 
 
 def test_against_torch_functional(xp):
-    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     q, k, v = (host(randn(xp, (2, 3, t, 4), s)) for s, t in ((0, 3), (1, 5), (2, 5)))
     pad = np.zeros((2, 5), bool)
     pad[0, 4] = True

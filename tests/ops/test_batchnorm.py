@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from npformer.ops.batchnorm import RunningStats, batch_norm_backward, batch_norm_forward
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import NO_TORCH, assert_gradcheck, host, randn, seeds
 
 # (N, C) or (B, T, C) with at least 2 positions in all, so that training has a variance
 shapes = st.one_of(st.tuples(st.integers(2, 6), st.integers(1, 5)),
@@ -174,7 +174,7 @@ def test_pure_and_views(xp):
 
 
 def test_parity_with_torch_functional_batch_norm(xp):
-    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     x = randn(xp, (3, 5, 4), 7)
     w, b = randn(xp, (4,), 8), randn(xp, (4,), 9)
     rm, rv = randn(xp, (4,), 10), xp.ones(4) * 1.5

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, batch, host, randn, seeds, seq
+from tests.helpers import NO_TORCH, assert_gradcheck, batch, host, randn, seeds, seq
 
 IGNORE = -100
 
@@ -140,7 +140,7 @@ def test_all_ignored_mean_gives_zero_not_nan(xp):
 
 
 def test_matches_torch_and_documents_the_nan_difference(xp):
-    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     F = torch.nn.functional
     z_h = host(randn(xp, (3, 4, 6), 0, scale=2.0))
     t_h = np.random.default_rng(1).integers(0, 6, size=(3, 4))

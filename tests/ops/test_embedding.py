@@ -6,7 +6,7 @@ from hypothesis import given, strategies as st
 
 from npformer.ops.embedding import embedding_backward, embedding_forward
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, batch, host, randn, seeds, seq
+from tests.helpers import NO_TORCH, assert_gradcheck, batch, host, randn, seeds, seq
 
 
 def ids_array(xp, values, dtype="int64"):
@@ -90,7 +90,7 @@ def test_padding_row_gets_zero_gradient(xp, pad, row):
 
 
 def test_matches_torch(xp):
-    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     ids_h = np.random.default_rng(0).integers(0, 7, size=(3, 5))
     w_h, dout_h = host(randn(xp, (7, 4), 1)), host(randn(xp, (3, 5, 4), 2))
     for pad in (None, 2, -3):

@@ -14,7 +14,7 @@ from npformer.ops.multihead import multi_head_attention_backward as mha_backward
 from npformer.ops.multihead import multi_head_attention_forward as mha_forward
 from npformer.ops.multihead import self_attention_backward, self_attention_forward, split_heads
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, batch, host, padding_masks, randn, seeds, seq
+from tests.helpers import NO_TORCH, assert_gradcheck, batch, host, padding_masks, randn, seeds, seq
 
 PARAM_NAMES = ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
 
@@ -220,7 +220,7 @@ def test_fully_masked_rows_and_dtype_preserved(xp, dtype):
 def test_against_torch_multihead_attention(xp, self_attention):
     """Both ops against torch; one array fed as query, key and value to the general op gives torch's
     input gradient as the sum of the three (torch sums them inside autograd)."""
-    torch = pytest.importorskip("torch", reason="torch not installed: this PyTorch parity check needs it (pip install torch==2.13.0)")
+    torch = pytest.importorskip("torch", reason=NO_TORCH)
     e, h, b, tq, tk = 6, 3, 2, 4, 4 if self_attention else 5
     p = {k: host(v) for k, v in make_params(xp, e, 0).items()}
     x, mem = host(randn(xp, (b, tq, e), 1)), host(randn(xp, (b, tk, e), 2))

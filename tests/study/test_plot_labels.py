@@ -9,8 +9,9 @@ import pytest
 
 from npformer.cli import main
 from npformer.study import EXPERIMENTS
+from tests.helpers import NO_MATPLOTLIB
 
-matplotlib = pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
+matplotlib = pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
 from matplotlib.transforms import Bbox  # noqa: E402  (after the skip without matplotlib)
 
 TINY = {

@@ -14,6 +14,7 @@ from npformer.training.config import Seq2SeqTrainConfig
 from npformer.training.run import RunDirectory, checkpoint_file, plot_metrics, read_metrics
 from npformer.training.schedules import cosine_with_warmup
 from npformer.training.seq2seq_trainer import Seq2SeqTrainer
+from tests.helpers import NO_MATPLOTLIB
 
 SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, nhead=2, layers=1, dim_feedforward=32,
              batch_size=16, steps=8, warmup=2, lr=3e-3, eval_every=4, log_every=2, checkpoint_every=4)
@@ -120,7 +121,7 @@ def test_bad_metrics_files_are_named_with_the_line(tmp_path):
 
 
 def test_plot_draws_a_png_of_the_curves(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib not installed: this test draws a plot (pip install -e \".[plot]\")")
+    pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
     out = str(tmp_path / "run")
     _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out))
     png = plot_metrics(out)

@@ -7,7 +7,8 @@ to rounding).
 The reference's ``scatter_add`` forms each id's sum as the difference of a float64 running sum down
 all the rows, one row at a time in Python (the same order on every backend); here the rows of each
 id are summed directly, in float64, in the order they came, by one call. Both are float64 sums of
-the same values, rounded once to the gradient's dtype. Measured on the default ``npformer train``
+the same values, rounded as the reference rounds them (once to the gradient's dtype; for 16-bit
+gradients to float32 first, the reference's accumulation dtype). Measured on the default ``npformer train``
 step: 0.42 against 2.1 ms for 2048 rows of 128.
 """
 from __future__ import annotations
