@@ -5,7 +5,7 @@
             p = p - lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
     SGD:    d = g + wd p;  buf = d (first step) | momentum buf + (1 - dampening) d
             d = d + momentum buf (nesterov) | buf;   p = p - lr d
-    norm:   sum_of_squares(g) = sum_i g_i^2, in float64
+    norm:   sum_of_squares(g) = sum_i g_i^2, in float64, in a fixed order (below)
 
 Sources: the algorithm boxes of torch.optim.Adam/AdamW/SGD; Adam is evaluated in torch's order
 (the bias corrections applied to sqrt(v) and to the step size, not to m and v).
@@ -16,6 +16,13 @@ memory. They are element-wise, so one call over a flat buffer (:mod:`npformer.nn
 exactly what one call per parameter gives, and the arithmetic runs in the arrays' dtype with each
 Python number rounded to it first (NumPy's rule for a Python scalar), operation by operation as
 written. A CUDA kernel (:mod:`npformer.kernels.cuda.optim`) does ``adam_update`` in one launch.
+
+The order of the sum of squares is part of its definition, so that every CPU implementation gives
+the same bits on every CPU (a vectorising compiler or NumPy's pairwise sum would let the vector
+width of the machine or the library's version choose it): element i's square goes to lane
+i mod SQUARES_LANES, each lane adds its squares in index order starting from 0, and the lanes are
+then added in pairs, (l0 + l1), (l2 + l3), ..., halving until one is left. The CUDA kernel has its
+own fixed order (a fixed grid of partial sums), the same from run to run on any GPU.
 """
 from __future__ import annotations
 
@@ -26,9 +33,11 @@ from npformer.backend import get_array_module
 from npformer.checks import expect_float, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 
-__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "SQUARES_CHUNK"]
+__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "add_squares_to_lanes",
+           "sum_lanes", "SQUARES_CHUNK", "SQUARES_LANES"]
 
 SQUARES_CHUNK = 1 << 20     # elements converted to float64 at a time by sum_of_squares (8 MB)
+SQUARES_LANES = 64          # the sum's lanes (module docstring); SQUARES_CHUNK is a multiple of it
 
 
 def check_update_arrays(param, **arrays) -> None:
@@ -96,12 +105,36 @@ def sgd_update(param: Any, grad: Any, momentum_buffer: Any, *, lr: float, moment
 @dispatched
 def sum_of_squares(x: Any) -> Any:
     """``sum x^2`` over every element, in float64 (a 0-d array): float16/32 squares cannot overflow.
-    Chunks of SQUARES_CHUNK elements keep the float64 temporaries small."""
+    The additions go in the order the module docstring defines; chunks of SQUARES_CHUNK elements
+    keep the float64 temporaries small without changing it."""
     expect_float(x, "x")
     xp = get_array_module(x)
     flat = x.reshape(-1)                                            # (N,)
-    total = xp.zeros((), dtype=xp.float64)                          # ()
+    lanes = xp.zeros(SQUARES_LANES, dtype=xp.float64)               # (L,)
     for start in range(0, flat.size, SQUARES_CHUNK):
-        x64 = flat[start:start + SQUARES_CHUNK].astype(xp.float64)  # (chunk,)
-        total += (x64 * x64).sum()
-    return total
+        lanes = add_squares_to_lanes(lanes, flat[start:start + SQUARES_CHUNK].astype(xp.float64))
+    return sum_lanes(lanes)
+
+
+def add_squares_to_lanes(lanes, x64):
+    """The lanes after adding the squares of ``x64`` (float64, (n,), a scratch array: overwritten),
+    whose first element goes to lane 0: lane j gets x64[j]^2, x64[j + L]^2, ... in that order."""
+    xp = get_array_module(x64)
+    sq = xp.multiply(x64, x64, out=x64)                             # (n,) squares, rounded once
+    full = sq.size - sq.size % SQUARES_LANES
+    rows = sq[:full].reshape(-1, SQUARES_LANES)                     # (n / L, L): column j is lane j
+    if rows.shape[0]:
+        rows[0] += lanes                                            # lane + first square, as a running sum
+        lanes = rows.sum(axis=0)                                    # (L,): down each column, row by row
+    tail = sq[full:]                                                # (n mod L,): the next squares of lanes 0..
+    if tail.size:
+        lanes = lanes.copy()
+        lanes[:tail.size] += tail
+    return lanes
+
+
+def sum_lanes(lanes):
+    """Lanes added in pairs, (l0 + l1), (l2 + l3), ..., halving to one (a 0-d array)."""
+    while lanes.size > 1:
+        lanes = lanes[0::2] + lanes[1::2]
+    return lanes.reshape(())

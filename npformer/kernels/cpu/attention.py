@@ -13,7 +13,8 @@ from the product that makes them to the product that uses them:
                           ->  dS = P * (dP - rowsum(dP * P)) * scale  ->  dq = dS k,  dk += dS^T q
 
 Threads take contiguous runs of whole heads (a head's query-row blocks stay on one thread, so dk
-and dv sum in a fixed order), with BLAS at one thread each (:mod:`npformer.kernels.cpu.threads`).
+and dv sum in a fixed order), with BLAS at one thread each, also when timing leaves a single run
+(:mod:`npformer.kernels.cpu.threads`).
 Each block computes the same products and row operations whichever thread runs it, so the results
 do not depend on the number of threads. The dropout mask is the reference's, drawn as booleans
 before the blocks run, in one part of the generator's stream per thread
@@ -69,13 +70,15 @@ def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, sl
 
 
 def _parallel(groups: list, run_block) -> None:
-    """run_block(block) for every block, the groups split in contiguous runs over the threads."""
+    """run_block(block) for every block, the groups split in contiguous runs over the threads; the
+    blocks' products on BLAS at one thread however many runs there are (the runs' count follows
+    timing, :func:`~npformer.kernels.cpu.threads.threads_for`, and must not change a bit)."""
     def run(a: int, b: int) -> None:
         for group in groups[a:b]:
             for block in group:
                 run_block(block)
     parts = split(len(groups), threads_for(len(groups), 1))
-    run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts])
+    run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts], blas_one_thread=True)
 
 
 class RowKernels(NamedTuple):

@@ -15,7 +15,7 @@ import numpy
 from npformer.checks import expect_float, expect_shape
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, blockwise
-from npformer.ops.optim import check_update_arrays
+from npformer.ops.optim import SQUARES_LANES, add_squares_to_lanes, check_update_arrays, sum_lanes
 
 __all__ = ["adam_update", "sum_of_squares", "accepts_adam"]
 
@@ -60,12 +60,11 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
 
 
 def sum_of_squares(x):
-    """``sum x^2`` in float64 (a 0-d array), block by block, the blocks added in order (no BLAS call:
-    its threads would be woken for every block)."""
+    """``sum x^2`` in float64 (a 0-d array), block by block in cache, in the reference's order of
+    additions (its lanes carried from block to block: the same bits; no BLAS call)."""
     expect_float(x, "x")
     flat = x.reshape(-1)                                            # (N,)
-    total = numpy.zeros((), dtype=numpy.float64)                    # ()
+    lanes = numpy.zeros(SQUARES_LANES, dtype=numpy.float64)         # (L,)
     for start in range(0, flat.size, BLOCK_ELEMENTS):
-        x64 = flat[start:start + BLOCK_ELEMENTS].astype(numpy.float64)   # (block,), in cache
-        total += numpy.square(x64, out=x64).sum()
-    return total
+        lanes = add_squares_to_lanes(lanes, flat[start:start + BLOCK_ELEMENTS].astype(numpy.float64))
+    return sum_lanes(lanes)

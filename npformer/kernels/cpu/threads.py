@@ -44,10 +44,11 @@ caller that arrives while the pool is busy runs its tasks one after another on i
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from npformer.checks import positive_int
 
@@ -186,39 +187,55 @@ def _run_part(fn: Callable[[], Any]) -> Any:
         _local.inside = outer
 
 
-def run_parallel(tasks: Sequence[Callable[[], Any]]) -> list:
+def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = False) -> list:
     """Run every task, the first on this thread and the others on the pool, with BLAS at one thread
     until all have finished; returns their results in order (an exception in any is re-raised).
     Inside a part the tasks run one after another on this thread; a single task runs on this
-    thread as it is (BLAS as the caller set it)."""
-    if len(tasks) <= 1 or in_parallel_region():
+    thread as it is (BLAS as the caller set it), or with BLAS at one thread if ``blas_one_thread``:
+    for work whose products must be computed the same way however many parts timing cut it into
+    (BLAS's threads may add a product's terms in another order than one thread)."""
+    if in_parallel_region():
         return [fn() for fn in tasks]
-    if not _busy.acquire(blocking=False):      # another thread's region is running: this one inline
+    if len(tasks) <= 1:
+        if not blas_one_thread:
+            return [fn() for fn in tasks]
+        with _blas_at_one_thread():
+            return [fn() for fn in tasks]
+    if not _busy.acquire(blocking=False):      # another thread's region is running (BLAS at one): inline
         return [_run_part(fn) for fn in tasks]
+    try:
+        with _blas_at_one_thread():
+            started = []
+            try:
+                for worker, fn in zip(_workers(len(tasks) - 1), tasks[1:]):
+                    worker.start(fn)
+                    started.append(worker)
+                results = [_run_part(tasks[0])]
+            finally:
+                outcomes = []
+                for worker in started:           # every part finished before anything is raised
+                    try:
+                        outcomes.append((worker.finish(), None))
+                    except BaseException as e:
+                        outcomes.append((None, e))
+            for result, error in outcomes:
+                if error is not None:
+                    raise error
+                results.append(result)
+            return results
+    finally:
+        _busy.release()
+
+
+@contextlib.contextmanager
+def _blas_at_one_thread() -> Iterator[None]:
+    """BLAS held to one thread inside the block, its setting restored after."""
     blas = _blas_controllers()
     before = [c.num_threads for c in blas]
     try:
         for c in blas:
             c.set_num_threads(1)
-        started = []
-        try:
-            for worker, fn in zip(_workers(len(tasks) - 1), tasks[1:]):
-                worker.start(fn)
-                started.append(worker)
-            results = [_run_part(tasks[0])]
-        finally:
-            outcomes = []
-            for worker in started:           # every part finished before anything is raised
-                try:
-                    outcomes.append((worker.finish(), None))
-                except BaseException as e:
-                    outcomes.append((None, e))
-        for result, error in outcomes:
-            if error is not None:
-                raise error
-            results.append(result)
-        return results
+        yield
     finally:
         for c, n in zip(blas, before):
             c.set_num_threads(n)
-        _busy.release()

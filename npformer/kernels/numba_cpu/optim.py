@@ -15,7 +15,7 @@ from numba import njit
 
 from npformer.checks import expect_float
 from npformer.kernels.numba_cpu.rows import over_rows
-from npformer.ops.optim import check_update_arrays
+from npformer.ops.optim import SQUARES_LANES, check_update_arrays, sum_lanes
 
 __all__ = ["adam_update", "sum_of_squares"]
 
@@ -35,13 +35,19 @@ def _adam(p, g, m, v, l2, wd, decay, b1, one_minus_b1, b2, one_minus_b2, bias2, 
         p[i] = pi - (mi / denom) * step_size
 
 
-@njit(nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy", cache=True)
-def _squares(x, out):
-    total = 0.0
-    for i in range(x.size):                              # (from 0 to a length: vectorised)
-        xi = numpy.float64(x[i])
-        total += xi * xi
-    out[0] = total
+@njit(nogil=True, error_model="numpy", cache=True)     # no fastmath: the reference's order of additions
+def _squares(x, lanes):
+    """The reference's lanes (npformer.ops.optim): lane j adds x[j]^2, x[j + L]^2, ... in order (the
+    inner loop over the L independent lanes is what vectorises; no sum is reassociated)."""
+    n_lanes = lanes.size
+    full = x.size - x.size % n_lanes
+    for start in range(0, full, n_lanes):
+        for j in range(n_lanes):
+            xj = numpy.float64(x[start + j])
+            lanes[j] += xj * xj
+    for j in range(x.size - full):
+        xj = numpy.float64(x[full + j])
+        lanes[j] += xj * xj
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
@@ -57,9 +63,9 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
 
 
 def sum_of_squares(x):
-    """``sum x^2`` in float64 (a 0-d array), in one pass (the NumPy path converts blocks to float64)."""
+    """``sum x^2`` in float64 (a 0-d array), in one pass, in the reference's order of additions."""
     expect_float(x, "x")
     flat = numpy.ascontiguousarray(x).reshape(-1)
-    out = numpy.zeros(1, numpy.float64)
-    _squares(flat, out)
-    return out.reshape(())
+    lanes = numpy.zeros(SQUARES_LANES, numpy.float64)
+    _squares(flat, lanes)
+    return sum_lanes(lanes)
