@@ -42,6 +42,8 @@ from npformer.errors import RangeError
 __all__ = ["FLOAT32_MATMUL_PRECISIONS", "set_float32_matmul_precision", "float32_matmul_precision"]
 
 FLOAT32_MATMUL_PRECISIONS = ("highest", "tf32")     # float32 multiply-adds, or TF32 tensor cores
+# cublasMath_t values (cublas_api.h, a stable ABI): CuPy 14's bindings no longer name the TF32 one
+CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
 
 
 def _cupy_parts():
@@ -78,7 +80,7 @@ def apply_matmul_precision(linalg, cublas, handle, tf32: bool) -> None:
     (the parts are passed in so that a test can hand in stand-ins)."""
     linalg.set_compute_type(numpy.float16, linalg.COMPUTE_TYPE_FP32)             # float32 accumulation
     linalg.set_compute_type(numpy.float32, linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_DEFAULT)
-    cublas.setMathMode(handle, cublas.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else cublas.CUBLAS_DEFAULT_MATH)
+    cublas.setMathMode(handle, CUBLAS_TF32_TENSOR_OP_MATH if tf32 else CUBLAS_DEFAULT_MATH)
 
 
 def float32_matmul_precision(backend: str | ModuleType = "cupy") -> str:

@@ -88,6 +88,7 @@ FAST_PATHS = (
     (dropout.dropout_backward, "cuda", cuda.dropout_backward, lambda dout, cache: device_floats(dout)),
     (embedding.embedding_backward, "cpu", cpu_embedding.embedding_backward, cpu_embedding.accepts_backward),
     (linear.linear_forward, "cpu", cpu_linear.linear_forward, lambda x, weight, bias=None: numpy_floats(x, weight, bias)),
+    (linear.linear_forward, "cuda", cuda.linear_forward, lambda x, weight, bias=None: device_floats(x, weight, bias)),
     (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
     (linear.linear_backward, "cpu", cpu_linear.linear_backward,
      lambda dout, cache: numpy_floats(dout, getattr(cache, "x", None), getattr(cache, "weight", None))),

@@ -23,7 +23,11 @@ The step function ``fn(*inputs)`` returns device arrays (or a tuple of them). It
   repeats the device work on the same memory. So the outputs are the same arrays after every call
   (copy what must be kept), arrays made inside the step (a parameter's gradient allocated by its first
   ``accumulate``) are rewritten in place by each replay, and anything that must change per step
-  lives in device arrays updated in place before the call.
+  lives in device arrays updated in place before the call;
+* **products through npformer's ops**: CuPy refuses every cuBLAS call while a stream captures, so
+  the matrix products inside must be npformer's linear ops on their CUDA path
+  (:mod:`npformer.kernels.cuda.gemm` calls cuBLAS itself there), not a plain ``a @ b``, nor with the
+  fast paths switched off.
 
 Calls: the first ``warmup`` calls run eagerly (kernels compile, cuBLAS makes its workspace, the memory
 pool grows), the next one captures and then replays the graph, later ones replay it. All of them run
@@ -44,6 +48,7 @@ from typing import Any, Callable
 from npformer.backend import default_rng, get_array_module, is_cupy_array
 from npformer.checks import describe, non_negative_int, values_unchecked
 from npformer.errors import CaptureError, InputTypeError, ShapeError
+from npformer.kernels.cuda.gemm import reserve_workspace
 
 __all__ = ["CudaGraphStep", "check_static_inputs", "reseed_in_place", "HOST_SYNC_CAUSES"]
 
@@ -121,6 +126,7 @@ class CudaGraphStep:
 
     def _capture(self, xp) -> None:
         stream = self._stream
+        reserve_workspace(xp)                             # cuBLAS's, for the captured products: not the graph's
         with xp.cuda.using_allocator(self._pool.malloc), values_unchecked():
             stream.begin_capture()
             try:
@@ -129,7 +135,9 @@ class CudaGraphStep:
                 _end_quietly(stream)
                 raise CaptureError(f"CudaGraphStep: the step could not be captured in a CUDA graph ({exc}). "
                                    f"Inside a captured step nothing may read device data on the host: "
-                                   f"{HOST_SYNC_CAUSES}; move it after the call") from exc
+                                   f"{HOST_SYNC_CAUSES}; move it after the call. Matrix products must be "
+                                   "npformer's linear ops with the fast paths on (CuPy refuses cuBLAS calls "
+                                   "during a capture)") from exc
             graph = stream.end_capture()
         self._outputs, self.graph = outputs, graph
 

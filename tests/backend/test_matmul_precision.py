@@ -23,10 +23,10 @@ def test_unknown_precision_is_named():
 
 
 class _Recorder:
-    """Stand-ins for CuPy's matmul module and cuBLAS bindings, recording what is set."""
+    """Stand-ins for CuPy's matmul module and cuBLAS bindings, recording what is set. Like CuPy 14's
+    bindings (seen on an H100, 2026-11-26) they name no math modes: npformer passes cuBLAS's values."""
 
     COMPUTE_TYPE_DEFAULT, COMPUTE_TYPE_FP32, COMPUTE_TYPE_TF32 = 1, 4, 7
-    CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
 
     def __init__(self):
         self.compute, self.math = {}, {}
@@ -44,7 +44,7 @@ def test_compute_types_set_explicitly(tf32):
     apply_matmul_precision(r, r, "handle", tf32)
     assert r.compute["float16"] == r.COMPUTE_TYPE_FP32                  # float16 products, float32 sums
     assert r.compute["float32"] == (r.COMPUTE_TYPE_TF32 if tf32 else r.COMPUTE_TYPE_DEFAULT)
-    assert r.math == {"handle": r.CUBLAS_TF32_TENSOR_OP_MATH if tf32 else r.CUBLAS_DEFAULT_MATH}
+    assert r.math == {"handle": 3 if tf32 else 0}          # CUBLAS_TF32_TENSOR_OP_MATH, CUBLAS_DEFAULT_MATH
 
 
 def test_train_config_refuses_tf32_on_numpy():

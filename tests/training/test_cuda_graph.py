@@ -55,11 +55,13 @@ class _Stream:
 
 
 def _fake_xp(allocations: list):
+    """Stand-in for cupy: its allocator switch and what cuBLAS's workspace is reserved with (recorded)."""
     @contextmanager
     def using_allocator(malloc):
         allocations.append(malloc)
         yield
-    return SimpleNamespace(cuda=SimpleNamespace(using_allocator=using_allocator))
+    return SimpleNamespace(cuda=SimpleNamespace(using_allocator=using_allocator, Device=lambda: SimpleNamespace(id=7)),
+                           uint8="uint8", empty=lambda size, dtype: allocations.append(("workspace", size, dtype)))
 
 
 def _prepared(fn):
@@ -68,7 +70,10 @@ def _prepared(fn):
     return step
 
 
-def test_capture_runs_the_step_once_unchecked_from_the_private_pool():
+def test_capture_runs_the_step_once_unchecked_from_the_private_pool(monkeypatch):
+    """And cuBLAS's workspace for the captured products is reserved first, outside the private pool."""
+    from npformer.kernels.cuda import gemm
+    monkeypatch.setitem(gemm._state, "workspace", {})
     seen, allocations = [], []
 
     def fn(x):
@@ -77,11 +82,15 @@ def test_capture_runs_the_step_once_unchecked_from_the_private_pool():
     step = _prepared(fn)
     step._capture(_fake_xp(allocations))
     assert seen == [("x", False)] and values_checked()          # value checks off inside the capture only
-    assert step._stream.events == ["begin", "end"] and allocations == ["private malloc"]
+    assert step._stream.events == ["begin", "end"]
+    assert allocations == [("workspace", gemm.WORKSPACE_BYTES, "uint8"), "private malloc"]
     assert step.captured and step.graph == "graph" and step._outputs == "loss"
 
 
-def test_a_failed_capture_is_a_capture_error_naming_the_host_syncs():
+def test_a_failed_capture_is_a_capture_error_naming_the_host_syncs(monkeypatch):
+    from npformer.kernels.cuda import gemm
+    monkeypatch.setitem(gemm._state, "workspace", {})
+
     def fn(x):
         raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
     step = _prepared(fn)

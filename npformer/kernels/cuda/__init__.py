@@ -8,7 +8,9 @@ GELU (erf and tanh)        one elementwise kernel forward, one backward
 dropout                    uniforms from the Generator passed in (the reference's mask for
                            a seed), then one kernel for compare, scale and multiply (the
                            mask kept as booleans); backward one kernel
-linear backward            the bias gradient as one coalesced column sum
+linear                     the reference's products, also inside a CUDA graph capture
+                           (gemm.py: cuBLAS called directly there, CuPy refuses it); the
+                           bias gradient as one coalesced column sum
 flash attention            forward: a block per query tile and head, online softmax over
                            key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
                            dv), a block per query tile (dq); own module (flash_source.py);
@@ -45,7 +47,7 @@ from npformer.kernels.cuda.dropout import dropout_backward, dropout_forward
 from npformer.kernels.cuda.feedforward import feed_forward_backward, feed_forward_forward
 from npformer.kernels.cuda.flash_attention import flash_attention_backward, flash_attention_forward
 from npformer.kernels.cuda.layernorm import layer_norm_backward, layer_norm_forward
-from npformer.kernels.cuda.linear import linear_backward
+from npformer.kernels.cuda.linear import linear_backward, linear_forward
 from npformer.kernels.cuda.optim import adam_update, sum_of_squares
 from npformer.kernels.cuda.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
                                             residual_dropout_layer_norm_forward)
@@ -57,7 +59,7 @@ __all__ = [
     "device_floats", "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "layer_norm_forward", "layer_norm_backward", "gelu_forward", "gelu_backward", "dropout_forward",
     "dropout_backward",
-    "linear_backward", "flash_attention_forward", "flash_attention_backward", "bias_add_forward", "bias_grad",
+    "linear_forward", "linear_backward", "flash_attention_forward", "flash_attention_backward", "bias_add_forward", "bias_grad",
     "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_dropout_forward", "bias_gelu_dropout_backward",
     "feed_forward_forward", "feed_forward_backward", "residual_dropout_forward",
     "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward", "cross_entropy_forward",
