@@ -94,8 +94,15 @@ class LMTrainer(Trainer):
                     break
         loss = total / max(count, 1)
         return {"loss": loss, "bits_per_char": loss / math.log(2),
-                "sample": sample_text(self.model, self.vocab, "The ", 120, seed=self.cfg.seed,
+                "sample": sample_text(self.model, self.vocab, self.sample_prompt(), 120, seed=self.cfg.seed,
                                       backend=self.cfg.backend)}
+
+    def sample_prompt(self) -> str:
+        """What the evaluation's sample continues: "The " where the vocabulary has its characters,
+        else the first characters of the training text (always in the vocabulary)."""
+        if all(ch in self.vocab for ch in SAMPLE_PROMPT):
+            return SAMPLE_PROMPT
+        return self.vocab.decode(self.data.train_ids[:len(SAMPLE_PROMPT)])
 
     def meta(self) -> dict:
         return {**super().meta(), "vocab": self.vocab.to_dict()}
@@ -112,6 +119,9 @@ class LMTrainer(Trainer):
         what = "valid" if quick else "final validation"
         text = f"{what}: loss {result['loss']:.4f}  ({result['bits_per_char']:.3f} bits/char)"
         return text if quick else text + f"\nsample: {result['sample']!r}"
+
+
+SAMPLE_PROMPT = "The "
 
 
 class GPT1Trainer(LMTrainer):

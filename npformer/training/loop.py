@@ -287,9 +287,13 @@ class Trainer:
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0 and self.step < c.steps:
                     for path in saves:
                         self.save(path)
-        result, line = self._evaluate(run, final=True)       # best.npz first, so last.npz knows the best loss
-        for path in saves:
+        for path in saves:                                   # the trained weights first: nothing after costs them
             self.save(path)
+        best_before = self.best_loss
+        result, line = self._evaluate(run, final=True)
+        if self.best_loss != best_before:                    # last.npz records the best loss too
+            for path in saves:
+                self.save(path)
         log(line + f"  ({time.perf_counter() - start:.0f}s)")
         return result
 

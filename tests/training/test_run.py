@@ -162,3 +162,38 @@ def test_a_terminal_gets_a_progress_bar(monkeypatch):
     assert "\r" in text and "step 8/8 " in text and "grad norm" in text     # the bar, redrawn in place
     assert "  valid (40 examples)" in text and "final validation" in text
     assert not any(line.startswith("step     2/8") for line in text.splitlines())   # no log lines
+
+
+def _lowercase_charlm(tmp_path, model="gpt2"):
+    """A character GPT on a text without 'T', 'h', 'e' nor a space (the old fixed prompt "The ")."""
+    from npformer.training.config import make_config
+    from npformer.training.registry import make_trainer
+    text = tmp_path / "lower.txt"
+    text.write_text("".join("abcdfgijklmnopqrsuvwxyz.,"[i * 7 % 25] for i in range(3000)))
+    config = make_config(dict(model=model, task="charlm", text=str(text), d_model=16, nhead=2, layers=1,
+                              dim_feedforward=32, block_size=16, batch_size=4, steps=4, warmup=1, eval_every=0,
+                              out_dir=str(tmp_path / "run")))
+    return text, make_trainer(config, log=lambda _: None)
+
+
+@pytest.mark.parametrize("model", ["gpt", "gpt1", "gpt2"])
+def test_a_text_without_the_default_prompt_trains_saves_and_samples_from_its_own_start(tmp_path, model):
+    text, trainer = _lowercase_charlm(tmp_path, model)
+    result = trainer.fit()
+    start = text.read_text()[:4]
+    assert result["sample"].startswith(start) and np.isfinite(result["loss"])
+    assert load_checkpoint(tmp_path / "run" / "last.npz").meta["step"] == 4
+
+
+def test_a_failure_after_training_does_not_cost_the_trained_weights(tmp_path, monkeypatch):
+    _, trainer = _lowercase_charlm(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the evaluation broke")
+    monkeypatch.setattr(trainer, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="the evaluation broke"):
+        trainer.fit()
+    saved = load_checkpoint(tmp_path / "run" / "last.npz")
+    assert saved.meta["step"] == 4
+    for name, value in trainer.model.state_dict().items():
+        np.testing.assert_array_equal(saved.model[name], value)
