@@ -4,10 +4,12 @@
     dx = dout @ W,   dW = dout^T x,   db = sum of dout over every leading axis
 
 Leading axes are flattened into one batch axis, so every product is one 2-d matmul of all the rows
-(a 3-d ``x @ W^T`` would be one small product per leading index).
+(a 3-d ``x @ W^T`` would be one small product per leading index). C_in = 0 is allowed, as in
+PyTorch: the product is an empty sum, so ``out = b`` (zeros without a bias) and ``dW`` is empty.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
@@ -15,12 +17,18 @@ from npformer.checks import expect_float, expect_grad, expect_ndim, expect_same_
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 
-__all__ = ["LinearCache", "check_linear_inputs", "linear_forward", "linear_backward", "matmul_last"]
+__all__ = ["LinearCache", "check_linear_inputs", "linear_forward", "linear_backward", "matmul_last", "as_rows"]
+
+
+def as_rows(x):
+    """``x`` (..., C) as a 2-d (N, C) array, N the product of the leading axes (also when C is 0,
+    where ``reshape(-1, 0)`` would be ambiguous: a layer of 0 inputs or outputs is well defined)."""
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
 
 
 def matmul_last(x, w):
     """``x @ w`` over the last axis of ``x`` (..., K) with ``w`` (K, N), as one 2-d matmul."""
-    return (x.reshape(-1, x.shape[-1]) @ w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
+    return (as_rows(x) @ w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
 
 
 class LinearCache(NamedTuple):
@@ -61,8 +69,8 @@ def linear_backward(dout, cache: LinearCache):
     x, weight, has_bias = cache
     c_out, c_in = weight.shape
     expect_grad(dout, "dout", x.shape[:-1] + (c_out,), x.dtype)
-    dout2 = dout.reshape(-1, c_out)                      # (N, C_out)
-    x2 = x.reshape(-1, c_in)                             # (N, C_in)
+    dout2 = as_rows(dout)                                # (N, C_out)
+    x2 = as_rows(x)                                      # (N, C_in)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
     dx = matmul_last(dout, weight)                       # (..., C_in)
     dweight = dout2.T @ x2                               # (C_out, C_in)

@@ -74,3 +74,25 @@ def test_linear_bad_input(xp):
         linear_forward(xp.ones((2, 3), dtype=xp.int64), w)
     with pytest.raises(TypeError, match=r"x: expected a numpy or cupy array, got list"):
         linear_forward([[1.0, 2.0, 3.0]], w)
+
+
+@pytest.mark.parametrize("x_shape, w_shape", [((3, 0), (4, 0)), ((2, 3, 0), (4, 0)), ((3, 5), (0, 5)),
+                                              ((0, 5), (4, 5)), ((2, 0, 5), (4, 5))])
+@pytest.mark.parametrize("path", ["fast", "reference"])
+def test_linear_with_an_empty_axis_is_the_empty_sum(xp, x_shape, w_shape, path):
+    """C_in = 0 (out = b: each output is an empty sum plus the bias), C_out = 0, or no rows: defined,
+    as in PyTorch, on the reference and on the fast path (a reshape(-1, 0) raised NumPy's error)."""
+    from npformer import kernels
+    x, w = randn(xp, x_shape, 0), randn(xp, w_shape, 1)
+    b = randn(xp, (w_shape[0],), 2)
+    with kernels.disabled() if path == "reference" else kernels.disabled("numba"):
+        out, cache = linear_forward(x, w, b)
+        dout = randn(xp, out.shape, 3)
+        dx, dw, db = linear_backward(dout, cache)
+    assert out.shape == x_shape[:-1] + (w_shape[0],) and dx.shape == x_shape and dw.shape == w_shape
+    np.testing.assert_array_equal(host(out), np.broadcast_to(host(b), out.shape) + host(x) @ host(w).T)
+    rows = int(np.prod(x_shape[:-1]))
+    dout2, x2 = host(dout).reshape(rows, w_shape[0]), host(x).reshape(rows, w_shape[1])
+    np.testing.assert_array_equal(host(dw), dout2.T @ x2)
+    np.testing.assert_array_equal(host(db), dout2.sum(axis=0))
+    np.testing.assert_array_equal(host(dx), host(dout) @ host(w))

@@ -29,7 +29,7 @@ import numpy
 
 from npformer.checks import expect_grad
 from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, note_blas_product, run_parallel, split
-from npformer.ops.linear import LinearCache, check_linear_inputs
+from npformer.ops.linear import LinearCache, as_rows, check_linear_inputs
 
 __all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS", "MIN_PARALLEL_WEIGHT"]
 
@@ -57,7 +57,7 @@ def _run(tasks: list) -> None:
 def linear_forward(x, weight, bias=None):
     check_linear_inputs(x, weight, bias)
     c_out, c_in = weight.shape
-    x2 = x.reshape(-1, c_in)                                         # (N, C_in)
+    x2 = as_rows(x)                                                  # (N, C_in)
     n = x2.shape[0]
     out = numpy.empty((n, c_out), dtype=x.dtype)                     # (N, C_out)
     w_t = weight.T                                                   # (C_in, C_out) view
@@ -76,7 +76,7 @@ def linear_backward(dout, cache: LinearCache):
     x, weight, has_bias = cache
     c_out, c_in = weight.shape
     expect_grad(dout, "dout", x.shape[:-1] + (c_out,), x.dtype)
-    d2, x2 = dout.reshape(-1, c_out), x.reshape(-1, c_in)            # (N, C_out), (N, C_in)
+    d2, x2 = as_rows(dout), as_rows(x)                               # (N, C_out), (N, C_in)
     n = d2.shape[0]
     dx = numpy.empty((n, c_in), dtype=x.dtype)                       # (N, C_in)
     dweight = numpy.empty((c_out, c_in), dtype=x.dtype)              # (C_out, C_in)

@@ -6,14 +6,14 @@ from __future__ import annotations
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.activations import bias_grad
 from npformer.kernels.cuda.gemm import matmul
-from npformer.ops.linear import LinearCache, check_linear_inputs
+from npformer.ops.linear import LinearCache, as_rows, check_linear_inputs
 
 __all__ = ["linear_forward", "linear_backward"]
 
 
 def _matmul_last(x, w):
     """``x @ w`` over the last axis of ``x`` (..., K) with ``w`` (K, N), as one 2-d product."""
-    return matmul(x.reshape(-1, x.shape[-1]), w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
+    return matmul(as_rows(x), w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
 
 
 def linear_forward(x, weight, bias=None):
@@ -30,8 +30,8 @@ def linear_backward(dout, cache):
     x, weight, has_bias = cache
     c_out, c_in = weight.shape
     expect_grad(dout, "dout", x.shape[:-1] + (c_out,), x.dtype)
-    dout2 = dout.reshape(-1, c_out)                      # (N, C_out)
+    dout2 = as_rows(dout)                                # (N, C_out)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum over rows of dout
     dx = _matmul_last(dout, weight)                      # (..., C_in)
-    dweight = matmul(dout2.T, x.reshape(-1, c_in))       # (C_out, C_in)
+    dweight = matmul(dout2.T, as_rows(x))                # (C_out, C_in)
     return dx, dweight, bias_grad(dout) if has_bias else None
