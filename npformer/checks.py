@@ -27,7 +27,7 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "expect_row_buffer", "token_ids",
            "integer", "positive_int", "non_negative_int", "real", "probability", "one_of", "values_checked",
-           "values_unchecked"]
+           "values_unchecked", "float_dtype"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
 
@@ -73,6 +73,21 @@ def expect_float(x: Any, name: str) -> None:
     expect_array(x, name)
     if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
         raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64), got {describe(x)}")
+
+
+def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
+    """``xp``'s dtype for ``dtype`` (None: float32), which must be floating-point: the dtype of a
+    module's parameters, checked when the module is built (an integer or complex model would fail
+    only at its first forward, or train wrongly)."""
+    from npformer.backend import DEFAULT_DTYPE
+    try:
+        resolved = xp.dtype(DEFAULT_DTYPE if dtype is None else dtype)
+    except TypeError:
+        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {dtype!r}, "
+                             f"which {xp.__name__} does not know") from None
+    if resolved.kind != "f" and str(resolved) != "bfloat16":
+        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {resolved}")
+    return resolved
 
 
 def expect_int(x: Any, name: str) -> None:

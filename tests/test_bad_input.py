@@ -253,3 +253,55 @@ def test_tally():
             outcomes[f"raw {type(exc).__name__} ({label})"] += 1
     print(f"\nbad-input table: {len(CASES)} cases; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
     assert set(outcomes) <= {"InputTypeError", "ShapeError", "RangeError"}, outcomes
+
+
+def _dtype_builders() -> dict:
+    """Every npformer module and model that takes a dtype, built small, with ``dtype`` as given."""
+    from npformer.models import ALBERT, ALBERTConfig, NormEncoder, NormEncoderConfig
+    return {
+        "Linear": lambda d: nn.Linear(4, 3, dtype=d), "Embedding": lambda d: nn.Embedding(5, 4, dtype=d),
+        "LayerNorm": lambda d: nn.LayerNorm(4, dtype=d), "BatchNorm1d": lambda d: nn.BatchNorm1d(4, dtype=d),
+        "LearnedPositionalEncoding": lambda d: nn.LearnedPositionalEncoding(4, 6, dtype=d),
+        "MultiheadAttention": lambda d: nn.MultiheadAttention(4, 2, dtype=d),
+        "FeedForwardBlock": lambda d: nn.FeedForwardBlock(4, 8, dtype=d),
+        "OutputHead": lambda d: nn.OutputHead(4, 5, dtype=d),
+        "RNN": lambda d: nn.RNN(4, 3, dtype=d), "LSTM": lambda d: nn.LSTM(4, 3, dtype=d),
+        "TransformerEncoderLayer": lambda d: nn.TransformerEncoderLayer(4, 2, 8, dtype=d),
+        "TransformerDecoderLayer": lambda d: nn.TransformerDecoderLayer(4, 2, 8, dtype=d),
+        "Transformer": lambda d: nn.Transformer(4, 2, 1, 1, 8, dtype=d),
+        "GPT": lambda d: GPT(GPTConfig(vocab_size=7, block_size=6, n_layer=1, n_head=2, d_model=4), dtype=d),
+        "BERT": lambda d: BERT(BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=1, num_attention_heads=2,
+                                          intermediate_size=8, max_position_embeddings=6), dtype=d),
+        "ALBERT": lambda d: ALBERT(ALBERTConfig(vocab_size=9, embedding_size=2, hidden_size=4, num_hidden_layers=1,
+                                                num_attention_heads=2, intermediate_size=8,
+                                                max_position_embeddings=6), dtype=d),
+        "Seq2Seq": lambda d: Seq2Seq(Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=6, d_model=4, nhead=2,
+                                                   num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=8,
+                                                   max_len=6), dtype=d),
+        "TransformerXL": lambda d: TransformerXL(TransformerXLConfig(vocab_size=5, d_model=4, n_head=2), dtype=d),
+        "NormEncoder": lambda d: NormEncoder(NormEncoderConfig(vocab_size=7, num_classes=3, d_model=4, nhead=2,
+                                                               num_layers=1, dim_feedforward=8), dtype=d),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["int32", "complex64", "bool", "bfloat16", object])
+def test_a_module_of_a_non_float_dtype_is_refused_when_it_is_built(dtype):
+    """Not at its first forward: every module and model that takes a dtype, and Module.to."""
+    builders = _dtype_builders()
+    for name, build in builders.items():
+        with pytest.raises(InputTypeError, match="dtype: expected a floating-point dtype"):
+            build(dtype)
+        assert build("float64").dtype == np.float64, name
+    model = builders["GPT"](None)
+    with pytest.raises(InputTypeError, match="dtype: expected a floating-point dtype"):
+        model.to(dtype=dtype)
+    assert all(p.data.dtype == np.float32 for p in model.parameters())          # nothing was cast
+
+
+def test_every_module_that_takes_a_dtype_is_in_the_dtype_table():
+    import inspect
+    from npformer import models
+    from npformer.nn.module import Module
+    taking = {name for home in (nn, models) for name, obj in vars(home).items()
+              if inspect.isclass(obj) and issubclass(obj, Module) and "dtype" in inspect.signature(obj).parameters}
+    assert taking == set(_dtype_builders())

@@ -9,6 +9,9 @@ counterpart (the values differ: the generators differ):
 * ``normal``: N(0, std^2) (``nn.Embedding`` uses std 1; GPT-2 uses 0.02);
 * ``ones``/``zeros``: layer norm gains and biases.
 
+Every array is made in ``dtype`` (None: float32), which must be a floating-point dtype: every
+module draws its parameters here, so an integer or complex model is refused when it is built.
+
 ``rng`` is a host ``numpy.random.Generator`` (from ``npformer.backend.default_rng(seed, "numpy")``)
 or an int seed; ``None`` draws from fresh OS entropy (as ``numpy.random.default_rng()``): pass a
 seed for reproducible weights. Nothing here keeps state between calls.
@@ -22,7 +25,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from npformer.backend import DEFAULT_DTYPE, default_rng, get_backend, to_device
+from npformer.backend import default_rng, get_backend, to_device
+from npformer.checks import float_dtype
 from npformer.errors import InputTypeError
 
 __all__ = ["DEFERRED", "host_generator", "stream_seed", "linear_uniform", "xavier_uniform", "normal", "uniform",
@@ -65,7 +69,7 @@ def stream_seed(rng: Any = None) -> int | None:
 
 def _place(host, dtype, backend):
     xp = get_backend(backend)
-    return to_device(host, backend).astype(xp.dtype(dtype or DEFAULT_DTYPE), copy=False)
+    return to_device(host, backend).astype(float_dtype(xp, dtype), copy=False)
 
 
 def uniform(shape: tuple, bound: float, *, rng=None, dtype=None, backend=None):
@@ -97,9 +101,9 @@ def normal(shape: tuple, std: float = 1.0, *, rng=None, dtype=None, backend=None
 
 def ones(shape: tuple, *, dtype=None, backend=None):
     xp = get_backend(backend)
-    return xp.ones(shape, dtype=xp.dtype(dtype or DEFAULT_DTYPE))
+    return xp.ones(shape, dtype=float_dtype(xp, dtype))
 
 
 def zeros(shape: tuple, *, dtype=None, backend=None):
     xp = get_backend(backend)
-    return xp.zeros(shape, dtype=xp.dtype(dtype or DEFAULT_DTYPE))
+    return xp.zeros(shape, dtype=float_dtype(xp, dtype))

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from npformer.backend import backend_name, default_rng, get_array_module, get_backend, to_device
-from npformer.checks import describe
+from npformer.checks import describe, float_dtype
 from npformer.errors import ShapeError, StateDictError
 
 __all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
@@ -328,7 +328,10 @@ class Module:
 
     def to(self, backend: str | None = None, dtype: Any = None) -> "Module":
         """Move every parameter and buffer to ``backend`` ("numpy"/"cupy") and/or cast it to
-        ``dtype`` (floating buffers only: a step counter stays an integer)."""
+        ``dtype`` (floating buffers only: a step counter stays an integer), a floating-point dtype:
+        checked before anything moves."""
+        if dtype is not None:
+            dtype = float_dtype(get_backend(backend or self.backend), dtype)
         for p in self.parameters():
             data = p.data if backend is None else to_device(p.data, backend)
             if dtype is not None:
