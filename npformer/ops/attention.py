@@ -12,8 +12,12 @@ Masks follow ``torch.nn.MultiheadAttention`` (bool True = *may not attend*, floa
 ``torch.nn.functional.scaled_dot_product_attention`` uses the opposite bool convention (True = may
 attend); npformer follows ``nn.MultiheadAttention`` everywhere.
 
-q is scaled before the product, as PyTorch's SDPA does: in float16, |q| = |k| = 100 with hs = 8 make
-q k^T = 80,000, beyond float16's 65,504, while the scaled score, 28,284, fits.
+q is scaled before the product, as PyTorch's SDPA does. 16-bit inputs are computed in float32 (the
+scores, the softmax, each product) and rounded to their dtype where they are kept or returned: P
+(the cache) and the outputs. The scores of finite float16 inputs can exceed float16's 65,504 (|q| =
+|k| = 1e4 with hs = 8 give scaled scores of 3e8, which float16 would make inf and the softmax NaN),
+as can dout v^T in the backward; PyTorch's CPU attention computes them in float32 too. So float16
+attention is finite wherever the float32 result is, and within float16 rounding of it.
 
 Fully masked query rows (every key blocked): the row of S is all -inf, the guarded softmax gives it
 zero probabilities, so its output is zero and it passes zero gradient to q, k and v, with no NaN.
@@ -29,11 +33,11 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
+from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, probability, real
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
-from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward
+from npformer.ops.dropout import DropoutCache, dropout_forward
 from npformer.ops.masks import attention_bias
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
 
@@ -84,18 +88,19 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     """
     scale = check_attention_inputs(q, k, v, scale, dropout_p)
     xp = get_array_module(q, k, v)
-    bias = attention_bias(q.shape[:3] + k.shape[2:3], q.dtype, attn_mask=attn_mask,
+    acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
+    bias = attention_bias(q.shape[:3] + k.shape[2:3], acc, attn_mask=attn_mask,
                           key_padding_mask=key_padding_mask, is_causal=is_causal,
                           causal_alignment=causal_alignment, xp=xp)   # broadcasts to (B, H, Tq, Tk)
-    s = (q * scale) @ k.swapaxes(-1, -2)                 # (B, H, Tq, Tk); scaled first: q k^T may overflow float16
+    s = (q.astype(acc) * scale) @ k.astype(acc).swapaxes(-1, -2)   # (B, H, Tq, Tk), q scaled first
     if bias is not None:
         s = s + bias                                     # (B, H, Tq, Tk), -inf where blocked
-    p, _ = softmax_forward(s)                            # (B, H, Tq, Tk); an all -inf row -> 0
+    p = softmax_forward(s)[0].astype(q.dtype, copy=False)   # (B, H, Tq, Tk); an all -inf row -> 0
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)   # (B, H, Tq, Tk)
     else:
         p_drop, drop = p, DropoutCache.identity(p)
-    out = p_drop @ v                                     # (B, H, Tq, hv)
+    out = (p_drop.astype(acc, copy=False) @ v.astype(acc, copy=False)).astype(q.dtype, copy=False)   # (B, H, Tq, hv)
     weights = None
     if need_weights:                                     # never the cached P itself: callers may write to it
         weights = p_drop.copy() if drop.keep is None else p_drop           # (B, H, Tq, Tk)
@@ -107,16 +112,20 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv)."""
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
-    p_drop = p if drop.keep is None else p * drop.keep * drop.scale    # (B, H, Tq, Tk), recomputed
+    acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
+    q, k, v, dout = (a.astype(acc, copy=False) for a in (q, k, v, dout))
+    p_drop = p if drop.keep is None else p * drop.keep * drop.scale    # (B, H, Tq, Tk), the forward's
+    p_drop, p = p_drop.astype(acc, copy=False), p.astype(acc, copy=False)
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)
     dp = dout @ v.swapaxes(-1, -2)                       # (B, H, Tq, Tk) dP_drop
-    if drop.keep is not None:
-        dp = dropout_backward(dp, drop)                  # fwd: P_drop = dropout(P)
+    if drop.keep is not None:                            # fwd: P_drop = P * m / (1 - p)
+        dp = dp * drop.keep * drop.scale
     # fwd: P = softmax(S)  ->  dS = P * (dP - sum_k dP * P)   (0 at masked keys and fully masked rows)
     ds = softmax_backward(dp, SoftmaxCache(p))           # (B, H, Tq, Tk)
     # fwd: S = q @ k^T * scale + bias  ->  dq = dS @ k * scale,  dk = dS^T @ q * scale  (bias is constant)
     ds = ds * scale
     dq = ds @ k                                          # (B, H, Tq, hs)
     dk = ds.swapaxes(-1, -2) @ q                         # (B, H, Tk, hs)
-    return dq, dk, dv
+    dtype = cache.q.dtype
+    return dq.astype(dtype, copy=False), dk.astype(dtype, copy=False), dv.astype(dtype, copy=False)

@@ -20,7 +20,8 @@ do not depend on the number of threads. The dropout mask is the reference's, dra
 before the blocks run, in one part of the generator's stream per thread
 (:class:`~npformer.kernels.cpu.dropout.KeepMask`: a generator per block cost more than its draws);
 where the stream cannot be cut (another generator, an odd number of scores) it is drawn whole, as
-the reference draws it. 16-bit inputs run the softmax in float32, as the reference.
+the reference draws it. 16-bit inputs are computed in float32 (scores, softmax, products, the sums
+of dk and dv) and rounded where kept or returned, as the reference.
 
 The output is written as (B, Tq, H, hv) in memory (returned as its (B, H, Tq, hv) view), so merging
 the heads after it is a view, not a copy; the backward can write dq, dk and dv into any arrays of
@@ -94,19 +95,12 @@ class RowKernels(NamedTuple):
 
 
 def _softmax(s):
-    """P = softmax(S) in S's buffer (in float32 for 16-bit scores)."""
-    if s.dtype != accumulation_dtype(s.dtype):
-        s[...] = softmax_rows(numpy.empty(s.shape, numpy.float32), s.astype(numpy.float32))
-        return s
+    """P = softmax(S) in S's buffer (float32 or float64: 16-bit blocks are widened first)."""
     return softmax_rows(s, s)
 
 
 def _softmax_grad(dp, p):
-    """dS = P * (dP - rowsum(dP * P)) in dP's buffer (in float32 for 16-bit)."""
-    if dp.dtype != accumulation_dtype(dp.dtype):
-        dp[...] = softmax_grad_rows(numpy.empty(dp.shape, numpy.float32), p.astype(numpy.float32),
-                                    dp.astype(numpy.float32))
-        return dp
+    """dS = P * (dP - rowsum(dP * P)) in dP's buffer."""
     return softmax_grad_rows(dp, p, dp)
 
 
@@ -148,12 +142,14 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
     b, h, tq, _ = q.shape
     tk, hv = k.shape[2], v.shape[3]
     shape = (b, h, tq, tk)
-    bias = attention_bias(shape, q.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+    dtype = q.dtype
+    acc = accumulation_dtype(dtype)                      # 16-bit: scores, softmax, products in float32
+    wide = acc != dtype
+    bias = attention_bias(shape, acc, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                           is_causal=is_causal, causal_alignment=causal_alignment, xp=numpy)
     if bias is not None:
         bias = numpy.broadcast_to(bias, shape)           # (B, H, Tq, Tk) view: blocks slice it
-    dtype = q.dtype
-    scale_t = dtype.type(scale)
+    scale_t = acc.type(scale)
     p = numpy.empty(shape, dtype)                        # (B, H, Tq, Tk) S, then P in place
     out = numpy.empty((b, tq, h, hv), dtype).transpose(0, 2, 1, 3)   # (B, H, Tq, hv) view of (B, Tq, H, hv)
     keep = keep_s = None
@@ -167,11 +163,15 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
 
     def run_block(block) -> None:
         i, heads, rows = block
-        s = p[i, heads, rows]                            # (b', h', r, Tk) view
-        numpy.matmul(q[i, heads, rows] * scale_t, k[i, heads].swapaxes(-1, -2), out=s)
+        qb, kb = q[i, heads, rows].astype(acc, copy=False), k[i, heads].astype(acc, copy=False)
+        s = p[i, heads, rows] if not wide else numpy.empty(p[i, heads, rows].shape, acc)   # (b', h', r, Tk)
+        numpy.matmul(qb * scale_t, kb.swapaxes(-1, -2), out=s)
         if bias is not None:
             s += bias[i, heads, rows]                    # -inf where blocked
         rows_.softmax(s)                                 # P, an all -inf row -> 0
+        if wide:
+            p[i, heads, rows] = s                        # P rounded to the inputs' dtype (the cache)
+            s = p[i, heads, rows]
         p_drop = s
         if keep is not None:
             m = keep[i, heads, rows]
@@ -179,7 +179,10 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
             rows_.apply_keep(p_drop, s, m, keep_s)       # (b', h', r, Tk) P * m / (1 - p)
         elif weights is not None:
             weights[i, heads, rows] = p_drop
-        numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
+        if wide:
+            out[i, heads, rows] = numpy.matmul(p_drop.astype(acc), v[i, heads].astype(acc))
+        else:
+            numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
 
     _parallel(blocks(*shape), run_block)
     drop = DropoutCache(keep, keep_s, shape, dtype)      # (None, None: no dropout ran)
@@ -202,7 +205,12 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         expect_row_buffer(g, name, like)
     b, h, tq, tk = p.shape
-    dtype, keep, scale_t = q.dtype, drop.keep, q.dtype.type(scale)
+    dtype, keep = q.dtype, drop.keep
+    acc = accumulation_dtype(dtype)                      # 16-bit: the products and dS in float32
+    wide = acc != dtype
+    scale_t = acc.type(scale)
+    # dk and dv sum over a head's row blocks: in float32 for 16-bit, rounded once at the end
+    dk_sum, dv_sum = (numpy.empty(dk.shape, acc), numpy.empty(dv.shape, acc)) if wide else (dk, dv)
 
     def run_block(block) -> None:
         i, heads, rows = block
@@ -212,20 +220,26 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
         if keep is not None:
             p_drop = numpy.empty(p_c.shape, dtype)
             rows_.apply_keep(p_drop, p_c, keep[i, heads, rows], drop.scale)
-        g = dout[i, heads, rows]                         # (b', h', r, hv)
+        g = dout[i, heads, rows].astype(acc, copy=False)                # (b', h', r, hv)
+        vb, kb = v[i, heads].astype(acc, copy=False), k[i, heads].astype(acc, copy=False)
         # fwd: out = P_drop @ v  ->  dv = P_drop^T @ dout,  dP_drop = dout @ v^T
-        dv_part = numpy.matmul(p_drop.swapaxes(-1, -2), g)
-        dp = numpy.matmul(g, v[i, heads].swapaxes(-1, -2))           # (b', h', r, Tk), fresh
+        dv_part = numpy.matmul(p_drop.astype(acc, copy=False).swapaxes(-1, -2), g)
+        dp = numpy.matmul(g, vb.swapaxes(-1, -2))                        # (b', h', r, Tk), fresh
         if keep is not None:                             # fwd: P_drop = P * m / (1 - p)
             rows_.apply_keep(dp, dp, keep[i, heads, rows], drop.scale)
-        ds = rows_.softmax_grad(dp, p_c)                 # fwd: P = softmax(S), in dp's buffer
+        ds = rows_.softmax_grad(dp, p_c.astype(acc, copy=False))        # fwd: P = softmax(S), in dp's buffer
         ds *= scale_t                                    # fwd: S = (q * scale) k^T + bias
-        numpy.matmul(ds, k[i, heads], out=dq[i, heads, rows])
-        dk_part = numpy.matmul(ds.swapaxes(-1, -2), q[i, heads, rows])
-        if first:
-            dv[i, heads], dk[i, heads] = dv_part, dk_part
+        if wide:
+            dq[i, heads, rows] = numpy.matmul(ds, kb)
         else:
-            dv[i, heads] += dv_part
-            dk[i, heads] += dk_part
+            numpy.matmul(ds, kb, out=dq[i, heads, rows])
+        dk_part = numpy.matmul(ds.swapaxes(-1, -2), q[i, heads, rows].astype(acc, copy=False))
+        if first:
+            dv_sum[i, heads], dk_sum[i, heads] = dv_part, dk_part
+        else:
+            dv_sum[i, heads] += dv_part
+            dk_sum[i, heads] += dk_part
 
     _parallel(blocks(b, h, tq, tk), run_block)
+    if wide:
+        dk[...], dv[...] = dk_sum, dv_sum
