@@ -30,9 +30,8 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (FLASH_NVRTC_OPTIONS, HEAD_SIZES, MAX_HEAD_SIZE, MODULE_SOURCES,
-                                                SHARED, THREADS, TILES, entry_name)
-from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
+from npformer.kernels.cuda.flash_source import HEAD_SIZES, MAX_HEAD_SIZE, SHARED, THREADS, TILES, entry_name
+from npformer.kernels.cuda.runtime import ELEMENT_THREADS, MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
@@ -47,7 +46,7 @@ def flash_module(dtype, d: int):
     """The compiled (dtype, D) module (NVRTC, once per process, on first use; CuPy caches the binary)."""
     key = ("flash_module", numpy.dtype(dtype), d)
     if key not in runtime._cache:
-        runtime._cache[key] = runtime.compile_module(MODULE_SOURCES[key[1], d], FLASH_NVRTC_OPTIONS)
+        runtime._cache[key] = runtime.compile_module(*runtime.shipped_modules()[runtime.flash_module_name(dtype, d)])
     return runtime._cache[key]
 
 
@@ -208,7 +207,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
     rows = b * h * tq
     if rows:
-        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // 256), MAX_GRID)),), (256,),
+        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // ELEMENT_THREADS), MAX_GRID)),), (ELEMENT_THREADS,),
                                     (dout, out, dvec, numpy.int64(rows), numpy.int32(hv), numpy.int32(tq),
                                      numpy.int32(h)) + heads_layout(dout) + heads_layout(out))
     common = _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)

@@ -63,8 +63,8 @@ import numpy
 from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "STRIDED", "shared_bytes", "entry_name",
-           "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "OCCUPANCY_FLOORS", "STRIDED", "shared_bytes",
+           "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
@@ -88,6 +88,22 @@ def shared_bytes(kernel: str, acc: str, d: int) -> int:
 
 
 SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "dq", "dkdv") for acc, d in TILES}
+# The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
+# (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
+# 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
+# a thread), shared memory the rest; the tensor-core kernels are to raise them.
+OCCUPANCY_FLOORS = {
+    ("fwd", "float", 32): (0.1875, 0.1875), ("fwd", "float", 64): (0.125, 0.1875),
+    ("fwd", "float", 128): (0.125, 0.25), ("fwd", "double", 32): (0.25, 0.25),
+    ("fwd", "double", 64): (0.125, 0.1875), ("fwd", "double", 128): (0.0625, 0.125),
+    ("dq", "float", 32): (0.125, 0.125), ("dq", "float", 64): (0.0625, 0.125),
+    ("dq", "float", 128): (0.125, 0.1875), ("dq", "double", 32): (0.1875, 0.1875),
+    ("dq", "double", 64): (0.125, 0.125), ("dq", "double", 128): (0.0625, 0.0625),
+    ("dkdv", "float", 32): (0.125, 0.1875), ("dkdv", "float", 64): (0.0625, 0.125),
+    ("dkdv", "float", 128): (0.125, 0.125), ("dkdv", "double", 32): (0.125, 0.1875),
+    ("dkdv", "double", 64): (0.0625, 0.125), ("dkdv", "double", 128): (0.0625, 0.0625),
+    ("pre", "float", None): (0.75, 0.75), ("pre", "double", None): (0.75, 0.75),
+}
 
 _KERNELS = r"""
 // The common source's prelude, as there: loads and stores of T as A, exp, log, a NaN-keeping max and

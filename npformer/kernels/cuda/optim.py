@@ -10,7 +10,12 @@
 
 Adam's arithmetic is the reference's, operation by operation in the parameter's dtype (float32 or
 float64; float16 parameters take the reference), without fused multiply-adds: the same bits as the
-reference op. The CUDA C is in :mod:`npformer.kernels.cuda.optim_source`.
+reference op, with one exception in float32. CuPy compiles every module with ``-ftz=true``, after
+npformer's own options (NVRTC takes the last, and CuPy offers no way around it), so float32
+denormals, |x| < 1.18e-38, are flushed to zero wherever they are read or made: a float32 parameter,
+gradient or moment that small (or an update that makes one) gives 0 where NumPy keeps the denormal.
+Float64 is not flushed. tests/kernels/cuda/test_compile.py checks this against the PTX NVRTC makes.
+The CUDA C is in :mod:`npformer.kernels.cuda.optim_source`.
 """
 from __future__ import annotations
 

@@ -14,10 +14,41 @@ from npformer.backend import accumulation_dtype, is_cupy_array
 from npformer.errors import InputTypeError, ShapeError
 from npformer.kernels.cuda.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
 
-__all__ = ["device_floats", "kernel", "launch_rows", "launch_elements", "launch_columns"]
+__all__ = ["device_floats", "kernel", "launch_rows", "launch_elements", "launch_columns", "shipped_modules",
+           "COMMON_MODULE", "ELEMENT_THREADS"]
 
 MAX_GRID = 65535        # blocks per launch axis; the kernels loop over what is left (grid-stride)
 MAX_CHUNKS = 512        # row chunks of a column pass (their partial sums are added at the end)
+ELEMENT_THREADS = 256   # threads per block of the element-wise launches
+COMMON_MODULE = "common"
+# The theoretical occupancy (resident warps per SM / 64) each kernel of the common module keeps at
+# its launcher's block size, on (sm_80, sm_90), every dtype: the lowest benchmarks/cuda_kernels.py
+# measured on 2026-11-27 (registers limit the ones under 1.0). tests/kernels/cuda/test_compile.py
+# holds every kernel to it, so a change that costs occupancy is seen; raise a floor when a kernel gains.
+OCCUPANCY_FLOORS = {
+    "softmax_fwd": (1.0, 1.0), "softmax_bwd": (1.0, 1.0), "layer_norm_fwd": (1.0, 0.75),
+    "layer_norm_bwd": (1.0, 1.0), "ln_param_grads": (1.0, 1.0), "bias_grad": (1.0, 1.0),
+    "bias_gelu_bwd": (0.75, 0.75), "gelu_fwd": (1.0, 0.625), "gelu_bwd": (1.0, 1.0), "bias_gelu_fwd": (1.0, 1.0),
+    "bias_add": (0.75, 1.0), "dropout_fwd": (1.0, 1.0), "dropout_bwd": (1.0, 1.0), "add_dropout_fwd": (1.0, 1.0),
+    "add_dropout_ln_fwd": (1.0, 0.75), "add_dropout_ln_bwd": (1.0, 1.0), "cross_entropy_fwd": (1.0, 1.0),
+    "cross_entropy_bwd": (1.0, 1.0), "adam_update": (0.625, 0.625), "sum_squares": (1.0, 1.0),
+}
+
+
+def shipped_modules() -> dict[str, tuple[str, tuple]]:
+    """Every CUDA module npformer compiles, ``name -> (source, NVRTC options)``: the one list the
+    runtime compiles from and ``benchmarks/cuda_kernels.py`` checks with NVIDIA's compiler (CuPy
+    appends its own options: ``-ftz=true``, the architecture, ``--device-as-default-execution-space``)."""
+    from npformer.kernels.cuda.flash_source import FLASH_NVRTC_OPTIONS, MODULE_SOURCES
+    modules = {COMMON_MODULE: (CUDA_SOURCE, NVRTC_OPTIONS)}
+    for (dtype, d), source in MODULE_SOURCES.items():
+        modules[flash_module_name(dtype, d)] = (source, FLASH_NVRTC_OPTIONS)
+    return modules
+
+
+def flash_module_name(dtype: Any, d: int) -> str:
+    """``flash_<f16|f32|f64>_d<D>``: the name of the flash attention module of ``dtype`` and bucket D."""
+    return f"flash_{TYPES[numpy.dtype(dtype)][2]}_d{d}"
 
 
 def is_device_array(a: Any) -> bool:
@@ -65,7 +96,7 @@ def kernel(name: str, dtype: Any):
     fn = _cache.get(key)
     if fn is None:
         if "module" not in _cache:
-            _cache["module"] = compile_module(CUDA_SOURCE, NVRTC_OPTIONS)
+            _cache["module"] = compile_module(*shipped_modules()[COMMON_MODULE])
         fn = _cache[key] = _cache["module"].get_function(f"npf_{name}_{TYPES[key[1]][2]}")
     return fn
 
@@ -114,8 +145,8 @@ def launch_rows(name: str, dtype: Any, rows: int, n: int, args: tuple) -> None:
 
 
 def launch_elements(name: str, dtype: Any, total: int, args: tuple) -> None:
-    """256 threads a block, one element per thread (grid-stride beyond MAX_GRID blocks)."""
-    kernel(name, dtype)((max(1, min(-(-total // 256), MAX_GRID)),), (256,), args)
+    """ELEMENT_THREADS threads a block, one element per thread (grid-stride beyond MAX_GRID blocks)."""
+    kernel(name, dtype)((max(1, min(-(-total // ELEMENT_THREADS), MAX_GRID)),), (ELEMENT_THREADS,), args)
 
 
 def launch_columns(xp, name: str, dtype: Any, rows: int, n: int, before: tuple, after: tuple,

@@ -11,7 +11,7 @@ from npformer.backend import cupy_available, get_backend
 from npformer import kernels
 from npformer.kernels import cuda
 from npformer.ops import activations, softmax
-from npformer.kernels.cuda import flash_source, runtime, source
+from npformer.kernels.cuda import runtime, source
 from tests.helpers import host, randn
 from tests.kernels.cuda import emulator
 
@@ -76,10 +76,8 @@ def test_every_entry_point_exists_for_every_dtype():
 def _sources(which: str) -> list[tuple[str, str, tuple]]:
     """(name, CUDA source, NVRTC options) of each module: the common one, or flash's (one per dtype and
     head-size bucket)."""
-    if which == "common":
-        return [("kernels", source.CUDA_SOURCE, source.NVRTC_OPTIONS)]
-    return [(f"flash_{dtype}_{d}", text, flash_source.FLASH_NVRTC_OPTIONS)
-            for (dtype, d), text in flash_source.MODULE_SOURCES.items()]
+    return [(name, text, options) for name, (text, options) in runtime.shipped_modules().items()
+            if (name == runtime.COMMON_MODULE) == (which == "common")]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")

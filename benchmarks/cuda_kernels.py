@@ -1,0 +1,320 @@
+"""NVIDIA's compiler on every CUDA kernel npformer ships, on a machine without a GPU::
+
+    python benchmarks/cuda_kernels.py [--arch 80,90] [--out benchmarks/results]
+
+needs the wheels ``nvidia-cuda-nvrtc-cu12`` (NVRTC, what CuPy compiles with), ``nvidia-cuda-nvcc-cu12``
+(ptxas) and ``nvidia-cuda-cuobjdump`` (the machine code's disassembly). For each module of
+:func:`npformer.kernels.cuda.runtime.shipped_modules` (the list the runtime compiles from) and each
+architecture: NVRTC makes the PTX with the module's options and the ones CuPy appends
+(:data:`CUPY_OPTIONS`), ptxas makes the machine code for ``sm_<arch>`` and reports each kernel's
+registers, spills, stack and static shared memory, cuobjdump gives its SASS. The table per
+architecture (``cuda-kernels-sm<arch>.md``) has, per kernel: those resources, the dynamic shared
+memory and the block size its launcher uses, the theoretical occupancy at that block size with the
+resource that limits it, and the instruction mix (FFMA, HMMA: tensor cores, LDGSTS: cp.async, LDSM:
+ldmatrix, SHFL, BAR). ``tests/kernels/cuda/test_compile.py`` holds the kernels to these numbers.
+
+Occupancy is the theoretical one of NVIDIA's occupancy calculator: resident warps per SM over the
+SM's 64, the fewest blocks that threads (2048 an SM), blocks (32), registers (65,536 an SM, given
+out 256 a warp) or shared memory (164 KiB an SM on sm_80, 228 KiB on sm_90; 1 KiB more per block
+kept by the system) allow.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "TEST_KERNELS", "Kernel", "Tools", "find_tools",
+           "compile_module", "compile_all", "block_threads", "dynamic_shared", "occupancy", "occupancy_floor",
+           "report", "main"]
+
+CUPY_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")   # CuPy 14 adds these (and -arch)
+ARCHS = (80, 90)
+# per SM: max warps, max blocks, registers, shared memory for blocks (bytes), shared memory per block
+SM_LIMITS = {80: dict(warps=64, blocks=32, registers=65536, shared=167936, block_shared=166912),
+             90: dict(warps=64, blocks=32, registers=65536, shared=233472, block_shared=232448)}
+RESERVED_SHARED = 1024           # per block, kept by the system (compute capability 8.0 and later)
+MIX = ("FFMA", "HMMA", "LDGSTS", "LDSM", "SHFL", "BAR")   # SASS opcodes counted (HMMA: tensor cores)
+
+
+@dataclass
+class Kernel:
+    """One kernel of one module on one architecture, as ptxas and cuobjdump report it."""
+
+    module: str
+    name: str
+    registers: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    stack: int = 0
+    static_shared: int = 0
+    dynamic_shared: int = 0
+    threads: int = 0
+    mix: dict = field(default_factory=dict)
+    occupancy: float = 0.0
+    limit: str = ""
+
+
+@dataclass
+class Tools:
+    nvrtc: str          # libnvrtc.so path
+    ptxas: str
+    cuobjdump: str
+
+
+def _first(patterns: list[str]) -> str | None:
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[-1]
+    return None
+
+
+def find_tools() -> Tools | None:
+    """The compiler wheels' files in this Python's site-packages (None when one is missing)."""
+    roots = [p for p in sys.path if p.endswith("site-packages")]
+    nvrtc = _first([os.path.join(r, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so*") for r in roots]
+                   + [os.path.join(r, "nvidia", "cu1*", "lib", "libnvrtc.so*") for r in roots])
+    ptxas = _first([os.path.join(r, "nvidia", "cuda_nvcc", "bin", "ptxas") for r in roots]
+                   + [os.path.join(r, "nvidia", "cu1*", "bin", "ptxas") for r in roots])
+    cuobjdump = _first([os.path.join(r, "nvidia", "cu1*", "bin", "cuobjdump") for r in roots]
+                       + [os.path.join(r, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump") for r in roots])
+    if not (nvrtc and ptxas and cuobjdump):
+        return None
+    return Tools(nvrtc, ptxas, cuobjdump)
+
+
+def nvrtc_ptx(tools: Tools, source: str, options: tuple) -> tuple[str, str]:
+    """(PTX, NVRTC's log) of ``source`` compiled with ``options``; RuntimeError with the log on failure."""
+    lib = ctypes.CDLL(tools.nvrtc)
+    prog = ctypes.c_void_p()
+    _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"npformer.cu", 0, None, None), "create")
+    try:
+        opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        status = lib.nvrtcCompileProgram(prog, len(options), opts)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(prog, log)
+        text = log.value.decode(errors="replace").strip()
+        if status != 0:
+            raise RuntimeError(f"NVRTC failed ({status}): {text}")
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        ptx = ctypes.create_string_buffer(size.value)
+        _check(lib.nvrtcGetPTX(prog, ptx), "get PTX")
+        return ptx.value.decode(), text
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"NVRTC {what} failed with status {status}")
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_\d+'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+
+
+def parse_ptxas(module: str, text: str) -> dict[str, Kernel]:
+    """The kernels of ``ptxas -v``'s report: registers, stack, spills, static shared memory."""
+    kernels, current = {}, None
+    for line in text.splitlines():
+        m = _ENTRY.search(line)
+        if m:
+            current = kernels[m.group(1)] = Kernel(module, m.group(1))
+            continue
+        if current is None:
+            continue
+        m = _FRAME.search(line)
+        if m:
+            current.stack, current.spill_stores, current.spill_loads = (int(g) for g in m.groups())
+        m = _USED.search(line)
+        if m:
+            current.registers = int(m.group(1))
+            current.static_shared = int(m.group(2) or 0)
+    return kernels
+
+
+def parse_sass(text: str) -> dict[str, collections.Counter]:
+    """Opcode counts per function of ``cuobjdump -sass`` (an opcode's modifiers dropped: HMMA.16816 -> HMMA)."""
+    counts, current = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\w+)", line)
+        if m:
+            current = counts[m.group(1)] = collections.Counter()
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m and current is not None:
+            current[m.group(1)] += 1
+    return counts
+
+
+def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int,
+                   workdir: str) -> tuple[dict[str, Kernel], str]:
+    """Every kernel of one module for ``sm_<arch>`` and the compilers' warnings (NVRTC's log, ptxas's)."""
+    ptx, log = nvrtc_ptx(tools, source, tuple(options) + CUPY_OPTIONS + (f"-arch=compute_{arch}",))
+    ptx_path, cubin = os.path.join(workdir, f"{name}_{arch}.ptx"), os.path.join(workdir, f"{name}_{arch}.cubin")
+    with open(ptx_path, "w") as f:
+        f.write(ptx)
+    run = subprocess.run([tools.ptxas, f"-arch=sm_{arch}", "-v", "-o", cubin, ptx_path], capture_output=True,
+                         text=True, timeout=600)
+    if run.returncode != 0:
+        raise RuntimeError(f"ptxas failed on {name} for sm_{arch}: {run.stderr}")
+    kernels = parse_ptxas(name, run.stdout + run.stderr)
+    warnings = "\n".join(x for x in (log, "\n".join(line for line in (run.stdout + run.stderr).splitlines()
+                                                     if "warning" in line.lower())) if x)
+    sass = subprocess.run([tools.cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=600)
+    if sass.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed on {name} for sm_{arch}: {sass.stderr}")
+    for fn, counts in parse_sass(sass.stdout).items():
+        if fn in kernels:
+            kernels[fn].mix = {op: counts.get(op, 0) for op in MIX}
+    for k in kernels.values():
+        k.threads, k.dynamic_shared = block_threads(k.name), dynamic_shared(k.name)
+        k.occupancy, k.limit = occupancy(k, arch)
+    return kernels, warnings
+
+
+def _base(name: str) -> str:
+    """An entry point's name without ``npf_``, the dtype suffix and the flash head-size bucket."""
+    return re.sub(r"(_d\d+)?_f(16|32|64)$", "", name.removeprefix("npf_"))
+
+
+def block_threads(name: str) -> int:
+    """Threads per block of the launch that starts entry point ``name`` (the most a row launch uses)."""
+    from npformer.kernels.cuda import flash_source, optim_source, runtime, source
+    base = _base(name)
+    kinds = {entry[0]: entry[3] for entry in source._ENTRY_POINTS}
+    threads = {"row": source.MAX_THREADS, "col": source.COL_X * source.COL_Y, "": runtime.ELEMENT_THREADS}
+    special = {"cross_entropy_bwd": source.MAX_THREADS,          # launch_rows, no shared buffer
+               "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS,
+               "fa_fwd": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
+               "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": runtime.ELEMENT_THREADS,
+               "fa_keep_mask": 1, "fa_shared_sizes": 1}            # (the test kernels: one thread)
+    if base in special:
+        return special[base]
+    if base in kinds:
+        return threads[kinds[base]]
+    raise KeyError(f"no launch block size known for the entry point {name}: add it to block_threads")
+
+
+TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes")   # in the flash modules for the tests; never launched by npformer
+
+
+def occupancy_floor(name: str, arch: int) -> float | None:
+    """The occupancy entry point ``name`` states it keeps on ``sm_<arch>`` (runtime.OCCUPANCY_FLOORS,
+    flash_source.OCCUPANCY_FLOORS); None for the test kernels. KeyError for a kernel that states none."""
+    from npformer.kernels.cuda import flash_source, runtime
+    column = ARCHS.index(arch)
+    base = _base(name)
+    if base in TEST_KERNELS:
+        return None
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(?:_d(\d+))?_(f16|f32|f64)$", name)
+    if m:
+        acc = "double" if m.group(3) == "f64" else "float"
+        kernel = {"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv", "bwd_pre": "pre"}[m.group(1)]
+        return flash_source.OCCUPANCY_FLOORS[kernel, acc, int(m.group(2)) if m.group(2) else None][column]
+    return runtime.OCCUPANCY_FLOORS[base][column]
+
+
+def dynamic_shared(name: str) -> int:
+    """Dynamic shared memory of one block of entry point ``name`` (the flash tiles; 0 elsewhere)."""
+    from npformer.kernels.cuda.flash_source import SHARED, TYPES
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_d(\d+)_(f16|f32|f64)$", name)
+    if not m:
+        return 0
+    acc = {suffix: a for (_, a, suffix) in TYPES.values()}[m.group(3)]
+    return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[m.group(1)], acc, int(m.group(2))]
+
+
+def occupancy(k: Kernel, arch: int) -> tuple[float, str]:
+    """(resident warps per SM / max warps, the limiting resource) of ``k`` at its block size."""
+    lim = SM_LIMITS[arch]
+    warps = -(-k.threads // 32)
+    by = {"blocks": lim["blocks"], "threads": lim["warps"] // warps}
+    regs_per_warp = -(-max(k.registers, 1) * 32 // 256) * 256
+    by["registers"] = (lim["registers"] // regs_per_warp) // warps
+    shared = k.static_shared + k.dynamic_shared
+    if shared > lim["block_shared"]:
+        return 0.0, "shared memory (over the per-block maximum)"
+    per_block = -(-(shared + RESERVED_SHARED) // 128) * 128
+    by["shared memory"] = lim["shared"] // per_block
+    limit = min(by, key=lambda r: (by[r], r != "threads"))
+    return min(by.values()) * warps / lim["warps"], limit
+
+
+def compile_all(tools: Tools, archs=ARCHS, workdir: str | None = None) -> dict[int, tuple[list[Kernel], dict]]:
+    """``{arch: (kernels, {module: warnings})}`` over every shipped module."""
+    from npformer.kernels.cuda.runtime import shipped_modules
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for arch in archs:
+            kernels, warnings = [], {}
+            for name, (source, options) in shipped_modules().items():
+                found, warned = compile_module(tools, name, source, options, arch, workdir or tmp)
+                kernels += list(found.values())
+                warnings[name] = warned
+            out[arch] = (kernels, warnings)
+    return out
+
+
+def report(arch: int, kernels: list[Kernel], command: str) -> str:
+    """The markdown table of one architecture."""
+    from npformer.kernels.cuda.runtime import shipped_modules
+    options = {name: " ".join(opts) for name, (_, opts) in shipped_modules().items()}
+    lines = [f"# npformer's CUDA kernels compiled for sm_{arch}", "",
+             f"Made by `{command}` (NVRTC, ptxas and cuobjdump from NVIDIA's wheels; no GPU). NVRTC options: "
+             f"each module's own (common: `{options['common']}`, flash: `{options[next(n for n in options if n != 'common')]}`) "
+             f"then CuPy's `{' '.join(CUPY_OPTIONS)} -arch=compute_{arch}`; ptxas `-arch=sm_{arch}`.", "",
+             "Occupancy: resident warps per SM over 64 at the launcher's block size, and what limits it.", "",
+             "| module | kernel | regs | spill st/ld (B) | stack (B) | smem static + dynamic (B) | threads "
+             "| occupancy | limited by | floor | " + " | ".join(MIX) + " |",
+             "|---|---|---|---|---|---|---|---|---|---|" + "---|" * len(MIX)]
+    for k in kernels:
+        floor = occupancy_floor(k.name, arch)
+        lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.spill_stores}/{k.spill_loads} | {k.stack} | "
+                     f"{k.static_shared} + {k.dynamic_shared} | {k.threads} | {k.occupancy:.1%} | {k.limit} | "
+                     f"{'test kernel' if floor is None else f'{floor:.1%}'} | "
+                     + " | ".join(str(k.mix.get(op, 0)) for op in MIX) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python benchmarks/cuda_kernels.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", default=",".join(map(str, ARCHS)), help="comma list of compute capabilities")
+    ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="folder for the tables")
+    args = ap.parse_args(argv)
+    archs = tuple(int(a) for a in args.arch.split(","))
+    if set(archs) - set(SM_LIMITS):
+        ap.error(f"--arch: expected some of {', '.join(map(str, SM_LIMITS))}, got {args.arch}")
+    tools = find_tools()
+    if tools is None:
+        ap.error("NVIDIA's compiler wheels are missing: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12 "
+                 "nvidia-cuda-cuobjdump")
+    os.makedirs(args.out, exist_ok=True)
+    for arch, (kernels, warnings) in compile_all(tools, archs).items():
+        path = os.path.join(args.out, f"cuda-kernels-sm{arch}.md")
+        with open(path, "w") as f:
+            f.write(report(arch, kernels, "python benchmarks/cuda_kernels.py"))
+        warned = {m: w for m, w in warnings.items() if w}
+        print(f"sm_{arch}: {len(kernels)} kernels, {sum(k.spill_stores + k.stack > 0 for k in kernels)} with "
+              f"spills or stack, {len(warned)} modules with warnings -> {path}")
+        for m, w in warned.items():
+            print(f"  {m}: {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
