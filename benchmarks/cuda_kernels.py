@@ -274,9 +274,10 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
     """The markdown table of one architecture."""
     from npformer.kernels.cuda.runtime import shipped_modules
     options = {name: " ".join(opts) for name, (_, opts) in shipped_modules().items()}
+    flash = next(opts for name, opts in options.items() if name != "common")
     lines = [f"# npformer's CUDA kernels compiled for sm_{arch}", "",
              f"Made by `{command}` (NVRTC, ptxas and cuobjdump from NVIDIA's wheels; no GPU). NVRTC options: "
-             f"each module's own (common: `{options['common']}`, flash: `{options[next(n for n in options if n != 'common')]}`) "
+             f"each module's own (common: `{options['common']}`, flash: `{flash}`) "
              f"then CuPy's `{' '.join(CUPY_OPTIONS)} -arch=compute_{arch}`; ptxas `-arch=sm_{arch}`.", "",
              "Occupancy: resident warps per SM over 64 at the launcher's block size, and what limits it.", "",
              "| module | kernel | regs | spill st/ld (B) | stack (B) | smem static + dynamic (B) | threads "

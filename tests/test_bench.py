@@ -439,3 +439,93 @@ def test_train_pair_runs_both_installs_and_reports_equal_losses(tmp_path, capsys
     assert re.search(r"Medians: this [\d,]+ tok/s, other [\d,]+ tok/s: this at \d+\.\d\dx", text)
     with pytest.raises(SystemExit):
         train_pair.main(["--other", sys.executable, "--steps", "3"])
+
+
+class _FakeClock:
+    """A clock that only moves when a fake stage runs."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def _fake_execute(clock, durations: dict, calls: list, out: str):
+    """Stand-in for running a stage: takes ``durations[name]`` seconds (or its timeout, then times out),
+    and writes what the real stage would (the bench's three reports in its folder, a log)."""
+    import os
+
+    def execute(argv, timeout, log_path):
+        name = next(n for n in durations if any(n in a for a in argv) or (n == "device" and "device_facts" in
+                                                                            " ".join(argv)))
+        calls.append((name, timeout, argv))
+        took = durations[name]
+        clock.now += min(took, timeout)
+        for stage in ("steps", "sweep"):
+            if name == stage:
+                os.makedirs(os.path.join(out, stage), exist_ok=True)
+                for ext in ("md", "json", "png"):
+                    open(os.path.join(out, stage, f"device_2026-11-27.{ext}"), "w").close()
+        if log_path:
+            open(log_path, "w").close()
+        if took > timeout:
+            return None, "line\n" * 30 + "still running"
+        return (1, "Traceback\nboom") if name == "profile" else (0, "fine")
+    return execute
+
+
+def _gpu_check_stages():
+    from benchmarks import gpu_check
+    stages = gpu_check.stages(python="python3", jobs=16)
+    # the fake tells the stages apart by a word of their command
+    marks = {"device": "device_facts", "steps": "gpt2-124m", "sweep": "sweep", "tests": "pytest",
+             "profile": "profile_step.py"}
+    return [gpu_check.Stage(s.name, s.minimum_s, s.cap_s, s.command + (marks[s.name],), s.log, s.keep) for s in stages]
+
+
+def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_longer_fits(tmp_path):
+    """A fake clock: a 480 s budget; the tests stage runs out its timeout (what is left of the budget),
+    so the profile no longer fits and is skipped, saying so; the timeouts shrink with the budget."""
+    from benchmarks import gpu_check
+    clock, calls, lines = _FakeClock(), [], []
+    durations = {"device": 5, "steps": 100, "sweep": 60, "tests": 10_000, "profile": 20}
+    outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), 480, clock=clock,
+                                    execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lines.append)
+    assert [c[0] for c in calls] == ["device", "steps", "sweep", "tests"]
+    assert [c[1] for c in calls] == [60, 240, 180, 480 - 5 - 100 - 60 - gpu_check.MARGIN_S]
+    assert [(o.name, o.status) for o in outcomes][:4] == [("device", "ok"), ("steps", "ok"), ("sweep", "ok"),
+                                                           ("tests", "timed out")]
+    margin = gpu_check.MARGIN_S
+    assert outcomes[4].name == "profile" and outcomes[4].status == f"skipped: needs {20 + margin} s, {margin} s left"
+    assert "still running" in outcomes[3].tail and len(outcomes[3].tail.splitlines()) == gpu_check.TAIL_LINES
+    per_test = next(a for a in calls[3][2] if a.startswith("--timeout="))
+    assert per_test == f"--timeout={max(30, min(300, int(calls[3][1] / 3)))}"
+    assert clock.now - 1000.0 <= 480                                   # nothing ran past the budget
+    # the files: at most 8, directly in OUT (the bench folders moved up and removed)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["device.txt", "gpu_tests.log", "steps.json", "steps.md",
+                                                          "sweep.json", "sweep.md"]
+    text = gpu_check.summary(outcomes, 480)
+    assert text.splitlines()[0].startswith("gpu_check: budget 480 s") and "profile  skipped" in text
+
+
+def test_gpu_check_without_a_budget_gives_each_stage_its_cap_and_reports_a_failure(tmp_path):
+    from benchmarks import gpu_check
+    clock, calls = _FakeClock(), []
+    durations = {"device": 5, "steps": 100, "sweep": 60, "tests": 300, "profile": 20}
+    outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), None, clock=clock,
+                                    execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lambda _: None)
+    assert [c[1] for c in calls] == [s.cap_s for s in gpu_check.stages()]
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok", "ok", "failed (exit 1)"]
+    assert outcomes[-1].tail == "Traceback\nboom"
+    assert "    boom" in gpu_check.summary(outcomes, None)
+
+
+def test_gpu_check_refuses_a_bad_budget_and_says_how_to_call_it(capsys):
+    from benchmarks import gpu_check
+    with pytest.raises(SystemExit):
+        gpu_check.main(["out", "--budget", "0"])
+    assert "--budget: expected a positive number of seconds, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--help"])
+    assert "--budget SECONDS" in capsys.readouterr().out

@@ -1,0 +1,200 @@
+"""The one-command check of a GPU machine, sized to a time budget (``benchmarks/gpu_check.sh`` runs it)::
+
+    bash benchmarks/gpu_check.sh OUT_DIR [--budget SECONDS]
+
+Stages run in priority order, each writing its results as soon as it ends; a stage that no longer
+fits the budget is skipped, and says so. With a budget (480 s fits one 10-minute call of a GPU lease,
+with the machine's start and the transfers around it) each stage's timeout is what is left of it.
+Without one every stage runs to its own cap. The stages (what the issue tracker's GPU work asks
+first comes first):
+
+=========  =====================================================================  ===============
+stage      what                                                                   writes
+=========  =====================================================================  ===============
+device     the GPU, driver, CUDA runtime, CuPy, PyTorch (nvidia-smi too)          device.txt
+steps      training steps on CuPy and PyTorch: GPT-2 124M shape (float32, float16 steps.md, .json
+           mixed precision), gpt-medium eager and replayed from a CUDA graph:
+           time, MFU, peak memory (benchmarks/run.py, parity left to the tests)
+sweep      attention at T = 128 .. 8192, plain and flash, against PyTorch's SDPA   sweep.md, .json
+tests      the GPU tests in parallel (pytest -m gpu, xdist, per-test timeout),    gpu_tests.log
+           the kernels' and the training's files first
+profile    the kernels of one GPT-2 124M training step (count, time, top 25)      profile.txt
+=========  =====================================================================  ===============
+
+At most these 8 files (``summary.txt`` the eighth), directly in OUT_DIR; the summary (a line per
+stage: exit status, seconds, or why it was skipped, and the tail of a failed stage's output) is
+printed last. The exit status is 1 when a stage failed or was skipped, 0 otherwise. The machine
+needs CuPy, PyTorch with CUDA, pytest-xdist and pytest-timeout; nothing is installed.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARGIN_S = 10          # kept back from a stage's timeout for its files and the summary
+TAIL_LINES = 12        # of a failed stage's output, in the summary
+
+__all__ = ["Stage", "Outcome", "stages", "run_stages", "main"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    minimum_s: float            # the least time in which it gives a useful result (else: skipped)
+    cap_s: float                # the most it may take
+    command: tuple              # argv; "{out}" is replaced by the output folder, "{timeout}" by the per-test cap
+    log: str | None = None      # the file (in OUT) its output goes to; None: only kept for the summary
+    keep: tuple = ()            # (produced path relative to OUT, name to keep it as) after it ends
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str                 # "ok", "failed (exit N)", "timed out", "skipped: ..."
+    seconds: float
+    tail: str = ""
+
+
+def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]:
+    jobs = jobs or os.cpu_count() or 1
+    bench = (python, "benchmarks/run.py", "--backends", "cupy,torch", "--paths", "fast", "--skip-parity")
+    device = (python, "-c", "import benchmarks.gpu_check as g; g.device_facts()")
+    tests = ("tests/kernels/cuda", "tests/training", "tests/ops", "tests/nn", "tests/backend", "tests/models",
+             "tests")
+    return [
+        Stage("device", 5, 60, device, log="device.txt"),
+        Stage("steps", 60, 240, bench + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
+                                         "--out", "{out}/steps"),
+              keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
+        Stage("sweep", 45, 180, bench + ("--only", "sweep", "--out", "{out}/sweep"),
+              keep=(("sweep/*.md", "sweep.md"), ("sweep/*.json", "sweep.json"))),
+        Stage("tests", 120, 900, (python, "-m", "pytest", "-m", "gpu", "-n", str(jobs), "--timeout={timeout}", "-q",
+                                  "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p", "no:benchmark") + tests,
+              log="gpu_tests.log"),
+        Stage("profile", 20, 120, (python, "benchmarks/profile_step.py", "--model", "gpt2-124m",
+                                   "--out", "{out}/profile.txt")),
+    ]
+
+
+def device_facts() -> None:
+    """The device stage's report (stdout)."""
+    import platform
+    if shutil.which("nvidia-smi"):
+        subprocess.run(["nvidia-smi"], check=False)
+    else:
+        print("nvidia-smi: not on the PATH")
+    import cupy
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    print("GPU:", props["name"].decode(), "| memory", props["totalGlobalMem"] // 2**20, "MiB | SMs",
+          props["multiProcessorCount"], "| compute capability", f"{props['major']}.{props['minor']}")
+    print("CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(), "| driver", cupy.cuda.runtime.driverGetVersion())
+    print("CuPy", cupy.__version__, "| Python", platform.python_version())
+    try:
+        import torch
+        print("PyTorch", torch.__version__, "| CUDA available", torch.cuda.is_available())
+    except ImportError:
+        print("PyTorch: not installed (the reference columns and the kernel profile need it)")
+    from benchmarks.bench import source_commit
+    print("npformer commit", source_commit(ROOT))
+
+
+def _execute(argv: list[str], timeout: float, log_path: str | None) -> tuple[int | None, str]:
+    """Run ``argv`` in the checkout; (exit status or None when it timed out, its output)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    try:
+        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code = None
+        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                         for x in (exc.stdout, exc.stderr))
+    if log_path:
+        with open(log_path, "w") as f:
+            f.write(output)
+    return code, output
+
+
+def run_stages(out: str, plan: list[Stage], budget: float | None,
+               clock: Callable[[], float] = time.monotonic,
+               execute: Callable[[list[str], float, str | None], tuple[int | None, str]] = _execute,
+               log: Callable[[str], None] = print) -> list[Outcome]:
+    """Run ``plan`` in order within ``budget`` seconds (None: each stage to its cap); returns the outcomes.
+
+    A stage starts only if ``minimum_s`` + MARGIN_S is left; its timeout is the smaller of its cap
+    and what is left less MARGIN_S. ``clock`` and ``execute`` are parameters for the tests."""
+    start, outcomes = clock(), []
+    for stage in plan:
+        left = None if budget is None else budget - (clock() - start)
+        if left is not None and left < stage.minimum_s + MARGIN_S:
+            need = stage.minimum_s + MARGIN_S
+            outcomes.append(Outcome(stage.name, f"skipped: needs {need:.0f} s, {max(left, 0):.0f} s left", 0.0))
+            log(f"{stage.name}: skipped ({max(left, 0):.0f} s of the budget left)")
+            continue
+        timeout = stage.cap_s if left is None else min(stage.cap_s, left - MARGIN_S)
+        per_test = max(30, min(300, int(timeout / 3)))
+        argv = [a.replace("{out}", out).replace("{timeout}", str(per_test)) for a in stage.command]
+        log(f"{stage.name}: running (up to {timeout:.0f} s)")
+        began = clock()
+        code, output = execute(argv, timeout, os.path.join(out, stage.log) if stage.log else None)
+        seconds = clock() - began
+        _keep(out, stage)
+        status = "ok" if code == 0 else "timed out" if code is None else f"failed (exit {code})"
+        tail = "" if code == 0 else "\n".join(output.strip().splitlines()[-TAIL_LINES:])
+        outcomes.append(Outcome(stage.name, status, seconds, tail))
+        log(f"{stage.name}: {status} in {seconds:.0f} s")
+    return outcomes
+
+
+def _keep(out: str, stage: Stage) -> None:
+    """Move a stage's kept files to OUT's top level and remove the folder they came from."""
+    folders = set()
+    for pattern, name in stage.keep:
+        found = sorted(glob.glob(os.path.join(out, pattern)))
+        if found:
+            shutil.move(found[-1], os.path.join(out, name))
+        folders.add(os.path.join(out, pattern.split("/")[0]))
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def summary(outcomes: list[Outcome], budget: float | None) -> str:
+    lines = [f"gpu_check: budget {'none' if budget is None else f'{budget:.0f} s'}, "
+             f"{sum(o.seconds for o in outcomes):.0f} s in the stages"]
+    for o in outcomes:
+        lines.append(f"{o.name:<8} {o.status}" + (f" in {o.seconds:.0f} s" if not o.status.startswith("skipped")
+                                                   else ""))
+        lines += ["    " + t for t in o.tail.splitlines()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bash benchmarks/gpu_check.sh", description=__doc__.split("\n")[0])
+    ap.add_argument("out", metavar="OUT_DIR", help="output folder (made if missing)")
+    ap.add_argument("--budget", type=float, metavar="SECONDS",
+                    help="seconds for all the stages (480 fits a 10-minute GPU call)")
+    ap.add_argument("--jobs", type=int, metavar="N", help="test workers (default: the CPU count)")
+    args = ap.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        ap.error(f"--budget: expected a positive number of seconds, got {args.budget:g}")
+    os.makedirs(args.out, exist_ok=True)
+    out = os.path.abspath(args.out)
+    outcomes = run_stages(out, stages(jobs=args.jobs), args.budget)
+    text = summary(outcomes, args.budget)
+    with open(os.path.join(out, "summary.txt"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0 if all(o.status == "ok" for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    sys.exit(main())
