@@ -3,7 +3,7 @@
     python benchmarks/cuda_kernels.py [--arch 80,90] [--out benchmarks/results]
 
 needs the wheels ``nvidia-cuda-nvrtc-cu12`` (NVRTC, what CuPy compiles with), ``nvidia-cuda-nvcc-cu12``
-(ptxas) and ``nvidia-cuda-cuobjdump`` (the machine code's disassembly). For each module of
+(ptxas), ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` (the machine code's disassembly). For each module of
 :func:`npformer.kernels.cuda.runtime.shipped_modules` (the list the runtime compiles from) and each
 architecture: NVRTC makes the PTX with the module's options and the ones CuPy appends
 (:data:`CUPY_OPTIONS`), ptxas makes the machine code for ``sm_<arch>`` and reports each kernel's
@@ -70,6 +70,7 @@ class Tools:
     nvrtc: str          # libnvrtc.so path
     ptxas: str
     cuobjdump: str
+    nvdisasm: str       # what cuobjdump -sass runs (found through NVDISASM_PATH)
 
 
 def _first(patterns: list[str]) -> str | None:
@@ -89,9 +90,11 @@ def find_tools() -> Tools | None:
                    + [os.path.join(r, "nvidia", "cu1*", "bin", "ptxas") for r in roots])
     cuobjdump = _first([os.path.join(r, "nvidia", "cu1*", "bin", "cuobjdump") for r in roots]
                        + [os.path.join(r, "nvidia", "cuda_cuobjdump", "bin", "cuobjdump") for r in roots])
-    if not (nvrtc and ptxas and cuobjdump):
+    nvdisasm = _first([os.path.join(r, "nvidia", "cu1*", "bin", "nvdisasm") for r in roots]
+                      + [os.path.join(r, "nvidia", "cuda_nvdisasm", "bin", "nvdisasm") for r in roots])
+    if not (nvrtc and ptxas and cuobjdump and nvdisasm):
         return None
-    return Tools(nvrtc, ptxas, cuobjdump)
+    return Tools(nvrtc, ptxas, cuobjdump, nvdisasm)
 
 
 def nvrtc_ptx(tools: Tools, source: str, options: tuple) -> tuple[str, str]:
@@ -175,7 +178,8 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
     kernels = parse_ptxas(name, run.stdout + run.stderr)
     warnings = "\n".join(x for x in (log, "\n".join(line for line in (run.stdout + run.stderr).splitlines()
                                                      if "warning" in line.lower())) if x)
-    sass = subprocess.run([tools.cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=600)
+    sass = subprocess.run([tools.cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, NVDISASM_PATH=os.path.dirname(tools.nvdisasm)))
     if sass.returncode != 0:
         raise RuntimeError(f"cuobjdump failed on {name} for sm_{arch}: {sass.stderr}")
     for fn, counts in parse_sass(sass.stdout).items():
@@ -303,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     tools = find_tools()
     if tools is None:
         ap.error("NVIDIA's compiler wheels are missing: pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12 "
-                 "nvidia-cuda-cuobjdump")
+                 "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm")
     os.makedirs(args.out, exist_ok=True)
     for arch, (kernels, warnings) in compile_all(tools, archs).items():
         path = os.path.join(args.out, f"cuda-kernels-sm{arch}.md")
