@@ -206,7 +206,8 @@ def block_threads(name: str) -> int:
                "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS,
                "fa_fwd": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
                "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": runtime.ELEMENT_THREADS,
-               "fa_keep_mask": 1, "fa_shared_sizes": 1}            # (the test kernels: one thread)
+               "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
+               "test_mma": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64}   # the primitives' a warp
     if base in special:
         return special[base]
     if base in kinds:
@@ -214,7 +215,8 @@ def block_threads(name: str) -> int:
     raise KeyError(f"no launch block size known for the entry point {name}: add it to block_threads")
 
 
-TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes")   # in the flash modules for the tests; never launched by npformer
+# kernels for the tests (in the flash modules, and warp_source's primitives): never launched by npformer
+TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes", "test_mma", "test_ldmatrix", "test_shfl", "test_cp_async")
 
 
 def occupancy_floor(name: str, arch: int) -> float | None:

@@ -12,6 +12,8 @@ first comes first):
 stage      what                                                                   writes
 =========  =====================================================================  ===============
 device     the GPU, driver, CUDA runtime, CuPy, PyTorch (nvidia-smi too)          device.txt
+primitives the warp primitives (mma.sync, ldmatrix, shuffles, cp.async) against   (summary.txt)
+           their fragment layouts: first, so a layout mistake shows before anything
 steps      training steps on CuPy and PyTorch: GPT-2 124M shape (float32, float16 steps.md, .json
            mixed precision), gpt-medium eager and replayed from a CUDA graph:
            time, MFU, peak memory (benchmarks/run.py, parity left to the tests)
@@ -71,6 +73,8 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
              "tests")
     return [
         Stage("device", 5, 60, device, log="device.txt"),
+        Stage("primitives", 10, 60, (python, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "--tb=short", "-p",
+                                     "no:cacheprovider", "tests/kernels/cuda/test_warp_primitives.py")),
         Stage("steps", 60, 240, bench + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
                                          "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),

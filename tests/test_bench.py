@@ -457,8 +457,7 @@ def _fake_execute(clock, durations: dict, calls: list, out: str):
     import os
 
     def execute(argv, timeout, log_path):
-        name = next(n for n in durations if any(n in a for a in argv) or (n == "device" and "device_facts" in
-                                                                            " ".join(argv)))
+        name = argv[-1]                                 # _gpu_check_stages ends each command with its name
         calls.append((name, timeout, argv))
         took = durations[name]
         clock.now += min(took, timeout)
@@ -478,10 +477,8 @@ def _fake_execute(clock, durations: dict, calls: list, out: str):
 def _gpu_check_stages():
     from benchmarks import gpu_check
     stages = gpu_check.stages(python="python3", jobs=16)
-    # the fake tells the stages apart by a word of their command
-    marks = {"device": "device_facts", "steps": "gpt2-124m", "sweep": "sweep", "tests": "pytest",
-             "profile": "profile_step.py"}
-    return [gpu_check.Stage(s.name, s.minimum_s, s.cap_s, s.command + (marks[s.name],), s.log, s.keep) for s in stages]
+    # the fake tells the stages apart by their name, put at the end of each command
+    return [gpu_check.Stage(s.name, s.minimum_s, s.cap_s, s.command + (s.name,), s.log, s.keep) for s in stages]
 
 
 def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_longer_fits(tmp_path):
@@ -489,18 +486,18 @@ def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_
     so the profile no longer fits and is skipped, saying so; the timeouts shrink with the budget."""
     from benchmarks import gpu_check
     clock, calls, lines = _FakeClock(), [], []
-    durations = {"device": 5, "steps": 100, "sweep": 60, "tests": 10_000, "profile": 20}
+    durations = {"device": 5, "primitives": 15, "steps": 100, "sweep": 60, "tests": 10_000, "profile": 20}
     outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), 480, clock=clock,
                                     execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lines.append)
-    assert [c[0] for c in calls] == ["device", "steps", "sweep", "tests"]
-    assert [c[1] for c in calls] == [60, 240, 180, 480 - 5 - 100 - 60 - gpu_check.MARGIN_S]
-    assert [(o.name, o.status) for o in outcomes][:4] == [("device", "ok"), ("steps", "ok"), ("sweep", "ok"),
-                                                           ("tests", "timed out")]
+    assert [c[0] for c in calls] == ["device", "primitives", "steps", "sweep", "tests"]
+    assert [c[1] for c in calls] == [60, 60, 240, 180, 480 - 5 - 15 - 100 - 60 - gpu_check.MARGIN_S]
+    assert [(o.name, o.status) for o in outcomes][:5] == [("device", "ok"), ("primitives", "ok"), ("steps", "ok"),
+                                                           ("sweep", "ok"), ("tests", "timed out")]
     margin = gpu_check.MARGIN_S
-    assert outcomes[4].name == "profile" and outcomes[4].status == f"skipped: needs {20 + margin} s, {margin} s left"
-    assert "still running" in outcomes[3].tail and len(outcomes[3].tail.splitlines()) == gpu_check.TAIL_LINES
-    per_test = next(a for a in calls[3][2] if a.startswith("--timeout="))
-    assert per_test == f"--timeout={max(30, min(300, int(calls[3][1] / 3)))}"
+    assert outcomes[5].status == f"skipped: needs {20 + margin} s, {margin} s left"
+    assert "still running" in outcomes[4].tail and len(outcomes[4].tail.splitlines()) == gpu_check.TAIL_LINES
+    per_test = next(a for a in calls[4][2] if a.startswith("--timeout="))
+    assert per_test == f"--timeout={max(30, min(300, int(calls[4][1] / 3)))}"
     assert clock.now - 1000.0 <= 480                                   # nothing ran past the budget
     # the files: at most 8, directly in OUT (the bench folders moved up and removed)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["device.txt", "gpu_tests.log", "steps.json", "steps.md",
@@ -512,11 +509,11 @@ def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_
 def test_gpu_check_without_a_budget_gives_each_stage_its_cap_and_reports_a_failure(tmp_path):
     from benchmarks import gpu_check
     clock, calls = _FakeClock(), []
-    durations = {"device": 5, "steps": 100, "sweep": 60, "tests": 300, "profile": 20}
+    durations = {"device": 5, "primitives": 15, "steps": 100, "sweep": 60, "tests": 300, "profile": 20}
     outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), None, clock=clock,
                                     execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lambda _: None)
     assert [c[1] for c in calls] == [s.cap_s for s in gpu_check.stages()]
-    assert [o.status for o in outcomes] == ["ok", "ok", "ok", "ok", "failed (exit 1)"]
+    assert [o.status for o in outcomes] == ["ok", "ok", "ok", "ok", "ok", "failed (exit 1)"]
     assert outcomes[-1].tail == "Traceback\nboom"
     assert "    boom" in gpu_check.summary(outcomes, None)
 

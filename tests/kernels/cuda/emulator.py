@@ -8,6 +8,15 @@ The fibers run one after another up to each ``__syncthreads``, a legal CUDA sche
 largest skew between threads, so a missing barrier changes results here; a barrier that not every
 thread of the block reaches is reported as an error instead of hanging.
 
+Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
+(m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts) and ``npf_ldmatrix_x4``
+(``_trans``). A lane posts its operands and waits; the block runs warp by warp, and once every live
+lane of a warp waits at the same collective the scheduler computes the results from all 32 lanes'
+operands and the lanes go on. Lanes of one warp at different collectives, or some at a barrier, are
+an error, as are a collective after some lanes of the warp ended and a matrix instruction in a
+partial warp. ``cp.async`` is a plain copy (a legal
+schedule: the copy has landed before any wait), its commit and wait do nothing.
+
 :class:`EmulatedModule` stands in for ``cupy.RawModule``: ``get_function(name)`` returns a callable
 with ``RawKernel``'s signature ``(grid, block, args)``, which checks what a GPU would not: every
 array argument is a C-contiguous NumPy array of the pointer's element type, every scalar a NumPy
@@ -39,6 +48,7 @@ SHIM = r"""
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct npf_uint3 { unsigned x, y, z; };
 npf_uint3 threadIdx, blockIdx, blockDim, gridDim;      // external linkage: reloaded after every switch
@@ -46,7 +56,7 @@ npf_uint3 threadIdx, blockIdx, blockDim, gridDim;      // external linkage: relo
 static inline float npf_load(unsigned short h) { _Float16 f; std::memcpy(&f, &h, 2); return (float)f; }
 static inline void npf_store(unsigned short* p, float v) { _Float16 f = (_Float16)v; std::memcpy(p, &f, 2); }
 
-struct NpfFiber { ucontext_t ctx; unsigned tx, ty; bool done, at_barrier; };
+struct NpfFiber { ucontext_t ctx; unsigned tx, ty; bool done, at_barrier, at_warp; };
 static ucontext_t npf_scheduler;
 static std::vector<NpfFiber> npf_fibers;
 static std::vector<std::vector<char>> npf_stacks;
@@ -58,6 +68,112 @@ static void __syncthreads() {
     NpfFiber& f = npf_fibers[npf_current];
     f.at_barrier = true;
     swapcontext(&f.ctx, &npf_scheduler);
+}
+
+// warp collectives: a lane's operands (in), results (out) and the collective it waits at (op)
+enum { NPF_WARP_SHFL_XOR = 1, NPF_WARP_MMA = 2, NPF_WARP_LDSM = 3, NPF_WARP_LDSM_TRANS = 4 };
+struct NpfLane { unsigned in[10]; unsigned out[4]; int op; };
+static std::vector<NpfLane> npf_lanes;
+
+static void npf_warp_wait(int op) {
+    NpfFiber& f = npf_fibers[npf_current];
+    npf_lanes[npf_current].op = op;
+    f.at_warp = true;
+    swapcontext(&f.ctx, &npf_scheduler);
+}
+
+static unsigned npf_shfl_xor_bits(unsigned v, int mask) {
+    NpfLane& l = npf_lanes[npf_current];
+    l.in[0] = v;
+    l.in[1] = (unsigned)mask;
+    npf_warp_wait(NPF_WARP_SHFL_XOR);
+    return l.out[0];
+}
+static float __shfl_xor_sync(unsigned, float v, int mask, int = 32) {
+    unsigned b; std::memcpy(&b, &v, 4); b = npf_shfl_xor_bits(b, mask); std::memcpy(&v, &b, 4); return v;
+}
+static double __shfl_xor_sync(unsigned, double v, int mask, int = 32) {
+    unsigned b[2]; std::memcpy(b, &v, 8);
+    b[0] = npf_shfl_xor_bits(b[0], mask); b[1] = npf_shfl_xor_bits(b[1], mask);
+    std::memcpy(&v, b, 8); return v;
+}
+static int __shfl_xor_sync(unsigned, int v, int mask, int = 32) { return (int)npf_shfl_xor_bits((unsigned)v, mask); }
+static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask, int = 32) { return npf_shfl_xor_bits(v, mask); }
+
+static void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const float* c) {
+    NpfLane& l = npf_lanes[npf_current];
+    for (int i = 0; i < 4; ++i) { l.in[i] = a[i]; std::memcpy(&l.in[6 + i], &c[i], 4); }
+    l.in[4] = b[0];
+    l.in[5] = b[1];
+    npf_warp_wait(NPF_WARP_MMA);
+    for (int i = 0; i < 4; ++i) std::memcpy(&d[i], &l.out[i], 4);
+}
+static void npf_ldmatrix(unsigned* r, const void* row, int op) {
+    NpfLane& l = npf_lanes[npf_current];
+    unsigned long long p = (unsigned long long)(size_t)row;
+    l.in[0] = (unsigned)p;
+    l.in[1] = (unsigned)(p >> 32);
+    npf_warp_wait(op);
+    for (int j = 0; j < 4; ++j) r[j] = l.out[j];
+}
+static void npf_ldmatrix_x4(unsigned* r, const void* row) { npf_ldmatrix(r, row, NPF_WARP_LDSM); }
+static void npf_ldmatrix_x4_trans(unsigned* r, const void* row) { npf_ldmatrix(r, row, NPF_WARP_LDSM_TRANS); }
+static void npf_cp_async_16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+static void npf_cp_async_commit() {}
+template <int N> static void npf_cp_async_wait() {}
+
+static float npf_half_bits(unsigned h) { return npf_load((unsigned short)(h & 0xffffu)); }
+
+// The collective ``op`` of the lanes [base, base + count) of one warp (every one waiting at it).
+static void npf_resolve(int op, size_t base, size_t count) {
+    NpfLane* L = &npf_lanes[base];
+    if (op == NPF_WARP_SHFL_XOR) {
+        for (size_t i = 0; i < count; ++i) {
+            size_t src = i ^ (size_t)L[i].in[1];
+            L[i].out[0] = L[src < count ? src : i].in[0];
+        }
+        return;
+    }
+    if (op == NPF_WARP_MMA) {
+        float A[16][16], B[16][8], C[16][8];
+        for (unsigned lane = 0; lane < 32; ++lane) {
+            unsigned g = lane / 4, t = lane % 4;
+            for (unsigned i = 0; i < 4; ++i) {
+                unsigned row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+                A[row][col] = npf_half_bits(L[lane].in[i]);
+                A[row][col + 1] = npf_half_bits(L[lane].in[i] >> 16);
+                float cv; std::memcpy(&cv, &L[lane].in[6 + i], 4);
+                C[g + 8 * (i / 2)][2 * t + i % 2] = cv;
+            }
+            for (unsigned i = 0; i < 2; ++i) {
+                B[2 * t + 8 * i][g] = npf_half_bits(L[lane].in[4 + i]);
+                B[2 * t + 8 * i + 1][g] = npf_half_bits(L[lane].in[4 + i] >> 16);
+            }
+        }
+        for (unsigned lane = 0; lane < 32; ++lane) {
+            unsigned g = lane / 4, t = lane % 4;
+            for (unsigned i = 0; i < 4; ++i) {
+                unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+                float acc = C[row][col];
+                for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];   // float16 products are exact in float
+                std::memcpy(&L[lane].out[i], &acc, 4);
+            }
+        }
+        return;
+    }
+    // ldmatrix: lane 8 j + i gave the address of row i of matrix j
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        for (unsigned j = 0; j < 4; ++j) {
+            unsigned r0, c0, r1, c1;
+            if (op == NPF_WARP_LDSM) { r0 = r1 = lane / 4; c0 = 2 * (lane % 4); c1 = c0 + 1; }
+            else { c0 = c1 = lane / 4; r0 = 2 * (lane % 4); r1 = r0 + 1; }
+            const NpfLane& p0 = L[8 * j + r0];
+            const NpfLane& p1 = L[8 * j + r1];
+            const unsigned short* row0 = (const unsigned short*)(size_t)(p0.in[0] | ((unsigned long long)p0.in[1] << 32));
+            const unsigned short* row1 = (const unsigned short*)(size_t)(p1.in[0] | ((unsigned long long)p1.in[1] << 32));
+            L[lane].out[j] = (unsigned)row0[c0] | ((unsigned)row1[c1] << 16);
+        }
+    }
 }
 
 static void npf_fiber_main() {
@@ -72,6 +188,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     npf_body = &body;
     size_t n = (size_t)bx * by;
     npf_fibers.assign(n, NpfFiber());
+    npf_lanes.assign(n, NpfLane());
     if (npf_stacks.size() < n) npf_stacks.resize(n, std::vector<char>(1 << 16));
     for (unsigned j = 0; j < gy; ++j) {
         for (unsigned i = 0; i < gx; ++i) {
@@ -80,7 +197,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                 NpfFiber& f = npf_fibers[k];
                 f.tx = (unsigned)(k % bx);
                 f.ty = (unsigned)(k / bx);
-                f.done = f.at_barrier = false;
+                f.done = f.at_barrier = f.at_warp = false;
                 getcontext(&f.ctx);
                 f.ctx.uc_stack.ss_sp = npf_stacks[k].data();
                 f.ctx.uc_stack.ss_size = npf_stacks[k].size();
@@ -88,13 +205,38 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                 makecontext(&f.ctx, npf_fiber_main, 0);
             }
             for (;;) {                        // one round: every live thread runs to a barrier or its end
-                for (size_t k = 0; k < n; ++k) {
-                    NpfFiber& f = npf_fibers[k];
-                    if (f.done) continue;
-                    f.at_barrier = false;
-                    npf_current = k;
-                    threadIdx = {f.tx, f.ty, 0};
-                    swapcontext(&npf_scheduler, &f.ctx);
+                for (size_t k = 0; k < n; ++k) npf_fibers[k].at_barrier = false;
+                for (size_t w0 = 0; w0 < n; w0 += 32) {                       // warp by warp
+                    size_t w1 = w0 + 32 < n ? w0 + 32 : n;
+                    for (;;) {
+                        for (size_t k = w0; k < w1; ++k) {
+                            NpfFiber& f = npf_fibers[k];
+                            if (f.done || f.at_barrier || f.at_warp) continue;
+                            npf_current = k;
+                            threadIdx = {f.tx, f.ty, 0};
+                            swapcontext(&npf_scheduler, &f.ctx);
+                        }
+                        size_t live = 0, waiting = 0;
+                        int op = 0;
+                        bool same = true;
+                        for (size_t k = w0; k < w1; ++k) {
+                            if (npf_fibers[k].done) continue;
+                            ++live;
+                            if (!npf_fibers[k].at_warp) continue;
+                            ++waiting;
+                            if (op == 0) op = npf_lanes[k].op;
+                            else same = same && npf_lanes[k].op == op;
+                        }
+                        if (waiting == 0) break;
+                        if (waiting != live || !same || live != w1 - w0 || (op != NPF_WARP_SHFL_XOR && live != 32)) {
+                            std::fprintf(stderr, "emulator: a warp collective reached by %zu of %zu live lanes of warp "
+                                         "%zu of block (%u, %u)%s\n", waiting, live, w0 / 32, i, j,
+                                         same ? "" : ", at different collectives");
+                            return 2;
+                        }
+                        npf_resolve(op, w0, w1 - w0);
+                        for (size_t k = w0; k < w1; ++k) npf_fibers[k].at_warp = false;
+                    }
                 }
                 size_t done = 0;
                 for (size_t k = 0; k < n; ++k) done += npf_fibers[k].done;
@@ -113,7 +255,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
 
 _ENTRY = re.compile(r'extern "C" __global__ void (npf_\w+)\(([^)]*)\)')
 _POINTEE = {"unsigned short": np.float16, "float": np.float32, "double": np.float64, "bool": np.bool_,
-            "long long": np.int64, "unsigned long long": np.uint64}
+            "long long": np.int64, "unsigned long long": np.uint64, "unsigned": np.uint32}
 _SCALAR = {"long long": (np.int64, ctypes.c_longlong), "int": (np.int32, ctypes.c_int),
            "float": (np.float32, ctypes.c_float), "double": (np.float64, ctypes.c_double)}
 _ROW_KERNELS = ("npf_softmax_", "npf_layer_norm_", "npf_add_dropout_ln_", "npf_cross_entropy_")
@@ -185,7 +327,7 @@ class EmulatedKernel:
                 assert type(a) is want, f"{self.name}.{pname}: {type(a).__name__} for a {ctype} (pass {want.__name__})"
                 values.append(a.item())
         rc = self.fn(grid[0], grid[1], block[0], block[1], *values)
-        assert rc == 0, f"{self.name}: threads of one block disagreed on a __syncthreads (see stderr)"
+        assert rc == 0, f"{self.name}: threads of one block disagreed on a __syncthreads or a warp collective (see stderr)"
 
 
 class EmulatedModule:

@@ -1,0 +1,117 @@
+"""The warp-level primitives of tensor-core kernels (npformer.kernels.cuda.warp_source) against NumPy,
+fragment position by position: mma.sync m16n8k16 (float16 in, float32 accumulate), ldmatrix x4 and
+its transpose, __shfl_xor_sync on float and double, cp.async through a double buffer. The same tiny
+kernels run on the CPU emulator and, on a GPU, on the device (the GPU check runs this file first, so
+a layout mistake shows before anything built on it)."""
+import numpy as np
+import pytest
+
+from npformer.backend import cupy_available, get_backend
+from npformer.kernels.cuda import runtime
+from npformer.kernels.cuda.warp_source import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_TEST_SOURCE
+from tests.kernels.cuda import emulator
+
+
+@pytest.fixture(scope="module", params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request, tmp_path_factory):
+    """(module with the test kernels, to_device, to_host) on the emulator or a GPU."""
+    if request.param == "cuda":
+        if not cupy_available():
+            pytest.skip("CuPy is not installed or no CUDA device is visible")
+        cp = get_backend("cupy")
+        return runtime.compile_module(PRIMITIVES_TEST_SOURCE, PRIMITIVES_NVRTC_OPTIONS), cp.asarray, cp.asnumpy
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    lib = emulator.build(tmp_path_factory.mktemp("npf_primitives"), PRIMITIVES_TEST_SOURCE)
+    return emulator.EmulatedModule(lib, PRIMITIVES_TEST_SOURCE), np.asarray, np.asarray
+
+
+def _halves(rng, shape):
+    """float16 values whose products and short sums are exact in float32 (small integers over 8)."""
+    return (rng.integers(-16, 17, shape) / 8).astype(np.float16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mma_m16n8k16_is_a_times_b_plus_c(device, seed):
+    module, to_device, to_host = device
+    r = np.random.default_rng(seed)
+    a, b = _halves(r, (16, 16)), _halves(r, (16, 8))
+    c = (r.integers(-64, 65, (16, 8)) / 4).astype(np.float32)
+    d = to_device(np.zeros((16, 8), np.float32))
+    module.get_function("npf_test_mma")((1,), (32,), (to_device(a), to_device(b), to_device(c), d))
+    want = a.astype(np.float32) @ b.astype(np.float32) + c              # exact: small multiples of 1/64
+    np.testing.assert_array_equal(to_host(d), want)
+
+
+def test_mma_accumulates_in_float32(device):
+    """Sixteen products of 2^-12 added to 1: float16 would keep 1, float32 keeps 1 + 2^-8."""
+    module, to_device, to_host = device
+    a = np.full((16, 16), 2.0 ** -6, np.float16)
+    b = np.full((16, 8), 2.0 ** -6, np.float16)
+    c = np.ones((16, 8), np.float32)
+    d = to_device(np.zeros((16, 8), np.float32))
+    module.get_function("npf_test_mma")((1,), (32,), (to_device(a), to_device(b), to_device(c), d))
+    np.testing.assert_array_equal(to_host(d), np.full((16, 8), 1 + 2.0 ** -8, np.float32))
+
+
+@pytest.mark.parametrize("trans", [0, 1])
+def test_ldmatrix_x4_gives_each_lane_its_fragment(device, trans):
+    """Register j of lane l: row l / 4, columns 2 (l % 4) and + 1 of matrix j (low half first);
+    transposed: column l / 4, rows 2 (l % 4) and + 1."""
+    module, to_device, to_host = device
+    m = np.arange(4 * 64, dtype=np.uint16)                       # distinct bits: a position is its value
+    out = to_device(np.zeros(32 * 4, np.uint32))
+    module.get_function("npf_test_ldmatrix")((1,), (32,), (to_device(m.view(np.float16)), out, np.int32(trans)))
+    mats = m.reshape(4, 8, 8)
+    got = to_host(out).reshape(32, 4)
+    for lane in range(32):
+        for j in range(4):
+            if trans:
+                lo, hi = mats[j, 2 * (lane % 4), lane // 4], mats[j, 2 * (lane % 4) + 1, lane // 4]
+            else:
+                lo, hi = mats[j, lane // 4, 2 * (lane % 4)], mats[j, lane // 4, 2 * (lane % 4) + 1]
+            assert got[lane, j] == int(lo) | (int(hi) << 16), (lane, j, hex(got[lane, j]))
+
+
+@pytest.mark.parametrize("mask", [1, 2, 4, 8, 16, 31])
+def test_shfl_xor_reads_lane_l_xor_mask(device, mask):
+    module, to_device, to_host = device
+    x = np.arange(32, dtype=np.float32) * 1.5
+    y = np.arange(32, dtype=np.float64) * (1 + 2.0 ** -40)            # both halves of a double move
+    xo, yo = to_device(np.zeros(32, np.float32)), to_device(np.zeros(32, np.float64))
+    module.get_function("npf_test_shfl")((1,), (32,), (to_device(x), to_device(y), xo, yo, np.int32(mask)))
+    lanes = np.arange(32) ^ mask
+    np.testing.assert_array_equal(to_host(xo), x[lanes])
+    np.testing.assert_array_equal(to_host(yo), y[lanes])
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 5])
+def test_cp_async_double_buffer_copies_every_chunk(device, chunks):
+    module, to_device, to_host = device
+    src = np.random.default_rng(chunks).standard_normal(chunks * 256).astype(np.float32)
+    dst = to_device(np.zeros_like(src))
+    module.get_function("npf_test_cp_async")((1,), (64,), (to_device(src), dst, np.int64(src.size)))
+    np.testing.assert_array_equal(to_host(dst), src)
+
+
+_DIVERGENT = r"""
+extern "C" __global__ void npf_test_half_warp_shuffles(float* x) {
+    if (threadIdx.x < 16) x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 1);
+}
+extern "C" __global__ void npf_test_barrier_beside_a_shuffle(float* x) {
+    if (threadIdx.x % 2) __syncthreads();
+    else x[threadIdx.x] = __shfl_xor_sync(0xffffffffu, x[threadIdx.x], 2);
+}
+"""
+
+
+@pytest.mark.parametrize("kernel", ["npf_test_half_warp_shuffles", "npf_test_barrier_beside_a_shuffle"])
+def test_the_emulator_refuses_a_collective_that_not_every_lane_reaches(tmp_path, kernel):
+    """CUDA leaves these undefined (or hangs); the emulator says so instead of inventing a result."""
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    module = emulator.EmulatedModule(emulator.build(tmp_path, _DIVERGENT), _DIVERGENT)
+    with pytest.raises(AssertionError, match="disagreed on a __syncthreads or a warp collective"):
+        module.get_function(kernel)((1,), (32,), (np.zeros(32, np.float32),))
