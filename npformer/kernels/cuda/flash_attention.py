@@ -30,14 +30,15 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import HEAD_SIZES, MAX_HEAD_SIZE, SHARED, THREADS, TILES, entry_name
+from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, SHARED, TC_BR, TC_SHARED, THREADS,
+                                                TILES, entry_name)
 from npformer.kernels.cuda.runtime import ELEMENT_THREADS, MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads"]
+           "merged_heads", "tensor_core_forward"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -68,7 +69,15 @@ def _acc_name(dtype) -> str:
 
 
 def _shared(name: str, dtype, d: int) -> int:
+    if name == "fwd_tc":
+        return TC_SHARED[d]
     return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
+
+
+def tensor_core_forward(dtype) -> bool:
+    """Whether the forward of ``dtype`` runs on tensor cores (npf_fa_forward_tc): float16, on a GPU
+    of compute capability 8.0 or later (mma.sync m16n8k16, ldmatrix)."""
+    return numpy.dtype(dtype) == numpy.float16 and runtime.compute_capability() >= 80
 
 
 def head_bucket(hs: int, hv: int) -> int:
@@ -166,9 +175,12 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     out = merged_heads(xp, b, h, tq, hv, q.dtype)                                 # (B, H, Tq, hv) view
     lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
     if b * h and tq:
-        _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h,
-                (q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
+        args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
                 + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
+        if tensor_core_forward(q.dtype):
+            _launch("fwd_tc", q.dtype, d, -(-tq // TC_BR), b * h, args)
+        else:
+            _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
 
 

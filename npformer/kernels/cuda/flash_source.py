@@ -29,6 +29,11 @@ CUDA C                              reference
                                     only for ``dq += ds k``: dq gets its own pass so that no two
                                     blocks add into one element (no atomics: the result does not
                                     depend on scheduling)
+``npf_fa_forward_tc``               the forward for float16 on tensor cores (sm_80 and later): the
+                                    same loop per warp of 16 query rows, ``S = q k^T`` and
+                                    ``acc += P_drop v`` on mma.sync m16n8k16 with float32
+                                    accumulators, the row max and sum by shuffles in registers,
+                                    ``P_drop`` rounded to float16 for the second product
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -61,9 +66,11 @@ import re
 import numpy
 
 from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
+from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "OCCUPANCY_FLOORS", "STRIDED", "shared_bytes",
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_SHARED",
+           "OCCUPANCY_FLOORS", "STRIDED", "shared_bytes",
            "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
@@ -88,6 +95,11 @@ def shared_bytes(kernel: str, acc: str, d: int) -> int:
 
 
 SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "dq", "dkdv") for acc, d in TILES}
+# float16 on tensor cores (npf_fa_forward_tc): BR = 64 query rows (4 warps x 16), BC keys a tile; Q, K, V
+# in shared memory as float16 rows of D + 8 values (16-byte aligned rows, ldmatrix without bank conflicts)
+TC_BR, TC_BC = 64, {32: 32, 64: 32, 128: 32}
+TC_MIN_BLOCKS = {32: 4, 64: 4, 128: 4}      # __launch_bounds__: 4 blocks of 128 threads an SM (<= 128 registers)
+TC_SHARED = {d: (TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -103,6 +115,8 @@ OCCUPANCY_FLOORS = {
     ("dkdv", "float", 128): (0.125, 0.125), ("dkdv", "double", 32): (0.125, 0.1875),
     ("dkdv", "double", 64): (0.0625, 0.125), ("dkdv", "double", 128): (0.0625, 0.0625),
     ("pre", "float", None): (0.75, 0.75), ("pre", "double", None): (0.75, 0.75),
+    ("fwd_tc", "float", 32): (0.25, 0.25), ("fwd_tc", "float", 64): (0.25, 0.25),     # TC_MIN_BLOCKS: 4 blocks
+    ("fwd_tc", "float", 128): (0.25, 0.25),
 }
 
 _KERNELS = r"""
@@ -189,22 +203,29 @@ __device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned l
 // _scores for one element, from dot = q_i . k_j:  s = dot * scale; s += attn bias; s += padding bias;
 // s += -inf where j > i + shift (causal). A key past Tk is -inf; a query row past Tq (the ragged end of
 // the last tile) is never stored and gets no mask.
+// (mask_row = bh mask_bh + i Tk and pad_row = (bh / H) Tk: where row i's attn mask and head bh's
+// padding start, which a caller scoring many elements of one row computes once)
 template <typename A>
-__device__ __forceinline__ A npf_fa_score(A dot, const NpfFaArgs<A>& a, long long bh, int i, int j) {
+__device__ __forceinline__ A npf_fa_score_at(A dot, const NpfFaArgs<A>& a, int i, int j, long long mask_row,
+                                             long long pad_row) {
     const A inf = npf_fa_inf(dot);
     if (j >= a.Tk) return -inf;
     A s = dot * a.scale;
     if (i >= a.Tq) return s;
     if (a.mask_kind) {
-        long long at = bh * a.mask_bh + (long long)i * a.Tk + j;
+        long long at = mask_row + j;
         s += a.mask_kind == 1 ? (a.mask_b[at] ? -inf : A(0)) : a.mask_f[at];
     }
     if (a.pad_kind) {
-        long long at = (bh / a.H) * a.Tk + j;
+        long long at = pad_row + j;
         s += a.pad_kind == 1 ? (a.pad_b[at] ? -inf : A(0)) : a.pad_f[at];
     }
     if (a.causal && j > i + a.shift) s += -inf;
     return s;
+}
+template <typename A>
+__device__ __forceinline__ A npf_fa_score(A dot, const NpfFaArgs<A>& a, long long bh, int i, int j) {
+    return npf_fa_score_at(dot, a, i, j, bh * a.mask_bh + (long long)i * a.Tk, (bh / a.H) * a.Tk);
 }
 
 // Rows [r0, r0 + N) of one head's (rows, width) matrix x (rows `stride` apart) into s (N, D + 4), zeros
@@ -560,6 +581,170 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
         }
     }
 }
+
+// ---- float16 on tensor cores (warp_source.py's primitives): FlashAttention-2's forward work split ----
+// A block of 4 warps takes BR = 64 query rows, a warp its own 16; per key tile of BC keys (K and V in
+// shared memory) the warp computes S = Q K^T with mma.sync m16n8k16 (Q's fragments loaded once, K's by
+// ldmatrix), scores and the online softmax in registers (a row lives in the 4 lanes of a quad: its max
+// and sum are two shuffles), P rounded to float16 as the A fragments of O += P V (V's fragments by
+// ldmatrix.trans). The same arithmetic as npf_fa_forward, with P_drop in float16 and the products on
+// tensor cores (float32 accumulators); masks, causal tiles, dropout and the outputs are its.
+#define NPF_FA_TC_BR 64
+#define NPF_FA_TC_PAD 8
+
+// Rows [r0, r0 + N) of one head's (rows, width) float16 matrix x into s (N, D + 8), zeros past rows and width
+template <int N, int D>
+__device__ __forceinline__ void npf_fa_load_half(const unsigned short* x, int r0, int rows, int width, long long stride,
+                                                 unsigned short* s) {
+    for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
+        int r = e / D, d = e % D;
+        unsigned short value = 0;
+        if (r0 + r < rows && d < width) value = x[(long long)(r0 + r) * stride + d];
+        s[r * (D + NPF_FA_TC_PAD) + d] = value;
+    }
+}
+
+__device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
+    unsigned short l, h;
+    npf_store(&l, lo);
+    npf_store(&h, hi);
+    return (unsigned)l | ((unsigned)h << 16);
+}
+
+template <int D, int BC>
+__device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                  unsigned short* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
+                                  NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
+    constexpr int BR = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BC / 8, DK = D / 16, DN = D / 8, KS = BC / 16;
+    NPF_FA_SHARED(smem, (BR + 2 * BC) * LD * 2);
+    unsigned short* Qs = reinterpret_cast<unsigned short*>(smem);     // (BR, LD)
+    unsigned short* Ks = Qs + BR * LD;                                // (BC, LD)
+    unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int mi = lane % 8, mj = lane / 8;          // ldmatrix: this lane gives row mi of matrix mj
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        const long long pad_row = (bh / a.H) * a.Tk;
+        int row[2];                                          // this lane's two query rows
+        long long mask_row[2];
+        unsigned long long keep_row[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            row[r] = i0 + warp * 16 + g + 8 * r;
+            mask_row[r] = bh * a.mask_bh + (long long)row[r] * a.Tk;
+            keep_row[r] = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)row[r])
+                          * (unsigned long long)a.Tk;
+        }
+        float o[DN][4], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) o[dn][c] = 0.0f;
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            __syncthreads();                                 // done with the last tile's K and V
+            npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+            __syncthreads();
+            float s[NB][4];                                  // S: rows g, g + 8; columns 8 nb + 2 t, + 1
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) s[nb][c] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < DK; ++ks) {
+                unsigned aq[4];                              // this warp's 16 rows of Q, as an A fragment
+                npf_ldmatrix_x4(aq, Qs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+#pragma unroll
+                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                    unsigned bk[4];                          // K rows as B fragments of two key blocks
+                    npf_ldmatrix_x4(bk, Ks + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
+                    npf_mma_16816(s[2 * nb2], aq, bk, s[2 * nb2]);
+                    npf_mma_16816(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
+                }
+            }
+            float mx[2] = {-inf, -inf};
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        float& x = s[nb][2 * r + c];
+                        x = npf_fa_score_at(x, a, row[r], j0 + nb * 8 + 2 * t + c, mask_row[r], pad_row);
+                        mx[r] = npf_max(mx[r], x);
+                    }
+            float shift[2], alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {                    // the row's max over its quad, then m_new
+                mx[r] = npf_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = npf_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float m_new = npf_max(m[r], mx[r]);
+                shift[r] = npf_fa_isinf(m_new) ? 0.0f : m_new;    // all -inf so far: no inf - inf
+                alpha[r] = npf_exp(m[r] - shift[r]);
+                m[r] = m_new;
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)                  // s becomes dropout(P)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float p = npf_exp(s[nb][c] - shift[c / 2]);
+                    sum[c / 2] += p;
+                    if (a.keep_min)                          // _keep at n = (bh Tq + i) Tk + j
+                        p = npf_fa_keep(seed, keep_row[c / 2] + (unsigned long long)(j0 + nb * 8 + 2 * t + c % 2),
+                                        a.keep_min) ? p * a.keep_scale : 0.0f;
+                    s[nb][c] = p;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+                sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+                l[r] = l[r] * alpha[r] + sum[r];
+            }
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) o[dn][c] *= alpha[c / 2];
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                // keys 16 ks .. + 15 of dropout(P) in float16 as an A fragment: the C fragments of key
+                // blocks 2 ks and 2 ks + 1 are its registers (rows g and g + 8, columns 2 t and 2 t + 1)
+                const unsigned ap[4] = {npf_pack_half2(s[2 * ks][0], s[2 * ks][1]),
+                                        npf_pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                        npf_pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                        npf_pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                    unsigned bv[4];                          // V rows, transposed, as B fragments of two column blocks
+                    npf_ldmatrix_x4_trans(bv, Vs + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
+                    npf_mma_16816(o[2 * dn2], ap, bv, o[2 * dn2]);
+                    npf_mma_16816(o[2 * dn2 + 1], ap, bv + 2, o[2 * dn2 + 1]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = row[r];
+            if (i >= a.Tq) continue;
+            const bool empty = l[r] == 0.0f;                 // a fully masked row: zeros, lse +inf
+            const float den = empty ? 1.0f : l[r];
+            unsigned short* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int d = dn * 8 + 2 * t + c;
+                    if (d < a.hv) npf_store(out_row + d, o[dn][2 * r + c] / den);
+                }
+            if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] + npf_log(l[r]);
+        }
+    }
+}
 """
 
 # The shared arguments of the three tile kernels, in NpfFaArgs's order.
@@ -635,6 +820,13 @@ def _entry_points(pairs) -> str:
                 br, bc = TILES[acc, d]
                 text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+        if numpy.dtype(dtype) == numpy.float16:
+            params = "const T* q, const T* k, const T* v, T* out, A* lse, " + _ARGS + _layout_params("fwd")
+            body = (_STRUCT + f" npf_fa_forward_tc<{d}, {TC_BC[d]}>(q, k, v, out, lse, args" + _layout_args("fwd")
+                    + ");")
+            text = (f'extern "C" __global__ void __launch_bounds__(NPF_FA_THREADS, {TC_MIN_BLOCKS[d]}) '
+                    f'{entry_name("fwd_tc", dtype, d)}({params}) {{\n    {body}\n}}\n')
+            out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         dtypes.append(dtype)
     sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
                     f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
@@ -653,7 +845,7 @@ _PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
 def module_source(dtype, d: int) -> str:
     """The NVRTC source of the module for ``dtype`` and head-size bucket ``d``: its fwd, bwd_dkdv,
     bwd_dq and bwd_pre entry points, and the two test kernels."""
-    return HALF_CONVERSIONS + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
+    return HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
 
 
 MODULE_SOURCES = {pair: module_source(*pair) for pair in _PAIRS}

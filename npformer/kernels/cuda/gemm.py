@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy
 
 from npformer.backend import is_cupy_array
+from npformer.kernels.cuda.runtime import compute_capability
 
 __all__ = ["matmul", "gemm_arguments", "GemmArguments", "reserve_workspace", "capturing", "WORKSPACE_BYTES"]
 
@@ -112,7 +113,7 @@ def _gemm_in_capture(a, b):
     compute = _compute_type(linalg, dtype)
     scalar = ctypes.c_double if compute in (_COMPUTE_64F, _COMPUTE_64F_PEDANTIC) else ctypes.c_float
     one, zero = scalar(1.0), scalar(0.0)
-    capability = int(cupy.cuda.Device().compute_capability)
+    capability = compute_capability()
     algo = _GEMM_DEFAULT_TENSOR_OP if capability >= 80 or (capability >= 70 and dtype == numpy.float16) \
         else _GEMM_DEFAULT
     lib = _cublas()

@@ -82,6 +82,11 @@ def array_module():
     return importlib.import_module("cupy")
 
 
+def compute_capability() -> int:
+    """The current GPU's compute capability as an int (90 for an H100); the CPU emulation says 90."""
+    return int(importlib.import_module("cupy").cuda.Device().compute_capability)
+
+
 def compile_module(source: str, options: tuple):
     """One ``cupy.RawModule`` (NVRTC compiles it on the first kernel lookup; CuPy caches the binary)."""
     return importlib.import_module("cupy").RawModule(code=source, options=options)

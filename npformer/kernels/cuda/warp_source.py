@@ -29,7 +29,8 @@ its low 16 bits:
 
 So a 16 x 16 tile of A in shared memory, as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15,
 in the order of ``a``), is one ``npf_ldmatrix_x4``. On the GPU (``__CUDACC__`` defined) the helpers
-are the PTX instructions; the emulator supplies its own with the same meaning.
+are the PTX instructions, for sm_80 and later (compiled for an older GPU they trap; the launchers use
+them from compute capability 8.0 on); the emulator supplies its own with the same meaning.
 """
 from __future__ import annotations
 
@@ -37,30 +38,35 @@ __all__ = ["WARP_PRIMITIVES", "PRIMITIVES_TEST_SOURCE", "PRIMITIVES_NVRTC_OPTION
 
 WARP_PRIMITIVES = r"""
 #ifdef __CUDACC__
+#if __CUDA_ARCH__ >= 800
+#define NPF_SM80(instructions) instructions
+#else
+#define NPF_SM80(instructions) asm volatile("trap;");     // the launchers use these on sm_80 and later only
+#endif
 __device__ __forceinline__ void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const float* c) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                   "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+    NPF_SM80(asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                          "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+                          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                            "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));)
 }
 __device__ __forceinline__ void npf_ldmatrix_x4(unsigned* r, const void* row) {
-    unsigned address = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+    NPF_SM80(unsigned address = (unsigned)__cvta_generic_to_shared(row);
+             asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                          : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));)
 }
 __device__ __forceinline__ void npf_ldmatrix_x4_trans(unsigned* r, const void* row) {
-    unsigned address = (unsigned)__cvta_generic_to_shared(row);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));
+    NPF_SM80(unsigned address = (unsigned)__cvta_generic_to_shared(row);
+             asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                          : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(address));)
 }
 __device__ __forceinline__ void npf_cp_async_16(void* dst, const void* src) {
-    unsigned address = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(address), "l"(src));
+    NPF_SM80(unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(address), "l"(src));)
 }
-__device__ __forceinline__ void npf_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+__device__ __forceinline__ void npf_cp_async_commit() { NPF_SM80(asm volatile("cp.async.commit_group;");) }
 template <int N>
-__device__ __forceinline__ void npf_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+__device__ __forceinline__ void npf_cp_async_wait() { NPF_SM80(asm volatile("cp.async.wait_group %0;" :: "n"(N));) }
 #endif
 """
 

@@ -74,6 +74,7 @@ def fx(request, monkeypatch):
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
+    monkeypatch.setattr(runtime, "compute_capability", lambda: 90)     # an H100: float16 on tensor cores
     monkeypatch.setattr(runtime, "compile_module", lambda source, options: (
         request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})

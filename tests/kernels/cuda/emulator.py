@@ -49,6 +49,7 @@ SHIM = r"""
 #define __forceinline__ inline
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
 
 struct npf_uint3 { unsigned x, y, z; };
 npf_uint3 threadIdx, blockIdx, blockDim, gridDim;      // external linkage: reloaded after every switch
@@ -253,7 +254,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
 }
 """
 
-_ENTRY = re.compile(r'extern "C" __global__ void (npf_\w+)\(([^)]*)\)')
+_ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(([^)]*)\)')
 _POINTEE = {"unsigned short": np.float16, "float": np.float32, "double": np.float64, "bool": np.bool_,
             "long long": np.int64, "unsigned long long": np.uint64, "unsigned": np.uint32}
 _SCALAR = {"long long": (np.int64, ctypes.c_longlong), "int": (np.int32, ctypes.c_int),

@@ -302,8 +302,9 @@ def test_shared_memory_the_kernels_carve_is_what_the_launch_asks_for(fx):
 
 def test_every_module_has_its_entry_points():
     for (dtype, d), text in flash_source.MODULE_SOURCES.items():
-        names = set(re.findall(r'extern "C" __global__ void (npf_\w+)\(', text))
-        want = {flash_source.entry_name(n, dtype, d) for n in ("fwd", "bwd_dkdv", "bwd_dq")}
+        names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(', text))
+        kernels = ("fwd", "bwd_dkdv", "bwd_dq") + (("fwd_tc",) if dtype == np.float16 else ())   # tensor cores
+        want = {flash_source.entry_name(n, dtype, d) for n in kernels}
         assert names == want | {flash_source.entry_name("bwd_pre", dtype), "npf_fa_keep_mask", "npf_fa_shared_sizes"}
         assert "@" not in text
 
@@ -357,3 +358,49 @@ def test_the_benchmarks_flash_sweep_runs_the_kernel(fx):
     assert_close(out, ref, "float32", scale=scales["out"])
     for what, g, r in zip(("dq", "dk", "dv"), grads, ref_grads):
         assert_close(g, r, "float32", scale=scales[what], what=what)
+
+
+# -- float16 on tensor cores ------------------------------------------------------------------------
+def _launched(monkeypatch) -> list:
+    names = []
+    real = kernel._launch
+    monkeypatch.setattr(kernel, "_launch", lambda name, *a: (names.append(name), real(name, *a))[1])
+    return names
+
+
+def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch):
+    """The float16 forward is npf_fa_forward_tc on sm_80 and later, the SIMT kernel before; float32 and
+    float64 keep the SIMT kernels."""
+    from npformer.kernels.cuda import runtime
+    names = _launched(monkeypatch)
+    q, k, v = qkv(fx.xp, 1, 2, 20, 20, 16, 16, 0, "float16")
+    flash_forward(q, k, v, is_causal=True)
+    flash_forward(*(a.astype(np.float32) for a in (q, k, v)), is_causal=True)
+    if fx.name == "emulated":
+        monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
+        flash_forward(q, k, v, is_causal=True)
+        assert names == ["fwd_tc", "fwd", "fwd"]
+    else:
+        assert names[1] == "fwd" and names[0] == ("fwd_tc" if runtime.compute_capability() >= 80 else "fwd")
+
+
+@pytest.mark.parametrize("hs, causal", [(32, False), (64, True), (128, False), (80, True)])
+def test_float16_on_tensor_cores_is_as_close_to_float64_as_the_simt_kernel(fx, monkeypatch, hs, causal):
+    """||out - ref|| / ||ref|| against the float64 reference of the same float16 inputs: at most 2e-3,
+    and at most 1.5 times the SIMT kernel's (which keeps P in float32; the tensor cores take it as
+    float16)."""
+    from npformer.kernels.cuda import runtime
+    q, k, v = qkv(fx.xp, 2, 2, 96, 80, hs, hs, 7, "float16")
+    with disabled():
+        want, _ = flash_forward(*(host(a).astype(np.float64) for a in (q, k, v)), is_causal=causal)
+    err = {}
+    for capability in (90, 75):
+        if fx.name == "emulated":
+            monkeypatch.setattr(runtime, "compute_capability", lambda c=capability: c)
+        elif (capability >= 80) != (runtime.compute_capability() >= 80):
+            continue
+        out, _ = flash_forward(q, k, v, is_causal=causal)
+        err[capability] = np.linalg.norm(host(out).astype(np.float64) - want) / np.linalg.norm(want)
+    assert max(err.values()) <= 2e-3, err
+    if len(err) == 2:
+        assert err[90] <= 1.5 * err[75] + 1e-4, err
