@@ -12,10 +12,10 @@ linear                     the reference's products, also inside a CUDA graph ca
                            (gemm.py: cuBLAS called directly there, CuPy refuses it); the
                            bias gradient as one coalesced column sum
 flash attention            forward: a block per query tile and head, online softmax over
-                           key tiles (float16 from sm_80: on tensor cores, a warp per 16
-                           rows, warp_source.py's mma.sync and ldmatrix); backward: D =
-                           rowsum(dO O), a block per key tile (dk, dv), a block per query
-                           tile (dq); own module (flash_source.py); heads read and written
+                           key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
+                           dv), a block per query tile (dq); float16 from sm_80 on tensor
+                           cores (a warp per 16 rows, warp_source.py's mma.sync and
+                           ldmatrix); own module (flash_source.py); heads read and written
                            through their strides (no copies)
 self-attention backward    dq, dk, dv written by the flash kernels into the packed (B, T,
                            3E) gradient: no copy to merge heads (multihead.py)

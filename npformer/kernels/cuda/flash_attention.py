@@ -38,7 +38,7 @@ from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_argum
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads", "tensor_core_forward"]
+           "merged_heads", "tensor_cores"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -69,14 +69,15 @@ def _acc_name(dtype) -> str:
 
 
 def _shared(name: str, dtype, d: int) -> int:
-    if name == "fwd_tc":
-        return TC_SHARED[d]
+    if name.endswith("_tc"):
+        return TC_SHARED[name, d]
     return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
 
 
-def tensor_core_forward(dtype) -> bool:
-    """Whether the forward of ``dtype`` runs on tensor cores (npf_fa_forward_tc): float16, on a GPU
-    of compute capability 8.0 or later (mma.sync m16n8k16, ldmatrix)."""
+def tensor_cores(dtype) -> bool:
+    """Whether ``dtype``'s kernels run on tensor cores (npf_fa_forward_tc, npf_fa_bwd_dq_tc,
+    npf_fa_bwd_dkdv_tc): float16, on a GPU of compute capability 8.0 or later (mma.sync m16n8k16,
+    ldmatrix)."""
     return numpy.dtype(dtype) == numpy.float16 and runtime.compute_capability() >= 80
 
 
@@ -177,7 +178,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if b * h and tq:
         args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
                 + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
-        if tensor_core_forward(q.dtype):
+        if tensor_cores(q.dtype):
             _launch("fwd_tc", q.dtype, d, -(-tq // TC_BR), b * h, args)
         else:
             _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h, args)
@@ -224,11 +225,14 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
                                      numpy.int32(h)) + heads_layout(dout) + heads_layout(out))
     common = _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
     qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
-    _launch("bwd_dkdv", q.dtype, d, -(-tk // bc), b * h,
+    tc = tensor_cores(q.dtype)
+    if tc:
+        br = bc = TC_BR                                  # the tensor-core kernels: 64 keys, 64 query rows a block
+    _launch("bwd_dkdv_tc" if tc else "bwd_dkdv", q.dtype, d, -(-tk // bc), b * h,
             (q, k, v, dout, lse, dvec, dk, dv) + common + qkv + heads_layout(dk) + heads_layout(dv))
     if tq:
-        _launch("bwd_dq", q.dtype, d, -(-tq // br), b * h, (q, k, v, dout, lse, dvec, dq) + common + qkv
-                + heads_layout(dq))
+        _launch("bwd_dq_tc" if tc else "bwd_dq", q.dtype, d, -(-tq // br), b * h,
+                (q, k, v, dout, lse, dvec, dq) + common + qkv + heads_layout(dq))
 
 
 def _device_masks(*masks) -> bool:

@@ -34,6 +34,11 @@ CUDA C                              reference
                                     ``acc += P_drop v`` on mma.sync m16n8k16 with float32
                                     accumulators, the row max and sum by shuffles in registers,
                                     ``P_drop`` rounded to float16 for the second product
+``npf_fa_bwd_dq_tc``,               the backward's two kernels for float16 on tensor cores: a warp per
+``npf_fa_bwd_dkdv_tc``              16 query rows (dq) or 16 keys (dk, dv); ``S``, ``dP`` (and their
+                                    transposes) by mma.sync, the inner step per element in
+                                    registers, ``dS`` and ``P_drop`` rounded to float16 for
+                                    ``dq += ds k``, ``dv += P_drop^T dO``, ``dk += ds^T q``
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -69,7 +74,7 @@ from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_SHARED",
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_BQ", "TC_SHARED",
            "OCCUPANCY_FLOORS", "STRIDED", "shared_bytes",
            "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
@@ -98,8 +103,16 @@ SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "
 # float16 on tensor cores (npf_fa_forward_tc): BR = 64 query rows (4 warps x 16), BC keys a tile; Q, K, V
 # in shared memory as float16 rows of D + 8 values (16-byte aligned rows, ldmatrix without bank conflicts)
 TC_BR, TC_BC = 64, {32: 32, 64: 32, 128: 32}
-TC_MIN_BLOCKS = {32: 4, 64: 4, 128: 4}      # __launch_bounds__: 4 blocks of 128 threads an SM (<= 128 registers)
-TC_SHARED = {d: (TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}
+# backward: dq_tc takes 64 query rows over key tiles of TC_BC keys; dkdv_tc 64 keys over query tiles of
+# TC_BQ queries (its dK and dV accumulators take D registers a lane: a smaller tile at D = 128)
+TC_BQ = {32: 32, 64: 32, 128: 16}
+# __launch_bounds__ blocks of 128 threads an SM, per kernel and D: 4 holds a kernel to 128 registers
+TC_MIN_BLOCKS = {("fwd_tc", 32): 4, ("fwd_tc", 64): 4, ("fwd_tc", 128): 4, ("bwd_dq_tc", 32): 4,
+                 ("bwd_dq_tc", 64): 4, ("bwd_dq_tc", 128): 3, ("bwd_dkdv_tc", 32): 4, ("bwd_dkdv_tc", 64): 3,
+                 ("bwd_dkdv_tc", 128): 2}
+TC_SHARED = {("fwd_tc", d): (TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}
+TC_SHARED.update({("bwd_dq_tc", d): (2 * TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES})
+TC_SHARED.update({("bwd_dkdv_tc", d): (2 * TC_BR + 2 * TC_BQ[d]) * (d + 8) * 2 + 2 * TC_BQ[d] * 4 for d in HEAD_SIZES})
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -115,8 +128,11 @@ OCCUPANCY_FLOORS = {
     ("dkdv", "float", 128): (0.125, 0.125), ("dkdv", "double", 32): (0.125, 0.1875),
     ("dkdv", "double", 64): (0.0625, 0.125), ("dkdv", "double", 128): (0.0625, 0.0625),
     ("pre", "float", None): (0.75, 0.75), ("pre", "double", None): (0.75, 0.75),
-    ("fwd_tc", "float", 32): (0.25, 0.25), ("fwd_tc", "float", 64): (0.25, 0.25),     # TC_MIN_BLOCKS: 4 blocks
-    ("fwd_tc", "float", 128): (0.25, 0.25),
+    ("fwd_tc", "float", 32): (0.25, 0.25), ("fwd_tc", "float", 64): (0.25, 0.25),     # TC_MIN_BLOCKS
+    ("fwd_tc", "float", 128): (0.25, 0.25), ("dq_tc", "float", 32): (0.25, 0.25),
+    ("dq_tc", "float", 64): (0.25, 0.25), ("dq_tc", "float", 128): (0.1875, 0.1875),
+    ("dkdv_tc", "float", 32): (0.25, 0.25), ("dkdv_tc", "float", 64): (0.1875, 0.1875),
+    ("dkdv_tc", "float", 128): (0.125, 0.125),           # dK and dV: 128 registers of accumulators a lane
 }
 
 _KERNELS = r"""
@@ -745,6 +761,252 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
         }
     }
 }
+
+// The backward's inner step on one C-fragment element (npf_fa_grad's arithmetic, with the row bases
+// hoisted): the score of query i and key j from its dot product, P = exp(S - lse_i), g = dP keep,
+// dS = ((g - D_i) P) scale, P_drop = P keep.
+__device__ __forceinline__ void npf_fa_grad_tc(float dot, float dp, float lse_i, float d_i, const NpfFaArgs<float>& a,
+                                               unsigned long long seed, long long bh, int i, int j, long long mask_row,
+                                               long long pad_row, float& p_drop, float& ds) {
+    const float p = npf_exp(npf_fa_score_at(dot, a, i, j, mask_row, pad_row) - lse_i);
+    float g = dp;
+    p_drop = p;
+    if (a.keep_min) {
+        const unsigned long long n = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i)
+                                     * (unsigned long long)a.Tk + (unsigned long long)j;
+        const float keep = npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : 0.0f;
+        p_drop = p * keep;
+        g *= keep;
+    }
+    g -= d_i;
+    g *= p;
+    ds = g * a.scale;
+}
+
+// dQ on tensor cores: a block of 4 warps takes 64 query rows (a warp its 16) over the visible key tiles:
+//   S = Q K^T, dP = dO V^T (A fragments of Q and dO by ldmatrix, B of K and V by ldmatrix),
+//   dS per element (npf_fa_grad_tc), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans)
+template <int D, int BC>
+__device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                 const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dq,
+                                 const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                                 NpfFaLayout gl, NpfFaLayout dql) {
+    constexpr int BR = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BC / 8, DK = D / 16, DN = D / 8, KS = BC / 16;
+    NPF_FA_SHARED(smem, (2 * BR + 2 * BC) * LD * 2);
+    unsigned short* Qs = reinterpret_cast<unsigned short*>(smem);     // (BR, LD)
+    unsigned short* dOs = Qs + BR * LD;                               // (BR, LD)
+    unsigned short* Ks = dOs + BR * LD;                               // (BC, LD)
+    unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int mi = lane % 8, mj = lane / 8;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();
+        npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load_half<BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+        const long long pad_row = (bh / a.H) * a.Tk;
+        int row[2];
+        long long mask_row[2];
+        float lse_r[2], d_r[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            row[r] = i0 + warp * 16 + g + 8 * r;
+            mask_row[r] = bh * a.mask_bh + (long long)row[r] * a.Tk;
+            lse_r[r] = row[r] < a.Tq ? lse[bh * a.Tq + row[r]] : inf;      // rows past Tq: P = 0
+            d_r[r] = row[r] < a.Tq ? dvec[bh * a.Tq + row[r]] : 0.0f;
+        }
+        float dqa[DN][4];
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dqa[dn][c] = 0.0f;
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            __syncthreads();
+            npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+            __syncthreads();
+            float s[NB][4], dp[NB][4];
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) s[nb][c] = dp[nb][c] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < DK; ++ks) {
+                unsigned aq[4], ag[4];                       // 16 rows of Q and of dO, d block ks
+                npf_ldmatrix_x4(aq, Qs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+                npf_ldmatrix_x4(ag, dOs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+#pragma unroll
+                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                    unsigned bk[4], bv[4];
+                    npf_ldmatrix_x4(bk, Ks + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
+                    npf_ldmatrix_x4(bv, Vs + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
+                    npf_mma_16816(s[2 * nb2], aq, bk, s[2 * nb2]);
+                    npf_mma_16816(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
+                    npf_mma_16816(dp[2 * nb2], ag, bv, dp[2 * nb2]);
+                    npf_mma_16816(dp[2 * nb2 + 1], ag, bv + 2, dp[2 * nb2 + 1]);
+                }
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)                  // s becomes dS
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float p_drop, ds;
+                    npf_fa_grad_tc(s[nb][c], dp[nb][c], lse_r[c / 2], d_r[c / 2], a, seed, bh, row[c / 2],
+                                   j0 + nb * 8 + 2 * t + c % 2, mask_row[c / 2], pad_row, p_drop, ds);
+                    s[nb][c] = ds;
+                }
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const unsigned as[4] = {npf_pack_half2(s[2 * ks][0], s[2 * ks][1]),
+                                        npf_pack_half2(s[2 * ks][2], s[2 * ks][3]),
+                                        npf_pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                        npf_pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                    unsigned bk[4];                          // K rows, transposed: keys are the k axis here
+                    npf_ldmatrix_x4_trans(bk, Ks + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
+                    npf_mma_16816(dqa[2 * dn2], as, bk, dqa[2 * dn2]);
+                    npf_mma_16816(dqa[2 * dn2 + 1], as, bk + 2, dqa[2 * dn2 + 1]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (row[r] >= a.Tq) continue;
+            unsigned short* dq_row = dq + npf_fa_head(dql, bh, a.H) + row[r] * dql.st;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int d = dn * 8 + 2 * t + c;
+                    if (d < a.hs) npf_store(dq_row + d, dqa[dn][2 * r + c]);
+                }
+        }
+    }
+}
+
+// dK, dV on tensor cores: a block of 4 warps takes 64 keys (a warp its 16) over the query tiles that
+// see them: S^T = K Q^T, dP^T = V dO^T, the inner step per element (rows keys, columns queries), then
+// dV += P_drop^T dO and dK += dS^T Q (P_drop^T and dS^T as float16 A fragments; dO and Q by
+// ldmatrix.trans). lse and D of the query tile are in shared memory (a lane's columns change per element).
+template <int D, int BR>
+__device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                   const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dk,
+                                   unsigned short* dv, const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl,
+                                   NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
+    constexpr int BC = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BR / 8, DK = D / 16, DN = D / 8, KS = BR / 16;
+    NPF_FA_SHARED(smem, (2 * BC + 2 * BR) * LD * 2 + 2 * BR * 4);
+    unsigned short* Ks = reinterpret_cast<unsigned short*>(smem);     // (BC, LD)
+    unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
+    unsigned short* Qs = Vs + BC * LD;                                // (BR, LD)
+    unsigned short* dOs = Qs + BR * LD;                               // (BR, LD)
+    float* lse_s = reinterpret_cast<float*>(dOs + BR * LD);           // (BR)
+    float* d_s = lse_s + BR;                                          // (BR)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int mi = lane % 8, mj = lane / 8;
+    const int j0 = blockIdx.x * BC;
+    const int n_qt = (a.Tq + BR - 1) / BR;
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();
+        npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+        const long long pad_row = (bh / a.H) * a.Tk;
+        int key[2];                                          // this lane's two keys (rows of dK, dV)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) key[r] = j0 + warp * 16 + g + 8 * r;
+        float dka[DN][4], dva[DN][4];
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dka[dn][c] = dva[dn][c] = 0.0f;
+        for (int qt = 0; qt < n_qt; ++qt) {
+            const int i0 = qt * BR;
+            if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
+            __syncthreads();                                 // done with the last query tile
+            npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+            npf_fa_load_half<BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+            for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
+                const bool in = i0 + e < a.Tq;               // rows past Tq: P = exp(S - inf) = 0
+                lse_s[e] = in ? lse[bh * a.Tq + i0 + e] : inf;
+                d_s[e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
+            }
+            __syncthreads();
+            float st[NB][4], dpt[NB][4];                     // S^T, dP^T: rows keys g, g + 8; columns queries
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) st[nb][c] = dpt[nb][c] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < DK; ++ks) {
+                unsigned ak[4], av[4];                       // this warp's 16 keys of K and of V, d block ks
+                npf_ldmatrix_x4(ak, Ks + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+                npf_ldmatrix_x4(av, Vs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+#pragma unroll
+                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                    unsigned bq[4], bg[4];                   // Q rows and dO rows as B fragments (n: queries)
+                    npf_ldmatrix_x4(bq, Qs + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
+                    npf_ldmatrix_x4(bg, dOs + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
+                    npf_mma_16816(st[2 * nb2], ak, bq, st[2 * nb2]);
+                    npf_mma_16816(st[2 * nb2 + 1], ak, bq + 2, st[2 * nb2 + 1]);
+                    npf_mma_16816(dpt[2 * nb2], av, bg, dpt[2 * nb2]);
+                    npf_mma_16816(dpt[2 * nb2 + 1], av, bg + 2, dpt[2 * nb2 + 1]);
+                }
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)                  // st becomes P_drop^T, dpt dS^T
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int col = nb * 8 + 2 * t + c % 2, i = i0 + col;
+                    float p_drop, ds;
+                    npf_fa_grad_tc(st[nb][c], dpt[nb][c], lse_s[col], d_s[col], a, seed, bh, i, key[c / 2],
+                                   bh * a.mask_bh + (long long)i * a.Tk, pad_row, p_drop, ds);
+                    st[nb][c] = p_drop;
+                    dpt[nb][c] = ds;
+                }
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const unsigned ap[4] = {npf_pack_half2(st[2 * ks][0], st[2 * ks][1]),
+                                        npf_pack_half2(st[2 * ks][2], st[2 * ks][3]),
+                                        npf_pack_half2(st[2 * ks + 1][0], st[2 * ks + 1][1]),
+                                        npf_pack_half2(st[2 * ks + 1][2], st[2 * ks + 1][3])};
+                const unsigned as[4] = {npf_pack_half2(dpt[2 * ks][0], dpt[2 * ks][1]),
+                                        npf_pack_half2(dpt[2 * ks][2], dpt[2 * ks][3]),
+                                        npf_pack_half2(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]),
+                                        npf_pack_half2(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3])};
+#pragma unroll
+                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                    unsigned bg[4], bq[4];                   // dO and Q rows, transposed (k: queries, n: d)
+                    npf_ldmatrix_x4_trans(bg, dOs + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
+                    npf_ldmatrix_x4_trans(bq, Qs + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
+                    npf_mma_16816(dva[2 * dn2], ap, bg, dva[2 * dn2]);
+                    npf_mma_16816(dva[2 * dn2 + 1], ap, bg + 2, dva[2 * dn2 + 1]);
+                    npf_mma_16816(dka[2 * dn2], as, bq, dka[2 * dn2]);
+                    npf_mma_16816(dka[2 * dn2 + 1], as, bq + 2, dka[2 * dn2 + 1]);
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (key[r] >= a.Tk) continue;
+            unsigned short* dk_row = dk + npf_fa_head(dkl, bh, a.H) + key[r] * dkl.st;
+            unsigned short* dv_row = dv + npf_fa_head(dvl, bh, a.H) + key[r] * dvl.st;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int d = dn * 8 + 2 * t + c;
+                    if (d < a.hs) npf_store(dk_row + d, dka[dn][2 * r + c]);
+                    if (d < a.hv) npf_store(dv_row + d, dva[dn][2 * r + c]);
+                }
+        }
+    }
+}
 """
 
 # The shared arguments of the three tile kernels, in NpfFaArgs's order.
@@ -820,13 +1082,15 @@ def _entry_points(pairs) -> str:
                 br, bc = TILES[acc, d]
                 text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
-        if numpy.dtype(dtype) == numpy.float16:
-            params = "const T* q, const T* k, const T* v, T* out, A* lse, " + _ARGS + _layout_params("fwd")
-            body = (_STRUCT + f" npf_fa_forward_tc<{d}, {TC_BC[d]}>(q, k, v, out, lse, args" + _layout_args("fwd")
-                    + ");")
-            text = (f'extern "C" __global__ void __launch_bounds__(NPF_FA_THREADS, {TC_MIN_BLOCKS[d]}) '
-                    f'{entry_name("fwd_tc", dtype, d)}({params}) {{\n    {body}\n}}\n')
-            out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+        if numpy.dtype(dtype) == numpy.float16:                       # tensor cores: float16 only
+            for name, base, template in (("fwd_tc", "fwd", f"npf_fa_forward_tc<{d}, {TC_BC[d]}>"),
+                                         ("bwd_dq_tc", "bwd_dq", f"npf_fa_bwd_dq_tc<{d}, {TC_BC[d]}>"),
+                                         ("bwd_dkdv_tc", "bwd_dkdv", f"npf_fa_bwd_dkdv_tc<{d}, {TC_BQ[d]}>")):
+                params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == base)
+                body = re.sub(r"npf_fa_\w+<T, A, D, BR, BC>", template, body)
+                text = (f'extern "C" __global__ void __launch_bounds__(NPF_FA_THREADS, {TC_MIN_BLOCKS[name, d]}) '
+                        f'{entry_name(name, dtype, d)}({params}) {{\n    {body}\n}}\n')
+                out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         dtypes.append(dtype)
     sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
                     f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
