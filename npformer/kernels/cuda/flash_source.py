@@ -38,7 +38,11 @@ CUDA C                              reference
 ``npf_fa_bwd_dkdv_tc``              16 query rows (dq) or 16 keys (dk, dv); ``S``, ``dP`` (and their
                                     transposes) by mma.sync, the inner step per element in
                                     registers, ``dS`` and ``P_drop`` rounded to float16 for
-                                    ``dq += ds k``, ``dv += P_drop^T dO``, ``dk += ds^T q``
+                                    ``dq += ds k``, ``dv += P_drop^T dO``, ``dk += ds^T q``. Seven
+                                    tile products a (query, key) tile pair against the forward's
+                                    two: 3.5 times the forward's work (FlashAttention-2: 2.5, adding
+                                    dq with atomics; here dq's own pass recomputes S and dP, so no
+                                    result depends on the order blocks finish in)
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -608,10 +612,24 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
 #define NPF_FA_TC_BR 64
 #define NPF_FA_TC_PAD 8
 
-// Rows [r0, r0 + N) of one head's (rows, width) float16 matrix x into s (N, D + 8), zeros past rows and width
+// Rows [r0, r0 + N) of one head's (rows, width) float16 matrix x into s (N, D + 8), zeros past rows and width:
+// 16 bytes (8 values) a load when every row starts 16-byte aligned and width is a multiple of 8 (the heads
+// of a packed projection with hs % 8 == 0), else a value a load
+struct __align__(16) NpfU4 { unsigned x, y, z, w; };
 template <int N, int D>
-__device__ __forceinline__ void npf_fa_load_half(const unsigned short* x, int r0, int rows, int width, long long stride,
-                                                 unsigned short* s) {
+__device__ __noinline__ void npf_fa_load_half(const unsigned short* x, int r0, int rows, int width, long long stride,
+                                              unsigned short* s) {      // (not inlined: fewer registers in the loops)
+    if (width % 8 == 0 && stride % 8 == 0 && ((unsigned long long)(size_t)x & 15) == 0) {
+        constexpr int C = D / 8;
+        for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
+            int r = e / C, c = e % C;
+            NpfU4 value = {0u, 0u, 0u, 0u};
+            if (r0 + r < rows && c * 8 < width)
+                value = *reinterpret_cast<const NpfU4*>(x + (long long)(r0 + r) * stride + c * 8);
+            *reinterpret_cast<NpfU4*>(s + r * (D + NPF_FA_TC_PAD) + c * 8) = value;
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
         int r = e / D, d = e % D;
         unsigned short value = 0;

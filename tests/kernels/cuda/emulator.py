@@ -50,6 +50,7 @@ SHIM = r"""
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
+#define __noinline__ __attribute__((noinline))
 
 struct npf_uint3 { unsigned x, y, z; };
 npf_uint3 threadIdx, blockIdx, blockDim, gridDim;      // external linkage: reloaded after every switch
