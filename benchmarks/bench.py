@@ -126,11 +126,12 @@ def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[di
 
 
 def _sweep(cfg, backends, path, peaks, reference, done, log) -> list[dict]:
-    """Attention at growing T, plain then flash; a backend stops growing T once fwd+bwd takes
-    ``sweep_stop_s`` or more, or a case is skipped or fails parity."""
+    """Attention at growing T, plain, flash, then flash in float16 (GPU backends only); a backend stops
+    growing T once fwd+bwd takes ``sweep_stop_s`` or more, or a case is skipped or fails parity."""
     rows = []
+    half_flash = functools.partial(flash_sweep_case, dtype="float16")       # GPU backends only
     for b in backends:
-        for make in (sweep_case, flash_sweep_case):
+        for make in (sweep_case, flash_sweep_case, half_flash):
             for t in cfg["sweep_T"]:
                 new = _measure(make(cfg, t), [b], [path], cfg, peaks, reference, done, log)
                 rows += new

@@ -62,7 +62,7 @@ def _npformer_calls(module, op: str, host_inputs: list, **kw) -> Callable:
         fwd, bwd = getattr(module, op + "_forward"), getattr(module, op + "_backward")
         xs = [b.asarray(h) for h in host_inputs]
         res = fwd(*xs, **kw)
-        dy = b.asarray(upstream_gradient(res[0].shape))
+        dy = b.asarray(upstream_gradient(res[0].shape).astype(str(res[0].dtype)))   # (float16: the output's)
         return {"fwd": lambda: fwd(*xs, **kw), "bwd": lambda: bwd(dy, res[-1])}
     return calls
 
@@ -111,16 +111,19 @@ def _torch_multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
     return calls
 
 
-def _attention_case(name, B, H, T, hs, flash=False, group="op") -> dict:
+def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32") -> dict:
     from npformer.ops import attention, flash_attention
-    qkv = [host_normal((B, H, T, hs), s) for s in (1, 2, 3)]
+    qkv = [host_normal((B, H, T, hs), s).astype(dtype) for s in (1, 2, 3)]
     e = B * H * T * T
     bwd = 10 * e * hs + 6 * e if flash else 8 * e * hs + 4 * e        # flash recomputes S = q k^T and P
     op = (flash_attention, "flash_attention") if flash else (attention, "scaled_dot_product_attention")
     case = _op_case(name, f"q,k,v ({B}, {H}, {T}, {hs})" + (", 128x128 tiles" if flash else ""),
                     {"fwd": 4 * e * hs + 5 * e, "bwd": bwd}, B * T, ("dq", "dk", "dv"),
                     _npformer_calls(*op, qkv), _torch_calls("attention", qkv, 3), group)
-    case["dims"], case["flash"] = (B, H, T, hs), flash
+    case["dims"], case["flash"], case["precision"] = (B, H, T, hs), flash, dtype
+    if dtype == "float16":                  # the GPU's case: SDPA's flash kernel beside npformer's tensor cores
+        case.update(gpu_only=True, parity_skipped="skipped: float16 (tests/kernels/cuda checks the kernels "
+                                                  "against the reference)")
     return case
 
 
@@ -214,12 +217,14 @@ def sweep_case(c: dict, T: int) -> dict:
     return _attention_case(f"attention T={T}", c["sweep_B"], c["H"], T, c["d"] // c["H"], group="sweep")
 
 
-def flash_sweep_case(c: dict, T: int) -> dict:
+def flash_sweep_case(c: dict, T: int, dtype: str = "float32") -> dict:
     """The sweep's attention as FlashAttention tiles (npformer.ops.flash_attention): O(T) memory.
     The torch column is the same ``scaled_dot_product_attention`` call as the plain sweep's (PyTorch
-    picks its own fused kernel, a flash kernel on CPU and CUDA where it applies)."""
-    return _attention_case(f"flash attention T={T}", c["sweep_B"], c["H"], T, c["d"] // c["H"], flash=True,
-                           group="sweep")
+    picks its own fused kernel, a flash kernel on CPU and CUDA where it applies). ``dtype="float16"``:
+    the GPU's row (tensor cores on both sides), skipped on the CPU backends."""
+    suffix = "" if dtype == "float32" else f" {dtype}"
+    return _attention_case(f"flash attention T={T}{suffix}", c["sweep_B"], c["H"], T, c["d"] // c["H"], flash=True,
+                           group="sweep", dtype=dtype)
 
 
 def fits_memory(case: dict, b) -> bool:

@@ -64,7 +64,7 @@ def op_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=()) -> dict
         x.requires_grad_(True)
     wrt = xs[:n_grad] + list(params)
     y = fn(*xs)
-    dy = b.asarray(upstream_gradient(tuple(y.shape)))
+    dy = b.asarray(upstream_gradient(tuple(y.shape))).to(y.dtype)           # (float16: the output's)
     return {"fwd": lambda: fn(*xs), "bwd": lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True)}
 
 

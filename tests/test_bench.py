@@ -526,3 +526,12 @@ def test_gpu_check_refuses_a_bad_budget_and_says_how_to_call_it(capsys):
     with pytest.raises(SystemExit):
         gpu_check.main(["--help"])
     assert "--budget SECONDS" in capsys.readouterr().out
+
+
+def test_the_sweep_has_a_float16_flash_row_for_the_gpu():
+    """float16 flash attention at each T (the GPU's tensor cores beside SDPA's flash kernel): float16
+    inputs, skipped on the CPU backends, its parity left to tests/kernels/cuda; the float32 rows as before."""
+    from benchmarks.cases import QUICK, flash_sweep_case
+    half, single = flash_sweep_case(QUICK, 64, "float16"), flash_sweep_case(QUICK, 64)
+    assert half["name"] == "flash attention T=64 float16" and half["gpu_only"] and half["precision"] == "float16"
+    assert "float16" in half["parity_skipped"] and not single.get("gpu_only") and single["precision"] == "float32"
