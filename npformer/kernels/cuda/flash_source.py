@@ -33,7 +33,9 @@ CUDA C                              reference
                                     same loop per warp of 16 query rows, ``S = q k^T`` and
                                     ``acc += P_drop v`` on mma.sync m16n8k16 with float32
                                     accumulators, the row max and sum by shuffles in registers,
-                                    ``P_drop`` rounded to float16 for the second product
+                                    ``P_drop`` rounded to float16 for the second product; K and V
+                                    double-buffered: the next tile's cp.async copies land while
+                                    the current one is computed
 ``npf_fa_bwd_dq_tc``,               the backward's two kernels for float16 on tensor cores: a warp per
 ``npf_fa_bwd_dkdv_tc``              16 query rows (dq) or 16 keys (dk, dv); ``S``, ``dP`` (and their
                                     transposes) by mma.sync, the inner step per element in
@@ -114,7 +116,7 @@ TC_BQ = {32: 32, 64: 32, 128: 16}
 TC_MIN_BLOCKS = {("fwd_tc", 32): 4, ("fwd_tc", 64): 4, ("fwd_tc", 128): 4, ("bwd_dq_tc", 32): 4,
                  ("bwd_dq_tc", 64): 4, ("bwd_dq_tc", 128): 3, ("bwd_dkdv_tc", 32): 4, ("bwd_dkdv_tc", 64): 3,
                  ("bwd_dkdv_tc", 128): 2}
-TC_SHARED = {("fwd_tc", d): (TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}
+TC_SHARED = {("fwd_tc", d): (TC_BR + 4 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}     # K, V double-buffered
 TC_SHARED.update({("bwd_dq_tc", d): (2 * TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES})
 TC_SHARED.update({("bwd_dkdv_tc", d): (2 * TC_BR + 2 * TC_BQ[d]) * (d + 8) * 2 + 2 * TC_BQ[d] * 4 for d in HEAD_SIZES})
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
@@ -133,7 +135,7 @@ OCCUPANCY_FLOORS = {
     ("dkdv", "double", 64): (0.0625, 0.125), ("dkdv", "double", 128): (0.0625, 0.0625),
     ("pre", "float", None): (0.75, 0.75), ("pre", "double", None): (0.75, 0.75),
     ("fwd_tc", "float", 32): (0.25, 0.25), ("fwd_tc", "float", 64): (0.25, 0.25),     # TC_MIN_BLOCKS
-    ("fwd_tc", "float", 128): (0.25, 0.25), ("dq_tc", "float", 32): (0.25, 0.25),
+    ("fwd_tc", "float", 128): (0.1875, 0.25), ("dq_tc", "float", 32): (0.25, 0.25),
     ("dq_tc", "float", 64): (0.25, 0.25), ("dq_tc", "float", 128): (0.1875, 0.1875),
     ("dkdv_tc", "float", 32): (0.25, 0.25), ("dkdv_tc", "float", 64): (0.1875, 0.1875),
     ("dkdv_tc", "float", 128): (0.125, 0.125),           # dK and dV: 128 registers of accumulators a lane
@@ -638,6 +640,25 @@ __device__ __noinline__ void npf_fa_load_half(const unsigned short* x, int r0, i
     }
 }
 
+// npf_fa_load_half through cp.async (16 bytes a copy, zeros past rows and width) where rows are 16-byte
+// aligned and width a multiple of 8: the copies land while the block computes (npf_cp_async_wait before
+// the tile is read); elsewhere the synchronous loads
+template <int N, int D>
+__device__ __noinline__ void npf_fa_load_half_async(const unsigned short* x, int r0, int rows, int width,
+                                                    long long stride, unsigned short* s) {
+    if (!(width % 8 == 0 && stride % 8 == 0 && ((unsigned long long)(size_t)x & 15) == 0)) {
+        npf_fa_load_half<N, D>(x, r0, rows, width, stride, s);
+        return;
+    }
+    constexpr int C = D / 8;
+    for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
+        int r = e / C, c = e % C;
+        const bool in = r0 + r < rows && c * 8 < width;
+        npf_cp_async_16_zfill(s + r * (D + NPF_FA_TC_PAD) + c * 8, in ? x + (long long)(r0 + r) * stride + c * 8 : x,
+                              in ? 16 : 0);
+    }
+}
+
 __device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
     unsigned short l, h;
     npf_store(&l, lo);
@@ -650,10 +671,9 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
                                   unsigned short* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
                                   NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
     constexpr int BR = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BC / 8, DK = D / 16, DN = D / 8, KS = BC / 16;
-    NPF_FA_SHARED(smem, (BR + 2 * BC) * LD * 2);
+    NPF_FA_SHARED(smem, (BR + 4 * BC) * LD * 2);
     unsigned short* Qs = reinterpret_cast<unsigned short*>(smem);     // (BR, LD)
-    unsigned short* Ks = Qs + BR * LD;                                // (BC, LD)
-    unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
+    unsigned short* KVs = Qs + BR * LD;                               // 2 x ((BC, LD) K, (BC, LD) V): double buffer
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int mi = lane % 8, mj = lane / 8;          // ldmatrix: this lane gives row mi of matrix mj
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
@@ -679,12 +699,25 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
         for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) o[dn][c] = 0.0f;
+        const unsigned short* k_head = k + npf_fa_head(kl, bh, a.H);
+        const unsigned short* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0) {                                      // tile 0's copies: in flight from here
+            npf_fa_load_half_async<BC, D>(k_head, 0, a.Tk, a.hs, kl.st, KVs);
+            npf_fa_load_half_async<BC, D>(v_head, 0, a.Tk, a.hv, vl.st, KVs + BC * LD);
+        }
+        npf_cp_async_commit();
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
-            __syncthreads();                                 // done with the last tile's K and V
-            npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
-            npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
-            __syncthreads();
+            unsigned short* Ks = KVs + (kt % 2) * 2 * BC * LD;
+            unsigned short* Vs = Ks + BC * LD;
+            if (kt + 1 < n_kt) {                             // the next tile into the other buffer, meanwhile
+                unsigned short* Kn = KVs + ((kt + 1) % 2) * 2 * BC * LD;
+                npf_fa_load_half_async<BC, D>(k_head, j0 + BC, a.Tk, a.hs, kl.st, Kn);
+                npf_fa_load_half_async<BC, D>(v_head, j0 + BC, a.Tk, a.hv, vl.st, Kn + BC * LD);
+            }
+            npf_cp_async_commit();
+            npf_cp_async_wait<1>();                          // this tile's copies have landed
+            __syncthreads();                                 // (everyone's), and Q's
             float s[NB][4];                                  // S: rows g, g + 8; columns 8 nb + 2 t, + 1
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb)
@@ -760,6 +793,7 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
                     npf_mma_16816(o[2 * dn2 + 1], ap, bv + 2, o[2 * dn2 + 1]);
                 }
             }
+            __syncthreads();                                 // done with this buffer before it is refilled
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

@@ -11,8 +11,10 @@ helper                         PTX (sm_80 and later)
 ``npf_ldmatrix_x4_trans``      matrices from shared memory; lane 8 j + i gives the address of row
                                i of matrix j; ``_trans`` loads each transposed
 ``npf_cp_async_16(dst, src)``  ``cp.async.cg.shared.global``, 16 bytes from global to shared memory
-``npf_cp_async_commit()``      without the registers in between; ``commit_group`` closes a group,
-``npf_cp_async_wait<N>()``     ``wait_group N`` waits until at most N groups are still in flight
+``npf_cp_async_16_zfill``      without the registers in between (``_zfill(dst, src, n)``: the first n
+``(dst, src, n)``              bytes, zeros after them: n = 0 reads nothing);
+``npf_cp_async_commit()``      ``commit_group`` closes a group, ``wait_group N`` waits until at most
+``npf_cp_async_wait<N>()``     N groups are still in flight
 ``__shfl_xor_sync``            CUDA's own (the emulator provides it): a value from lane ``l ^ m``
 =============================  ===================================================================
 
@@ -64,6 +66,10 @@ __device__ __forceinline__ void npf_cp_async_16(void* dst, const void* src) {
     NPF_SM80(unsigned address = (unsigned)__cvta_generic_to_shared(dst);
              asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(address), "l"(src));)
 }
+__device__ __forceinline__ void npf_cp_async_16_zfill(void* dst, const void* src, int bytes) {
+    NPF_SM80(unsigned address = (unsigned)__cvta_generic_to_shared(dst);
+             asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(address), "l"(src), "r"(bytes));)
+}
 __device__ __forceinline__ void npf_cp_async_commit() { NPF_SM80(asm volatile("cp.async.commit_group;");) }
 template <int N>
 __device__ __forceinline__ void npf_cp_async_wait() { NPF_SM80(asm volatile("cp.async.wait_group %0;" :: "n"(N));) }
@@ -108,6 +114,18 @@ extern "C" __global__ void npf_test_shfl(const float* x, const double* y, float*
     unsigned lane = threadIdx.x;
     xo[lane] = __shfl_xor_sync(0xffffffffu, x[lane], mask);
     yo[lane] = __shfl_xor_sync(0xffffffffu, y[lane], mask);
+}
+
+extern "C" __global__ void npf_test_cp_async_zfill(const float* src, float* dst, int bytes) {
+    // 32 lanes x 16 bytes: lane l copies min(bytes, 16) bytes of its chunk, zeros after (bytes 0: all zeros)
+    __shared__ __align__(16) float buf[32 * 4];
+    for (int i = 0; i < 4; ++i) buf[threadIdx.x * 4 + i] = -1.0f;
+    __syncthreads();
+    npf_cp_async_16_zfill(&buf[threadIdx.x * 4], src + threadIdx.x * 4, bytes);
+    npf_cp_async_commit();
+    npf_cp_async_wait<0>();
+    __syncthreads();
+    for (int i = 0; i < 4; ++i) dst[threadIdx.x * 4 + i] = buf[threadIdx.x * 4 + i];
 }
 
 extern "C" __global__ void npf_test_cp_async(const float* src, float* dst, long long n) {

@@ -121,6 +121,10 @@ static void npf_ldmatrix(unsigned* r, const void* row, int op) {
 static void npf_ldmatrix_x4(unsigned* r, const void* row) { npf_ldmatrix(r, row, NPF_WARP_LDSM); }
 static void npf_ldmatrix_x4_trans(unsigned* r, const void* row) { npf_ldmatrix(r, row, NPF_WARP_LDSM_TRANS); }
 static void npf_cp_async_16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+static void npf_cp_async_16_zfill(void* dst, const void* src, int bytes) {
+    if (bytes > 0) std::memcpy(dst, src, (size_t)bytes);
+    std::memset((char*)dst + bytes, 0, (size_t)(16 - bytes));
+}
 static void npf_cp_async_commit() {}
 template <int N> static void npf_cp_async_wait() {}
 

@@ -75,13 +75,14 @@ def test_the_float_kernels_flush_float32_denormals_as_their_docstrings_say(tools
 
 def test_the_float16_attention_kernels_run_on_tensor_cores(compiled):
     """The kernels float16 takes from sm_80 on (npf_fa_forward_tc, npf_fa_bwd_dq_tc, npf_fa_bwd_dkdv_tc):
-    mma.sync (HMMA) and ldmatrix (LDSM), the forward's row statistics by shuffles; the forward at 25%
-    occupancy on sm_90 and the backward at 18.75% but for dK/dV at D = 128 (12.5%: its accumulators)."""
+    mma.sync (HMMA) and ldmatrix (LDSM), the forward's row statistics by shuffles and its K and V tiles
+    by cp.async (LDGSTS); the forward at 25% occupancy on sm_90 and the backward at 18.75% but for
+    dK/dV at D = 128 (12.5%: its accumulators)."""
     kernels, _ = compiled[90]
     tc = {k.name: k for k in kernels if re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_tc_d\d+_f16$", k.name)}
     assert len(tc) == 9 and all(k.mix["HMMA"] > 0 and k.mix["LDSM"] > 0 for k in tc.values()), tc
-    assert all(tc[f"npf_fa_fwd_tc_d{d}_f16"].mix["SHFL"] > 0 and tc[f"npf_fa_fwd_tc_d{d}_f16"].occupancy >= 0.25
-               for d in (32, 64, 128))
+    forward = [tc[f"npf_fa_fwd_tc_d{d}_f16"] for d in (32, 64, 128)]
+    assert all(k.mix["SHFL"] > 0 and k.mix["LDGSTS"] > 0 and k.occupancy >= 0.25 for k in forward), forward
     assert all(k.occupancy >= 0.1875 for name, k in tc.items() if name != "npf_fa_bwd_dkdv_tc_d128_f16")
 
 

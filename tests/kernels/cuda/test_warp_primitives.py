@@ -86,6 +86,17 @@ def test_shfl_xor_reads_lane_l_xor_mask(device, mask):
     np.testing.assert_array_equal(to_host(yo), y[lanes])
 
 
+@pytest.mark.parametrize("nbytes", [16, 8, 4, 0])
+def test_cp_async_zero_fill_copies_the_first_bytes_and_zeros_the_rest(device, nbytes):
+    module, to_device, to_host = device
+    src = np.arange(1, 32 * 4 + 1, dtype=np.float32)
+    dst = to_device(np.full(32 * 4, 7.0, np.float32))
+    module.get_function("npf_test_cp_async_zfill")((1,), (32,), (to_device(src), dst, np.int32(nbytes)))
+    want = src.reshape(32, 4).copy()
+    want[:, nbytes // 4:] = 0.0
+    np.testing.assert_array_equal(to_host(dst).reshape(32, 4), want)
+
+
 @pytest.mark.parametrize("chunks", [1, 2, 5])
 def test_cp_async_double_buffer_copies_every_chunk(device, chunks):
     module, to_device, to_host = device
