@@ -206,7 +206,7 @@ def block_threads(name: str) -> int:
                "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS,
                "fa_fwd": flash_source.THREADS, "fa_fwd_tc": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
                "fa_bwd_dq_tc": flash_source.THREADS, "fa_bwd_dkdv_tc": flash_source.THREADS,
-               "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": runtime.ELEMENT_THREADS,
+               "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
                "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
                "test_mma": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64,
                "test_cp_async_zfill": 32}   # the primitives' a warp

@@ -30,15 +30,15 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, SHARED, TC_BR, TC_SHARED, THREADS,
-                                                TILES, entry_name)
-from npformer.kernels.cuda.runtime import ELEMENT_THREADS, MAX_GRID, contiguous, device_xp
+from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS, SHARED, TC_BR, TC_SHARED,
+                                                THREADS, TILES, entry_name)
+from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads", "tensor_cores"]
+           "merged_heads", "tensor_cores", "pack_bits", "key_end"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -105,27 +105,62 @@ def keep_threshold(p: float, backend: str) -> int:
     return int(candidates[kept][0]) if kept.any() else 1 << 24
 
 
-def _mask_args(xp, masks, acc, p: float, seed) -> tuple:
-    """The NpfFaArgs arguments before the sizes: masks (bool as bool, float as the accumulation
-    dtype, as mask_bias casts them) and dropout; unused pointers get a 1-element placeholder."""
-    no_bool, no_float = xp.empty((1,), dtype=bool), xp.empty((1,), dtype=acc)
+def pack_bits(xp, mask):
+    """A bool (..., Tk) mask as uint32 words (..., ceil(Tk / 32)): key j at bit j % 32 of word j // 32
+    (a kernel reads 32 keys' mask in one 4-byte load instead of a byte per score). Packed little-endian,
+    bit by bit (``packbits(..., bitorder="little")``, 4 bytes a word), as GPUs and x86 store words."""
+    tk = mask.shape[-1]
+    words = -(-tk // 32)
+    if mask.size == 0:
+        return xp.zeros(mask.shape[:-1] + (words,), dtype=xp.uint32)
+    rows = mask.reshape(-1, tk)
+    if tk != words * 32:                                                          # rows padded to whole words
+        padded = xp.zeros((rows.shape[0], words * 32), dtype=bool)
+        padded[:, :tk] = rows
+        rows = padded
+    packed = xp.packbits(xp.ascontiguousarray(rows).reshape(-1), bitorder="little")
+    return packed.view(xp.uint32).reshape(mask.shape[:-1] + (words,))
+
+
+def key_end(xp, padding):
+    """One past each batch's last key that a bool (B, Tk) key_padding_mask leaves visible (0 when it hides
+    every key), as int32: the kernels skip the key tiles at and past it whole."""
+    b, tk = padding.shape
+    if tk == 0:
+        return xp.zeros((b,), dtype=xp.int32)
+    visible = ~padding
+    last_from_end = xp.argmax(visible[:, ::-1], axis=1)                           # 0 where none is visible
+    return xp.where(visible.any(axis=1), tk - last_from_end, 0).astype(xp.int32)
+
+
+def _mask_args(xp, masks, acc, p: float, seed, bits: bool) -> tuple:
+    """The NpfFaArgs arguments before the sizes: masks (bool as bytes, or packed to bits for the
+    tensor-core kernels when ``bits``; float as the accumulation dtype, as mask_bias casts them), bool
+    padding's key ends, and dropout; unused pointers get a 1-element placeholder."""
+    no_bytes, no_bits, no_float = (xp.zeros((1,), dtype=t) for t in (bool, xp.uint32, acc))
     out = []
     for m in (masks.attn, masks.padding):
         if m is None:
-            out += [no_bool, no_float, numpy.int32(0)]
+            out.append([no_bytes, no_bits, no_float, numpy.int32(0), numpy.int32(0)])
+        elif m.dtype == bool and bits:
+            packed = pack_bits(xp, m)
+            out.append([no_bytes, packed, no_float, numpy.int32(packed.shape[-1]), numpy.int32(1)])
         elif m.dtype == bool:
-            out += [contiguous(xp, m), no_float, numpy.int32(1)]
+            out.append([contiguous(xp, m), no_bits, no_float, numpy.int32(m.shape[-1]), numpy.int32(1)])
         else:
-            out += [no_bool, contiguous(xp, m.astype(acc, copy=False)), numpy.int32(2)]
-    attn_bh = 0 if masks.attn is None or masks.attn.ndim == 2 else masks.attn.shape[-2] * masks.attn.shape[-1]
-    out.insert(2, numpy.int64(attn_bh))
+            out.append([no_bytes, no_bits, contiguous(xp, m.astype(acc, copy=False)), numpy.int32(m.shape[-1]),
+                        numpy.int32(2)])
+    attn, pad = out
+    attn_bh = 0 if masks.attn is None or masks.attn.ndim == 2 else masks.attn.shape[-2] * int(attn[3])
+    ends = key_end(xp, masks.padding) if pad[4] == 1 else xp.zeros((1,), dtype=xp.int32)
+    args = attn[:3] + [numpy.int64(attn_bh)] + attn[3:] + pad[:3] + [ends] + pad[3:]
     if p > 0:
         threshold = keep_threshold(p, xp.__name__.split(".")[0])
         keep_scale = acc.type(1.0 / (1.0 - p)) if p < 1 else acc.type(0.0)   # _keep's 1 / (1 - p), in A
-        out += [contiguous(xp, seed), numpy.int32(threshold), keep_scale]
+        args += [contiguous(xp, seed), numpy.int32(threshold), keep_scale]
     else:
-        out += [xp.empty((), dtype=numpy.uint64), numpy.int32(0), acc.type(0.0)]
-    return tuple(out)
+        args += [xp.empty((), dtype=numpy.uint64), numpy.int32(0), acc.type(0.0)]
+    return tuple(args)
 
 
 def _size_args(q, k, v, masks, scale, acc) -> tuple:
@@ -176,7 +211,8 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     out = merged_heads(xp, b, h, tq, hv, q.dtype)                                 # (B, H, Tq, hv) view
     lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
     if b * h and tq:
-        args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
+        args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed, tensor_cores(q.dtype))
+                + _size_args(q, k, v, masks, scale, acc)
                 + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
         if tensor_cores(q.dtype):
             _launch("fwd_tc", q.dtype, d, -(-tq // TC_BR), b * h, args)
@@ -220,12 +256,13 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
     rows = b * h * tq
     if rows:
-        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // ELEMENT_THREADS), MAX_GRID)),), (ELEMENT_THREADS,),
+        warps_per_block = PRE_THREADS // 32                                       # bwd_pre: a warp per row
+        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // warps_per_block), MAX_GRID)),), (PRE_THREADS,),
                                     (dout, out, dvec, numpy.int64(rows), numpy.int32(hv), numpy.int32(tq),
                                      numpy.int32(h)) + heads_layout(dout) + heads_layout(out))
-    common = _mask_args(xp, masks, acc, p, seed) + _size_args(q, k, v, masks, scale, acc)
-    qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
     tc = tensor_cores(q.dtype)
+    common = _mask_args(xp, masks, acc, p, seed, tc) + _size_args(q, k, v, masks, scale, acc)
+    qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
     if tc:
         br = bc = TC_BR                                  # the tensor-core kernels: 64 keys, 64 query rows a block
     _launch("bwd_dkdv_tc" if tc else "bwd_dkdv", q.dtype, d, -(-tk // bc), b * h,

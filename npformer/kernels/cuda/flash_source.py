@@ -20,7 +20,8 @@ CUDA C                              reference
                                     tile wholly in the future (``_visible``); ``m_new``, ``shift``,
                                     ``pt``, ``alpha``, ``l``, dropout, ``acc``, then ``out`` and
                                     ``lse`` (+inf where ``l == 0``) as written there
-``npf_fa_bwd_pre``                  ``d = (do * out).sum(-1)``  (D_i = rowsum(dO_i O_i))
+``npf_fa_bwd_pre``                  ``d = (do * out).sum(-1)``  (D_i = rowsum(dO_i O_i)), a warp per
+                                    row: lanes read consecutive values (coalesced), shuffles add
 ``npf_fa_bwd_dkdv``                 the backward's ``for j0`` loop as a block (one key tile) over
                                     every visible query tile: ``pt = exp(s - lse)``, ``dv += P_drop^T
                                     dO``, ``ds = dO v^T``, ``ds *= keep``, ``ds -= d``, ``ds *= pt``,
@@ -57,6 +58,14 @@ nothing to a dot product); rows are D + 4 values apart in shared memory (16-byte
 or 8 rows read at once fall in distinct banks). Shared memory is dynamic: :data:`SHARED` gives each
 kernel's bytes, which the kernel also carves out (a test checks the two agree).
 
+Masks. A bool mask is read as bytes by the SIMT kernels and as bits by the tensor-core kernels
+(:func:`~npformer.kernels.cuda.flash_attention.pack_bits`: 32 keys a word, so a lane's two columns
+of a key tile cost one 4-byte load a row, the quad's lanes the same word); a float mask is read as
+values (a quad's 8 consecutive columns: 32 bytes, one memory sector). A bool key-padding mask also
+comes as lengths (``key_end``: one past each batch's last visible key): every kernel skips the key
+tiles past it whole, as it skips the causal future (keys in the skipped tiles are never read).
+Every kernel has ``__launch_bounds__`` (:data:`MIN_BLOCKS`, ``TC_MIN_BLOCKS``).
+
 Strides. q, k, v, out, dout, dq, dk, dv are (B, H, T, D) arrays with a contiguous last axis and any
 other strides (``NpfFaLayout``: element (b, h, t, d) at ``b sb + h sh + t st + d``): the heads of a
 packed (B, T, 3E) projection are read in place, and (B, T, H, hs) outputs merge into (B, T, E) as
@@ -81,7 +90,7 @@ from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
 __all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_BQ", "TC_SHARED",
-           "OCCUPANCY_FLOORS", "STRIDED", "shared_bytes",
+           "OCCUPANCY_FLOORS", "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
            "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
@@ -140,6 +149,11 @@ OCCUPANCY_FLOORS = {
     ("dkdv_tc", "float", 32): (0.25, 0.25), ("dkdv_tc", "float", 64): (0.1875, 0.1875),
     ("dkdv_tc", "float", 128): (0.125, 0.125),           # dK and dV: 128 registers of accumulators a lane
 }
+# __launch_bounds__ of the SIMT kernels: blocks of 128 threads an SM (the register cap that keeps each
+# at its sm_90 occupancy floor: floor x 64 warps / 4 warps a block), and bwd_pre's block (a warp a row)
+MIN_BLOCKS = {(name, acc, d): max(1, round(OCCUPANCY_FLOORS[floor, acc, d][1] * 16))
+              for name, floor in (("fwd", "fwd"), ("bwd_dq", "dq"), ("bwd_dkdv", "dkdv")) for acc, d in TILES}
+PRE_THREADS = 256           # runtime.ELEMENT_THREADS, the launch's block
 
 _KERNELS = r"""
 // The common source's prelude, as there: loads and stores of T as A, exp, log, a NaN-keeping max and
@@ -187,9 +201,14 @@ template <typename A, int D, int BR, int BC> struct NpfFaShape {
 
 // Everything but q, k, v a kernel reads (one struct built from the entry point's flat arguments).
 template <typename A> struct NpfFaArgs {
-    const bool* mask_b; const A* mask_f; long long mask_bh; int mask_kind;   // attn_mask: 0 none, 1 bool, 2 float;
-                                                                             // mask_bh 0 for (Tq, Tk), Tq Tk for (B, H, Tq, Tk)
-    const bool* pad_b; const A* pad_f; int pad_kind;                          // key_padding_mask (B, Tk), kinds as above
+    // attn_mask: kind 0 none, 1 bool, 2 float. A bool mask comes as bytes (mask_b: the SIMT kernels) or as
+    // bits (mask_bits, 32 keys a word: the tensor-core kernels), the other pointer a placeholder. A row of
+    // the mask is mask_ld elements (Tk bytes or floats, or ceil(Tk / 32) words), a head's mask_bh (0 for a
+    // (Tq, Tk) mask, Tq mask_ld for (B, H, Tq, Tk)).
+    const bool* mask_b; const unsigned* mask_bits; const A* mask_f; long long mask_bh; int mask_ld; int mask_kind;
+    // key_padding_mask (B, Tk), kinds and forms as above, pad_ld elements a row; for bool padding key_end[b]
+    // is one past batch b's last key that is not padding (0 if none): key tiles at and past it are skipped
+    const bool* pad_b; const unsigned* pad_bits; const A* pad_f; const int* key_end; int pad_ld; int pad_kind;
     const unsigned long long* seed; int keep_min; A keep_scale;              // dropout (keep_min 0: none), 1 / (1 - p)
     long long bh_count; int H, Tq, Tk, hs, hv; A scale; int causal, shift;   // causal: key j visible to i when j <= i + shift
 };
@@ -222,12 +241,32 @@ __device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned l
     return npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : A(0);
 }
 
+// Where row i of head bh's attn mask starts, and head bh's padding row (in the masks' elements)
+template <typename A> __device__ __forceinline__ long long npf_fa_mask_row(const NpfFaArgs<A>& a, long long bh, int i) {
+    return bh * a.mask_bh + (long long)i * a.mask_ld;
+}
+template <typename A> __device__ __forceinline__ long long npf_fa_pad_row(const NpfFaArgs<A>& a, long long bh) {
+    return (bh / a.H) * a.pad_ld;
+}
+
+// One past the last key of head bh that bool padding leaves visible (Tk without it)
+template <typename A> __device__ __forceinline__ int npf_fa_key_end(const NpfFaArgs<A>& a, long long bh) {
+    return a.pad_kind == 1 ? a.key_end[bh / a.H] : a.Tk;
+}
+
+// Bit j of a packed bool mask row (32 keys a word, key j at bit j % 32 of word j / 32)
+__device__ __forceinline__ bool npf_fa_bit(const unsigned* row, int j) {
+    return (row[j >> 5] >> (j & 31)) & 1u;
+}
+
 // _scores for one element, from dot = q_i . k_j:  s = dot * scale; s += attn bias; s += padding bias;
 // s += -inf where j > i + shift (causal). A key past Tk is -inf; a query row past Tq (the ragged end of
-// the last tile) is never stored and gets no mask.
-// (mask_row = bh mask_bh + i Tk and pad_row = (bh / H) Tk: where row i's attn mask and head bh's
-// padding start, which a caller scoring many elements of one row computes once)
-template <typename A>
+// the last tile) is never stored and gets no mask. BITS: bool masks as bits (the tensor-core kernels)
+// or as bytes (the SIMT kernels: a bit test there costs them 30-70 registers in ptxas 12.9, below their
+// occupancy).
+// (mask_row = npf_fa_mask_row(a, bh, i) and pad_row = npf_fa_pad_row(a, bh): where row i's attn mask and
+// head bh's padding start, which a caller scoring many elements of one row computes once)
+template <typename A, bool BITS = false>
 __device__ __forceinline__ A npf_fa_score_at(A dot, const NpfFaArgs<A>& a, int i, int j, long long mask_row,
                                              long long pad_row) {
     const A inf = npf_fa_inf(dot);
@@ -235,19 +274,19 @@ __device__ __forceinline__ A npf_fa_score_at(A dot, const NpfFaArgs<A>& a, int i
     A s = dot * a.scale;
     if (i >= a.Tq) return s;
     if (a.mask_kind) {
-        long long at = mask_row + j;
-        s += a.mask_kind == 1 ? (a.mask_b[at] ? -inf : A(0)) : a.mask_f[at];
+        const bool blocked = BITS ? npf_fa_bit(a.mask_bits + mask_row, j) : a.mask_b[mask_row + j];
+        s += a.mask_kind == 1 ? (blocked ? -inf : A(0)) : a.mask_f[mask_row + j];
     }
     if (a.pad_kind) {
-        long long at = pad_row + j;
-        s += a.pad_kind == 1 ? (a.pad_b[at] ? -inf : A(0)) : a.pad_f[at];
+        const bool blocked = BITS ? npf_fa_bit(a.pad_bits + pad_row, j) : a.pad_b[pad_row + j];
+        s += a.pad_kind == 1 ? (blocked ? -inf : A(0)) : a.pad_f[pad_row + j];
     }
     if (a.causal && j > i + a.shift) s += -inf;
     return s;
 }
 template <typename A>
 __device__ __forceinline__ A npf_fa_score(A dot, const NpfFaArgs<A>& a, long long bh, int i, int j) {
-    return npf_fa_score_at(dot, a, i, j, bh * a.mask_bh + (long long)i * a.Tk, (bh / a.H) * a.Tk);
+    return npf_fa_score_at(dot, a, i, j, npf_fa_mask_row(a, bh, i), npf_fa_pad_row(a, bh));
 }
 
 // Rows [r0, r0 + N) of one head's (rows, width) matrix x (rows `stride` apart) into s (N, D + 4), zeros
@@ -317,6 +356,12 @@ __device__ __forceinline__ int npf_fa_key_tiles(int i1, int Tk, int causal, int 
     return last < 0 ? 0 : npf_fa_min(n, last / BC + 1);
 }
 
+// npf_fa_key_tiles for head bh: none at or past its padding's key end (those tiles are all -inf)
+template <int BC, typename A>
+__device__ __forceinline__ int npf_fa_head_key_tiles(const NpfFaArgs<A>& a, long long bh, int n_kt) {
+    return npf_fa_min(n_kt, (npf_fa_key_end(a, bh) + BC - 1) / BC);
+}
+
 // Forward: block (x: query tile, last first so the longest causal rows start first; y: b H + h).
 //   per key tile:  S = score(q_i k_j^T);  m_new = max(m, rowmax S);  shift = m_new, or 0 if infinite
 //                  P = exp(S - shift);  alpha = exp(m - shift);  l = alpha l + rowsum P
@@ -336,10 +381,11 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
     A* red_l = red_m + BR * NPF_FA_TC;       // (BR, 8) and partial sums
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
-    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
         __syncthreads();                                     // the previous head's readers are done
         npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
         A m[R], l[R], acc[R][DC];
@@ -421,17 +467,23 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
     }
 }
 
-// D_i = rowsum(dO_i * O_i) for each of `rows` = B H Tq rows of hv values (row = bh Tq + i)
+// D_i = rowsum(dO_i * O_i) for each of `rows` = B H Tq rows of hv values (row = bh Tq + i): a warp per row
+// (blockDim.x a multiple of 32), lane l adding the values l, l + 32, ... (a warp's loads are consecutive:
+// coalesced), then the 32 partial sums by a butterfly of shuffles
 template <typename T, typename A>
 __device__ void npf_fa_bwd_pre(const T* dout, const T* out, A* dvec, long long rows, int hv, int Tq, int H,
                                NpfFaLayout gl, NpfFaLayout ol) {
-    NPF_FOR_EACH(row, rows) {
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    const int lane = threadIdx.x % 32;
+    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
         const long long bh = row / Tq, i = row % Tq;
         const T* g = dout + npf_fa_head(gl, bh, H) + i * gl.st;
         const T* o = out + npf_fa_head(ol, bh, H) + i * ol.st;
         A s = A(0);
-        for (int d = 0; d < hv; ++d) s += npf_load(g[d]) * npf_load(o[d]);
-        dvec[row] = s;
+        for (int d = lane; d < hv; d += 32) s += npf_load(g[d]) * npf_load(o[d]);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+        if (lane == 0) dvec[row] = s;
     }
 }
 
@@ -476,6 +528,7 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
         __syncthreads();
         npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
         npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
@@ -484,7 +537,7 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
         for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int c = 0; c < DC; ++c) dka[r][c] = dva[r][c] = A(0);
-        for (int qt = 0; qt < n_qt; ++qt) {
+        for (int qt = 0; qt < n_qt_head; ++qt) {
             const int i0 = qt * BR;
             if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
             __syncthreads();                                 // done with the last query tile
@@ -552,10 +605,11 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
     A* Ss = Vs + BC * S::DP;                 // (BR, CP) dS
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
-    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
         __syncthreads();
         npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
         npf_fa_load<T, A, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
@@ -677,20 +731,21 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int mi = lane % 8, mj = lane / 8;          // ldmatrix: this lane gives row mi of matrix mj
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
-    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
         __syncthreads();                                     // the previous head's readers are done
         npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
-        const long long pad_row = (bh / a.H) * a.Tk;
+        const long long pad_row = npf_fa_pad_row(a, bh);
         int row[2];                                          // this lane's two query rows
         long long mask_row[2];
         unsigned long long keep_row[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             row[r] = i0 + warp * 16 + g + 8 * r;
-            mask_row[r] = bh * a.mask_bh + (long long)row[r] * a.Tk;
+            mask_row[r] = npf_fa_mask_row(a, bh, row[r]);
             keep_row[r] = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)row[r])
                           * (unsigned long long)a.Tk;
         }
@@ -743,7 +798,7 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
                         float& x = s[nb][2 * r + c];
-                        x = npf_fa_score_at(x, a, row[r], j0 + nb * 8 + 2 * t + c, mask_row[r], pad_row);
+                        x = npf_fa_score_at<float, true>(x, a, row[r], j0 + nb * 8 + 2 * t + c, mask_row[r], pad_row);
                         mx[r] = npf_max(mx[r], x);
                     }
             float shift[2], alpha[2], sum[2] = {0.0f, 0.0f};
@@ -820,7 +875,7 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
 __device__ __forceinline__ void npf_fa_grad_tc(float dot, float dp, float lse_i, float d_i, const NpfFaArgs<float>& a,
                                                unsigned long long seed, long long bh, int i, int j, long long mask_row,
                                                long long pad_row, float& p_drop, float& ds) {
-    const float p = npf_exp(npf_fa_score_at(dot, a, i, j, mask_row, pad_row) - lse_i);
+    const float p = npf_exp(npf_fa_score_at<float, true>(dot, a, i, j, mask_row, pad_row) - lse_i);
     float g = dp;
     p_drop = p;
     if (a.keep_min) {
@@ -852,21 +907,22 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int mi = lane % 8, mj = lane / 8;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
-    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
         __syncthreads();
         npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
         npf_fa_load_half<BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
-        const long long pad_row = (bh / a.H) * a.Tk;
+        const long long pad_row = npf_fa_pad_row(a, bh);
         int row[2];
         long long mask_row[2];
         float lse_r[2], d_r[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             row[r] = i0 + warp * 16 + g + 8 * r;
-            mask_row[r] = bh * a.mask_bh + (long long)row[r] * a.Tk;
+            mask_row[r] = npf_fa_mask_row(a, bh, row[r]);
             lse_r[r] = row[r] < a.Tq ? lse[bh * a.Tq + row[r]] : inf;      // rows past Tq: P = 0
             d_r[r] = row[r] < a.Tq ? dvec[bh * a.Tq + row[r]] : 0.0f;
         }
@@ -965,10 +1021,11 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
         __syncthreads();
         npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
         npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
-        const long long pad_row = (bh / a.H) * a.Tk;
+        const long long pad_row = npf_fa_pad_row(a, bh);
         int key[2];                                          // this lane's two keys (rows of dK, dV)
 #pragma unroll
         for (int r = 0; r < 2; ++r) key[r] = j0 + warp * 16 + g + 8 * r;
@@ -977,7 +1034,7 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
         for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) dka[dn][c] = dva[dn][c] = 0.0f;
-        for (int qt = 0; qt < n_qt; ++qt) {
+        for (int qt = 0; qt < n_qt_head; ++qt) {
             const int i0 = qt * BR;
             if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
             __syncthreads();                                 // done with the last query tile
@@ -1017,7 +1074,7 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
                     const int col = nb * 8 + 2 * t + c % 2, i = i0 + col;
                     float p_drop, ds;
                     npf_fa_grad_tc(st[nb][c], dpt[nb][c], lse_s[col], d_s[col], a, seed, bh, i, key[c / 2],
-                                   bh * a.mask_bh + (long long)i * a.Tk, pad_row, p_drop, ds);
+                                   npf_fa_mask_row(a, bh, i), pad_row, p_drop, ds);
                     st[nb][c] = p_drop;
                     dpt[nb][c] = ds;
                 }
@@ -1062,10 +1119,13 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
 """
 
 # The shared arguments of the three tile kernels, in NpfFaArgs's order.
-_ARGS = ("const bool* mask_b, const A* mask_f, long long mask_bh, int mask_kind, const bool* pad_b, "
-         "const A* pad_f, int pad_kind, const unsigned long long* seed, int keep_min, A keep_scale, "
+_ARGS = ("const bool* mask_b, const unsigned* mask_bits, const A* mask_f, long long mask_bh, int mask_ld, "
+         "int mask_kind, const bool* pad_b, const unsigned* pad_bits, const A* pad_f, const int* key_end, int pad_ld, "
+         "int pad_kind, "
+         "const unsigned long long* seed, int keep_min, A keep_scale, "
          "long long bh_count, int H, int Tq, int Tk, int hs, int hv, A scale, int causal, int shift")
-_STRUCT = ("const NpfFaArgs<A> args = {mask_b, mask_f, mask_bh, mask_kind, pad_b, pad_f, pad_kind, seed, "
+_STRUCT = ("const NpfFaArgs<A> args = {mask_b, mask_bits, mask_f, mask_bh, mask_ld, mask_kind, pad_b, pad_bits, "
+           "pad_f, key_end, pad_ld, pad_kind, seed, "
            "keep_min, keep_scale, bh_count, H, Tq, Tk, hs, hv, scale, causal, shift};")
 
 # The strided tensors of each entry point, in the order of their layouts (element strides over B, H and T
@@ -1133,6 +1193,10 @@ def _entry_points(pairs) -> str:
             if bucketed:
                 br, bc = TILES[acc, d]
                 text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
+                text = text.replace("__global__ void", f"__global__ void __launch_bounds__(NPF_FA_THREADS, "
+                                                       f"{MIN_BLOCKS[name, acc, d]})", 1)
+            else:
+                text = text.replace("__global__ void", f"__global__ void __launch_bounds__({PRE_THREADS})", 1)
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         if numpy.dtype(dtype) == numpy.float16:                       # tensor cores: float16 only
             for name, base, template in (("fwd_tc", "fwd", f"npf_fa_forward_tc<{d}, {TC_BC[d]}>"),

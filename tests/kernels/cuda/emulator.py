@@ -261,7 +261,8 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
 
 _ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(([^)]*)\)')
 _POINTEE = {"unsigned short": np.float16, "float": np.float32, "double": np.float64, "bool": np.bool_,
-            "long long": np.int64, "unsigned long long": np.uint64, "unsigned": np.uint32}
+            "long long": np.int64, "unsigned long long": np.uint64, "unsigned": np.uint32,
+            "int": np.int32}
 _SCALAR = {"long long": (np.int64, ctypes.c_longlong), "int": (np.int32, ctypes.c_int),
            "float": (np.float32, ctypes.c_float), "double": (np.float64, ctypes.c_double)}
 _ROW_KERNELS = ("npf_softmax_", "npf_layer_norm_", "npf_add_dropout_ln_", "npf_cross_entropy_")

@@ -195,6 +195,58 @@ def test_dropout_p_one_and_eval_mode(fx):
         flash_forward(q, k, v, dropout_p=0.5)
 
 
+# -- masks as bits, padding as lengths -----------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(3, 1), (2, 31), (2, 32), (4, 33), (2, 3, 5, 70), (0, 7), (3, 0)])
+def test_bool_masks_are_packed_32_keys_a_word(fx, shape):
+    xp = fx.xp
+    mask = np.random.default_rng(sum(shape)).random(shape) < 0.4
+    words = host(kernel.pack_bits(xp, xp.asarray(mask)))
+    assert words.dtype == np.uint32 and words.shape == shape[:-1] + (-(-shape[-1] // 32),)
+    bit = (words[..., np.arange(shape[-1]) // 32] >> (np.arange(shape[-1]) % 32).astype(np.uint32)) & 1
+    np.testing.assert_array_equal(bit.astype(bool), mask)                 # key j: bit j % 32 of word j // 32
+    if shape[-1] % 32:                                                    # the ragged word's other bits: 0
+        assert not (words[..., -1] >> np.uint32(shape[-1] % 32)).any()
+
+
+def test_key_end_is_one_past_the_last_visible_key(fx):
+    xp = fx.xp
+    pad = np.ones((5, 70), bool)
+    pad[1, :1] = pad[2, :33] = pad[3, ::3] = False                       # 1 key; 33 keys; holes to the end
+    pad[4, [5, 40]] = False                                               # visible keys 5 and 40 only
+    assert host(kernel.key_end(xp, xp.asarray(pad))).tolist() == [0, 1, 33, 70, 41]
+    assert host(kernel.key_end(xp, xp.zeros((2, 0), bool))).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_key_tiles_past_the_padding_are_skipped_whole(fx, dtype):
+    """Bool key padding: the kernels stop at each batch's key end (kernel.key_end), rounded up to a
+    tile. Keys in the skipped tiles are set to NaN: had a kernel read them, NaN would reach out and dq
+    (a masked score is NaN + -inf = NaN); the results equal those of finite keys (which match the
+    reference), and those keys' dk, dv are zero."""
+    xp = fx.xp
+    b, h, tq, tk, hs = 5, 2, 40, 200, 16
+    ends = [0, 1, 33, 64, 130]
+    pad = np.arange(tk)[None, :] >= np.array(ends)[:, None]
+    pad[4, 100:130:3] = True                                              # holes before the end
+    q, k, v = qkv(xp, b, h, tq, tk, hs, hs, 0, dtype)
+    dout = randn(xp, (b, h, tq, hs), 3, dtype)
+    for causal in ({}, {"is_causal": True, "causal_alignment": "bottom_right"}):
+        kw = {"key_padding_mask": xp.asarray(pad), **causal}
+        out, _, grads = compare(fx, q, k, v, dout, kw, dtype)
+        poisoned_k, poisoned_v = host(k).copy(), host(v).copy()
+        for i, end in enumerate(ends):
+            skipped = -(-end // 64) * 64                                  # every tile size divides 64
+            poisoned_k[i, :, skipped:] = poisoned_v[i, :, skipped:] = np.nan
+        out2, cache2 = flash_forward(q, xp.asarray(poisoned_k), xp.asarray(poisoned_v), **kw)
+        dq2, dk2, dv2 = flash_backward(dout, cache2)
+        np.testing.assert_array_equal(host(out2), host(out))
+        np.testing.assert_array_equal(host(dq2), host(grads[0]))
+        for i, end in enumerate(ends):
+            for g2, g in ((dk2, grads[1]), (dv2, grads[2])):
+                assert not host(g2)[i, :, end:].any()
+                np.testing.assert_array_equal(host(g2)[i, :, :end], host(g)[i, :, :end])
+
+
 # -- edge cases ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fully_masked_rows_zero_output_inf_lse_zero_gradients(fx, dtype):
