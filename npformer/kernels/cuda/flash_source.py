@@ -41,7 +41,9 @@ CUDA C                              reference
 ``npf_fa_bwd_dkdv_tc``              16 query rows (dq) or 16 keys (dk, dv); ``S``, ``dP`` (and their
                                     transposes) by mma.sync, the inner step per element in
                                     registers, ``dS`` and ``P_drop`` rounded to float16 for
-                                    ``dq += ds k``, ``dv += P_drop^T dO``, ``dk += ds^T q``. Seven
+                                    ``dq += ds k``, ``dv += P_drop^T dO``, ``dk += ds^T q``; the
+                                    next K, V (dq) or Q, dO (dk, dv) tile's cp.async copies land
+                                    during the current one (dq at D 128: after it). Seven
                                     tile products a (query, key) tile pair against the forward's
                                     two: 3.5 times the forward's work (FlashAttention-2: 2.5, adding
                                     dq with atomics; here dq's own pass recomputes S and dP, so no
@@ -89,8 +91,8 @@ from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_BQ", "TC_SHARED",
-           "OCCUPANCY_FLOORS", "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_BQ", "TC_DQ_BUFFERS",
+           "TC_SHARED", "OCCUPANCY_FLOORS", "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
            "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
@@ -121,13 +123,17 @@ TC_BR, TC_BC = 64, {32: 32, 64: 32, 128: 32}
 # backward: dq_tc takes 64 query rows over key tiles of TC_BC keys; dkdv_tc 64 keys over query tiles of
 # TC_BQ queries (its dK and dV accumulators take D registers a lane: a smaller tile at D = 128)
 TC_BQ = {32: 32, 64: 32, 128: 16}
+# K and V buffers of dq_tc (2: the next tile's copies overlap this one's work; 1 at D = 128, where a second
+# would hold sm_80 to 2 blocks an SM by shared memory, below the registers' 3)
+TC_DQ_BUFFERS = {32: 2, 64: 2, 128: 1}
 # __launch_bounds__ blocks of 128 threads an SM, per kernel and D: 4 holds a kernel to 128 registers
 TC_MIN_BLOCKS = {("fwd_tc", 32): 4, ("fwd_tc", 64): 4, ("fwd_tc", 128): 4, ("bwd_dq_tc", 32): 4,
                  ("bwd_dq_tc", 64): 4, ("bwd_dq_tc", 128): 3, ("bwd_dkdv_tc", 32): 4, ("bwd_dkdv_tc", 64): 3,
                  ("bwd_dkdv_tc", 128): 2}
 TC_SHARED = {("fwd_tc", d): (TC_BR + 4 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}     # K, V double-buffered
-TC_SHARED.update({("bwd_dq_tc", d): (2 * TC_BR + 2 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES})
-TC_SHARED.update({("bwd_dkdv_tc", d): (2 * TC_BR + 2 * TC_BQ[d]) * (d + 8) * 2 + 2 * TC_BQ[d] * 4 for d in HEAD_SIZES})
+TC_SHARED.update({("bwd_dq_tc", d): (2 * TC_BR + 2 * TC_DQ_BUFFERS[d] * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES})
+TC_SHARED.update({("bwd_dkdv_tc", d): (2 * TC_BR + 4 * TC_BQ[d]) * (d + 8) * 2 + 4 * TC_BQ[d] * 4   # Q, dO, lse, D
+                  for d in HEAD_SIZES})                                                          # double-buffered
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -181,7 +187,9 @@ __device__ __forceinline__ float npf_fa_inf(float) { return __int_as_float(0x7f8
 __device__ __forceinline__ double npf_fa_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
 #else
 // the CPU emulator runs one block at a time: a static buffer of the kernel's size is its shared memory
-#define NPF_FA_SHARED(name, bytes) alignas(16) static unsigned char name[bytes]
+// (its size kept where the emulator checks it against the launch's dynamic shared memory)
+extern "C" { long long npf_fa_shared_declared = 0; }
+#define NPF_FA_SHARED(name, bytes) alignas(16) static unsigned char name[bytes]; npf_fa_shared_declared = (bytes)
 inline float npf_fa_inf(float) { return __builtin_huge_valf(); }
 inline double npf_fa_inf(double) { return __builtin_huge_val(); }
 #endif
@@ -892,18 +900,19 @@ __device__ __forceinline__ void npf_fa_grad_tc(float dot, float dp, float lse_i,
 
 // dQ on tensor cores: a block of 4 warps takes 64 query rows (a warp its 16) over the visible key tiles:
 //   S = Q K^T, dP = dO V^T (A fragments of Q and dO by ldmatrix, B of K and V by ldmatrix),
-//   dS per element (npf_fa_grad_tc), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans)
-template <int D, int BC>
+//   dS per element (npf_fa_grad_tc), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans).
+// K and V through cp.async into NBUF buffers: with 2, the next tile's copies land while this one is
+// computed (the forward's pipeline); with 1 (where 2 would cost occupancy) they are issued after it.
+template <int D, int BC, int NBUF>
 __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                                  const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dq,
                                  const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
                                  NpfFaLayout gl, NpfFaLayout dql) {
     constexpr int BR = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BC / 8, DK = D / 16, DN = D / 8, KS = BC / 16;
-    NPF_FA_SHARED(smem, (2 * BR + 2 * BC) * LD * 2);
+    NPF_FA_SHARED(smem, (2 * BR + 2 * NBUF * BC) * LD * 2);
     unsigned short* Qs = reinterpret_cast<unsigned short*>(smem);     // (BR, LD)
     unsigned short* dOs = Qs + BR * LD;                               // (BR, LD)
-    unsigned short* Ks = dOs + BR * LD;                               // (BC, LD)
-    unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
+    unsigned short* KVs = dOs + BR * LD;                              // NBUF x ((BC, LD) K, (BC, LD) V)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int mi = lane % 8, mj = lane / 8;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
@@ -931,12 +940,25 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
         for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) dqa[dn][c] = 0.0f;
+        const unsigned short* k_head = k + npf_fa_head(kl, bh, a.H);
+        const unsigned short* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0) {                                      // tile 0's copies: in flight from here
+            npf_fa_load_half_async<BC, D>(k_head, 0, a.Tk, a.hs, kl.st, KVs);
+            npf_fa_load_half_async<BC, D>(v_head, 0, a.Tk, a.hv, vl.st, KVs + BC * LD);
+        }
+        npf_cp_async_commit();
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
-            __syncthreads();
-            npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
-            npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
-            __syncthreads();
+            unsigned short* Ks = KVs + (kt % NBUF) * 2 * BC * LD;
+            unsigned short* Vs = Ks + BC * LD;
+            if (NBUF == 2 && kt + 1 < n_kt) {                // the next tile into the other buffer, meanwhile
+                unsigned short* Kn = KVs + ((kt + 1) % NBUF) * 2 * BC * LD;
+                npf_fa_load_half_async<BC, D>(k_head, j0 + BC, a.Tk, a.hs, kl.st, Kn);
+                npf_fa_load_half_async<BC, D>(v_head, j0 + BC, a.Tk, a.hv, vl.st, Kn + BC * LD);
+            }
+            npf_cp_async_commit();
+            npf_cp_async_wait<NBUF - 1>();                   // this tile's copies have landed (1: the next's
+            __syncthreads();                                 // may be in flight), everyone's; Q's and dO's
             float s[NB][4], dp[NB][4];
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb)
@@ -981,6 +1003,11 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
                     npf_mma_16816(dqa[2 * dn2 + 1], as, bk + 2, dqa[2 * dn2 + 1]);
                 }
             }
+            __syncthreads();                                 // done with this buffer before it is refilled
+            if (NBUF == 1 && kt + 1 < n_kt) {                // one buffer: the next tile's copies now
+                npf_fa_load_half_async<BC, D>(k_head, j0 + BC, a.Tk, a.hs, kl.st, KVs);
+                npf_fa_load_half_async<BC, D>(v_head, j0 + BC, a.Tk, a.hv, vl.st, KVs + BC * LD);
+            }
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -997,29 +1024,45 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
     }
 }
 
+// One query tile of npf_fa_bwd_dkdv_tc into a buffer: Q and dO rows [i0, i0 + BR) through cp.async (or
+// synchronous loads, npf_fa_load_half_async), then lse and D (rows past Tq: lse +inf, so that P =
+// exp(S - inf) = 0, and D 0)
+template <int D, int BR>
+__device__ __forceinline__ void npf_fa_bwd_query_tile(const unsigned short* q_head, const unsigned short* g_head,
+                                                      const float* lse, const float* dvec, long long bh, int i0,
+                                                      const NpfFaArgs<float>& a, long long q_st, long long g_st,
+                                                      unsigned short* qg_s, float* ld_s) {
+    npf_fa_load_half_async<BR, D>(q_head, i0, a.Tq, a.hs, q_st, qg_s);
+    npf_fa_load_half_async<BR, D>(g_head, i0, a.Tq, a.hv, g_st, qg_s + BR * (D + NPF_FA_TC_PAD));
+    for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
+        const bool in = i0 + e < a.Tq;
+        ld_s[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
+        ld_s[BR + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
+    }
+}
+
 // dK, dV on tensor cores: a block of 4 warps takes 64 keys (a warp its 16) over the query tiles that
 // see them: S^T = K Q^T, dP^T = V dO^T, the inner step per element (rows keys, columns queries), then
 // dV += P_drop^T dO and dK += dS^T Q (P_drop^T and dS^T as float16 A fragments; dO and Q by
 // ldmatrix.trans). lse and D of the query tile are in shared memory (a lane's columns change per element).
+// Q, dO, lse and D double-buffered: the next query tile's copies (cp.async) land while this one is computed;
+// the query tiles wholly in the causal future (the first ones) are never visited.
 template <int D, int BR>
 __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                                    const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dk,
                                    unsigned short* dv, const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl,
                                    NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
     constexpr int BC = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BR / 8, DK = D / 16, DN = D / 8, KS = BR / 16;
-    NPF_FA_SHARED(smem, (2 * BC + 2 * BR) * LD * 2 + 2 * BR * 4);
+    NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * LD * 2 + 4 * BR * 4);
     unsigned short* Ks = reinterpret_cast<unsigned short*>(smem);     // (BC, LD)
     unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
-    unsigned short* Qs = Vs + BC * LD;                                // (BR, LD)
-    unsigned short* dOs = Qs + BR * LD;                               // (BR, LD)
-    float* lse_s = reinterpret_cast<float*>(dOs + BR * LD);           // (BR)
-    float* d_s = lse_s + BR;                                          // (BR)
+    unsigned short* QGs = Vs + BC * LD;                               // 2 x ((BR, LD) Q, (BR, LD) dO)
+    float* LDs = reinterpret_cast<float*>(QGs + 4 * BR * LD);         // 2 x ((BR) lse, (BR) D)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int mi = lane % 8, mj = lane / 8;
     const int j0 = blockIdx.x * BC;
     const int n_qt = (a.Tq + BR - 1) / BR;
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
-    const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
         __syncthreads();
@@ -1034,18 +1077,26 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
         for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) dka[dn][c] = dva[dn][c] = 0.0f;
-        for (int qt = 0; qt < n_qt_head; ++qt) {
-            const int i0 = qt * BR;
-            if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
-            __syncthreads();                                 // done with the last query tile
-            npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
-            npf_fa_load_half<BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
-            for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
-                const bool in = i0 + e < a.Tq;               // rows past Tq: P = exp(S - inf) = 0
-                lse_s[e] = in ? lse[bh * a.Tq + i0 + e] : inf;
-                d_s[e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
-            }
-            __syncthreads();
+        int qt0 = 0;                                         // the first query tile that sees one of the keys
+        if (a.causal)
+            while (qt0 < n_qt_head && j0 > npf_fa_min(qt0 * BR + BR, a.Tq) - 1 + a.shift) ++qt0;
+        const unsigned short* q_head = q + npf_fa_head(ql, bh, a.H);
+        const unsigned short* g_head = dout + npf_fa_head(gl, bh, a.H);
+        if (qt0 < n_qt_head)                                 // its copies: in flight from here
+            npf_fa_bwd_query_tile<D, BR>(q_head, g_head, lse, dvec, bh, qt0 * BR, a, ql.st, gl.st, QGs, LDs);
+        npf_cp_async_commit();
+        for (int qt = qt0; qt < n_qt_head; ++qt) {
+            const int i0 = qt * BR, buf = (qt - qt0) % 2;
+            unsigned short* Qs = QGs + buf * 2 * BR * LD;
+            unsigned short* dOs = Qs + BR * LD;
+            const float* lse_s = LDs + buf * 2 * BR;
+            const float* d_s = lse_s + BR;
+            if (qt + 1 < n_qt_head)                          // the next tile into the other buffer, meanwhile
+                npf_fa_bwd_query_tile<D, BR>(q_head, g_head, lse, dvec, bh, i0 + BR, a, ql.st, gl.st,
+                                             QGs + (1 - buf) * 2 * BR * LD, LDs + (1 - buf) * 2 * BR);
+            npf_cp_async_commit();
+            npf_cp_async_wait<1>();                          // this tile's copies have landed
+            __syncthreads();                                 // (everyone's, and its lse and D), and K's and V's
             float st[NB][4], dpt[NB][4];                     // S^T, dP^T: rows keys g, g + 8; columns queries
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb)
@@ -1099,6 +1150,7 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
                     npf_mma_16816(dka[2 * dn2 + 1], as, bq + 2, dka[2 * dn2 + 1]);
                 }
             }
+            __syncthreads();                                 // done with this buffer before it is refilled
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -1200,7 +1252,8 @@ def _entry_points(pairs) -> str:
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         if numpy.dtype(dtype) == numpy.float16:                       # tensor cores: float16 only
             for name, base, template in (("fwd_tc", "fwd", f"npf_fa_forward_tc<{d}, {TC_BC[d]}>"),
-                                         ("bwd_dq_tc", "bwd_dq", f"npf_fa_bwd_dq_tc<{d}, {TC_BC[d]}>"),
+                                         ("bwd_dq_tc", "bwd_dq",
+                                          f"npf_fa_bwd_dq_tc<{d}, {TC_BC[d]}, {TC_DQ_BUFFERS[d]}>"),
                                          ("bwd_dkdv_tc", "bwd_dkdv", f"npf_fa_bwd_dkdv_tc<{d}, {TC_BQ[d]}>")):
                 params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == base)
                 body = re.sub(r"npf_fa_\w+<T, A, D, BR, BC>", template, body)

@@ -300,8 +300,17 @@ def build(directory: Path, kernels_source: str = KERNELS_SOURCE) -> Path:
     return lib
 
 
+def _shared_declared(lib):
+    """The flash kernels' record of the shared memory the last one carved (None in a library without them)."""
+    try:
+        return ctypes.c_longlong.in_dll(lib, "npf_fa_shared_declared")
+    except ValueError:
+        return None
+
+
 class EmulatedKernel:
     def __init__(self, lib, name: str, params: str):
+        self.lib = lib
         self.name, self.params = name, _parse(params)
         self.fn = getattr(lib, f"launch_{name}")
         self.fn.restype = ctypes.c_int
@@ -333,8 +342,14 @@ class EmulatedKernel:
                 want = _SCALAR[ctype][0]
                 assert type(a) is want, f"{self.name}.{pname}: {type(a).__name__} for a {ctype} (pass {want.__name__})"
                 values.append(a.item())
+        declared = _shared_declared(self.lib)
+        if declared is not None:
+            declared.value = 0
         rc = self.fn(grid[0], grid[1], block[0], block[1], *values)
         assert rc == 0, f"{self.name}: threads of one block disagreed on a __syncthreads or a warp collective (see stderr)"
+        if declared is not None and declared.value:       # a flash kernel: its shared memory is what the launch gave
+            assert declared.value == shared_mem, \
+                f"{self.name}: the kernel carves {declared.value} bytes of shared memory, the launch gives {shared_mem}"
 
 
 class EmulatedModule:
