@@ -208,7 +208,7 @@ def block_threads(name: str) -> int:
                "fa_bwd_dq_tc": flash_source.THREADS, "fa_bwd_dkdv_tc": flash_source.THREADS,
                "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
                "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
-               "test_mma": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64,
+               "test_mma": 32, "test_mma_tf32": 32, "test_tf32": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64,
                "test_cp_async_zfill": 32}   # the primitives' a warp
     if base in special:
         return special[base]
@@ -218,8 +218,8 @@ def block_threads(name: str) -> int:
 
 
 # kernels for the tests (in the flash modules, and warp_source's primitives): never launched by npformer
-TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes", "test_mma", "test_ldmatrix", "test_shfl", "test_cp_async",
-                "test_cp_async_zfill")
+TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes", "test_mma", "test_mma_tf32", "test_tf32", "test_ldmatrix",
+                "test_shfl", "test_cp_async", "test_cp_async_zfill")
 
 
 def occupancy_floor(name: str, arch: int) -> float | None:

@@ -7,6 +7,10 @@ helper                         PTX (sm_80 and later)
 ``npf_mma_16816(d, a, b, c)``  ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``: D (16 x 8,
                                float32) = A (16 x 16, float16) B (16 x 8, float16) + C, one warp,
                                each lane holding its fragment registers (below)
+``npf_mma_1688_tf32``          ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``: D (16 x 8,
+``(d, a, b, c)``               float32) = A (16 x 8, TF32) B (8 x 8, TF32) + C, one warp
+``npf_tf32(x)``                ``cvt.rna.tf32.f32``: float32 x rounded to TF32 (10 mantissa bits,
+                               to nearest, ties away from zero), as the 32 bits of an operand
 ``npf_ldmatrix_x4(r, row)``    ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``: four 8 x 8 16-bit
 ``npf_ldmatrix_x4_trans``      matrices from shared memory; lane 8 j + i gives the address of row
                                i of matrix j; ``_trans`` loads each transposed
@@ -26,6 +30,9 @@ its low 16 bits:
   ``a[2]`` (row g, columns 2t+8, 2t+9), ``a[3]`` (row g+8, columns 2t+8, 2t+9);
 * B, 2 registers: ``b[0]`` (rows k = 2t, 2t+1 of column n = g), ``b[1]`` (rows 2t+8, 2t+9);
 * C and D, 4 floats: ``c[0], c[1]`` (row g, columns 2t, 2t+1), ``c[2], c[3]`` (row g+8);
+* m16n8k8 with .tf32 inputs (a value a register): A ``a[0]`` (row g, column t), ``a[1]`` (row g+8,
+  column t), ``a[2]`` (row g, column t+4), ``a[3]`` (row g+8, column t+4); B ``b[0]`` (row k = t of
+  column n = g), ``b[1]`` (row t+4); C and D as above;
 * ldmatrix: register j of lane l holds row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix j
   (transposed: column l / 4, rows 2 (l % 4) and 2 (l % 4) + 1).
 
@@ -51,6 +58,18 @@ __device__ __forceinline__ void npf_mma_16816(float* d, const unsigned* a, const
                           : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
                           : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
                             "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));)
+}
+__device__ __forceinline__ void npf_mma_1688_tf32(float* d, const unsigned* a, const unsigned* b, const float* c) {
+    NPF_SM80(asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+                          "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
+                          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+                            "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));)
+}
+__device__ __forceinline__ unsigned npf_tf32(float x) {
+    unsigned r = 0u;
+    NPF_SM80(asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));)
+    return r;
 }
 __device__ __forceinline__ void npf_ldmatrix_x4(unsigned* r, const void* row) {
     NPF_SM80(unsigned address = (unsigned)__cvta_generic_to_shared(row);
@@ -96,6 +115,22 @@ extern "C" __global__ void npf_test_mma(const unsigned short* A, const unsigned 
     for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
     npf_mma_16816(d, a, b, c);
     for (int i = 0; i < 4; ++i) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+}
+
+extern "C" __global__ void npf_test_mma_tf32(const float* A, const float* B, const float* C, float* D) {
+    // A (16, 8), B (8, 8), C and D (16, 8), row-major; A and B rounded to TF32 by npf_tf32 first
+    unsigned lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    unsigned a[4], b[2];
+    float c[4], d[4];
+    for (int i = 0; i < 4; ++i) a[i] = npf_tf32(A[(g + 8 * (i % 2)) * 8 + t + 4 * (i / 2)]);
+    for (int i = 0; i < 2; ++i) b[i] = npf_tf32(B[(t + 4 * i) * 8 + g]);
+    for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+    npf_mma_1688_tf32(d, a, b, c);
+    for (int i = 0; i < 4; ++i) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+}
+
+extern "C" __global__ void npf_test_tf32(const float* x, unsigned* out, int n) {
+    for (int i = threadIdx.x; i < n; i += 32) out[i] = npf_tf32(x[i]);
 }
 
 extern "C" __global__ void npf_test_ldmatrix(const unsigned short* M, unsigned* out, int trans) {

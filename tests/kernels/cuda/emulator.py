@@ -9,8 +9,9 @@ largest skew between threads, so a missing barrier changes results here; a barri
 thread of the block reaches is reported as an error instead of hanging.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
-(m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts) and ``npf_ldmatrix_x4``
-(``_trans``). A lane posts its operands and waits; the block runs warp by warp, and once every live
+(m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts), ``npf_mma_1688_tf32``
+(m16n8k8, TF32 in: an operand's 13 low mantissa bits are not read; ``npf_tf32`` rounds to TF32 as
+``cvt.rna`` does) and ``npf_ldmatrix_x4`` (``_trans``). A lane posts its operands and waits; the block runs warp by warp, and once every live
 lane of a warp waits at the same collective the scheduler computes the results from all 32 lanes'
 operands and the lanes go on. Lanes of one warp at different collectives, or some at a barrier, are
 an error, as are a collective after some lanes of the warp ended and a matrix instruction in a
@@ -73,7 +74,7 @@ static void __syncthreads() {
 }
 
 // warp collectives: a lane's operands (in), results (out) and the collective it waits at (op)
-enum { NPF_WARP_SHFL_XOR = 1, NPF_WARP_MMA = 2, NPF_WARP_LDSM = 3, NPF_WARP_LDSM_TRANS = 4 };
+enum { NPF_WARP_SHFL_XOR = 1, NPF_WARP_MMA = 2, NPF_WARP_LDSM = 3, NPF_WARP_LDSM_TRANS = 4, NPF_WARP_MMA_TF32 = 5 };
 struct NpfLane { unsigned in[10]; unsigned out[4]; int op; };
 static std::vector<NpfLane> npf_lanes;
 
@@ -110,6 +111,21 @@ static void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const 
     npf_warp_wait(NPF_WARP_MMA);
     for (int i = 0; i < 4; ++i) std::memcpy(&d[i], &l.out[i], 4);
 }
+static void npf_mma_1688_tf32(float* d, const unsigned* a, const unsigned* b, const float* c) {
+    NpfLane& l = npf_lanes[npf_current];
+    for (int i = 0; i < 4; ++i) { l.in[i] = a[i]; std::memcpy(&l.in[6 + i], &c[i], 4); }
+    l.in[4] = b[0];
+    l.in[5] = b[1];
+    npf_warp_wait(NPF_WARP_MMA_TF32);
+    for (int i = 0; i < 4; ++i) std::memcpy(&d[i], &l.out[i], 4);
+}
+// cvt.rna.tf32.f32: the 13 low mantissa bits rounded off, to nearest, ties away from zero (adding half a
+// unit to the magnitude's bits); infinities and NaN as they are
+static unsigned npf_tf32(float x) {
+    unsigned b; std::memcpy(&b, &x, 4);
+    if ((b & 0x7f800000u) == 0x7f800000u) return b;
+    return (b + 0x1000u) & 0xffffe000u;
+}
 static void npf_ldmatrix(unsigned* r, const void* row, int op) {
     NpfLane& l = npf_lanes[npf_current];
     unsigned long long p = (unsigned long long)(size_t)row;
@@ -129,6 +145,7 @@ static void npf_cp_async_commit() {}
 template <int N> static void npf_cp_async_wait() {}
 
 static float npf_half_bits(unsigned h) { return npf_load((unsigned short)(h & 0xffffu)); }
+static float npf_tf32_bits(unsigned b) { b &= 0xffffe000u; float f; std::memcpy(&f, &b, 4); return f; }   // TF32's 19 bits
 
 // The collective ``op`` of the lanes [base, base + count) of one warp (every one waiting at it).
 static void npf_resolve(int op, size_t base, size_t count) {
@@ -162,6 +179,28 @@ static void npf_resolve(int op, size_t base, size_t count) {
                 unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
                 float acc = C[row][col];
                 for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];   // float16 products are exact in float
+                std::memcpy(&L[lane].out[i], &acc, 4);
+            }
+        }
+        return;
+    }
+    if (op == NPF_WARP_MMA_TF32) {
+        float A[16][8], B[8][8], C[16][8];
+        for (unsigned lane = 0; lane < 32; ++lane) {
+            unsigned g = lane / 4, t = lane % 4;
+            for (unsigned i = 0; i < 4; ++i) {
+                A[g + 8 * (i % 2)][t + 4 * (i / 2)] = npf_tf32_bits(L[lane].in[i]);
+                float cv; std::memcpy(&cv, &L[lane].in[6 + i], 4);
+                C[g + 8 * (i / 2)][2 * t + i % 2] = cv;
+            }
+            for (unsigned i = 0; i < 2; ++i) B[t + 4 * i][g] = npf_tf32_bits(L[lane].in[4 + i]);
+        }
+        for (unsigned lane = 0; lane < 32; ++lane) {
+            unsigned g = lane / 4, t = lane % 4;
+            for (unsigned i = 0; i < 4; ++i) {
+                unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+                float acc = C[row][col];
+                for (int k = 0; k < 8; ++k) acc += A[row][k] * B[k][col];   // TF32 products are exact in float
                 std::memcpy(&L[lane].out[i], &acc, 4);
             }
         }

@@ -98,8 +98,8 @@ def test_block_sizes_and_floors_are_known_for_every_entry_point():
 
 
 def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, tmp_path):
-    """mma.sync to HMMA, ldmatrix to LDSM, cp.async to LDGSTS, the shuffle to SHFL, for both
-    architectures (npformer.kernels.cuda.warp_source's test kernels)."""
+    """mma.sync to HMMA (float16 and TF32), ldmatrix to LDSM, cp.async to LDGSTS, the shuffle to SHFL,
+    for both architectures (npformer.kernels.cuda.warp_source's test kernels)."""
     from npformer.kernels.cuda.warp_source import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_TEST_SOURCE
     for arch in cuda_kernels.ARCHS:
         kernels, warnings = cuda_kernels.compile_module(tools, "primitives", PRIMITIVES_TEST_SOURCE,
@@ -107,4 +107,5 @@ def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, t
         assert not warnings and not any(k.spill_stores or k.stack for k in kernels.values()), arch
         mix = {name: k.mix for name, k in kernels.items()}
         assert mix["npf_test_mma"]["HMMA"] >= 1 and mix["npf_test_ldmatrix"]["LDSM"] >= 1, (arch, mix)
+        assert mix["npf_test_mma_tf32"]["HMMA"] >= 1, (arch, mix)
         assert mix["npf_test_cp_async"]["LDGSTS"] >= 1 and mix["npf_test_shfl"]["SHFL"] >= 2, (arch, mix)

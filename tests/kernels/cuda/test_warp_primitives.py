@@ -1,5 +1,6 @@
 """The warp-level primitives of tensor-core kernels (npformer.kernels.cuda.warp_source) against NumPy,
-fragment position by position: mma.sync m16n8k16 (float16 in, float32 accumulate), ldmatrix x4 and
+fragment position by position: mma.sync m16n8k16 (float16 in, float32 accumulate) and m16n8k8 (TF32
+in), the TF32 rounding cvt.rna.tf32.f32, ldmatrix x4 and
 its transpose, __shfl_xor_sync on float and double, cp.async through a double buffer. The same tiny
 kernels run on the CPU emulator and, on a GPU, on the device (the GPU check runs this file first, so
 a layout mistake shows before anything built on it)."""
@@ -53,6 +54,50 @@ def test_mma_accumulates_in_float32(device):
     d = to_device(np.zeros((16, 8), np.float32))
     module.get_function("npf_test_mma")((1,), (32,), (to_device(a), to_device(b), to_device(c), d))
     np.testing.assert_array_equal(to_host(d), np.full((16, 8), 1 + 2.0 ** -8, np.float32))
+
+
+def _tf32(x):
+    """NumPy's model of cvt.rna.tf32.f32 for finite float32 x: to 10 mantissa bits, ties away from zero."""
+    bits = np.asarray(x, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mma_m16n8k8_tf32_is_a_times_b_plus_c(device, seed):
+    module, to_device, to_host = device
+    r = np.random.default_rng(seed)
+    a = (r.integers(-16, 17, (16, 8)) / 8).astype(np.float32)           # TF32 values: npf_tf32 keeps them
+    b = (r.integers(-16, 17, (8, 8)) / 8).astype(np.float32)
+    c = (r.integers(-64, 65, (16, 8)) / 4).astype(np.float32)
+    d = to_device(np.zeros((16, 8), np.float32))
+    module.get_function("npf_test_mma_tf32")((1,), (32,), (to_device(a), to_device(b), to_device(c), d))
+    np.testing.assert_array_equal(to_host(d), a @ b + c)                 # exact: small multiples of 1/64
+
+
+def test_mma_tf32_multiplies_the_rounded_operands(device):
+    """1 + 2^-11 is a tie between TF32's 1 and 1 + 2^-10: rounded away, so 8 products of it by 1 give
+    8 + 2^-7 (float32 operands would give 8 + 2^-8; truncated ones 8)."""
+    module, to_device, to_host = device
+    a = np.full((16, 8), 1 + 2.0 ** -11, np.float32)
+    b = np.ones((8, 8), np.float32)
+    d = to_device(np.zeros((16, 8), np.float32))
+    module.get_function("npf_test_mma_tf32")((1,), (32,), (to_device(a), to_device(b),
+                                                           to_device(np.zeros((16, 8), np.float32)), d))
+    np.testing.assert_array_equal(to_host(d), np.full((16, 8), 8 + 2.0 ** -7, np.float32))
+
+
+def test_tf32_rounds_to_nearest_ties_away_from_zero(device):
+    module, to_device, to_host = device
+    one_ulp = 2.0 ** -10                                                 # TF32's step above 1
+    x = np.array([1.0, 1 + one_ulp / 2, 1 + one_ulp / 4, 1 + 3 * one_ulp / 4, 1 + one_ulp / 2 + 2.0 ** -20,
+                  -(1 + one_ulp / 2), -(1 + one_ulp / 4), 3.0e38, -2.5e-30, 1234.5678, -0.0, 0.1], np.float32)
+    x = np.concatenate([x, np.random.default_rng(0).standard_normal(52).astype(np.float32) * 100])
+    out = to_device(np.zeros(x.size, np.uint32))
+    module.get_function("npf_test_tf32")((1,), (32,), (to_device(x), out, np.int32(x.size)))
+    got = to_host(out).view(np.float32)
+    np.testing.assert_array_equal(got, _tf32(x))
+    assert got[1] == 1 + one_ulp and got[5] == -(1 + one_ulp) and got[2] == 1.0 and got[3] == 1 + one_ulp
+    assert not (to_host(out) & np.uint32(0x1FFF)).any()                  # 13 low bits: zero
 
 
 @pytest.mark.parametrize("trans", [0, 1])
