@@ -206,6 +206,8 @@ def block_threads(name: str) -> int:
                "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS,
                "fa_fwd": flash_source.THREADS, "fa_fwd_tc": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
                "fa_bwd_dq_tc": flash_source.THREADS, "fa_bwd_dkdv_tc": flash_source.THREADS,
+               "fa_fwd_tf32": flash_source.THREADS, "fa_bwd_dq_tf32": flash_source.THREADS,
+               "fa_bwd_dkdv_tf32": flash_source.THREADS,
                "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
                "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
                "test_mma": 32, "test_mma_tf32": 32, "test_tf32": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64,
@@ -230,22 +232,22 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     base = _base(name)
     if base in TEST_KERNELS:
         return None
-    m = re.match(r"npf_fa_(fwd|fwd_tc|bwd_dq|bwd_dq_tc|bwd_dkdv|bwd_dkdv_tc|bwd_pre)(?:_d(\d+))?_(f16|f32|f64)$", name)
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32)?(?:_d(\d+))?_(f16|f32|f64)$", name)
     if m:
-        acc = "double" if m.group(3) == "f64" else "float"
-        kernel = {"fwd": "fwd", "fwd_tc": "fwd_tc", "bwd_dq": "dq", "bwd_dq_tc": "dq_tc", "bwd_dkdv": "dkdv",
-                  "bwd_dkdv_tc": "dkdv_tc", "bwd_pre": "pre"}[m.group(1)]
-        return flash_source.OCCUPANCY_FLOORS[kernel, acc, int(m.group(2)) if m.group(2) else None][column]
+        acc = "double" if m.group(4) == "f64" else "float"
+        kernel = {"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv", "bwd_pre": "pre"}[m.group(1)] + (m.group(2) or "")
+        return flash_source.OCCUPANCY_FLOORS[kernel, acc, int(m.group(3)) if m.group(3) else None][column]
     return runtime.OCCUPANCY_FLOORS[base][column]
 
 
 def dynamic_shared(name: str) -> int:
     """Dynamic shared memory of one block of entry point ``name`` (the flash tiles; 0 elsewhere)."""
     from npformer.kernels.cuda.flash_source import SHARED, TC_SHARED, TYPES
-    m = re.match(r"npf_fa_(fwd|fwd_tc|bwd_dq|bwd_dq_tc|bwd_dkdv|bwd_dkdv_tc)_d(\d+)_(f16|f32|f64)$", name)
+    m = re.match(r"npf_fa_(fwd|fwd_tc|fwd_tf32|bwd_dq|bwd_dq_tc|bwd_dq_tf32|bwd_dkdv|bwd_dkdv_tc|bwd_dkdv_tf32)_d(\d+)_"
+                 r"(f16|f32|f64)$", name)
     if not m:
         return 0
-    if m.group(1).endswith("_tc"):
+    if m.group(1).endswith(("_tc", "_tf32")):
         return TC_SHARED[m.group(1), int(m.group(2))]
     acc = {suffix: a for (_, a, suffix) in TYPES.values()}[m.group(3)]
     return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[m.group(1)], acc, int(m.group(2))]

@@ -49,8 +49,10 @@ def padding_masks(draw, b, tk):
 TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
 
 
-def assert_close(got, ref, dtype, scale=None, what=""):
-    """``max |got - ref| <= TOL[dtype] * scale`` (see TOL), NaN where NaN, infinities equal, dtype kept."""
+def assert_close(got, ref, dtype, scale=None, what="", arithmetic=None):
+    """``max |got - ref| <= TOL[arithmetic or dtype] * scale`` (see TOL), NaN where NaN, infinities equal,
+    dtype kept. ``arithmetic``: the dtype whose precision the computation keeps, where it is not the
+    arrays' (float32 arrays through TF32 products keep float16's 10 mantissa bits)."""
     got64, ref64 = to_numpy(got).astype(np.float64), to_numpy(ref).astype(np.float64)
     assert str(got.dtype) == str(ref.dtype) == dtype, f"{what}: dtype {got.dtype} vs {ref.dtype}, expected {dtype}"
     assert got64.shape == ref64.shape, f"{what}: shape {got64.shape} vs {ref64.shape}"
@@ -61,7 +63,8 @@ def assert_close(got, ref, dtype, scale=None, what=""):
     if scale is None:
         scale = max(1.0, float(np.abs(ref64[finite]).max(initial=0.0)))
     err = np.abs(got64[finite] - ref64[finite]).max(initial=0.0)
-    assert err <= TOL[dtype] * scale, f"{what}: max error {err:.3g} > {TOL[dtype]:g} * {scale:.3g} ({dtype})"
+    tol = TOL[arithmetic or dtype]
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} * {scale:.3g} ({arithmetic or dtype})"
 
 
 def assert_fast_path_pair(fwd, bwd, x, dy, dtype, what, **kw):

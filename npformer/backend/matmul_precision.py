@@ -21,7 +21,9 @@ This holds for CuPy's 2-d products (``cupy.dot``/``matmul`` of matrices), which 
 (``matmul`` of 3-d and more arrays, e.g. the plain attention's ``q @ k^T``) take a different route:
 they copy non-contiguous operands, compute float16 in float32 (a converted copy), and use the cuBLAS
 handle's math mode, which TF32 mode sets too (``CUBLAS_TF32_TENSOR_OP_MATH``). The CUDA flash
-attention (the default on CuPy) does not go through cuBLAS at all.
+attention (the default on CuPy) does not go through cuBLAS; it follows the same switch with its own
+kernels: float32 on TF32 tensor cores (mma.sync m16n8k8) while TF32 is on, float32 multiply-adds
+otherwise (:func:`npformer.kernels.cuda.flash_attention.tensor_core_variant`).
 
 TF32 keeps float32's range but only about 3 significant decimal digits per input, the precision
 PyTorch's ``torch.backends.cuda.matmul.allow_tf32 = True`` chooses; so it is an opt-in

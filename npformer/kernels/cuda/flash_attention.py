@@ -31,14 +31,14 @@ from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
 from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS, SHARED, TC_BR, TC_SHARED,
-                                                THREADS, TILES, entry_name)
+                                                TC_VARIANT_OF, THREADS, TILES, entry_name)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads", "tensor_cores", "pack_bits", "key_end"]
+           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -69,16 +69,25 @@ def _acc_name(dtype) -> str:
 
 
 def _shared(name: str, dtype, d: int) -> int:
-    if name.endswith("_tc"):
+    if name.endswith(("_tc", "_tf32")):
         return TC_SHARED[name, d]
     return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
 
 
+def tensor_core_variant(dtype) -> str:
+    """Which kernels ``dtype`` runs: "tc" (float16 on tensor cores: mma.sync m16n8k16, ldmatrix) or
+    "tf32" (float32 on TF32 tensor cores: m16n8k8, while the TF32 opt-in is on,
+    :func:`npformer.backend.set_float32_matmul_precision`), each on a GPU of compute capability 8.0 or
+    later; "" for the SIMT kernels (float64, float32 without the opt-in, older GPUs)."""
+    variant = TC_VARIANT_OF.get(numpy.dtype(dtype), "")
+    if not variant or runtime.compute_capability() < 80:
+        return ""
+    return variant if variant == "tc" or runtime.float32_on_tf32() else ""
+
+
 def tensor_cores(dtype) -> bool:
-    """Whether ``dtype``'s kernels run on tensor cores (npf_fa_forward_tc, npf_fa_bwd_dq_tc,
-    npf_fa_bwd_dkdv_tc): float16, on a GPU of compute capability 8.0 or later (mma.sync m16n8k16,
-    ldmatrix)."""
-    return numpy.dtype(dtype) == numpy.float16 and runtime.compute_capability() >= 80
+    """Whether ``dtype``'s kernels run on tensor cores (:func:`tensor_core_variant`)."""
+    return bool(tensor_core_variant(dtype))
 
 
 def head_bucket(hs: int, hv: int) -> int:
@@ -211,11 +220,12 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     out = merged_heads(xp, b, h, tq, hv, q.dtype)                                 # (B, H, Tq, hv) view
     lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
     if b * h and tq:
-        args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed, tensor_cores(q.dtype))
+        variant = tensor_core_variant(q.dtype)
+        args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed, bool(variant))
                 + _size_args(q, k, v, masks, scale, acc)
                 + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
-        if tensor_cores(q.dtype):
-            _launch("fwd_tc", q.dtype, d, -(-tq // TC_BR), b * h, args)
+        if variant:
+            _launch(f"fwd_{variant}", q.dtype, d, -(-tq // TC_BR), b * h, args)
         else:
             _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
@@ -260,15 +270,16 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // warps_per_block), MAX_GRID)),), (PRE_THREADS,),
                                     (dout, out, dvec, numpy.int64(rows), numpy.int32(hv), numpy.int32(tq),
                                      numpy.int32(h)) + heads_layout(dout) + heads_layout(out))
-    tc = tensor_cores(q.dtype)
-    common = _mask_args(xp, masks, acc, p, seed, tc) + _size_args(q, k, v, masks, scale, acc)
+    variant = tensor_core_variant(q.dtype)
+    common = _mask_args(xp, masks, acc, p, seed, bool(variant)) + _size_args(q, k, v, masks, scale, acc)
     qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
-    if tc:
+    suffix = f"_{variant}" if variant else ""
+    if variant:
         br = bc = TC_BR                                  # the tensor-core kernels: 64 keys, 64 query rows a block
-    _launch("bwd_dkdv_tc" if tc else "bwd_dkdv", q.dtype, d, -(-tk // bc), b * h,
+    _launch("bwd_dkdv" + suffix, q.dtype, d, -(-tk // bc), b * h,
             (q, k, v, dout, lse, dvec, dk, dv) + common + qkv + heads_layout(dk) + heads_layout(dv))
     if tq:
-        _launch("bwd_dq_tc" if tc else "bwd_dq", q.dtype, d, -(-tq // br), b * h,
+        _launch("bwd_dq" + suffix, q.dtype, d, -(-tq // br), b * h,
                 (q, k, v, dout, lse, dvec, dq) + common + qkv + heads_layout(dq))
 
 

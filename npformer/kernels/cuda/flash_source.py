@@ -2,8 +2,9 @@
 
 Three kernels and a pre-pass, FlashAttention-2 (Dao 2023, Algorithms 1 and 2) in SIMT arithmetic:
 every tile product is a loop of multiply-adds, in the accumulation type ``A`` (float for float16 and
-float32, double for float64). Each maps to lines of the reference, :mod:`npformer.ops.flash_attention`
-(names below are the reference's):
+float32, double for float64); and the same three on tensor cores (``_tc`` kernels, one template over an
+operand policy: float16 with ``NpfHalfOps``, float32 under the TF32 opt-in with ``NpfTf32Ops``). Each
+maps to lines of the reference, :mod:`npformer.ops.flash_attention` (names below are the reference's):
 
 ==================================  ===============================================================
 CUDA C                              reference
@@ -30,7 +31,9 @@ CUDA C                              reference
                                     only for ``dq += ds k``: dq gets its own pass so that no two
                                     blocks add into one element (no atomics: the result does not
                                     depend on scheduling)
-``npf_fa_forward_tc``               the forward for float16 on tensor cores (sm_80 and later): the
+``npf_fa_forward_tc``               the forward on tensor cores (sm_80 and later; float16, or
+                                    float32 as TF32 under the opt-in, m16n8k8, the keys of the second
+                                    product taken in the order the scores' registers hold them): the
                                     same loop per warp of 16 query rows, ``S = q k^T`` and
                                     ``acc += P_drop v`` on mma.sync m16n8k16 with float32
                                     accumulators, the row max and sum by shuffles in registers,
@@ -91,8 +94,9 @@ from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_BR", "TC_BC", "TC_BQ", "TC_DQ_BUFFERS",
-           "TC_SHARED", "OCCUPANCY_FLOORS", "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
+__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARIANTS", "TC_VARIANT_OF", "TC_BR",
+           "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
+           "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
            "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
@@ -117,23 +121,42 @@ def shared_bytes(kernel: str, acc: str, d: int) -> int:
 
 
 SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "dq", "dkdv") for acc, d in TILES}
-# float16 on tensor cores (npf_fa_forward_tc): BR = 64 query rows (4 warps x 16), BC keys a tile; Q, K, V
-# in shared memory as float16 rows of D + 8 values (16-byte aligned rows, ldmatrix without bank conflicts)
-TC_BR, TC_BC = 64, {32: 32, 64: 32, 128: 32}
-# backward: dq_tc takes 64 query rows over key tiles of TC_BC keys; dkdv_tc 64 keys over query tiles of
-# TC_BQ queries (its dK and dV accumulators take D registers a lane: a smaller tile at D = 128)
-TC_BQ = {32: 32, 64: 32, 128: 16}
-# K and V buffers of dq_tc (2: the next tile's copies overlap this one's work; 1 at D = 128, where a second
-# would hold sm_80 to 2 blocks an SM by shared memory, below the registers' 3)
-TC_DQ_BUFFERS = {32: 2, 64: 2, 128: 1}
+# Tensor cores (npf_fa_forward_tc, npf_fa_bwd_dq_tc, npf_fa_bwd_dkdv_tc), per variant: "tc" float16
+# (NpfHalfOps), "tf32" float32 under the TF32 opt-in (NpfTf32Ops). BR = 64 query rows (4 warps x 16), BC
+# keys a tile; tiles in shared memory as rows of D values and 16 bytes (aligned rows, no bank conflicts).
+TC_VARIANTS = {"tc": ("NpfHalfOps", 2), "tf32": ("NpfTf32Ops", 4)}      # the Ops policy, bytes a value
+TC_VARIANT_OF = {numpy.dtype(numpy.float16): "tc", numpy.dtype(numpy.float32): "tf32"}
+TC_BR = 64
+TC_BC = {("tc", 32): 32, ("tc", 64): 32, ("tc", 128): 32,
+         ("tf32", 32): 32, ("tf32", 64): 32, ("tf32", 128): 16}            # float32 tiles: twice the bytes
+# backward: dq takes 64 query rows over key tiles of TC_BC keys; dkdv 64 keys over query tiles of TC_BQ
+# queries (its dK and dV accumulators take D registers a lane: a smaller tile at D = 128)
+TC_BQ = {("tc", 32): 32, ("tc", 64): 32, ("tc", 128): 16, ("tf32", 32): 32, ("tf32", 64): 32, ("tf32", 128): 16}
+# K and V buffers of dq (2: the next tile's copies overlap this one's work; 1 for float16 at D = 128, where
+# a second would hold sm_80 to 2 blocks an SM by shared memory, below the registers' 3)
+TC_DQ_BUFFERS = {("tc", 32): 2, ("tc", 64): 2, ("tc", 128): 1, ("tf32", 32): 2, ("tf32", 64): 2, ("tf32", 128): 2}
 # __launch_bounds__ blocks of 128 threads an SM, per kernel and D: 4 holds a kernel to 128 registers
 TC_MIN_BLOCKS = {("fwd_tc", 32): 4, ("fwd_tc", 64): 4, ("fwd_tc", 128): 4, ("bwd_dq_tc", 32): 4,
                  ("bwd_dq_tc", 64): 4, ("bwd_dq_tc", 128): 3, ("bwd_dkdv_tc", 32): 4, ("bwd_dkdv_tc", 64): 3,
-                 ("bwd_dkdv_tc", 128): 2}
-TC_SHARED = {("fwd_tc", d): (TC_BR + 4 * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES}     # K, V double-buffered
-TC_SHARED.update({("bwd_dq_tc", d): (2 * TC_BR + 2 * TC_DQ_BUFFERS[d] * TC_BC[d]) * (d + 8) * 2 for d in HEAD_SIZES})
-TC_SHARED.update({("bwd_dkdv_tc", d): (2 * TC_BR + 4 * TC_BQ[d]) * (d + 8) * 2 + 4 * TC_BQ[d] * 4   # Q, dO, lse, D
-                  for d in HEAD_SIZES})                                                          # double-buffered
+                 ("bwd_dkdv_tc", 128): 2,
+                 ("fwd_tf32", 32): 3, ("fwd_tf32", 64): 3, ("fwd_tf32", 128): 3, ("bwd_dq_tf32", 32): 3,
+                 ("bwd_dq_tf32", 64): 3, ("bwd_dq_tf32", 128): 2, ("bwd_dkdv_tf32", 32): 3, ("bwd_dkdv_tf32", 64): 3,
+                 ("bwd_dkdv_tf32", 128): 2}
+
+
+def tc_shared(name: str, d: int) -> int:
+    """Dynamic shared memory of one block of tensor-core kernel ``name`` ("fwd_tc", "bwd_dq_tf32", ...)."""
+    kernel, variant = name.rsplit("_", 1)
+    size = TC_VARIANTS[variant][1]
+    ld = d + 16 // size
+    bc, bq, buffers = TC_BC[variant, d], TC_BQ[variant, d], TC_DQ_BUFFERS[variant, d]
+    return {"fwd": (TC_BR + 4 * bc) * ld * size,                         # Q; K, V double-buffered
+            "bwd_dq": (2 * TC_BR + 2 * buffers * bc) * ld * size,         # Q, dO; K, V in `buffers`
+            "bwd_dkdv": (2 * TC_BR + 4 * bq) * ld * size + 4 * bq * 4}[kernel]   # K, V; Q, dO, lse, D doubled
+
+
+TC_SHARED = {(f"{kernel}_{variant}", d): tc_shared(f"{kernel}_{variant}", d)
+             for kernel in ("fwd", "bwd_dq", "bwd_dkdv") for variant in TC_VARIANTS for d in HEAD_SIZES}
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -154,6 +177,11 @@ OCCUPANCY_FLOORS = {
     ("dq_tc", "float", 64): (0.25, 0.25), ("dq_tc", "float", 128): (0.1875, 0.1875),
     ("dkdv_tc", "float", 32): (0.25, 0.25), ("dkdv_tc", "float", 64): (0.1875, 0.1875),
     ("dkdv_tc", "float", 128): (0.125, 0.125),           # dK and dV: 128 registers of accumulators a lane
+    ("fwd_tf32", "float", 32): (0.1875, 0.1875), ("fwd_tf32", "float", 64): (0.1875, 0.1875),   # float32 tiles:
+    ("fwd_tf32", "float", 128): (0.125, 0.1875), ("dq_tf32", "float", 32): (0.25, 0.1875),     # twice the shared
+    ("dq_tf32", "float", 64): (0.125, 0.1875), ("dq_tf32", "float", 128): (0.0625, 0.125),    # memory of float16
+    ("dkdv_tf32", "float", 32): (0.25, 0.25), ("dkdv_tf32", "float", 64): (0.125, 0.1875),
+    ("dkdv_tf32", "float", 128): (0.0625, 0.125),
 }
 # __launch_bounds__ of the SIMT kernels: blocks of 128 threads an SM (the register cap that keeps each
 # at its sm_90 occupancy floor: floor x 64 warps / 4 warps a block), and bwd_pre's block (a warp a row)
@@ -666,59 +694,66 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
     }
 }
 
-// ---- float16 on tensor cores (warp_source.py's primitives): FlashAttention-2's forward work split ----
+// ---- tensor cores (warp_source.py's primitives): FlashAttention-2's work split ----
 // A block of 4 warps takes BR = 64 query rows, a warp its own 16; per key tile of BC keys (K and V in
-// shared memory) the warp computes S = Q K^T with mma.sync m16n8k16 (Q's fragments loaded once, K's by
-// ldmatrix), scores and the online softmax in registers (a row lives in the 4 lanes of a quad: its max
-// and sum are two shuffles), P rounded to float16 as the A fragments of O += P V (V's fragments by
-// ldmatrix.trans). The same arithmetic as npf_fa_forward, with P_drop in float16 and the products on
-// tensor cores (float32 accumulators); masks, causal tiles, dropout and the outputs are its.
+// shared memory) the warp computes S = Q K^T with mma.sync, scores and the online softmax in registers
+// (a row lives in the 4 lanes of a quad: its max and sum are two shuffles), P rounded to the operand type
+// as the A fragments of O += P V. The same arithmetic as npf_fa_forward, with the products on tensor
+// cores (float32 accumulators); masks, causal tiles, dropout and the outputs are its. The operands come
+// through an Ops policy: NpfHalfOps (float16 tiles, m16n8k16, ldmatrix) or NpfTf32Ops (float32 tiles,
+// TF32 m16n8k8: each operand rounded by cvt.rna as it is read, the float32 opt-in).
 #define NPF_FA_TC_BR 64
-#define NPF_FA_TC_PAD 8
 
-// Rows [r0, r0 + N) of one head's (rows, width) float16 matrix x into s (N, D + 8), zeros past rows and width:
-// 16 bytes (8 values) a load when every row starts 16-byte aligned and width is a multiple of 8 (the heads
-// of a packed projection with hs % 8 == 0), else a value a load
+// Rows [r0, r0 + N) of one head's (rows, width) matrix x of T into s (N, D + E), E = 16 / sizeof(T) (rows
+// 16 bytes longer: 16-byte aligned, no bank conflicts), zeros past rows and width: 16 bytes (E values) a
+// load when every row starts 16-byte aligned and width is a multiple of E (the heads of a packed
+// projection with hs % E == 0), else a value a load
 struct __align__(16) NpfU4 { unsigned x, y, z, w; };
-template <int N, int D>
-__device__ __noinline__ void npf_fa_load_half(const unsigned short* x, int r0, int rows, int width, long long stride,
-                                              unsigned short* s) {      // (not inlined: fewer registers in the loops)
-    if (width % 8 == 0 && stride % 8 == 0 && ((unsigned long long)(size_t)x & 15) == 0) {
-        constexpr int C = D / 8;
+template <typename T, int N, int D>
+__device__ __noinline__ void npf_fa_load_tile(const T* x, int r0, int rows, int width, long long stride, T* s) {
+    constexpr int E = 16 / sizeof(T), LD = D + E;       // (not inlined: fewer registers in the loops)
+    if (width % E == 0 && stride % E == 0 && ((unsigned long long)(size_t)x & 15) == 0) {
+        constexpr int C = D / E;
         for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
             int r = e / C, c = e % C;
             NpfU4 value = {0u, 0u, 0u, 0u};
-            if (r0 + r < rows && c * 8 < width)
-                value = *reinterpret_cast<const NpfU4*>(x + (long long)(r0 + r) * stride + c * 8);
-            *reinterpret_cast<NpfU4*>(s + r * (D + NPF_FA_TC_PAD) + c * 8) = value;
+            if (r0 + r < rows && c * E < width)
+                value = *reinterpret_cast<const NpfU4*>(x + (long long)(r0 + r) * stride + c * E);
+            *reinterpret_cast<NpfU4*>(s + r * LD + c * E) = value;
         }
         return;
     }
     for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
         int r = e / D, d = e % D;
-        unsigned short value = 0;
+        T value = T(0);
         if (r0 + r < rows && d < width) value = x[(long long)(r0 + r) * stride + d];
-        s[r * (D + NPF_FA_TC_PAD) + d] = value;
+        s[r * LD + d] = value;
     }
 }
 
-// npf_fa_load_half through cp.async (16 bytes a copy, zeros past rows and width) where rows are 16-byte
-// aligned and width a multiple of 8: the copies land while the block computes (npf_cp_async_wait before
+// npf_fa_load_tile through cp.async (16 bytes a copy, zeros past rows and width) where rows are 16-byte
+// aligned and width a multiple of E: the copies land while the block computes (npf_cp_async_wait before
 // the tile is read); elsewhere the synchronous loads
-template <int N, int D>
-__device__ __noinline__ void npf_fa_load_half_async(const unsigned short* x, int r0, int rows, int width,
-                                                    long long stride, unsigned short* s) {
-    if (!(width % 8 == 0 && stride % 8 == 0 && ((unsigned long long)(size_t)x & 15) == 0)) {
-        npf_fa_load_half<N, D>(x, r0, rows, width, stride, s);
+template <typename T, int N, int D>
+__device__ __noinline__ void npf_fa_load_tile_async(const T* x, int r0, int rows, int width, long long stride, T* s) {
+    constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E;
+    if (!(width % E == 0 && stride % E == 0 && ((unsigned long long)(size_t)x & 15) == 0)) {
+        npf_fa_load_tile<T, N, D>(x, r0, rows, width, stride, s);
         return;
     }
-    constexpr int C = D / 8;
     for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
         int r = e / C, c = e % C;
-        const bool in = r0 + r < rows && c * 8 < width;
-        npf_cp_async_16_zfill(s + r * (D + NPF_FA_TC_PAD) + c * 8, in ? x + (long long)(r0 + r) * stride + c * 8 : x,
-                              in ? 16 : 0);
+        const bool in = r0 + r < rows && c * E < width;
+        npf_cp_async_16_zfill(s + r * LD + c * E, in ? x + (long long)(r0 + r) * stride + c * E : x, in ? 16 : 0);
     }
+}
+
+// Key tile [j0, j0 + BC) of K and of V into one buffer, (BC, LD) K then (BC, LD) V, through cp.async
+template <typename T, int BC, int D>
+__device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v_head, int j0,
+                                                     const NpfFaArgs<float>& a, long long k_st, long long v_st, T* kv) {
+    npf_fa_load_tile_async<T, BC, D>(k_head, j0, a.Tk, a.hs, k_st, kv);
+    npf_fa_load_tile_async<T, BC, D>(v_head, j0, a.Tk, a.hv, v_st, kv + BC * (D + 16 / (int)sizeof(T)));
 }
 
 __device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
@@ -728,16 +763,89 @@ __device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
     return (unsigned)l | ((unsigned)h << 16);
 }
 
-template <int D, int BC>
-__device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                  unsigned short* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
+// The operands of a warp's tile products, by type. Tiles are (rows, LD) in shared memory, LD = D + PAD.
+//   a_rows: the A fragment of rows r0 .. r0 + 15 and columns k0 .. k0 + K - 1 of X (for X Y^T)
+//   b_rows: the B fragments of two 8-column blocks of Y^T: rows n0 .. n0 + 15 of Y (b[0..1] the first
+//           block, b[2..3] the second), columns k0 .. k0 + K - 1 (for X Y^T)
+//   b_cols: the B fragments of rows k0 .. k0 + K - 1 of Y and two 8-column blocks from n0 (for C Y)
+//   a_from_c: the A fragment of keys k0 .. k0 + K - 1 from the C fragments c[0], ... of those keys (the
+//           scores' registers, rounded: P and dS as operands of the second product)
+//   mma: D = A B + C over K
+struct NpfHalfOps {
+    typedef unsigned short T;
+    static constexpr int K = 16, PAD = 8;
+    static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
+        npf_ldmatrix_x4(a, X + (r0 + (lane / 8) % 2 * 8 + lane % 8) * LD + k0 + lane / 16 * 8);
+    }
+    static __device__ __forceinline__ void b_rows(unsigned* b, const T* Y, int LD, int n0, int k0, int lane) {
+        npf_ldmatrix_x4(b, Y + (n0 + lane / 16 * 8 + lane % 8) * LD + k0 + (lane / 8) % 2 * 8);
+    }
+    static __device__ __forceinline__ void b_cols(unsigned* b, const T* Y, int LD, int k0, int n0, int lane) {
+        npf_ldmatrix_x4_trans(b, Y + (k0 + (lane / 8) % 2 * 8 + lane % 8) * LD + n0 + lane / 16 * 8);
+    }
+    // the C fragments of key blocks 2 ks and 2 ks + 1 are the A fragment's registers (rows g and g + 8,
+    // columns 2 t and 2 t + 1 of each), as float16 pairs
+    static __device__ __forceinline__ void a_from_c(unsigned* a, const float (*c)[4]) {
+        a[0] = npf_pack_half2(c[0][0], c[0][1]);
+        a[1] = npf_pack_half2(c[0][2], c[0][3]);
+        a[2] = npf_pack_half2(c[1][0], c[1][1]);
+        a[3] = npf_pack_half2(c[1][2], c[1][3]);
+    }
+    static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
+        npf_mma_16816(d, a, b, c);
+    }
+};
+
+// TF32 (m16n8k8): A (row g, columns t and t + 4; rows g + 8), B (rows t and t + 4 of column g). The
+// lane holds scores of keys 2 t and 2 t + 1 of a block, so the second product takes the keys of a block in
+// the order 0, 2, 4, 6, 1, 3, 5, 7 (A's column t is key 2 t, column t + 4 key 2 t + 1) and b_cols reads
+// V's (or K's, dO's, Q's) rows in the same order: a sum over keys, in another order, and no shuffles.
+// Rows D + 4 floats apart: the 32 lanes' reads fall in 32 distinct banks in each function.
+struct NpfTf32Ops {
+    typedef float T;
+    static constexpr int K = 8, PAD = 4;
+    static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
+        const T* x = X + (r0 + lane / 4) * LD + k0 + lane % 4;
+        a[0] = npf_tf32(x[0]);
+        a[1] = npf_tf32(x[8 * LD]);
+        a[2] = npf_tf32(x[4]);
+        a[3] = npf_tf32(x[8 * LD + 4]);
+    }
+    static __device__ __forceinline__ void b_rows(unsigned* b, const T* Y, int LD, int n0, int k0, int lane) {
+        const T* y = Y + (n0 + lane / 4) * LD + k0 + lane % 4;
+        b[0] = npf_tf32(y[0]);
+        b[1] = npf_tf32(y[4]);
+        b[2] = npf_tf32(y[8 * LD]);
+        b[3] = npf_tf32(y[8 * LD + 4]);
+    }
+    static __device__ __forceinline__ void b_cols(unsigned* b, const T* Y, int LD, int k0, int n0, int lane) {
+        const T* y = Y + (k0 + 2 * (lane % 4)) * LD + n0 + lane / 4;
+        b[0] = npf_tf32(y[0]);
+        b[1] = npf_tf32(y[LD]);
+        b[2] = npf_tf32(y[8]);
+        b[3] = npf_tf32(y[LD + 8]);
+    }
+    static __device__ __forceinline__ void a_from_c(unsigned* a, const float (*c)[4]) {
+        a[0] = npf_tf32(c[0][0]);
+        a[1] = npf_tf32(c[0][2]);
+        a[2] = npf_tf32(c[0][1]);
+        a[3] = npf_tf32(c[0][3]);
+    }
+    static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
+        npf_mma_1688_tf32(d, a, b, c);
+    }
+};
+
+template <typename Ops, int D, int BC>
+__device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
+                                  typename Ops::T* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
                                   NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
-    constexpr int BR = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BC / 8, DK = D / 16, DN = D / 8, KS = BC / 16;
-    NPF_FA_SHARED(smem, (BR + 4 * BC) * LD * 2);
-    unsigned short* Qs = reinterpret_cast<unsigned short*>(smem);     // (BR, LD)
-    unsigned short* KVs = Qs + BR * LD;                               // 2 x ((BC, LD) K, (BC, LD) V): double buffer
+    typedef typename Ops::T T;
+    constexpr int BR = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BC / 8, DN = D / 8, KD = D / Ops::K, KB = BC / Ops::K;
+    NPF_FA_SHARED(smem, (BR + 4 * BC) * LD * sizeof(T));
+    T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
+    T* KVs = Qs + BR * LD;                               // 2 x ((BC, LD) K, (BC, LD) V): double buffer
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int mi = lane % 8, mj = lane / 8;          // ldmatrix: this lane gives row mi of matrix mj
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
@@ -745,7 +853,7 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
         __syncthreads();                                     // the previous head's readers are done
-        npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
         const long long pad_row = npf_fa_pad_row(a, bh);
         int row[2];                                          // this lane's two query rows
         long long mask_row[2];
@@ -762,22 +870,18 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
         for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) o[dn][c] = 0.0f;
-        const unsigned short* k_head = k + npf_fa_head(kl, bh, a.H);
-        const unsigned short* v_head = v + npf_fa_head(vl, bh, a.H);
-        if (n_kt > 0) {                                      // tile 0's copies: in flight from here
-            npf_fa_load_half_async<BC, D>(k_head, 0, a.Tk, a.hs, kl.st, KVs);
-            npf_fa_load_half_async<BC, D>(v_head, 0, a.Tk, a.hv, vl.st, KVs + BC * LD);
-        }
+        const T* k_head = k + npf_fa_head(kl, bh, a.H);
+        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0)                                        // tile 0's copies: in flight from here
+            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
         npf_cp_async_commit();
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
-            unsigned short* Ks = KVs + (kt % 2) * 2 * BC * LD;
-            unsigned short* Vs = Ks + BC * LD;
-            if (kt + 1 < n_kt) {                             // the next tile into the other buffer, meanwhile
-                unsigned short* Kn = KVs + ((kt + 1) % 2) * 2 * BC * LD;
-                npf_fa_load_half_async<BC, D>(k_head, j0 + BC, a.Tk, a.hs, kl.st, Kn);
-                npf_fa_load_half_async<BC, D>(v_head, j0 + BC, a.Tk, a.hv, vl.st, Kn + BC * LD);
-            }
+            T* Ks = KVs + (kt % 2) * 2 * BC * LD;
+            T* Vs = Ks + BC * LD;
+            if (kt + 1 < n_kt)                               // the next tile into the other buffer, meanwhile
+                npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st,
+                                               KVs + (kt + 1) % 2 * 2 * BC * LD);
             npf_cp_async_commit();
             npf_cp_async_wait<1>();                          // this tile's copies have landed
             __syncthreads();                                 // (everyone's), and Q's
@@ -787,15 +891,15 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
 #pragma unroll
                 for (int c = 0; c < 4; ++c) s[nb][c] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < DK; ++ks) {
+            for (int kd = 0; kd < KD; ++kd) {
                 unsigned aq[4];                              // this warp's 16 rows of Q, as an A fragment
-                npf_ldmatrix_x4(aq, Qs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+                Ops::a_rows(aq, Qs, LD, warp * 16, kd * Ops::K, lane);
 #pragma unroll
                 for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
                     unsigned bk[4];                          // K rows as B fragments of two key blocks
-                    npf_ldmatrix_x4(bk, Ks + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
-                    npf_mma_16816(s[2 * nb2], aq, bk, s[2 * nb2]);
-                    npf_mma_16816(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
+                    Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::mma(s[2 * nb2], aq, bk, s[2 * nb2]);
+                    Ops::mma(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
                 }
             }
             float mx[2] = {-inf, -inf};
@@ -841,19 +945,15 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
 #pragma unroll
                 for (int c = 0; c < 4; ++c) o[dn][c] *= alpha[c / 2];
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                // keys 16 ks .. + 15 of dropout(P) in float16 as an A fragment: the C fragments of key
-                // blocks 2 ks and 2 ks + 1 are its registers (rows g and g + 8, columns 2 t and 2 t + 1)
-                const unsigned ap[4] = {npf_pack_half2(s[2 * ks][0], s[2 * ks][1]),
-                                        npf_pack_half2(s[2 * ks][2], s[2 * ks][3]),
-                                        npf_pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                        npf_pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            for (int kb = 0; kb < KB; ++kb) {
+                unsigned ap[4];                              // keys K kb .. of dropout(P) as an A fragment
+                Ops::a_from_c(ap, s + kb * Ops::K / 8);
 #pragma unroll
                 for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
-                    unsigned bv[4];                          // V rows, transposed, as B fragments of two column blocks
-                    npf_ldmatrix_x4_trans(bv, Vs + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
-                    npf_mma_16816(o[2 * dn2], ap, bv, o[2 * dn2]);
-                    npf_mma_16816(o[2 * dn2 + 1], ap, bv + 2, o[2 * dn2 + 1]);
+                    unsigned bv[4];                          // V rows as B fragments of two column blocks
+                    Ops::b_cols(bv, Vs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::mma(o[2 * dn2], ap, bv, o[2 * dn2]);
+                    Ops::mma(o[2 * dn2 + 1], ap, bv + 2, o[2 * dn2 + 1]);
                 }
             }
             __syncthreads();                                 // done with this buffer before it is refilled
@@ -864,7 +964,7 @@ __device__ void npf_fa_forward_tc(const unsigned short* q, const unsigned short*
             if (i >= a.Tq) continue;
             const bool empty = l[r] == 0.0f;                 // a fully masked row: zeros, lse +inf
             const float den = empty ? 1.0f : l[r];
-            unsigned short* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+            T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
 #pragma unroll
             for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
@@ -903,18 +1003,18 @@ __device__ __forceinline__ void npf_fa_grad_tc(float dot, float dp, float lse_i,
 //   dS per element (npf_fa_grad_tc), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans).
 // K and V through cp.async into NBUF buffers: with 2, the next tile's copies land while this one is
 // computed (the forward's pipeline); with 1 (where 2 would cost occupancy) they are issued after it.
-template <int D, int BC, int NBUF>
-__device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                 const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dq,
+template <typename Ops, int D, int BC, int NBUF>
+__device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
+                                 const typename Ops::T* dout, const float* lse, const float* dvec, typename Ops::T* dq,
                                  const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
                                  NpfFaLayout gl, NpfFaLayout dql) {
-    constexpr int BR = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BC / 8, DK = D / 16, DN = D / 8, KS = BC / 16;
-    NPF_FA_SHARED(smem, (2 * BR + 2 * NBUF * BC) * LD * 2);
-    unsigned short* Qs = reinterpret_cast<unsigned short*>(smem);     // (BR, LD)
-    unsigned short* dOs = Qs + BR * LD;                               // (BR, LD)
-    unsigned short* KVs = dOs + BR * LD;                              // NBUF x ((BC, LD) K, (BC, LD) V)
+    typedef typename Ops::T T;
+    constexpr int BR = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BC / 8, DN = D / 8, KD = D / Ops::K, KB = BC / Ops::K;
+    NPF_FA_SHARED(smem, (2 * BR + 2 * NBUF * BC) * LD * sizeof(T));
+    T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
+    T* dOs = Qs + BR * LD;                               // (BR, LD)
+    T* KVs = dOs + BR * LD;                              // NBUF x ((BC, LD) K, (BC, LD) V)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int mi = lane % 8, mj = lane / 8;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
@@ -922,8 +1022,8 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
         __syncthreads();
-        npf_fa_load_half<BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
-        npf_fa_load_half<BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+        npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load_tile<T, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
         const long long pad_row = npf_fa_pad_row(a, bh);
         int row[2];
         long long mask_row[2];
@@ -940,22 +1040,18 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
         for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) dqa[dn][c] = 0.0f;
-        const unsigned short* k_head = k + npf_fa_head(kl, bh, a.H);
-        const unsigned short* v_head = v + npf_fa_head(vl, bh, a.H);
-        if (n_kt > 0) {                                      // tile 0's copies: in flight from here
-            npf_fa_load_half_async<BC, D>(k_head, 0, a.Tk, a.hs, kl.st, KVs);
-            npf_fa_load_half_async<BC, D>(v_head, 0, a.Tk, a.hv, vl.st, KVs + BC * LD);
-        }
+        const T* k_head = k + npf_fa_head(kl, bh, a.H);
+        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0)                                        // tile 0's copies: in flight from here
+            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
         npf_cp_async_commit();
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
-            unsigned short* Ks = KVs + (kt % NBUF) * 2 * BC * LD;
-            unsigned short* Vs = Ks + BC * LD;
-            if (NBUF == 2 && kt + 1 < n_kt) {                // the next tile into the other buffer, meanwhile
-                unsigned short* Kn = KVs + ((kt + 1) % NBUF) * 2 * BC * LD;
-                npf_fa_load_half_async<BC, D>(k_head, j0 + BC, a.Tk, a.hs, kl.st, Kn);
-                npf_fa_load_half_async<BC, D>(v_head, j0 + BC, a.Tk, a.hv, vl.st, Kn + BC * LD);
-            }
+            T* Ks = KVs + (kt % NBUF) * 2 * BC * LD;
+            T* Vs = Ks + BC * LD;
+            if (NBUF == 2 && kt + 1 < n_kt)                  // the next tile into the other buffer, meanwhile
+                npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st,
+                                               KVs + (kt + 1) % 2 * 2 * BC * LD);
             npf_cp_async_commit();
             npf_cp_async_wait<NBUF - 1>();                   // this tile's copies have landed (1: the next's
             __syncthreads();                                 // may be in flight), everyone's; Q's and dO's
@@ -965,19 +1061,19 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
 #pragma unroll
                 for (int c = 0; c < 4; ++c) s[nb][c] = dp[nb][c] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < DK; ++ks) {
-                unsigned aq[4], ag[4];                       // 16 rows of Q and of dO, d block ks
-                npf_ldmatrix_x4(aq, Qs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
-                npf_ldmatrix_x4(ag, dOs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+            for (int kd = 0; kd < KD; ++kd) {
+                unsigned aq[4], ag[4];                       // 16 rows of Q and of dO, d block kd
+                Ops::a_rows(aq, Qs, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(ag, dOs, LD, warp * 16, kd * Ops::K, lane);
 #pragma unroll
                 for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
                     unsigned bk[4], bv[4];
-                    npf_ldmatrix_x4(bk, Ks + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
-                    npf_ldmatrix_x4(bv, Vs + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
-                    npf_mma_16816(s[2 * nb2], aq, bk, s[2 * nb2]);
-                    npf_mma_16816(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
-                    npf_mma_16816(dp[2 * nb2], ag, bv, dp[2 * nb2]);
-                    npf_mma_16816(dp[2 * nb2 + 1], ag, bv + 2, dp[2 * nb2 + 1]);
+                    Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bv, Vs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::mma(s[2 * nb2], aq, bk, s[2 * nb2]);
+                    Ops::mma(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
+                    Ops::mma(dp[2 * nb2], ag, bv, dp[2 * nb2]);
+                    Ops::mma(dp[2 * nb2 + 1], ag, bv + 2, dp[2 * nb2 + 1]);
                 }
             }
 #pragma unroll
@@ -990,29 +1086,25 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
                     s[nb][c] = ds;
                 }
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const unsigned as[4] = {npf_pack_half2(s[2 * ks][0], s[2 * ks][1]),
-                                        npf_pack_half2(s[2 * ks][2], s[2 * ks][3]),
-                                        npf_pack_half2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                        npf_pack_half2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            for (int kb = 0; kb < KB; ++kb) {
+                unsigned as[4];                              // keys K kb .. of dS as an A fragment
+                Ops::a_from_c(as, s + kb * Ops::K / 8);
 #pragma unroll
                 for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
                     unsigned bk[4];                          // K rows, transposed: keys are the k axis here
-                    npf_ldmatrix_x4_trans(bk, Ks + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
-                    npf_mma_16816(dqa[2 * dn2], as, bk, dqa[2 * dn2]);
-                    npf_mma_16816(dqa[2 * dn2 + 1], as, bk + 2, dqa[2 * dn2 + 1]);
+                    Ops::b_cols(bk, Ks, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::mma(dqa[2 * dn2], as, bk, dqa[2 * dn2]);
+                    Ops::mma(dqa[2 * dn2 + 1], as, bk + 2, dqa[2 * dn2 + 1]);
                 }
             }
             __syncthreads();                                 // done with this buffer before it is refilled
-            if (NBUF == 1 && kt + 1 < n_kt) {                // one buffer: the next tile's copies now
-                npf_fa_load_half_async<BC, D>(k_head, j0 + BC, a.Tk, a.hs, kl.st, KVs);
-                npf_fa_load_half_async<BC, D>(v_head, j0 + BC, a.Tk, a.hv, vl.st, KVs + BC * LD);
-            }
+            if (NBUF == 1 && kt + 1 < n_kt)                  // one buffer: the next tile's copies now
+                npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st, KVs);
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (row[r] >= a.Tq) continue;
-            unsigned short* dq_row = dq + npf_fa_head(dql, bh, a.H) + row[r] * dql.st;
+            T* dq_row = dq + npf_fa_head(dql, bh, a.H) + row[r] * dql.st;
 #pragma unroll
             for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
@@ -1025,15 +1117,15 @@ __device__ void npf_fa_bwd_dq_tc(const unsigned short* q, const unsigned short* 
 }
 
 // One query tile of npf_fa_bwd_dkdv_tc into a buffer: Q and dO rows [i0, i0 + BR) through cp.async (or
-// synchronous loads, npf_fa_load_half_async), then lse and D (rows past Tq: lse +inf, so that P =
+// synchronous loads, npf_fa_load_tile_async), then lse and D (rows past Tq: lse +inf, so that P =
 // exp(S - inf) = 0, and D 0)
-template <int D, int BR>
-__device__ __forceinline__ void npf_fa_bwd_query_tile(const unsigned short* q_head, const unsigned short* g_head,
-                                                      const float* lse, const float* dvec, long long bh, int i0,
+template <typename T, int D, int BR>
+__device__ __forceinline__ void npf_fa_bwd_query_tile(const T* q_head, const T* g_head, const float* lse,
+                                                      const float* dvec, long long bh, int i0,
                                                       const NpfFaArgs<float>& a, long long q_st, long long g_st,
-                                                      unsigned short* qg_s, float* ld_s) {
-    npf_fa_load_half_async<BR, D>(q_head, i0, a.Tq, a.hs, q_st, qg_s);
-    npf_fa_load_half_async<BR, D>(g_head, i0, a.Tq, a.hv, g_st, qg_s + BR * (D + NPF_FA_TC_PAD));
+                                                      T* qg_s, float* ld_s) {
+    npf_fa_load_tile_async<T, BR, D>(q_head, i0, a.Tq, a.hs, q_st, qg_s);
+    npf_fa_load_tile_async<T, BR, D>(g_head, i0, a.Tq, a.hv, g_st, qg_s + BR * (D + 16 / (int)sizeof(T)));
     for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
         const bool in = i0 + e < a.Tq;
         ld_s[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
@@ -1047,27 +1139,27 @@ __device__ __forceinline__ void npf_fa_bwd_query_tile(const unsigned short* q_he
 // ldmatrix.trans). lse and D of the query tile are in shared memory (a lane's columns change per element).
 // Q, dO, lse and D double-buffered: the next query tile's copies (cp.async) land while this one is computed;
 // the query tiles wholly in the causal future (the first ones) are never visited.
-template <int D, int BR>
-__device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                   const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dk,
-                                   unsigned short* dv, const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl,
+template <typename Ops, int D, int BR>
+__device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
+                                   const typename Ops::T* dout, const float* lse, const float* dvec,
+                                   typename Ops::T* dk, typename Ops::T* dv, const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl,
                                    NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
-    constexpr int BC = NPF_FA_TC_BR, LD = D + NPF_FA_TC_PAD, NB = BR / 8, DK = D / 16, DN = D / 8, KS = BR / 16;
-    NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * LD * 2 + 4 * BR * 4);
-    unsigned short* Ks = reinterpret_cast<unsigned short*>(smem);     // (BC, LD)
-    unsigned short* Vs = Ks + BC * LD;                                // (BC, LD)
-    unsigned short* QGs = Vs + BC * LD;                               // 2 x ((BR, LD) Q, (BR, LD) dO)
+    typedef typename Ops::T T;
+    constexpr int BC = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BR / 8, DN = D / 8, KD = D / Ops::K, KB = BR / Ops::K;
+    NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * LD * sizeof(T) + 4 * BR * 4);
+    T* Ks = reinterpret_cast<T*>(smem);                  // (BC, LD)
+    T* Vs = Ks + BC * LD;                                // (BC, LD)
+    T* QGs = Vs + BC * LD;                               // 2 x ((BR, LD) Q, (BR, LD) dO)
     float* LDs = reinterpret_cast<float*>(QGs + 4 * BR * LD);         // 2 x ((BR) lse, (BR) D)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int mi = lane % 8, mj = lane / 8;
     const int j0 = blockIdx.x * BC;
     const int n_qt = (a.Tq + BR - 1) / BR;
     const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
         __syncthreads();
-        npf_fa_load_half<BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
-        npf_fa_load_half<BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+        npf_fa_load_tile<T, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load_tile<T, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
         const long long pad_row = npf_fa_pad_row(a, bh);
         int key[2];                                          // this lane's two keys (rows of dK, dV)
 #pragma unroll
@@ -1080,19 +1172,19 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
         int qt0 = 0;                                         // the first query tile that sees one of the keys
         if (a.causal)
             while (qt0 < n_qt_head && j0 > npf_fa_min(qt0 * BR + BR, a.Tq) - 1 + a.shift) ++qt0;
-        const unsigned short* q_head = q + npf_fa_head(ql, bh, a.H);
-        const unsigned short* g_head = dout + npf_fa_head(gl, bh, a.H);
+        const T* q_head = q + npf_fa_head(ql, bh, a.H);
+        const T* g_head = dout + npf_fa_head(gl, bh, a.H);
         if (qt0 < n_qt_head)                                 // its copies: in flight from here
-            npf_fa_bwd_query_tile<D, BR>(q_head, g_head, lse, dvec, bh, qt0 * BR, a, ql.st, gl.st, QGs, LDs);
+            npf_fa_bwd_query_tile<T, D, BR>(q_head, g_head, lse, dvec, bh, qt0 * BR, a, ql.st, gl.st, QGs, LDs);
         npf_cp_async_commit();
         for (int qt = qt0; qt < n_qt_head; ++qt) {
             const int i0 = qt * BR, buf = (qt - qt0) % 2;
-            unsigned short* Qs = QGs + buf * 2 * BR * LD;
-            unsigned short* dOs = Qs + BR * LD;
+            T* Qs = QGs + buf * 2 * BR * LD;
+            T* dOs = Qs + BR * LD;
             const float* lse_s = LDs + buf * 2 * BR;
             const float* d_s = lse_s + BR;
             if (qt + 1 < n_qt_head)                          // the next tile into the other buffer, meanwhile
-                npf_fa_bwd_query_tile<D, BR>(q_head, g_head, lse, dvec, bh, i0 + BR, a, ql.st, gl.st,
+                npf_fa_bwd_query_tile<T, D, BR>(q_head, g_head, lse, dvec, bh, i0 + BR, a, ql.st, gl.st,
                                              QGs + (1 - buf) * 2 * BR * LD, LDs + (1 - buf) * 2 * BR);
             npf_cp_async_commit();
             npf_cp_async_wait<1>();                          // this tile's copies have landed
@@ -1103,19 +1195,19 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
 #pragma unroll
                 for (int c = 0; c < 4; ++c) st[nb][c] = dpt[nb][c] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < DK; ++ks) {
-                unsigned ak[4], av[4];                       // this warp's 16 keys of K and of V, d block ks
-                npf_ldmatrix_x4(ak, Ks + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
-                npf_ldmatrix_x4(av, Vs + (warp * 16 + (mj % 2) * 8 + mi) * LD + ks * 16 + (mj / 2) * 8);
+            for (int kd = 0; kd < KD; ++kd) {
+                unsigned ak[4], av[4];                       // this warp's 16 keys of K and of V, d block kd
+                Ops::a_rows(ak, Ks, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(av, Vs, LD, warp * 16, kd * Ops::K, lane);
 #pragma unroll
                 for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
                     unsigned bq[4], bg[4];                   // Q rows and dO rows as B fragments (n: queries)
-                    npf_ldmatrix_x4(bq, Qs + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
-                    npf_ldmatrix_x4(bg, dOs + ((2 * nb2 + mj / 2) * 8 + mi) * LD + ks * 16 + (mj % 2) * 8);
-                    npf_mma_16816(st[2 * nb2], ak, bq, st[2 * nb2]);
-                    npf_mma_16816(st[2 * nb2 + 1], ak, bq + 2, st[2 * nb2 + 1]);
-                    npf_mma_16816(dpt[2 * nb2], av, bg, dpt[2 * nb2]);
-                    npf_mma_16816(dpt[2 * nb2 + 1], av, bg + 2, dpt[2 * nb2 + 1]);
+                    Ops::b_rows(bq, Qs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bg, dOs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::mma(st[2 * nb2], ak, bq, st[2 * nb2]);
+                    Ops::mma(st[2 * nb2 + 1], ak, bq + 2, st[2 * nb2 + 1]);
+                    Ops::mma(dpt[2 * nb2], av, bg, dpt[2 * nb2]);
+                    Ops::mma(dpt[2 * nb2 + 1], av, bg + 2, dpt[2 * nb2 + 1]);
                 }
             }
 #pragma unroll
@@ -1130,24 +1222,19 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
                     dpt[nb][c] = ds;
                 }
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const unsigned ap[4] = {npf_pack_half2(st[2 * ks][0], st[2 * ks][1]),
-                                        npf_pack_half2(st[2 * ks][2], st[2 * ks][3]),
-                                        npf_pack_half2(st[2 * ks + 1][0], st[2 * ks + 1][1]),
-                                        npf_pack_half2(st[2 * ks + 1][2], st[2 * ks + 1][3])};
-                const unsigned as[4] = {npf_pack_half2(dpt[2 * ks][0], dpt[2 * ks][1]),
-                                        npf_pack_half2(dpt[2 * ks][2], dpt[2 * ks][3]),
-                                        npf_pack_half2(dpt[2 * ks + 1][0], dpt[2 * ks + 1][1]),
-                                        npf_pack_half2(dpt[2 * ks + 1][2], dpt[2 * ks + 1][3])};
+            for (int kb = 0; kb < KB; ++kb) {
+                unsigned ap[4], as[4];                       // queries K kb .. of P_drop^T and dS^T as A fragments
+                Ops::a_from_c(ap, st + kb * Ops::K / 8);
+                Ops::a_from_c(as, dpt + kb * Ops::K / 8);
 #pragma unroll
                 for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
                     unsigned bg[4], bq[4];                   // dO and Q rows, transposed (k: queries, n: d)
-                    npf_ldmatrix_x4_trans(bg, dOs + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
-                    npf_ldmatrix_x4_trans(bq, Qs + (ks * 16 + (mj % 2) * 8 + mi) * LD + (2 * dn2 + mj / 2) * 8);
-                    npf_mma_16816(dva[2 * dn2], ap, bg, dva[2 * dn2]);
-                    npf_mma_16816(dva[2 * dn2 + 1], ap, bg + 2, dva[2 * dn2 + 1]);
-                    npf_mma_16816(dka[2 * dn2], as, bq, dka[2 * dn2]);
-                    npf_mma_16816(dka[2 * dn2 + 1], as, bq + 2, dka[2 * dn2 + 1]);
+                    Ops::b_cols(bg, dOs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::b_cols(bq, Qs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::mma(dva[2 * dn2], ap, bg, dva[2 * dn2]);
+                    Ops::mma(dva[2 * dn2 + 1], ap, bg + 2, dva[2 * dn2 + 1]);
+                    Ops::mma(dka[2 * dn2], as, bq, dka[2 * dn2]);
+                    Ops::mma(dka[2 * dn2 + 1], as, bq + 2, dka[2 * dn2 + 1]);
                 }
             }
             __syncthreads();                                 // done with this buffer before it is refilled
@@ -1155,8 +1242,8 @@ __device__ void npf_fa_bwd_dkdv_tc(const unsigned short* q, const unsigned short
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             if (key[r] >= a.Tk) continue;
-            unsigned short* dk_row = dk + npf_fa_head(dkl, bh, a.H) + key[r] * dkl.st;
-            unsigned short* dv_row = dv + npf_fa_head(dvl, bh, a.H) + key[r] * dvl.st;
+            T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + key[r] * dkl.st;
+            T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + key[r] * dvl.st;
 #pragma unroll
             for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
@@ -1250,11 +1337,13 @@ def _entry_points(pairs) -> str:
             else:
                 text = text.replace("__global__ void", f"__global__ void __launch_bounds__({PRE_THREADS})", 1)
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
-        if numpy.dtype(dtype) == numpy.float16:                       # tensor cores: float16 only
-            for name, base, template in (("fwd_tc", "fwd", f"npf_fa_forward_tc<{d}, {TC_BC[d]}>"),
-                                         ("bwd_dq_tc", "bwd_dq",
-                                          f"npf_fa_bwd_dq_tc<{d}, {TC_BC[d]}, {TC_DQ_BUFFERS[d]}>"),
-                                         ("bwd_dkdv_tc", "bwd_dkdv", f"npf_fa_bwd_dkdv_tc<{d}, {TC_BQ[d]}>")):
+        variant = TC_VARIANT_OF.get(numpy.dtype(dtype))                 # tensor cores: float16, float32 (TF32)
+        if variant:
+            ops, v = TC_VARIANTS[variant][0], (variant, d)
+            for base, template in (("fwd", f"npf_fa_forward_tc<{ops}, {d}, {TC_BC[v]}>"),
+                                   ("bwd_dq", f"npf_fa_bwd_dq_tc<{ops}, {d}, {TC_BC[v]}, {TC_DQ_BUFFERS[v]}>"),
+                                   ("bwd_dkdv", f"npf_fa_bwd_dkdv_tc<{ops}, {d}, {TC_BQ[v]}>")):
+                name = f"{base}_{variant}"
                 params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == base)
                 body = re.sub(r"npf_fa_\w+<T, A, D, BR, BC>", template, body)
                 text = (f'extern "C" __global__ void __launch_bounds__(NPF_FA_THREADS, {TC_MIN_BLOCKS[name, d]}) '

@@ -87,6 +87,14 @@ def compute_capability() -> int:
     return int(importlib.import_module("cupy").cuda.Device().compute_capability)
 
 
+def float32_on_tf32() -> bool:
+    """Whether CuPy's float32 products run on TF32 tensor cores (the opt-in of
+    :func:`npformer.backend.set_float32_matmul_precision`): the fused kernels that multiply tiles of
+    float32 (flash attention) follow it."""
+    from npformer.backend.matmul_precision import float32_matmul_precision
+    return float32_matmul_precision("cupy") == "tf32"
+
+
 def compile_module(source: str, options: tuple):
     """One ``cupy.RawModule`` (NVRTC compiles it on the first kernel lookup; CuPy caches the binary)."""
     return importlib.import_module("cupy").RawModule(code=source, options=options)

@@ -75,6 +75,7 @@ def fx(request, monkeypatch):
     monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
     monkeypatch.setattr(runtime, "compute_capability", lambda: 90)     # an H100: float16 on tensor cores
+    monkeypatch.setattr(runtime, "float32_on_tf32", lambda: False)     # float32 exact unless a test opts in
     monkeypatch.setattr(runtime, "compile_module", lambda source, options: (
         request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})

@@ -1,7 +1,7 @@
 """NVIDIA's own compiler on every CUDA module npformer ships (benchmarks/cuda_kernels.py), for the
 A100's sm_80 and the H100's sm_90, with the options CuPy compiles them with, and no GPU: no warning,
 no spill and no stack, every launch fits its kernel, every kernel keeps the occupancy it states, and
-the float16 attention kernels use tensor cores (not yet: the tensor-core flash attention issue).
+the float16 attention kernels (and float32's under the TF32 opt-in) use tensor cores.
 
 Skipped with the reason where the compiler wheels are absent (CI stage 3 installs them:
 nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)."""
@@ -84,6 +84,16 @@ def test_the_float16_attention_kernels_run_on_tensor_cores(compiled):
     forward = [tc[f"npf_fa_fwd_tc_d{d}_f16"] for d in (32, 64, 128)]
     assert all(k.mix["SHFL"] > 0 and k.mix["LDGSTS"] > 0 and k.occupancy >= 0.25 for k in forward), forward
     assert all(k.occupancy >= 0.1875 for name, k in tc.items() if name != "npf_fa_bwd_dkdv_tc_d128_f16")
+
+
+def test_float32_under_tf32_runs_on_tensor_cores(compiled):
+    """The float32 kernels of the TF32 opt-in (npf_fa_*_tf32): TF32 mma.sync (HMMA) on both architectures,
+    every tile through cp.async (LDGSTS), no ldmatrix (32-bit operands are read a value a lane)."""
+    for arch in cuda_kernels.ARCHS:
+        kernels, _ = compiled[arch]
+        tf32 = {k.name: k for k in kernels if re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_tf32_d\d+_f32$", k.name)}
+        assert len(tf32) == 9, (arch, sorted(tf32))
+        assert all(k.mix["HMMA"] > 0 and k.mix["LDGSTS"] > 0 and not k.mix["LDSM"] for k in tf32.values()), tf32
 
 
 def test_block_sizes_and_floors_are_known_for_every_entry_point():

@@ -355,7 +355,8 @@ def test_shared_memory_the_kernels_carve_is_what_the_launch_asks_for(fx):
 def test_every_module_has_its_entry_points():
     for (dtype, d), text in flash_source.MODULE_SOURCES.items():
         names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(', text))
-        tensor_cores = ("fwd_tc", "bwd_dkdv_tc", "bwd_dq_tc") if dtype == np.float16 else ()
+        variant = {np.float16: "_tc", np.float32: "_tf32"}.get(dtype.type, "")
+        tensor_cores = tuple(k + variant for k in ("fwd", "bwd_dkdv", "bwd_dq")) if variant else ()
         kernels = ("fwd", "bwd_dkdv", "bwd_dq") + tensor_cores
         want = {flash_source.entry_name(n, dtype, d) for n in kernels}
         assert names == want | {flash_source.entry_name("bwd_pre", dtype), "npf_fa_keep_mask", "npf_fa_shared_sizes"}
@@ -466,3 +467,94 @@ def test_float16_on_tensor_cores_is_as_close_to_float64_as_the_simt_kernels(fx, 
     assert max(max(e) for e in err.values()) <= 2e-3, err
     if len(err) == 2:
         assert all(tc <= 1.6 * simt + 1e-4 for tc, simt in zip(err[90], err[75])), err
+
+
+# -- float32 on TF32 tensor cores (the opt-in) ----------------------------------------------------------
+@pytest.fixture
+def tf32(fx, monkeypatch):
+    """float32 flash attention on TF32 tensor cores for the test: the opt-in itself on a GPU (compute
+    capability 8.0 or later), its switch in the emulation."""
+    from npformer.kernels.cuda import runtime
+    if fx.name == "emulated":
+        monkeypatch.setattr(runtime, "float32_on_tf32", lambda: True)
+        yield fx
+        return
+    if runtime.compute_capability() < 80:
+        pytest.skip("TF32 tensor cores need compute capability 8.0 or later")
+    from npformer.backend import set_float32_matmul_precision
+    set_float32_matmul_precision("tf32", "cupy")
+    try:
+        yield fx
+    finally:
+        set_float32_matmul_precision("highest", "cupy")
+
+
+def test_float32_runs_on_tf32_tensor_cores_only_under_the_opt_in(fx, monkeypatch):
+    from npformer.kernels.cuda import runtime
+    names = _launched(monkeypatch)
+    q, k, v = qkv(fx.xp, 1, 2, 20, 20, 16, 16, 0, "float32")
+
+    def step():
+        out, cache = flash_forward(q, k, v, is_causal=True)
+        flash_backward(out, cache)
+    if fx.name != "emulated" and (runtime.float32_on_tf32() or runtime.compute_capability() < 80):
+        pytest.skip("needs a GPU of compute capability 8.0 or later with TF32 off")
+    step()
+    assert names == ["fwd", "bwd_dkdv", "bwd_dq"] and kernel.tensor_core_variant(np.float32) == ""
+    names.clear()
+    if fx.name == "emulated":
+        monkeypatch.setattr(runtime, "float32_on_tf32", lambda: True)
+    else:
+        from npformer.backend import set_float32_matmul_precision
+        set_float32_matmul_precision("tf32", "cupy")
+    try:
+        step()
+        assert names == ["fwd_tf32", "bwd_dkdv_tf32", "bwd_dq_tf32"], names
+        assert kernel.tensor_core_variant(np.float64) == "" and kernel.tensor_core_variant(np.float16) == "tc"
+        if fx.name == "emulated":                        # before Ampere: no TF32, the SIMT kernels
+            monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
+            assert kernel.tensor_core_variant(np.float32) == ""
+    finally:
+        if fx.name != "emulated":
+            set_float32_matmul_precision("highest", "cupy")
+
+
+@settings(max_examples=30)
+@given(b=st.integers(1, 2), h=st.integers(1, 2), tq=LENGTHS, tk=LENGTHS, hs=st.integers(1, 40),
+       hv=st.integers(1, 40), causal=CAUSAL, kind=MASKS, p=st.sampled_from([0.0, 0.0, 0.3]),
+       scale=st.sampled_from([None, 0.3]), seed=seeds, data=st.data())
+def test_float32_on_tf32_matches_the_reference(tf32, b, h, tq, tk, hs, hv, causal, kind, p, scale, seed, data):
+    """TF32 keeps 10 mantissa bits of each operand, as float16 does: float16's tolerance against the
+    float32 reference (lse too, scaled by its magnitude), over every mask kind, causal alignment,
+    dropout and ragged tile; the kernels' caches and the reference's are interchangeable."""
+    xp, name = tf32.xp, backend_name(tf32.xp)
+    q, k, v = qkv(xp, b, h, tq, tk, hs, hv, seed, "float32")
+    dout = randn(xp, (b, h, tq, hv), seed + 3, "float32")
+    kw = {**masks(data, xp, kind, b, h, tq, tk, seed), **causal_kw(causal), "scale": scale}
+    drop = {"dropout_p": p, "rng": default_rng(seed, name)} if p else {}
+    out, cache = flash_forward(q, k, v, **kw, **drop)
+    with disabled():
+        ref, ref_cache = flash_forward(q, k, v, **kw, **({**drop, "rng": default_rng(seed, name)} if p else {}))
+        ref_grads = flash_backward(dout, ref_cache)
+    scales = magnitudes(q, k, v, dout, ref, kw, p)
+    assert_close(out, ref, "float32", scale=scales["out"], what="out", arithmetic="float16")
+    assert_close(cache.lse, ref_cache.lse, "float32", what="lse", arithmetic="float16")
+    for what, g, r in zip(("dq", "dk", "dv"), flash_backward(dout, cache), ref_grads):
+        assert_close(g, r, "float32", scale=scales[what], what=what, arithmetic="float16")
+
+
+@pytest.mark.parametrize("hs, causal", [(32, False), (64, True), (128, False), (80, True)])
+def test_float32_on_tf32_is_as_close_to_float64_as_float16_on_tensor_cores(tf32, hs, causal):
+    """||x - ref|| / ||ref|| for out, dq, dk, dv against float64: at most 2e-3 (the float16 kernels'
+    bound); emulated: 3.3-5.4e-4 (every float32 input rounded to TF32, besides P and dS; the float16
+    kernels' 2.3-3.2e-4 start from inputs that are float16 already)."""
+    xp = tf32.xp
+    q, k, v = qkv(xp, 2, 2, 96, 80, hs, hs, 7, "float32")
+    dout = randn(xp, (2, 2, 96, hs), 8, "float32")
+    with disabled():
+        want, cache = flash_forward(*(host(a).astype(np.float64) for a in (q, k, v)), is_causal=causal)
+        want = [want, *flash_backward(host(dout).astype(np.float64), cache)]
+    out, cache = flash_forward(q, k, v, is_causal=causal)
+    got = [out, *flash_backward(dout, cache)]
+    err = [np.linalg.norm(host(g).astype(np.float64) - w) / np.linalg.norm(w) for g, w in zip(got, want)]
+    assert max(err) <= 2e-3, err
