@@ -558,3 +558,28 @@ def test_float32_on_tf32_is_as_close_to_float64_as_float16_on_tensor_cores(tf32,
     got = [out, *flash_backward(dout, cache)]
     err = [np.linalg.norm(host(g).astype(np.float64) - w) / np.linalg.norm(w) for g, w in zip(got, want)]
     assert max(err) <= 2e-3, err
+
+
+@pytest.mark.parametrize("dtype, tf32_on, kernels", [("float16", False, "_tc"), ("float32", True, "_tf32"),
+                                                     ("float32", False, "")])
+def test_a_gpt_training_step_launches_the_tensor_core_kernels(fx, monkeypatch, dtype, tf32_on, kernels):
+    """The GPT's attention on device arrays (attention="auto") is the flash kernel: a float16 model's
+    step runs the float16 tensor-core kernels, a float32 model's the TF32 ones under the opt-in and the
+    SIMT ones without it, forward and backward in each layer."""
+    from npformer.kernels.cuda import runtime
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    if fx.name == "emulated":                            # NumPy arrays pose as CuPy's for the module too
+        monkeypatch.setattr(nn_attention, "is_cupy_array", lambda a: isinstance(a, np.ndarray))
+        monkeypatch.setattr(runtime, "float32_on_tf32", lambda: tf32_on)
+    elif runtime.compute_capability() < 80 or runtime.float32_on_tf32() != tf32_on:
+        pytest.skip("the GPU's compute capability or TF32 setting is not this case's")
+    names = _launched(monkeypatch)
+    xp = fx.xp
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=32), dtype=dtype,
+                backend=backend_name(xp), rng=0)
+    idx = xp.asarray(np.random.default_rng(0).integers(0, 11, (2, 8)))
+    loss, cache = cross_entropy_forward(model(idx), idx)
+    model.backward(cross_entropy_backward(xp.ones((), dtype=loss.dtype), cache))
+    assert names == [f"fwd{kernels}"] * 2 + [f"bwd_dkdv{kernels}", f"bwd_dq{kernels}"] * 2, names
+    assert all(np.isfinite(host(p.grad)).all() for _, p in model.named_parameters())
