@@ -28,6 +28,7 @@ seeded draws from fresh OS entropy (like ``numpy.random.default_rng()``).
 """
 from __future__ import annotations
 
+import contextvars
 import copy
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -40,22 +41,25 @@ from npformer.errors import ShapeError, StateDictError
 __all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
            "is_grad_enabled"]
 
-_GRAD = {"enabled": True}
+# Per thread (and per asyncio task), as the fast-path switch of npformer.dispatch: one thread's
+# evaluation under no_grad does not stop another thread's training from keeping its caches.
+_GRAD_ENABLED = contextvars.ContextVar("npformer_grad_enabled", default=True)
 
 
 @contextmanager
 def no_grad():
-    """Forward passes inside keep no caches (and cannot be back-propagated), as ``torch.no_grad``."""
-    before = _GRAD["enabled"]
-    _GRAD["enabled"] = False
+    """Forward passes inside keep no caches (and cannot be back-propagated), as ``torch.no_grad``;
+    for this thread only."""
+    token = _GRAD_ENABLED.set(False)
     try:
         yield
     finally:
-        _GRAD["enabled"] = before
+        _GRAD_ENABLED.reset(token)
 
 
 def is_grad_enabled() -> bool:
-    return _GRAD["enabled"]
+    """False inside :func:`no_grad` on this thread."""
+    return _GRAD_ENABLED.get()
 
 
 class RandomStream:
@@ -284,7 +288,7 @@ class Module:
             m._saved.clear()
 
     def _push(self, cache: Any) -> None:
-        if _GRAD["enabled"]:
+        if _GRAD_ENABLED.get():
             self._saved.append(cache)
 
     def _pop(self) -> Any:

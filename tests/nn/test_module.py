@@ -68,6 +68,33 @@ def test_backward_without_forward_is_a_clear_error_and_no_grad_saves_nothing():
     assert all(len(mod._saved) == 0 for mod in m.modules())
 
 
+def test_no_grad_is_per_thread_and_restored_on_errors():
+    """One thread evaluating under no_grad leaves another thread's forward keeping its caches (the
+    fast-path switch of npformer.dispatch is per thread too), and an exception inside restores it."""
+    import threading
+    from npformer.nn import is_grad_enabled
+    inside, go_on, seen = threading.Event(), threading.Event(), {}
+
+    def evaluate():
+        with no_grad():
+            inside.set()
+            go_on.wait(10)
+            seen["evaluator"] = is_grad_enabled()
+    t = threading.Thread(target=evaluate)
+    t.start()
+    assert inside.wait(10)
+    m = Pair()
+    m(np.zeros((2, 3)))                                   # while the other thread is inside no_grad
+    seen["trainer"] = is_grad_enabled()
+    go_on.set()
+    t.join(10)
+    assert seen == {"evaluator": False, "trainer": True} and any(mod._saved for mod in m.modules())
+    with pytest.raises(ZeroDivisionError):
+        with no_grad():
+            1 / 0
+    assert is_grad_enabled()
+
+
 def test_shared_parameter_gets_the_sum_of_its_uses():
     """A parameter used by two modules gets the sum of both contributions (what tying relies on)."""
     shared = Linear(3, 3, rng=0, dtype="float64")
