@@ -95,7 +95,16 @@ def threads_for(work: int, per_thread: int) -> int:
 
 def blas_awake() -> bool:
     """True for :data:`BLAS_AWAKE_SECONDS` after :func:`note_blas_product`: BLAS's workers are still
-    spinning on the other cores, so work cut for the pool would share a core with one."""
+    spinning on the other cores, so work cut for the pool would share a core with one.
+
+    Why a clock and not the shapes: what it stands for is the state of other threads (BLAS's workers
+    spin after *any* multi-threaded product, the caller's own included), which no shape of the
+    element-wise op at hand shows: the same (B, T, E) bias-add follows a wide layer's pooled product
+    in one model and a narrow layer's BLAS-threaded one in another. The clock only chooses how many
+    parts element-wise work is cut into, and each element is computed the same way in any part, so
+    no result depends on it (tests/kernels/test_step_bits.py: a whole step's bits with the window
+    held open, shut, left to the clock, and left to it on a loaded machine). BLAS_AWAKE_SECONDS is
+    OpenBLAS's own spin time (2^28 cycles, about 0.1 s at 2-3 GHz), not a tuning of one machine."""
     return time.monotonic() < _state["blas_awake_until"]
 
 
