@@ -11,6 +11,9 @@ Rules (the same as CuPy's ``get_array_module`` and array-api-compat's ``array_na
   give ``numpy``;
 * a NumPy array mixed with a CuPy array raises :class:`TypeError` naming both types. Transfers
   are always explicit: :func:`to_device` and :func:`to_numpy`;
+* modules built without a ``backend`` use :func:`default_backend_name`: this thread's
+  :func:`set_default_backend` (or the :func:`default_backend` block), else ``$NPFORMER_BACKEND`` as
+  it was when npformer was imported (read once; compute code never reads the environment), else numpy;
 * ``import npformer`` never imports CuPy. CuPy is imported only when a backend is asked for by
   name (:func:`get_backend`), and a missing CuPy or GPU is reported by
   :class:`BackendUnavailableError`.
@@ -21,8 +24,9 @@ the ops; reductions (softmax sums, layer-norm statistics, losses) then accumulat
 the result is cast back to the input dtype. Every op returns the dtype it was given.
 """
 from npformer.backend.array_module import (BACKENDS, DEFAULT_DTYPE, ENV_VAR, accumulation_dtype, backend_name,
-                                           cupy_available, default_backend_name, default_rng, get_array_module,
-                                           get_backend, is_array, is_cupy_array, scatter_add, to_device, to_numpy)
+                                           cupy_available, default_backend, default_backend_name, default_rng,
+                                           get_array_module, get_backend, is_array, is_cupy_array, scatter_add,
+                                           set_default_backend, to_device, to_numpy)
 from npformer.backend.matmul_precision import (FLOAT32_MATMUL_PRECISIONS, float32_matmul_precision,
                                                set_float32_matmul_precision)
 from npformer.backend.special import erf
@@ -30,7 +34,8 @@ from npformer.errors import BackendUnavailableError
 
 __all__ = [
     "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
-    "default_backend_name", "get_backend", "backend_name", "get_array_module",
+    "default_backend_name", "set_default_backend", "default_backend", "get_backend", "backend_name",
+    "get_array_module",
     "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
     "scatter_add", "erf", "accumulation_dtype", "FLOAT32_MATMUL_PRECISIONS", "set_float32_matmul_precision",
     "float32_matmul_precision",

@@ -2,11 +2,13 @@
 seeded generators (re-exported by :mod:`npformer.backend`, whose docstring gives the rules)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import os
 import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 import numpy
 
@@ -18,18 +20,51 @@ ENV_VAR = "NPFORMER_BACKEND"
 
 __all__ = [
     "BACKENDS", "DEFAULT_DTYPE", "ENV_VAR", "BackendUnavailableError",
-    "default_backend_name", "get_backend", "backend_name", "get_array_module",
+    "default_backend_name", "set_default_backend", "default_backend", "get_backend", "backend_name",
+    "get_array_module",
     "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
     "scatter_add", "accumulation_dtype",
 ]
 
 
+# The backend of modules built without one: this thread's choice (set_default_backend, default_backend),
+# else the process's starting value, $NPFORMER_BACKEND as it was when npformer was imported ("numpy"
+# unset). Read once, here, not at each call: changing os.environ later changes nothing.
+_STARTING_BACKEND = os.environ.get(ENV_VAR, "")
+_DEFAULT_BACKEND: contextvars.ContextVar[str | None] = contextvars.ContextVar("npformer_default_backend",
+                                                                              default=None)
+
+
 def default_backend_name() -> str:
-    """The backend named by ``$NPFORMER_BACKEND``, or ``"numpy"`` when it is unset."""
-    name = os.environ.get(ENV_VAR, "numpy").strip().lower() or "numpy"
+    """The backend of modules built without one: :func:`set_default_backend`'s on this thread, else
+    ``$NPFORMER_BACKEND`` as it was when npformer was imported, else ``"numpy"``."""
+    chosen = _DEFAULT_BACKEND.get()
+    if chosen is not None:
+        return chosen
+    name = _STARTING_BACKEND.strip().lower() or "numpy"
     if name not in BACKENDS:
         raise RangeError(f"{ENV_VAR}={name!r} is not a backend; expected one of {BACKENDS}")
     return name
+
+
+def set_default_backend(name: str | None) -> None:
+    """Build modules without a ``backend`` on ``name`` ("numpy" or "cupy") from now on, on this thread
+    (per thread, as npformer's other switches); None: back to the starting value."""
+    if name is not None and (not isinstance(name, str) or name.lower() not in BACKENDS):
+        raise RangeError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+    _DEFAULT_BACKEND.set(None if name is None else name.lower())
+
+
+@contextlib.contextmanager
+def default_backend(name: str) -> Iterator[None]:
+    """:func:`set_default_backend` for a block, restored after (exceptions included)."""
+    if not isinstance(name, str) or name.lower() not in BACKENDS:
+        raise RangeError(f"unknown backend {name!r}; expected one of {BACKENDS}")
+    token = _DEFAULT_BACKEND.set(name.lower())
+    try:
+        yield
+    finally:
+        _DEFAULT_BACKEND.reset(token)
 
 
 def _import_cupy() -> ModuleType:

@@ -13,18 +13,54 @@ from npformer.backend import (BackendUnavailableError, accumulation_dtype, defau
                               to_device, to_numpy)
 
 
-def test_default_backend_is_numpy(monkeypatch):
-    monkeypatch.delenv("NPFORMER_BACKEND", raising=False)
-    assert default_backend_name() == "numpy"
-    assert get_backend() is np
+def _starting_backend(value: str) -> subprocess.CompletedProcess:
+    code = ("import os; from npformer.backend import default_backend_name as d; a = d(); "
+            "os.environ['NPFORMER_BACKEND'] = 'cupy'; print(a, d())")   # a later change: no effect
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NPFORMER_BACKEND"}
+    return subprocess.run([sys.executable, "-c", code], env={**env, "NPFORMER_BACKEND": value},
+                          capture_output=True, text=True)
 
 
-def test_env_var_selects_backend(monkeypatch):
-    monkeypatch.setenv("NPFORMER_BACKEND", "NumPy")
+def test_default_backend_is_numpy():
+    run = _starting_backend("")
+    assert run.returncode == 0 and run.stdout.split() == ["numpy", "numpy"], run.stderr
+    with backend.default_backend("numpy"):
+        assert get_backend() is np
+
+
+def test_env_var_gives_the_starting_backend_read_once_at_import():
+    run = _starting_backend("NumPy")
+    assert run.returncode == 0 and run.stdout.split() == ["numpy", "numpy"], run.stderr
+    run = _starting_backend("jax")
+    assert run.returncode != 0
+    assert "NPFORMER_BACKEND='jax' is not a backend; expected one of ('numpy', 'cupy')" in run.stderr
+
+
+def test_default_backend_is_set_per_thread_and_for_a_block():
+    import threading
+    from npformer.backend import default_backend, set_default_backend
+    from npformer.nn import Linear
+    with default_backend("NumPy"):
+        assert default_backend_name() == "numpy"
+        assert isinstance(Linear(2, 2, rng=0).weight.data, np.ndarray)
+    set_default_backend("cupy")
+    try:
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(default_backend_name()))
+        t.start()
+        t.join()
+        assert default_backend_name() == "cupy" and seen == ["numpy"]     # another thread: its own
+        with pytest.raises(ZeroDivisionError), default_backend("numpy"):
+            1 / 0
+        assert default_backend_name() == "cupy"
+    finally:
+        set_default_backend(None)
     assert default_backend_name() == "numpy"
-    monkeypatch.setenv("NPFORMER_BACKEND", "jax")
-    with pytest.raises(ValueError, match=r"NPFORMER_BACKEND='jax' is not a backend; expected one of \('numpy', 'cupy'\)"):
-        default_backend_name()
+    with pytest.raises(ValueError, match=r"unknown backend 'jax'; expected one of \('numpy', 'cupy'\)"):
+        set_default_backend("jax")
+    with pytest.raises(ValueError, match=r"unknown backend 'torch'"):
+        with default_backend("torch"):
+            pass
 
 
 def test_unknown_backend_name():
