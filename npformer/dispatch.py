@@ -10,7 +10,14 @@ fused CUDA kernel: :mod:`npformer.kernels`), the reference op is marked ``@dispa
 and the fast path is registered against it (``register(softmax_forward, "cpu", fast_fn, accepts)``)
 with the same signature and cache types. A call runs the first registered fast path whose
 ``accepts(*args, **kwargs)`` says yes, or the reference when none does or fast paths are switched
-off. Either backward accepts either forward's cache. The switch::
+off. Either backward accepts either forward's cache. ``accepts`` is usually :func:`takes`: a test
+of some of the op's arguments, named, which register() looks up in the reference's signature once
+(so the test never restates the op's defaults, and a keyword added to the op changes nothing)::
+
+    register(layer_norm_forward, "cpu", fast_fn, takes(numpy_floats, "x", "weight", "bias"))
+    register(softmax_backward, "cpu", fast_fn, takes(numpy_floats, "dy", "cache.y"))   # a cache field
+
+The switch::
 
     with npformer.kernels.disabled():       # the reference ops alone, everywhere inside
         ...
@@ -36,6 +43,7 @@ were already non-finite. Ops nested in others are checked first, so the innermos
 from __future__ import annotations
 
 import contextvars
+import inspect
 import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
@@ -43,7 +51,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 from npformer.backend import get_array_module
 from npformer.errors import NonFiniteError
 
-__all__ = ["FastPath", "dispatched", "register", "enabled", "set_enabled", "disabled", "implementation",
+__all__ = ["FastPath", "Takes", "takes", "dispatched", "register", "enabled", "set_enabled", "disabled", "implementation",
            "registered", "detect_anomaly", "anomaly_detection_enabled"]
 
 _ON = contextvars.ContextVar("npformer_fast_paths", default=True)
@@ -58,6 +66,55 @@ class FastPath(NamedTuple):
     name: str                          # "cpu", "cuda": shown by implementation() and the benchmarks
     run: Callable[..., Any]
     accepts: Callable[..., bool]
+
+
+class Takes(NamedTuple):
+    """``check(*values)`` over the op's arguments ``names`` (a name, or ``name.field`` for a field of
+    that argument, None where it has none), as :func:`takes` makes it."""
+
+    check: Callable[..., bool]
+    names: tuple[str, ...]
+
+
+def takes(check: Callable[..., bool], *names: str) -> Takes:
+    """A fast path's acceptance test: ``check`` of the values of the op's arguments ``names``, each as
+    the call gave it or the reference's default (see the module docstring)."""
+    return Takes(check, names)
+
+
+_MISSING = object()
+
+
+def _argument_test(reference: Callable, spec: Takes) -> Callable[..., bool]:
+    """``spec`` as ``accepts(*args, **kwargs)``: where each named argument sits in ``reference``'s
+    signature (found once, here: a name the op lacks is a TypeError now, not at a call). A required
+    argument left out gives False, and the reference then raises its own error."""
+    parameters = inspect.signature(reference).parameters
+    positional = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    plan = []
+    for name in spec.names:
+        arg, *fields = name.split(".")
+        if arg not in parameters:
+            raise TypeError(f"{reference.__module__}.{reference.__name__} has no argument {arg!r} "
+                            f"(a fast path's takes(..., {name!r}))")
+        p = parameters[arg]
+        plan.append((positional.index(arg) if arg in positional else len(parameters), arg,
+                     _MISSING if p.default is p.empty else p.default, tuple(fields)))
+    check = spec.check
+
+    def accepts(*args, **kwargs) -> bool:
+        values = []
+        for position, arg, default, fields in plan:
+            value = args[position] if position < len(args) else kwargs.get(arg, default)
+            if value is _MISSING:
+                return False
+            for field in fields:
+                value = getattr(value, field, None)
+            values.append(value)
+        return check(*values)
+
+    accepts.__qualname__ = f"takes({getattr(check, '__qualname__', check)}, {', '.join(map(repr, spec.names))})"
+    return accepts
 
 
 def dispatched(reference: Callable) -> Callable:
@@ -88,13 +145,16 @@ def dispatched(reference: Callable) -> Callable:
     return op
 
 
-def register(op: Callable, name: str, run: Callable, accepts: Callable[..., bool]) -> None:
-    """Add a fast path ``run`` for the dispatched ``op``, tried after those registered before it."""
+def register(op: Callable, name: str, run: Callable, accepts: Callable[..., bool] | Takes) -> None:
+    """Add a fast path ``run`` for the dispatched ``op``, tried after those registered before it;
+    ``accepts`` a function of the op's arguments, or :func:`takes`."""
     if not hasattr(op, "fast_paths"):
         raise TypeError(f"{getattr(op, '__qualname__', op)!r} is not marked @dispatched: a fast path "
                         "can only stand in for a dispatched reference op")
     if any(p.name == name for p in op.fast_paths):
         raise ValueError(f"{op.__module__}.{op.__name__} already has a fast path named {name!r}")
+    if isinstance(accepts, Takes):
+        accepts = _argument_test(op.reference, accepts)
     op.fast_paths.append(FastPath(name, run, accepts))
 
 

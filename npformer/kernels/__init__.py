@@ -24,7 +24,7 @@ and ``disabled("numba")`` switches off only the compiled paths (the NumPy fast p
 """
 from __future__ import annotations
 
-from npformer.dispatch import FastPath, disabled, enabled, implementation, register, registered, set_enabled
+from npformer.dispatch import FastPath, disabled, enabled, implementation, register, registered, set_enabled, takes
 from npformer.kernels.cpu import activations as cpu_activations
 from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
@@ -48,78 +48,64 @@ from npformer.ops import (activations, attention, cross_entropy, dropout, embedd
 __all__ = ["FAST_PATHS", "FastPath", "disabled", "enabled", "set_enabled", "implementation", "registered"]
 
 
-def _y(cache):
-    return getattr(cache, "y", None)
-
-
-def _x(cache):
-    return getattr(cache, "x", None)
-
-
-# (reference op, name, fast path, which arguments it takes), tried in this order
+# (reference op, name, fast path, which arguments it takes), tried in this order. takes(check, names):
+# check of the op's arguments by name ("cache.y": the cache's field y), looked up in the op's signature
+# once at registration (npformer.dispatch.takes); the named functions test more than dtypes.
 FAST_PATHS = (
-    (softmax.softmax_forward, "cuda", cuda.softmax_forward, lambda x: device_floats(x)),
-    (softmax.softmax_forward, "cpu", cpu_softmax.softmax_forward, lambda x: numpy_floats(x)),
-    (softmax.softmax_backward, "cuda", cuda.softmax_backward, lambda dy, cache: device_floats(dy, _y(cache))),
-    (softmax.softmax_backward, "cpu", cpu_softmax.softmax_backward, lambda dy, cache: numpy_floats(dy, _y(cache))),
-    (softmax.log_softmax_forward, "cuda", cuda.log_softmax_forward, lambda x: device_floats(x)),
-    (softmax.log_softmax_forward, "cpu", cpu_softmax.log_softmax_forward, lambda x: numpy_floats(x)),
-    (softmax.log_softmax_backward, "cuda", cuda.log_softmax_backward,
-     lambda dy, cache: device_floats(dy, _y(cache))),
-    (softmax.log_softmax_backward, "cpu", cpu_softmax.log_softmax_backward,
-     lambda dy, cache: numpy_floats(dy, _y(cache))),
-    (activations.gelu_forward, "cuda", cuda.gelu_forward, lambda x, approximate="none": device_floats(x)),
-    (activations.gelu_forward, "cpu", cpu_activations.gelu_forward,
-     lambda x, approximate="none": numpy_floats(x)),
-    (activations.gelu_backward, "cuda", cuda.gelu_backward, lambda dy, cache: device_floats(dy, _x(cache))),
-    (activations.gelu_backward, "cpu", cpu_activations.gelu_backward,
-     lambda dy, cache: numpy_floats(dy, _x(cache))),
-    (layernorm.layer_norm_forward, "cuda", cuda.layer_norm_forward,
-     lambda x, weight=None, bias=None, eps=1e-5: device_floats(x, weight, bias)),
+    (softmax.softmax_forward, "cuda", cuda.softmax_forward, takes(device_floats, "x")),
+    (softmax.softmax_forward, "cpu", cpu_softmax.softmax_forward, takes(numpy_floats, "x")),
+    (softmax.softmax_backward, "cuda", cuda.softmax_backward, takes(device_floats, "dy", "cache.y")),
+    (softmax.softmax_backward, "cpu", cpu_softmax.softmax_backward, takes(numpy_floats, "dy", "cache.y")),
+    (softmax.log_softmax_forward, "cuda", cuda.log_softmax_forward, takes(device_floats, "x")),
+    (softmax.log_softmax_forward, "cpu", cpu_softmax.log_softmax_forward, takes(numpy_floats, "x")),
+    (softmax.log_softmax_backward, "cuda", cuda.log_softmax_backward, takes(device_floats, "dy", "cache.y")),
+    (softmax.log_softmax_backward, "cpu", cpu_softmax.log_softmax_backward, takes(numpy_floats, "dy", "cache.y")),
+    (activations.gelu_forward, "cuda", cuda.gelu_forward, takes(device_floats, "x")),
+    (activations.gelu_forward, "cpu", cpu_activations.gelu_forward, takes(numpy_floats, "x")),
+    (activations.gelu_backward, "cuda", cuda.gelu_backward, takes(device_floats, "dy", "cache.x")),
+    (activations.gelu_backward, "cpu", cpu_activations.gelu_backward, takes(numpy_floats, "dy", "cache.x")),
+    (layernorm.layer_norm_forward, "cuda", cuda.layer_norm_forward, takes(device_floats, "x", "weight", "bias")),
     (layernorm.layer_norm_forward, "cpu", cpu_layernorm.layer_norm_forward,
-     lambda x, weight=None, bias=None, eps=1e-5: numpy_floats(x, weight, bias)),
+     takes(numpy_floats, "x", "weight", "bias")),
     (layernorm.layer_norm_backward, "cuda", cuda.layer_norm_backward,
-     lambda dy, cache: device_floats(dy, getattr(cache, "weight", None), dtype=getattr(cache, "dtype", None))),
+     takes(lambda dy, weight, dtype: device_floats(dy, weight, dtype=dtype), "dy", "cache.weight", "cache.dtype")),
     (layernorm.layer_norm_backward, "cpu", cpu_layernorm.layer_norm_backward,
-     lambda dy, cache: numpy_floats(dy, getattr(cache, "weight", None))),
-    (dropout.dropout_forward, "cuda", cuda.dropout_forward,
-     lambda x, p=0.0, rng=None, training=True: device_floats(x)),
-    (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, cpu_dropout.accepts),
-    (dropout.dropout_backward, "cuda", cuda.dropout_backward, lambda dout, cache: device_floats(dout)),
+     takes(numpy_floats, "dy", "cache.weight")),
+    (dropout.dropout_forward, "cuda", cuda.dropout_forward, takes(device_floats, "x")),
+    (dropout.dropout_forward, "cpu", cpu_dropout.dropout_forward, takes(cpu_dropout.accepts, "x", "rng")),
+    (dropout.dropout_backward, "cuda", cuda.dropout_backward, takes(device_floats, "dout")),
     (embedding.embedding_backward, "cpu", cpu_embedding.embedding_backward, cpu_embedding.accepts_backward),
-    (linear.linear_forward, "cpu", cpu_linear.linear_forward, lambda x, weight, bias=None: numpy_floats(x, weight, bias)),
-    (linear.linear_forward, "cuda", cuda.linear_forward, lambda x, weight, bias=None: device_floats(x, weight, bias)),
-    (linear.linear_backward, "cuda", cuda.linear_backward, lambda dout, cache: device_floats(dout)),
+    (linear.linear_forward, "cpu", cpu_linear.linear_forward, takes(numpy_floats, "x", "weight", "bias")),
+    (linear.linear_forward, "cuda", cuda.linear_forward, takes(device_floats, "x", "weight", "bias")),
+    (linear.linear_backward, "cuda", cuda.linear_backward, takes(device_floats, "dout")),
     (linear.linear_backward, "cpu", cpu_linear.linear_backward,
-     lambda dout, cache: numpy_floats(dout, getattr(cache, "x", None), getattr(cache, "weight", None))),
-    (feedforward.feed_forward_forward, "cuda", cuda.feed_forward_forward, cuda_feedforward.accepts_forward),
+     takes(numpy_floats, "dout", "cache.x", "cache.weight")),
+    (feedforward.feed_forward_forward, "cuda", cuda.feed_forward_forward,
+     takes(cuda_feedforward.accepts_forward, "x", "w1", "b1", "w2", "b2", "activation")),
     (feedforward.feed_forward_backward, "cuda", cuda.feed_forward_backward, cuda_feedforward.accepts_backward),
-    (residual.residual_dropout_forward, "cuda", cuda.residual_dropout_forward,
-     lambda x, branch, **options: device_floats(x, branch)),
+    (residual.residual_dropout_forward, "cuda", cuda.residual_dropout_forward, takes(device_floats, "x", "branch")),
     (residual.residual_dropout_layer_norm_forward, "cuda", cuda.residual_dropout_layer_norm_forward,
-     lambda x, branch, weight=None, bias=None, **options: device_floats(x, branch, weight, bias)),
+     takes(device_floats, "x", "branch", "weight", "bias")),
     (residual.residual_dropout_layer_norm_backward, "cuda", cuda.residual_dropout_layer_norm_backward,
      cuda_residual.accepts_norm_backward),
-    (cross_entropy.cross_entropy_forward, "cuda", cuda.cross_entropy_forward,
-     lambda logits, targets, **options: device_floats(logits)),
+    (cross_entropy.cross_entropy_forward, "cuda", cuda.cross_entropy_forward, takes(device_floats, "logits")),
     (cross_entropy.cross_entropy_backward, "cuda", cuda.cross_entropy_backward,
-     lambda dloss, cache: device_floats(dloss, getattr(cache, "logits", None))),
+     takes(device_floats, "dloss", "cache.logits")),
     (flash_attention.flash_attention_forward, "cuda", cuda.flash_attention_forward, cuda_flash.accepts_forward),
     (flash_attention.flash_attention_backward, "cuda", cuda.flash_attention_backward, cuda_flash.accepts_backward),
     (multihead.self_attention_backward, "cuda", cuda_multihead.self_attention_backward,
      cuda_multihead.accepts_self_attention_backward),
     (optim.adam_update, "cuda", cuda.adam_update, cuda_optim.accepts_adam),
     (optim.adam_update, "cpu", cpu_optim.adam_update, cpu_optim.accepts_adam),
-    (optim.sum_of_squares, "cuda", cuda.sum_of_squares, lambda x: device_floats(x)),
-    (optim.sum_of_squares, "cpu", cpu_optim.sum_of_squares, lambda x: numpy_floats(x)),
+    (optim.sum_of_squares, "cuda", cuda.sum_of_squares, takes(device_floats, "x")),
+    (optim.sum_of_squares, "cpu", cpu_optim.sum_of_squares, takes(numpy_floats, "x")),
     (attention.scaled_dot_product_attention_forward, "cpu", cpu_attention.scaled_dot_product_attention_forward,
-     lambda q, k, v, **options: numpy_floats(q, k, v)),
+     takes(numpy_floats, "q", "k", "v")),
     (attention.scaled_dot_product_attention_backward, "cpu", cpu_attention.scaled_dot_product_attention_backward,
-     lambda dout, cache: numpy_floats(dout, getattr(cache, "p", None))),
+     takes(numpy_floats, "dout", "cache.p")),
     (multihead.self_attention_backward, "cpu", cpu_attention.self_attention_backward,
      cpu_attention.accepts_self_attention_backward),
 )
-
 
 
 def _numba_paths() -> tuple:
@@ -133,34 +119,31 @@ def _numba_paths() -> tuple:
     from npformer.kernels.numba_cpu import softmax as nb_softmax
     floats = numba_cpu.numba_floats
     return (
-        (softmax.softmax_forward, "numba", nb_softmax.softmax_forward, lambda x: floats(x)),
-        (softmax.softmax_backward, "numba", nb_softmax.softmax_backward, lambda dy, cache: floats(dy, _y(cache))),
-        (softmax.log_softmax_forward, "numba", nb_softmax.log_softmax_forward, lambda x: floats(x)),
-        (softmax.log_softmax_backward, "numba", nb_softmax.log_softmax_backward,
-         lambda dy, cache: floats(dy, _y(cache))),
-        (activations.gelu_forward, "numba", nb_activations.gelu_forward, lambda x, approximate="none": floats(x)),
-        (activations.gelu_backward, "numba", nb_activations.gelu_backward, lambda dy, cache: floats(dy, _x(cache))),
+        (softmax.softmax_forward, "numba", nb_softmax.softmax_forward, takes(floats, "x")),
+        (softmax.softmax_backward, "numba", nb_softmax.softmax_backward, takes(floats, "dy", "cache.y")),
+        (softmax.log_softmax_forward, "numba", nb_softmax.log_softmax_forward, takes(floats, "x")),
+        (softmax.log_softmax_backward, "numba", nb_softmax.log_softmax_backward, takes(floats, "dy", "cache.y")),
+        (activations.gelu_forward, "numba", nb_activations.gelu_forward, takes(floats, "x")),
+        (activations.gelu_backward, "numba", nb_activations.gelu_backward, takes(floats, "dy", "cache.x")),
         (layernorm.layer_norm_forward, "numba", nb_layernorm.layer_norm_forward,
-         lambda x, weight=None, bias=None, eps=1e-5: floats(x, weight, bias)),
+         takes(floats, "x", "weight", "bias")),
         (layernorm.layer_norm_backward, "numba", nb_layernorm.layer_norm_backward,
-         lambda dy, cache: floats(dy, getattr(cache, "xhat", None), getattr(cache, "weight", None))),
+         takes(floats, "dy", "cache.xhat", "cache.weight")),
         (cross_entropy.cross_entropy_forward, "numba", nb_cross_entropy.cross_entropy_forward,
-         lambda logits, targets, **options: floats(logits)),
+         takes(floats, "logits")),
         (cross_entropy.cross_entropy_backward, "numba", nb_cross_entropy.cross_entropy_backward,
-         lambda dloss, cache: floats(dloss, getattr(cache, "logits", None))),
+         takes(floats, "dloss", "cache.logits")),
         (dropout.dropout_forward, "numba", nb_dropout.dropout_forward,
-         lambda x, p=0.0, rng=None, training=True: floats(x) and cpu_dropout.accepts(x, p, rng, training)),
-        (dropout.dropout_backward, "numba", nb_dropout.dropout_backward,
-         nb_dropout.accepts_backward),
+         takes(lambda x, rng: floats(x) and cpu_dropout.accepts(x, rng), "x", "rng")),
+        (dropout.dropout_backward, "numba", nb_dropout.dropout_backward, nb_dropout.accepts_backward),
         (attention.scaled_dot_product_attention_forward, "numba", nb_attention.scaled_dot_product_attention_forward,
-         lambda q, k, v, **options: floats(q, k, v)),
+         takes(floats, "q", "k", "v")),
         (attention.scaled_dot_product_attention_backward, "numba",
-         nb_attention.scaled_dot_product_attention_backward,
-         lambda dout, cache: floats(dout, getattr(cache, "p", None))),
+         nb_attention.scaled_dot_product_attention_backward, takes(floats, "dout", "cache.p")),
         (multihead.self_attention_backward, "numba", nb_attention.self_attention_backward,
          nb_attention.accepts_self_attention_backward),
         (optim.adam_update, "numba", nb_optim.adam_update, numba_cpu.accepts_adam),
-        (optim.sum_of_squares, "numba", nb_optim.sum_of_squares, lambda x: floats(x)),
+        (optim.sum_of_squares, "numba", nb_optim.sum_of_squares, takes(floats, "x")),
     )
 
 

@@ -39,8 +39,9 @@ def streamable(rng, size: int) -> bool:
     return type(bitgen) is numpy.random.PCG64 and size % 2 == 0 and not bitgen.state["has_uint32"]
 
 
-def accepts(x, p=0.0, rng=None, training=True) -> bool:
-    """A NumPy float array, with a PCG64 generator whose next draws this path reproduces."""
+def accepts(x, rng) -> bool:
+    """A NumPy float array, with a PCG64 generator whose next draws this path reproduces (the dropout
+    op's ``x`` and ``rng``)."""
     return numpy_floats(x) and streamable(rng, x.size)
 
 

@@ -21,8 +21,9 @@ from npformer.ops.linear import linear_backward, linear_forward
 __all__ = ["accepts_forward", "accepts_backward", "feed_forward_forward", "feed_forward_backward"]
 
 
-def accepts_forward(x, w1, b1, w2, b2, *, activation="relu", dropout_p=0.0, rng=None, training=True) -> bool:
-    """GELU (either form) after a first linear with a bias, on CuPy float arrays of one dtype."""
+def accepts_forward(x, w1, b1, w2, b2, activation) -> bool:
+    """GELU (either form) after a first linear with a bias, on CuPy float arrays of one dtype (the
+    feed-forward op's arguments of those names)."""
     return activation in ("gelu", "gelu_tanh") and b1 is not None and device_floats(x, w1, b1, w2, b2)
 
 

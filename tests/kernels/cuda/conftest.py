@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from npformer.backend import cupy_available, get_backend
+from npformer.dispatch import disabled
 from npformer import kernels
 from npformer.kernels import numba_cpu
 from npformer.kernels import cpu as kernels_cpu
@@ -69,7 +70,11 @@ def fx(request, monkeypatch):
         return Backend("cuda", get_backend("cupy"))
     module = request.getfixturevalue("emulated_module")
     monkeypatch.setattr(runtime, "is_device_array", lambda a: isinstance(a, np.ndarray))
-    # NumPy arrays pose as device arrays: not the CPU's
+    # NumPy arrays pose as device arrays: not the CPU's (the CPU fast paths off for the test, and the
+    # CPU kernels' own tests of their inputs say no)
+    cpu_paths_off = disabled("cpu", "numba")
+    cpu_paths_off.__enter__()
+    request.addfinalizer(lambda: cpu_paths_off.__exit__(None, None, None))
     for home in (kernels, kernels_cpu, cpu_attention, cpu_dropout, cpu_optim):
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
