@@ -33,14 +33,13 @@ from typing import Callable
 from tqdm import tqdm
 
 from npformer.backend import get_backend, set_float32_matmul_precision
-from npformer.checks import non_negative_int, one_of, positive_int
 from npformer.distributed import Communicator, DataParallel, shard_rows, take_shard
 from npformer.errors import DistributedError, InputTypeError, RangeError
 from npformer.nn.flat import flatten_parameters
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
-from npformer.training.config import CONFIGS, PRECISIONS, TrainConfig
+from npformer.training.config import CONFIGS, TrainConfig
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.run import RunDirectory, scalars
 from npformer.training.schedules import cosine_with_warmup
@@ -64,14 +63,10 @@ class Trainer:
         if config.model not in (None, self.kind):
             raise RangeError(f"config.model: expected {self.kind!r} or None for the {self.kind} trainer, "
                              f"got {config.model!r}")
+        # replace() builds the config anew: TrainConfig.__post_init__ checks every field and rule again
+        # (even of a config changed field by field after it was made), the one home of those checks
         self.cfg, self.log = replace(config, model=self.kind), log     # the model named, in checkpoints and config.json
-        c = config
-        if non_negative_int(c.warmup, "warmup") >= positive_int(c.steps, "steps"):
-            raise RangeError(f"steps ({c.steps}) must be greater than warmup ({c.warmup})")
-        one_of(c.precision, "precision", PRECISIONS)
-        if c.precision != "float32" and c.dtype != "float32":
-            raise RangeError(f"--precision {c.precision} keeps float32 master weights: use --dtype float32, "
-                             f"not {c.dtype}")
+        c = self.cfg
         if c.cuda_graph and not self.graph_capable:
             raise RangeError(f"--cuda-graph: the {self.kind} trainer's batches change shape or carry state from step "
                              "to step; it runs with the GPT models (gpt, gpt1, gpt2)")
@@ -101,8 +96,20 @@ class Trainer:
         raise NotImplementedError
 
     def loss_and_backward(self, step: int) -> tuple[float, int]:
-        """Draw the batch of ``step``, run forward and backward; returns (loss, tokens)."""
+        """Draw the batch of ``step``, run forward and backward; returns (loss, tokens). The loss goes
+        through :meth:`cross_entropy`, which also records the number of targets it averages over (the
+        weight of this rank's loss in a data-parallel step)."""
         raise NotImplementedError
+
+    # graph-capable trainers (graph_capable = True) give these two as well: --cuda-graph captures them
+    def batch(self, step: int):
+        """``(x, y)``: the inputs and targets of ``step``, the same shapes at every step."""
+        raise NotImplementedError(f"the {self.kind} trainer has no batch(): --cuda-graph needs one")
+
+    def forward_backward(self, x, y):
+        """Forward and backward of ``(x, y)`` with no host synchronisation; returns the loss as a device
+        scalar (through :meth:`cross_entropy`), the gradients accumulated."""
+        raise NotImplementedError(f"the {self.kind} trainer has no forward_backward(): --cuda-graph needs one")
 
     def evaluate(self, limit: int | None = None) -> dict:
         raise NotImplementedError
@@ -178,12 +185,17 @@ class Trainer:
     def train_step(self) -> float:
         c, step = self.cfg, self.step + 1
         self.model.train()
-        if c.cuda_graph:
+        if c.cuda_graph:          # (the replays rewrite the capture's record of the targets in place)
             loss, self._tokens = self._graph_step(step)
         else:
             self.model.manual_seed(self.dropout_seed(step))
+            self._loss_valid = None               # cross_entropy's record of this step's targets
             loss, self._tokens = self.loss_and_backward(step)
         if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
+            if self._loss_valid is None:
+                raise DistributedError(f"the {self.kind} trainer's step did not compute its loss through "
+                                       "Trainer.cross_entropy: a data-parallel step weighs each rank's loss by the "
+                                       "targets it averages over, which cross_entropy records")
             count = int(self._loss_valid.sum())      # read here, not in cross_entropy: a CUDA graph captures that
             loss, _, self._tokens = self.data_parallel.reduce_gradients(loss, count, self._tokens)
         self.opt.lr = self._lr(step)

@@ -108,3 +108,35 @@ def test_loading_a_checkpoint_of_another_kind_is_a_clear_error(tmp_path):
     s2s = _quiet(Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
     with pytest.raises(ValueError, match="holds a 'gpt' checkpoint, not a seq2seq one"):
         s2s.load(tmp_path / "lm.npz")
+
+
+def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
+    """Each rank's loss is weighed by the targets it averages over, which Trainer.cross_entropy records:
+    a trainer whose step bypasses it gets a clear error, not silently wrong weights."""
+    from npformer.errors import DistributedError
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    from npformer.training.config import make_config
+    trainer = make_trainer(make_config(dict(task="charlm", model="gpt2", d_model=16, nhead=2, layers=1,
+                                            dim_feedforward=32, block_size=16, batch_size=4, steps=3, warmup=1,
+                                            eval_every=0)), log=lambda _: None)
+    reduced = []
+
+    class OneRank:                                          # the data-parallel step's reduction, on one rank
+        def dropout_seed(self, seed, step):
+            return (seed, step)
+
+        def reduce_gradients(self, loss, count, tokens):
+            reduced.append(count)
+            return loss, count, tokens
+    trainer.data_parallel = OneRank()
+    trainer.train_step()                                    # the trainer's own step: through cross_entropy
+    assert reduced == [4 * 16]
+    x, y = trainer.batch(2)
+
+    def bypass(step):
+        loss, cache = cross_entropy_forward(trainer.model(x), y)
+        trainer.model.backward(cross_entropy_backward(trainer.xp.ones((), dtype=loss.dtype), cache))
+        return float(loss), int(x.size)
+    trainer.loss_and_backward = bypass
+    with pytest.raises(DistributedError, match="did not compute its loss through Trainer.cross_entropy"):
+        trainer.train_step()
