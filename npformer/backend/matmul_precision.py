@@ -90,5 +90,11 @@ def float32_matmul_precision(backend: str | ModuleType = "cupy") -> str:
     xp = get_backend(backend)
     if xp is numpy:
         return "highest"
+    return "tf32" if cupy_float32_on_tf32() else "highest"
+
+
+def cupy_float32_on_tf32() -> bool:
+    """Whether CuPy's float32 products run on TF32 now (CuPy imported, no device query: cheap enough
+    for the kernels that follow the setting to ask at each call)."""
     linalg = importlib.import_module("cupy._core._routines_linalg")
-    return "tf32" if linalg.get_compute_type(numpy.float32) == linalg.COMPUTE_TYPE_TF32 else "highest"
+    return linalg.get_compute_type(numpy.float32) == linalg.COMPUTE_TYPE_TF32

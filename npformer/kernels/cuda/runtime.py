@@ -91,8 +91,8 @@ def float32_on_tf32() -> bool:
     """Whether CuPy's float32 products run on TF32 tensor cores (the opt-in of
     :func:`npformer.backend.set_float32_matmul_precision`): the fused kernels that multiply tiles of
     float32 (flash attention) follow it."""
-    from npformer.backend.matmul_precision import float32_matmul_precision
-    return float32_matmul_precision("cupy") == "tf32"
+    from npformer.backend.matmul_precision import cupy_float32_on_tf32
+    return cupy_float32_on_tf32()
 
 
 def compile_module(source: str, options: tuple):

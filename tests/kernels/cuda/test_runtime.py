@@ -154,3 +154,15 @@ def test_on_the_gpu_the_real_module_compiles_and_dispatches(monkeypatch):
     np.testing.assert_allclose(host(y).sum(-1), 1.0, rtol=1e-6)
     with pytest.raises(TypeError, match="two backends were mixed"):
         cuda.dropout_forward(x, 0.5, rng=np.random.default_rng(0))   # a NumPy Generator with CuPy data
+
+
+def test_float32_on_tf32_reads_cupys_float32_compute_type(monkeypatch):
+    """The flash kernels follow set_float32_matmul_precision: TF32 when CuPy's float32 products use
+    COMPUTE_TYPE_TF32 (a stand-in for CuPy's matmul module here), exact float32 otherwise."""
+    import types
+    linalg = types.SimpleNamespace(COMPUTE_TYPE_TF32=7, compute=0)
+    linalg.get_compute_type = lambda dtype: linalg.compute if np.dtype(dtype) == np.float32 else 0
+    monkeypatch.setitem(sys.modules, "cupy._core._routines_linalg", linalg)
+    assert runtime.float32_on_tf32() is False
+    linalg.compute = 7
+    assert runtime.float32_on_tf32() is True
