@@ -97,7 +97,7 @@ from npformer.ops.flash_attention import SPLITMIX64
 __all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARIANTS", "TC_VARIANT_OF", "TC_BR",
            "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
            "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
-           "entry_name", "module_source", "MODULE_SOURCES", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
+           "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
@@ -1319,7 +1319,7 @@ def entry_name(kernel: str, dtype, d: int | None = None) -> str:
 
 
 def _entry_points(pairs) -> str:
-    """The entry points of the (dtype, D) pairs (bwd_pre once per dtype), then the test kernels."""
+    """The entry points of the (dtype, D) pairs (bwd_pre once per dtype)."""
     out, dtypes = [], []
     for dtype, d in pairs:
         storage, acc, _ = TYPES[numpy.dtype(dtype)]
@@ -1350,9 +1350,13 @@ def _entry_points(pairs) -> str:
                         f'{entry_name(name, dtype, d)}({params}) {{\n    {body}\n}}\n')
                 out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         dtypes.append(dtype)
+    return "\n".join(out)
+
+
+def _test_entry_points() -> str:
     sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
                     f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
-    return "\n".join(out) + _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
+    return _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
 
 
 def _constants(text: str) -> str:
@@ -1366,14 +1370,17 @@ _PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
 
 def module_source(dtype, d: int) -> str:
     """The NVRTC source of the module for ``dtype`` and head-size bucket ``d``: its fwd, bwd_dkdv,
-    bwd_dq and bwd_pre entry points, and the two test kernels."""
+    bwd_dq and bwd_pre entry points (and the tensor-core ones)."""
     return HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
 
 
 MODULE_SOURCES = {pair: module_source(*pair) for pair in _PAIRS}
+# The two kernels only the tests launch (the keep rule position by position, the shared memory each
+# kernel carves), in a module of their own: never compiled into the shipped ones.
+TEST_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _test_entry_points()
 # What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions itself):
-# every pair's entry points in one library.
-FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS)
+# every pair's entry points and the test kernels in one library.
+FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS) + _test_entry_points()
 # Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
 # the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
 # reference's matmul anyway, and FMA halves its instruction count.

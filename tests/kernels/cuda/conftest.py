@@ -36,7 +36,8 @@ from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import the
 from tests.kernels.cuda import emulator
 
 DTYPES = ("float64", "float32", "float16")
-_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values())   # each emulated by the one flash library
+# each emulated by the one flash library
+_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values()) | {flash_source.TEST_SOURCE}
 
 
 @dataclass(frozen=True)
