@@ -132,8 +132,10 @@ def dispatched(reference: Callable) -> Callable:
         run = reference
         if paths and _ON.get():
             off = _OFF_NAMES.get()
-            run = next((path.run for path in paths if path.name not in off and path.accepts(*args, **kwargs)),
-                       reference)
+            for path in paths:                  # (a plain loop: no generator made and resumed per call)
+                if path.name not in off and path.accepts(*args, **kwargs):
+                    run = path.run
+                    break
         result = run(*args, **kwargs)
         if _ANOMALY.get():
             _check_finite(name, (*args, *kwargs.values()), result)

@@ -48,7 +48,12 @@ FLOATS = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
 def numba_floats(*arrays: Any) -> bool:
     """True when numba is installed and every argument that is not None is a NumPy float32/float64
     array (anything else goes to the next implementation, which gives the errors)."""
-    return AVAILABLE and all(a is None or (type(a) is numpy.ndarray and a.dtype in FLOATS) for a in arrays)
+    if not AVAILABLE:
+        return False
+    for a in arrays:                    # (a loop, not all() over a generator: this runs at every op call)
+        if a is not None and (type(a) is not numpy.ndarray or a.dtype not in FLOATS):
+            return False
+    return True
 
 
 def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperparameters) -> bool:
