@@ -43,16 +43,16 @@ were already non-finite. Ops nested in others are checked first, so the innermos
 from __future__ import annotations
 
 import contextvars
-import inspect
 import functools
+import inspect
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
 from npformer.backend import get_array_module
 from npformer.errors import NonFiniteError
 
-__all__ = ["FastPath", "Takes", "takes", "dispatched", "register", "enabled", "set_enabled", "disabled", "implementation",
-           "registered", "detect_anomaly", "anomaly_detection_enabled"]
+__all__ = ["FastPath", "Takes", "takes", "dispatched", "register", "enabled", "set_enabled", "disabled",
+           "implementation", "registered", "detect_anomaly", "anomaly_detection_enabled"]
 
 _ON = contextvars.ContextVar("npformer_fast_paths", default=True)
 _OFF_NAMES = contextvars.ContextVar("npformer_fast_paths_off", default=frozenset())

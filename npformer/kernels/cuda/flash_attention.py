@@ -146,7 +146,7 @@ def _mask_args(xp, masks, acc, p: float, seed, bits: bool) -> tuple:
     """The NpfFaArgs arguments before the sizes: masks (bool as bytes, or packed to bits for the
     tensor-core kernels when ``bits``; float as the accumulation dtype, as mask_bias casts them), bool
     padding's key ends, and dropout; unused pointers get a 1-element placeholder."""
-    no_bytes, no_bits, no_float = (xp.zeros((1,), dtype=t) for t in (bool, xp.uint32, acc))
+    no_bytes, no_bits, no_float = (xp.empty((1,), dtype=t) for t in (bool, xp.uint32, acc))   # never read
     out = []
     for m in (masks.attn, masks.padding):
         if m is None:
@@ -161,7 +161,7 @@ def _mask_args(xp, masks, acc, p: float, seed, bits: bool) -> tuple:
                         numpy.int32(2)])
     attn, pad = out
     attn_bh = 0 if masks.attn is None or masks.attn.ndim == 2 else masks.attn.shape[-2] * int(attn[3])
-    ends = key_end(xp, masks.padding) if pad[4] == 1 else xp.zeros((1,), dtype=xp.int32)
+    ends = key_end(xp, masks.padding) if pad[4] == 1 else xp.empty((1,), dtype=xp.int32)
     args = attn[:3] + [numpy.int64(attn_bh)] + attn[3:] + pad[:3] + [ends] + pad[3:]
     if p > 0:
         threshold = keep_threshold(p, xp.__name__.split(".")[0])

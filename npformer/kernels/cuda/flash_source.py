@@ -97,7 +97,8 @@ from npformer.ops.flash_attention import SPLITMIX64
 __all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARIANTS", "TC_VARIANT_OF", "TC_BR",
            "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
            "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
-           "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
+           "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE",
+           "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
@@ -773,7 +774,7 @@ __device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
 //   mma: D = A B + C over K
 struct NpfHalfOps {
     typedef unsigned short T;
-    static constexpr int K = 16, PAD = 8;
+    static constexpr int K = 16, PAD = 16 / sizeof(T);  // npf_fa_load_tile's rows: D + 16 bytes
     static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
         npf_ldmatrix_x4(a, X + (r0 + (lane / 8) % 2 * 8 + lane % 8) * LD + k0 + lane / 16 * 8);
     }
@@ -803,7 +804,7 @@ struct NpfHalfOps {
 // Rows D + 4 floats apart: the 32 lanes' reads fall in 32 distinct banks in each function.
 struct NpfTf32Ops {
     typedef float T;
-    static constexpr int K = 8, PAD = 4;
+    static constexpr int K = 8, PAD = 16 / sizeof(T);   // npf_fa_load_tile's rows: D + 16 bytes
     static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
         const T* x = X + (r0 + lane / 4) * LD + k0 + lane % 4;
         a[0] = npf_tf32(x[0]);
@@ -1142,8 +1143,9 @@ __device__ __forceinline__ void npf_fa_bwd_query_tile(const T* q_head, const T* 
 template <typename Ops, int D, int BR>
 __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
                                    const typename Ops::T* dout, const float* lse, const float* dvec,
-                                   typename Ops::T* dk, typename Ops::T* dv, const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl,
-                                   NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
+                                   typename Ops::T* dk, typename Ops::T* dv, const NpfFaArgs<float>& a,
+                                   NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl,
+                                   NpfFaLayout dvl) {
     typedef typename Ops::T T;
     constexpr int BC = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BR / 8, DN = D / 8, KD = D / Ops::K, KB = BR / Ops::K;
     NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * LD * sizeof(T) + 4 * BR * 4);

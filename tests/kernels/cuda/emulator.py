@@ -11,11 +11,11 @@ thread of the block reaches is reported as an error instead of hanging.
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
 (m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts), ``npf_mma_1688_tf32``
 (m16n8k8, TF32 in: an operand's 13 low mantissa bits are not read; ``npf_tf32`` rounds to TF32 as
-``cvt.rna`` does) and ``npf_ldmatrix_x4`` (``_trans``). A lane posts its operands and waits; the block runs warp by warp, and once every live
-lane of a warp waits at the same collective the scheduler computes the results from all 32 lanes'
-operands and the lanes go on. Lanes of one warp at different collectives, or some at a barrier, are
-an error, as are a collective after some lanes of the warp ended and a matrix instruction in a
-partial warp. ``cp.async`` is a plain copy (a legal
+``cvt.rna`` does) and ``npf_ldmatrix_x4`` (``_trans``). A lane posts its operands and waits; the
+block runs warp by warp, and once every live lane of a warp waits at the same collective the
+scheduler computes the results from all 32 lanes' operands and the lanes go on. Lanes of one warp at
+different collectives, or some at a barrier, are an error, as are a collective after some lanes of
+the warp ended and a matrix instruction in a partial warp. ``cp.async`` is a plain copy (a legal
 schedule: the copy has landed before any wait), its commit and wait do nothing.
 
 :class:`EmulatedModule` stands in for ``cupy.RawModule``: ``get_function(name)`` returns a callable
@@ -103,21 +103,20 @@ static double __shfl_xor_sync(unsigned, double v, int mask, int = 32) {
 static int __shfl_xor_sync(unsigned, int v, int mask, int = 32) { return (int)npf_shfl_xor_bits((unsigned)v, mask); }
 static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask, int = 32) { return npf_shfl_xor_bits(v, mask); }
 
-static void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const float* c) {
+// mma.sync (op: NPF_WARP_MMA, m16n8k16 float16; NPF_WARP_MMA_TF32, m16n8k8): 4 A registers, 2 B, 4 C floats
+static void npf_mma(float* d, const unsigned* a, const unsigned* b, const float* c, int op) {
     NpfLane& l = npf_lanes[npf_current];
     for (int i = 0; i < 4; ++i) { l.in[i] = a[i]; std::memcpy(&l.in[6 + i], &c[i], 4); }
     l.in[4] = b[0];
     l.in[5] = b[1];
-    npf_warp_wait(NPF_WARP_MMA);
+    npf_warp_wait(op);
     for (int i = 0; i < 4; ++i) std::memcpy(&d[i], &l.out[i], 4);
 }
+static void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const float* c) {
+    npf_mma(d, a, b, c, NPF_WARP_MMA);
+}
 static void npf_mma_1688_tf32(float* d, const unsigned* a, const unsigned* b, const float* c) {
-    NpfLane& l = npf_lanes[npf_current];
-    for (int i = 0; i < 4; ++i) { l.in[i] = a[i]; std::memcpy(&l.in[6 + i], &c[i], 4); }
-    l.in[4] = b[0];
-    l.in[5] = b[1];
-    npf_warp_wait(NPF_WARP_MMA_TF32);
-    for (int i = 0; i < 4; ++i) std::memcpy(&d[i], &l.out[i], 4);
+    npf_mma(d, a, b, c, NPF_WARP_MMA_TF32);
 }
 // cvt.rna.tf32.f32: the 13 low mantissa bits rounded off, to nearest, ties away from zero (adding half a
 // unit to the magnitude's bits); infinities and NaN as they are
@@ -157,20 +156,31 @@ static void npf_resolve(int op, size_t base, size_t count) {
         }
         return;
     }
-    if (op == NPF_WARP_MMA) {
+    if (op == NPF_WARP_MMA || op == NPF_WARP_MMA_TF32) {
+        // each lane's fragments into A (16 x K), B (K x 8) and C (16 x 8) by the PTX ISA's layouts
+        const bool tf32 = op == NPF_WARP_MMA_TF32;
+        const int K = tf32 ? 8 : 16;
         float A[16][16], B[16][8], C[16][8];
         for (unsigned lane = 0; lane < 32; ++lane) {
             unsigned g = lane / 4, t = lane % 4;
             for (unsigned i = 0; i < 4; ++i) {
-                unsigned row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
-                A[row][col] = npf_half_bits(L[lane].in[i]);
-                A[row][col + 1] = npf_half_bits(L[lane].in[i] >> 16);
+                if (tf32) {                                  // a value a register: (g, t), (g+8, t), (g, t+4), ...
+                    A[g + 8 * (i % 2)][t + 4 * (i / 2)] = npf_tf32_bits(L[lane].in[i]);
+                } else {                                     // two halves: (g, 2t, 2t+1), (g+8, ...), (g, 2t+8, ...)
+                    unsigned row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+                    A[row][col] = npf_half_bits(L[lane].in[i]);
+                    A[row][col + 1] = npf_half_bits(L[lane].in[i] >> 16);
+                }
                 float cv; std::memcpy(&cv, &L[lane].in[6 + i], 4);
                 C[g + 8 * (i / 2)][2 * t + i % 2] = cv;
             }
             for (unsigned i = 0; i < 2; ++i) {
-                B[2 * t + 8 * i][g] = npf_half_bits(L[lane].in[4 + i]);
-                B[2 * t + 8 * i + 1][g] = npf_half_bits(L[lane].in[4 + i] >> 16);
+                if (tf32) {
+                    B[t + 4 * i][g] = npf_tf32_bits(L[lane].in[4 + i]);
+                } else {
+                    B[2 * t + 8 * i][g] = npf_half_bits(L[lane].in[4 + i]);
+                    B[2 * t + 8 * i + 1][g] = npf_half_bits(L[lane].in[4 + i] >> 16);
+                }
             }
         }
         for (unsigned lane = 0; lane < 32; ++lane) {
@@ -178,29 +188,7 @@ static void npf_resolve(int op, size_t base, size_t count) {
             for (unsigned i = 0; i < 4; ++i) {
                 unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
                 float acc = C[row][col];
-                for (int k = 0; k < 16; ++k) acc += A[row][k] * B[k][col];   // float16 products are exact in float
-                std::memcpy(&L[lane].out[i], &acc, 4);
-            }
-        }
-        return;
-    }
-    if (op == NPF_WARP_MMA_TF32) {
-        float A[16][8], B[8][8], C[16][8];
-        for (unsigned lane = 0; lane < 32; ++lane) {
-            unsigned g = lane / 4, t = lane % 4;
-            for (unsigned i = 0; i < 4; ++i) {
-                A[g + 8 * (i % 2)][t + 4 * (i / 2)] = npf_tf32_bits(L[lane].in[i]);
-                float cv; std::memcpy(&cv, &L[lane].in[6 + i], 4);
-                C[g + 8 * (i / 2)][2 * t + i % 2] = cv;
-            }
-            for (unsigned i = 0; i < 2; ++i) B[t + 4 * i][g] = npf_tf32_bits(L[lane].in[4 + i]);
-        }
-        for (unsigned lane = 0; lane < 32; ++lane) {
-            unsigned g = lane / 4, t = lane % 4;
-            for (unsigned i = 0; i < 4; ++i) {
-                unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
-                float acc = C[row][col];
-                for (int k = 0; k < 8; ++k) acc += A[row][k] * B[k][col];   // TF32 products are exact in float
+                for (int k = 0; k < K; ++k) acc += A[row][k] * B[k][col];   // float16, TF32 products: exact in float
                 std::memcpy(&L[lane].out[i], &acc, 4);
             }
         }
