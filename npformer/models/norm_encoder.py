@@ -9,8 +9,8 @@ choice, for comparing LayerNorm with BatchNorm in one architecture (``npformer s
 N is ``norm``: "layer" (LayerNorm: each position normalised over its own C features), "batch"
 (BatchNorm1d over all B*T positions, padding included, which is what ``torch.nn.BatchNorm1d`` does
 to a padded batch) or "batch_masked" (BatchNorm1d with the padding positions left out of the
-statistics). The layers are written here from ``MultiheadAttention``, ``FeedForwardBlock`` and the
-norms, so ``npformer.nn.transformer`` stays LayerNorm-only. BatchNorm's running statistics are
+statistics). The layers are :class:`npformer.nn.experimental.ConfigurableEncoderLayer` with the norm
+chosen, so ``npformer.nn.transformer`` stays LayerNorm-only. BatchNorm's running statistics are
 buffers, saved by ``state_dict`` with the parameters.
 """
 from __future__ import annotations
@@ -23,26 +23,12 @@ from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
 from npformer.nn.dropout import Dropout
 from npformer.nn.embedding import Embedding, PositionalEncoding
+from npformer.nn.experimental import NORMS, ConfigurableEncoderLayer, make_norm
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
-from npformer.nn.normalization import LayerNorm
-from npformer.nn.normalization_batch import BatchNorm1d
-from npformer.nn.transformer import ComposedResiduals, TransformerEncoderLayer
 from npformer.ops.feedforward import ACTIVATIONS
 
-__all__ = ["NORMS", "NormEncoderConfig", "NormEncoderLayer", "NormEncoder"]
-
-NORMS = {
-    "layer": "LayerNorm: per position, over its C features",
-    "batch": "BatchNorm1d: per feature, over all B*T positions, padding included (torch's behaviour)",
-    "batch_masked": "BatchNorm1d: per feature, over the non-padding positions only",
-}
-
-
-def _make_norm(kind: str, d_model: int, kw: dict) -> Module:
-    one_of(kind, "norm", tuple(NORMS))
-    return LayerNorm(d_model, **kw) if kind == "layer" else BatchNorm1d(d_model, **kw)
-
+__all__ = ["NORMS", "NormEncoderConfig", "NormEncoder"]
 
 @dataclass(frozen=True)
 class NormEncoderConfig:
@@ -74,25 +60,6 @@ class NormEncoderConfig:
         return asdict(self)
 
 
-class NormEncoderLayer(ComposedResiduals, TransformerEncoderLayer):
-    """``TransformerEncoderLayer`` with the chosen norm in both places (the rest is the same class; the
-    residual blocks are composed from the norm modules, which the fused layer-norm op cannot be)."""
-
-    def __init__(self, d_model: int, nhead: int, dim_feedforward: int, dropout: float = 0.0,
-                 activation: str = "relu", norm: str = "layer", norm_first: bool = False, *,
-                 dtype=None, backend=None, rng=None):
-        Module.__init__(self)                            # the norm kind is needed while the layer is built
-        self.norm_kind = one_of(norm, "norm", tuple(NORMS))
-        self._init_layer(d_model, nhead, dim_feedforward, dropout, activation, 1e-5, True, norm_first, True,
-                         dtype, backend, rng, n_norms=2)
-
-    def _make_norm(self, d_model, eps, bias, dtype, backend) -> Module:
-        return _make_norm(self.norm_kind, d_model, dict(dtype=dtype, backend=backend))
-
-    def _norm(self, norm, x, padding):
-        return norm(x, padding) if self.norm_kind == "batch_masked" else norm(x)   # (B, T, C)
-
-
 class NormEncoder(Module):
     """Token ids (B, T) -> per-position class logits (B, T, K)."""
 
@@ -108,10 +75,11 @@ class NormEncoder(Module):
         self.embed = Embedding(c.vocab_size, c.d_model, std=c.d_model ** -0.5, rng=rng, **kw)
         self.pos = PositionalEncoding(c.d_model, c.max_len)
         self.dropout = Dropout(c.dropout)
-        self.layers = ModuleList(NormEncoderLayer(c.d_model, c.nhead, c.dim_feedforward, c.dropout,
-                                                  c.activation, c.norm, c.norm_first, rng=rng, **kw)
+        self.layers = ModuleList(ConfigurableEncoderLayer(c.d_model, c.nhead, c.dim_feedforward, c.dropout,
+                                                          c.activation, norm_first=c.norm_first, norm=c.norm,
+                                                          rng=rng, **kw)
                                  for _ in range(c.num_layers))
-        self.norm = _make_norm(c.norm, c.d_model, kw) if c.norm_first else None
+        self.norm = make_norm(c.norm, c.d_model, **kw) if c.norm_first else None
         self.head = Linear(c.d_model, c.num_classes, rng=rng, **kw)
         self.scale = math.sqrt(c.d_model)
         self.manual_seed(init.stream_seed(rng))          # the model's dropout stream

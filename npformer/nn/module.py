@@ -92,7 +92,7 @@ class Parameter:
     Assigning a different array to ``data`` takes the parameter out of the buffer (``flat`` None).
     """
 
-    __slots__ = ("_data", "grad", "decay", "_slot")
+    __slots__ = ("data", "grad", "decay", "_slot")
 
     def __init__(self, data: Any, *, decay: bool = True):
         self._slot = None
@@ -101,26 +101,19 @@ class Parameter:
         self.decay = decay
 
     @property
-    def data(self) -> Any:
-        return self._data
-
-    @data.setter
-    def data(self, value: Any) -> None:
-        if self._slot is not None and value is not self._slot.data:
-            self._slot = None                      # a new array: no longer a view of the flat buffer
-        self._data = value
-
-    @property
     def flat(self):
-        """Where ``data`` and the gradient live in a flat buffer (a FlatSlot), or None."""
-        return self._slot
+        """Where ``data`` and the gradient live in a flat buffer (a FlatSlot), or None: the slot given
+        by :meth:`attach` while ``data`` is still its view (another array assigned to ``data`` takes
+        the parameter out of the buffer). ``data`` is a plain attribute: reading it costs no call."""
+        slot = self._slot
+        return slot if slot is not None and self.data is slot.data else None
 
     def attach(self, slot) -> None:
         """Make ``slot.data`` (a view of a flat buffer holding this parameter's values) the data,
         and ``slot.grad`` the place its gradients accumulate (used by flatten_parameters)."""
         if tuple(slot.data.shape) != self.shape or slot.data.dtype != self.dtype:
             raise ShapeError(f"flat slot of {describe(slot.data)} for a parameter of {describe(self.data)}")
-        self._data, self._slot, self.grad = slot.data, slot, None
+        self.data, self._slot, self.grad = slot.data, slot, None
 
     @property
     def shape(self) -> tuple:
@@ -137,13 +130,14 @@ class Parameter:
     def accumulate(self, g: Any) -> None:
         """``grad += g`` (allocating on first use, or writing into the flat gradient buffer when the
         parameter has a flat slot); ``g`` must have the parameter's shape."""
-        if tuple(g.shape) != self.shape:
+        data, slot = self.data, self._slot
+        if tuple(g.shape) != tuple(data.shape):
             raise ShapeError(f"gradient of shape {tuple(g.shape)} for a parameter of shape {self.shape}")
         if self.grad is not None:
             self.grad += g
-        elif self._slot is not None:
-            self._slot.grad[...] = g                 # cast to the parameter's dtype, as astype below
-            self.grad = self._slot.grad
+        elif slot is not None and data is slot.data:     # in a flat buffer (see flat)
+            slot.grad[...] = g                       # cast to the parameter's dtype, as astype below
+            self.grad = slot.grad
         else:
             self.grad = g.astype(self.data.dtype, copy=True)
 
@@ -427,6 +421,17 @@ class Module:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Calling a module is calling its forward, so each subclass's __call__ *is* its forward (the
+        # one its MRO finds): ``module(x)`` runs forward with no frame in between, and a traceback
+        # or a profile goes from the model straight to its layers. A class that defines __call__
+        # itself keeps it, and so do its subclasses.
+        super().__init_subclass__(**kwargs)
+        owner = next(k for k in cls.__mro__ if "__call__" in k.__dict__)
+        if owner is Module or owner.__dict__.get("_call_is_forward"):
+            cls.__call__ = cls.forward
+            cls._call_is_forward = True
 
     def extra_repr(self) -> str:
         return ""

@@ -36,11 +36,11 @@ from npformer.ops.feedforward import ACTIVATIONS, feed_forward_backward, feed_fo
 from npformer.ops.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
                                    residual_dropout_layer_norm_forward)
 
-__all__ = ["FeedForwardBlock", "ComposedResiduals", "TransformerEncoderLayer", "TransformerDecoderLayer",
+__all__ = ["FeedForwardBlock", "TransformerEncoderLayer", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerDecoder", "Transformer"]
 
 
-class _FeedForwardParts(Module):
+class FeedForwardParts(Module):
     """``linear1``, ``dropout`` and ``linear2`` held as PyTorch names them, run as the one feed-forward op."""
 
     def _init_feed_forward(self, d_model, dim_feedforward, dropout, activation, bias, kw):
@@ -64,7 +64,7 @@ class _FeedForwardParts(Module):
         return dx                                                                 # (B, T, C)
 
 
-class FeedForwardBlock(_FeedForwardParts):
+class FeedForwardBlock(FeedForwardParts):
     """The position-wise feed-forward network on its own (no residual, no norm)."""
 
     def __init__(self, d_model, dim_feedforward, dropout=0.0, activation="relu", bias=True, *,
@@ -82,13 +82,11 @@ class FeedForwardBlock(_FeedForwardParts):
         return self._feed_forward_backward(dout)
 
 
-class _Layer(_FeedForwardParts):
-    """What the encoder and decoder layers share: construction (in PyTorch's registration order),
-    self-attention, and the hooks a variant may change: the norms' type (:meth:`_make_norm`), how a
-    norm is applied (:meth:`_norm`), the residual connection (:meth:`_add`; the backward adds the
-    skip's and the branch's gradients with it), and the residual blocks (:meth:`_add_norm`,
-    :meth:`_add_dropout` and their backwards), one fused op each here; a variant whose norm or
-    residual differs composes them from its hooks instead (:class:`ComposedResiduals`)."""
+class _Layer(FeedForwardParts):
+    """What the encoder and decoder layers share: construction (in PyTorch's registration order) and
+    the residual blocks, one fused op each (:mod:`npformer.ops.residual`). The study variants (another
+    norm, no residual connection) are layers of their own, composed of modules:
+    :class:`npformer.nn.experimental.ConfigurableEncoderLayer`."""
 
     def _init_layer(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
                     norm_first, bias, dtype, backend, rng, n_norms: int):
@@ -102,45 +100,22 @@ class _Layer(_FeedForwardParts):
             self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, **kw)
         self._init_feed_forward(d_model, dim_feedforward, dropout, activation, bias, kw)
         for i in range(1, n_norms + 1):
-            setattr(self, f"norm{i}", self._make_norm(d_model, layer_norm_eps, bias, dtype, backend))
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype, backend=backend))
         for i in range(1, n_norms + 1):
             setattr(self, f"dropout{i}", Dropout(dropout))
         self.manual_seed(init.stream_seed(rng))          # this layer's dropout stream
 
-    def _make_norm(self, d_model, eps, bias, dtype, backend) -> Module:
-        return LayerNorm(d_model, eps=eps, bias=bias, dtype=dtype, backend=backend)
-
-    def _norm(self, norm, x, padding):
-        """``norm(x)``; ``padding`` (B, T) is there for norms that use it (the norms study's BatchNorm)."""
-        return norm(x)
-
-    def _add(self, skip, branch):
-        """The residual connection: ``x + f(x)`` forward, ``dy + f'(dy)`` backward."""
-        return skip + branch
-
-    def _sa(self, h, mask, padding, is_causal, kv_cache):
-        a, _ = self.self_attn(h, attn_mask=mask, key_padding_mask=padding, need_weights=False,
-                              is_causal=is_causal, kv_cache=kv_cache)
-        return a                                                                  # (B, T, C)
-
-    def _sa_backward(self, d):
-        return self.self_attn.backward(d)[0]                                      # (B, T, C): dx, all three paths
-
-    @staticmethod
-    def _dropout_options(drop, like) -> dict:
-        """The arguments ``drop(like)`` (a Dropout module) would give the dropout op."""
-        active = drop.training and drop.p > 0
-        return dict(p=drop.p, rng=drop.generator(like) if active else None, training=active)
-
-    def _add_norm(self, skip, branch, drop, norm, padding):
+    def _add_norm(self, skip, branch, drop, norm):
         """``s = skip + drop(branch)`` and ``norm(s)``, as ``(s, norm(s))``: one op."""
+        active = drop.training and drop.p > 0
         s, y, cache = residual_dropout_layer_norm_forward(
             skip, branch, None if norm.weight is None else norm.weight.data,
-            None if norm.bias is None else norm.bias.data, eps=norm.eps, **self._dropout_options(drop, branch))
+            None if norm.bias is None else norm.bias.data, eps=norm.eps, p=drop.p,
+            rng=drop.generator(branch) if active else None, training=active)
         self._push(cache)
         return s, y                                                               # (B, T, C), (B, T, C)
 
-    def _add_norm_backward(self, ds, dy, drop, norm):
+    def _add_norm_backward(self, ds, dy, norm):
         """``(dskip, dbranch)`` from the gradient of s (None when s had no other use) and of norm(s)."""
         # fwd: s = skip + drop(branch), y = norm(s)  ->  dskip = ds + norm'(dy),  dbranch = drop'(dskip)
         dx, dbranch, dweight, dbias = residual_dropout_layer_norm_backward(ds, dy, self._pop())
@@ -152,37 +127,15 @@ class _Layer(_FeedForwardParts):
 
     def _add_dropout(self, skip, branch, drop):
         """``skip + drop(branch)``: one op."""
-        s, cache = residual_dropout_forward(skip, branch, **self._dropout_options(drop, branch))
+        active = drop.training and drop.p > 0
+        s, cache = residual_dropout_forward(skip, branch, p=drop.p, rng=drop.generator(branch) if active else None,
+                                            training=active)
         self._push(cache)
         return s                                                                  # (B, T, C)
 
-    def _add_dropout_backward(self, ds, drop):
-        """The branch's gradient ``drop'(ds)`` (the skip's is ds itself). The module ``drop`` (and in
-        the hooks above ``padding``) is what the composed variant needs; the op's cache stands in here."""
+    def _add_dropout_backward(self, ds):
+        """The branch's gradient ``drop'(ds)`` (the skip's is ds itself)."""
         return dropout_backward(ds, self._pop())                                  # (B, T, C)
-
-
-class ComposedResiduals:
-    """The residual blocks composed of the layer's own modules and hooks (``drop(branch)``,
-    :meth:`_add`, :meth:`_norm`) instead of the fused ops, for a layer variant those ops do not
-    cover (another norm, no residual connection); listed before the layer class in its bases."""
-
-    def _add_norm(self, skip, branch, drop, norm, padding):
-        s = self._add(skip, drop(branch))                                        # (B, T, C)
-        return s, self._norm(norm, s, padding)                                    # (B, T, C), (B, T, C)
-
-    def _add_norm_backward(self, ds, dy, drop, norm):
-        # fwd: s = skip + drop(branch), y = norm(s)  ->  d = ds + norm'(dy) (ds through the skip),  drop'(d)
-        d = norm.backward(dy)
-        if ds is not None:
-            d = self._add(ds, d)
-        return d, drop.backward(d)                                                # (B, T, C), (B, T, C)
-
-    def _add_dropout(self, skip, branch, drop):
-        return self._add(skip, drop(branch))                                      # (B, T, C)
-
-    def _add_dropout_backward(self, ds, drop):
-        return drop.backward(ds)                                                  # (B, T, C)
 
 
 class TransformerEncoderLayer(_Layer):
@@ -199,31 +152,34 @@ class TransformerEncoderLayer(_Layer):
                 kv_cache: KVCache | None = None):
         """``src`` (B, T, C) -> (B, T, C). With ``kv_cache``, ``src`` holds only the new positions,
         which attend causally to every cached one (a decoder-only model such as GPT)."""
-        x, pad = src, src_key_padding_mask                                       # (B, T, C)
+        x = src                                                                   # (B, T, C)
+        # a = SA(norm1(x)) pre-norm, SA(x) post-norm
+        a, _ = self.self_attn(self.norm1(x) if self.norm_first else x, attn_mask=src_mask,
+                              key_padding_mask=src_key_padding_mask, need_weights=False, is_causal=is_causal,
+                              kv_cache=kv_cache)
         if self.norm_first:
-            # x1 = x + drop1(SA(norm1(x))),  h = norm2(x1);  y = x1 + drop2(FF(h))
-            a = self._sa(self._norm(self.norm1, x, pad), src_mask, pad, is_causal, kv_cache)
-            x, h = self._add_norm(x, a, self.dropout1, self.norm2, pad)
+            # x1 = x + drop1(a),  h = norm2(x1);  y = x1 + drop2(FF(h))
+            x, h = self._add_norm(x, a, self.dropout1, self.norm2)
             return self._add_dropout(x, self._feed_forward(h), self.dropout2)
-        # x1 = norm1(x + drop1(SA(x)));  y = norm2(x1 + drop2(FF(x1)))
-        _, x = self._add_norm(x, self._sa(x, src_mask, pad, is_causal, kv_cache), self.dropout1, self.norm1, pad)
-        return self._add_norm(x, self._feed_forward(x), self.dropout2, self.norm2, pad)[1]
+        # x1 = norm1(x + drop1(a));  y = norm2(x1 + drop2(FF(x1)))
+        _, x = self._add_norm(x, a, self.dropout1, self.norm1)
+        return self._add_norm(x, self._feed_forward(x), self.dropout2, self.norm2)[1]
 
     def backward(self, dout):
         """Returns ``dsrc``; parameter gradients accumulate."""
         if self.norm_first:
             # fwd: y = x1 + drop2(FF(h))  ->  dx1 = dy (the skip),  dh = FF'(drop2'(dy))
-            dh = self._feed_forward_backward(self._add_dropout_backward(dout, self.dropout2))
+            dh = self._feed_forward_backward(self._add_dropout_backward(dout))
             # fwd: x1 = x + drop1(a), h = norm2(x1)  ->  dx1 += norm2'(dh),  da = drop1'(dx1)
-            dx1, da = self._add_norm_backward(dout, dh, self.dropout1, self.norm2)
+            dx1, da = self._add_norm_backward(dout, dh, self.norm2)
             # fwd: a = SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(da))
-            return self._add(dx1, self.norm1.backward(self._sa_backward(da)))
+            return dx1 + self.norm1.backward(self.self_attn.backward(da)[0])
         # fwd: y = norm2(x1 + drop2(FF(x1)))  ->  d = norm2'(dy);  dx1 = d + FF'(drop2'(d))
-        d, dbranch = self._add_norm_backward(None, dout, self.dropout2, self.norm2)
-        dx1 = self._add(d, self._feed_forward_backward(dbranch))
+        d, dbranch = self._add_norm_backward(None, dout, self.norm2)
+        dx1 = d + self._feed_forward_backward(dbranch)
         # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
-        d, dbranch = self._add_norm_backward(None, dx1, self.dropout1, self.norm1)
-        return self._add(d, self._sa_backward(dbranch))
+        d, dbranch = self._add_norm_backward(None, dx1, self.norm1)
+        return d + self.self_attn.backward(dbranch)[0]                            # SA' sums all three paths
 
 
 class TransformerDecoderLayer(_Layer):
@@ -236,16 +192,6 @@ class TransformerDecoderLayer(_Layer):
         self._init_layer(d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
                          norm_first, bias, dtype, backend, rng, n_norms=3)
 
-    def _mha(self, h, memory, mask, padding, is_causal, kv_cache):
-        a, _ = self.multihead_attn(h, memory, memory, attn_mask=mask, key_padding_mask=padding,
-                                   need_weights=False, is_causal=is_causal, kv_cache=kv_cache)
-        return a                                                                  # (B, T, C)
-
-    def _mha_backward(self, d):
-        # fwd: a = MHA(h, memory, memory)  ->  dh = dquery,  dmemory = dkey + dvalue (memory was both)
-        dq, dk, dv = self.multihead_attn.backward(d)
-        return dq, dk + dv                                                        # (B, T, C), (B, S, C)
-
     def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
                 memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False,
                 kv_cache: tuple[KVCache, KVCache] | None = None):
@@ -253,42 +199,52 @@ class TransformerDecoderLayer(_Layer):
         cache, cross-attention cache), ``tgt`` holds only the new target positions and the memory is
         projected on the first call only."""
         self_cache, cross_cache = (None, None) if kv_cache is None else kv_cache
-        x, pad = tgt, tgt_key_padding_mask                                       # (B, T, C)
+        x = tgt                                                                   # (B, T, C)
+        a, _ = self.self_attn(self.norm1(x) if self.norm_first else x, attn_mask=tgt_mask,
+                              key_padding_mask=tgt_key_padding_mask, need_weights=False, is_causal=tgt_is_causal,
+                              kv_cache=self_cache)
         if self.norm_first:
             # x1 = x + drop1(SA(norm1(x))), h = norm2(x1);  x2 = x1 + drop2(MHA(h, memory)), h = norm3(x2)
-            a = self._sa(self._norm(self.norm1, x, pad), tgt_mask, pad, tgt_is_causal, self_cache)
-            x, h = self._add_norm(x, a, self.dropout1, self.norm2, pad)
-            a = self._mha(h, memory, memory_mask, memory_key_padding_mask, memory_is_causal, cross_cache)
-            x, h = self._add_norm(x, a, self.dropout2, self.norm3, pad)
+            x, h = self._add_norm(x, a, self.dropout1, self.norm2)
+            a, _ = self.multihead_attn(h, memory, memory, attn_mask=memory_mask,
+                                       key_padding_mask=memory_key_padding_mask, need_weights=False,
+                                       is_causal=memory_is_causal, kv_cache=cross_cache)
+            x, h = self._add_norm(x, a, self.dropout2, self.norm3)
             return self._add_dropout(x, self._feed_forward(h), self.dropout3)   # y = x2 + drop3(FF(h))
         # x1 = norm1(x + drop1(SA(x)));  x2 = norm2(x1 + drop2(MHA(x1, memory)));  y = norm3(x2 + drop3(FF(x2)))
-        _, x = self._add_norm(x, self._sa(x, tgt_mask, pad, tgt_is_causal, self_cache), self.dropout1, self.norm1, pad)
-        a = self._mha(x, memory, memory_mask, memory_key_padding_mask, memory_is_causal, cross_cache)
-        _, x = self._add_norm(x, a, self.dropout2, self.norm2, pad)
-        return self._add_norm(x, self._feed_forward(x), self.dropout3, self.norm3, pad)[1]
+        _, x = self._add_norm(x, a, self.dropout1, self.norm1)
+        a, _ = self.multihead_attn(x, memory, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
+                                   need_weights=False, is_causal=memory_is_causal, kv_cache=cross_cache)
+        _, x = self._add_norm(x, a, self.dropout2, self.norm2)
+        return self._add_norm(x, self._feed_forward(x), self.dropout3, self.norm3)[1]
+
+    def _cross_attention_backward(self, d):
+        # fwd: a = MHA(h, memory, memory)  ->  dh = dquery,  dmemory = dkey + dvalue (memory was both)
+        dq, dk, dv = self.multihead_attn.backward(d)
+        return dq, dk + dv                                                        # (B, T, C), (B, S, C)
 
     def backward(self, dout):
         """Returns ``(dtgt, dmemory)``; parameter gradients accumulate."""
         if self.norm_first:
             # fwd: y = x2 + drop3(FF(h3))  ->  dx2 = dy (the skip),  dh3 = FF'(drop3'(dy))
-            dh = self._feed_forward_backward(self._add_dropout_backward(dout, self.dropout3))
+            dh = self._feed_forward_backward(self._add_dropout_backward(dout))
             # fwd: x2 = x1 + drop2(a), h3 = norm3(x2)  ->  dx2 += norm3'(dh3),  da = drop2'(dx2)
-            dx2, da = self._add_norm_backward(dout, dh, self.dropout2, self.norm3)
+            dx2, da = self._add_norm_backward(dout, dh, self.norm3)
             # fwd: a = MHA(h2, memory)  ->  dh2 = dquery,  dmemory
-            dh, dmem = self._mha_backward(da)
+            dh, dmem = self._cross_attention_backward(da)
             # fwd: x1 = x + drop1(a), h2 = norm2(x1)  ->  dx1 = dx2 + norm2'(dh2),  da = drop1'(dx1)
-            dx1, da = self._add_norm_backward(dx2, dh, self.dropout1, self.norm2)
+            dx1, da = self._add_norm_backward(dx2, dh, self.norm2)
             # fwd: a = SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(da))
-            return self._add(dx1, self.norm1.backward(self._sa_backward(da))), dmem
+            return dx1 + self.norm1.backward(self.self_attn.backward(da)[0]), dmem
         # fwd: y = norm3(x2 + drop3(FF(x2)))  ->  d = norm3'(dy);  dx2 = d + FF'(drop3'(d))
-        d, dbranch = self._add_norm_backward(None, dout, self.dropout3, self.norm3)
-        dx2 = self._add(d, self._feed_forward_backward(dbranch))
+        d, dbranch = self._add_norm_backward(None, dout, self.norm3)
+        dx2 = d + self._feed_forward_backward(dbranch)
         # fwd: x2 = norm2(x1 + drop2(MHA(x1, memory)))  ->  d = norm2'(dx2);  dx1 = d + dquery,  dmemory
-        d, dbranch = self._add_norm_backward(None, dx2, self.dropout2, self.norm2)
-        dq, dmem = self._mha_backward(dbranch)
+        d, dbranch = self._add_norm_backward(None, dx2, self.norm2)
+        dq, dmem = self._cross_attention_backward(dbranch)
         # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
-        d, dbranch = self._add_norm_backward(None, self._add(d, dq), self.dropout1, self.norm1)
-        return self._add(d, self._sa_backward(dbranch)), dmem
+        d, dbranch = self._add_norm_backward(None, d + dq, self.norm1)
+        return d + self.self_attn.backward(dbranch)[0], dmem
 
 
 class TransformerEncoder(Module):

@@ -57,9 +57,9 @@ SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # go
 _GOLDEN, _MIX1, _MIX2 = SPLITMIX64
 
 
-def check_implementation(attention, *, auto: bool = False) -> None:
+def check_implementation(attention, *, auto: bool = False) -> str:
     """``attention`` is "plain" or "flash" (an op's choices), or also "auto" with ``auto=True`` (a module's)."""
-    one_of(attention, "attention", IMPLEMENTATIONS if auto else IMPLEMENTATIONS[1:])
+    return one_of(attention, "attention", IMPLEMENTATIONS if auto else IMPLEMENTATIONS[1:])
 
 
 class Masks(NamedTuple):

@@ -113,27 +113,25 @@ def _part(w, b, i, e):
     return w[i * e:(i + 1) * e], None if b is None else b[i * e:(i + 1) * e]
 
 
-def _attend(q, k, v, projections, num_heads, past_key, past_value, out_proj_weight, out_proj_bias, attention,
-            need_weights, average_attn_weights, options):
-    """Split the (B, T, E) projections into heads, prepend the past, attend, merge, project out."""
+def _heads(q, k, v, num_heads, past_key, past_value):
+    """Split the (B, T, E) projections into heads and put the past keys and values before the new."""
     xp = get_array_module(q)
     qh = split_heads(q, num_heads)                                               # (B, H, Tq, hs)
     kh = None if k is None else split_heads(k, num_heads)                        # (B, H, Tnew, hs)
     vh = None if v is None else split_heads(v, num_heads)
-    past = 0 if past_key is None else past_key.shape[2]
-    if past:
+    if past_key is not None and past_key.shape[2]:
         kh = past_key if kh is None else xp.concatenate([past_key, kh], axis=2)  # (B, H, Tp + Tnew, hs)
         vh = past_value if vh is None else xp.concatenate([past_value, vh], axis=2)
-    check_implementation(attention)
-    if attention == "flash":
-        heads, attn = flash_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
-        weights = None                                                           # (B, H, Tq, hs)
-    else:
-        heads, weights, attn = scaled_dot_product_attention_forward(qh, kh, vh, need_weights=need_weights,
-                                                                     **options)  # (B, H, Tq, hs)
+    return qh, kh, vh
+
+
+def _project_out(heads, weights, attn, projections, num_heads, past_key, out_proj_weight, out_proj_bias,
+                 average_attn_weights):
+    """Merge the heads, project out, average the weights over heads; returns the op's result."""
     out, out_cache = linear_forward(merge_heads(heads), out_proj_weight, out_proj_bias)   # (B, Tq, E)
     if weights is not None and average_attn_weights:
         weights = weights.mean(axis=1)                                           # (B, Tq, Tk)
+    past = 0 if past_key is None else past_key.shape[2]
     return out, weights, MultiHeadCache(projections, attn, out_cache, num_heads, past)
 
 
@@ -149,21 +147,26 @@ def _attention_backward(dout, cache: MultiHeadCache):
     return dqh, dkh[:, :, p:], dvh[:, :, p:], dw_out, db_out
 
 
-@dispatched
 def self_attention_forward(x, num_heads: int, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, *,
                            past_key=None, past_value=None, attn_mask=None, key_padding_mask=None,
                            is_causal: bool = False, causal_alignment: str = "top_left", dropout_p: float = 0.0,
                            rng=None, training: bool = True, need_weights: bool = True,
                            average_attn_weights: bool = True, attention: str = "plain"):
-    """Self-attention over ``x`` (B, T, E); returns ``(out, weights or None, cache)`` as the general op."""
+    """Self-attention over ``x`` (B, T, E); returns ``(out, weights or None, cache)`` as the general op.
+    (Not dispatched: its parts are, and a fast path of the whole would stand in for no more than them.)"""
     _check(x, x, x, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, past_key, past_value)
     e = x.shape[2]
     qkv, proj = linear_forward(x, in_proj_weight, in_proj_bias)                  # (B, T, 3E): one packed product
     q, k, v = qkv[..., :e], qkv[..., e:2 * e], qkv[..., 2 * e:]                  # (B, T, E) views
+    qh, kh, vh = _heads(q, k, v, num_heads, past_key, past_value)               # (B, H, T, hs)
     options = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                    causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng, training=training)
-    return _attend(q, k, v, (proj,), num_heads, past_key, past_value, out_proj_weight, out_proj_bias, attention,
-                   need_weights, average_attn_weights, options)
+    if check_implementation(attention) == "flash":
+        (heads, attn), weights = flash_attention_forward(qh, kh, vh, need_weights=need_weights, **options), None
+    else:
+        heads, weights, attn = scaled_dot_product_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
+    return _project_out(heads, weights, attn, (proj,), num_heads, past_key, out_proj_weight, out_proj_bias,
+                        average_attn_weights)
 
 
 @dispatched
@@ -176,7 +179,6 @@ def self_attention_backward(dout, cache: MultiHeadCache):
     return dx, dw_in, db_in, dw_out, db_out
 
 
-@dispatched
 def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weight, in_proj_bias,
                                  out_proj_weight, out_proj_bias, *, past_key=None, past_value=None,
                                  attn_mask=None, key_padding_mask=None, is_causal: bool = False,
@@ -185,7 +187,7 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
                                  average_attn_weights: bool = True, attention: str = "plain"):
     """Returns ``(out, weights or None, cache)``: out (B, Tq, E); weights (B, Tq, Tk) averaged over
     heads, or (B, H, Tq, Tk) with ``average_attn_weights=False``. Masks as in
-    :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch)."""
+    :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch). Not dispatched, as :func:`self_attention_forward`."""
     _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
            past_key, past_value)
     e = query.shape[2]
@@ -194,10 +196,15 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
     if key is not None:
         k, proj_k = linear_forward(key, *_part(in_proj_weight, in_proj_bias, 1, e))    # (B, Tk, E)
         v, proj_v = linear_forward(value, *_part(in_proj_weight, in_proj_bias, 2, e))  # (B, Tk, E)
+    qh, kh, vh = _heads(q, k, v, num_heads, past_key, past_value)               # (B, H, T, hs)
     options = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
                    causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng, training=training)
-    return _attend(q, k, v, (proj_q, proj_k, proj_v), num_heads, past_key, past_value, out_proj_weight,
-                   out_proj_bias, attention, need_weights, average_attn_weights, options)
+    if check_implementation(attention) == "flash":
+        (heads, attn), weights = flash_attention_forward(qh, kh, vh, need_weights=need_weights, **options), None
+    else:
+        heads, weights, attn = scaled_dot_product_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
+    return _project_out(heads, weights, attn, (proj_q, proj_k, proj_v), num_heads, past_key, out_proj_weight,
+                        out_proj_bias, average_attn_weights)
 
 
 @dispatched

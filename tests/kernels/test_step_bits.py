@@ -6,6 +6,7 @@ the test). The window is decided by the clock, so any difference here would make
 on timing. (Another thread count is another setting, not timing: BLAS at another thread count may
 add a product's terms in another order, tests/kernels/cpu/test_threads.py.)"""
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -68,8 +69,12 @@ def test_a_step_has_the_same_bits_however_its_work_was_cut(monkeypatch, hog, com
             for count in (1, 2):
                 threads.set_num_threads(count)
                 for window in ("open", "shut"):          # open: BLAS awake, nothing is cut
-                    monkeypatch.setattr(threads, "blas_awake", lambda w=window: w == "open")
+                    held = math.inf if window == "open" else 0.0     # the window held, whatever products run
+                    monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", held)
+                    monkeypatch.setitem(threads._state, "blas_awake_until", held)
+                    assert threads.blas_awake() == (window == "open")
                     results[(count, window, "quiet")] = _two_steps()
+                    assert threads.blas_awake() == (window == "open")
                 monkeypatch.undo()
                 stop = hog()
                 try:

@@ -25,6 +25,8 @@ in every run.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy
 
 from npformer.checks import expect_grad
@@ -42,16 +44,19 @@ def _parts(flops: int, weight_size: int) -> int:
     """Parts of a product of ``flops`` with a weight of ``weight_size`` entries: from the shapes and
     the thread count alone, never from timing (BLAS's own threads may add a product's terms in
     another order than one thread does, so the choice must not vary from run to run)."""
-    if in_parallel_region() or weight_size < MIN_PARALLEL_WEIGHT:
+    if weight_size < MIN_PARALLEL_WEIGHT or in_parallel_region():
         return 1
     return max(1, min(get_num_threads(), flops // MIN_PARALLEL_FLOPS))
 
 
-def _run(tasks: list) -> None:
-    """The parts on the pool; a single part (the whole product) on BLAS's own threads, noted as such."""
-    run_parallel(tasks)
-    if len(tasks) == 1:
+def _run(part, args: list) -> None:
+    """``part(*a)`` for each ``a`` in ``args``: on the pool when there are several; a single one (the
+    whole product) here, on BLAS's own threads, noted as such."""
+    if len(args) == 1:
+        part(*args[0])
         note_blas_product()
+    else:
+        run_parallel([functools.partial(part, *a) for a in args])
 
 
 def linear_forward(x, weight, bias=None):
@@ -67,8 +72,7 @@ def linear_forward(x, weight, bias=None):
         if bias is not None:
             out[a:b] += bias
 
-    parts = split(n, _parts(2 * n * c_in * c_out, weight.size), ROW_MULTIPLE)
-    _run([lambda a=a, b=b: part(a, b) for a, b in parts])
+    _run(part, split(n, _parts(2 * n * c_in * c_out, weight.size), ROW_MULTIPLE))
     return out.reshape(x.shape[:-1] + (c_out,)), LinearCache(x, weight, bias is not None)
 
 
@@ -95,5 +99,5 @@ def linear_backward(dout, cache: LinearCache):
             if has_bias:
                 d2[:, a:b].sum(axis=0, out=dbias[a:b])
 
-    _run([lambda k=k: part(k) for k in range(max(len(rows), len(outs)))])
+    _run(part, [(k,) for k in range(max(len(rows), len(outs)))])
     return dx.reshape(x.shape), dweight, dbias

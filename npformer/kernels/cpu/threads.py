@@ -88,9 +88,9 @@ def in_parallel_region() -> bool:
 def threads_for(work: int, per_thread: int) -> int:
     """How many parts to cut ``work`` into, each at least ``per_thread`` of it: at most the thread
     count, and 1 inside a parallel region or while BLAS's own workers are awake (:func:`blas_awake`)."""
-    if in_parallel_region() or blas_awake():
-        return 1
-    return max(1, min(get_num_threads(), work // max(per_thread, 1)))
+    if getattr(_local, "inside", False) or time.monotonic() < _state["blas_awake_until"]:
+        return 1                                        # in a region, or blas_awake() (inlined: a hot path)
+    return max(1, min(_state["threads"], work // max(per_thread, 1)))
 
 
 def blas_awake() -> bool:
@@ -110,8 +110,11 @@ def blas_awake() -> bool:
 
 def note_blas_product() -> None:
     """Record that a product just ran with BLAS's own threads (when BLAS has more than one)."""
-    if any(c.num_threads > 1 for c in _blas_controllers()):
-        _state["blas_awake_until"] = time.monotonic() + BLAS_AWAKE_SECONDS
+    blas = _state["blas"]
+    for c in _blas_controllers() if blas is None else blas:
+        if c.num_threads > 1:
+            _state["blas_awake_until"] = time.monotonic() + BLAS_AWAKE_SECONDS
+            return
 
 
 def _blas_controllers() -> list:
@@ -182,6 +185,8 @@ if hasattr(os, "register_at_fork"):
 def split(n: int, parts: int, multiple: int = 1) -> list[tuple[int, int]]:
     """``[start, stop)`` ranges covering ``range(n)`` in at most ``parts`` near-equal runs, each
     boundary a multiple of ``multiple`` (empty runs dropped)."""
+    if parts <= 1:
+        return [(0, n)] if n > 0 else []
     units = -(-n // multiple)
     parts = max(1, min(parts, units))
     bounds = [min(n, (units * k // parts) * multiple) for k in range(parts + 1)]
@@ -203,11 +208,11 @@ def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = 
     thread as it is (BLAS as the caller set it), or with BLAS at one thread if ``blas_one_thread``:
     for work whose products must be computed the same way however many parts timing cut it into
     (BLAS's threads may add a product's terms in another order than one thread)."""
-    if in_parallel_region():
+    if len(tasks) <= 1 and not blas_one_thread:          # the common case of a small op: no region
+        return [tasks[0]()] if tasks else []
+    if getattr(_local, "inside", False):                  # in_parallel_region()
         return [fn() for fn in tasks]
     if len(tasks) <= 1:
-        if not blas_one_thread:
-            return [fn() for fn in tasks]
         with _blas_at_one_thread():
             return [fn() for fn in tasks]
     if not _busy.acquire(blocking=False):      # another thread's region is running (BLAS at one): inline
