@@ -236,6 +236,8 @@ def real(v: Any, name: str, low: float = -math.inf, high: float = math.inf, *, l
 
     NaN and infinities are never accepted, whatever the bounds (a learning rate of inf is a mistake).
     """
+    if type(v) is float and low < v < high and v - v == 0.0:     # the common case (v - v: 0 when finite)
+        return v
     if isinstance(v, (bool, str)) or not isinstance(v, Real) and not (hasattr(v, "__float__")
                                                                      and getattr(v, "ndim", 0) == 0):
         raise InputTypeError(f"{name}: expected a real number, got {describe(v)}")
@@ -248,6 +250,8 @@ def real(v: Any, name: str, low: float = -math.inf, high: float = math.inf, *, l
 
 def probability(v: Any, name: str) -> float:
     """``v`` as a ``float`` in [0, 1] (a dropout rate, label smoothing)."""
+    if type(v) is float and 0.0 <= v <= 1.0:       # the common case, at every dropout call
+        return v
     return real(v, name, 0.0, 1.0, what="a probability")
 
 

@@ -37,7 +37,6 @@ results; :mod:`npformer.kernels.cuda.flash_attention`, its CUDA C mapped to the 
 """
 from __future__ import annotations
 
-from numbers import Integral
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module

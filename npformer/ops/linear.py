@@ -72,7 +72,7 @@ def linear_backward(dout, cache: LinearCache):
     dout2 = as_rows(dout)                                # (N, C_out)
     x2 = as_rows(x)                                      # (N, C_in)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
-    dx = matmul_last(dout, weight)                       # (..., C_in)
+    dx = (dout2 @ weight).reshape(x.shape)               # (..., C_in)
     dweight = dout2.T @ x2                               # (C_out, C_in)
     dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
     return dx, dweight, dbias

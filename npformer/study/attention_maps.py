@@ -75,13 +75,13 @@ def record_attention(model):
             if not wanted:
                 return out, None
             return out, (weights.mean(axis=1) if average else weights)
-        object.__setattr__(mod, "forward", forward)
+        mod.forward = forward            # calling mod runs it (Module.__setattr__)
         wrapped.append(mod)
     try:
         yield records
     finally:
         for mod in wrapped:
-            object.__delattr__(mod, "forward")
+            del mod.forward
 
 
 # -- models and inputs ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ the reference's ``dout * keep * scale`` was faster than any blocking of it measu
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy
 
@@ -30,7 +31,16 @@ from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
 
-__all__ = ["accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
+__all__ = ["MIN_STREAM_ELEMENTS", "accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
+
+# Below this many elements the reference's one ``rng.random`` call is the faster: this path's fixed
+# cost (the generator's state copied and advanced per part, the mask's parts) is about 40 us, and
+# the two met at 16-24K elements (1024: 60 against 21 us; 16384: 95-109 against 92; 32768: 117-138
+# against 194, numba and NumPy paths, float32, p 0.1, one core of the development VM). The choice
+# follows the size alone, and both give the same bits.
+MIN_STREAM_ELEMENTS = 1 << 14
+
+_scratch = threading.local()        # .pcg64: the thread's generator for KeepMask.draws_from
 
 
 def streamable(rng, size: int) -> bool:
@@ -40,9 +50,9 @@ def streamable(rng, size: int) -> bool:
 
 
 def accepts(x, rng) -> bool:
-    """A NumPy float array, with a PCG64 generator whose next draws this path reproduces (the dropout
-    op's ``x`` and ``rng``)."""
-    return numpy_floats(x) and streamable(rng, x.size)
+    """A NumPy float array of at least :data:`MIN_STREAM_ELEMENTS`, with a PCG64 generator whose next
+    draws this path reproduces (the dropout op's ``x`` and ``rng``)."""
+    return numpy_floats(x) and x.size >= MIN_STREAM_ELEMENTS and streamable(rng, x.size)
 
 
 def apply_keep(out, x, keep, scale) -> None:
@@ -69,8 +79,12 @@ class KeepMask:
         self.state = self.bitgen.state
 
     def draws_from(self, start: int) -> numpy.random.PCG64:
-        """A copy of the generator advanced to element ``start`` (even): draw ``start // 2`` on."""
-        draws = numpy.random.PCG64(0)
+        """A copy of the generator advanced to element ``start`` (even): draw ``start // 2`` on. The
+        copy is this thread's scratch generator, given the state anew at each call (making one seeds
+        it, 24 us, more than a small mask's draws): it holds until this thread's next call here."""
+        draws = getattr(_scratch, "pcg64", None)
+        if draws is None:
+            draws = _scratch.pcg64 = numpy.random.PCG64(0)
         draws.state = self.state
         draws.advance(start // 2)
         return draws

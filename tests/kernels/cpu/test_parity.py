@@ -15,6 +15,7 @@ from hypothesis import given, strategies as st
 from npformer import kernels
 from npformer.backend import default_rng
 from npformer.kernels.cpu.activations import erf_float32
+from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import threads
 from npformer.ops import activations, attention, dropout, embedding, layernorm, linear, multihead, optim, softmax
@@ -23,6 +24,7 @@ from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck
                            padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32", "float16")
+SHIPPED_MIN_STREAM_ELEMENTS = cpu_dropout.MIN_STREAM_ELEMENTS     # (read before conftest's fixture lowers it)
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
 
 
@@ -81,6 +83,15 @@ def test_dropout_masks_are_the_reference_bit_for_bit(shape, seed, dtype, p):
     assert out.dtype == x.dtype and cache.keep.dtype == bool and cache.scale == cache_ref.scale
     assert cache.scale.dtype == x.dtype
     np.testing.assert_array_equal(rng_fast.random(7), rng_ref.random(7))   # the same draws consumed
+
+
+def test_small_masks_take_the_reference(monkeypatch):
+    """Under MIN_STREAM_ELEMENTS the reference's one draw is the faster (kernels/cpu/dropout.py), at
+    and above it the raw-bits path runs (numba's too: it shares the test): the size alone decides."""
+    monkeypatch.setattr(cpu_dropout, "MIN_STREAM_ELEMENTS", SHIPPED_MIN_STREAM_ELEMENTS)
+    for size, want in ((SHIPPED_MIN_STREAM_ELEMENTS - 2, "reference"), (SHIPPED_MIN_STREAM_ELEMENTS, "cpu")):
+        x = np.zeros(size, np.float32)
+        assert kernels.implementation(dropout.dropout_forward, x, 0.5, rng=default_rng(0, "numpy")) == want
 
 
 def test_dropout_falls_back_where_the_raw_bits_do_not_apply():
