@@ -55,7 +55,7 @@ def train(args, mem_len: int) -> tuple[XLTrainer, list[dict]]:
     trainer = XLTrainer(_config(args, mem_len), log=lambda _: None)
     curve, window, start = [], [], time.perf_counter()
     while trainer.step < args.steps:
-        window.append(trainer.train_step())
+        window.append(trainer.train_step().loss)
         if trainer.step % args.eval_every == 0 or trainer.step == args.steps:
             result = trainer.evaluate()
             curve.append({"mem_len": mem_len, "step": trainer.step, "train_loss": sum(window) / len(window),

@@ -28,7 +28,7 @@ import textwrap
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from tqdm import tqdm
 
@@ -44,7 +44,16 @@ from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.run import RunDirectory, scalars
 from npformer.training.schedules import cosine_with_warmup
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "StepResult"]
+
+
+class StepResult(NamedTuple):
+    """What one :meth:`Trainer.train_step` did."""
+
+    loss: float             # the step's mean loss (the global batch's in a data-parallel run)
+    tokens: int             # the tokens the step read (the global batch's in a data-parallel run)
+    grad_norm: float        # the gradients' global L2 norm before clipping (inf/NaN: a skipped fp16 step)
+    values_checked: bool    # token ids checked against the vocabulary (False on a CUDA graph's replays)
 
 
 class Trainer:
@@ -182,31 +191,34 @@ class Trainer:
         c = self.cfg
         return cosine_with_warmup(step, c.lr, c.warmup, c.steps, min_lr=c.min_lr)
 
-    def train_step(self) -> float:
+    def train_step(self) -> StepResult:
+        """One optimiser step: forward, backward, (data-parallel reduction), clipping, update."""
         c, step = self.cfg, self.step + 1
         self.model.train()
         if c.cuda_graph:          # (the replays rewrite the capture's record of the targets in place)
-            loss, self._tokens = self._graph_step(step)
+            loss, tokens = self._graph_step(step)
         else:
             self.model.manual_seed(self.dropout_seed(step))
             self._loss_valid = None               # cross_entropy's record of this step's targets
-            loss, self._tokens = self.loss_and_backward(step)
+            loss, tokens = self.loss_and_backward(step)
         if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
             if self._loss_valid is None:
                 raise DistributedError(f"the {self.kind} trainer's step did not compute its loss through "
                                        "Trainer.cross_entropy: a data-parallel step weighs each rank's loss by the "
                                        "targets it averages over, which cross_entropy records")
             count = int(self._loss_valid.sum())      # read here, not in cross_entropy: a CUDA graph captures that
-            loss, _, self._tokens = self.data_parallel.reduce_gradients(loss, count, self._tokens)
+            loss, _, tokens = self.data_parallel.reduce_gradients(loss, count, tokens)
         self.opt.lr = self._lr(step)
         if self.amp is None:
-            self._grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
+            grad_norm = clip_grad_norm(self.model.parameters(), c.clip)
             self.opt.step()
             self.model.zero_grad()
         else:            # unscale, skip on inf/NaN (the scale halves), clip, step, round down, zero
-            self._grad_norm = self.amp.step(self.opt, max_norm=c.clip).grad_norm
+            grad_norm = self.amp.step(self.opt, max_norm=c.clip).grad_norm
         self.step = step
-        return loss
+        # a replayed CUDA graph reads no ids back: their range was checked in the eager steps before it
+        replayed = bool(c.cuda_graph and self._graph is not None and self._graph.captured)
+        return StepResult(float(loss), int(tokens), float(grad_norm), values_checked=not replayed)
 
     def _graph_step(self, step: int) -> tuple[float, int]:
         """Forward and backward replayed from a CUDA graph (:mod:`npformer.training.cuda_graph`), the
@@ -276,13 +288,13 @@ class Trainer:
                   dynamic_ncols=True, bar_format=BAR) as bar:
             while self.step < c.steps:
                 began = time.perf_counter()
-                loss = self.train_step()
-                if not math.isfinite(loss):
-                    raise FloatingPointError(f"loss became {loss} at step {self.step}")
+                result = self.train_step()
+                if not math.isfinite(result.loss):
+                    raise FloatingPointError(f"loss became {result.loss} at step {self.step}")
                 window["seconds"] += time.perf_counter() - began
-                window["loss"].append(loss)
-                window["grad_norm"].append(float(self._grad_norm))
-                window["tokens"] += self._tokens
+                window["loss"].append(result.loss)
+                window["grad_norm"].append(result.grad_norm)
+                window["tokens"] += result.tokens
                 bar.update(1)
                 if self.step % c.log_every == 0 or self.step == c.steps:
                     record = self._train_record(window, time.perf_counter() - start)

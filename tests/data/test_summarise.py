@@ -117,7 +117,7 @@ def test_summarise_trains_and_reports_exact_match_and_token_f1():
                           "steps": 12, "batch_size": 16, "n_train": 200, "n_valid": 12, "eval_every": 0})
     trainer = make_trainer(config, log=lines.append)
     assert type(trainer).__name__ == "Seq2SeqTrainer"
-    first = trainer.train_step()
+    first = trainer.train_step().loss
     result = trainer.fit()
     assert trainer.history[-1]["loss"] < first
     assert 0.0 <= result["exact_match"] <= result["token_f1"] <= 1.0

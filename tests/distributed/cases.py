@@ -40,7 +40,7 @@ def gradients_after_one_step(model: str, clip: float, comm=None) -> dict:
 def float32_run(model: str, comm=None) -> dict:
     """Float32, dropout off: the losses of STEPS_FLOAT32 steps and the final weights."""
     trainer = trainer_for(model, comm)
-    losses = [trainer.train_step() for _ in range(STEPS_FLOAT32)]
+    losses = [trainer.train_step().loss for _ in range(STEPS_FLOAT32)]
     weights = {f"weight/{name}": p.data.copy() for name, p in trainer.model.named_parameters()}
     return {**weights, "losses": np.asarray(losses, dtype=np.float64)}
 
@@ -52,15 +52,15 @@ def resumed_run(path, comm=None) -> dict:
         return make_trainer(make_config(XL), log=lambda _: None, comm=comm)
 
     straight = trainer()
-    out = {"straight/losses": np.asarray([straight.train_step() for _ in range(6)])}
+    out = {"straight/losses": np.asarray([straight.train_step().loss for _ in range(6)])}
     first = trainer()
-    losses = [first.train_step() for _ in range(3)]
+    losses = [first.train_step().loss for _ in range(3)]
     first.save(path)
     if comm is not None:
         comm.barrier()                           # rank 0 has written it
     resumed = trainer()
     resumed.load(path)
-    out["resumed/losses"] = np.asarray(losses + [resumed.train_step() for _ in range(3)])
+    out["resumed/losses"] = np.asarray(losses + [resumed.train_step().loss for _ in range(3)])
     for name, t in (("straight", straight), ("resumed", resumed)):
         out.update({f"{name}/weight/{k}": p.data.copy() for k, p in t.model.named_parameters()})
     return out

@@ -108,9 +108,9 @@ def test_old_flat_train_configs_load_as_their_kind():
 def test_a_checkpoint_with_an_old_flat_config_resumes_exactly_and_samples(tmp_path, capsys):
     config = config_from_dict(OLD_FLAT)
     straight = make_trainer(config, log=lambda _: None)
-    expected = [straight.train_step() for _ in range(8)]
+    expected = [straight.train_step().loss for _ in range(8)]
     first = make_trainer(config, log=lambda _: None)
-    got = [first.train_step() for _ in range(4)]
+    got = [first.train_step().loss for _ in range(4)]
     path = first.save(tmp_path / "old.npz")
     saved = ckpt.load_checkpoint(path)
     old_meta = {**saved.meta, "train_config": OLD_FLAT}                   # as the code before the split wrote it
@@ -118,7 +118,7 @@ def test_a_checkpoint_with_an_old_flat_config_resumes_exactly_and_samples(tmp_pa
     meta = ckpt.load_checkpoint(path).meta
     resumed = make_trainer(config_from_dict(meta["train_config"], meta["kind"]), log=lambda _: None)
     resumed.load(path)
-    got += [resumed.train_step() for _ in range(4)]
+    got += [resumed.train_step().loss for _ in range(4)]
     assert got == expected                                                # bit for bit
     assert main(["generate", "--checkpoint", str(path), "--tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("The ")

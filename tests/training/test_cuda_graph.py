@@ -199,7 +199,7 @@ def test_training_with_the_graph_gives_the_eager_losses(cp):
         config = CharLMTrainConfig(task="charlm", backend="cupy", steps=8, batch_size=4, block_size=16, d_model=32,
                                    nhead=4, layers=2, dim_feedforward=64, dropout=0.1, cuda_graph=graph)
         trainer = make_trainer(config, log=lambda line: None)
-        losses[graph] = [trainer.train_step() for _ in range(8)]
+        losses[graph] = [trainer.train_step().loss for _ in range(8)]
         assert trainer._graph is None or trainer._graph.captured
     assert losses[True] == losses[False], losses
 
@@ -219,7 +219,7 @@ def test_graph_and_eager_trainers_keep_the_same_weights_step_by_step(cp, dropout
                                    nhead=4, layers=2, dim_feedforward=64, dropout=dropout, cuda_graph=graph)
         trainers.append(make_trainer(config, log=lambda line: None))
     for step in range(1, 9):
-        losses = [t.train_step() for t in trainers]
+        losses = [t.train_step().loss for t in trainers]
         weights = [{n: cp.asnumpy(p.data) for n, p in t.model.named_parameters()} for t in trainers]
         differ = sorted(n for n in weights[0] if not np.array_equal(weights[0][n], weights[1][n]))
         assert losses[0] == losses[1] and not differ, (f"step {step}: losses {losses}, weights that differ after "

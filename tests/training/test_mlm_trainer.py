@@ -52,7 +52,7 @@ def test_masked_lm_loss_falls(model, extra):
     # 16 blocks of 32 characters: 80 masked positions a step (2 a step at the tiny MLM size)
     trainer = _quiet(model=model, block_size=32, batch_size=16, steps=40, lr=1e-2, **extra)
     v = len(trainer.vocab) + 1                                     # characters + [MASK]
-    losses = [trainer.train_step() for _ in range(40)]
+    losses = [trainer.train_step().loss for _ in range(40)]
     assert abs(losses[0] - np.log(v)) < 0.3, losses[0]             # the loss of knowing nothing
     assert np.mean(losses[-5:]) < np.log(v) - 0.6, losses
     result = trainer.evaluate(limit=8)
@@ -101,14 +101,14 @@ def test_albert_trainer_defaults_and_options():
 def test_resume_repeats_the_uninterrupted_losses_exactly(tmp_path, model, extra):
     cfg = dict(model=model, steps=8, **extra)
     straight = _quiet(**cfg)
-    expected = [straight.train_step() for _ in range(8)]
+    expected = [straight.train_step().loss for _ in range(8)]
     first = _quiet(**cfg)
-    got = [first.train_step() for _ in range(4)]
+    got = [first.train_step().loss for _ in range(4)]
     first.save(tmp_path / "m.npz")
     resumed = _quiet(**cfg)
     resumed.load(tmp_path / "m.npz")
     assert resumed.step == 4
-    got += [resumed.train_step() for _ in range(4)]
+    got += [resumed.train_step().loss for _ in range(4)]
     assert got == expected                                         # bit for bit
     with np.load(tmp_path / "m.npz", allow_pickle=False) as data:  # no pickle inside
         assert "meta" in data.files

@@ -58,8 +58,8 @@ def test_the_metrics_hold_each_steps_loss_and_gradient_norm(tmp_path):
     straight = Seq2SeqTrainer(config, log=lambda _: None)
     expected = []
     for _ in range(8):
-        loss = straight.train_step()
-        expected.append((loss, float(straight._grad_norm)))
+        result = straight.train_step()
+        expected.append((result.loss, result.grad_norm))
     trainer, _ = _fit(config)
     got = [(r["loss"], r["grad_norm"]) for r in trainer.history if r["split"] == "train"]
     assert got == expected

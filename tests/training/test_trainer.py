@@ -18,21 +18,41 @@ def _quiet(config):
 
 def test_loss_falls():
     trainer = _quiet(Seq2SeqTrainConfig(**SMALL))
-    losses = [trainer.train_step() for _ in range(40)]
+    losses = [trainer.train_step().loss for _ in range(40)]
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), losses
+
+
+def test_a_step_returns_its_loss_tokens_and_gradient_norm():
+    """train_step's result: the loss, the tokens read, the gradient norm before clipping (the one the
+    optimiser's clip saw), whether the ids were checked; the same figures fit() records."""
+    from npformer.training.loop import StepResult
+    from npformer.training.optim import clip_grad_norm
+    trainer = _quiet(Seq2SeqTrainConfig(**SMALL))
+    seen = []
+    real_clip = clip_grad_norm
+    import npformer.training.loop as loop
+    loop.clip_grad_norm = lambda params, max_norm: seen.append(real_clip(params, max_norm)) or seen[-1]
+    try:
+        result = trainer.train_step()
+    finally:
+        loop.clip_grad_norm = real_clip
+    assert isinstance(result, StepResult) and result.values_checked
+    assert type(result.loss) is float and np.isfinite(result.loss) and result.loss > 0
+    assert type(result.tokens) is int and result.tokens > 0
+    assert result.grad_norm == float(seen[0]) and result.grad_norm > 0
 
 
 def test_resume_repeats_the_uninterrupted_losses_exactly(tmp_path):
     cfg = Seq2SeqTrainConfig(**{**SMALL, "steps": 12, "dropout": 0.1})
     straight = _quiet(cfg)
-    expected = [straight.train_step() for _ in range(12)]
+    expected = [straight.train_step().loss for _ in range(12)]
     first = _quiet(cfg)
-    got = [first.train_step() for _ in range(6)]
+    got = [first.train_step().loss for _ in range(6)]
     first.save(tmp_path / "run.npz")
     resumed = _quiet(cfg)
     resumed.load(tmp_path / "run.npz")
     assert resumed.step == 6
-    got += [resumed.train_step() for _ in range(6)]
+    got += [resumed.train_step().loss for _ in range(6)]
     assert got == expected                                  # bit for bit, not approximately
 
 
@@ -85,18 +105,18 @@ LM = dict(task="charlm", d_model=16, nhead=2, layers=1, dim_feedforward=32, bloc
 def test_charlm_gpt_loss_falls_and_resumes_exactly(tmp_path):
     trainer = make_trainer(CharLMTrainConfig(**LM), log=lambda _: None)
     assert trainer.model.config.norm_first                      # GPT-2 style by default
-    losses = [trainer.train_step() for _ in range(40)]
+    losses = [trainer.train_step().loss for _ in range(40)]
     uniform = np.log(len(trainer.vocab))                        # the loss of knowing nothing
     assert losses[0] > uniform - 0.1 and np.mean(losses[-5:]) < uniform - 0.5, losses
     short = CharLMTrainConfig(**{**LM, "steps": 8})
     straight = make_trainer(short, log=lambda _: None)
-    expected = [straight.train_step() for _ in range(8)]
+    expected = [straight.train_step().loss for _ in range(8)]
     first = make_trainer(short, log=lambda _: None)
-    got = [first.train_step() for _ in range(4)]
+    got = [first.train_step().loss for _ in range(4)]
     first.save(tmp_path / "lm.npz")
     resumed = make_trainer(short, log=lambda _: None)
     resumed.load(tmp_path / "lm.npz")
-    got += [resumed.train_step() for _ in range(4)]
+    got += [resumed.train_step().loss for _ in range(4)]
     assert got == expected
     result = resumed.evaluate(limit=4)
     assert np.isfinite(result["loss"]) and result["sample"].startswith("The ")

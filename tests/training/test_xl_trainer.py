@@ -35,26 +35,26 @@ def test_memory_is_carried_within_a_sequence_and_reset_between_sequences():
 
 def test_loss_falls():
     trainer = _trainer(steps=80)
-    losses = [trainer.train_step() for _ in range(80)]
+    losses = [trainer.train_step().loss for _ in range(80)]
     assert np.mean(losses[-8:]) < np.mean(losses[:8]) - 0.3, losses
 
 
 def test_resume_in_the_middle_of_a_sequence_is_exact(tmp_path):
     cfg = dict(steps=12)
     straight = _trainer(**cfg)
-    expected = [straight.train_step() for _ in range(12)]
+    expected = [straight.train_step().loss for _ in range(12)]
     first = _trainer(**cfg)
-    got = [first.train_step() for _ in range(5)]                    # step 5: segment 5 of 8, memory held
+    got = [first.train_step().loss for _ in range(5)]                    # step 5: segment 5 of 8, memory held
     first.save(tmp_path / "xl.npz")
     resumed = _trainer(**cfg)
     resumed.load(tmp_path / "xl.npz")
     assert resumed.step == 5 and len(resumed.mems) == 2
-    got += [resumed.train_step() for _ in range(7)]
+    got += [resumed.train_step().loss for _ in range(7)]
     assert got == expected                                          # bit for bit
     forgetful = _trainer(**cfg)                                     # the memory is what makes it exact:
     forgetful.load(tmp_path / "xl.npz")
     forgetful.mems = None                                           # without it the next loss differs
-    assert forgetful.train_step() != expected[5]
+    assert forgetful.train_step().loss != expected[5]
 
 
 def test_checkpoint_holds_memory_config_and_no_pickle(tmp_path):
