@@ -62,7 +62,7 @@ def test_config_file_json_and_toml_with_the_flags_winning(workdir):
                                                 "batch_size": 8, "eval_every": 0, "lr": 0.01, "activation": None}))
     assert main(["train", "--config", "c.json", "--steps", "6", "--out-dir", "a"]) == 0
     saved = json.loads((workdir / "a/config.json").read_text())
-    assert saved["steps"] == 6 and saved["lr"] == 0.01 and saved["nhead"] == 2 and saved["n_valid"] == 30
+    assert saved["steps"] == 6 and saved["lr"] == 0.01 and saved["heads"] == 2 and saved["n_valid"] == 30
     (workdir / "c.toml").write_text('task = "copy"\nn_train = 200\nn_valid = 30\nsteps = 6\nwarmup = 1\n'
                                     'd_model = 16\nheads = 2\nlayers = 1\nff = 32\nbatch_size = 8\neval_every = 0\n'
                                     'lr = 0.02\n')

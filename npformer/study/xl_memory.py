@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _config(args, mem_len: int) -> XLTrainConfig:
     return XLTrainConfig(model="transformer-xl", task="recall", seed=args.seed, steps=args.steps,
                          batch_size=args.batch_size, lr=args.lr, warmup=min(50, args.steps // 10),
-                         d_model=args.d_model, nhead=args.heads, layers=args.layers, dim_feedforward=args.ff,
+                         d_model=args.d_model, heads=args.heads, layers=args.layers, ff=args.ff,
                          dropout=0.0, n_train=args.n_train, n_valid=args.n_valid, eval_every=0,
                          block_size=args.segment, mem_len=mem_len)
 

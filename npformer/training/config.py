@@ -9,10 +9,16 @@
     ALBERTTrainConfig    embedding_size, share (and CharLM's)        albert
     XLTrainConfig        block_size, mem_len, n_train, n_valid       transformer-xl
 
-Every field has one home (``block_size`` and ``n_train``/``n_valid`` belong to two kinds each, so they
+Every field is named as its flag (``--heads`` is ``heads``, ``--ff`` is ``ff``), in flags, config files,
+config.json and the printed config alike; earlier names (:data:`RENAMED`) still load. The model configs
+keep the names of the code they mirror (``GPTConfig``: nanoGPT's ``n_layer``/``n_head``; ``Seq2SeqConfig``:
+``torch.nn.Transformer``'s ``nhead``/``dim_feedforward``; the BERT configs: Hugging Face's
+``num_hidden_layers``), so that code, its checkpoints and its users' habits carry over; the trainers
+translate. Every field has one home (``block_size`` and ``n_train``/``n_valid`` belong to two kinds each, so they
 live in the small :class:`BlockSize` and :class:`ExampleCounts` that those kinds both extend) and its
 help text in ``metadata["help"]``; the command line builds the flags of ``npformer train`` from these
-fields, and :func:`options_from_file` reads the same options from a JSON or TOML file (``--config``,
+fields, each :func:`option` holding the field's default, help, check and flag together, and
+:func:`options_from_file` reads the same options from a JSON or TOML file (``--config``,
 flags winning). :func:`make_config` builds the config of the chosen model and refuses an option that
 model does not have; :data:`MODELS` says what each model is.
 
@@ -33,6 +39,7 @@ the trainers of these model names are in :mod:`npformer.training.registry`.
 """
 import json
 import math
+import warnings
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -47,10 +54,13 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
            "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
            "FIELDS",
-           "option", "flag", "choices", "models_with", "default_model", "config_type", "make_config",
+           "option", "check_option", "flag", "choices", "RENAMED", "models_with", "default_model", "config_type", "make_config",
            "config_from_dict", "options_from_file"]
 
 DEFAULT_TASK = "dates"
+# earlier names of fields -> their names now (a field is named as its flag: --heads is ``heads``); a
+# config file or a checkpoint that uses an earlier name still loads (a file with a FutureWarning)
+RENAMED = {"nhead": "heads", "dim_feedforward": "ff"}
 DEFAULT_WARMUP = 100        # warm-up steps of a run longer than this; a shorter one warms up for steps // 10
 PRECISIONS = ("float32", "float16", "bfloat16")
 
@@ -59,13 +69,52 @@ DEFAULT_MODELS: dict[str, str] = {**dict.fromkeys(SEQ2SEQ_TASKS, "seq2seq"), "ch
                                   "recall": "transformer-xl"}
 
 
-def option(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None,
-           metavar: str | None = None, off: tuple[str, str] | None = None) -> Any:
-    """A config field with its default and help text, and how the command line spells it: ``flag``
-    (default ``--`` and the name with dashes), ``choices``, ``metavar``, and for a bool ``off``, the
-    (flag, help) that sets it to False."""
-    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices,
+def option(default: Any, help: str, check: Callable[[Any, str], Any] | None = None, *, flag: str | None = None,
+           choices: tuple | None = None, metavar: str | None = None, off: tuple[str, str] | None = None) -> Any:
+    """A config field, everything about it in one place: its default, help text and ``check(value,
+    flag)`` (None for a field with ``choices``, checked against them), and how the command line
+    spells it: ``flag`` (default ``--`` and the name with dashes), ``choices``, ``metavar``, and for a
+    bool ``off``, the (flag, help) that sets it to False. The relations between fields (warm-up and
+    steps, width and heads) are checked in :meth:`TrainConfig.__post_init__`."""
+    return field(default=default, metadata={"help": help, "check": check, "flag": flag, "choices": choices,
                                             "metavar": metavar, "off": off})
+
+
+def _of_type(kind: type, what: str) -> Callable[[Any, str], Any]:
+    """The check that a value is a ``kind`` (a path is a str, a switch a bool); npformer.checks has
+    checks of numbers, arrays and choices, none of a type alone."""
+    def check(value: Any, name: str) -> Any:
+        if not isinstance(value, kind):
+            raise InputTypeError(f"{name}: expected {what}, got {describe(value)}")
+        return value
+    return check
+
+
+def _max_norm(value: Any, name: str) -> float:
+    """``--clip``: a finite number > 0, or inf for no clipping (clip_grad_norm's meaning)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == math.inf:
+        return math.inf
+    return real(value, name, 0, low_open=True, what="inf (no clipping) or a finite number")
+
+
+def _dropout_rate(v: Any, n: str) -> float:
+    return real(v, n, 0, 1, high_open=True, what="a dropout rate")
+
+
+def _below_one(v: Any, n: str) -> float:
+    return real(v, n, 0, 1, high_open=True)
+
+
+def _positive(v: Any, n: str) -> float:
+    return real(v, n, 0, low_open=True)
+
+
+def _non_negative(v: Any, n: str) -> float:
+    return real(v, n, 0)
+
+
+_PATH = _of_type(str, "a path (str)")
+_SWITCH = _of_type(bool, "True or False")
 
 
 @dataclass(kw_only=True)
@@ -77,46 +126,46 @@ class TrainConfig:
     task: str = option(DEFAULT_TASK, "dates, numbers, copy, reverse, summarise: a Seq2Seq task; charlm: a character "
                        "language model on a text (--model gpt by default); recall: the long-range copy task "
                        "(--model transformer-xl by default)")
-    seed: int = option(0, "seed of the weights, the batches and the dropout masks")
+    seed: int = option(0, "seed of the weights, the batches and the dropout masks", non_negative_int)
     backend: str = option("numpy", "the array library", choices=BACKENDS)
     dtype: str = option("float32", "the model's floating-point type", choices=("float32", "float64"))
     precision: str = option("float32", "float16/bfloat16: mixed precision, a 16-bit model with float32 master "
                             "weights and dynamic loss scaling (meant for the GPU: NumPy has no 16-bit matmul "
                             "kernels)", choices=PRECISIONS)
-    steps: int = option(700, "optimiser steps")
-    batch_size: int = option(64, "examples a step")
-    lr: float = option(2e-3, "AdamW's peak learning rate, reached after the warm-up (a finite number > 0)")
+    steps: int = option(700, "optimiser steps", positive_int)
+    batch_size: int = option(64, "examples a step", positive_int)
+    lr: float = option(2e-3, "AdamW's peak learning rate, reached after the warm-up (a finite number > 0)", _positive)
     warmup: int | None = option(None, f"steps of linear warm-up from 0 to --lr, then a cosine down to --min-lr; "
                                 f"fewer than --steps (default {DEFAULT_WARMUP}, or --steps // 10 when --steps is "
-                                f"{DEFAULT_WARMUP} or fewer)")
-    min_lr: float = option(1e-4, "the learning rate at the last step (0 to --lr)")
-    weight_decay: float = option(0.01, "AdamW's decoupled weight decay")
-    clip: float = option(1.0, "clip the gradients' global norm to this (> 0; inf: no clipping)")
-    d_model: int = option(128, "the model width")
-    nhead: int = option(4, "attention heads", flag="--heads")
-    layers: int = option(2, "layers (the Seq2Seq: encoder and decoder layers, each)")
-    dim_feedforward: int = option(256, "feed-forward width", flag="--ff")
-    dropout: float = option(0.1, "dropout rate, in [0, 1)")
+                                f"{DEFAULT_WARMUP} or fewer)", non_negative_int)
+    min_lr: float = option(1e-4, "the learning rate at the last step (0 to --lr)", _non_negative)
+    weight_decay: float = option(0.01, "AdamW's decoupled weight decay", _non_negative)
+    clip: float = option(1.0, "clip the gradients' global norm to this (> 0; inf: no clipping)", _max_norm)
+    d_model: int = option(128, "the model width", positive_int)
+    heads: int = option(4, "attention heads", positive_int)
+    layers: int = option(2, "layers (the Seq2Seq: encoder and decoder layers, each)", positive_int)
+    ff: int = option(256, "feed-forward width", positive_int)
+    dropout: float = option(0.1, "dropout rate, in [0, 1)", _dropout_rate)
     activation: str | None = option(None, "the feed-forward activation (default: the model's: relu for "
                                     "seq2seq and transformer-xl, gelu_tanh for the others)",
                                     choices=("relu", "gelu", "gelu_tanh"))
     norm_first: bool | None = option(None, "pre-norm layers (GPT-2); default post-norm for seq2seq, "
-                                     "pre-norm for gpt", off=("--post-norm", "post-norm layers (the paper, "
+                                     "pre-norm for gpt", _SWITCH, off=("--post-norm", "post-norm layers (the paper, "
                                                               "GPT-1)"))
-    eval_every: int = option(350, "validate every this many steps (0: only at the end)")
+    eval_every: int = option(350, "validate every this many steps (0: only at the end)", non_negative_int)
     log_every: int = option(25, "print the training loss every this many steps (>= 1; the last step is always "
-                            "printed)")
+                            "printed)", positive_int)
     out_dir: str | None = option(None, "the run directory: config.json, metrics.jsonl, last.npz and best.npz (the "
-                                 "lowest validation loss) (default runs/TASK-MODEL, e.g. runs/dates-seq2seq)",
+                                 "lowest validation loss) (default runs/TASK-MODEL, e.g. runs/dates-seq2seq)", _PATH,
                                  metavar="DIR")
     checkpoint: str | None = option(None, "also write the latest checkpoint here (.npz), as last.npz in --out-dir "
-                                    "(default: only there)", metavar="PATH")
-    checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)")
+                                    "(default: only there)", _PATH, metavar="PATH")
+    checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)", non_negative_int)
     tf32: bool = option(False, "float32 matrix products on TF32 tensor cores (CuPy, compute capability >= 8.0): "
-                        "faster, inputs rounded to 10 mantissa bits; see npformer.backend.matmul_precision",
+                        "faster, inputs rounded to 10 mantissa bits; see npformer.backend.matmul_precision", _SWITCH,
                         off=("--no-tf32", "exact float32 matrix products (the default)"))
     cuda_graph: bool = option(False, "replay each step's forward and backward from one CUDA graph (CuPy, float32, "
-                              "the GPT models: fixed-size batches); see npformer.training.cuda_graph",
+                              "the GPT models: fixed-size batches); see npformer.training.cuda_graph", _SWITCH,
                               off=("--no-cuda-graph", "launch every kernel of a step from Python (the default)"))
 
     def __post_init__(self):
@@ -126,12 +175,9 @@ class TrainConfig:
             value = getattr(self, f.name)
             if value is None and f.default is None:       # an optional field left to its default
                 continue
-            if choices(f.name) is not None:
-                one_of(value, flag(f.name), choices(f.name))
-            elif f.name in CHECKS:
-                CHECKS[f.name](value, flag(f.name))
-        if self.d_model % self.nhead:
-            raise ShapeError(f"{flag('d_model')} {self.d_model} is not divisible by {flag('nhead')} {self.nhead}")
+            check_option(f.name, value, flag(f.name))
+        if self.d_model % self.heads:
+            raise ShapeError(f"{flag('d_model')} {self.d_model} is not divisible by {flag('heads')} {self.heads}")
         if self.warmup is None:
             self.warmup = DEFAULT_WARMUP if self.steps > DEFAULT_WARMUP else self.steps // 10
         elif self.warmup >= self.steps:
@@ -173,8 +219,8 @@ def _sizes_help(what: str, split: int) -> str:
 class ExampleCounts:
     """The fields of a kind whose task draws its examples: the Seq2Seq tasks, recall."""
 
-    n_train: int | None = option(None, _sizes_help("training examples", 0))
-    n_valid: int | None = option(None, _sizes_help("validation examples", 1))
+    n_train: int | None = option(None, _sizes_help("training examples", 0), positive_int)
+    n_valid: int | None = option(None, _sizes_help("validation examples", 1), positive_int)
 
 
 @dataclass(kw_only=True)
@@ -182,21 +228,21 @@ class BlockSize:
     """The field of a kind that trains on fixed-length blocks of tokens: the character LMs, Transformer-XL."""
 
     block_size: int = option(64, "tokens a training sequence: a character LM's context, Transformer-XL's "
-                             "segment")
+                             "segment", positive_int)
 
 
 @dataclass(kw_only=True)
 class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
     """The paper's encoder-decoder on a built-in task (:mod:`npformer.training.seq2seq_trainer`)."""
 
-    label_smoothing: float = option(0.1, "label smoothing of the training loss, in [0, 1)")
+    label_smoothing: float = option(0.1, "label smoothing of the training loss, in [0, 1)", _below_one)
 
 
 @dataclass(kw_only=True)
 class CharLMTrainConfig(BlockSize, TrainConfig):
     """A character model of a text: the GPTs (next character), BERT (masked characters)."""
 
-    text: str | None = option(None, "train on this UTF-8 text (default: the shipped corpus)", metavar="FILE")
+    text: str | None = option(None, "train on this UTF-8 text (default: the shipped corpus)", _PATH, metavar="FILE")
 
 
 @dataclass(kw_only=True)
@@ -204,7 +250,7 @@ class ALBERTTrainConfig(CharLMTrainConfig):
     """ALBERT: BERT's masked characters, with a factorised embedding and layers that share parameters."""
 
     embedding_size: int | None = option(None, "factorise the embedding, V x E then E x H (default or 0: not "
-                                        "factorised, tables V x H)")
+                                        "factorised, tables V x H)", non_negative_int)
     share: str | None = option(None, "which parameters every layer shares (default all)",
                                choices=("all", "attention", "ffn", "none"))
 
@@ -213,7 +259,8 @@ class ALBERTTrainConfig(CharLMTrainConfig):
 class XLTrainConfig(BlockSize, ExampleCounts, TrainConfig):
     """Transformer-XL on the recall task, its memory carried from segment to segment."""
 
-    mem_len: int | None = option(None, "memory length (default: the segment length --block-size; 0: no memory)")
+    mem_len: int | None = option(None, "memory length (default: the segment length --block-size; 0: no memory)",
+                                 non_negative_int)
 
 
 # model name (--model) -> the config of its kind: the one list of the model names;
@@ -253,42 +300,35 @@ def _every_field() -> dict[str, Field]:
 FIELDS: dict[str, Field] = _every_field()
 
 
-def _of_type(kind: type, what: str) -> Callable[[Any, str], Any]:
-    """The check that a value is a ``kind`` (a path is a str, a switch a bool); npformer.checks has
-    checks of numbers, arrays and choices, none of a type alone."""
-    def check(value: Any, name: str) -> Any:
-        if not isinstance(value, kind):
-            raise InputTypeError(f"{name}: expected {what}, got {describe(value)}")
-        return value
-    return check
+def _current_name(name: str, where: str) -> str | None:
+    """The field an earlier name (:data:`RENAMED`) stands for, said in a FutureWarning; None for others."""
+    new = RENAMED.get(name)
+    if new is not None:
+        warnings.warn(f"{where}: {name!r} is the earlier name of {new!r} ({flag(new)}); it will stop being read, "
+                      f"write {new!r}", FutureWarning, stacklevel=3)
+    return new
 
 
-def _max_norm(value: Any, name: str) -> float:
-    """``--clip``: a finite number > 0, or inf for no clipping (clip_grad_norm's meaning)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == math.inf:
-        return math.inf
-    return real(value, name, 0, low_open=True, what="inf (no clipping) or a finite number")
+def _current_names(options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        name = _current_name(key, where) or key
+        if name in out:
+            raise RangeError(f"{where}: {key!r} sets {flag(name)} a second time")
+        out[name] = value
+    return out
 
 
-# field name -> its check (value, flag); fields with choices are checked against them, the
-# relations between fields (warm-up and steps, min-lr and lr, width and heads) in __post_init__
-CHECKS: dict[str, Callable[[Any, str], Any]] = {
-    "seed": non_negative_int, "steps": positive_int, "batch_size": positive_int,
-    "lr": lambda v, n: real(v, n, 0, low_open=True), "warmup": non_negative_int,
-    "min_lr": lambda v, n: real(v, n, 0), "weight_decay": lambda v, n: real(v, n, 0), "clip": _max_norm,
-    "d_model": positive_int, "nhead": positive_int, "layers": positive_int, "dim_feedforward": positive_int,
-    "dropout": lambda v, n: real(v, n, 0, 1, high_open=True, what="a dropout rate"),
-    "norm_first": _of_type(bool, "True or False"), "tf32": _of_type(bool, "True or False"),
-    "cuda_graph": _of_type(bool, "True or False"), "eval_every": non_negative_int, "log_every": positive_int,
-    "checkpoint": _of_type(str, "a path (str)"), "out_dir": _of_type(str, "a path (str)"),
-    "checkpoint_every": non_negative_int, "n_train": positive_int, "n_valid": positive_int,
-    "block_size": positive_int, "label_smoothing": lambda v, n: real(v, n, 0, 1, high_open=True),
-    "text": _of_type(str, "a path (str)"), "embedding_size": non_negative_int, "mem_len": non_negative_int,
-}
+def check_option(name: str, value: Any, label: str) -> Any:
+    """``value`` checked as the field ``name`` takes it (its choices, or its check), errors naming ``label``."""
+    if choices(name) is not None:
+        return one_of(value, label, choices(name))
+    check = FIELDS[name].metadata["check"]
+    return value if check is None else check(value, label)
 
 
 def flag(name: str) -> str:
-    """The command-line flag of the field ``name`` (``nhead`` -> ``--heads``)."""
+    """The command-line flag of the field ``name`` (``batch_size`` -> ``--batch-size``)."""
     return FIELDS[name].metadata["flag"] or "--" + name.replace("_", "-")
 
 
@@ -322,6 +362,7 @@ def make_config(options: Mapping[str, Any]) -> TrainConfig:
     that have it (``--share`` belongs to albert alone), never silently ignored. The config names its
     model even when the task chose it, so a run's config.json says which model it trained.
     """
+    options = _current_names(options, "make_config")
     task = options.get("task", DEFAULT_TASK)
     model = options.get("model") or default_model(task)
     cls = config_type(model)
@@ -346,7 +387,8 @@ def config_from_dict(d: Mapping[str, Any], model: str | None = None) -> TrainCon
     configs were split holds every kind's fields (``mem_len`` for a GPT, ``share`` for a Seq2Seq, ...).
     """
     name = d.get("model") or model or default_model(d.get("task", DEFAULT_TASK))
-    return config_type(name).from_dict({**d, "model": name})
+    d = {RENAMED.get(k, k): v for k, v in d.items() if not (k in RENAMED and RENAMED[k] in d)}
+    return config_type(name).from_dict({**d, "model": name})     # (a checkpoint's earlier names: RENAMED)
 
 
 def options_from_file(path: str | Path) -> dict[str, Any]:
@@ -379,16 +421,13 @@ def options_from_file(path: str | Path) -> dict[str, Any]:
     names = {**{flag(n)[2:]: n for n in FIELDS}, **{n: n for n in FIELDS}}
     options: dict[str, Any] = {}
     for key, value in data.items():
-        name = names.get(key)
+        name = names.get(key) or _current_name(key, where)
         if name is None:
             raise RangeError(f"{where}: {key!r} is not an option of npformer train; expected one of {sorted(FIELDS)}")
         if name in options:
             raise RangeError(f"{where}: {key!r} sets {flag(name)} a second time")
         if value is None:
             continue
-        if choices(name) is not None:             # each value checked alone now, so the message names the file
-            one_of(value, f"{where}: {key}", choices(name))
-        elif name in CHECKS:
-            CHECKS[name](value, f"{where}: {key}")
+        check_option(name, value, f"{where}: {key}")   # each value alone now, so the message names the file
         options[name] = value
     return options

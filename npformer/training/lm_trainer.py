@@ -56,7 +56,7 @@ class LMTrainer(Trainer):
                              f"{c.block_size} in the training text; give a smaller --batch-size or a longer --text")
         self.vocab = self.data.vocab
         config = GPTConfig(vocab_size=len(self.vocab), block_size=c.block_size, n_layer=c.layers,
-                           n_head=c.nhead, d_model=c.d_model, dim_feedforward=c.dim_feedforward,
+                           n_head=c.heads, d_model=c.d_model, dim_feedforward=c.ff,
                            dropout=c.dropout, activation=c.activation or p.get("activation", "gelu_tanh"),
                            norm_first=p.get("norm_first", True if c.norm_first is None else c.norm_first),
                            scaled_residual_init=p.get("scaled_residual_init", True))
@@ -112,7 +112,7 @@ class LMTrainer(Trainer):
         return (f"task charlm: {len(self.data.train_ids):,} train / {len(self.data.valid_ids):,} valid "
                 f"characters, vocabulary {len(self.vocab)}; {self.label} "
                 f"{self.model.num_parameters():,} parameters "
-                f"(d_model={c.d_model}, heads={c.nhead}, layers={c.layers}, block={c.block_size}) "
+                f"(d_model={c.d_model}, heads={c.heads}, layers={c.layers}, block={c.block_size}) "
                 f"on {c.backend} {c.dtype}")
 
     def report(self, result: dict, quick: bool) -> str:

@@ -179,7 +179,7 @@ class MLMTrainer(Trainer):
         c = self.cfg
         return (f"task charlm (masked): {len(self.data.train_ids):,} train / {len(self.data.valid_ids):,} "
                 f"valid characters, vocabulary {len(self.vocab)} + [MASK]; {self.name()} "
-                f"{self.model.num_parameters():,} parameters (d_model={c.d_model}, heads={c.nhead}, "
+                f"{self.model.num_parameters():,} parameters (d_model={c.d_model}, heads={c.heads}, "
                 f"layers={c.layers}, block={c.block_size}{self.extra()}) on {c.backend} {c.dtype}")
 
     def name(self) -> str:
@@ -205,7 +205,7 @@ class BERTTrainer(MLMTrainer):
     def model_for(self, vocab_size):
         c = self.cfg
         config = BERTConfig(vocab_size=vocab_size, hidden_size=c.d_model, num_hidden_layers=c.layers,
-                            num_attention_heads=c.nhead, intermediate_size=c.dim_feedforward,
+                            num_attention_heads=c.heads, intermediate_size=c.ff,
                             max_position_embeddings=c.block_size, dropout=c.dropout,
                             activation=c.activation or "gelu_tanh", pad_token_id=PAD_ID, mlm_head=True)
         return BERT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
@@ -231,8 +231,8 @@ class ALBERTTrainer(MLMTrainer):
         c = self.cfg
         e = c.embedding_size                  # None or >= 0 (the config checks it); 0: no factorisation
         config = ALBERTConfig(vocab_size=vocab_size, embedding_size=e or None, hidden_size=c.d_model,
-                              num_hidden_layers=c.layers, num_attention_heads=c.nhead,
-                              intermediate_size=c.dim_feedforward, max_position_embeddings=c.block_size,
+                              num_hidden_layers=c.layers, num_attention_heads=c.heads,
+                              intermediate_size=c.ff, max_position_embeddings=c.block_size,
                               dropout=c.dropout, activation=c.activation or "gelu_tanh", pad_token_id=PAD_ID,
                               share=c.share or "all", mlm_head=True)
         return ALBERT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)

@@ -39,8 +39,8 @@ class Seq2SeqTrainer(Trainer):
         max_len = max(self.task.max_src_len, self.task.max_tgt_len) + 8
         self.model_config = Seq2SeqConfig(
             src_vocab_size=len(self.task.src_vocab), tgt_vocab_size=len(self.task.tgt_vocab),
-            d_model=c.d_model, nhead=c.nhead, num_encoder_layers=c.layers, num_decoder_layers=c.layers,
-            dim_feedforward=c.dim_feedforward, dropout=c.dropout, activation=c.activation or "relu",
+            d_model=c.d_model, nhead=c.heads, num_encoder_layers=c.layers, num_decoder_layers=c.layers,
+            dim_feedforward=c.ff, dropout=c.dropout, activation=c.activation or "relu",
             norm_first=bool(c.norm_first), max_len=max_len, pad_id=PAD_ID,
             tie_embeddings=True)
         return Seq2Seq(self.model_config, dtype=c.dtype, backend=c.backend, rng=c.seed)
@@ -101,8 +101,8 @@ class Seq2SeqTrainer(Trainer):
     def describe(self) -> str:
         c = self.cfg
         return (f"task {c.task}: {len(self.task.train)} train / {len(self.task.valid)} valid pairs; "
-                f"Seq2Seq {self.model.num_parameters():,} parameters (d_model={c.d_model}, heads={c.nhead}, "
-                f"layers={c.layers}+{c.layers}, ff={c.dim_feedforward}) on {c.backend} {c.dtype}")
+                f"Seq2Seq {self.model.num_parameters():,} parameters (d_model={c.d_model}, heads={c.heads}, "
+                f"layers={c.layers}+{c.layers}, ff={c.ff}) on {c.backend} {c.dtype}")
 
     def report(self, result: dict, quick: bool) -> str:
         n = len(result["targets"])

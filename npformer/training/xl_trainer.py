@@ -61,8 +61,8 @@ class XLTrainer(Trainer):
             raise RangeError(f"--batch-size {c.batch_size} exceeds the {len(self.task.train)} training sequences "
                              f"(--n-train); give a smaller --batch-size or a larger --n-train")
         self.mems = None
-        config = TransformerXLConfig(vocab_size=self.task.vocab_size, n_layer=c.layers, n_head=c.nhead,
-                                     d_model=c.d_model, dim_feedforward=c.dim_feedforward, dropout=c.dropout,
+        config = TransformerXLConfig(vocab_size=self.task.vocab_size, n_layer=c.layers, n_head=c.heads,
+                                     d_model=c.d_model, dim_feedforward=c.ff, dropout=c.dropout,
                                      activation=c.activation or "relu", mem_len=self.mem_len)
         return TransformerXL(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
@@ -115,7 +115,7 @@ class XLTrainer(Trainer):
         c = self.cfg
         return (f"task {self.task.describe()}; segments of {self.seg_len} tokens, memory {self.mem_len}; "
                 f"Transformer-XL {self.model.num_parameters():,} parameters (d_model={c.d_model}, "
-                f"heads={c.nhead}, layers={c.layers}, ff={c.dim_feedforward}) on {c.backend} {c.dtype}")
+                f"heads={c.heads}, layers={c.layers}, ff={c.ff}) on {c.backend} {c.dtype}")
 
     def report(self, result: dict, quick: bool) -> str:
         what = "valid" if quick else f"final validation ({len(self.task.valid)} sequences)"

@@ -113,7 +113,7 @@ def test_summarise_trains_and_reports_exact_match_and_token_f1():
     from npformer.training.config import make_config
     from npformer.training.registry import make_trainer
     lines = []
-    config = make_config({"task": "summarise", "d_model": 32, "nhead": 2, "layers": 1, "dim_feedforward": 64,
+    config = make_config({"task": "summarise", "d_model": 32, "heads": 2, "layers": 1, "ff": 64,
                           "steps": 12, "batch_size": 16, "n_train": 200, "n_valid": 12, "eval_every": 0})
     trainer = make_trainer(config, log=lines.append)
     assert type(trainer).__name__ == "Seq2SeqTrainer"

@@ -6,7 +6,7 @@ from npformer.training.config import make_config
 from npformer.training.optim import clip_grad_norm
 from npformer.training.registry import make_trainer
 
-TINY = dict(d_model=16, nhead=2, layers=1, dim_feedforward=32, dropout=0.0, warmup=2, lr=3e-3, eval_every=0)
+TINY = dict(d_model=16, heads=2, layers=1, ff=32, dropout=0.0, warmup=2, lr=3e-3, eval_every=0)
 MODELS = {   # the global batch is 8: 2 ranks x 4 rows, or one process with 8
     "gpt": dict(task="charlm", model="gpt", block_size=16, batch_size=8, **TINY),
     # dates pairs have different lengths, so the ranks' shares of the targets differ (padding ignored)

@@ -30,7 +30,7 @@ MODEL = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(4, dty
 OPTIM = {"state.0.step": 3, "group.0.lr": 1e-3, "state.0.exp_avg": np.full((3, 4), 0.5, np.float32)}
 TINY = ["--task", "copy", "--n-train", "200", "--steps", "4", "--warmup", "1", "--d-model", "16",
         "--heads", "2", "--layers", "1", "--ff", "32", "--batch-size", "8", "--eval-every", "0"]
-SMALL = dict(task="copy", n_train=200, n_valid=20, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+SMALL = dict(task="copy", n_train=200, n_valid=20, d_model=16, heads=2, layers=1, ff=32,
              batch_size=8, steps=4, warmup=1, eval_every=0, log_every=10)
 AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 

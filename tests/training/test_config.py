@@ -7,11 +7,13 @@ import pytest
 from npformer.cli import main
 from npformer.training import checkpoint as ckpt
 from npformer.training.config import (CONFIGS, FIELDS, ALBERTTrainConfig, CharLMTrainConfig, Seq2SeqTrainConfig,
-                                      TrainConfig, XLTrainConfig, config_from_dict, flag, make_config)
+                                      TrainConfig, XLTrainConfig, config_from_dict, flag, make_config,
+                                      options_from_file)
 from npformer.training.registry import make_trainer
 
 # meta["train_config"] as npformer wrote it before the configs were split: every kind's fields in one
-# dict, the other kinds' at their defaults (here a GPT-2 run on charlm)
+# dict, the other kinds' at their defaults (here a GPT-2 run on charlm), heads and ff by their earlier
+# names (RENAMED)
 OLD_FLAT = {"task": "charlm", "model": "gpt2", "seed": 0, "backend": "numpy", "dtype": "float32", "steps": 8,
             "batch_size": 8, "lr": 3e-3, "warmup": 2, "min_lr": 1e-4, "weight_decay": 0.01, "clip": 1.0,
             "label_smoothing": 0.1, "d_model": 16, "nhead": 2, "layers": 1, "dim_feedforward": 32,
@@ -39,7 +41,7 @@ def test_every_field_has_one_home_and_help_text():
     assert {name: len(where) for name, where in homes.items() if len(where) != 1} == {}
     for name, f in FIELDS.items():
         assert f.metadata["help"].strip(), name
-    assert flag("nhead") == "--heads" and flag("dim_feedforward") == "--ff" and flag("mem_len") == "--mem-len"
+    assert flag("heads") == "--heads" and flag("ff") == "--ff" and flag("mem_len") == "--mem-len"
 
 
 def test_the_example_count_help_gives_each_tasks_default(capsys):
@@ -128,3 +130,31 @@ def test_a_checkpoint_with_an_old_flat_config_resumes_exactly_and_samples(tmp_pa
     assert "resumed from" in capsys.readouterr().out
     rewritten = ckpt.load_checkpoint(path).meta["train_config"]               # in the new format now
     assert rewritten == asdict(replace(config, steps=6, checkpoint=str(path), out_dir="runs/charlm-gpt2"))
+
+
+def test_earlier_field_names_still_load_and_files_are_told_the_new_ones(tmp_path):
+    """Fields are named as their flags (``heads`` for --heads, ``ff`` for --ff). A checkpoint's config
+    with the earlier names loads as it is; a config file or make_config with them works and says the
+    new name in a FutureWarning; a file giving both names of one field is refused."""
+    import json
+    import warnings
+    loaded = config_from_dict(OLD_FLAT)
+    assert (loaded.heads, loaded.ff) == (2, 32) and "nhead" not in asdict(loaded)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"task": "charlm", "nhead": 2, "dim_feedforward": 48}))
+    with pytest.warns(FutureWarning) as said:
+        options = options_from_file(path)
+    assert [str(w.message).split(": ", 1)[1] for w in said] == [
+        "'nhead' is the earlier name of 'heads' (--heads); it will stop being read, write 'heads'",
+        "'dim_feedforward' is the earlier name of 'ff' (--ff); it will stop being read, write 'ff'"]
+    assert options == {"task": "charlm", "heads": 2, "ff": 48}
+    with pytest.warns(FutureWarning, match="'dim_feedforward' is the earlier name of 'ff'"):
+        assert make_config({"task": "charlm", "dim_feedforward": 48}).ff == 48
+    path.write_text(json.dumps({"heads": 2, "nhead": 4}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(ValueError, match="'nhead' sets --heads a second time"):
+            options_from_file(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                   # the current names: no warning
+        assert make_config({"task": "charlm", "heads": 2, "ff": 48}).heads == 2

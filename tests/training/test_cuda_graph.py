@@ -114,7 +114,7 @@ def _gpt_step(cp):
     """Forward, cross-entropy and backward of a small GPT (dropout 0); returns (loss, a gradient)."""
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
-    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32, dim_feedforward=64,
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32, ff=64,
                           dropout=0.0), backend="cupy", rng=0)
 
     def step(x, y):
@@ -197,7 +197,7 @@ def test_training_with_the_graph_gives_the_eager_losses(cp):
     losses = {}
     for graph in (False, True):
         config = CharLMTrainConfig(task="charlm", backend="cupy", steps=8, batch_size=4, block_size=16, d_model=32,
-                                   nhead=4, layers=2, dim_feedforward=64, dropout=0.1, cuda_graph=graph)
+                                   heads=4, layers=2, ff=64, dropout=0.1, cuda_graph=graph)
         trainer = make_trainer(config, log=lambda line: None)
         losses[graph] = [trainer.train_step().loss for _ in range(8)]
         assert trainer._graph is None or trainer._graph.captured
@@ -216,7 +216,7 @@ def test_graph_and_eager_trainers_keep_the_same_weights_step_by_step(cp, dropout
     trainers = []
     for graph in (False, True):
         config = CharLMTrainConfig(task="charlm", backend="cupy", steps=8, batch_size=4, block_size=16, d_model=32,
-                                   nhead=4, layers=2, dim_feedforward=64, dropout=dropout, cuda_graph=graph)
+                                   heads=4, layers=2, ff=64, dropout=dropout, cuda_graph=graph)
         trainers.append(make_trainer(config, log=lambda line: None))
     for step in range(1, 9):
         losses = [t.train_step().loss for t in trainers]

@@ -11,7 +11,7 @@ from npformer.training.config import make_config
 from npformer.training.registry import make_trainer
 from tests.helpers import assert_gradcheck
 
-LM = dict(task="charlm", d_model=16, nhead=2, layers=2, dim_feedforward=32, block_size=16,
+LM = dict(task="charlm", d_model=16, heads=2, layers=2, ff=32, block_size=16,
           batch_size=8, steps=40, warmup=5, lr=3e-3, eval_every=0, log_every=10)
 
 
@@ -33,7 +33,7 @@ def test_gpt1_is_post_norm_without_final_norm_and_gpt2_is_pre_norm_with_one():
 
 @pytest.mark.parametrize("model,residual_std", [("gpt1", 0.02), ("gpt2", 0.02 / np.sqrt(2 * 4))])
 def test_initialisation_statistics(model, residual_std):
-    m = _quiet(model=model, d_model=64, layers=4, dim_feedforward=256, steps=2, warmup=1).model
+    m = _quiet(model=model, d_model=64, layers=4, ff=256, steps=2, warmup=1).model
     for name, p in m.named_parameters():
         w = p.data
         if name.endswith(("out_proj.weight", "linear2.weight")):   # 4,096 and 16,384 draws

@@ -10,7 +10,7 @@ from npformer.training.mlm_trainer import IGNORE, mask_tokens
 from npformer.training.config import make_config
 from npformer.training.registry import make_trainer
 
-MLM = dict(task="charlm", d_model=16, nhead=2, layers=2, dim_feedforward=32, block_size=16,
+MLM = dict(task="charlm", d_model=16, heads=2, layers=2, ff=32, block_size=16,
            batch_size=8, steps=30, warmup=3, lr=3e-3, eval_every=0, log_every=10)
 
 

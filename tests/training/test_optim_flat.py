@@ -233,8 +233,8 @@ def test_the_trainers_flatten_their_model_and_step_flat(monkeypatch):
     monkeypatch.setattr(optim_module, "adam_update", lambda p, *a, **k: (seen.append(p.ndim), real(p, *a, **k))[1])
     for precision in ("float32", "float16"):
         seen.clear()
-        trainer = make_trainer(make_config(dict(task="charlm", model="gpt2", d_model=16, nhead=2, layers=1,
-                                                dim_feedforward=32, block_size=16, batch_size=4, steps=3,
+        trainer = make_trainer(make_config(dict(task="charlm", model="gpt2", d_model=16, heads=2, layers=1,
+                                                ff=32, block_size=16, batch_size=4, steps=3,
                                                 warmup=1, eval_every=0, precision=precision)), log=lambda _: None)
         trainer.train_step()
         assert flat_parameters(trainer.model) is not None

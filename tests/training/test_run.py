@@ -16,7 +16,7 @@ from npformer.training.schedules import cosine_with_warmup
 from npformer.training.seq2seq_trainer import Seq2SeqTrainer
 from tests.helpers import NO_MATPLOTLIB
 
-SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, heads=2, layers=1, ff=32,
              batch_size=16, steps=8, warmup=2, lr=3e-3, eval_every=4, log_every=2, checkpoint_every=4)
 TRAIN_KEYS = {"split", "step", "loss", "lr", "grad_norm", "tokens_per_s", "time_s"}
 
@@ -170,8 +170,8 @@ def _lowercase_charlm(tmp_path, model="gpt2"):
     from npformer.training.registry import make_trainer
     text = tmp_path / "lower.txt"
     text.write_text("".join("abcdfgijklmnopqrsuvwxyz.,"[i * 7 % 25] for i in range(3000)))
-    config = make_config(dict(model=model, task="charlm", text=str(text), d_model=16, nhead=2, layers=1,
-                              dim_feedforward=32, block_size=16, batch_size=4, steps=4, warmup=1, eval_every=0,
+    config = make_config(dict(model=model, task="charlm", text=str(text), d_model=16, heads=2, layers=1,
+                              ff=32, block_size=16, batch_size=4, steps=4, warmup=1, eval_every=0,
                               out_dir=str(tmp_path / "run")))
     return text, make_trainer(config, log=lambda _: None)
 

@@ -8,7 +8,7 @@ from npformer.training.config import CharLMTrainConfig, Seq2SeqTrainConfig
 from npformer.training.registry import make_trainer
 from npformer.training.seq2seq_trainer import Seq2SeqTrainer
 
-SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, heads=2, layers=1, ff=32,
              batch_size=16, steps=40, warmup=5, lr=3e-3, eval_every=0, log_every=10)
 
 
@@ -98,7 +98,7 @@ def test_evaluate_and_translate_run():
     assert len(trainer.translate(["abc", "j"])) == 2
 
 
-LM = dict(task="charlm", d_model=16, nhead=2, layers=1, dim_feedforward=32, block_size=16,
+LM = dict(task="charlm", d_model=16, heads=2, layers=1, ff=32, block_size=16,
           batch_size=8, steps=40, warmup=5, lr=3e-3, eval_every=0, log_every=10)
 
 
@@ -136,8 +136,8 @@ def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
     from npformer.errors import DistributedError
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from npformer.training.config import make_config
-    trainer = make_trainer(make_config(dict(task="charlm", model="gpt2", d_model=16, nhead=2, layers=1,
-                                            dim_feedforward=32, block_size=16, batch_size=4, steps=3, warmup=1,
+    trainer = make_trainer(make_config(dict(task="charlm", model="gpt2", d_model=16, heads=2, layers=1,
+                                            ff=32, block_size=16, batch_size=4, steps=3, warmup=1,
                                             eval_every=0)), log=lambda _: None)
     reduced = []
 

@@ -7,7 +7,7 @@ from npformer.cli import main
 from npformer.training.config import Seq2SeqTrainConfig, XLTrainConfig, make_config
 from npformer.training.registry import make_trainer
 
-TINY_LM = dict(task="charlm", model="gpt2", d_model=16, nhead=2, layers=1, dim_feedforward=32, block_size=16,
+TINY_LM = dict(task="charlm", model="gpt2", d_model=16, heads=2, layers=1, ff=32, block_size=16,
                batch_size=8, steps=30, warmup=3, lr=3e-3, eval_every=0, log_every=10, dropout=0.0)
 
 
@@ -45,11 +45,11 @@ def test_float16_resume_is_exact_and_checkpoints_keep_float32_masters(tmp_path):
 
 
 def test_seq2seq_mlm_and_transformer_xl_trainers_run_in_float16():
-    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=60, n_valid=10, d_model=16, nhead=2, layers=1,
-                                          dim_feedforward=32, batch_size=8, steps=5, warmup=1, eval_every=0,
+    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=60, n_valid=10, d_model=16, heads=2, layers=1,
+                                          ff=32, batch_size=8, steps=5, warmup=1, eval_every=0,
                                           precision="float16"), log=lambda _: None)
     mlm = _trainer(model="bert", precision="float16", steps=5, warmup=1)
-    xl = make_trainer(XLTrainConfig(task="recall", block_size=4, d_model=16, nhead=2, layers=1, dim_feedforward=32,
+    xl = make_trainer(XLTrainConfig(task="recall", block_size=4, d_model=16, heads=2, layers=1, ff=32,
                                     batch_size=8, steps=5, warmup=1, eval_every=0, precision="float16"),
                       log=lambda _: None)
     for t in (s2s, mlm, xl):

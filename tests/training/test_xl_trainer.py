@@ -12,8 +12,8 @@ from npformer.training.config import Seq2SeqTrainConfig, XLTrainConfig
 from npformer.training.registry import make_trainer
 from npformer.training.xl_trainer import SEGMENTS, XLTrainer, recall_period
 
-TINY = dict(model="transformer-xl", task="recall", block_size=4, mem_len=4, d_model=16, nhead=2, layers=2,
-            dim_feedforward=32, batch_size=8, steps=40, warmup=4, lr=3e-3, dropout=0.1, n_train=64,
+TINY = dict(model="transformer-xl", task="recall", block_size=4, mem_len=4, d_model=16, heads=2, layers=2,
+            ff=32, batch_size=8, steps=40, warmup=4, lr=3e-3, dropout=0.1, n_train=64,
             n_valid=8, eval_every=0, log_every=10)
 
 
@@ -115,8 +115,8 @@ def test_bad_settings(tmp_path):
         _trainer(batch_size=100)
     with pytest.raises(ValueError, match="--mem-len: expected an int >= 0"):
         _trainer(mem_len=-1)
-    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=50, n_valid=10, batch_size=8, d_model=8, nhead=2,
-                                          layers=1, dim_feedforward=8, steps=2, warmup=1), log=lambda _: None)
+    s2s = make_trainer(Seq2SeqTrainConfig(task="copy", n_train=50, n_valid=10, batch_size=8, d_model=8, heads=2,
+                                          layers=1, ff=8, steps=2, warmup=1), log=lambda _: None)
     with pytest.raises(ValueError, match="holds a 'seq2seq' checkpoint, not a transformer-xl one"):
         _trainer().load(s2s.save(tmp_path / "s2s.npz"))
 
