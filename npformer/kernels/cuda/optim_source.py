@@ -9,85 +9,10 @@ reference op's sequence of NumPy/CuPy operations rounds it: the same bits.
 """
 from __future__ import annotations
 
+from npformer.kernels.cuda.files import read_source
+
 __all__ = ["OPTIM_SOURCE", "SQUARES_THREADS"]
 
 SQUARES_THREADS = 256   # threads per block of the sum-of-squares kernel (a power of two)
 
-OPTIM_SOURCE = r"""
-// Adam / AdamW over `total` contiguous elements (npformer.ops.optim.adam_update), in place:
-//   l2:        g = p wd + g                       (Adam's weight decay, in the gradient)
-//   decoupled: p = p decay,  decay = 1 - lr wd    (AdamW's, on the parameter, first)
-//   m = m b1 + (1 - b1) g;   v = v b2 + (1 - b2) (g g)
-//   p = p - (m / (sqrt(v) / bc2 + eps)) step_size,   bc2 = sqrt(1 - b2^t),  step_size = lr / (1 - b1^t)
-//   copy (has_copy): the new p rounded to float16 (mixed precision's model weights)
-template <typename T>
-__device__ void npf_adam_update(T* p, const T* g, T* m, T* v, unsigned short* copy, long long total,
-                                T b1, T c1, T b2, T c2, T wd, T decay, T bc2, T eps, T step_size,
-                                int l2, int decoupled, int has_copy) {
-    NPF_FOR_EACH(k, total) {
-        T pk = p[k];
-        T gk = g[k];
-        if (l2) {
-            T w = pk * wd;
-            gk = w + gk;
-        }
-        if (decoupled) pk = pk * decay;
-        T mk = m[k] * b1;
-        T mg = gk * c1;
-        mk = mk + mg;
-        T vk = v[k] * b2;
-        T gg = gk * gk;
-        gg = gg * c2;
-        vk = vk + gg;
-        T d = npf_sqrt(vk);
-        d = d / bc2;
-        d = d + eps;
-        T u = mk / d;
-        u = u * step_size;
-        pk = pk - u;
-        p[k] = pk;
-        m[k] = mk;
-        v[k] = vk;
-        if (has_copy) npf_store(copy + k, (float)pk);
-    }
-}
-
-// Partial sums of squares in double (npformer.ops.optim.sum_of_squares): block b adds x^2 over its
-// grid-stride share of the `total` elements and writes part[b]; the host adds the gridDim.x partials.
-// blockDim.x is a power of two <= NPF_MAX_THREADS.
-template <typename T>
-__device__ void npf_sum_squares(const T* x, double* part, long long total, double* buf) {
-    double s = 0.0;
-    NPF_FOR_EACH(k, total) {
-        double a = (double)npf_load(x[k]);
-        s += a * a;
-    }
-    s = npf_block_sum(s, buf);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
-}
-
-extern "C" __global__ void npf_adam_update_f32(float* p, const float* g, float* m, float* v, unsigned short* copy,
-        long long total, float b1, float c1, float b2, float c2, float wd, float decay, float bc2, float eps,
-        float step_size, int l2, int decoupled, int has_copy) {
-    npf_adam_update<float>(p, g, m, v, copy, total, b1, c1, b2, c2, wd, decay, bc2, eps, step_size, l2,
-                           decoupled, has_copy);
-}
-extern "C" __global__ void npf_adam_update_f64(double* p, const double* g, double* m, double* v,
-        unsigned short* copy, long long total, double b1, double c1, double b2, double c2, double wd,
-        double decay, double bc2, double eps, double step_size, int l2, int decoupled, int has_copy) {
-    npf_adam_update<double>(p, g, m, v, copy, total, b1, c1, b2, c2, wd, decay, bc2, eps, step_size, l2,
-                            decoupled, has_copy);
-}
-extern "C" __global__ void npf_sum_squares_f16(const unsigned short* x, double* part, long long total) {
-    __shared__ double buf[NPF_MAX_THREADS];
-    npf_sum_squares<unsigned short>(x, part, total, buf);
-}
-extern "C" __global__ void npf_sum_squares_f32(const float* x, double* part, long long total) {
-    __shared__ double buf[NPF_MAX_THREADS];
-    npf_sum_squares<float>(x, part, total, buf);
-}
-extern "C" __global__ void npf_sum_squares_f64(const double* x, double* part, long long total) {
-    __shared__ double buf[NPF_MAX_THREADS];
-    npf_sum_squares<double>(x, part, total, buf);
-}
-"""
+OPTIM_SOURCE = read_source("optim.cu")

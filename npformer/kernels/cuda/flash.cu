@@ -1,0 +1,1053 @@
+// Flash attention's kernels, SIMT and tensor-core (npformer/kernels/cuda/flash_source.py documents
+// them; it fills in the constants named in it and writes the extern "C" entry points).
+#define NPF_FA_THREADS 128
+#define NPF_FA_TR 16
+#define NPF_FA_TC 8
+
+#ifdef __CUDACC__
+#define NPF_FA_SHARED(name, bytes) extern __shared__ __align__(16) unsigned char name[]
+__device__ __forceinline__ float npf_fa_inf(float) { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ double npf_fa_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
+#else
+// the CPU emulator runs one block at a time: a static buffer of the kernel's size is its shared memory
+// (its size kept where the emulator checks it against the launch's dynamic shared memory)
+extern "C" { long long npf_fa_shared_declared = 0; }
+#define NPF_FA_SHARED(name, bytes) alignas(16) static unsigned char name[bytes]; npf_fa_shared_declared = (bytes)
+inline float npf_fa_inf(float) { return __builtin_huge_valf(); }
+inline double npf_fa_inf(double) { return __builtin_huge_val(); }
+#endif
+
+template <typename A> __device__ __forceinline__ bool npf_fa_isinf(A x) {
+    return x == npf_fa_inf(x) || x == -npf_fa_inf(x);
+}
+__device__ __forceinline__ int npf_fa_min(int a, int b) { return a < b ? a : b; }
+
+// Shared-memory carving per kernel (elements of A; shared_bytes() in flash_source.py says the same).
+template <typename A, int D, int BR, int BC> struct NpfFaShape {
+    static constexpr int DP = D + 4;                        // row stride of a (rows, D) tile
+    static constexpr int FWD = (BR + 2 * BC) * DP + BR * (BC + 4) + 2 * BR * NPF_FA_TC;
+    static constexpr int DQ = (2 * BR + 2 * BC) * DP + BR * (BC + 4);
+    static constexpr int DKDV = (2 * BC + 2 * BR) * DP + 2 * BC * (BR + 4) + 2 * BR;
+};
+
+// Everything but q, k, v a kernel reads (one struct built from the entry point's flat arguments).
+template <typename A> struct NpfFaArgs {
+    // attn_mask: kind 0 none, 1 bool, 2 float. A bool mask comes as bytes (mask_b: the SIMT kernels) or as
+    // bits (mask_bits, 32 keys a word: the tensor-core kernels), the other pointer a placeholder. A row of
+    // the mask is mask_ld elements (Tk bytes or floats, or ceil(Tk / 32) words), a head's mask_bh (0 for a
+    // (Tq, Tk) mask, Tq mask_ld for (B, H, Tq, Tk)).
+    const bool* mask_b; const unsigned* mask_bits; const A* mask_f; long long mask_bh; int mask_ld; int mask_kind;
+    // key_padding_mask (B, Tk), kinds and forms as above, pad_ld elements a row; for bool padding key_end[b]
+    // is one past batch b's last key that is not padding (0 if none): key tiles at and past it are skipped
+    const bool* pad_b; const unsigned* pad_bits; const A* pad_f; const int* key_end; int pad_ld; int pad_kind;
+    const unsigned long long* seed; int keep_min; A keep_scale;              // dropout (keep_min 0: none), 1 / (1 - p)
+    long long bh_count; int H, Tq, Tk, hs, hv; A scale; int causal, shift;   // causal: key j visible to i when j <= i + shift
+};
+
+// Where one tensor's (B, H, T, D) elements are: element (b, h, t, d) at b sb + h sh + t st + d (a strided
+// view: the heads of a packed (B, T, 3, H, hs) projection, or (B, T, H, hs) merged heads, need no copy).
+struct NpfFaLayout { long long sb, sh, st; };
+
+// The offset of head bh = b H + h
+__device__ __forceinline__ long long npf_fa_head(const NpfFaLayout& l, long long bh, int H) {
+    return (bh / H) * l.sb + (bh % H) * l.sh;
+}
+
+// _keep: splitmix64 of seed + n * golden; kept when the top 24 bits >= keep_min
+__device__ __forceinline__ bool npf_fa_keep(unsigned long long seed, unsigned long long n, int keep_min) {
+    unsigned long long z = n * @GOLDEN@ULL + seed;
+    z ^= z >> 30;
+    z *= @MIX1@ULL;
+    z ^= z >> 27;
+    z *= @MIX2@ULL;
+    z ^= z >> 31;
+    return (long long)(z >> 40) >= (long long)keep_min;
+}
+
+// _keep's scaled mask value at (bh, i, j): 1 / (1 - p) or 0
+template <typename A>
+__device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned long long seed, long long bh, int i, int j) {
+    unsigned long long n = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i)
+                           * (unsigned long long)a.Tk + (unsigned long long)j;
+    return npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : A(0);
+}
+
+// Where row i of head bh's attn mask starts, and head bh's padding row (in the masks' elements)
+template <typename A> __device__ __forceinline__ long long npf_fa_mask_row(const NpfFaArgs<A>& a, long long bh, int i) {
+    return bh * a.mask_bh + (long long)i * a.mask_ld;
+}
+template <typename A> __device__ __forceinline__ long long npf_fa_pad_row(const NpfFaArgs<A>& a, long long bh) {
+    return (bh / a.H) * a.pad_ld;
+}
+
+// One past the last key of head bh that bool padding leaves visible (Tk without it)
+template <typename A> __device__ __forceinline__ int npf_fa_key_end(const NpfFaArgs<A>& a, long long bh) {
+    return a.pad_kind == 1 ? a.key_end[bh / a.H] : a.Tk;
+}
+
+// Bit j of a packed bool mask row (32 keys a word, key j at bit j % 32 of word j / 32)
+__device__ __forceinline__ bool npf_fa_bit(const unsigned* row, int j) {
+    return (row[j >> 5] >> (j & 31)) & 1u;
+}
+
+// _scores for one element, from dot = q_i . k_j:  s = dot * scale; s += attn bias; s += padding bias;
+// s += -inf where j > i + shift (causal). A key past Tk is -inf; a query row past Tq (the ragged end of
+// the last tile) is never stored and gets no mask. BITS: bool masks as bits (the tensor-core kernels)
+// or as bytes (the SIMT kernels: a bit test there costs them 30-70 registers in ptxas 12.9, below their
+// occupancy).
+// (mask_row = npf_fa_mask_row(a, bh, i) and pad_row = npf_fa_pad_row(a, bh): where row i's attn mask and
+// head bh's padding start, which a caller scoring many elements of one row computes once)
+template <typename A, bool BITS = false>
+__device__ __forceinline__ A npf_fa_score_at(A dot, const NpfFaArgs<A>& a, int i, int j, long long mask_row,
+                                             long long pad_row) {
+    const A inf = npf_fa_inf(dot);
+    if (j >= a.Tk) return -inf;
+    A s = dot * a.scale;
+    if (i >= a.Tq) return s;
+    if (a.mask_kind) {
+        const bool blocked = BITS ? npf_fa_bit(a.mask_bits + mask_row, j) : a.mask_b[mask_row + j];
+        s += a.mask_kind == 1 ? (blocked ? -inf : A(0)) : a.mask_f[mask_row + j];
+    }
+    if (a.pad_kind) {
+        const bool blocked = BITS ? npf_fa_bit(a.pad_bits + pad_row, j) : a.pad_b[pad_row + j];
+        s += a.pad_kind == 1 ? (blocked ? -inf : A(0)) : a.pad_f[pad_row + j];
+    }
+    if (a.causal && j > i + a.shift) s += -inf;
+    return s;
+}
+template <typename A>
+__device__ __forceinline__ A npf_fa_score(A dot, const NpfFaArgs<A>& a, long long bh, int i, int j) {
+    return npf_fa_score_at(dot, a, i, j, npf_fa_mask_row(a, bh, i), npf_fa_pad_row(a, bh));
+}
+
+// Rows [r0, r0 + N) of one head's (rows, width) matrix x (rows `stride` apart) into s (N, D + 4), zeros
+// past rows and width.
+template <typename T, typename A, int N, int D>
+__device__ __forceinline__ void npf_fa_load(const T* x, int r0, int rows, int width, long long stride, A* s) {
+    for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
+        int r = e / D, d = e % D;
+        A value = A(0);
+        if (r0 + r < rows && d < width) value = npf_load(x[(long long)(r0 + r) * stride + d]);
+        s[r * (D + 4) + d] = value;
+    }
+}
+
+// s[a][b] = X[tr + 16 a] . Y[tc + 8 b] over D (X, Y: (.., D + 4) tiles)
+template <typename A, int R, int C, int D>
+__device__ __forceinline__ void npf_fa_dot(const A* X, const A* Y, A (&s)[R][C]) {
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+#pragma unroll
+    for (int a = 0; a < R; ++a)
+#pragma unroll
+        for (int b = 0; b < C; ++b) s[a][b] = A(0);
+#pragma unroll 4
+    for (int d = 0; d < D; ++d) {
+        A x[R], y[C];
+#pragma unroll
+        for (int a = 0; a < R; ++a) x[a] = X[(tr + NPF_FA_TR * a) * (D + 4) + d];
+#pragma unroll
+        for (int b = 0; b < C; ++b) y[b] = Y[(tc + NPF_FA_TC * b) * (D + 4) + d];
+#pragma unroll
+        for (int a = 0; a < R; ++a)
+#pragma unroll
+            for (int b = 0; b < C; ++b) s[a][b] += x[a] * y[b];
+    }
+}
+
+// The head column of a thread's accumulator column c: runs of 4 (one 16-byte load), the 8 column lanes'
+// runs side by side: (c / 4) 32 + 4 tc + c % 4
+__device__ __forceinline__ int npf_fa_col(int tc, int c) { return (c >> 2) * (4 * NPF_FA_TC) + tc * 4 + (c & 3); }
+
+// acc[a][c] += sum_j P[tr + 16 a][j] W[j][npf_fa_col(tc, c)] over N (P: (.., PS) with row stride PS,
+// W: (N, D + 4))
+template <typename A, int R, int DC, int N, int PS, int D>
+__device__ __forceinline__ void npf_fa_acc(const A* P, const A* W, A (&acc)[R][DC]) {
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+#pragma unroll 4
+    for (int j = 0; j < N; ++j) {
+        A p[R], w[DC];
+#pragma unroll
+        for (int a = 0; a < R; ++a) p[a] = P[(tr + NPF_FA_TR * a) * PS + j];
+#pragma unroll
+        for (int c = 0; c < DC; ++c) w[c] = W[j * (D + 4) + npf_fa_col(tc, c)];
+#pragma unroll
+        for (int a = 0; a < R; ++a)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc[a][c] += p[a] * w[c];
+    }
+}
+
+// The number of key tiles query rows [i0, i1) see: all, or up to the last one holding a key
+// j <= i1 - 1 + shift (_visible); 0 when even that is negative.
+template <int BC>
+__device__ __forceinline__ int npf_fa_key_tiles(int i1, int Tk, int causal, int shift) {
+    int n = (Tk + BC - 1) / BC;
+    if (!causal) return n;
+    int last = i1 - 1 + shift;
+    return last < 0 ? 0 : npf_fa_min(n, last / BC + 1);
+}
+
+// npf_fa_key_tiles for head bh: none at or past its padding's key end (those tiles are all -inf)
+template <int BC, typename A>
+__device__ __forceinline__ int npf_fa_head_key_tiles(const NpfFaArgs<A>& a, long long bh, int n_kt) {
+    return npf_fa_min(n_kt, (npf_fa_key_end(a, bh) + BC - 1) / BC);
+}
+
+// Forward: block (x: query tile, last first so the longest causal rows start first; y: b H + h).
+//   per key tile:  S = score(q_i k_j^T);  m_new = max(m, rowmax S);  shift = m_new, or 0 if infinite
+//                  P = exp(S - shift);  alpha = exp(m - shift);  l = alpha l + rowsum P
+//                  acc = alpha acc + dropout(P) v_j;  m = m_new
+//   then  out = acc / l (l = 0 -> 1: zeros),  lse = m + log l (l = 0 -> +inf)
+template <typename T, typename A, int D, int BR, int BC>
+__device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* lse, const NpfFaArgs<A>& a,
+                               NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
+    typedef NpfFaShape<A, D, BR, BC> S;
+    constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC, CP = BC + 4;
+    NPF_FA_SHARED(smem, S::FWD * sizeof(A));
+    A* Qs = reinterpret_cast<A*>(smem);      // (BR, DP)
+    A* Ks = Qs + BR * S::DP;                 // (BC, DP)
+    A* Vs = Ks + BC * S::DP;                 // (BC, DP)
+    A* Ps = Vs + BC * S::DP;                 // (BR, CP) dropout(P)
+    A* red_m = Ps + BR * CP;                 // (BR, 8) the row lanes' partial max
+    A* red_l = red_m + BR * NPF_FA_TC;       // (BR, 8) and partial sums
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const A inf = npf_fa_inf(A(0));
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
+        __syncthreads();                                     // the previous head's readers are done
+        npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        A m[R], l[R], acc[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            m[r] = -inf;
+            l[r] = A(0);
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc[r][c] = A(0);
+        }
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            __syncthreads();                                 // done with the last tile's K, V, P
+            npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+            __syncthreads();
+            A s[R][C];
+            npf_fa_dot<A, R, C, D>(Qs, Ks, s);
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+                A mx = -inf;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    s[r][c] = npf_fa_score(s[r][c], a, bh, i0 + row, j0 + tc + NPF_FA_TC * c);
+                    mx = npf_max(mx, s[r][c]);
+                }
+                red_m[row * NPF_FA_TC + tc] = mx;
+            }
+            __syncthreads();
+            A alpha[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+                A m_new = m[r];
+#pragma unroll
+                for (int t = 0; t < NPF_FA_TC; ++t) m_new = npf_max(m_new, red_m[row * NPF_FA_TC + t]);
+                const A shift = npf_fa_isinf(m_new) ? A(0) : m_new;   // all -inf so far: no inf - inf
+                alpha[r] = npf_exp(m[r] - shift);
+                A sum = A(0);
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    A p = npf_exp(s[r][c] - shift);
+                    sum += p;
+                    if (a.keep_min) p *= npf_fa_keep_value(a, seed, bh, i0 + row, j0 + tc + NPF_FA_TC * c);
+                    Ps[row * CP + tc + NPF_FA_TC * c] = p;
+                }
+                red_l[row * NPF_FA_TC + tc] = sum;
+                m[r] = m_new;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+                A sum = A(0);
+#pragma unroll
+                for (int t = 0; t < NPF_FA_TC; ++t) sum += red_l[row * NPF_FA_TC + t];
+                l[r] = l[r] * alpha[r] + sum;
+#pragma unroll
+                for (int c = 0; c < DC; ++c) acc[r][c] *= alpha[r];
+            }
+            npf_fa_acc<A, R, DC, BC, CP, D>(Ps, Vs, acc);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            if (i >= a.Tq) continue;
+            const bool empty = l[r] == A(0);                 // a fully masked row: zeros, lse +inf
+            const A den = empty ? A(1) : l[r];
+            const long long at = bh * a.Tq + i;
+            T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hv) npf_store(out_row + d, acc[r][c] / den);
+            }
+            if (tc == 0) lse[at] = empty ? inf : m[r] + npf_log(l[r]);
+        }
+    }
+}
+
+// D_i = rowsum(dO_i * O_i) for each of `rows` = B H Tq rows of hv values (row = bh Tq + i): a warp per row
+// (blockDim.x a multiple of 32), lane l adding the values l, l + 32, ... (a warp's loads are consecutive:
+// coalesced), then the 32 partial sums by a butterfly of shuffles
+template <typename T, typename A>
+__device__ void npf_fa_bwd_pre(const T* dout, const T* out, A* dvec, long long rows, int hv, int Tq, int H,
+                               NpfFaLayout gl, NpfFaLayout ol) {
+    const long long warps = (long long)gridDim.x * blockDim.x / 32;
+    const int lane = threadIdx.x % 32;
+    for (long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; row < rows; row += warps) {
+        const long long bh = row / Tq, i = row % Tq;
+        const T* g = dout + npf_fa_head(gl, bh, H) + i * gl.st;
+        const T* o = out + npf_fa_head(ol, bh, H) + i * ol.st;
+        A s = A(0);
+        for (int d = lane; d < hv; d += 32) s += npf_load(g[d]) * npf_load(o[d]);
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) s += __shfl_xor_sync(0xffffffffu, s, offset);
+        if (lane == 0) dvec[row] = s;
+    }
+}
+
+// The recomputed probability and score gradient of one element (the backward's inner step):
+//   P = exp(S - lse_i);  g = dP (= dO_i . v_j) * keep;  dS = ((g - D_i) P) scale;  P_drop = P keep
+template <typename A>
+__device__ __forceinline__ void npf_fa_grad(A dot, A dp, A lse_i, A d_i, const NpfFaArgs<A>& a,
+                                            unsigned long long seed, long long bh, int i, int j, A& p_drop, A& ds) {
+    const A p = npf_exp(npf_fa_score(dot, a, bh, i, j) - lse_i);
+    A g = dp;
+    p_drop = p;
+    if (a.keep_min) {
+        const A keep = npf_fa_keep_value(a, seed, bh, i, j);
+        p_drop = p * keep;
+        g *= keep;
+    }
+    g -= d_i;
+    g *= p;
+    ds = g * a.scale;
+}
+
+// dK, dV: block (x: key tile, y: b H + h), looping over the query tiles that see the key tile.
+// Thread rows are keys, columns queries:  dv_j += P_drop^T dO_i,  dk_j += dS^T q_i
+template <typename T, typename A, int D, int BR, int BC>
+__device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec,
+                                T* dk, T* dv, const NpfFaArgs<A>& a, NpfFaLayout ql, NpfFaLayout kl,
+                                NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
+    typedef NpfFaShape<A, D, BR, BC> S;
+    constexpr int R = BC / NPF_FA_TR, C = BR / NPF_FA_TC, DC = D / NPF_FA_TC, RP = BR + 4;
+    NPF_FA_SHARED(smem, S::DKDV * sizeof(A));
+    A* Ks = reinterpret_cast<A*>(smem);      // (BC, DP)
+    A* Vs = Ks + BC * S::DP;                 // (BC, DP)
+    A* Qs = Vs + BC * S::DP;                 // (BR, DP)
+    A* dOs = Qs + BR * S::DP;                // (BR, DP)
+    A* Pt = dOs + BR * S::DP;                // (BC, RP) P_drop^T
+    A* St = Pt + BC * RP;                    // (BC, RP) dS^T
+    A* lse_s = St + BC * RP;                 // (BR)
+    A* d_s = lse_s + BR;                     // (BR)
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int j0 = blockIdx.x * BC;
+    const int n_qt = (a.Tq + BR - 1) / BR;
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const A inf = npf_fa_inf(A(0));
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
+        __syncthreads();
+        npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+        A dka[R][DC], dva[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) dka[r][c] = dva[r][c] = A(0);
+        for (int qt = 0; qt < n_qt_head; ++qt) {
+            const int i0 = qt * BR;
+            if (a.causal && j0 > npf_fa_min(i0 + BR, a.Tq) - 1 + a.shift) continue;   // wholly in the future
+            __syncthreads();                                 // done with the last query tile
+            npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+            npf_fa_load<T, A, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+            for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
+                const bool in = i0 + e < a.Tq;               // rows past Tq: P = exp(S - inf) = 0
+                lse_s[e] = in ? lse[bh * a.Tq + i0 + e] : inf;
+                d_s[e] = in ? dvec[bh * a.Tq + i0 + e] : A(0);
+            }
+            __syncthreads();
+            A st[R][C], dpt[R][C];
+            npf_fa_dot<A, R, C, D>(Ks, Qs, st);              // S^T: keys x queries
+            npf_fa_dot<A, R, C, D>(Vs, dOs, dpt);            // dP^T = (dO v^T)^T
+            A lse_c[C], d_c[C];                              // this thread's queries' lse and D
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                lse_c[c] = lse_s[tc + NPF_FA_TC * c];
+                d_c[c] = d_s[tc + NPF_FA_TC * c];
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int col = tc + NPF_FA_TC * c;
+                    A p_drop, ds;
+                    npf_fa_grad(st[r][c], dpt[r][c], lse_c[c], d_c[c], a, seed, bh, i0 + col, j0 + row, p_drop, ds);
+                    Pt[row * RP + col] = p_drop;
+                    St[row * RP + col] = ds;
+                }
+            }
+            __syncthreads();
+            npf_fa_acc<A, R, DC, BR, RP, D>(Pt, dOs, dva);   // dv_j += P_drop^T dO_i
+            npf_fa_acc<A, R, DC, BR, RP, D>(St, Qs, dka);    // dk_j += dS^T q_i
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int j = j0 + tr + NPF_FA_TR * r;
+            if (j >= a.Tk) continue;
+            T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
+            T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hs) npf_store(dk_row + d, dka[r][c]);
+                if (d < a.hv) npf_store(dv_row + d, dva[r][c]);
+            }
+        }
+    }
+}
+
+// dQ: block (x: query tile, last first; y: b H + h) over its visible key tiles:  dq_i += dS k_j
+template <typename T, typename A, int D, int BR, int BC>
+__device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec,
+                              T* dq, const NpfFaArgs<A>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                              NpfFaLayout gl, NpfFaLayout dql) {
+    typedef NpfFaShape<A, D, BR, BC> S;
+    constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC, CP = BC + 4;
+    NPF_FA_SHARED(smem, S::DQ * sizeof(A));
+    A* Qs = reinterpret_cast<A*>(smem);      // (BR, DP)
+    A* dOs = Qs + BR * S::DP;                // (BR, DP)
+    A* Ks = dOs + BR * S::DP;                // (BC, DP)
+    A* Vs = Ks + BC * S::DP;                 // (BC, DP)
+    A* Ss = Vs + BC * S::DP;                 // (BR, CP) dS
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const A inf = npf_fa_inf(A(0));
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
+        __syncthreads();
+        npf_fa_load<T, A, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load<T, A, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+        A lse_r[R], d_r[R], dqa[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            lse_r[r] = i < a.Tq ? lse[bh * a.Tq + i] : inf;
+            d_r[r] = i < a.Tq ? dvec[bh * a.Tq + i] : A(0);
+#pragma unroll
+            for (int c = 0; c < DC; ++c) dqa[r][c] = A(0);
+        }
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            __syncthreads();
+            npf_fa_load<T, A, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load<T, A, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+            __syncthreads();
+            A s[R][C], dp[R][C];
+            npf_fa_dot<A, R, C, D>(Qs, Ks, s);
+            npf_fa_dot<A, R, C, D>(dOs, Vs, dp);             // dP = dO v^T
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = tr + NPF_FA_TR * r;
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const int col = tc + NPF_FA_TC * c;
+                    A p_drop, ds;
+                    npf_fa_grad(s[r][c], dp[r][c], lse_r[r], d_r[r], a, seed, bh, i0 + row, j0 + col, p_drop, ds);
+                    Ss[row * CP + col] = ds;
+                }
+            }
+            __syncthreads();
+            npf_fa_acc<A, R, DC, BC, CP, D>(Ss, Ks, dqa);    // dq_i += dS k_j
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            if (i >= a.Tq) continue;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hs) npf_store(dq + npf_fa_head(dql, bh, a.H) + i * dql.st + d, dqa[r][c]);
+            }
+        }
+    }
+}
+
+// ---- tensor cores (warp_source.py's primitives): FlashAttention-2's work split ----
+// A block of 4 warps takes BR = 64 query rows, a warp its own 16; per key tile of BC keys (K and V in
+// shared memory) the warp computes S = Q K^T with mma.sync, scores and the online softmax in registers
+// (a row lives in the 4 lanes of a quad: its max and sum are two shuffles), P rounded to the operand type
+// as the A fragments of O += P V. The same arithmetic as npf_fa_forward, with the products on tensor
+// cores (float32 accumulators); masks, causal tiles, dropout and the outputs are its. The operands come
+// through an Ops policy: NpfHalfOps (float16 tiles, m16n8k16, ldmatrix) or NpfTf32Ops (float32 tiles,
+// TF32 m16n8k8: each operand rounded by cvt.rna as it is read, the float32 opt-in).
+#define NPF_FA_TC_BR 64
+
+// Rows [r0, r0 + N) of one head's (rows, width) matrix x of T into s (N, D + E), E = 16 / sizeof(T) (rows
+// 16 bytes longer: 16-byte aligned, no bank conflicts), zeros past rows and width: 16 bytes (E values) a
+// load when every row starts 16-byte aligned and width is a multiple of E (the heads of a packed
+// projection with hs % E == 0), else a value a load
+struct __align__(16) NpfU4 { unsigned x, y, z, w; };
+template <typename T, int N, int D>
+__device__ __noinline__ void npf_fa_load_tile(const T* x, int r0, int rows, int width, long long stride, T* s) {
+    constexpr int E = 16 / sizeof(T), LD = D + E;       // (not inlined: fewer registers in the loops)
+    if (width % E == 0 && stride % E == 0 && ((unsigned long long)(size_t)x & 15) == 0) {
+        constexpr int C = D / E;
+        for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
+            int r = e / C, c = e % C;
+            NpfU4 value = {0u, 0u, 0u, 0u};
+            if (r0 + r < rows && c * E < width)
+                value = *reinterpret_cast<const NpfU4*>(x + (long long)(r0 + r) * stride + c * E);
+            *reinterpret_cast<NpfU4*>(s + r * LD + c * E) = value;
+        }
+        return;
+    }
+    for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
+        int r = e / D, d = e % D;
+        T value = T(0);
+        if (r0 + r < rows && d < width) value = x[(long long)(r0 + r) * stride + d];
+        s[r * LD + d] = value;
+    }
+}
+
+// npf_fa_load_tile through cp.async (16 bytes a copy, zeros past rows and width) where rows are 16-byte
+// aligned and width a multiple of E: the copies land while the block computes (npf_cp_async_wait before
+// the tile is read); elsewhere the synchronous loads
+template <typename T, int N, int D>
+__device__ __noinline__ void npf_fa_load_tile_async(const T* x, int r0, int rows, int width, long long stride, T* s) {
+    constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E;
+    if (!(width % E == 0 && stride % E == 0 && ((unsigned long long)(size_t)x & 15) == 0)) {
+        npf_fa_load_tile<T, N, D>(x, r0, rows, width, stride, s);
+        return;
+    }
+    for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
+        int r = e / C, c = e % C;
+        const bool in = r0 + r < rows && c * E < width;
+        npf_cp_async_16_zfill(s + r * LD + c * E, in ? x + (long long)(r0 + r) * stride + c * E : x, in ? 16 : 0);
+    }
+}
+
+// Key tile [j0, j0 + BC) of K and of V into one buffer, (BC, LD) K then (BC, LD) V, through cp.async
+template <typename T, int BC, int D>
+__device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v_head, int j0,
+                                                     const NpfFaArgs<float>& a, long long k_st, long long v_st, T* kv) {
+    npf_fa_load_tile_async<T, BC, D>(k_head, j0, a.Tk, a.hs, k_st, kv);
+    npf_fa_load_tile_async<T, BC, D>(v_head, j0, a.Tk, a.hv, v_st, kv + BC * (D + 16 / (int)sizeof(T)));
+}
+
+__device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
+    unsigned short l, h;
+    npf_store(&l, lo);
+    npf_store(&h, hi);
+    return (unsigned)l | ((unsigned)h << 16);
+}
+
+// The operands of a warp's tile products, by type. Tiles are (rows, LD) in shared memory, LD = D + PAD.
+//   a_rows: the A fragment of rows r0 .. r0 + 15 and columns k0 .. k0 + K - 1 of X (for X Y^T)
+//   b_rows: the B fragments of two 8-column blocks of Y^T: rows n0 .. n0 + 15 of Y (b[0..1] the first
+//           block, b[2..3] the second), columns k0 .. k0 + K - 1 (for X Y^T)
+//   b_cols: the B fragments of rows k0 .. k0 + K - 1 of Y and two 8-column blocks from n0 (for C Y)
+//   a_from_c: the A fragment of keys k0 .. k0 + K - 1 from the C fragments c[0], ... of those keys (the
+//           scores' registers, rounded: P and dS as operands of the second product)
+//   mma: D = A B + C over K
+struct NpfHalfOps {
+    typedef unsigned short T;
+    static constexpr int K = 16, PAD = 16 / sizeof(T);  // npf_fa_load_tile's rows: D + 16 bytes
+    static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
+        npf_ldmatrix_x4(a, X + (r0 + (lane / 8) % 2 * 8 + lane % 8) * LD + k0 + lane / 16 * 8);
+    }
+    static __device__ __forceinline__ void b_rows(unsigned* b, const T* Y, int LD, int n0, int k0, int lane) {
+        npf_ldmatrix_x4(b, Y + (n0 + lane / 16 * 8 + lane % 8) * LD + k0 + (lane / 8) % 2 * 8);
+    }
+    static __device__ __forceinline__ void b_cols(unsigned* b, const T* Y, int LD, int k0, int n0, int lane) {
+        npf_ldmatrix_x4_trans(b, Y + (k0 + (lane / 8) % 2 * 8 + lane % 8) * LD + n0 + lane / 16 * 8);
+    }
+    // the C fragments of key blocks 2 ks and 2 ks + 1 are the A fragment's registers (rows g and g + 8,
+    // columns 2 t and 2 t + 1 of each), as float16 pairs
+    static __device__ __forceinline__ void a_from_c(unsigned* a, const float (*c)[4]) {
+        a[0] = npf_pack_half2(c[0][0], c[0][1]);
+        a[1] = npf_pack_half2(c[0][2], c[0][3]);
+        a[2] = npf_pack_half2(c[1][0], c[1][1]);
+        a[3] = npf_pack_half2(c[1][2], c[1][3]);
+    }
+    static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
+        npf_mma_16816(d, a, b, c);
+    }
+};
+
+// TF32 (m16n8k8): A (row g, columns t and t + 4; rows g + 8), B (rows t and t + 4 of column g). The
+// lane holds scores of keys 2 t and 2 t + 1 of a block, so the second product takes the keys of a block in
+// the order 0, 2, 4, 6, 1, 3, 5, 7 (A's column t is key 2 t, column t + 4 key 2 t + 1) and b_cols reads
+// V's (or K's, dO's, Q's) rows in the same order: a sum over keys, in another order, and no shuffles.
+// Rows D + 4 floats apart: the 32 lanes' reads fall in 32 distinct banks in each function.
+struct NpfTf32Ops {
+    typedef float T;
+    static constexpr int K = 8, PAD = 16 / sizeof(T);   // npf_fa_load_tile's rows: D + 16 bytes
+    static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
+        const T* x = X + (r0 + lane / 4) * LD + k0 + lane % 4;
+        a[0] = npf_tf32(x[0]);
+        a[1] = npf_tf32(x[8 * LD]);
+        a[2] = npf_tf32(x[4]);
+        a[3] = npf_tf32(x[8 * LD + 4]);
+    }
+    static __device__ __forceinline__ void b_rows(unsigned* b, const T* Y, int LD, int n0, int k0, int lane) {
+        const T* y = Y + (n0 + lane / 4) * LD + k0 + lane % 4;
+        b[0] = npf_tf32(y[0]);
+        b[1] = npf_tf32(y[4]);
+        b[2] = npf_tf32(y[8 * LD]);
+        b[3] = npf_tf32(y[8 * LD + 4]);
+    }
+    static __device__ __forceinline__ void b_cols(unsigned* b, const T* Y, int LD, int k0, int n0, int lane) {
+        const T* y = Y + (k0 + 2 * (lane % 4)) * LD + n0 + lane / 4;
+        b[0] = npf_tf32(y[0]);
+        b[1] = npf_tf32(y[LD]);
+        b[2] = npf_tf32(y[8]);
+        b[3] = npf_tf32(y[LD + 8]);
+    }
+    static __device__ __forceinline__ void a_from_c(unsigned* a, const float (*c)[4]) {
+        a[0] = npf_tf32(c[0][0]);
+        a[1] = npf_tf32(c[0][2]);
+        a[2] = npf_tf32(c[0][1]);
+        a[3] = npf_tf32(c[0][3]);
+    }
+    static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
+        npf_mma_1688_tf32(d, a, b, c);
+    }
+};
+
+template <typename Ops, int D, int BC>
+__device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
+                                  typename Ops::T* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
+                                  NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
+    typedef typename Ops::T T;
+    constexpr int BR = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BC / 8, DN = D / 8, KD = D / Ops::K, KB = BC / Ops::K;
+    NPF_FA_SHARED(smem, (BR + 4 * BC) * LD * sizeof(T));
+    T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
+    T* KVs = Qs + BR * LD;                               // 2 x ((BC, LD) K, (BC, LD) V): double buffer
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
+        __syncthreads();                                     // the previous head's readers are done
+        npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        const long long pad_row = npf_fa_pad_row(a, bh);
+        int row[2];                                          // this lane's two query rows
+        long long mask_row[2];
+        unsigned long long keep_row[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            row[r] = i0 + warp * 16 + g + 8 * r;
+            mask_row[r] = npf_fa_mask_row(a, bh, row[r]);
+            keep_row[r] = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)row[r])
+                          * (unsigned long long)a.Tk;
+        }
+        float o[DN][4], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) o[dn][c] = 0.0f;
+        const T* k_head = k + npf_fa_head(kl, bh, a.H);
+        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0)                                        // tile 0's copies: in flight from here
+            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
+        npf_cp_async_commit();
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            T* Ks = KVs + (kt % 2) * 2 * BC * LD;
+            T* Vs = Ks + BC * LD;
+            if (kt + 1 < n_kt)                               // the next tile into the other buffer, meanwhile
+                npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st,
+                                               KVs + (kt + 1) % 2 * 2 * BC * LD);
+            npf_cp_async_commit();
+            npf_cp_async_wait<1>();                          // this tile's copies have landed
+            __syncthreads();                                 // (everyone's), and Q's
+            float s[NB][4];                                  // S: rows g, g + 8; columns 8 nb + 2 t, + 1
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) s[nb][c] = 0.0f;
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd) {
+                unsigned aq[4];                              // this warp's 16 rows of Q, as an A fragment
+                Ops::a_rows(aq, Qs, LD, warp * 16, kd * Ops::K, lane);
+#pragma unroll
+                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                    unsigned bk[4];                          // K rows as B fragments of two key blocks
+                    Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::mma(s[2 * nb2], aq, bk, s[2 * nb2]);
+                    Ops::mma(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
+                }
+            }
+            float mx[2] = {-inf, -inf};
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        float& x = s[nb][2 * r + c];
+                        x = npf_fa_score_at<float, true>(x, a, row[r], j0 + nb * 8 + 2 * t + c, mask_row[r], pad_row);
+                        mx[r] = npf_max(mx[r], x);
+                    }
+            float shift[2], alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {                    // the row's max over its quad, then m_new
+                mx[r] = npf_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = npf_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                const float m_new = npf_max(m[r], mx[r]);
+                shift[r] = npf_fa_isinf(m_new) ? 0.0f : m_new;    // all -inf so far: no inf - inf
+                alpha[r] = npf_exp(m[r] - shift[r]);
+                m[r] = m_new;
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)                  // s becomes dropout(P)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float p = npf_exp(s[nb][c] - shift[c / 2]);
+                    sum[c / 2] += p;
+                    if (a.keep_min)                          // _keep at n = (bh Tq + i) Tk + j
+                        p = npf_fa_keep(seed, keep_row[c / 2] + (unsigned long long)(j0 + nb * 8 + 2 * t + c % 2),
+                                        a.keep_min) ? p * a.keep_scale : 0.0f;
+                    s[nb][c] = p;
+                }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
+                sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
+                l[r] = l[r] * alpha[r] + sum[r];
+            }
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) o[dn][c] *= alpha[c / 2];
+#pragma unroll
+            for (int kb = 0; kb < KB; ++kb) {
+                unsigned ap[4];                              // keys K kb .. of dropout(P) as an A fragment
+                Ops::a_from_c(ap, s + kb * Ops::K / 8);
+#pragma unroll
+                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                    unsigned bv[4];                          // V rows as B fragments of two column blocks
+                    Ops::b_cols(bv, Vs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::mma(o[2 * dn2], ap, bv, o[2 * dn2]);
+                    Ops::mma(o[2 * dn2 + 1], ap, bv + 2, o[2 * dn2 + 1]);
+                }
+            }
+            __syncthreads();                                 // done with this buffer before it is refilled
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = row[r];
+            if (i >= a.Tq) continue;
+            const bool empty = l[r] == 0.0f;                 // a fully masked row: zeros, lse +inf
+            const float den = empty ? 1.0f : l[r];
+            T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int d = dn * 8 + 2 * t + c;
+                    if (d < a.hv) npf_store(out_row + d, o[dn][2 * r + c] / den);
+                }
+            if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] + npf_log(l[r]);
+        }
+    }
+}
+
+// The backward's inner step on one C-fragment element (npf_fa_grad's arithmetic, with the row bases
+// hoisted): the score of query i and key j from its dot product, P = exp(S - lse_i), g = dP keep,
+// dS = ((g - D_i) P) scale, P_drop = P keep.
+__device__ __forceinline__ void npf_fa_grad_tc(float dot, float dp, float lse_i, float d_i, const NpfFaArgs<float>& a,
+                                               unsigned long long seed, long long bh, int i, int j, long long mask_row,
+                                               long long pad_row, float& p_drop, float& ds) {
+    const float p = npf_exp(npf_fa_score_at<float, true>(dot, a, i, j, mask_row, pad_row) - lse_i);
+    float g = dp;
+    p_drop = p;
+    if (a.keep_min) {
+        const unsigned long long n = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i)
+                                     * (unsigned long long)a.Tk + (unsigned long long)j;
+        const float keep = npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : 0.0f;
+        p_drop = p * keep;
+        g *= keep;
+    }
+    g -= d_i;
+    g *= p;
+    ds = g * a.scale;
+}
+
+// dQ on tensor cores: a block of 4 warps takes 64 query rows (a warp its 16) over the visible key tiles:
+//   S = Q K^T, dP = dO V^T (A fragments of Q and dO by ldmatrix, B of K and V by ldmatrix),
+//   dS per element (npf_fa_grad_tc), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans).
+// K and V through cp.async into NBUF buffers: with 2, the next tile's copies land while this one is
+// computed (the forward's pipeline); with 1 (where 2 would cost occupancy) they are issued after it.
+template <typename Ops, int D, int BC, int NBUF>
+__device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
+                                 const typename Ops::T* dout, const float* lse, const float* dvec, typename Ops::T* dq,
+                                 const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                                 NpfFaLayout gl, NpfFaLayout dql) {
+    typedef typename Ops::T T;
+    constexpr int BR = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BC / 8, DN = D / 8, KD = D / Ops::K, KB = BC / Ops::K;
+    NPF_FA_SHARED(smem, (2 * BR + 2 * NBUF * BC) * LD * sizeof(T));
+    T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
+    T* dOs = Qs + BR * LD;                               // (BR, LD)
+    T* KVs = dOs + BR * LD;                              // NBUF x ((BC, LD) K, (BC, LD) V)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
+        __syncthreads();
+        npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load_tile<T, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+        const long long pad_row = npf_fa_pad_row(a, bh);
+        int row[2];
+        long long mask_row[2];
+        float lse_r[2], d_r[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            row[r] = i0 + warp * 16 + g + 8 * r;
+            mask_row[r] = npf_fa_mask_row(a, bh, row[r]);
+            lse_r[r] = row[r] < a.Tq ? lse[bh * a.Tq + row[r]] : inf;      // rows past Tq: P = 0
+            d_r[r] = row[r] < a.Tq ? dvec[bh * a.Tq + row[r]] : 0.0f;
+        }
+        float dqa[DN][4];
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dqa[dn][c] = 0.0f;
+        const T* k_head = k + npf_fa_head(kl, bh, a.H);
+        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0)                                        // tile 0's copies: in flight from here
+            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
+        npf_cp_async_commit();
+        for (int kt = 0; kt < n_kt; ++kt) {
+            const int j0 = kt * BC;
+            T* Ks = KVs + (kt % NBUF) * 2 * BC * LD;
+            T* Vs = Ks + BC * LD;
+            if (NBUF == 2 && kt + 1 < n_kt)                  // the next tile into the other buffer, meanwhile
+                npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st,
+                                               KVs + (kt + 1) % 2 * 2 * BC * LD);
+            npf_cp_async_commit();
+            npf_cp_async_wait<NBUF - 1>();                   // this tile's copies have landed (1: the next's
+            __syncthreads();                                 // may be in flight), everyone's; Q's and dO's
+            float s[NB][4], dp[NB][4];
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) s[nb][c] = dp[nb][c] = 0.0f;
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd) {
+                unsigned aq[4], ag[4];                       // 16 rows of Q and of dO, d block kd
+                Ops::a_rows(aq, Qs, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(ag, dOs, LD, warp * 16, kd * Ops::K, lane);
+#pragma unroll
+                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                    unsigned bk[4], bv[4];
+                    Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bv, Vs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::mma(s[2 * nb2], aq, bk, s[2 * nb2]);
+                    Ops::mma(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
+                    Ops::mma(dp[2 * nb2], ag, bv, dp[2 * nb2]);
+                    Ops::mma(dp[2 * nb2 + 1], ag, bv + 2, dp[2 * nb2 + 1]);
+                }
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)                  // s becomes dS
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    float p_drop, ds;
+                    npf_fa_grad_tc(s[nb][c], dp[nb][c], lse_r[c / 2], d_r[c / 2], a, seed, bh, row[c / 2],
+                                   j0 + nb * 8 + 2 * t + c % 2, mask_row[c / 2], pad_row, p_drop, ds);
+                    s[nb][c] = ds;
+                }
+#pragma unroll
+            for (int kb = 0; kb < KB; ++kb) {
+                unsigned as[4];                              // keys K kb .. of dS as an A fragment
+                Ops::a_from_c(as, s + kb * Ops::K / 8);
+#pragma unroll
+                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                    unsigned bk[4];                          // K rows, transposed: keys are the k axis here
+                    Ops::b_cols(bk, Ks, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::mma(dqa[2 * dn2], as, bk, dqa[2 * dn2]);
+                    Ops::mma(dqa[2 * dn2 + 1], as, bk + 2, dqa[2 * dn2 + 1]);
+                }
+            }
+            __syncthreads();                                 // done with this buffer before it is refilled
+            if (NBUF == 1 && kt + 1 < n_kt)                  // one buffer: the next tile's copies now
+                npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st, KVs);
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (row[r] >= a.Tq) continue;
+            T* dq_row = dq + npf_fa_head(dql, bh, a.H) + row[r] * dql.st;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int d = dn * 8 + 2 * t + c;
+                    if (d < a.hs) npf_store(dq_row + d, dqa[dn][2 * r + c]);
+                }
+        }
+    }
+}
+
+// One query tile of npf_fa_bwd_dkdv_tc into a buffer: Q and dO rows [i0, i0 + BR) through cp.async (or
+// synchronous loads, npf_fa_load_tile_async), then lse and D (rows past Tq: lse +inf, so that P =
+// exp(S - inf) = 0, and D 0)
+template <typename T, int D, int BR>
+__device__ __forceinline__ void npf_fa_bwd_query_tile(const T* q_head, const T* g_head, const float* lse,
+                                                      const float* dvec, long long bh, int i0,
+                                                      const NpfFaArgs<float>& a, long long q_st, long long g_st,
+                                                      T* qg_s, float* ld_s) {
+    npf_fa_load_tile_async<T, BR, D>(q_head, i0, a.Tq, a.hs, q_st, qg_s);
+    npf_fa_load_tile_async<T, BR, D>(g_head, i0, a.Tq, a.hv, g_st, qg_s + BR * (D + 16 / (int)sizeof(T)));
+    for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
+        const bool in = i0 + e < a.Tq;
+        ld_s[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
+        ld_s[BR + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
+    }
+}
+
+// dK, dV on tensor cores: a block of 4 warps takes 64 keys (a warp its 16) over the query tiles that
+// see them: S^T = K Q^T, dP^T = V dO^T, the inner step per element (rows keys, columns queries), then
+// dV += P_drop^T dO and dK += dS^T Q (P_drop^T and dS^T as float16 A fragments; dO and Q by
+// ldmatrix.trans). lse and D of the query tile are in shared memory (a lane's columns change per element).
+// Q, dO, lse and D double-buffered: the next query tile's copies (cp.async) land while this one is computed;
+// the query tiles wholly in the causal future (the first ones) are never visited.
+template <typename Ops, int D, int BR>
+__device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
+                                   const typename Ops::T* dout, const float* lse, const float* dvec,
+                                   typename Ops::T* dk, typename Ops::T* dv, const NpfFaArgs<float>& a,
+                                   NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl,
+                                   NpfFaLayout dvl) {
+    typedef typename Ops::T T;
+    constexpr int BC = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BR / 8, DN = D / 8, KD = D / Ops::K, KB = BR / Ops::K;
+    NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * LD * sizeof(T) + 4 * BR * 4);
+    T* Ks = reinterpret_cast<T*>(smem);                  // (BC, LD)
+    T* Vs = Ks + BC * LD;                                // (BC, LD)
+    T* QGs = Vs + BC * LD;                               // 2 x ((BR, LD) Q, (BR, LD) dO)
+    float* LDs = reinterpret_cast<float*>(QGs + 4 * BR * LD);         // 2 x ((BR) lse, (BR) D)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j0 = blockIdx.x * BC;
+    const int n_qt = (a.Tq + BR - 1) / BR;
+    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
+        __syncthreads();
+        npf_fa_load_tile<T, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load_tile<T, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+        const long long pad_row = npf_fa_pad_row(a, bh);
+        int key[2];                                          // this lane's two keys (rows of dK, dV)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) key[r] = j0 + warp * 16 + g + 8 * r;
+        float dka[DN][4], dva[DN][4];
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) dka[dn][c] = dva[dn][c] = 0.0f;
+        int qt0 = 0;                                         // the first query tile that sees one of the keys
+        if (a.causal)
+            while (qt0 < n_qt_head && j0 > npf_fa_min(qt0 * BR + BR, a.Tq) - 1 + a.shift) ++qt0;
+        const T* q_head = q + npf_fa_head(ql, bh, a.H);
+        const T* g_head = dout + npf_fa_head(gl, bh, a.H);
+        if (qt0 < n_qt_head)                                 // its copies: in flight from here
+            npf_fa_bwd_query_tile<T, D, BR>(q_head, g_head, lse, dvec, bh, qt0 * BR, a, ql.st, gl.st, QGs, LDs);
+        npf_cp_async_commit();
+        for (int qt = qt0; qt < n_qt_head; ++qt) {
+            const int i0 = qt * BR, buf = (qt - qt0) % 2;
+            T* Qs = QGs + buf * 2 * BR * LD;
+            T* dOs = Qs + BR * LD;
+            const float* lse_s = LDs + buf * 2 * BR;
+            const float* d_s = lse_s + BR;
+            if (qt + 1 < n_qt_head)                          // the next tile into the other buffer, meanwhile
+                npf_fa_bwd_query_tile<T, D, BR>(q_head, g_head, lse, dvec, bh, i0 + BR, a, ql.st, gl.st,
+                                             QGs + (1 - buf) * 2 * BR * LD, LDs + (1 - buf) * 2 * BR);
+            npf_cp_async_commit();
+            npf_cp_async_wait<1>();                          // this tile's copies have landed
+            __syncthreads();                                 // (everyone's, and its lse and D), and K's and V's
+            float st[NB][4], dpt[NB][4];                     // S^T, dP^T: rows keys g, g + 8; columns queries
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int c = 0; c < 4; ++c) st[nb][c] = dpt[nb][c] = 0.0f;
+#pragma unroll
+            for (int kd = 0; kd < KD; ++kd) {
+                unsigned ak[4], av[4];                       // this warp's 16 keys of K and of V, d block kd
+                Ops::a_rows(ak, Ks, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(av, Vs, LD, warp * 16, kd * Ops::K, lane);
+#pragma unroll
+                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                    unsigned bq[4], bg[4];                   // Q rows and dO rows as B fragments (n: queries)
+                    Ops::b_rows(bq, Qs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bg, dOs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::mma(st[2 * nb2], ak, bq, st[2 * nb2]);
+                    Ops::mma(st[2 * nb2 + 1], ak, bq + 2, st[2 * nb2 + 1]);
+                    Ops::mma(dpt[2 * nb2], av, bg, dpt[2 * nb2]);
+                    Ops::mma(dpt[2 * nb2 + 1], av, bg + 2, dpt[2 * nb2 + 1]);
+                }
+            }
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)                  // st becomes P_drop^T, dpt dS^T
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    const int col = nb * 8 + 2 * t + c % 2, i = i0 + col;
+                    float p_drop, ds;
+                    npf_fa_grad_tc(st[nb][c], dpt[nb][c], lse_s[col], d_s[col], a, seed, bh, i, key[c / 2],
+                                   npf_fa_mask_row(a, bh, i), pad_row, p_drop, ds);
+                    st[nb][c] = p_drop;
+                    dpt[nb][c] = ds;
+                }
+#pragma unroll
+            for (int kb = 0; kb < KB; ++kb) {
+                unsigned ap[4], as[4];                       // queries K kb .. of P_drop^T and dS^T as A fragments
+                Ops::a_from_c(ap, st + kb * Ops::K / 8);
+                Ops::a_from_c(as, dpt + kb * Ops::K / 8);
+#pragma unroll
+                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                    unsigned bg[4], bq[4];                   // dO and Q rows, transposed (k: queries, n: d)
+                    Ops::b_cols(bg, dOs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::b_cols(bq, Qs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::mma(dva[2 * dn2], ap, bg, dva[2 * dn2]);
+                    Ops::mma(dva[2 * dn2 + 1], ap, bg + 2, dva[2 * dn2 + 1]);
+                    Ops::mma(dka[2 * dn2], as, bq, dka[2 * dn2]);
+                    Ops::mma(dka[2 * dn2 + 1], as, bq + 2, dka[2 * dn2 + 1]);
+                }
+            }
+            __syncthreads();                                 // done with this buffer before it is refilled
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (key[r] >= a.Tk) continue;
+            T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + key[r] * dkl.st;
+            T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + key[r] * dvl.st;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int d = dn * 8 + 2 * t + c;
+                    if (d < a.hs) npf_store(dk_row + d, dka[dn][2 * r + c]);
+                    if (d < a.hv) npf_store(dv_row + d, dva[dn][2 * r + c]);
+                }
+        }
+    }
+}
