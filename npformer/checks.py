@@ -9,8 +9,10 @@ ever half-written. The scalar checks return the value converted (``positive_int`
 
 Checks of array *values* (token ids within the vocabulary, class ids within the logits) read the
 data back to the host. Inside a CUDA graph capture (:mod:`npformer.training.cuda_graph`) that is
-not possible, so the capture runs under :func:`values_unchecked` and those checks are skipped (ops
-ask :func:`values_checked`); the eager calls before the capture check them as usual. Types, ranks
+not possible, so the capture runs under :func:`values_unchecked` and those checks
+(:func:`ids_below`, :func:`class_ids`, :func:`token_ids`) skip themselves: the ops call them as any
+other check, with nothing of the capture in their code; the eager calls before the capture check
+them as usual. Types, ranks
 and shapes are always checked.
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "expect_row_buffer", "token_ids",
-           "integer", "positive_int", "non_negative_int", "real", "probability", "one_of", "values_checked",
+           "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability", "one_of", "values_checked",
            "values_unchecked", "float_dtype"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
@@ -186,11 +188,28 @@ def token_ids(ids: Any, name: str, vocab_size: int | None = None, ndim: int = 2)
     [0, ``vocab_size``) when a vocabulary size is given."""
     expect_int(ids, name)
     expect_ndim(ids, name, ndim, "(B, T) of token ids" if ndim == 2 else "of token ids")
-    if vocab_size is not None and ids.size and values_checked():
+    if vocab_size is not None:
+        ids_below(ids, name, vocab_size, f"a vocabulary of {vocab_size}")
+
+
+def ids_below(ids: Any, name: str, n: int, of: str) -> None:
+    """Every entry of the integer array ``ids`` in [0, n) (``of`` says what n counts, for the message).
+    A check of values: skipped under :func:`values_unchecked`, as every such check here."""
+    if ids.size and values_checked():
         lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= vocab_size:
-            raise RangeError(f"{name}: token ids must be in [0, {vocab_size}) for a vocabulary of "
-                             f"{vocab_size}, got values from {lo} to {hi}")
+        if lo < 0 or hi >= n:
+            raise RangeError(f"{name}: token ids must be in [0, {n}) for {of}, got values from {lo} to {hi}")
+
+
+def class_ids(targets: Any, valid: Any, n: int, ignore_index: int) -> None:
+    """Every ``targets`` entry where ``valid`` (not ``ignore_index``) is a class id in [0, n). A check of
+    values: skipped under :func:`values_unchecked`."""
+    if not values_checked():
+        return
+    bad = valid & ((targets < 0) | (targets >= n))                               # (...)
+    if bool(bad.any()):
+        raise RangeError(f"targets: class ids must be in [0, {n}) or ignore_index={ignore_index}, "
+                         f"got {int(targets[bad].reshape(-1)[0])} (V={n})")
 
 
 # -- scalars -----------------------------------------------------------------------------------------

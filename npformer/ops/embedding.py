@@ -14,7 +14,7 @@ from numbers import Integral
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module, scatter_add
-from npformer.checks import describe, expect_float, expect_grad, expect_int, expect_ndim, values_checked
+from npformer.checks import describe, expect_float, expect_grad, expect_int, expect_ndim, ids_below
 from npformer.dispatch import dispatched
 from npformer.errors import InputTypeError, RangeError
 
@@ -39,11 +39,7 @@ def embedding_forward(ids, weight, padding_idx: int | None = None):
     expect_float(weight, "weight")
     xp = get_array_module(ids, weight)
     v = weight.shape[0]
-    if ids.size and values_checked():                    # (skipped inside a CUDA graph capture)
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= v:
-            raise RangeError(f"ids: token ids must be in [0, {v}) for a table of {v} rows, got "
-                             f"values from {lo} to {hi}")
+    ids_below(ids, "ids", v, f"a table of {v} rows")
     if padding_idx is not None:
         if isinstance(padding_idx, bool) or not isinstance(padding_idx, Integral):
             raise InputTypeError(f"padding_idx must be an int or None, got {describe(padding_idx)}")
