@@ -91,6 +91,9 @@ class Parameter:
     ``flat`` says where (a :class:`~npformer.nn.flat.FlatSlot`); the first gradient of a step is
     then written into the slot's view of the flat gradient buffer, and ``grad`` is that view.
     Assigning a different array to ``data`` takes the parameter out of the buffer (``flat`` None).
+    Why the slot is here and not beside the parameter: ``grad`` stays None until a gradient arrives
+    (PyTorch's convention, which the optimisers and the gradient checks rely on), so the place the
+    first gradient goes to must be known where it arrives, in :meth:`accumulate`.
     """
 
     __slots__ = ("data", "grad", "decay", "_slot")

@@ -15,14 +15,13 @@ here, never in the layers; parameters are updated in place, so views of ``p.data
 (tied embeddings) stay shared.
 
 Flat buffers (:mod:`npformer.nn.flat`): when the parameters live in flat buffers and their grads in
-the flat gradient buffers, a step updates each *run* (parameters next to each other in a buffer
-with the same hyperparameters, weight decay and step count: for a flattened model usually two per
-dtype, the decayed parameters and the others) with one call of the update op over the run, on
-flat moment buffers of the same layout, and ``clip_grad_norm`` takes one sum of squares per
-buffer. The numbers are those of the per-parameter loop (the update is element-wise; the norm's
-additions come in another order). The per-parameter loop runs for parameters outside flat buffers,
-and for everything inside ``npformer.kernels.disabled()``. ``state_dict`` is the same either way
-(``state.{i}.exp_avg`` is parameter i's view of the flat moment buffer, saved as a copy).
+the flat gradient buffers, a step updates each run of neighbouring parameters with one call of the
+update op (:mod:`npformer.training.flat_runs` finds the runs and keeps the flat moment buffers), and
+``clip_grad_norm`` takes one sum of squares per buffer. The numbers are those of the per-parameter loop
+(the update is element-wise; the norm's additions come in another order). The per-parameter loop runs
+for parameters outside flat buffers, and for everything inside ``npformer.kernels.disabled()``.
+``state_dict`` is the same either way (``state.{i}.exp_avg`` is parameter i's view of the flat moment
+buffer, saved as a copy).
 """
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ from npformer.checks import describe, expect_float, real
 from npformer.dispatch import enabled
 from npformer.errors import InputTypeError
 from npformer.nn.module import Module, Parameter, clear_grads
+from npformer.training.flat_runs import FlatRuns
 from npformer.ops.optim import adam_update, sgd_update, sum_of_squares
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm", "covered_buffers"]
@@ -119,8 +119,7 @@ class Optimizer:
             group.update(params=[p for _, p in entries], names=[n for n, _ in entries])
             self.param_groups.append(group)
         self.state: dict[int, dict[str, Any]] = {}
-        self._flat_moments: dict[int, tuple] = {}   # id(FlatBuffer) -> (buffer, first element, {moment: array})
-        self._views: dict[int, tuple] = {}          # parameter index -> (its slot, {moment: view})
+        self._flat = FlatRuns()        # the flat-buffer path's moment buffers (npformer.training.flat_runs)
 
     def _checked(self, group: dict) -> dict:
         """The group with every hyperparameter validated and made a Python number."""
@@ -176,7 +175,7 @@ class Optimizer:
                                  f"{describe(p.data)}; they must match in shape and dtype")
         for group, checked in zip(self.param_groups, groups):
             group.update(checked)
-        runs = self._runs(todo) if enabled() else None
+        runs = self._flat.runs(todo, self.state, self._run_key) if enabled() else None
         if runs is None:
             for i, group, _, p in todo:
                 self._update(p, p.grad, self.state.setdefault(i, {}), group, _mirror_view(p))
@@ -196,64 +195,6 @@ class Optimizer:
     def _update_run(self, buffer, start: int, end: int, items: list) -> None:
         """Update elements [start, end) of ``buffer``: the parameters ``items`` [(index, group, p)]."""
         raise NotImplementedError
-
-    def _runs(self, todo: list) -> list | None:
-        """[(buffer, start, end, [(i, group, p)])]: maximal runs of adjacent slots with one group and
-        one ``_run_key``; None when a parameter to update is not in a flat buffer or its grad is not
-        its slot's view of the flat gradient buffer."""
-        entries, order = [], {}
-        for i, group, _, p in todo:
-            slot = p.flat
-            if slot is None or p.grad is not slot.grad:      # the gradient lives elsewhere
-                return None
-            order.setdefault(id(slot.buffer), len(order))
-            entries.append((order[id(slot.buffer)], slot.start, i, group, p))
-        runs: list = []
-        last_key = None
-        for _, _, i, group, p in sorted(entries, key=lambda e: e[:2]):
-            slot = p.flat
-            key = (id(group), self._run_key(p, self.state.get(i, {}), group))
-            if runs and runs[-1][0] is slot.buffer and runs[-1][2] == slot.start and key == last_key:
-                buffer, start, _, items = runs[-1]
-                runs[-1] = (buffer, start, slot.end, items)
-                items.append((i, group, p))
-            else:
-                runs.append((slot.buffer, slot.start, slot.end, [(i, group, p)]))
-            last_key = key
-        return runs
-
-    def _moment_run(self, buffer, start: int, end: int, items: list, names: tuple) -> dict:
-        """{moment: its flat array's elements [start, end)}, after making each parameter's state
-        arrays in ``names`` views of the flat moment buffers (copying in what they held: a fresh
-        state or a loaded state dict; a missing one starts at zeros)."""
-        entry = self._flat_moments.get(id(buffer))
-        if entry is None or any(n not in entry[2] for n in names):
-            ids = {id(q) for *_, q in self._indexed()}
-            for key, (old, _, _) in list(self._flat_moments.items()):      # buffers left behind (Module.to)
-                if not any(q.flat is slot for q, slot in zip(old.params, old.slots)):
-                    del self._flat_moments[key]
-            mine = [slot for q, slot in zip(buffer.params, buffer.slots) if id(q) in ids]
-            lo, hi = min(slot.start for slot in mine), max(slot.end for slot in mine)
-            xp = get_array_module(buffer.data)
-            arrays = dict(entry[2]) if entry is not None else {}
-            arrays.update({n: xp.zeros(hi - lo, dtype=buffer.dtype) for n in names if n not in arrays})  # (hi-lo,)
-            entry = self._flat_moments[id(buffer)] = (buffer, lo, arrays)
-        _, lo, arrays = entry
-        for i, _, p in items:
-            slot, state = p.flat, self.state.setdefault(i, {})
-            cached = self._views.get(i)
-            if cached is None or cached[0] is not slot or any(n not in cached[1] for n in names):
-                cached = self._views[i] = (slot, {n: arrays[n][slot.start - lo:slot.stop - lo].reshape(p.shape)
-                                                  for n in arrays})
-            for n in names:
-                view = cached[1][n]
-                if state.get(n) is not view:
-                    if n in state:
-                        view[...] = state[n]
-                    else:
-                        view.fill(0)
-                    state[n] = view
-        return {n: arrays[n][start - lo:end - lo] for n in names}
 
     def _header(self) -> dict[str, Any]:
         out: dict[str, Any] = {"param_count": sum(len(g["params"]) for g in self.param_groups)}
@@ -361,7 +302,8 @@ class SGD(Optimizer):
     def _update_run(self, buffer, start, end, items):
         group = items[0][1]
         first = group["momentum"] != 0 and "momentum_buffer" not in self.state.get(items[0][0], {})
-        moments = self._moment_run(buffer, start, end, items, self.moments if group["momentum"] != 0 else ())
+        moments = self._flat.moments(self, buffer, start, end, items,
+                                     self.moments if group["momentum"] != 0 else ())
         for i, _, _ in items:
             self.state[i]["step"] = self.state[i].get("step", 0) + 1
         sgd_update(buffer.data[start:end], buffer.grad[start:end], moments.get("momentum_buffer"), first=first,
@@ -404,7 +346,7 @@ class Adam(Optimizer):
     def _update_run(self, buffer, start, end, items):
         for i, _, _ in items:
             self.state.setdefault(i, {}).setdefault("step", 0)     # first, as _update orders the state
-        moments = self._moment_run(buffer, start, end, items, self.moments)
+        moments = self._flat.moments(self, buffer, start, end, items, self.moments)
         for i, _, _ in items:
             self.state[i]["step"] += 1
         i, group, p = items[0]
