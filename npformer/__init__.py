@@ -10,7 +10,9 @@ The layers, bottom-up: ``errors``, ``backend``, ``checks``, ``dispatch``, ``ops`
 """
 from npformer import backend, kernels, ops
 from npformer.dispatch import detect_anomaly
+from npformer.kernels.cpu.threads import get_num_threads, set_num_threads
 from npformer.tools.gradcheck import GradcheckError, GradcheckReport, gradcheck
 from npformer.version import __version__
 
-__all__ = ["backend", "kernels", "ops", "detect_anomaly", "gradcheck", "GradcheckReport", "GradcheckError", "__version__"]
+__all__ = ["backend", "kernels", "ops", "detect_anomaly", "gradcheck", "GradcheckReport", "GradcheckError",
+           "set_num_threads", "get_num_threads", "__version__"]

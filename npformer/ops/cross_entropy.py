@@ -34,7 +34,9 @@ REDUCTIONS = ("mean", "sum", "none")
 
 class CrossEntropyCache(NamedTuple):
     """The logits and each row's normaliser (log p is recomputed from them in backward); targets
-    and validity are (...)-shaped."""
+    and validity are (...)-shaped. Every field is the reference backward's: the normaliser instead
+    of log p keeps no (..., V) array (the largest of a language model's step), and ``count`` stays an
+    array on the device, so no step reads it back to the host."""
 
     logits: Any          # (..., V) the forward's input (not a copy)
     shift: Any           # (..., 1) max_j z_j, 0 where not finite (accumulation dtype)

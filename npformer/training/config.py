@@ -132,6 +132,9 @@ class TrainConfig:
     precision: str = option("float32", "float16/bfloat16: mixed precision, a 16-bit model with float32 master "
                             "weights and dynamic loss scaling (meant for the GPU: NumPy has no 16-bit matmul "
                             "kernels)", choices=PRECISIONS)
+    threads: int | None = option(None, "CPU threads for BLAS and npformer's own pool together "
+                                 "(npformer.set_num_threads; default: the CPUs this process may use, or "
+                                 "fewer when BLAS was set to fewer, e.g. by OMP_NUM_THREADS)", positive_int)
     steps: int = option(700, "optimiser steps", positive_int)
     batch_size: int = option(64, "examples a step", positive_int)
     lr: float = option(2e-3, "AdamW's peak learning rate, reached after the warm-up (a finite number > 0)", _positive)

@@ -40,6 +40,7 @@ from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_for
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
 from npformer.training.config import CONFIGS, TrainConfig
+from npformer.kernels.cpu.threads import get_num_threads, set_num_threads
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.run import RunDirectory, scalars
 from npformer.training.schedules import cosine_with_warmup
@@ -76,6 +77,8 @@ class Trainer:
         # (even of a config changed field by field after it was made), the one home of those checks
         self.cfg, self.log = replace(config, model=self.kind), log     # the model named, in checkpoints and config.json
         c = self.cfg
+        if c.threads is not None:        # process-wide, as torch.set_num_threads: BLAS and npformer's pool
+            set_num_threads(c.threads)
         if c.cuda_graph and not self.graph_capable:
             raise RangeError(f"--cuda-graph: the {self.kind} trainer's batches change shape or carry state from step "
                              "to step; it runs with the GPT models (gpt, gpt1, gpt2)")
@@ -277,8 +280,8 @@ class Trainer:
         if run and self.rank0:
             run.start(c, self.step)
             log(f"run directory {run.path}: config.json, metrics.jsonl, last.npz, best.npz")
-        log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in asdict(c).items()), 110,
-                                       subsequent_indent="  "))
+        shown = {**asdict(c), "threads": c.threads or get_num_threads()}     # the count in use, not None
+        log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in shown.items()), 110, subsequent_indent="  "))
         log(self.describe())
         tty = self.log is print and sys.stdout.isatty() and self.rank0
         say = tqdm.write if tty else log

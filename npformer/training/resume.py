@@ -21,7 +21,7 @@ __all__ = ["RESUMABLE", "resume_source", "resumed_config"]
 
 # the options a resumed run may change; every other one continues as the checkpoint says, and giving
 # it with another value than the checkpoint's is an error
-RESUMABLE = ("steps", "out_dir", "checkpoint", "backend", "eval_every", "log_every", "checkpoint_every")
+RESUMABLE = ("steps", "out_dir", "checkpoint", "backend", "threads", "eval_every", "log_every", "checkpoint_every")
 
 
 def _shown(name: str, value: Any) -> str:

@@ -67,7 +67,7 @@ def test_a_step_has_the_same_bits_however_its_work_was_cut(monkeypatch, hog, com
     try:
         with kernels.disabled("numba") if not compiled else contextlib.nullcontext():
             for count in (1, 2):
-                threads.set_num_threads(count)
+                threads.set_num_threads(count, blas=False)
                 for window in ("open", "shut"):          # open: BLAS awake, nothing is cut
                     held = math.inf if window == "open" else 0.0     # the window held, whatever products run
                     monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", held)
@@ -83,7 +83,7 @@ def test_a_step_has_the_same_bits_however_its_work_was_cut(monkeypatch, hog, com
                     stop()
                 results[(count, "clock", "quiet")] = _two_steps()
     finally:
-        threads.set_num_threads(before)
+        threads.set_num_threads(before, blas=False)
     for count in (1, 2):
         want = results[(count, "open", "quiet")]
         for key in [k for k in results if k[0] == count]:

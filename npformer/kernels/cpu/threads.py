@@ -30,8 +30,9 @@ products and element-wise work alike for the pool, and BLAS's workers stay aslee
     parts = threads_for(work, per_thread)     # how many parts (1 .. get_num_threads())
     run_parallel([f, g])        # f() on this thread, g() on a pool thread, BLAS at 1 thread; waits
 
-:func:`set_num_threads` sets how many threads the fast paths use; the default is the number of CPUs
-this process may run on. With 1 every fast path runs on the calling thread alone, with BLAS as the
+:func:`set_num_threads` sets how many threads the fast paths use, and BLAS's with them (exported as
+``npformer.set_num_threads``); the default is the number of CPUs this process may run on, or fewer
+when BLAS was set to fewer threads before (an ``OMP_NUM_THREADS`` a user gave). With 1 every fast path runs on the calling thread alone, with BLAS as the
 caller set it. The element-wise fast paths compute each element the same way whichever part holds
 it, so timing may choose their parts without changing a bit; a product's parts never depend on
 timing (BLAS's own threads may add its terms in another order: tested).
@@ -65,19 +66,30 @@ def _cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-_state: dict[str, Any] = {"threads": _cpus(), "workers": [], "blas": None, "blas_awake_until": 0.0}
+_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None, "blas_awake_until": 0.0}
 _busy = threading.Lock()        # held by the thread whose tasks the workers run
 _local = threading.local()      # .inside: this thread is running a part of a parallel region
 
 
 def get_num_threads() -> int:
-    """Threads the CPU fast paths use (the calling thread included)."""
-    return _state["threads"]
+    """Threads the CPU fast paths use (the calling thread included). Until :func:`set_num_threads`
+    says otherwise: the CPUs this process may run on, or BLAS's thread count when BLAS was told fewer
+    (``OMP_NUM_THREADS=1``, ``threadpoolctl``: the setting a user gave the library the pool works beside)."""
+    n = _state["threads"]
+    if n is None:
+        blas = [c.num_threads for c in _blas_controllers()]
+        n = _state["threads"] = max(1, min(_cpus(), max(blas, default=_cpus())))
+    return n
 
 
-def set_num_threads(n: int) -> None:
-    """Use ``n`` threads (the calling thread and ``n - 1`` pool threads) in the CPU fast paths."""
+def set_num_threads(n: int, *, blas: bool = True) -> None:
+    """Use ``n`` threads (the calling thread and ``n - 1`` pool threads) in the CPU fast paths, and
+    set BLAS's own threads to ``n`` as well (``blas=False``: the pool alone), so the two hold one count:
+    ``npformer.set_num_threads`` and ``npformer train --threads``."""
     _state["threads"] = positive_int(n, "number of threads")
+    if blas:
+        for c in _blas_controllers():
+            c.set_num_threads(n)
 
 
 def in_parallel_region() -> bool:
@@ -90,7 +102,7 @@ def threads_for(work: int, per_thread: int) -> int:
     count, and 1 inside a parallel region or while BLAS's own workers are awake (:func:`blas_awake`)."""
     if getattr(_local, "inside", False) or time.monotonic() < _state["blas_awake_until"]:
         return 1                                        # in a region, or blas_awake() (inlined: a hot path)
-    return max(1, min(_state["threads"], work // max(per_thread, 1)))
+    return max(1, min(_state["threads"] or get_num_threads(), work // max(per_thread, 1)))
 
 
 def blas_awake() -> bool:

@@ -30,8 +30,8 @@ def small_blocks(monkeypatch, n):
 @pytest.fixture
 def threads():
     before = get_num_threads()
-    yield set_num_threads
-    set_num_threads(before)
+    yield lambda n: set_num_threads(n, blas=False)             # the pool alone
+    set_num_threads(before, blas=False)
 
 
 @pytest.mark.parametrize("block", [64, 1000, 1 << 16])

@@ -229,14 +229,14 @@ def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count):
     b = randn(np, (c_out,), seed + 3, dtype) if bias else None
     assert kernels.implementation(linear.linear_forward, x, w, b) == "cpu"
     before = threads.get_num_threads()
-    threads.set_num_threads(thread_count)
+    threads.set_num_threads(thread_count, blas=False)
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
             mp.setattr(cpu_linear, "MIN_PARALLEL_WEIGHT", 1)
             _pair_case(lambda x: linear.linear_forward(x, w, b), linear.linear_backward, x, dy, dtype, "linear")
     finally:
-        threads.set_num_threads(before)
+        threads.set_num_threads(before, blas=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -276,7 +276,7 @@ def test_linear_parts_cover_the_products_whatever_the_thread_count(monkeypatch):
     before = threads.get_num_threads()
     try:
         for n in (1, 2, 3):
-            threads.set_num_threads(n)
+            threads.set_num_threads(n, blas=False)
             y, cache = linear.linear_forward(x, w, b)
             grads = linear.linear_backward(dy, cache)
             assert_close(y, y_ref, "float32", what=f"{n} threads forward")
@@ -289,7 +289,7 @@ def test_linear_parts_cover_the_products_whatever_the_thread_count(monkeypatch):
             dx, dw, db = linear.linear_backward(empty, cache)
             assert empty.shape == (3, 0, 50) and dx.shape == (3, 0, 40) and not dw.any() and not db.any()
     finally:
-        threads.set_num_threads(before)
+        threads.set_num_threads(before, blas=False)
 
 
 @given(lead=st.lists(st.integers(1, 7), min_size=0, max_size=2).map(tuple), v=st.integers(1, 9),
@@ -370,8 +370,8 @@ def tiny_blocks(monkeypatch):
 def thread_count():
     from npformer.kernels.cpu import threads
     before = threads.get_num_threads()
-    yield threads.set_num_threads
-    threads.set_num_threads(before)
+    yield lambda n: threads.set_num_threads(n, blas=False)    # the pool alone
+    threads.set_num_threads(before, blas=False)
 
 
 @pytest.mark.parametrize("tq, tk", [(1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk

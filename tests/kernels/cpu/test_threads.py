@@ -14,8 +14,8 @@ from npformer.kernels.cpu import threads
 @pytest.fixture
 def thread_count():
     before = threads.get_num_threads()
-    yield threads.set_num_threads
-    threads.set_num_threads(before)
+    yield lambda n: threads.set_num_threads(n, blas=False)    # the pool alone
+    threads.set_num_threads(before, blas=False)
 
 
 def test_results_come_back_in_task_order_and_parts_run_on_other_threads(thread_count):
@@ -174,3 +174,43 @@ def test_a_products_parts_depend_on_its_shapes_not_on_timing(monkeypatch, thread
         for got, want in zip(run(), asleep):
             np.testing.assert_array_equal(got, want)
         assert cut[-2:] == cut[-4:-2]
+
+
+def test_set_num_threads_holds_blas_and_the_pool_together():
+    """npformer.set_num_threads(n) sets the pool's count and BLAS's; the default follows a BLAS that
+    was told fewer threads before npformer ran (OMP_NUM_THREADS=1: the setting a user gave)."""
+    import subprocess
+    import sys
+    import npformer
+    blas = threads._blas_controllers()
+    before = (threads.get_num_threads(), [c.num_threads for c in blas])
+    try:
+        npformer.set_num_threads(1)
+        assert threads.get_num_threads() == 1 and all(c.num_threads == 1 for c in blas)
+        threads.set_num_threads(2, blas=False)                     # the pool alone
+        assert threads.get_num_threads() == 2 and all(c.num_threads == 1 for c in blas)
+    finally:
+        threads.set_num_threads(before[0], blas=False)
+        for c, n in zip(blas, before[1]):
+            c.set_num_threads(n)
+    if not blas:
+        pytest.skip("threadpoolctl found no BLAS library to read the default from")
+    code = "import npformer; print(npformer.get_num_threads())"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
+    assert got.stdout.strip() == "1"
+
+
+def test_a_configs_threads_apply_when_its_trainer_is_made():
+    from npformer.training.config import make_config
+    from npformer.training.registry import make_trainer
+    blas = threads._blas_controllers()
+    before = (threads.get_num_threads(), [c.num_threads for c in blas])
+    try:
+        make_trainer(make_config({"task": "copy", "d_model": 8, "heads": 2, "layers": 1, "ff": 8, "steps": 2,
+                                  "n_train": 20, "n_valid": 4, "batch_size": 4, "threads": 1}), log=lambda _: None)
+        assert threads.get_num_threads() == 1 and all(c.num_threads == 1 for c in blas)
+    finally:
+        threads.set_num_threads(before[0], blas=False)
+        for c, n in zip(blas, before[1]):
+            c.set_num_threads(n)
