@@ -2,7 +2,6 @@
 function): no cycles, the layers read bottom-up, and the reference ops neither import numpy or cupy
 nor reach the fast-path layer except through the dispatcher."""
 import ast
-import collections
 import pathlib
 
 import pytest

@@ -143,12 +143,20 @@ class TrainConfig:
                                 f"{DEFAULT_WARMUP} or fewer)", non_negative_int)
     min_lr: float = option(1e-4, "the learning rate at the last step (0 to --lr)", _non_negative)
     weight_decay: float = option(0.01, "AdamW's decoupled weight decay", _non_negative)
+    decay: str = option("weights", "which parameters the weight decay applies to: weights (the layers' weight "
+                        "matrices; not biases, norms or embeddings), matrices (every 2-d parameter, the "
+                        "embeddings too, as nanoGPT and GPT-2), all", choices=("weights", "matrices", "all"))
+    beta1: float = option(0.9, "AdamW's beta1, the first moment's decay, in [0, 1)", _below_one)
+    beta2: float = option(0.999, "AdamW's beta2, the second moment's decay, in [0, 1) (nanoGPT's small "
+                          "models: 0.99)", _below_one)
     clip: float = option(1.0, "clip the gradients' global norm to this (> 0; inf: no clipping)", _max_norm)
     d_model: int = option(128, "the model width", positive_int)
     heads: int = option(4, "attention heads", positive_int)
     layers: int = option(2, "layers (the Seq2Seq: encoder and decoder layers, each)", positive_int)
     ff: int = option(256, "feed-forward width", positive_int)
     dropout: float = option(0.1, "dropout rate, in [0, 1)", _dropout_rate)
+    bias: bool = option(True, "biases in the linear layers and layer norms (the GPT models)", _SWITCH,
+                        off=("--no-bias", "no biases in the linear layers and layer norms, as nanoGPT's bias=False"))
     activation: str | None = option(None, "the feed-forward activation (default: the model's: relu for "
                                     "seq2seq and transformer-xl, gelu_tanh for the others)",
                                     choices=("relu", "gelu", "gelu_tanh"))
@@ -156,6 +164,11 @@ class TrainConfig:
                                      "pre-norm for gpt", _SWITCH, off=("--post-norm", "post-norm layers (the paper, "
                                                               "GPT-1)"))
     eval_every: int = option(350, "validate every this many steps (0: only at the end)", non_negative_int)
+    eval_limit: int = option(300, "examples (Seq2Seq, recall) or blocks (the language models) each periodic "
+                             "validation reads", positive_int)
+    final_eval: bool = option(True, "end with a validation on the whole held-out split", _SWITCH,
+                              off=("--no-final-eval", "end with a validation of --eval-limit examples or blocks, "
+                                   "as the periodic ones"))
     log_every: int = option(25, "print the training loss every this many steps (>= 1; the last step is always "
                             "printed)", positive_int)
     out_dir: str | None = option(None, "the run directory: config.json, metrics.jsonl, last.npz and best.npz (the "

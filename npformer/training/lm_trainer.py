@@ -59,8 +59,14 @@ class LMTrainer(Trainer):
                            n_head=c.heads, d_model=c.d_model, dim_feedforward=c.ff,
                            dropout=c.dropout, activation=c.activation or p.get("activation", "gelu_tanh"),
                            norm_first=p.get("norm_first", True if c.norm_first is None else c.norm_first),
-                           scaled_residual_init=p.get("scaled_residual_init", True))
+                           scaled_residual_init=p.get("scaled_residual_init", True), bias=c.bias)
         return GPT(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
+
+    bias_switch = True        # GPTConfig.bias: nanoGPT's bias=False
+
+    def resolved(self):
+        m = self.model.config
+        return {"activation": m.activation, "norm_first": m.norm_first}
 
     graph_capable = True      # fixed-size batches: the step can be replayed from a CUDA graph
 

@@ -64,6 +64,7 @@ class Trainer:
 
     kind = ""          # the model name (a key of config.CONFIGS), also the checkpoint's kind
     graph_capable = False   # batch() and forward_backward() given, every batch one shape (--cuda-graph)
+    bias_switch = False     # the model can drop its biases (--no-bias)
 
     def __init__(self, config: TrainConfig, log: Callable[[str], None] = print, comm: Communicator | None = None):
         expected = CONFIGS[self.kind]
@@ -77,6 +78,9 @@ class Trainer:
         # (even of a config changed field by field after it was made), the one home of those checks
         self.cfg, self.log = replace(config, model=self.kind), log     # the model named, in checkpoints and config.json
         c = self.cfg
+        if not c.bias and not self.bias_switch:
+            raise RangeError(f"--no-bias: the {self.kind} model has no switch for its biases; --no-bias applies to "
+                             "--model gpt, gpt1, gpt2")
         if c.threads is not None:        # process-wide, as torch.set_num_threads: BLAS and npformer's pool
             set_num_threads(c.threads)
         if c.cuda_graph and not self.graph_capable:
@@ -97,7 +101,8 @@ class Trainer:
         # mixed precision: the model is rounded to 16 bits, the optimiser updates float32 masters
         self.amp = None if c.precision == "float32" else MixedPrecision(self.model, c.precision)
         params = self.amp.named_parameters() if self.amp else self.model.named_parameters()
-        self.opt = AdamW(params, lr=c.lr, weight_decay=c.weight_decay)
+        self.opt = AdamW(params, lr=c.lr, betas=(c.beta1, c.beta2), weight_decay=c.weight_decay,
+                         decay_filter={"weights": "auto", "matrices": "matrices", "all": None}[c.decay])
         self.step = 0
         self.best_loss = math.inf     # the lowest validation loss of the run so far (best.npz's)
         self.history: list[dict] = []     # the run's metrics records (see npformer.training.run)
@@ -125,6 +130,11 @@ class Trainer:
 
     def evaluate(self, limit: int | None = None) -> dict:
         raise NotImplementedError
+
+    def resolved(self) -> dict:
+        """The values the built model and task gave the options left to their default (None in the
+        config: ``activation``, ``norm_first``, ``n_train``, ...), for the printed config."""
+        return {}
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -280,13 +290,15 @@ class Trainer:
         if run and self.rank0:
             run.start(c, self.step)
             log(f"run directory {run.path}: config.json, metrics.jsonl, last.npz, best.npz")
-        shown = {**asdict(c), "threads": c.threads or get_num_threads()}     # the count in use, not None
+        shown = {**asdict(c), "threads": c.threads or get_num_threads(),     # the count in use, not None
+                 **{k: v for k, v in self.resolved().items() if getattr(c, k) is None}}   # what the model fixed
         log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in shown.items()), 110, subsequent_indent="  "))
         log(self.describe())
         tty = self.log is print and sys.stdout.isatty() and self.rank0
         say = tqdm.write if tty else log
         first, start = self.step, time.perf_counter()
         window: dict = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
+        since_eval: list = []            # the training losses since the last validation (its estimate beside it)
         with tqdm(total=c.steps, initial=self.step, unit="step", file=sys.stdout, disable=not tty,
                   dynamic_ncols=True, bar_format=BAR) as bar:
             while self.step < c.steps:
@@ -296,6 +308,7 @@ class Trainer:
                     raise FloatingPointError(f"loss became {result.loss} at step {self.step}")
                 window["seconds"] += time.perf_counter() - began
                 window["loss"].append(result.loss)
+                since_eval.append(result.loss)
                 window["grad_norm"].append(result.grad_norm)
                 window["tokens"] += result.tokens
                 bar.update(1)
@@ -310,19 +323,29 @@ class Trainer:
                             self.step, c.steps, record["time_s"], initial=first, bar_format=TIMES))
                     window = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
                 if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
-                    say("  " + self._evaluate(run, limit=300)[1])
+                    say("  " + self._evaluate(run, limit=c.eval_limit)[1] + self._train_estimate(since_eval))
+                    since_eval = []
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0 and self.step < c.steps:
                     for path in saves:
                         self.save(path)
         for path in saves:                                   # the trained weights first: nothing after costs them
             self.save(path)
         best_before = self.best_loss
-        result, line = self._evaluate(run, final=True)
+        result, line = self._evaluate(run, limit=c.eval_limit, final=c.final_eval)
+        line += self._train_estimate(since_eval)
         if self.best_loss != best_before:                    # last.npz records the best loss too
             for path in saves:
                 self.save(path)
         log(line + f"  ({time.perf_counter() - start:.0f}s)")
         return result
+
+    @staticmethod
+    def _train_estimate(losses: list) -> str:
+        """What a validation line says of the training loss: the mean over the steps since the last
+        validation (no batch drawn for it, so no step's data or dropout stream changes)."""
+        if not losses:
+            return ""
+        return f"  | train loss {sum(losses) / len(losses):.4f} (mean of the last {len(losses)} steps)"
 
     def _train_record(self, window: dict, elapsed: float) -> dict:
         n = len(window["loss"])

@@ -79,6 +79,9 @@ class MLMTrainer(Trainer):
     kind = ""
     cfg: CharLMTrainConfig
 
+    def resolved(self):
+        return {"activation": self.model.config.activation, "norm_first": False}     # post-norm, as BERT
+
     def model_for(self, vocab_size: int):
         raise NotImplementedError
 
@@ -240,3 +243,7 @@ class ALBERTTrainer(MLMTrainer):
     def extra(self) -> str:
         m = self.model.config
         return f", embedding={m.embedding_size or 'none (E = H)'}, share={m.share}"
+
+    def resolved(self):
+        m = self.model.config
+        return {**super().resolved(), "embedding_size": m.embedding_size or 0, "share": m.share}

@@ -359,19 +359,22 @@ class AdamW(Adam):
     """``AdamW(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, decay_filter="auto")``.
 
     ``decay_filter="auto"`` decays only parameters whose ``.decay`` is True (not biases, norm gains
-    or embeddings); ``None`` decays every parameter, as torch.optim.AdamW does.
+    or embeddings); ``"matrices"`` every parameter of two or more axes (the embeddings too, as nanoGPT
+    and GPT-2); ``None`` every parameter, as torch.optim.AdamW does.
     """
 
     decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01,
                  decay_filter="auto"):
-        if decay_filter not in ("auto", None):
-            raise ValueError(f"decay_filter must be 'auto' or None, got {decay_filter!r}")
+        if decay_filter not in ("auto", "matrices", None):
+            raise ValueError(f"decay_filter must be 'auto', 'matrices' or None, got {decay_filter!r}")
         self.decay_filter = decay_filter
         super().__init__(params, lr, betas, eps, weight_decay)
 
     def _decays(self, p):
+        if self.decay_filter == "matrices":                  # nanoGPT's rule: every 2-d parameter
+            return p.data.ndim >= 2
         return self.decay_filter is None or bool(p.decay)
 
 

@@ -45,6 +45,11 @@ class Seq2SeqTrainer(Trainer):
             tie_embeddings=True)
         return Seq2Seq(self.model_config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
+    def resolved(self):
+        m = self.model_config
+        return {"activation": m.activation, "norm_first": m.norm_first, "n_train": len(self.task.train),
+                "n_valid": len(self.task.valid)}
+
     def _batch(self, pairs):
         b = self.task.encode_batch(pairs)
         return (to_device(b.src, self.cfg.backend), to_device(b.tgt_in, self.cfg.backend),

@@ -66,6 +66,10 @@ class XLTrainer(Trainer):
                                      activation=c.activation or "relu", mem_len=self.mem_len)
         return TransformerXL(config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
+    def resolved(self):
+        return {"activation": self.model.config.activation, "mem_len": self.mem_len,
+                "n_train": len(self.task.train), "n_valid": len(self.task.valid)}
+
     def _segment(self, seqs, j):
         t = self.seg_len
         x, y = seqs[:, j * t:(j + 1) * t], seqs[:, j * t + 1:(j + 1) * t + 1]        # (B, T) each

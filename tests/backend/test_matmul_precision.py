@@ -1,5 +1,4 @@
 """TF32 as an opt-in for float32 products, float16 accumulating in float32 (npformer.backend.matmul_precision)."""
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

@@ -351,7 +351,7 @@ def test_bad_hyperparameters_and_params_raise(xp):
              (lambda: SGD(ps, 0.1, momentum=-0.9), ValueError, "momentum: expected a finite number >= 0"),
              (lambda: SGD(ps, 0.1, dampening=1.5), ValueError, r"dampening: expected a finite number in \[0, 1\]"),
              (lambda: AdamW(ps, weight_decay=-0.01), ValueError, "weight_decay: expected a finite number >= 0"),
-             (lambda: AdamW(ps, decay_filter="all"), ValueError, "decay_filter must be 'auto' or None")]
+             (lambda: AdamW(ps, decay_filter="all"), ValueError, "decay_filter must be 'auto', 'matrices' or None")]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):
             make()
