@@ -191,6 +191,20 @@ def source_commit(root: str | None = None) -> str | None:
     return commit + ("+changes" if changed else "")
 
 
+def cpu_model() -> dict:
+    """The CPU's model name and the vector extensions it has of those that decide NumPy's and BLAS's
+    speed (from /proc/cpuinfo; empty where there is none): results say which CPU gave them."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return {"model": platform.processor() or "unknown", "vector_extensions": []}
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    wanted = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile")
+    return {"model": fields.get("model name", "unknown"), "vector_extensions": [f for f in wanted if f in flags]}
+
+
 def _meta(backends, quick, cfg, paths, reference) -> dict:
     checked = isinstance(reference, Backend)
     versions = {"npformer": npformer.__version__, "numpy": numpy.__version__,
@@ -203,7 +217,7 @@ def _meta(backends, quick, cfg, paths, reference) -> dict:
         versions[mod.__name__] = mod.__version__
     return {"device": device_name(backends), "date": datetime.date.today().isoformat(),
             "mode": "quick" if quick else "full", "threads": backends[0].threads if backends else 0,
-            "cpu_count": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+            "cpu_count": len(os.sched_getaffinity(0)), "platform": platform.platform(), "cpu": cpu_model(),
             "commit": source_commit(),
             "versions": versions, "backends": [b.name for b in backends], "paths": list(paths),
             "parity": {"rtol": RTOL, "reference": "torch-cpu float32" if checked else None,
@@ -284,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     threadpool_limits(args.threads)                       # numpy's BLAS threads to match torch's
+    npformer.set_num_threads(args.threads)                # and npformer's own pool
     if any(b.device == "cpu" for b in backends) and retain_freed_memory():
         notes.append("host allocator: glibc malloc keeps freed memory for reuse while timing "
                      "(npformer.backend.host_memory.retain_freed_memory, as npformer train does), for both libraries")

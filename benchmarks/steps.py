@@ -22,6 +22,9 @@ import numpy
 __all__ = ["MODELS", "DROPOUT", "train_flops", "model_cases"]
 
 MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
+    # nanoGPT's documented CPU recipe for character-level Shakespeare: 4 layers, 4 heads, d 128, context
+    # 64, batch 12, MLP 512, exact GELU, no dropout; V 65 (the play's characters); quick mode: its B, T
+    "gpt-tiny": dict(kind="gpt", d=128, H=4, L=4, F=512, V=65, B=12, T=64, dropout=0.0, cpu_size=True),
     "gpt-small": dict(kind="gpt", d=256, H=8, L=4, F=1024, V=512),
     "gpt-medium": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024),
     "seq2seq-base": dict(kind="seq2seq", d=256, H=8, L=3, F=1024, V=1024),  # base 512/8/6+6/2048, halved
@@ -35,7 +38,7 @@ MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
                            precision="float16"),
     "seq2seq-d512": dict(kind="seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
 }
-DROPOUT = 0.1
+DROPOUT = 0.1           # every model's but those that say their own
 FP16_PARITY = ("skipped: mixed precision (float16 model, float32 masters); the float32 case of the same model "
                "is checked")
 
@@ -78,7 +81,7 @@ def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
     from npformer.nn.flat import flatten_parameters
     from npformer.training.amp import MixedPrecision
     from npformer.training.optim import AdamW
-    model = _npformer_model(b.name, m, src_ids.shape[1], DROPOUT)
+    model = _npformer_model(b.name, m, src_ids.shape[1], m.get("dropout", DROPOUT))
     flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
     if m.get("precision") == "float16":
@@ -153,7 +156,7 @@ def model_cases(c: dict, quick: bool = False) -> list[dict]:
     """Every model case; a GPU case (``gpu_only``) takes its own B and T in full mode."""
     out = []
     for name, m in MODELS.items():
-        B, T = (c["model_B"], c["model_T"]) if quick or "B" not in m else (m["B"], m["T"])
+        B, T = (m["B"], m["T"]) if "B" in m and (m.get("cpu_size") or not quick) else (c["model_B"], c["model_T"])
         src = numpy.random.default_rng(1).integers(1, m["V"], (B, T))          # no padding tokens
         tgt = src[:, ::-1].copy()
         layers = f"{m['L']}+{m['L']}" if m["kind"] == "seq2seq" else str(m["L"])
@@ -165,7 +168,8 @@ def model_cases(c: dict, quick: bool = False) -> list[dict]:
             if b.framework == "npformer":
                 return {"step": _npformer_step(b, m, src, tgt)}
             from benchmarks import torch_reference
-            return {"step": torch_reference.train_step(b, m, src, tgt, DROPOUT, m.get("precision", "float32"))}
+            return {"step": torch_reference.train_step(b, m, src, tgt, m.get("dropout", DROPOUT),
+                                                       m.get("precision", "float32"))}
         out.append({"name": name, "group": "model", "shape": shape,
                     "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
                     "flops": {"step": train_flops(m, B, T)}, "build": build,
