@@ -31,7 +31,7 @@ from benchmarks.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, 
 from benchmarks.harness import fix_malloc_thresholds, settle, time_call
 from npformer.backend.host_memory import retain_freed_memory
 from benchmarks.parity import RTOL, Parity, check, skipped
-from benchmarks.paths import PATHS, fast_paths_run, label, switch
+from benchmarks.paths import KNOWN, PATHS, fast_paths_run, label, switch
 from benchmarks.report import write_reports
 from benchmarks.steps import MODELS, model_cases
 
@@ -170,7 +170,7 @@ def _ratios(rows: list[dict]) -> None:
             continue
         t = torch_ms.get((r["name"], r["pass"], r["device"]))
         r["vs_torch"] = r["ms"] / t if t else None
-        fast, ref = (path_ms.get((r["name"], r["pass"], r["backend"], p)) for p in PATHS)
+        fast, ref = (path_ms.get((r["name"], r["pass"], r["backend"], p)) for p in ("fast", "reference"))
         r["fast_speedup"] = ref / fast if fast and ref else None
 
 
@@ -272,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (about a minute on CPU)")
     ap.add_argument("--backends", default="numpy,cupy,torch", help="comma list of numpy, cupy, torch")
     ap.add_argument("--paths", default=",".join(PATHS),
-                    help="npformer paths to time: fast (fast paths on), reference (the plain ops alone); "
-                         "the attention sweep runs on the first")
+                    help="npformer paths to time: fast (fast paths on), numpy (the fast paths without numba's: "
+                         "NumPy alone), reference (the plain ops alone); default fast,reference; the attention "
+                         "sweep runs on the first")
     ap.add_argument("--only", help="comma list of cases to run (e.g. linear,gpt-small,sweep); default all")
     ap.add_argument("--skip-parity", action="store_true", help="time without checking parity first")
     ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores in both libraries "
@@ -286,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1:
         ap.error(f"--threads: expected a positive count, got {args.threads}")
     paths = _names(args.paths)
-    if not paths or set(paths) - set(PATHS):
-        ap.error(f"--paths: expected a comma list of {', '.join(PATHS)}, got {args.paths!r}")
+    if not paths or set(paths) - set(KNOWN):
+        ap.error(f"--paths: expected a comma list of {', '.join(KNOWN)}, got {args.paths!r}")
     only, known = None, {c["name"] for c in op_cases(QUICK)} | set(MODELS) | {"sweep"}
     if args.only is not None:
         only = set(_names(args.only))

@@ -1,8 +1,11 @@
-"""The two npformer paths a case runs on, and which fast paths a call actually ran.
+"""The npformer paths a case runs on, and which fast paths a call actually ran.
 
-* ``"fast"``: the default, every registered fast path that accepts its arguments
-  (:data:`npformer.kernels.FAST_PATHS`);
+* ``"fast"``: every registered fast path that accepts its arguments (:data:`npformer.kernels.FAST_PATHS`);
+* ``"numpy"``: the fast paths without numba's (``npformer.kernels.disabled("numba")``): what the
+  README's install, NumPy alone, runs; asked for with ``--paths``;
 * ``"reference"``: the plain ops alone, inside ``npformer.kernels.disabled()``.
+
+:data:`PATHS` are the ones a run times unless ``--paths`` says otherwise (:data:`KNOWN` all of them).
 
 :func:`fast_paths_run` calls a function once and names the fast paths that ran inside it, so
 composite ops (an FFN calling GELU) and whole training steps are labelled as truthfully as a
@@ -14,9 +17,10 @@ import contextlib
 import sys
 from typing import Any, Callable, ContextManager
 
-__all__ = ["PATHS", "switch", "fast_paths_run", "label"]
+__all__ = ["PATHS", "KNOWN", "switch", "fast_paths_run", "label"]
 
 PATHS = ("fast", "reference")
+KNOWN = ("fast", "numpy", "reference")
 
 
 def switch(path: str) -> ContextManager:
@@ -24,9 +28,11 @@ def switch(path: str) -> ContextManager:
     from npformer import kernels
     if path == "fast":
         return contextlib.nullcontext()
+    if path == "numpy":
+        return kernels.disabled("numba")
     if path == "reference":
         return kernels.disabled()
-    raise ValueError(f"unknown path {path!r}; expected one of {', '.join(PATHS)}")
+    raise ValueError(f"unknown path {path!r}; expected one of {', '.join(KNOWN)}")
 
 
 def fast_paths_run(fn: Callable[[], Any]) -> list[str] | None:

@@ -19,7 +19,8 @@ from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
-__all__ = ["DropoutCache", "dropout_active", "keep_scale", "dropout_mask", "dropout_forward", "dropout_backward"]
+__all__ = ["DropoutCache", "dropout_active", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term",
+           "dropout_backward"]
 
 
 class DropoutCache(NamedTuple):
@@ -75,6 +76,15 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
         return x.copy(), DropoutCache.identity(x)
     keep, scale = dropout_mask(x, p, rng)                # (same as x), scalar
     return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
+
+
+def dropout_term(x, p: float, rng=None, training: bool = True):
+    """``dropout(x)`` as a term that an op only reads (``x + dropout(b)``, the input of a product):
+    ``(x, identity cache)`` with no copy when dropout drops nothing, else :func:`dropout_forward`'s
+    result. (The op itself returns a fresh array, as every op does; a term need not be one.)"""
+    if not dropout_active(x, p, rng, training):
+        return x, DropoutCache.identity(x)
+    return dropout_forward(x, p, rng=rng, training=training)
 
 
 @dispatched

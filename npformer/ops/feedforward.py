@@ -13,7 +13,7 @@ from npformer.checks import one_of
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward, relu_forward
-from npformer.ops.dropout import dropout_backward, dropout_forward
+from npformer.ops.dropout import dropout_backward, dropout_term
 from npformer.ops.linear import linear_backward, linear_forward
 
 __all__ = ["FeedForwardCache", "feed_forward_activation", "feed_forward_forward", "feed_forward_backward",
@@ -51,7 +51,7 @@ def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout
     act_fwd, act_kw, act_bwd = feed_forward_activation(w1, w2, activation)
     h, lin1 = linear_forward(x, w1, b1)                  # (..., F)
     a, act = act_fwd(h, **act_kw)                        # (..., F)
-    a, drop = dropout_forward(a, dropout_p, rng=rng, training=training)
+    a, drop = dropout_term(a, dropout_p, rng=rng, training=training)
     out, lin2 = linear_forward(a, w2, b2)                # (..., C)
     return out, FeedForwardCache(lin1, act, act_bwd, drop, lin2)
 

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from npformer.checks import expect_float, expect_grad, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
-from npformer.ops.dropout import dropout_backward, dropout_forward
+from npformer.ops.dropout import dropout_backward, dropout_term
 from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
 
 __all__ = ["ResidualNormCache", "check_residual_inputs", "residual_dropout_forward",
@@ -52,7 +52,7 @@ def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: b
     """``s = x + dropout(branch)``; returns ``(s, DropoutCache)``. Its backward is the dropout op's:
     ``dx = ds`` (the skip) and ``dbranch = dropout_backward(ds, cache)``."""
     check_residual_inputs(x, branch)
-    d, drop = dropout_forward(branch, p, rng=rng, training=training)   # (..., C)
+    d, drop = dropout_term(branch, p, rng=rng, training=training)   # (..., C)
     return x + d, drop                                   # (..., C)
 
 
@@ -61,7 +61,7 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
                                         training: bool = True, eps: float = 1e-5):
     """``s = x + dropout(branch)``, ``y = LayerNorm(s)``; returns ``(s, y, ResidualNormCache)``."""
     check_residual_inputs(x, branch)
-    d, drop = dropout_forward(branch, p, rng=rng, training=training)   # (..., C)
+    d, drop = dropout_term(branch, p, rng=rng, training=training)   # (..., C)
     s = x + d                                            # (..., C)
     y, norm = layer_norm_forward(s, weight, bias, eps)   # (..., C)
     return s, y, ResidualNormCache(drop, norm)
