@@ -535,3 +535,24 @@ def test_the_sweep_has_a_float16_flash_row_for_the_gpu():
     half, single = flash_sweep_case(QUICK, 64, "float16"), flash_sweep_case(QUICK, 64)
     assert half["name"] == "flash attention T=64 float16" and half["gpu_only"] and half["precision"] == "float16"
     assert "float16" in half["parity_skipped"] and not single.get("gpu_only") and single["precision"] == "float32"
+
+
+def test_the_numpy_path_runs_the_fast_paths_without_numbas(tmp_path):
+    """--paths numpy: the README's install (NumPy alone) on a machine with numba: no numba path runs."""
+    _run(tmp_path, "--only", "gelu", "--skip-parity", "--paths", "fast,numpy")
+    rows = {r["path"]: r for r in _rows(tmp_path) if r["framework"] == "npformer" and r["pass"] == "fwd"}
+    assert set(rows) == {"fast", "numpy"} and "numba" not in (rows["numpy"]["impl"] or "")
+    meta = json.loads(_one(tmp_path, ".json").read_text())["meta"]
+    assert meta["cpu"]["model"] and isinstance(meta["cpu"]["vector_extensions"], list)
+
+
+def test_cpu_profile_splits_a_small_models_step():
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "cpu_profile.py"), "--steps", "2", "--threads", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    first = res.stdout.splitlines()[1]
+    assert "at one token" in first and "the fixed part" in first and "calls into npformer a step" in first
+    assert "ops/linear.py:check_linear_inputs" in res.stdout
