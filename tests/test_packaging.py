@@ -3,6 +3,7 @@ without ``__init__.py``, and the installed CLI then fails with ModuleNotFoundErr
 licence, one version, and GPU extras that install binary CuPy wheels. ``.ci/run`` builds the wheel and
 runs the CLI from a non-editable install; these are the fast checks of the same things."""
 import configparser
+import fnmatch
 import importlib
 import re
 from pathlib import Path
@@ -52,11 +53,13 @@ def test_every_package_imports_and_the_models_are_exported():
 def test_every_data_file_is_declared_package_data():
     data = [p for p in PACKAGE.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
             and "__pycache__" not in p.parts]
+    # setuptools splits a value on commas and newlines (not spaces) and matches each part as a glob
     declared = {(pkg.strip(), pattern.strip()) for pkg, patterns in CFG["options.package_data"].items()
-                for pattern in patterns.split()}
+                for pattern in re.split(r"[,\n]", patterns) if pattern.strip()}
     for path in data:
         pkg = ".".join(path.parent.relative_to(ROOT).parts)
-        assert (pkg, path.name) in declared, f"{path.relative_to(ROOT)} is not in [options.package_data]"
+        assert any(p == pkg and fnmatch.fnmatchcase(path.name, pattern) for p, pattern in declared), \
+            f"{path.relative_to(ROOT)} is not in [options.package_data]"
 
 
 def test_one_version_and_a_licence_file():
