@@ -10,8 +10,8 @@ one-token step makes every call the full step makes, on arrays too small for the
 count, so its time is the step's fixed cost (Python, the calls into NumPy, and the optimiser's pass
 over the weights, which no batch size changes) and the rest is the arithmetic the batch brings.
 (cProfile cannot split them itself: ``x @ w`` and ``a + b`` run BLAS and NumPy from inside the Python
-function that wrote them, with no call of their own to time.) Calls are counted with ``sys.setprofile``
-over one step. Medians of ``--steps``; ``--reference`` runs with the fast paths off.
+function that wrote them, with no call of their own to time.) Calls are counted over one step
+(``benchmarks/call_count.count_calls``). Medians of ``--steps``; ``--reference`` runs with the fast paths off.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from typing import Callable
 
 import numpy
 
@@ -30,12 +31,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import npformer                                                       # noqa: E402
 from npformer import kernels                                          # noqa: E402
 from benchmarks.backends import Backend                               # noqa: E402
+from benchmarks.call_count import count_calls                         # noqa: E402
 from benchmarks.steps import MODELS, _npformer_step                   # noqa: E402
 
-PACKAGE = os.path.dirname(npformer.__file__)
-
-
-def _step_ms(m: dict, B: int, T: int, steps: int) -> float:
+def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
+    """(median ms of ``steps`` timed steps at batch B x T, the step itself)."""
     ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
     step = _npformer_step(Backend("numpy", npformer.get_num_threads()), m, ids, ids[:, ::-1].copy())
     for _ in range(3):
@@ -53,16 +53,7 @@ def profile(model: str, steps: int) -> dict:
     B, T = m.get("B", 8), m.get("T", 128)
     full, step = _step_ms(m, B, T, steps)
     fixed, _ = _step_ms(m, 1, 1, steps)
-    calls: Counter = Counter()
-
-    def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
-            calls[f"{os.path.relpath(frame.f_code.co_filename, PACKAGE)}:{frame.f_code.co_name}"] += 1
-    sys.setprofile(hook)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
+    calls = count_calls(step)
     ops = Counter({name: n for name, n in calls.items() if name.startswith("ops/") and name.split(":")[1][0] != "_"})
     return {"model": model, "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,

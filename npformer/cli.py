@@ -57,8 +57,8 @@ from npformer.backend import BACKENDS
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import NpformerError, RangeError
 from npformer.study import EXPERIMENTS
-from npformer.training.config import (CONFIGS, FIELDS, MODELS, choices, config_from_dict, flag, make_config, models_with,
-                                      options_from_file)
+from npformer.training.config import (CONFIGS, FIELDS, MODELS, choices, config_from_dict, flag, make_config,
+                                      models_with, options_from_file)
 from npformer.training.resume import RESUMABLE, resume_source, resumed_config
 from npformer.training.run import checkpoint_file, default_out_dir
 from npformer.version import __version__

@@ -187,7 +187,8 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
                                  average_attn_weights: bool = True, attention: str = "plain"):
     """Returns ``(out, weights or None, cache)``: out (B, Tq, E); weights (B, Tq, Tk) averaged over
     heads, or (B, H, Tq, Tk) with ``average_attn_weights=False``. Masks as in
-    :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch). Not dispatched, as :func:`self_attention_forward`."""
+    :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch). Not dispatched,
+    as :func:`self_attention_forward`."""
     _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
            past_key, past_value)
     e = query.shape[2]

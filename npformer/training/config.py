@@ -54,7 +54,8 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
            "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
            "FIELDS",
-           "option", "check_option", "flag", "choices", "RENAMED", "models_with", "default_model", "config_type", "make_config",
+           "option", "check_option", "flag", "choices", "RENAMED", "models_with", "default_model", "config_type",
+           "make_config",
            "config_from_dict", "options_from_file"]
 
 DEFAULT_TASK = "dates"

@@ -16,8 +16,9 @@ training throughput of those steps (``tokens_per_s``, evaluation time excluded) 
 the run (or its resumption) started (``time_s``). A validation line holds the step, the trainer's
 scalar figures (``loss``, and ``exact_match``, ``bits_per_char``, ``accuracy``, ... by task), ``final``
 (true for the evaluation on the whole held-out set at the end; the periodic ones, and the last one under
-``--no-final-eval``, read its first ``--eval-limit`` examples or blocks, 300 by default) and ``best`` (true when it wrote best.npz). A non-finite gradient norm (a step
-skipped under mixed precision) is written as JSON's usual extension, ``Infinity``.
+``--no-final-eval``, read its first ``--eval-limit`` examples or blocks, 300 by default) and ``best``
+(true when it wrote best.npz). A non-finite gradient norm (a step skipped under mixed precision) is
+written as JSON's usual extension, ``Infinity``.
 
 A fixed name per task and model, not a timestamp, so the README's next command can name the run,
 and running the same command again starts that run afresh (config.json and metrics.jsonl are

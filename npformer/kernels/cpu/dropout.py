@@ -31,7 +31,8 @@ from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
 
-__all__ = ["MIN_STREAM_ELEMENTS", "accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
+__all__ = ["MIN_STREAM_ELEMENTS", "accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with",
+           "dropout_forward"]
 
 # Below this many elements the reference's one ``rng.random`` call is the faster: this path's fixed
 # cost (the generator's state copied and advanced per part, the mask's parts) is about 40 us, and

@@ -32,7 +32,8 @@ products and element-wise work alike for the pool, and BLAS's workers stay aslee
 
 :func:`set_num_threads` sets how many threads the fast paths use, and BLAS's with them (exported as
 ``npformer.set_num_threads``); the default is the number of CPUs this process may run on, or fewer
-when BLAS was set to fewer threads before (an ``OMP_NUM_THREADS`` a user gave). With 1 every fast path runs on the calling thread alone, with BLAS as the
+when BLAS was set to fewer threads before (an ``OMP_NUM_THREADS`` a user gave). With 1 every fast
+path runs on the calling thread alone, with BLAS as the
 caller set it. The element-wise fast paths compute each element the same way whichever part holds
 it, so timing may choose their parts without changing a bit; a product's parts never depend on
 timing (BLAS's own threads may add its terms in another order: tested).

@@ -80,18 +80,18 @@ Modules. Each (dtype, D) pair is its own small NVRTC module (:func:`module_sourc
 first use: a run compiles the three kernels it needs (seconds), not all 27 instantiations (about a
 minute). A module is self-contained: ``half.cuh`` (:data:`~npformer.kernels.cuda.source.HALF_CONVERSIONS`),
 then ``prelude.cuh`` (the file the common source starts with too), then the kernels of ``flash.cu``
-(the CUDA C files: :mod:`npformer.kernels.cuda.files`). Only the infinity constant and the dynamic shared-memory declaration differ between the GPU
-and the CPU emulator (tests/kernels/cuda/emulator.py, where ``__CUDACC__`` is undefined), which
-compiles :data:`FLASH_EMULATED_SOURCE`, every entry point in one library.
+(the CUDA C files: :mod:`npformer.kernels.cuda.files`). Only the infinity constant and the dynamic
+shared-memory declaration differ between the GPU and the CPU emulator (tests/kernels/cuda/emulator.py,
+where ``__CUDACC__`` is undefined), which compiles :data:`FLASH_EMULATED_SOURCE`, every entry point in
+one library.
 """
 from __future__ import annotations
-
-from npformer.kernels.cuda.files import read_source
 
 import re
 
 import numpy
 
+from npformer.kernels.cuda.files import read_source
 from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
