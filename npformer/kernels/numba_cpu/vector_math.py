@@ -16,8 +16,9 @@ The float32 Gaussian CDF is ``(1 + erf(x / sqrt 2)) / 2`` with erf as one ration
 
 P and Q of degree 5 with positive coefficients, fitted for npformer (``benchmarks/fit_erf_float32.py``
 reproduces them): relative error 1.9e-8 in float64, worst 6.7 float32 ulp (4e-7 absolute) evaluated
-in float32. No exp and one division: the cheapest form for a vectorised loop (the NumPy fast path's
-tanh form needs an exp and two divisions). float64 loops use the C library (``math.erfc``, ``math.exp``).
+in float32. No exp and one division: the cheapest form, which the NumPy fast path's GELU uses too
+(:data:`npformer.kernels.cpu.activations.ERF_P`, the coefficients' one home). float64 loops use the
+C library (``math.erfc``, ``math.exp``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import math
 import numpy
 from numba import njit, types
 from numba.extending import overload
+
+from npformer.kernels.cpu.activations import ERF_P, ERF_Q
 
 __all__ = ["FASTMATH", "exp32", "sigmoid32", "erf32", "phi32", "exp64", "phi64", "vexp"]
 
@@ -40,11 +43,8 @@ _LN2_HI = F(0.693359375)                     # 355/512, exact in float32
 _LN2_LO = F(math.log(2.0) - 0.693359375)
 _TAYLOR = tuple(F(1.0 / math.factorial(n)) for n in range(8))     # 1, 1, 1/2, ..., 1/7!
 _LOW, _HIGH, _INF = F(-87.0), F(88.0), F(numpy.inf)
-_P0, _P1, _P2, _P3, _P4, _P5 = (F(c) for c in (
-    1.128379146150889, 0.19039797894379917, 0.05274778031143245, 0.003765301953347802, 0.00028488427210124145,
-    2.0502666780606595e-06))
-_Q1, _Q2, _Q3, _Q4, _Q5 = (F(c) for c in (
-    0.5020685567773281, 0.11410576691588548, 0.014968578895834476, 0.001162475180370602, 3.8093651424546496e-05))
+_P0, _P1, _P2, _P3, _P4, _P5 = (F(c) for c in ERF_P)
+_Q1, _Q2, _Q3, _Q4, _Q5 = (F(c) for c in ERF_Q[1:])
 _ERF_CLIP = F(3.92)
 _INV_SQRT_2 = F(1.0 / math.sqrt(2.0))
 

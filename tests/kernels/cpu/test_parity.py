@@ -15,6 +15,7 @@ from hypothesis import given, strategies as st
 from npformer import kernels
 from npformer.backend import default_rng
 from npformer.kernels.cpu.activations import erf_float32
+from npformer.kernels.cpu import activations as cpu_activations
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import threads
@@ -347,6 +348,23 @@ def test_erf_float32_is_within_a_few_float32_ulp():
     assert u.max() <= 6, f"worst {u.max():.2f} ulp at x={x[np.argmax(u)]!r}"
     assert np.mean(u <= 1) > 0.9                          # typically within one ulp
     assert np.array_equal(erf_float32(-x), -got)          # odd, exactly
+
+
+def test_float32_gelu_cdf_is_within_3e_7_and_exact_in_the_tails():
+    """The float32 GELU's Phi (the rational erf, no tanh): within 3e-7 of the CDF everywhere, as the
+    compiled GELU's; exactly 0 and 1 in the tails (so GELU(-1e30) is 0, not -1e30 times a residue),
+    NaN through, and the GELU built on it is the reference's x Phi(x)."""
+    from npformer.kernels.cpu.activations import _phi_float32_block
+    x = np.concatenate([np.linspace(-12, 12, 1_200_001), [1e30, -1e30, 3.4e38, -3.4e38, np.inf, -np.inf, np.nan]])
+    x = x.astype(np.float32)
+    phi = np.empty_like(x)
+    _phi_float32_block(phi, x)
+    ref = np.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x.astype(np.float64)])
+    finite = np.isfinite(x)
+    assert np.abs(phi[finite] - ref[finite]).max() <= 3e-7
+    assert (phi[x <= -6.4] == 0).all() and (phi[x >= 6.4] == 1).all() and np.isnan(phi[-1])
+    y, _ = cpu_activations.gelu_forward(x[finite])
+    np.testing.assert_array_equal(y[x[finite] < -6.4], 0.0)
 
 
 def test_erf_float32_edges():
