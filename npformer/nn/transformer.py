@@ -31,7 +31,7 @@ from npformer.nn.dropout import Dropout
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
-from npformer.ops.dropout import dropout_backward
+from npformer.ops.dropout import dropout_term_backward
 from npformer.ops.feedforward import ACTIVATIONS, feed_forward_backward, feed_forward_forward
 from npformer.ops.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
                                    residual_dropout_layer_norm_forward)
@@ -135,7 +135,7 @@ class _Layer(FeedForwardParts):
 
     def _add_dropout_backward(self, ds):
         """The branch's gradient ``drop'(ds)`` (the skip's is ds itself)."""
-        return dropout_backward(ds, self._pop())                                  # (B, T, C)
+        return dropout_term_backward(ds, self._pop())                             # (B, T, C)
 
 
 class TransformerEncoderLayer(_Layer):

@@ -20,7 +20,7 @@ from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
 __all__ = ["DropoutCache", "dropout_active", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term",
-           "dropout_backward"]
+           "dropout_backward", "dropout_term_backward"]
 
 
 class DropoutCache(NamedTuple):
@@ -95,3 +95,12 @@ def dropout_backward(dout, cache: DropoutCache):
     if cache.keep is None:
         return dout.copy()
     return dout * cache.keep * cache.scale
+
+
+def dropout_term_backward(dout, cache: DropoutCache):
+    """The gradient of a :func:`dropout_term`, which the op's backward only reads: ``dout`` itself (no
+    copy) when the dropout was the identity, else :func:`dropout_backward`'s result."""
+    if cache.keep is None:
+        expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
+        return dout
+    return dropout_backward(dout, cache)

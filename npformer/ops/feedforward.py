@@ -13,7 +13,7 @@ from npformer.checks import one_of
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward, relu_forward
-from npformer.ops.dropout import dropout_backward, dropout_term
+from npformer.ops.dropout import dropout_term, dropout_term_backward
 from npformer.ops.linear import linear_backward, linear_forward
 
 __all__ = ["FeedForwardCache", "feed_forward_activation", "feed_forward_forward", "feed_forward_backward",
@@ -60,7 +60,7 @@ def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout
 def feed_forward_backward(dout, cache: FeedForwardCache):
     """Returns ``(dx, dw1, db1, dw2, db2)``; the bias gradients are None where the forward had none."""
     da, dw2, db2 = linear_backward(dout, cache.lin2)     # fwd: out = a' W2^T + b2
-    da = dropout_backward(da, cache.drop)                # fwd: a' = dropout(a)
+    da = dropout_term_backward(da, cache.drop)           # fwd: a' = dropout(a)
     dh = cache.act_backward(da, cache.act)               # fwd: a = act(h)
     dx, dw1, db1 = linear_backward(dh, cache.lin1)       # fwd: h = x W1^T + b1
     return dx, dw1, db1, dw2, db2

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from npformer.backend import backend_name, default_rng
-from npformer.ops.dropout import dropout_backward, dropout_forward
+from npformer.ops.dropout import dropout_backward, dropout_forward, dropout_term, dropout_term_backward
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
 
@@ -28,6 +28,24 @@ def test_inverted_scaling_keeps_the_mean(xp):
     np.testing.assert_allclose(host(out)[kept], 1 / 0.7, rtol=1e-15)
     assert abs(kept.mean() - 0.7) < 0.005                # 7 standard deviations of a binomial mean
     np.testing.assert_array_equal(host(dropout_backward(x, cache)), host(out))
+
+
+@pytest.mark.parametrize("p, training", [(0.0, True), (0.5, False), (0.5, True)])
+def test_a_dropout_term_and_its_gradient_are_their_inputs_when_nothing_drops(xp, p, training):
+    """Inside an op that only reads them (a residual sum, a product's input), an identity dropout
+    copies nothing either way; an active one is the dropout op's, forward and backward."""
+    x, dout = randn(xp, (3, 4), 0), randn(xp, (3, 4), 1)
+    rng = default_rng(2, backend_name(xp))
+    term, cache = dropout_term(x, p, rng=rng, training=training)
+    grad = dropout_term_backward(dout, cache)
+    if p == 0.0 or not training:
+        assert term is x and grad is dout
+        return
+    ref, ref_cache = dropout_forward(x, p, rng=default_rng(2, backend_name(xp)), training=training)
+    np.testing.assert_array_equal(host(term), host(ref))
+    np.testing.assert_array_equal(host(grad), host(dropout_backward(dout, ref_cache)))
+    with pytest.raises(Exception, match="dout"):
+        dropout_term_backward(dout[:2], cache)
 
 
 def test_same_seed_same_mask_other_seed_other_mask(xp):
