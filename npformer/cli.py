@@ -42,6 +42,7 @@ Anything else (a bug) is not turned into that line: it ends in a traceback.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -67,12 +68,58 @@ from npformer.version import __version__
 NUMPY_FP_WARNINGS = r"(overflow|invalid value|divide by zero|underflow) encountered"
 
 
+# Other tools' names for npformer train's flags (nanoGPT, Hugging Face's Trainer, PyTorch examples),
+# accepted as hidden synonyms: --help shows npformer's names only.
+TRAIN_ALIASES = {"--learning-rate": "--lr", "--max-steps": "--steps", "--max-iters": "--steps",
+                 "--n-layer": "--layers", "--n-head": "--heads", "--n-embd": "--d-model",
+                 "--output-dir": "--out-dir", "--out": "--out-dir"}
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser with a usage error on one line, ``PROG: error: MESSAGE``, exit status 2,
-    as every other usage error of the command line (argparse prints the whole usage first)."""
+    as every other usage error of the command line (argparse prints the whole usage first). An
+    unknown option is reported by the sub-command it was given to (``npformer train: error: ...``),
+    with the closest option it has; ``commands`` holds the sub-commands' parsers."""
+
+    commands: dict[str, "Parser"] = {}
 
     def error(self, message: str) -> typing.NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            owner = self.commands.get(getattr(namespace, "command", None), self)
+            owner.error(owner.unrecognized(extras))
+        return namespace
+
+    def unrecognized(self, extras: list[str]) -> str:
+        """The message for arguments this parser does not know, with the closest option to the first."""
+        message = "unrecognized arguments: " + " ".join(extras)
+        unknown = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
+        if unknown is not None:
+            close = difflib.get_close_matches(unknown.replace("_", "-"), self.option_names(), n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean {close[0]}?"
+        return message
+
+    def option_names(self) -> list[str]:
+        """The option strings --help shows (hidden synonyms left out)."""
+        return [s for a in self._actions if a.help is not argparse.SUPPRESS for s in a.option_strings]
+
+    def add_synonyms(self, aliases: dict[str, str]) -> None:
+        """Accept each alias as its option (hidden from --help), and every ``--multi-word`` option
+        spelled with underscores (``--batch_size``), as Hugging Face's scripts spell them."""
+        known = {s: a for a in self._actions for s in a.option_strings}
+        pairs = {**aliases, **{s: s for s in known}}
+        pairs = {**aliases, **{"--" + a[2:].replace("-", "_"): name for a, name in pairs.items() if "-" in a[2:]}}
+        for alias, name in pairs.items():
+            action = known[name]
+            kind = type(action) if action.nargs == 0 else "store"
+            extra = {} if action.nargs == 0 else {"type": action.type, "choices": action.choices,
+                                                  "metavar": action.metavar}
+            self.add_argument(alias, dest=action.dest, action=kind, default=action.default,
+                              help=argparse.SUPPRESS, **extra)
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -434,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "or a run directory's last.npz), else from the last.npz of --out-dir, with its settings (only "
                    + ", ".join(flag(n) for n in RESUMABLE) + " may change)")
     t.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+    t.add_synonyms(TRAIN_ALIASES)
     t.set_defaults(func=cmd_train)
 
     ev = sub.add_parser("eval", help="the validation figures of a checkpoint or run directory",
@@ -528,6 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
     st_sub = st.add_subparsers(dest="study", required=True, metavar="NAME")
     for name, experiment in EXPERIMENTS.items():
         st_sub.add_parser(name, help=experiment.description, description=experiment.description)
+    parser.commands = dict(sub.choices)
+    for name, command in sub.choices.items():
+        if name != "train":                              # (train's synonyms are added above, with its aliases)
+            command.add_synonyms({})
     return parser
 
 

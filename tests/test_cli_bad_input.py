@@ -198,6 +198,13 @@ CASES = [
          "--out", "{dir}"], "block_size=2"),
     row(["study", "nope"], "NAME"),
     row(["study"], "NAME"),
+    # -- an unknown option: named by its sub-command, with the closest one it has ------------------
+    row(["train", "--lrr", "1e-3"], "unrecognized arguments: --lrr 1e-3; did you mean --lr?"),
+    row(["train", "--eval_evry", "5"], "did you mean --eval-every?"),
+    row(["eval", "--checkpoint", "{s2s}", "--jsn"], "did you mean --json?"),
+    row(["generate", "--checkpoint", "{gpt}", "--temprature", "1"], "did you mean --temperature?"),
+    row(["study", "positional", "--outt", "{dir}"], "did you mean --out?"),
+    row(["gradcheck", "--zzz"], "unrecognized arguments: --zzz"),
     # -- the command itself -----------------------------------------------------------------------
     row(["fly"], "COMMAND"),
 ]
@@ -294,6 +301,21 @@ def test_bench_options_end_in_a_usage_error_not_a_traceback(capsys):
 
 
 # -- what must still work ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alias, canonical", [
+    (["--learning-rate", "0.002"], ["--lr", "0.002"]), (["--learning_rate", "0.002"], ["--lr", "0.002"]),
+    (["--max-steps", "7"], ["--steps", "7"]), (["--max_iters", "7"], ["--steps", "7"]),
+    (["--n-layer", "3"], ["--layers", "3"]), (["--n_head", "4"], ["--heads", "4"]),
+    (["--n-embd", "32"], ["--d-model", "32"]), (["--batch_size", "5"], ["--batch-size", "5"]),
+    (["--output-dir", "somewhere"], ["--out-dir", "somewhere"]), (["--output_dir", "x"], ["--out-dir", "x"]),
+    (["--no_bias"], ["--no-bias"]), (["--eval_every", "3"], ["--eval-every", "3"])])
+def test_other_tools_names_of_train_flags_are_hidden_synonyms(alias, canonical):
+    """nanoGPT's, Hugging Face's and PyTorch examples' names parse as npformer's own flags (the same
+    value in the same field) and stay out of --help."""
+    parser = cli.build_parser()
+    assert vars(parser.parse_args(["train", *alias])) == vars(parser.parse_args(["train", *canonical]))
+    assert alias[0] not in parser.commands["train"].format_help()
+
 
 def _ok(argv, paths=None):
     argv = [a.format(**paths) for a in argv] if paths else argv
