@@ -118,3 +118,20 @@ def test_train_help_gives_every_field_a_flag_help_and_default_and_describes_ever
     for name, description in MODELS.items():
         assert f"{name} {' '.join(description.split())}" in text, name
     assert "--config FILE" in text and "--out-dir DIR" in text
+
+
+def test_toml_reads_through_tomli_where_the_standard_library_has_no_tomllib(tmp_path, monkeypatch):
+    """Python 3.10 has no tomllib: the install requires tomli there (setup.cfg), and --config FILE.toml
+    reads through it; without either, one clear error that says what to install."""
+    import tomllib
+    from npformer.errors import RangeError
+    from npformer.training.config import options_from_file
+    path = tmp_path / "c.toml"
+    path.write_text('steps = 6\nlr = 0.02\n')
+    monkeypatch.setitem(sys.modules, "tomllib", None)           # import tomllib now fails, as on 3.10
+    monkeypatch.setitem(sys.modules, "tomli", tomllib)          # tomli: the same reader, as a package
+    assert options_from_file(path) == {"steps": 6, "lr": 0.02}
+    monkeypatch.setitem(sys.modules, "tomli", None)
+    with pytest.raises(RangeError, match=r"needs tomli \(pip install tomli\)"):
+        options_from_file(path)
+

@@ -79,3 +79,15 @@ def test_gpu_extras_install_binary_cupy_wheels():
     readme = (ROOT / "README.md").read_text()
     assert '".[gpu-cuda12]"' in readme and '".[gpu-cuda13]"' in readme and "nvidia-smi" in readme
     assert ".[gpu]" not in readme
+
+
+def test_metadata_a_package_index_shows():
+    """Classifiers a user filters an index by (licence, Python versions, typed), the type-hint marker
+    file (PEP 561) shipped, and tomli where the standard library has no tomllib (--config FILE.toml)."""
+    classifiers = CFG["metadata"]["classifiers"].split("\n")
+    assert "License :: OSI Approved :: MIT License" in classifiers and "Typing :: Typed" in classifiers
+    low = CFG["options"]["python_requires"].strip()
+    assert low == ">=3.10" and "Programming Language :: Python :: 3.10" in classifiers
+    assert (PACKAGE / "py.typed").is_file()
+    requires = [r.strip() for r in CFG["options"]["install_requires"].split("\n") if r.strip()]
+    assert 'tomli>=1.1; python_version < "3.11"' in requires

@@ -408,6 +408,22 @@ def config_from_dict(d: Mapping[str, Any], model: str | None = None) -> TrainCon
     return config_type(name).from_dict({**d, "model": name})     # (a checkpoint's earlier names: RENAMED)
 
 
+def toml_reader(where: str):
+    """The TOML reader: the standard library's ``tomllib`` (Python 3.11+), else ``tomli``, the same
+    module as a package, which npformer's install requires on Python 3.10."""
+    try:
+        import tomllib
+        return tomllib
+    except ImportError:
+        pass
+    try:
+        import tomli
+        return tomli
+    except ImportError:
+        raise RangeError(f"{where}: reading TOML on Python 3.10 needs tomli (pip install tomli); "
+                         "or give a JSON file") from None
+
+
 def options_from_file(path: str | Path) -> dict[str, Any]:
     """The options (field name -> value) in the JSON or TOML file ``path`` (``npformer train --config
     FILE``; TOML when the name ends in ``.toml``): one table of settings, each named as its field
@@ -419,13 +435,10 @@ def options_from_file(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise FileNotFoundError(f"{where}: no such file")
     if p.suffix == ".toml":
+        toml = toml_reader(where)
         try:
-            import tomllib
-        except ImportError:              # Python 3.10
-            raise RangeError(f"{where}: reading TOML needs Python 3.11 or later (tomllib); give a JSON file") from None
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
+            data = toml.loads(p.read_text())
+        except toml.TOMLDecodeError as exc:
             raise RangeError(f"{where}: not valid TOML ({exc})") from None
     else:
         try:
