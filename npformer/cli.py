@@ -363,7 +363,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import json
 
     from npformer.interop import load_safetensors_file
-    from npformer.training.trained_models import load_trained
+    from npformer.training.trained_models import load_trained, tokenizer_files
 
     trained = load_trained(args.checkpoint, kinds=("gpt", "gpt1", "gpt2", "bert"),
                            need="export writes GPT (gpt, gpt1, gpt2) and BERT checkpoints; Seq2Seq, ALBERT and "
@@ -371,17 +371,18 @@ def cmd_export(args: argparse.Namespace) -> int:
     if Path(args.to).exists() and not Path(args.to).is_dir():
         raise RangeError(f"--to {args.to} is a file; expected a directory (created if needed)")
     trained.model.save_pretrained(args.to)
-    vocab = {"vocab": trained.vocabs[0].to_dict(), **({"mask_id": trained.mask_id} if trained.kind == "bert" else {})}
-    (Path(args.to) / "npformer_vocab.json").write_text(json.dumps(vocab, indent=1) + "\n")
     config = json.loads((Path(args.to) / "config.json").read_text())
+    for name, content in tokenizer_files(trained, config).items():
+        (Path(args.to) / name).write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
     written = sum(a.size for a in load_safetensors_file(Path(args.to) / "model.safetensors").values())
     total = trained.model.num_parameters()
     left = "" if written == total else f" of the model's {total:,} (the rest has no place in {config['architectures'][0]})"
     print(f"wrote {args.to}: {config['architectures'][0]} (model_type {config['model_type']!r}) from the "
           f"{trained.kind} checkpoint {args.checkpoint}, {written:,} parameters{left}, {trained.model.dtype}")
-    for name in ("config.json", "model.safetensors", "npformer_vocab.json"):
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         print(f"  {Path(args.to) / name}")
     return 0
+
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -548,7 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a GPT or BERT checkpoint as a Hugging Face model directory",
                         description="Writes config.json and model.safetensors (GPT2LMHeadModel for a pre-norm "
                                     "GPT, OpenAIGPTLMHeadModel for a post-norm one, BertForMaskedLM for BERT) "
-                                    "and npformer_vocab.json (the characters of the ids). A model that no "
+                                    "and tokenizer.json (the characters as a Hugging Face tokenizer, which "
+                                    "fill-mask/generate --model and AutoTokenizer read). A model that no "
                                     "Hugging Face architecture computes exactly is refused, saying why.")
     ex.add_argument("--checkpoint", required=True, metavar="PATH", help="a gpt, gpt1, gpt2 or bert checkpoint")
     ex.add_argument("--to", required=True, metavar="DIR", help="the directory to write (created if needed)")

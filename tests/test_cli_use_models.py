@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from npformer.cli import main
-from npformer.data.vocab import CharVocab
+from npformer.data.vocab import SPECIALS
 from npformer.interop import load_safetensors_file
-from npformer.training.trained_models import fill_mask_text, load_trained
+from npformer.training.trained_models import MASK_TOKEN, fill_mask_text, load_trained
 
 COMMON = ["--steps", "3", "--warmup", "1", "--d-model", "8", "--heads", "2", "--eval-every", "0", "--layers", "2"]
 LM = ["--task", "charlm", "--batch-size", "2", "--block-size", "16"]
@@ -116,11 +116,13 @@ def test_export_writes_the_hugging_face_layout(ck, capsys, tmp_path, name, cls):
                 f"place in {cls})") in out
     else:
         assert written == trained.model.num_parameters() and f", {written:,} parameters, float32" in out
-    extra = json.loads((tmp_path / "npformer_vocab.json").read_text())
-    assert CharVocab.from_dict(extra["vocab"]) == trained.vocabs[0]
-    ids = np.array([trained.vocabs[0].encode("The river")])
+    vocab = trained.vocabs[0]
+    tokenizer = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert tokenizer["model"]["vocab"] == {t: i for i, t in enumerate(SPECIALS + vocab.symbols)}
+    masks = [t["id"] for t in tokenizer["added_tokens"] if t["content"] == MASK_TOKEN]
+    assert masks == ([trained.mask_id] if name == "bert" else [])
+    ids = np.array([vocab.encode("The river")])
     if name == "bert":
-        assert extra["mask_id"] == trained.mask_id
         ids[0, 3] = trained.mask_id
         h, _ = trained.model(ids)
         ours = trained.model.mlm_logits(h)
@@ -132,9 +134,39 @@ def test_export_writes_the_hugging_face_layout(ck, capsys, tmp_path, name, cls):
     torch = pytest.importorskip("torch", reason="torch not installed: reading the export with transformers needs it")
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     transformers.logging.set_verbosity_error()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf_tokenizer("The river", add_special_tokens=False)["input_ids"] == vocab.encode("The river")
+    assert hf_tokenizer.decode(vocab.encode("The river")) == "The river"
+    if name == "bert":
+        assert (hf_tokenizer.mask_token, hf_tokenizer.mask_token_id) == (MASK_TOKEN, trained.mask_id)
     auto = transformers.AutoModelForMaskedLM if name == "bert" else transformers.AutoModelForCausalLM
     theirs = auto.from_pretrained(str(tmp_path)).eval()
     assert type(theirs).__name__ == cls
     with torch.no_grad():
         logits = theirs(torch.tensor(ids)).logits.numpy()
     assert np.abs(logits - ours).max() <= 1e-5 * np.abs(ours).max()     # float32
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_npformer_reads_its_own_exports(ck, capsys, tmp_path, name):
+    """tokenizer.json round trip: the tokenizers library encodes text (characters, specials, [MASK],
+    unknown characters) as the checkpoint's vocabulary does and decodes it back; fill-mask --model
+    on a BERT export gives the checkpoint's candidates, generate --model runs on a GPT-2 export."""
+    tokenizers = pytest.importorskip("tokenizers", reason="tokenizers not installed (the pretrained extra)")
+    assert main(["export", "--checkpoint", str(ck / f"{name}.npz"), "--to", str(tmp_path)]) == 0
+    trained = load_trained(ck / f"{name}.npz", backend="numpy")
+    vocab = trained.vocabs[0]
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    text = "The river\nbank " + "\u2603"                             # a character no vocabulary has
+    assert tok.encode(text).ids == vocab.encode(text) and vocab.encode(text)[-1] == vocab.unk_id
+    assert tok.decode(vocab.encode("The river"), skip_special_tokens=True) == "The river"
+    capsys.readouterr()
+    if name == "bert":
+        assert tok.encode("The riv[MASK]r").ids[7] == trained.mask_id
+        assert main(["fill-mask", "--model", str(tmp_path), "The riv[MASK]r"]) == 0
+        from_export = capsys.readouterr().out
+        assert main(["fill-mask", "--checkpoint", str(ck / "bert.npz"), "The riv[MASK]r"]) == 0
+        assert from_export == capsys.readouterr().out
+    else:
+        assert main(["generate", "--model", str(tmp_path), "--prompt", "The ", "--tokens", "20"]) == 0
+        assert capsys.readouterr().out.startswith("The ")

@@ -140,6 +140,30 @@ class CharVocab:
         """A JSON-able description: ``{"kind": "char", "specials": [...], "symbols": [...]}``."""
         return {"kind": _KIND, "specials": list(SPECIALS), "symbols": list(self._symbols)}
 
+    def tokenizer_json(self, mask_token: str | None = None, mask_id: int | None = None) -> dict:
+        """This vocabulary as a Hugging Face ``tokenizers`` model, the content of a ``tokenizer.json``
+        (``json.dumps`` it): the same ids, every character one token (a ``Split`` on each character),
+        a character not in the vocabulary ``<unk>``, the specials (and ``mask_token`` at ``mask_id``,
+        a masked LM's) as special added tokens, and a decoder that joins the characters back.
+        ``tokenizers.Tokenizer.from_file`` and ``transformers.AutoTokenizer`` read it."""
+        if (mask_token is None) != (mask_id is None):
+            raise ValueError("tokenizer_json: give mask_token and mask_id together, or neither")
+        if mask_id is not None and mask_id < len(self):
+            raise ValueError(f"tokenizer_json: mask_id {mask_id} is a character's id; expected >= {len(self)}")
+        specials = list(enumerate(SPECIALS)) + ([(mask_id, mask_token)] if mask_token is not None else [])
+        return {
+            "version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True} for i, token in specials],
+            "normalizer": None,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated",
+                              "invert": False},                       # every character (newlines too) alone
+            "post_processor": None,
+            "decoder": {"type": "Fuse"},                                # the characters joined, no spaces
+            "model": {"type": "WordLevel", "vocab": {t: i for i, t in enumerate(self._tokens)},
+                      "unk_token": SPECIALS[UNK_ID]},
+        }
+
     @classmethod
     def from_dict(cls, d: Any) -> "CharVocab":
         """Inverse of :meth:`to_dict` (checks the kind and the special tokens)."""

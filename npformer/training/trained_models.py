@@ -25,7 +25,7 @@ from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
 from npformer.training.checkpoint import load_checkpoint
 
-__all__ = ["MODELS", "MASK_TOKEN", "Trained", "load_trained", "encode_masked", "fill_mask_text"]
+__all__ = ["MODELS", "MASK_TOKEN", "Trained", "load_trained", "encode_masked", "fill_mask_text", "tokenizer_files"]
 
 # checkpoint kind -> (model class, its config class)
 MODELS = {"seq2seq": (Seq2Seq, Seq2SeqConfig), "gpt": (GPT, GPTConfig), "gpt1": (GPT, GPTConfig),
@@ -114,3 +114,18 @@ def fill_mask_text(trained: Trained, text: str, top_k: int = 5) -> tuple[str, li
     for f in fills:
         out[f.position] = int(f.ids[0])
     return vocab.decode(out), [[(vocab.decode([int(i)]), float(p)) for i, p in zip(f.ids, f.probs)] for f in fills]
+
+
+def tokenizer_files(trained: Trained, config: dict) -> dict[str, dict]:
+    """``tokenizer.json`` (the checkpoint's characters as a Hugging Face tokenizers model, with the
+    specials and a BERT's [MASK]) and ``tokenizer_config.json`` (which tokenizer class and special
+    tokens ``transformers.AutoTokenizer`` makes of it) for an exported model directory."""
+    masked = trained.kind == "bert"
+    vocab = trained.vocabs[0]
+    tokenizer = vocab.tokenizer_json(*((MASK_TOKEN, trained.mask_id) if masked else ()))
+    length = config.get("n_positions", config.get("max_position_embeddings"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": length,
+                "clean_up_tokenization_spaces": False,
+                **dict(zip(("pad_token", "bos_token", "eos_token", "unk_token"), SPECIALS)),
+                **({"mask_token": MASK_TOKEN} if masked else {})}
+    return {"tokenizer.json": tokenizer, "tokenizer_config.json": settings}
