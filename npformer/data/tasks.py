@@ -121,6 +121,15 @@ class Seq2SeqTask:
                             np.arange(T)[None, :] >= tl[:, None],                          # (B, T)
                             tuple(p[0] for p in picked), tuple(p[1] for p in picked))
 
+    def with_shared_vocabulary(self) -> "Seq2SeqTask":
+        """The same pairs over one vocabulary, the source's and the target's characters together (for
+        one embedding of both sides, section 3.4); this task itself when they already share one."""
+        if self.src_vocab is self.tgt_vocab:
+            return self
+        vocab = CharVocab(sorted(set(self.src_vocab.symbols) | set(self.tgt_vocab.symbols)))
+        return Seq2SeqTask(self.name, self.train, self.valid, vocab, description=self.description,
+                           config=self.config, metrics=self.metrics)
+
     def split(self, split: str) -> list[tuple[str, str]]:
         """The pairs of ``"train"`` or ``"valid"``."""
         if split not in SPLITS:

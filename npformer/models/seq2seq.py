@@ -3,7 +3,7 @@
 
     x = dropout(E_src[src] * sqrt(d) + PE)            memory = Encoder(x, src padding)
     y = dropout(E_tgt[tgt_in] * sqrt(d) + PE)          h = Decoder(y, memory, causal + padding)
-    logits = h W^T  (W = E_tgt when tied, section 3.4)
+    logits = h W^T  (W = E_tgt when tied, section 3.4; E_src = E_tgt too with share_embeddings)
 
 Embeddings start N(0, 1/d) so that after the sqrt(d) scale they have unit variance, and a tied
 head starts with logits of unit scale. Padding tokens (``pad_id``) are masked as keys everywhere.
@@ -23,7 +23,15 @@ from npformer.nn.module import Module
 from npformer.nn.transformer import Transformer
 from npformer.ops.feedforward import ACTIVATIONS
 
-__all__ = ["Seq2SeqConfig", "Seq2Seq"]
+__all__ = ["Seq2SeqConfig", "Seq2Seq", "PAPER_SIZES"]
+
+# The paper's two sizes (Vaswani et al. 2017, Table 3; dropout: section 5.4 and Table 3's big row).
+PAPER_SIZES = {
+    "base": dict(d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+                 dropout=0.1),
+    "big": dict(d_model=1024, nhead=16, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=4096,
+                dropout=0.3),
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,7 @@ class Seq2SeqConfig:
     pad_id: int = 0
     tie_embeddings: bool = True      # output head shares the target embedding (section 3.4)
     positional: str = "sinusoidal"   # or "learned" (one trained table shared by source and target)
+    share_embeddings: bool = False   # one embedding for source and target (a shared vocabulary, section 3.4)
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "nhead", "num_encoder_layers",
@@ -52,12 +61,24 @@ class Seq2SeqConfig:
         probability(self.dropout, "dropout")
         one_of(self.activation, "activation", tuple(ACTIVATIONS))
         one_of(self.positional, "positional", ("sinusoidal", "learned"))
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise RangeError("share_embeddings: one embedding for source and target needs one vocabulary, got "
+                             f"src_vocab_size {self.src_vocab_size} and tgt_vocab_size {self.tgt_vocab_size}")
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
         if non_negative_int(self.pad_id, "pad_id") >= smallest:
             raise RangeError(f"pad_id: expected an id in [0, {smallest}) (both vocabularies), got {self.pad_id}")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def paper(cls, size: str, vocab_size: int = 37000, **overrides) -> "Seq2SeqConfig":
+        """The paper's ``"base"`` or ``"big"`` model (:data:`PAPER_SIZES`) over one shared vocabulary
+        (37,000 tokens of byte-pair encoding for English-German), with the three-way sharing of
+        section 3.4: source embedding = target embedding = output projection."""
+        one_of(size, "size", tuple(PAPER_SIZES))
+        return cls(**{"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, **PAPER_SIZES[size],
+                      "share_embeddings": True, "tie_embeddings": True, **overrides})
 
 
 class Seq2Seq(Module):
@@ -68,7 +89,10 @@ class Seq2Seq(Module):
         kw = dict(dtype=dtype, backend=backend)
         std = c.d_model ** -0.5
         self.src_embed = Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id, std=std, rng=rng, **kw)
-        self.tgt_embed = Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id, std=std, rng=rng, **kw)
+        # shared: one module under both names (its per-call caches are consumed in reverse, so the
+        # backward's target-then-source order pops each call's own; the two gradients add up)
+        self.tgt_embed = (self.src_embed if c.share_embeddings else
+                          Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id, std=std, rng=rng, **kw))
         if c.positional == "sinusoidal":
             self.pos = PositionalEncoding(c.d_model, c.max_len)
         elif c.positional == "learned":

@@ -50,6 +50,7 @@ from npformer.data.long_range import RecallTask
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
 from npformer.data.tasks import default_sizes
 from npformer.errors import InputTypeError, RangeError, ShapeError
+from npformer.models.seq2seq import PAPER_SIZES
 
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
            "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
@@ -68,6 +69,17 @@ PRECISIONS = ("float32", "float16", "bfloat16")
 # every task `npformer train` knows -> the model it trains unless --model says otherwise
 DEFAULT_MODELS: dict[str, str] = {**dict.fromkeys(SEQ2SEQ_TASKS, "seq2seq"), "charlm": "gpt",
                                   "recall": "transformer-xl"}
+
+
+def _paper_preset(size: str) -> dict[str, Any]:
+    """The paper's ``size`` (:data:`npformer.models.seq2seq.PAPER_SIZES`) as npformer train's options."""
+    p = PAPER_SIZES[size]
+    return {"d_model": p["d_model"], "heads": p["nhead"], "layers": p["num_encoder_layers"],
+            "ff": p["dim_feedforward"], "dropout": p["dropout"], "share_vocab": True}
+
+
+# --preset NAME -> the options it sets (each given flag wins over its preset value)
+SEQ2SEQ_PRESETS: dict[str, dict[str, Any]] = {f"paper-{size}": _paper_preset(size) for size in PAPER_SIZES}
 
 
 def option(default: Any, help: str, check: Callable[[Any, str], Any] | None = None, *, flag: str | None = None,
@@ -253,6 +265,12 @@ class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
     """The paper's encoder-decoder on a built-in task (:mod:`npformer.training.seq2seq_trainer`)."""
 
     label_smoothing: float = option(0.1, "label smoothing of the training loss, in [0, 1)", _below_one)
+    share_vocab: bool = option(False, "one vocabulary for source and target, and one embedding for both sides "
+                               "and the output projection (the paper's three-way sharing, section 3.4)", _SWITCH,
+                               off=("--no-share-vocab", "a vocabulary and an embedding per side"))
+    preset: str | None = option(None, "the paper's base or big model (Table 3): sets --d-model, --heads, --layers, "
+                                "--ff, --dropout and --share-vocab where they are not given (default: none, each at its own default)",
+                                choices=tuple(SEQ2SEQ_PRESETS))
 
 
 @dataclass(kw_only=True)
@@ -384,6 +402,8 @@ def make_config(options: Mapping[str, Any]) -> TrainConfig:
     model = options.get("model") or default_model(task)
     cls = config_type(model)
     own = {f.name for f in fields(cls)}
+    if "preset" in own and options.get("preset") in SEQ2SEQ_PRESETS:   # its sizes, under what was given
+        options = {**SEQ2SEQ_PRESETS[options["preset"]], **options}
     for name in options:
         if name in own:
             continue

@@ -33,6 +33,8 @@ class Seq2SeqTrainer(Trainer):
         if c.task not in TASKS:
             raise ValueError(f"task {c.task!r} is not a seq2seq task; expected one of {sorted(TASKS)}")
         self.task = get_task(c.task, seed=c.seed, n_train=c.n_train, n_valid=c.n_valid)
+        if c.share_vocab:
+            self.task = self.task.with_shared_vocabulary()
         if c.batch_size > len(self.task.train):       # a batch draws distinct pairs
             raise RangeError(f"--batch-size {c.batch_size} exceeds the {len(self.task.train)} training pairs of "
                              f"--task {c.task} (--n-train); give a smaller --batch-size or a larger --n-train")
@@ -42,7 +44,7 @@ class Seq2SeqTrainer(Trainer):
             d_model=c.d_model, nhead=c.heads, num_encoder_layers=c.layers, num_decoder_layers=c.layers,
             dim_feedforward=c.ff, dropout=c.dropout, activation=c.activation or "relu",
             norm_first=bool(c.norm_first), max_len=max_len, pad_id=PAD_ID,
-            tie_embeddings=True)
+            tie_embeddings=True, share_embeddings=c.share_vocab)
         return Seq2Seq(self.model_config, dtype=c.dtype, backend=c.backend, rng=c.seed)
 
     def resolved(self):

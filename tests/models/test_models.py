@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from npformer.backend import get_backend
+from npformer.errors import RangeError
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import beam_search, eval_mode, greedy_decode
 from npformer.models.gpt import GPT, GPTConfig
@@ -53,19 +54,76 @@ def _loss_forward(logits_fn, targets):
 
 
 @given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), activation=st.sampled_from(["gelu_tanh", "gelu"]),
-       s=st.integers(2, 5), t=st.integers(2, 5), positional=st.sampled_from(["sinusoidal", "learned"]))
-def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t, positional):
+       s=st.integers(2, 5), t=st.integers(2, 5), positional=st.sampled_from(["sinusoidal", "learned"]),
+       share=st.booleans())
+def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t, positional, share):
     # smooth activations only: see test_full_transformer_gradcheck_with_float_mask on ReLU kinks
-    cfg = Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=6, d_model=4, nhead=2, num_encoder_layers=1,
+    v = 7 if share else 6                                # share: one vocabulary, one embedding for both sides
+    cfg = Seq2SeqConfig(src_vocab_size=7, tgt_vocab_size=v, d_model=4, nhead=2, num_encoder_layers=1,
                         num_decoder_layers=2, dim_feedforward=6, dropout=0.1, activation=activation,
-                        norm_first=norm_first, max_len=8, tie_embeddings=tie, positional=positional)
+                        norm_first=norm_first, max_len=8, tie_embeddings=tie, positional=positional,
+                        share_embeddings=share)
     model = Seq2Seq(cfg, dtype="float64", backend=xp.__name__, rng=seed)
-    src, tgt_in = _ids(xp, (2, s), 7, seed, pad_tail=1), _ids(xp, (2, t), 6, seed + 1, pad_tail=1)
-    tgt_out = _ids(xp, (2, t), 6, seed + 2, pad_tail=1)
+    src, tgt_in = _ids(xp, (2, s), 7, seed, pad_tail=1), _ids(xp, (2, t), v, seed + 1, pad_tail=1)
+    tgt_out = _ids(xp, (2, t), v, seed + 2, pad_tail=1)
     fwd, bwd = _loss_forward(lambda m, src, tgt_in: m(src, tgt_in), tgt_out)
     report = gradcheck_module(model, {"src": src, "tgt_in": tgt_in}, forward=fwd, backward=bwd,
-                              dropout_seed=seed, seed=seed, **model_check(xp, 6))
+                              dropout_seed=seed, seed=seed, **model_check(xp, v))
     assert_gradcheck(report)
+
+
+def test_a_shared_embedding_gets_the_sum_of_the_source_and_target_gradients(xp):
+    """Three-way sharing (section 3.4): the one embedding's gradient is the sum of what an unshared
+    model with the same weights gives its source embedding and its target embedding (with the tied
+    head's part inside the latter)."""
+    kw = dict(src_vocab_size=9, tgt_vocab_size=9, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+              dim_feedforward=16, dropout=0.0, max_len=8)
+    shared = Seq2Seq(Seq2SeqConfig(**kw, share_embeddings=True), dtype="float64", backend=xp.__name__, rng=0)
+    apart = Seq2Seq(Seq2SeqConfig(**kw), dtype="float64", backend=xp.__name__, rng=0)
+    assert shared.src_embed is shared.tgt_embed and shared.generator.weight is shared.tgt_embed.weight
+    assert shared.num_parameters() == apart.num_parameters() - 9 * 8
+    state = {k: v for k, v in shared.state_dict().items()}
+    apart.load_state_dict(state)                          # both of its embeddings get the shared table
+    src, tgt = _ids(xp, (2, 5), 9, 1, pad_tail=1), _ids(xp, (2, 4), 9, 2, pad_tail=1)
+    for m in (shared, apart):
+        m.zero_grad()
+        logits = m(src, tgt)
+        m.backward(xp.ones_like(logits) / logits.size)
+    np.testing.assert_allclose(host(shared.tgt_embed.weight.grad),
+                               host(apart.src_embed.weight.grad + apart.tgt_embed.weight.grad), rtol=1e-12, atol=1e-15)
+    np.testing.assert_array_equal(host(shared(src, tgt)), host(apart(src, tgt)))
+
+
+def _transformer_parameters(v: int, d: int, ff: int, layers: int) -> int:
+    """Parameters of Table 3's architecture with one shared V x d embedding (the output projection
+    tied to it), biases everywhere, and torch.nn.Transformer's final norm on each stack: per encoder
+    layer attention (4 d^2 + 4 d), feed-forward (2 d ff + ff + d), two norms (4 d); per decoder layer
+    two attentions, the feed-forward and three norms."""
+    encoder = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d
+    decoder = 8 * d * d + 8 * d + 2 * d * ff + ff + d + 6 * d
+    return v * d + layers * (encoder + decoder) + 4 * d
+
+
+def test_the_paper_sizes_have_table_3s_parameter_counts():
+    """Base: 63,084,544 parameters against the paper's rounded 65M; big: 214,249,472 against 213M.
+    The architecture's count (below) is exact; the paper does not say how it counted, and no one
+    vocabulary size closes both gaps (base would need about 40,700 tokens, big about 35,800), so the
+    difference is the paper's rounding and counting, not a missing piece: without the three-way
+    sharing, base would have 82.0M."""
+    base = Seq2SeqConfig.paper("base")
+    assert (base.d_model, base.nhead, base.num_encoder_layers, base.dim_feedforward) == (512, 8, 6, 2048)
+    assert base.share_embeddings and base.tie_embeddings and base.src_vocab_size == base.tgt_vocab_size == 37000
+    assert Seq2Seq(base, dtype="float32", rng=0).num_parameters() == _transformer_parameters(37000, 512, 2048, 6) \
+        == 63_084_544
+    small = Seq2SeqConfig.paper("big", vocab_size=50, d_model=32, nhead=4, dim_feedforward=64, num_encoder_layers=2,
+                                num_decoder_layers=2)
+    assert Seq2Seq(small, rng=0).num_parameters() == _transformer_parameters(50, 32, 64, 2)
+    big = Seq2SeqConfig.paper("big")
+    assert (big.d_model, big.nhead, big.dim_feedforward, big.dropout) == (1024, 16, 4096, 0.3)
+    assert _transformer_parameters(37000, 1024, 4096, 6) == 214_249_472      # (not built here: 860 MB)
+    assert abs(63_084_544 - 65e6) / 65e6 < 0.03 and abs(214_249_472 - 213e6) / 213e6 < 0.01
+    with pytest.raises(RangeError, match="share_embeddings: one embedding for source and target needs one vocab"):
+        Seq2SeqConfig(src_vocab_size=5, tgt_vocab_size=6, share_embeddings=True)
 
 
 @given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), t=st.integers(1, 6))

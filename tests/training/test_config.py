@@ -25,7 +25,7 @@ OLD_FLAT = {"task": "charlm", "model": "gpt2", "seed": 0, "backend": "numpy", "d
 def test_each_kind_has_the_loop_fields_and_only_its_own():
     loop = {f.name for f in fields(TrainConfig)}
     own = {cls: {f.name for f in fields(cls)} - loop for cls in set(CONFIGS.values())}
-    assert own == {Seq2SeqTrainConfig: {"label_smoothing", "n_train", "n_valid"},
+    assert own == {Seq2SeqTrainConfig: {"label_smoothing", "n_train", "n_valid", "share_vocab", "preset"},
                    CharLMTrainConfig: {"text", "block_size"},
                    ALBERTTrainConfig: {"text", "block_size", "embedding_size", "share"},
                    XLTrainConfig: {"block_size", "mem_len", "n_train", "n_valid"}}
