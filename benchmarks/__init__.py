@@ -1,2 +1,4 @@
-"""The benchmark suite and its tools; kept out of the installed package because it imports PyTorch
-as the reference (``torch_reference.py``). Run it with ``npformer bench`` or ``python benchmarks/run.py``."""
+"""Benchmark scripts of the source checkout, and the PyTorch reference of the benchmark suite
+(``torch_reference.py``), kept here because it imports PyTorch; the suite itself is
+:mod:`npformer.bench`. ``python benchmarks/run.py`` runs the suite with PyTorch's columns and parity,
+``npformer bench`` without them."""

@@ -4,7 +4,7 @@ Python calls per step and per op.
 
     python benchmarks/cpu_profile.py [--model gpt-tiny] [--steps 20] [--threads N] [--reference]
 
-The step is the benchmark suite's (benchmarks/steps.py: forward, cross-entropy, backward, AdamW over the
+The step is the benchmark suite's (npformer/bench/steps.py: forward, cross-entropy, backward, AdamW over the
 flat buffers), timed at the model's batch and again at one token (B = T = 1, the same widths): the
 one-token step makes every call the full step makes, on arrays too small for their arithmetic to
 count, so its time is the step's fixed cost (Python, the calls into NumPy, and the optimiser's pass
@@ -30,9 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import npformer                                                       # noqa: E402
 from npformer import kernels                                          # noqa: E402
-from benchmarks.backends import Backend                               # noqa: E402
+from npformer.bench.backends import Backend                          # noqa: E402
+from npformer.bench.steps import MODELS, _npformer_step              # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
-from benchmarks.steps import MODELS, _npformer_step                   # noqa: E402
 
 def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
     """(median ms of ``steps`` timed steps at batch B x T, the step itself)."""

@@ -3,7 +3,7 @@
     python benchmarks/distributed.py [--models gpt-small,seq2seq-base] [--steps 12] [--warmup 3]
                                      [--batch 8] [--seq 128] [--out benchmarks/results]
 
-For each benchmark model (``benchmarks.steps.MODELS``, float32, dropout 0.1) and a global batch of
+For each benchmark model (``npformer.bench.steps.MODELS``, float32, dropout 0.1) and a global batch of
 ``--batch`` sequences of ``--seq`` tokens, it times one data-parallel AdamW step in three set-ups:
 
     1 rank, 1 BLAS thread     the baseline a rank of the 2-rank run is made of
@@ -44,7 +44,7 @@ STATS_BYTES = 5 * 8                        # the step's numbers: 5 float64
 def _model(m: dict, T: int):
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
-    from benchmarks.steps import DROPOUT
+    from npformer.bench.steps import DROPOUT
     if m["kind"] == "gpt":
         return GPT(GPTConfig(m["V"], T, m["L"], m["H"], m["d"], m["F"], DROPOUT, "gelu", norm_first=True),
                    dtype=numpy.float32, rng=0)
@@ -54,7 +54,7 @@ def _model(m: dict, T: int):
 
 def worker(args) -> None:
     """One set-up, under mpirun: every model's steps; rank 0 writes the rows as JSON to ``args.worker``."""
-    from benchmarks.steps import MODELS
+    from npformer.bench.steps import MODELS
     from npformer.backend import default_rng
     from npformer.distributed import DataParallel, MPICommunicator
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward

@@ -106,7 +106,7 @@ def device_facts() -> None:
         print("PyTorch", torch.__version__, "| CUDA available", torch.cuda.is_available())
     except ImportError:
         print("PyTorch: not installed (the reference columns and the kernel profile need it)")
-    from benchmarks.bench import source_commit
+    from npformer.bench.suite import source_commit
     print("npformer commit", source_commit(ROOT))
 
 

@@ -26,8 +26,8 @@ import numpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.harness import settle, time_call  # noqa: E402
-from benchmarks.steps import MODELS  # noqa: E402
+from npformer.bench.harness import settle, time_call  # noqa: E402
+from npformer.bench.steps import MODELS  # noqa: E402
 
 BLOCK_SIZE = 128
 

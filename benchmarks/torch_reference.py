@@ -1,7 +1,9 @@
 """The PyTorch side of every case: the computation npformer's side runs, written with torch.
 
-It is both the reference the parity checks compare with and the ``torch-*`` columns that are timed.
-Imported only when PyTorch is wanted (``import benchmarks.bench`` does not import torch).
+It is both the reference the parity checks compare with and the ``torch-*`` columns that are timed:
+:class:`TorchBackend`, the :class:`npformer.bench.ReferenceBackend` of PyTorch, registered as
+``--backends torch`` when this module is imported (``benchmarks/run.py`` does; the installed package
+never imports torch).
 
 The models mirror npformer's with npformer's parameter names, so that npformer's weights load
 strictly (``load_state_dict``) for the parity check:
@@ -21,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.cases import upstream_gradient
+from npformer.bench.backends import ReferenceBackend, register_reference
+from npformer.bench.cases import upstream_gradient
 
-__all__ = ["linear", "softmax", "layer_norm", "gelu", "attention", "ffn", "cross_entropy", "op_calls",
-           "multi_head_calls", "GPT", "Seq2Seq", "make_model", "model_outputs", "train_step"]
+__all__ = ["TorchBackend", "OPS", "GPT", "Seq2Seq", "make_model"]
 
 
 # -- ops: each takes the case's inputs in the order npformer's forward takes them ----------------------
@@ -56,7 +58,11 @@ def cross_entropy(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def op_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=()) -> dict:
+OPS = {"linear": linear, "softmax": softmax, "layer_norm": layer_norm, "gelu": gelu, "attention": attention,
+       "ffn": ffn, "cross_entropy": cross_entropy}         # the names npformer.bench.cases asks for
+
+
+def _autograd_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=()) -> dict:
     """``fn(*inputs)`` under autograd; ``bwd``: the gradients of the first ``n_grad`` inputs, then of
     ``params``, for the same upstream gradient npformer's backward gets."""
     xs = [b.asarray(h) for h in host_inputs]
@@ -66,18 +72,6 @@ def op_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=()) -> dict
     y = fn(*xs)
     dy = b.asarray(upstream_gradient(tuple(y.shape))).to(y.dtype)           # (float16: the output's)
     return {"fwd": lambda: fn(*xs), "bwd": lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True)}
-
-
-def multi_head_calls(b, host_x, num_heads: int, weights: list) -> dict:
-    """``nn.MultiheadAttention`` self-attention with the given (in_proj_weight, in_proj_bias,
-    out_proj.weight, out_proj.bias); gradients of x, then of those four."""
-    d = host_x.shape[-1]
-    m = nn.MultiheadAttention(d, num_heads, batch_first=True).to(b.device)
-    params = [m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias]
-    with torch.no_grad():
-        for p, w in zip(params, weights):
-            p.copy_(b.asarray(w))
-    return op_calls(b, lambda x: m(x, x, x, need_weights=False)[0], [host_x], 1, params)
 
 
 # -- models ------------------------------------------------------------------------------------------
@@ -141,36 +135,109 @@ def _logits_loss(model: nn.Module, kind: str, src, tgt):
     return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1))
 
 
-def model_outputs(b, m: dict, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
-    """Host logits, loss and ``{name: gradient}`` of one forward and backward with dropout 0 and
-    npformer's weights."""
-    model = make_model(b, m, src_ids.shape[1], 0.0, state)
-    logits, loss = _logits_loss(model, m["kind"], b.asarray(src_ids), b.asarray(tgt_ids))
-    loss.backward()
-    return b.to_host(logits), b.to_host(loss), {k: b.to_host(p.grad) for k, p in model.named_parameters()}
+# -- the backend ---------------------------------------------------------------------------------------
+class TorchBackend(ReferenceBackend):
+    """PyTorch on ``"cpu"`` or ``"cuda"`` (the ``torch-cpu`` and ``torch-cuda`` columns), with
+    ``torch.set_num_threads(threads)``."""
+    framework = "torch"
 
+    def __init__(self, device: str, threads: int):
+        super().__init__(f"torch-{device}", device, threads)
+        torch.set_num_threads(threads)
+        # The suite is float32 throughout; a caller (a test session) may have changed torch's
+        # default dtype, which would build float64 modules beside float32 inputs.
+        torch.set_default_dtype(torch.float32)
 
-def train_step(b, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
-    """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW; under
-    ``precision="float16"`` the forward and loss under ``torch.autocast(float16)`` and the update
-    through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights)."""
-    model = make_model(b, m, src_ids.shape[1], dropout)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
-    if precision == "float16":
-        scaler = torch.amp.GradScaler(b.device)
+    def sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
 
-        def mixed_step():
+    def asarray(self, host: numpy.ndarray):
+        return torch.from_numpy(numpy.array(host, order="C")).to(self.device)       # 0-d stays 0-d
+
+    def to_host(self, a) -> numpy.ndarray:
+        return a.detach().cpu().numpy()
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__}
+
+    def gpu_name(self) -> str:
+        return torch.cuda.get_device_name(0)
+
+    def allow_tf32(self) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def free_bytes(self) -> int:
+        return torch.cuda.mem_get_info()[0] if self.device == "cuda" else super().free_bytes()
+
+    def peak_mb(self, fn: Callable[[], Any], min_s: float = 0.2) -> float | None:
+        if self.device == "cpu":
+            return super().peak_mb(fn, min_s)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    # -- the cases (npformer.bench.ReferenceBackend says what each returns) --------------------------
+    def op_calls(self, op: str, host_inputs: list, n_grad: int) -> dict:
+        return _autograd_calls(self, OPS[op], host_inputs, n_grad)
+
+    def multi_head_calls(self, host_x, num_heads: int, weights: list) -> dict:
+        """``nn.MultiheadAttention`` self-attention with the given (in_proj_weight, in_proj_bias,
+        out_proj.weight, out_proj.bias); gradients of x, then of those four."""
+        m = nn.MultiheadAttention(host_x.shape[-1], num_heads, batch_first=True).to(self.device)
+        params = [m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias]
+        with torch.no_grad():
+            for p, w in zip(params, weights):
+                p.copy_(self.asarray(w))
+        return _autograd_calls(self, lambda x: m(x, x, x, need_weights=False)[0], [host_x], 1, params)
+
+    def dropout_calls(self, host_x, p: float) -> dict:
+        x = self.asarray(host_x).requires_grad_(True)
+        y = F.dropout(x, p)
+        dy = self.asarray(upstream_gradient(tuple(y.shape)))
+        return {"fwd": lambda: F.dropout(x, p), "bwd": lambda: torch.autograd.grad(y, x, dy, retain_graph=True)[0],
+                "_probe": (x, y, dy)}
+
+    def model_outputs(self, m: dict, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
+        """Host logits, loss and ``{name: gradient}`` of one forward and backward with dropout 0 and
+        npformer's weights."""
+        model = make_model(self, m, src_ids.shape[1], 0.0, state)
+        logits, loss = _logits_loss(model, m["kind"], self.asarray(src_ids), self.asarray(tgt_ids))
+        loss.backward()
+        return self.to_host(logits), self.to_host(loss), {k: self.to_host(p.grad) for k, p in model.named_parameters()}
+
+    def train_step(self, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
+        """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW; under
+        ``precision="float16"`` the forward and loss under ``torch.autocast(float16)`` and the update
+        through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights)."""
+        model = make_model(self, m, src_ids.shape[1], dropout)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        src, tgt = self.asarray(src_ids), self.asarray(tgt_ids)
+        if precision == "float16":
+            scaler = torch.amp.GradScaler(self.device)
+
+            def mixed_step():
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast(self.device, dtype=torch.float16):
+                    loss = _logits_loss(model, m["kind"], src, tgt)[1]
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            return mixed_step
+
+        def step():
             opt.zero_grad(set_to_none=True)
-            with torch.autocast(b.device, dtype=torch.float16):
-                loss = _logits_loss(model, m["kind"], src, tgt)[1]
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-        return mixed_step
+            _logits_loss(model, m["kind"], src, tgt)[1].backward()
+            opt.step()
+        return step
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        _logits_loss(model, m["kind"], src, tgt)[1].backward()
-        opt.step()
-    return step
+
+def _make(device: str, threads: int) -> TorchBackend | None:
+    """The factory registered as "torch": None for "cuda" where PyTorch sees no GPU."""
+    return None if device == "cuda" and not torch.cuda.is_available() else TorchBackend(device, threads)
+
+
+register_reference("torch", _make)

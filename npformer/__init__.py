@@ -6,7 +6,7 @@ NumPy or CuPy through :mod:`npformer.backend`; faster implementations of some of
 backward is checked by :func:`gradcheck`.
 
 The layers, bottom-up: ``errors``, ``backend``, ``checks``, ``dispatch``, ``ops``, ``kernels``,
-``nn``, ``models``, ``data``, ``training``, ``tools``, ``study``, ``pretrained``, ``cli``.
+``nn``, ``models``, ``data``, ``training``, ``tools``, ``study``, ``pretrained``, ``bench``, ``cli``.
 """
 from npformer import backend, kernels, ops
 from npformer.dispatch import detect_anomaly

@@ -568,8 +568,8 @@ def build_parser() -> argparse.ArgumentParser:
     em.set_defaults(func=cmd_embed)
 
     # listed for --help; main() hands "npformer bench ..." to the suite, which parses its own options
-    sub.add_parser("bench", help="CPU-vs-GPU benchmarks of every op and whole training steps, beside "
-                   "PyTorch (npformer bench --help for the options)")
+    sub.add_parser("bench", help="CPU-vs-GPU benchmarks of every op and whole training steps (beside "
+                   "PyTorch: python benchmarks/run.py in the source checkout; npformer bench --help for the options)")
 
     # listed for --help; main() builds "npformer study NAME ..." with experiment_parser(NAME)
     st = sub.add_parser("study", help="experiments from the Transformer literature: each writes a PNG "
@@ -583,20 +583,6 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "train":                              # (train's synonyms are added above, with its aliases)
             command.add_synonyms({})
     return parser
-
-
-def _run_bench(argv: list[str]) -> int:
-    """The suite lives in the source checkout's benchmarks/ (it imports PyTorch as the reference,
-    which the installed package never does); found next to this package in an editable install."""
-    root = Path(__file__).resolve().parents[1]
-    if not (root / "benchmarks" / "bench.py").is_file():
-        print(f"npformer bench: error: the benchmark suite is the benchmarks/ folder of the source "
-              f"checkout, not found next to {root / 'npformer'}; install from a clone with "
-              "pip install -e . (or run python benchmarks/run.py there)", file=sys.stderr)
-        return 2
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("benchmarks.bench").main(argv)
 
 
 def check_out_dir(path: str, name: str = "--out") -> None:
@@ -631,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_command(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
-        return _run_bench(argv[1:])
+        from npformer.bench import main as bench
+        return bench(argv[1:])
     if argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:
         args = experiment_parser(argv[1]).parse_args(argv[2:])
     else:

@@ -1,9 +1,11 @@
-"""The benchmark suite (benchmarks/): the quick mode runs on numpy (and torch when it imports),
-checks parity before timing, times both npformer paths, and writes well-formed markdown, JSON and,
-with matplotlib, a PNG. No timing is asserted."""
+"""The benchmark suite (npformer.bench, with the PyTorch reference of benchmarks/): the quick mode runs
+on numpy (and torch when it imports), checks parity before timing, times both npformer paths, and
+writes well-formed markdown, JSON and, with matplotlib, a PNG. No timing is asserted. Without the
+PyTorch plug-in (the installed package) it runs npformer's columns and says why torch's are missing."""
 import importlib.util
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -12,14 +14,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import bench, harness, parity, paths
-from benchmarks.backends import Backend
-from benchmarks.cases import QUICK, op_cases
 import npformer
+from npformer.bench import backends, harness, parity, paths, suite
+from npformer.bench.backends import Backend
+from npformer.bench.cases import QUICK, op_cases
 from npformer.kernels import numba_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+if HAS_TORCH:
+    import benchmarks.torch_reference  # noqa: F401 - registers the "torch" reference, as benchmarks/run.py does
 OPS = ["linear", "softmax", "layer_norm", "gelu", "attention", "multi_head", "ffn", "cross_entropy"]
 # gpt-medium is left out of the quick run below to keep this file fast (its 19M-parameter steps cost
 # more than everything else together and run the same code as gpt-small).
@@ -34,7 +38,7 @@ needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="parity is checked agains
 
 def _run(out, *args):
     backends = "numpy,torch" if HAS_TORCH else "numpy"
-    assert bench.main(["--quick", "--backends", backends, "--out", str(out), *args]) == 0
+    assert suite.main(["--quick", "--backends", backends, "--out", str(out), *args]) == 0
     return backends.replace("torch", "torch-cpu").split(",")
 
 
@@ -69,7 +73,7 @@ def _tables(text):
 def test_source_commit_names_the_checkout(tmp_path):
     """The run records which code ran: a git checkout's commit, "+changes" once a tracked file
     differs from it, and None outside a checkout."""
-    assert bench.source_commit(str(tmp_path)) is None
+    assert suite.source_commit(str(tmp_path)) is None
 
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args],
@@ -83,9 +87,9 @@ def test_source_commit_names_the_checkout(tmp_path):
     git("commit", "-q", "-m", "one")
     head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "--short=7", "HEAD"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    assert bench.source_commit(str(tmp_path)) == head
+    assert suite.source_commit(str(tmp_path)) == head
     (tmp_path / "f.txt").write_text("b")
-    assert bench.source_commit(str(tmp_path)) == head + "+changes"
+    assert suite.source_commit(str(tmp_path)) == head + "+changes"
 
 
 def test_json_rows_and_columns(quick_run):
@@ -95,7 +99,7 @@ def test_json_rows_and_columns(quick_run):
     assert meta["mode"] == "quick" and meta["backends"] == backends and meta["paths"] == ["fast", "reference"]
     assert set(result["matmul_peak_gflops"]) == set(backends)
     assert set(meta["flop_counts"]) >= {"linear", "attention", "train_step"}
-    assert meta["versions"]["npformer"] == npformer.__version__ and meta["commit"] == bench.source_commit()
+    assert meta["versions"]["npformer"] == npformer.__version__ and meta["commit"] == suite.source_commit()
     rows = result["rows"]
     for r in rows:
         assert set(r) == ROW_KEYS, set(r) ^ ROW_KEYS
@@ -213,7 +217,7 @@ def test_a_parity_failure_is_reported_and_not_timed(tmp_path, monkeypatch):
         return y * 1.001, cache
     monkeypatch.setattr(activations, "gelu_forward", wrong_gelu)
     timed = []
-    monkeypatch.setattr(bench, "time_call", lambda fn, *a: timed.append(fn) or harness.time_call(fn, *a))
+    monkeypatch.setattr(suite, "time_call", lambda fn, *a: timed.append(fn) or harness.time_call(fn, *a))
     _run(tmp_path, "--only", "gelu")
     rows = _rows(tmp_path)
     npf = [r for r in rows if r["framework"] == "npformer"]
@@ -299,25 +303,74 @@ def test_summarize_against_numpy_percentiles():
 
 
 def test_bad_options():
-    from benchmarks.backends import make_backends
+    from npformer.bench.backends import make_backends
     with pytest.raises(ValueError, match="unknown backend 'jax'"):
         make_backends(["numpy", "jax"], 1)
     for argv in (["--backends", "tensorflow"], ["--paths", "fast,turbo"], ["--only", "lstm"]):
         with pytest.raises(SystemExit):
-            bench.main(["--quick", *argv])
+            suite.main(["--quick", *argv])
 
 
 def test_import_pulls_in_neither_torch_nor_cupy():
-    code = ("import sys, benchmarks.bench; "
-            "assert 'torch' not in sys.modules and 'cupy' not in sys.modules, 'imported'")
+    """``import npformer`` leaves the suite out; importing the suite brings neither torch nor cupy."""
+    code = ("import sys, npformer; assert 'npformer.bench' not in sys.modules, 'npformer imports its bench'; "
+            "import npformer.bench; assert 'torch' not in sys.modules and 'cupy' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_the_package_never_imports_torch():
-    """torch is a reference for tests/ and benchmarks/ only: no module of npformer imports it."""
-    offenders = [str(p.relative_to(ROOT)) for p in (ROOT / "npformer").rglob("*.py")
-                 if re.search(r"^\s*(import torch|from torch)\b", p.read_text(), flags=re.M)]
+    """torch is a reference for tests/ and benchmarks/ only: no module of npformer imports it, and none
+    reaches the checkout's benchmarks/ as a module (absent from an installed package)."""
+    rules = r"^\s*(import torch|from torch)\b", r"\bbenchmarks\.\w"
+    offenders = [(str(p.relative_to(ROOT)), rule) for p in (ROOT / "npformer").rglob("*.py") for rule in rules
+                 if re.search(rule, p.read_text(), flags=re.M)]
     assert offenders == []
+
+
+def test_the_default_out_is_outside_the_tracked_results():
+    """Without --out a run writes under runs/ (ignored by git), not into benchmarks/results/."""
+    assert suite.build_parser().parse_args([]).out == os.path.join("runs", "bench") == suite.DEFAULT_OUT
+    assert "/runs/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_npformer_bench_runs_without_the_checkout_and_without_torch(tmp_path):
+    """As from an installed wheel: only the package importable (benchmarks/ is not, checked in the
+    subprocess), npformer bench runs the cheap case, writes its reports under --out, imports no torch."""
+    site, cwd, out = tmp_path / "site", tmp_path / "elsewhere", tmp_path / "out"
+    site.mkdir()
+    cwd.mkdir()
+    (site / "npformer").symlink_to(ROOT / "npformer", target_is_directory=True)
+    argv = ["bench", "--quick", "--only", "gelu", "--backends", "numpy", "--paths", "fast", "--skip-parity",
+            "--out", str(out)]
+    code = ("import importlib.util, sys\n"
+            "assert importlib.util.find_spec('benchmarks') is None, 'benchmarks/ is importable'\n"
+            "from npformer.cli import main\n"
+            f"assert main({argv!r}) == 0\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=cwd, env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert {p.suffix for p in out.iterdir()} >= {".md", ".json"} and not list(cwd.iterdir())
+    assert {r["backend"] for r in _rows(out)} == {"numpy"}
+
+
+def test_torch_without_its_plug_in_is_a_note_and_the_rest_runs(tmp_path, monkeypatch, capsys):
+    """--backends numpy,torch where the PyTorch reference is not registered (npformer bench from the
+    installed package): a note says where it lives, numpy's columns run, parity is unchecked with the reason."""
+    from npformer.cli import main
+    monkeypatch.delitem(backends.REFERENCES, "torch", raising=False)
+    assert main(["bench", "--quick", "--only", "gelu", "--backends", "numpy,torch", "--paths", "fast",
+                 "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"note: torch: {backends.UNREGISTERED}" in printed and "benchmarks/torch_reference.py" in printed
+    rows = _rows(tmp_path)
+    assert {r["backend"] for r in rows} == {"numpy"} and len(rows) == 2
+    for r in rows:
+        assert r["parity"] == "unchecked" and r["parity_detail"] == f"unchecked: {backends.UNREGISTERED}"
+        assert r["ms"] > 0
+    meta = json.loads(_one(tmp_path, ".json").read_text())["meta"]
+    assert meta["parity"]["status"] == "unchecked" and meta["parity"]["reference"] is None
+    assert any(n.startswith("torch: the PyTorch reference") for n in meta["notes"])
 
 
 def test_npformer_bench_hands_its_options_to_the_suite(capsys):
@@ -354,11 +407,11 @@ TINY = dict(kind="gpt", d=16, H=2, L=1, F=32, V=20)
 
 
 def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
-    from benchmarks.steps import MODELS
+    from npformer.bench.steps import MODELS
     gpu = {n for n, m in MODELS.items() if m.get("gpu")}
     assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "seq2seq-d512"} <= gpu
     logs = []
-    result = bench.run_suite([Backend("numpy", 1)], quick=True, parity=False, only=gpu, log=logs.append)
+    result = suite.run_suite([Backend("numpy", 1)], quick=True, parity=False, only=gpu, log=logs.append)
     assert result["rows"] == []
     assert any(n.startswith("GPU cases skipped on the CPU backends (sizes made for a GPU") and "gpt2-124m" in n
                for n in result["meta"]["notes"])
@@ -366,7 +419,7 @@ def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
 
 
 def test_gpu_case_sizes_are_the_issue_s():
-    from benchmarks.steps import MODELS, train_flops
+    from npformer.bench.steps import MODELS, train_flops
     m = MODELS["gpt2-124m"]
     assert (m["d"], m["L"], m["H"], m["V"], m["B"], m["T"]) == (768, 12, 12, 50257, 8, 1024)
     assert 6.9e12 < train_flops(m, 8, 1024) < 7.1e12              # "the step is 7.0 TFLOP of matrix products"
@@ -377,23 +430,21 @@ def test_gpu_case_sizes_are_the_issue_s():
 def test_mixed_precision_step_builders_run_at_tiny_sizes():
     """npformer's float16 step (MixedPrecision) and PyTorch's (autocast + GradScaler) on the CPU at a
     tiny size: each step changes the weights (the GPU rows run the same builders)."""
-    from benchmarks.steps import _npformer_step
+    from npformer.bench.steps import _npformer_step
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
     tgt = src[:, ::-1].copy()
     step = _npformer_step(Backend("numpy", 1), dict(TINY, precision="float16"), src, tgt)
     step()
     step()
     if HAS_TORCH:
-        import torch
-        from benchmarks import torch_reference
-        b = Backend("torch-cpu", 1)
-        torch_step = torch_reference.train_step(b, TINY, src, tgt, 0.0, "float16")
+        from benchmarks.torch_reference import TorchBackend
+        torch_step = TorchBackend("cpu", 1).train_step(TINY, src, tgt, 0.0, "float16")
         torch_step()
         torch_step()
 
 
 def test_graph_step_refuses_the_cpu_backend():
-    from benchmarks.steps import _npformer_step
+    from npformer.bench.steps import _npformer_step
     from npformer.errors import InputTypeError
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
     step = _npformer_step(Backend("numpy", 1), dict(TINY, graph=True), src, src[:, ::-1].copy())
@@ -402,9 +453,9 @@ def test_graph_step_refuses_the_cpu_backend():
 
 
 def test_mixed_precision_parity_is_skipped_with_the_reason():
-    from benchmarks.steps import FP16_PARITY, model_cases
+    from npformer.bench.steps import FP16_PARITY, model_cases
     case = next(c for c in model_cases(QUICK, quick=True) if c["name"] == "gpt2-124m-fp16")
-    p = bench._parity(case, Backend("numpy", 1), Backend("numpy", 1), lambda: {})
+    p = suite._parity(case, Backend("numpy", 1), Backend("numpy", 1), lambda: {})
     assert p.status == "skipped" and p.detail == FP16_PARITY
 
 
@@ -421,7 +472,7 @@ def test_summary_has_an_mfu_column_for_training_steps(quick_run):
 
 def test_tf32_needs_a_gpu_backend(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--quick", "--backends", "numpy", "--tf32", "--only", "linear"])
+        suite.main(["--quick", "--backends", "numpy", "--tf32", "--only", "linear"])
     assert "--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here" in capsys.readouterr().err
 
 
@@ -531,7 +582,7 @@ def test_gpu_check_refuses_a_bad_budget_and_says_how_to_call_it(capsys):
 def test_the_sweep_has_a_float16_flash_row_for_the_gpu():
     """float16 flash attention at each T (the GPU's tensor cores beside SDPA's flash kernel): float16
     inputs, skipped on the CPU backends, its parity left to tests/kernels/cuda; the float32 rows as before."""
-    from benchmarks.cases import QUICK, flash_sweep_case
+    from npformer.bench.cases import QUICK, flash_sweep_case
     half, single = flash_sweep_case(QUICK, 64, "float16"), flash_sweep_case(QUICK, 64)
     assert half["name"] == "flash attention T=64 float16" and half["gpu_only"] and half["precision"] == "float16"
     assert "float16" in half["parity_skipped"] and not single.get("gpu_only") and single["precision"] == "float32"

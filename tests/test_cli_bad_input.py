@@ -8,7 +8,7 @@ A summary of the rows by outcome is written at the end of the module's run.
 
 Not here: a --checkpoint that is a directory or cannot be written (the checkpoint path checks live in
 npformer/training/checkpoint.py and loop.py, another branch's work), and npformer bench's own options
-beyond its exit status (the suite in benchmarks/ parses them with argparse's usual usage block).
+beyond its exit status (the suite, npformer.bench, parses them with argparse's usual usage block).
 """
 import collections
 import contextlib
@@ -291,7 +291,7 @@ def test_the_table_covers_every_subcommand():
 
 
 def test_bench_options_end_in_a_usage_error_not_a_traceback(capsys):
-    """npformer bench hands its options to the suite in benchmarks/, whose parser prints argparse's
+    """npformer bench hands its options to the suite (npformer.bench), whose parser prints argparse's
     usage block before its error line; the status is 2 and nothing escapes."""
     for argv in (["bench", "--threads", "0"], ["bench", "--paths", "turbo"], ["bench", "--nope"]):
         with pytest.raises(SystemExit) as exc:

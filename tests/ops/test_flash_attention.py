@@ -365,7 +365,7 @@ def test_gpt_with_flash_attention_equals_plain(xp):
 
 
 def test_bench_flash_sweep_case_matches_plain():
-    from benchmarks import bench
+    from npformer import bench
     b = bench.Backend("numpy", 1)
     cfg = dict(bench.QUICK, d=16, H=2)
     flash, plain = bench.flash_sweep_case(cfg, 40), bench.sweep_case(cfg, 40)

@@ -404,9 +404,10 @@ def check_auto(xp, ran):
 
 
 def test_the_benchmarks_flash_sweep_runs_the_kernel(fx):
-    """benchmarks/cases.py's flash sweep row (timed on CuPy where present) runs the CUDA kernel,
+    """npformer/bench/cases.py's flash sweep row (timed on CuPy where present) runs the CUDA kernel,
     forward and backward, and agrees with the reference (here NumPy arrays pose as CuPy's)."""
-    from benchmarks import bench, cases, paths
+    from npformer import bench
+    from npformer.bench import cases, paths
     b = bench.Backend("numpy" if fx.name == "emulated" else "cupy", 1)
     cfg, t = dict(bench.QUICK, d=16, H=2), 70
     flash = bench.flash_sweep_case(cfg, t)["build"](b)

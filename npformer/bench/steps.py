@@ -5,7 +5,7 @@ A step is: zero the gradients, forward, cross-entropy, backward, AdamW (lr 3e-4)
 and target are the same ids and their reverse (S = T).
 
 Parity (``outputs``): the same model with dropout 0 and npformer's weights (rng 0) on both sides
-(PyTorch's loads them by name, strictly), one forward and backward (the optimizer update is not
+(the reference's ``model_outputs`` loads them by name, strictly), one forward and backward (the optimizer update is not
 compared): the logits and the loss element by element, and the gradients by their norms, each
 parameter's and all together. Gradients are not compared element by element because ReLU's
 derivative jumps at 0: where float32 rounding puts a pre-activation on the other side of 0 in one
@@ -142,11 +142,10 @@ def _compared(logits, loss, grads: dict[str, numpy.ndarray]) -> dict[str, numpy.
 
 def _outputs(b, m: dict, src_ids, tgt_ids) -> dict[str, numpy.ndarray]:
     T = src_ids.shape[1]
-    if b.framework == "torch":
-        from benchmarks import torch_reference
+    if b.framework != "npformer":
         from npformer.interop import to_numpy_state_dict
         weights = to_numpy_state_dict(_npformer_model("numpy", m, T, 0.0))
-        return _compared(*torch_reference.model_outputs(b, m, src_ids, tgt_ids, weights))
+        return _compared(*b.model_outputs(m, src_ids, tgt_ids, weights))
     model = _npformer_model(b.name, m, T, 0.0)
     logits, loss = _forward_backward(model, m["kind"], b.asarray(src_ids), b.asarray(tgt_ids))
     return _compared(b.to_host(logits), b.to_host(loss), {k: b.to_host(g) for k, g in model.grads().items()})
@@ -167,9 +166,7 @@ def model_cases(c: dict, quick: bool = False) -> list[dict]:
         def build(b, m=m, src=src, tgt=tgt):
             if b.framework == "npformer":
                 return {"step": _npformer_step(b, m, src, tgt)}
-            from benchmarks import torch_reference
-            return {"step": torch_reference.train_step(b, m, src, tgt, m.get("dropout", DROPOUT),
-                                                       m.get("precision", "float32"))}
+            return {"step": b.train_step(m, src, tgt, m.get("dropout", DROPOUT), m.get("precision", "float32"))}
         out.append({"name": name, "group": "model", "shape": shape,
                     "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
                     "flops": {"step": train_flops(m, B, T)}, "build": build,

@@ -1,7 +1,7 @@
 """Parity before timing: npformer's results against PyTorch's on the same inputs and weights.
 
 Before a case is timed on an npformer backend and path, its ``outputs`` (forward output and
-gradients of an op; logits, loss and gradient norms of a model step, see :mod:`benchmarks.steps`)
+gradients of an op; logits, loss and gradient norms of a model step, see :mod:`npformer.bench.steps`)
 are compared with PyTorch's on the CPU, float32, computed once per case in the same run. A case
 that fails is reported as failed and not timed.
 
@@ -27,7 +27,7 @@ RTOL = 2 ** 10 * float(numpy.finfo(numpy.float32).eps)
 
 
 class Parity(NamedTuple):
-    status: str            # "pass", "fail", "skipped" (--skip-parity) or "unchecked" (no PyTorch)
+    status: str            # "pass", "fail", "skipped" (--skip-parity) or "unchecked" (no reference)
     error: float | None    # worst max|a - r| / max|r| over the compared arrays
     detail: str            # the worst array and its figures; the reason of a failure
 

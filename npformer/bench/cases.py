@@ -1,12 +1,13 @@
 """The op cases and the attention sweep: sizes, inputs, FLOP counts, and each computation built
-for npformer and for PyTorch (:mod:`benchmarks.torch_reference`) from the same host arrays.
+for npformer and for a reference framework from the same host arrays (the reference's by op name:
+:class:`~npformer.bench.backends.ReferenceBackend`).
 
 A case is a dict: ``name``, ``group`` ("op", "model" or "sweep"), ``shape`` (for the report),
 ``tokens``, ``flops`` per pass, and two functions of a backend ``b``:
 
 * ``build(b)``: ``{pass: call}``, the calls that are timed ("fwd", "bwd"; a model's "step");
 * ``outputs(b)``: ``{name: host array}``, what the parity check compares (forward output and
-  gradients here; a model's loss and gradients in :mod:`benchmarks.steps`).
+  gradients here; a model's loss and gradients in :mod:`npformer.bench.steps`).
 
 npformer's forward returns ``(y, ..., cache)`` and its backward the gradients for a fixed random
 upstream gradient, from the cache of one forward made when the case is built.
@@ -67,12 +68,9 @@ def _npformer_calls(module, op: str, host_inputs: list, **kw) -> Callable:
     return calls
 
 
-def _torch_calls(fn: str, host_inputs: list, n_grad: int) -> Callable:
-    """Builder of ``torch_reference.<fn>`` under autograd, gradients of the first ``n_grad`` inputs."""
-    def calls(b):
-        from benchmarks import torch_reference
-        return torch_reference.op_calls(b, getattr(torch_reference, fn), host_inputs, n_grad)
-    return calls
+def _reference_calls(op: str, host_inputs: list, n_grad: int) -> Callable:
+    """Builder of the reference's ``op``, gradients of the first ``n_grad`` inputs."""
+    return lambda b: b.op_calls(op, host_inputs, n_grad)
 
 
 def _outputs(b, calls: dict, grad_names: tuple) -> dict:
@@ -83,9 +81,9 @@ def _outputs(b, calls: dict, grad_names: tuple) -> dict:
     return {"out": b.to_host(y), **{n: b.to_host(g) for n, g in zip(grad_names, grads, strict=True)}}
 
 
-def _op_case(name, shape, flops, tokens, grads, npformer_calls, torch_calls, group="op") -> dict:
+def _op_case(name, shape, flops, tokens, grads, npformer_calls, reference_calls, group="op") -> dict:
     def build(b):
-        return npformer_calls(b) if b.framework == "npformer" else torch_calls(b)
+        return npformer_calls(b) if b.framework == "npformer" else reference_calls(b)
     return {"name": name, "group": group, "shape": shape, "tokens": tokens, "flops": flops, "build": build,
             "outputs": lambda b: _outputs(b, build(b), grads)}
 
@@ -104,13 +102,6 @@ def _multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
     return calls
 
 
-def _torch_multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
-    def calls(b):
-        from benchmarks import torch_reference
-        return torch_reference.multi_head_calls(b, host_x, num_heads, weights)
-    return calls
-
-
 def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32") -> dict:
     from npformer.ops import attention, flash_attention
     qkv = [host_normal((B, H, T, hs), s).astype(dtype) for s in (1, 2, 3)]
@@ -119,7 +110,7 @@ def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32")
     op = (flash_attention, "flash_attention") if flash else (attention, "scaled_dot_product_attention")
     case = _op_case(name, f"q,k,v ({B}, {H}, {T}, {hs})" + (", 128x128 tiles" if flash else ""),
                     {"fwd": 4 * e * hs + 5 * e, "bwd": bwd}, B * T, ("dq", "dk", "dv"),
-                    _npformer_calls(*op, qkv), _torch_calls("attention", qkv, 3), group)
+                    _npformer_calls(*op, qkv), _reference_calls("attention", qkv, 3), group)
     case["dims"], case["flash"], case["precision"] = (B, H, T, hs), flash, dtype
     if dtype == "float16":                  # the GPU's case: SDPA's flash kernel beside npformer's tensor cores
         case.update(gpu_only=True, parity_skipped="skipped: float16 (tests/kernels/cuda checks the kernels "
@@ -143,13 +134,8 @@ def _dropout_outputs(x, out, dy, dx) -> dict:
 def _dropout_case(host_x) -> dict:
     """Dropout (p = 0.1) of a (B, T, F) activation; parity compares what does not depend on the generator."""
     def build(b):
-        if b.framework == "torch":
-            import torch
-            x = b.asarray(host_x).requires_grad_(True)
-            y = torch.nn.functional.dropout(x, DROPOUT_P)
-            dy = b.asarray(upstream_gradient(tuple(y.shape)))
-            return {"fwd": lambda: torch.nn.functional.dropout(x, DROPOUT_P),
-                    "bwd": lambda: torch.autograd.grad(y, x, dy, retain_graph=True)[0], "_probe": (x, y, dy)}
+        if b.framework != "npformer":
+            return b.dropout_calls(host_x, DROPOUT_P)
         from npformer.backend import default_rng
         from npformer.ops import dropout
         x, rng = b.asarray(host_x), default_rng(0, b.name)
@@ -187,27 +173,27 @@ def op_cases(c: dict) -> list[dict]:
     return [
         _op_case("linear", f"x ({B}, {T}, {d}) -> {F}", {"fwd": 2 * N * d * F, "bwd": 4 * N * d * F}, N,
                  ("dx", "dweight", "dbias"), _npformer_calls(linear, "linear", [x, w1, b1]),
-                 _torch_calls("linear", [x, w1, b1], 3)),
+                 _reference_calls("linear", [x, w1, b1], 3)),
         _op_case("softmax", f"scores ({B}, {H}, {T}, {T})", {"fwd": 5 * E, "bwd": 4 * E}, N, ("dx",),
-                 _npformer_calls(softmax, "softmax", [s]), _torch_calls("softmax", [s], 1)),
+                 _npformer_calls(softmax, "softmax", [s]), _reference_calls("softmax", [s], 1)),
         _op_case("layer_norm", f"x ({B}, {T}, {d})", {"fwd": 8 * N * d, "bwd": 12 * N * d}, N,
                  ("dx", "dweight", "dbias"), _npformer_calls(layernorm, "layer_norm", [x, g, beta]),
-                 _torch_calls("layer_norm", [x, g, beta], 3)),
+                 _reference_calls("layer_norm", [x, g, beta], 3)),
         _op_case("gelu", f"h ({B}, {T}, {F})", {"fwd": 10 * N * F, "bwd": 15 * N * F}, N, ("dx",),
-                 _npformer_calls(activations, "gelu", [h]), _torch_calls("gelu", [h], 1)),
+                 _npformer_calls(activations, "gelu", [h]), _reference_calls("gelu", [h], 1)),
         _attention_case("attention", B, H, T, hs),
         _op_case("multi_head", f"x ({B}, {T}, {d}), {H} heads",
                  {"fwd": 8 * N * d * d + 4 * E * hs + 5 * E, "bwd": 16 * N * d * d + 8 * E * hs + 4 * E}, N,
                  ("dx", "din_proj_weight", "din_proj_bias", "dout_proj_weight", "dout_proj_bias"),
-                 _multi_head_calls(x, H, mha), _torch_multi_head_calls(x, H, mha)),
+                 _multi_head_calls(x, H, mha), lambda b: b.multi_head_calls(x, H, mha)),
         _op_case("ffn", f"x ({B}, {T}, {d}), F={F}, gelu",
                  {"fwd": 4 * N * d * F + 10 * N * F, "bwd": 8 * N * d * F + 15 * N * F}, N,
                  ("dx", "dw1", "db1", "dw2", "db2"),
                  _npformer_calls(feedforward, "feed_forward", [x, w1, b1, w2, b2], activation="gelu"),
-                 _torch_calls("ffn", [x, w1, b1, w2, b2], 5)),
+                 _reference_calls("ffn", [x, w1, b1, w2, b2], 5)),
         _op_case("cross_entropy", f"logits ({B}, {T}, {V})", {"fwd": 5 * N * V, "bwd": 3 * N * V}, N,
                  ("dlogits",), _npformer_calls(cross_entropy, "cross_entropy", [logits, tgt]),
-                 _torch_calls("cross_entropy", [logits, tgt], 1)),
+                 _reference_calls("cross_entropy", [logits, tgt], 1)),
         _dropout_case(h),
     ]
 

@@ -10,7 +10,7 @@ import json
 import os
 from typing import Callable
 
-from benchmarks.backends import TORCH_BESIDE
+from npformer.bench.backends import NPFORMER, TORCH_BESIDE
 
 __all__ = ["columns", "markdown", "plot", "write_reports"]
 
@@ -26,9 +26,8 @@ def _title(backend: str, path: str | None) -> str:
 
 
 def columns(meta: dict) -> list[tuple[str, str | None]]:
-    """(backend, path) of every report column, in order: npformer's per path, then torch's."""
-    return [(b, p) for b in meta["backends"]
-            for p in (meta["paths"] if not b.startswith("torch") else [None])]
+    """(backend, path) of every report column, in order: npformer's per path, a reference's one."""
+    return [(b, p) for b in meta["backends"] for p in (meta["paths"] if b in NPFORMER else [None])]
 
 
 def _table(spec: list[tuple[str, Callable]], items) -> list[str]:
@@ -40,7 +39,7 @@ def _table(spec: list[tuple[str, Callable]], items) -> list[str]:
 def _summary(result, by) -> list[str]:
     meta, rows = result["meta"], result["rows"]
     cols, names, first = columns(meta), meta["backends"], meta["paths"][0]
-    npf = [n for n in names if not n.startswith("torch")]
+    npf = [n for n in names if n in NPFORMER]
 
     def ms(col):
         def cell(key):
@@ -174,8 +173,8 @@ def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
     sweep = [r for r in rows if r["group"] == "sweep" and r["pass"] == "fwd" and r["ms"] is not None]
     for col in dict.fromkeys((r["backend"], r["path"]) for r in sweep):
         for impl in ("attention", "flash attention"):                      # flash: its own line
-            if impl == "flash attention" and col[0].startswith("torch"):
-                continue                               # PyTorch runs the same call in both sweeps
+            if impl == "flash attention" and col[0] not in NPFORMER:
+                continue                               # a reference runs the same call in both sweeps
             pts = sorted((int(r["name"].split("=")[1]), r) for r in sweep
                          if (r["backend"], r["path"]) == col and r["name"].startswith(impl + " T="))
             if pts:

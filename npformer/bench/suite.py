@@ -2,13 +2,16 @@
 
 ``npformer bench`` and ``python benchmarks/run.py`` call :func:`main`. For every case, on every
 backend, and for npformer on each path (fast paths on, and the reference ops alone): check parity
-with PyTorch (:mod:`benchmarks.parity`), then time each pass (:mod:`benchmarks.harness`); after all
-timings, measure each row's peak memory. The columns are explained in ``benchmarks/README.md``.
+with the reference framework (:mod:`npformer.bench.parity`), then time each pass
+(:mod:`npformer.bench.harness`); after all timings, measure each row's peak memory. The columns are
+explained in the source checkout's ``benchmarks/README.md``.
 
-Layout: harness (clock, memory), backends (the columns), paths (fast/reference switch and what
-ran), cases and steps (what is measured, FLOP counts), torch_reference (PyTorch's side), parity
-(the checks), report (markdown, JSON, plot). Host-side code: torch and cupy are imported only when
-their backend is asked for, or torch for the parity reference.
+Layout: harness (clock, memory), backends (the columns, and the registry of references), paths
+(fast/reference switch and what ran), cases and steps (what is measured, FLOP counts), parity (the
+checks), report (markdown, JSON, plot). Host-side code; cupy is imported only when its backend is
+asked for. PyTorch's side is a plug-in that this package never imports:
+``benchmarks/torch_reference.py`` of the source checkout registers it, and ``benchmarks/run.py``
+imports it before calling :func:`main`.
 """
 from __future__ import annotations
 
@@ -24,35 +27,34 @@ from typing import Callable
 import numpy
 from threadpoolctl import threadpool_limits
 
-import npformer
-from npformer.kernels import numba_cpu
-from benchmarks.backends import Backend, make_backends, device_name
-from benchmarks.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, op_cases, sweep_case
-from benchmarks.harness import fix_malloc_thresholds, settle, time_call
 from npformer.backend.host_memory import retain_freed_memory
-from benchmarks.parity import RTOL, Parity, check, skipped
-from benchmarks.paths import KNOWN, PATHS, fast_paths_run, label, switch
-from benchmarks.report import write_reports
-from benchmarks.steps import MODELS, model_cases
+from npformer.bench.backends import REFERENCE, UNREGISTERED, Device, device_name, make_backends, reference_backend
+from npformer.bench.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, op_cases, sweep_case
+from npformer.bench.harness import fix_malloc_thresholds, settle, time_call
+from npformer.bench.parity import RTOL, Parity, check, skipped
+from npformer.bench.paths import KNOWN, PATHS, fast_paths_run, label, switch
+from npformer.bench.report import write_reports
+from npformer.bench.steps import MODELS, model_cases
+from npformer.kernels import numba_cpu
+from npformer.kernels.cpu.threads import set_num_threads
+from npformer.version import __version__
 
-# Backend, QUICK, the sweep cases and fits_memory are also reached from here by
-# tests/ops/test_flash_attention.py.
-__all__ = ["run_suite", "main", "Backend", "QUICK", "FULL", "sweep_case", "flash_sweep_case", "fits_memory"]
+__all__ = ["run_suite", "main", "build_parser", "source_commit", "cpu_model", "DEFAULT_OUT"]
+
+DEFAULT_OUT = os.path.join("runs", "bench")      # results meant to be kept are written with --out
 
 GPU_ONLY_REASON = "sizes made for a GPU, minutes a step on a CPU"
 TIMING_KEYS = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats", "warmup")
 MEASURED_KEYS = ("tokens_per_s", "gflops", "peak_share", "peak_mb", "vs_torch", "fast_speedup")
 
 
-def _parity_reference(parity: bool, threads: int) -> Backend | Parity:
-    """The backend the checks compare with (PyTorch on the CPU), or the status every npformer row
-    gets when there is none."""
+def _parity_reference(parity: bool, threads: int) -> Device | Parity:
+    """The backend the checks compare with (the reference on the CPU), or the status every npformer
+    row gets when there is none."""
     if not parity:
         return skipped("not checked (--skip-parity)")
-    try:
-        return Backend("torch-cpu", threads)
-    except ImportError:
-        return skipped("unchecked: PyTorch is not importable", "unchecked")
+    reference = reference_backend(REFERENCE, "cpu", threads)
+    return skipped(f"unchecked: {UNREGISTERED}", "unchecked") if reference is None else reference
 
 
 def _peak(case, b, peaks: dict) -> float:
@@ -66,7 +68,7 @@ def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str]
     row = {"group": case["group"], "name": case["name"], "pass": pas, "shape": case["shape"],
            "precision": case.get("precision", "float32"),
            "backend": b.name, "framework": b.framework, "device": b.device, "path": path,
-           "impl": "torch" if b.framework == "torch" else label(ran),
+           "impl": label(ran) if b.framework == "npformer" else b.framework,
            "fast_paths": ran, "parity": parity.status, "parity_error": parity.error,
            "parity_detail": parity.detail, "flops": case["flops"][pas], "tokens": case["tokens"],
            **dict.fromkeys(TIMING_KEYS + MEASURED_KEYS)}
@@ -77,9 +79,9 @@ def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str]
     return row
 
 
-def _parity(case, b, reference: Backend | Parity, expected: Callable[[], dict]) -> Parity:
+def _parity(case, b, reference: Device | Parity, expected: Callable[[], dict]) -> Parity:
     """``case`` on ``b`` in the current path against the reference's outputs (``expected()``)."""
-    if b.framework == "torch":
+    if b.framework != "npformer":
         return Parity("reference", None, "")
     if case.get("parity_skipped"):                        # mixed precision: the float32 case is checked
         return skipped(case["parity_skipped"])
@@ -161,9 +163,9 @@ def _memory_pass(rows, done, cfg, log) -> None:
 
 
 def _ratios(rows: list[dict]) -> None:
-    """vs_torch: npformer time / PyTorch time of the same case, pass and device; fast_speedup:
-    reference-path time / fast-path time of the same case, pass and backend (on both rows)."""
-    torch_ms = {(r["name"], r["pass"], r["device"]): r["ms"] for r in rows if r["framework"] == "torch"}
+    """vs_torch: npformer time / the reference's (PyTorch's) time of the same case, pass and device;
+    fast_speedup: reference-path time / fast-path time of the same case, pass and backend (on both rows)."""
+    torch_ms = {(r["name"], r["pass"], r["device"]): r["ms"] for r in rows if r["framework"] == REFERENCE}
     path_ms = {(r["name"], r["pass"], r["backend"], r["path"]): r["ms"] for r in rows}
     for r in rows:
         if r["framework"] != "npformer" or r["ms"] is None:
@@ -182,7 +184,7 @@ def _git(root: str, *args: str) -> str:
 def source_commit(root: str | None = None) -> str | None:
     """The git commit of the checkout at ``root`` (default: the one npformer is imported from), with
     "+changes" when its tracked files differ from it; None outside a git checkout or without git."""
-    root = root or os.path.dirname(os.path.dirname(os.path.abspath(npformer.__file__)))
+    root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         commit = _git(root, "rev-parse", "--short=7", "HEAD")
         changed = _git(root, "status", "--porcelain", "--untracked-files=no")
@@ -206,26 +208,24 @@ def cpu_model() -> dict:
 
 
 def _meta(backends, quick, cfg, paths, reference) -> dict:
-    checked = isinstance(reference, Backend)
-    versions = {"npformer": npformer.__version__, "numpy": numpy.__version__,
-                "python": platform.python_version()}
+    checked = isinstance(reference, Device)
+    versions = {"npformer": __version__, "numpy": numpy.__version__, "python": platform.python_version()}
     if numba_cpu.AVAILABLE:
         import numba                                      # the compiled CPU paths' version
         versions["numba"] = numba.__version__
     for b in backends:
-        mod = b.torch or b.xp
-        versions[mod.__name__] = mod.__version__
+        versions.update(b.versions())
     return {"device": device_name(backends), "date": datetime.date.today().isoformat(),
             "mode": "quick" if quick else "full", "threads": backends[0].threads if backends else 0,
             "cpu_count": len(os.sched_getaffinity(0)), "platform": platform.platform(), "cpu": cpu_model(),
             "commit": source_commit(),
             "versions": versions, "backends": [b.name for b in backends], "paths": list(paths),
-            "parity": {"rtol": RTOL, "reference": "torch-cpu float32" if checked else None,
+            "parity": {"rtol": RTOL, "reference": f"{reference.name} float32" if checked else None,
                        "status": "checked" if checked else reference.status},
             "config": {k: v for k, v in cfg.items() if k != "budget_s"}, "flop_counts": FLOPS, "notes": []}
 
 
-def run_suite(backends: list[Backend], quick: bool, paths=PATHS, parity: bool = True, only=None,
+def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = True, only=None,
               log: Callable[[str], None] = print) -> dict:
     """Check and time every case (or those named in ``only``; "sweep" for the attention sweep) on
     every backend, npformer on each of ``paths`` (the sweep on the first); the JSON-ready result."""
@@ -254,23 +254,16 @@ def run_suite(backends: list[Backend], quick: bool, paths=PATHS, parity: bool = 
             "rows": rows}
 
 
-def _allow_tf32(backends: list[Backend]) -> None:
-    from npformer.backend import set_float32_matmul_precision
-    for b in backends:
-        if b.name == "cupy":
-            set_float32_matmul_precision("tf32", "cupy")
-        elif b.name == "torch-cuda":
-            b.torch.backends.cuda.matmul.allow_tf32 = True
-
-
 def _names(text: str) -> list[str]:
     return [n.strip().lower() for n in text.split(",") if n.strip()]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="npformer bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (about a minute on CPU)")
-    ap.add_argument("--backends", default="numpy,cupy,torch", help="comma list of numpy, cupy, torch")
+    ap.add_argument("--backends", default="numpy,cupy,torch",
+                    help="comma list of numpy, cupy, torch (PyTorch's columns: a reference registered by the "
+                         "source checkout's benchmarks/run.py)")
     ap.add_argument("--paths", default=",".join(PATHS),
                     help="npformer paths to time: fast (fast paths on), numpy (the fast paths without numba's: "
                          "NumPy alone), reference (the plain ops alone); default fast,reference; the attention "
@@ -279,10 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-parity", action="store_true", help="time without checking parity first")
     ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores in both libraries "
                     "(CuPy: npformer.backend.set_float32_matmul_precision; PyTorch: allow_tf32); GPU only")
-    ap.add_argument("--out", default=os.path.join("benchmarks", "results"), help="output folder")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl "
                          "(default: the CPUs this process may use)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error(f"--threads: expected a positive count, got {args.threads}")
@@ -299,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     threadpool_limits(args.threads)                       # numpy's BLAS threads to match torch's
-    npformer.set_num_threads(args.threads)                # and npformer's own pool
+    set_num_threads(args.threads)                         # and npformer's own pool
     if any(b.device == "cpu" for b in backends) and retain_freed_memory():
         notes.append("host allocator: glibc malloc keeps freed memory for reuse while timing "
                      "(npformer.backend.host_memory.retain_freed_memory, as npformer train does), for both libraries")
@@ -310,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.tf32:
         if not any(b.device == "cuda" for b in backends):
             ap.error("--tf32: TF32 is a tensor-core mode of NVIDIA GPUs; no GPU backend runs here")
-        _allow_tf32(backends)
+        for b in backends:
+            if b.device == "cuda":
+                b.allow_tf32()
         notes.append("TF32: float32 matmuls on TF32 tensor cores (10-bit mantissa inputs) in both libraries")
     result = run_suite(backends, args.quick, paths, not args.skip_parity, only)
     result["meta"]["notes"] = notes + result["meta"]["notes"]
