@@ -50,7 +50,6 @@ from npformer.data.long_range import RecallTask
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
 from npformer.data.tasks import default_sizes
 from npformer.errors import InputTypeError, RangeError, ShapeError
-from npformer.models.seq2seq import PAPER_SIZES
 
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
            "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
@@ -71,15 +70,17 @@ DEFAULT_MODELS: dict[str, str] = {**dict.fromkeys(SEQ2SEQ_TASKS, "seq2seq"), "ch
                                   "recall": "transformer-xl"}
 
 
-def _paper_preset(size: str) -> dict[str, Any]:
-    """The paper's ``size`` (:data:`npformer.models.seq2seq.PAPER_SIZES`) as npformer train's options."""
-    p = PAPER_SIZES[size]
+# --preset NAME: the paper's sizes (npformer.models.seq2seq.PAPER_SIZES, imported when one is used:
+# npformer --help imports no model)
+SEQ2SEQ_PRESETS = ("paper-base", "paper-big")
+
+
+def preset_options(name: str) -> dict[str, Any]:
+    """The options ``--preset NAME`` sets (each given flag wins over its preset value)."""
+    from npformer.models.seq2seq import PAPER_SIZES
+    p = PAPER_SIZES[name.removeprefix("paper-")]
     return {"d_model": p["d_model"], "heads": p["nhead"], "layers": p["num_encoder_layers"],
             "ff": p["dim_feedforward"], "dropout": p["dropout"], "share_vocab": True}
-
-
-# --preset NAME -> the options it sets (each given flag wins over its preset value)
-SEQ2SEQ_PRESETS: dict[str, dict[str, Any]] = {f"paper-{size}": _paper_preset(size) for size in PAPER_SIZES}
 
 
 def option(default: Any, help: str, check: Callable[[Any, str], Any] | None = None, *, flag: str | None = None,
@@ -270,7 +271,7 @@ class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
                                off=("--no-share-vocab", "a vocabulary and an embedding per side"))
     preset: str | None = option(None, "the paper's base or big model (Table 3): sets --d-model, --heads, --layers, "
                                 "--ff, --dropout and --share-vocab where they are not given (default: none, each at its own default)",
-                                choices=tuple(SEQ2SEQ_PRESETS))
+                                choices=SEQ2SEQ_PRESETS)
 
 
 @dataclass(kw_only=True)
@@ -403,7 +404,7 @@ def make_config(options: Mapping[str, Any]) -> TrainConfig:
     cls = config_type(model)
     own = {f.name for f in fields(cls)}
     if "preset" in own and options.get("preset") in SEQ2SEQ_PRESETS:   # its sizes, under what was given
-        options = {**SEQ2SEQ_PRESETS[options["preset"]], **options}
+        options = {**preset_options(options["preset"]), **options}
     for name in options:
         if name in own:
             continue
