@@ -57,6 +57,7 @@ from pathlib import Path
 from npformer.backend import BACKENDS
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import NpformerError, RangeError
+from npformer.launcher import launcher_rank
 from npformer.study import EXPERIMENTS
 from npformer.training.config import (CONFIGS, FIELDS, MODELS, choices, config_from_dict, flag, make_config,
                                       models_with, options_from_file)
@@ -75,6 +76,13 @@ TRAIN_ALIASES = {"--learning-rate": "--lr", "--max-steps": "--steps", "--max-ite
                  "--output-dir": "--out-dir", "--out": "--out-dir"}
 
 
+def error_line(line: str) -> None:
+    """``line`` on standard error, from launcher rank 0 alone: under ``mpirun -n N`` every rank meets
+    the same usage error or failure, and the user reads it once (:mod:`npformer.launcher`)."""
+    if launcher_rank() == 0:
+        print(line, file=sys.stderr)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse's parser with a usage error on one line, ``PROG: error: MESSAGE``, exit status 2,
     as every other usage error of the command line (argparse prints the whole usage first). An
@@ -84,7 +92,8 @@ class Parser(argparse.ArgumentParser):
     commands: dict[str, "Parser"] = {}
 
     def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        error_line(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        self.exit(2)
 
     def parse_args(self, args=None, namespace=None):
         namespace, extras = self.parse_known_args(args, namespace)
@@ -222,8 +231,8 @@ def _diverged(trainer, exc: FloatingPointError) -> int:
             f"a smaller --clip (this run: {c.clip:g})"]
     tips.append("--precision float32" if c.precision != "float32" else
                 "--dtype float64" if c.dtype == "float32" else "another --seed")
-    print(f"npformer train: error: the run diverged at step {step} of {c.steps}: the loss or its gradients "
-          f"became inf or NaN; try {', '.join(tips[:-1])} or {tips[-1]}", file=sys.stderr)
+    error_line(f"npformer train: error: the run diverged at step {step} of {c.steps}: the loss or its gradients "
+               f"became inf or NaN; try {', '.join(tips[:-1])} or {tips[-1]}")
     return 1
 
 
@@ -635,10 +644,10 @@ def _run_command(argv: list[str]) -> int:
                 return args.func(args)
         return args.func(args)
     except (NpformerError, ValueError, FileNotFoundError) as exc:   # a mistake the user can fix: one line
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        error_line(f"{prog}: error: {exc}")
         return 2
     except MemoryError as exc:                  # valid settings, too large for this machine: exit 1
-        print(f"{prog}: error: out of memory{f' ({exc})' if str(exc) else ''}; try smaller sizes", file=sys.stderr)
+        error_line(f"{prog}: error: out of memory{f' ({exc})' if str(exc) else ''}; try smaller sizes")
         return 1
 
 

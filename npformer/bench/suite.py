@@ -37,6 +37,7 @@ from npformer.bench.report import write_reports
 from npformer.bench.steps import MODELS, model_cases
 from npformer.kernels import numba_cpu
 from npformer.kernels.cpu.threads import set_num_threads
+from npformer.progress import Progress
 from npformer.version import __version__
 
 __all__ = ["run_suite", "main", "build_parser", "source_commit", "cpu_model", "DEFAULT_OUT"]
@@ -242,10 +243,14 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
     gpu_cases = [c["name"] for c in cases if c.get("gpu_only")]
     if gpu_cases and any(b.device == "cpu" for b in backends):
         notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): {', '.join(gpu_cases)}")
-    for case in cases:
-        rows += _measure(case, backends, paths, cfg, peaks, reference, done, log)
-    if only is None or "sweep" in only:
-        rows += _sweep(cfg, backends, paths[0], peaks, reference, done, log)
+    sweep = only is None or "sweep" in only
+    with Progress(len(cases) + sweep, "bench", unit="case", log=log) as progress:   # (the sweep: one more)
+        for case in cases:
+            rows += _measure(case, backends, paths, cfg, peaks, reference, done, progress.write)
+            progress.update(note=lambda: case["name"])
+        if sweep:
+            rows += _sweep(cfg, backends, paths[0], peaks, reference, done, progress.write)
+            progress.update(note=lambda: "sweep")
     _memory_pass(rows, done, cfg, log)
     _ratios(rows)
     meta = _meta(backends, quick, cfg, paths, reference)

@@ -1,9 +1,9 @@
 """How ``npformer train`` finds out that ``mpirun`` started it, and the communicator it then trains over.
 
 The command line makes no communicator for a plain run, so ``npformer train`` never initialises MPI
-unless it was launched by an MPI launcher. That test is the one place npformer reads the launcher's
-environment: ``mpirun`` (MPICH's Hydra, Open MPI's PRRTE, Intel MPI) gives each process variables
-such as ``PMI_RANK`` or ``PMIX_RANK``. Only their presence is read, so that a missing mpi4py is an
+unless it was launched by an MPI launcher (:func:`npformer.launcher.launched_by_mpi`, the one place
+npformer reads the launcher's environment: ``mpirun`` gives each process variables such as
+``PMI_RANK`` or ``PMIX_RANK``). Only their presence is read, so that a missing mpi4py is an
 error rather than N separate runs writing one checkpoint; the rank and the number of ranks come from
 the MPI library (``MPI.COMM_WORLD``).
 
@@ -13,24 +13,12 @@ a plain run.
 """
 from __future__ import annotations
 
-import os
-from typing import Mapping
-
 from npformer.distributed.communicator import Communicator
 from npformer.distributed.mpi import MPICommunicator
 from npformer.distributed.nccl import nccl_world
+from npformer.launcher import LAUNCHER_VARIABLES, launched_by_mpi
 
 __all__ = ["LAUNCHER_VARIABLES", "launched_by_mpi", "world_communicator"]
-
-# set by mpirun/mpiexec for each process it starts: Hydra (MPICH, Intel MPI), PRRTE/PMIx (Open MPI 5),
-# ORTE (Open MPI 4), Slurm's srun with PMI
-LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
-
-
-def launched_by_mpi(environ: Mapping[str, str] | None = None) -> bool:
-    """True when an MPI launcher started this process."""
-    environ = os.environ if environ is None else environ
-    return any(name in environ for name in LAUNCHER_VARIABLES)
 
 
 def world_communicator(backend: str) -> Communicator | None:

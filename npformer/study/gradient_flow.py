@@ -45,6 +45,7 @@ from npformer.backend import get_array_module
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.nn import (LSTM, RNN, LayerNorm, Linear, Module, PositionalEncoding, TransformerEncoder,
                          TransformerEncoderLayer)
+from npformer.progress import Progress
 from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import Adam, clip_grad_norm
 
@@ -137,11 +138,12 @@ def gradient_norms(model: Module, x, target):
 
 
 def train(model: Module, steps: int, batch: int, seq_len: int, input_size: int, lr: float, seed: int,
-          clip: float = 1.0) -> list[float]:
+          clip: float = 1.0, what: str = "training") -> list[float]:
     """Adam on fresh batches with gradient clipping; returns the training loss per step."""
     rng = numpy.random.default_rng(seed)
     opt = Adam(model.named_parameters(), lr=lr)
     losses = []
+    progress = Progress(steps, what)
     for _ in range(steps):
         x, target = make_batch(rng, batch, seq_len, input_size)
         y = model(x)
@@ -151,6 +153,8 @@ def train(model: Module, steps: int, batch: int, seq_len: int, input_size: int, 
         opt.step()
         model.zero_grad()
         losses.append(float(per_seq.mean()))
+        progress.update(note=lambda: f"loss {losses[-1]:.4f}")
+    progress.close()
     return losses
 
 
@@ -171,7 +175,7 @@ def measure(seq_len: int = 100, steps: int = 300, batch: int = 32, lr: float = 1
         init_norms = gradient_norms(model, x_eval, t_eval)
         init_loss = float(loss_and_grad(model(x_eval), t_eval)[0].mean())
         model.clear_saved()
-        losses = train(model, steps, batch, seq_len, input_size, lr, seed + 2)
+        losses = train(model, steps, batch, seq_len, input_size, lr, seed + 2, what=kind)
         trained_norms = gradient_norms(model, x_eval, t_eval)
         final_loss = float(loss_and_grad(model(x_eval), t_eval)[0].mean())
         model.clear_saved()

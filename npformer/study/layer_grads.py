@@ -35,6 +35,7 @@ from npformer.errors import ShapeError
 from npformer.nn import Embedding, LayerNorm, Linear, Module, ModuleList, PositionalEncoding, no_grad
 from npformer.nn.experimental import ConfigurableEncoderLayer
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.progress import Progress
 from npformer.study.output import out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import Adam
 
@@ -120,6 +121,7 @@ def train_config(name: str, data: CharLMData, *, layers: int, d_model: int, nhea
     opt = Adam(model.named_parameters(), lr=lr)
     rng = numpy.random.default_rng(seed + 1)             # the same batches for every configuration
     losses, pnorms, anorms, start = [], [], [], time.perf_counter()
+    progress = Progress(steps, name)
     for _ in range(steps):
         ids, targets = data.random_batch("train", batch, rng)
         loss, p, a = gradient_step(model, ids, targets)
@@ -127,6 +129,8 @@ def train_config(name: str, data: CharLMData, *, layers: int, d_model: int, nhea
             break
         losses.append(loss), pnorms.append(p), anorms.append(a)
         opt.step()
+        progress.update(note=lambda: f"loss {losses[-1]:.3f}")
+    progress.close()
     model.zero_grad()
     vl = []
     with no_grad():

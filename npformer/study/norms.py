@@ -45,6 +45,7 @@ from npformer.models.norm_encoder import NORMS, NormEncoder, NormEncoderConfig
 from npformer.nn.module import no_grad
 from npformer.nn.normalization_batch import BatchNorm1d
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.progress import Progress
 from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.schedules import cosine_with_warmup
@@ -97,7 +98,8 @@ def train_model(norm: str, task: Histogram, args: argparse.Namespace, log=print)
     model = NormEncoder(cfg, dtype="float32", rng=args.seed)
     opt = AdamW(model.named_parameters(), lr=args.lr, weight_decay=0.01)
     warmup = max(1, args.steps // 10)
-    losses, start = [], time.perf_counter()
+    losses = []
+    progress = Progress(args.steps, norm, log=log)
     for step in range(1, args.steps + 1):
         rng = numpy.random.default_rng((args.seed, step))                 # the same batches for each norm
         ids, targets = task.encode(task.sample(rng, args.batch_size))
@@ -110,9 +112,8 @@ def train_model(norm: str, task: Histogram, args: argparse.Namespace, log=print)
         opt.step()
         model.zero_grad()
         losses.append(float(loss))
-        if step % max(1, args.steps // 4) == 0 or step == args.steps:
-            log(f"  {norm:13} step {step:4d}/{args.steps}  loss {numpy.mean(losses[-50:]):.4f}  "
-                f"{time.perf_counter() - start:.0f}s")
+        progress.update(note=lambda: f"loss {numpy.mean(losses[-50:]):.4f}")
+    progress.close()
     return model, losses
 
 

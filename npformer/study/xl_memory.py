@@ -17,6 +17,7 @@ import time
 
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.errors import RangeError
+from npformer.progress import Progress
 from npformer.study.output import legend_below, out_dir, pyplot, save_figure, write_csv, write_json
 from npformer.training.config import XLTrainConfig
 from npformer.training.xl_trainer import XLTrainer, recall_period
@@ -54,14 +55,17 @@ def train(args, mem_len: int) -> tuple[XLTrainer, list[dict]]:
     """Train one model; the validation loss every ``eval_every`` steps (and at the end)."""
     trainer = XLTrainer(_config(args, mem_len), log=lambda _: None)
     curve, window, start = [], [], time.perf_counter()
+    progress = Progress(args.steps, f"mem_len {mem_len}")
     while trainer.step < args.steps:
         window.append(trainer.train_step().loss)
+        progress.update(note=lambda: f"loss {window[-1]:.4f}")
         if trainer.step % args.eval_every == 0 or trainer.step == args.steps:
             result = trainer.evaluate()
             curve.append({"mem_len": mem_len, "step": trainer.step, "train_loss": sum(window) / len(window),
                           "valid_loss": result["loss"], "recall_accuracy": result["recall_accuracy"],
                           "seconds": time.perf_counter() - start})
             window = []
+    progress.close()
     return trainer, curve
 
 

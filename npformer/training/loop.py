@@ -37,6 +37,7 @@ from npformer.distributed import Communicator, DataParallel, shard_rows, take_sh
 from npformer.errors import DistributedError, InputTypeError, RangeError
 from npformer.nn.flat import flatten_parameters
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.progress import interactive
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
 from npformer.training.config import CONFIGS, TrainConfig
@@ -294,7 +295,7 @@ class Trainer:
                  **{k: v for k, v in self.resolved().items() if getattr(c, k) is None}}   # what the model fixed
         log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in shown.items()), 110, subsequent_indent="  "))
         log(self.describe())
-        tty = self.log is print and sys.stdout.isatty() and self.rank0
+        tty = self.log is print and interactive() and self.rank0     # (npformer.progress: a user's terminal)
         say = tqdm.write if tty else log
         first, start = self.step, time.perf_counter()
         window: dict = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
