@@ -76,11 +76,18 @@ TRAIN_ALIASES = {"--learning-rate": "--lr", "--max-steps": "--steps", "--max-ite
                  "--output-dir": "--out-dir", "--out": "--out-dir"}
 
 
+OTHER_RANKS_WAIT_S = 1.0
+
+
 def error_line(line: str) -> None:
     """``line`` on standard error, from launcher rank 0 alone: under ``mpirun -n N`` every rank meets
-    the same usage error or failure, and the user reads it once (:mod:`npformer.launcher`)."""
+    the same usage error or failure, and the user reads it once (:mod:`npformer.launcher`). Another
+    rank waits :data:`OTHER_RANKS_WAIT_S` before it goes on to exit: Open MPI ends the whole job when
+    the first rank exits with an error, which could otherwise be before rank 0 has printed."""
     if launcher_rank() == 0:
-        print(line, file=sys.stderr)
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(OTHER_RANKS_WAIT_S)
 
 
 class Parser(argparse.ArgumentParser):

@@ -59,6 +59,14 @@ def test_a_batch_the_ranks_do_not_divide_is_a_usage_error():
     run = _train("--steps", "2", "--batch-size", "5")
     assert run.returncode == 2, run.stderr
     assert "npformer train: error: batch size (--batch-size) 5 is not divisible by the 2 ranks" in run.stderr
+    assert run.stderr.count("error:") == 1, run.stderr           # once for all ranks
+
+
+def test_a_usage_error_is_printed_once_for_all_ranks():
+    run = _train("--steps", "2", "--lrr", "0.1")
+    assert run.returncode == 2
+    assert [line for line in run.stderr.splitlines() if "error:" in line] == [
+        "npformer train: error: unrecognized arguments: --lrr 0.1; did you mean --lr? (see npformer train --help)"]
 
 
 def test_a_two_rank_checkpoint_does_not_resume_in_one_process(runs, capsys, tmp_path):
