@@ -53,7 +53,7 @@ def test_ci_runs_the_readme_set_up_commands_exactly():
     at_train = next(i for i, line in enumerate(lines) if shortened.fullmatch(line))
     assert lines.index(test) == at_train + 1 and first < at_train
     assert not any("pip" in line for line in lines[first:at_train]), "something installed before the README's commands"
-    assert lines.index("pip install -e \".[test]\" && pytest") < lines.index('pip_install -e ".[test,pretrained,plot,fast]"')
+    assert lines.index("pip install -e \".[test]\" && pytest") < lines.index('pip_install -e ".[test,pretrained,plot,fast,tensorboard]"')
 
 
 def test_readme_model_use_example_runs(tmp_path, monkeypatch):

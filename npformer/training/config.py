@@ -188,6 +188,9 @@ class TrainConfig:
     out_dir: str | None = option(None, "the run directory: config.json, metrics.jsonl, last.npz and best.npz (the "
                                  "lowest validation loss) (default runs/TASK-MODEL, e.g. runs/dates-seq2seq)", _PATH,
                                  metavar="DIR")
+    log_to: str | None = option(None, "also write the metrics as csv (train.csv, valid.csv) or tensorboard (event "
+                                "files in tensorboard/; pip install \"npformer[tensorboard]\") in the run directory "
+                                "(default: metrics.jsonl alone)", choices=("csv", "tensorboard"))
     checkpoint: str | None = option(None, "also write the latest checkpoint here (.npz), as last.npz in --out-dir "
                                     "(default: only there)", _PATH, metavar="PATH")
     checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)", non_negative_int)

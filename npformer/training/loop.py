@@ -283,7 +283,9 @@ class Trainer:
         c, log = self.cfg, self.log
         # every rank knows the paths (saving is collective: Transformer-XL gathers its memory); rank 0 alone
         # checks them, writes the run directory and evaluates
-        run = RunDirectory(c.out_dir) if c.out_dir else None
+        if c.log_to and not c.out_dir:
+            raise RangeError(f"--log-to {c.log_to} writes into the run directory; give --out-dir")
+        run = RunDirectory(c.out_dir, c.log_to) if c.out_dir else None
         saves = list(dict.fromkeys(Path(p) for p in (run and run.last, c.checkpoint) if p))  # the latest checkpoint
         if self.rank0:
             for path in saves + ([run.best] if run else []):      # a path that cannot be written fails now

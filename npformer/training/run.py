@@ -20,6 +20,9 @@ scalar figures (``loss``, and ``exact_match``, ``bits_per_char``, ``accuracy``, 
 (true when it wrote best.npz). A non-finite gradient norm (a step skipped under mixed precision) is
 written as JSON's usual extension, ``Infinity``.
 
+``--log-to csv`` writes the same records as ``train.csv`` and ``valid.csv`` too, ``--log-to
+tensorboard`` as TensorBoard scalars under ``tensorboard/`` (:data:`SINKS`).
+
 A fixed name per task and model, not a timestamp, so the README's next command can name the run,
 and running the same command again starts that run afresh (config.json and metrics.jsonl are
 rewritten, the checkpoints replaced as they are saved), as nanoGPT's out_dir does; ``--out-dir`` keeps
@@ -30,17 +33,21 @@ it to find a run's checkpoint), and matplotlib only inside :func:`plot_metrics`.
 """
 from __future__ import annotations
 
+import csv
 import json
 import math
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from npformer.errors import RangeError
 
-__all__ = ["RunDirectory", "default_out_dir", "checkpoint_file", "read_metrics", "plot_metrics", "scalars"]
+__all__ = ["RunDirectory", "CSVSink", "TensorBoardSink", "SINKS", "default_out_dir", "checkpoint_file", "read_metrics",
+           "plot_metrics", "scalars"]
 
 RUNS = "runs"                 # the folder, under the working directory, that holds the runs by default
+SPLITS = ("train", "valid")   # the records' "split"
 
 
 def default_out_dir(task: str, model: str) -> str:
@@ -48,28 +55,89 @@ def default_out_dir(task: str, model: str) -> str:
     return f"{RUNS}/{task}-{model}"
 
 
-class RunDirectory:
-    """The files of one run (see the module docstring); nothing is written until :meth:`start`."""
+class CSVSink:
+    """The metrics as ``train.csv`` and ``valid.csv`` in the run directory, a row a record, the columns
+    of each split's records (the same for every record of a split in one run)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: Path):
+        self.files = {split: path / f"{split}.csv" for split in SPLITS}
+
+    def start(self, kept: list[dict]) -> None:
+        for split, file in self.files.items():
+            file.unlink(missing_ok=True)
+        for record in kept:
+            self.record(record)
+
+    def record(self, record: dict) -> None:
+        file = self.files[record["split"]]
+        row = {k: v for k, v in record.items() if k != "split"}
+        new = not file.exists()
+        with open(file, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(row), extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
+class TensorBoardSink:
+    """The metrics as TensorBoard scalars, ``train/loss``, ``valid/exact_match``, ..., in event files
+    under ``tensorboard/`` in the run directory (``tensorboard --logdir runs``), written by the
+    ``tensorboard`` package (the optional extra; no TensorFlow, no PyTorch)."""
+
+    def __init__(self, path: Path):
+        try:
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        except ImportError:
+            raise RangeError("--log-to tensorboard needs the tensorboard package: "
+                             'pip install "npformer[tensorboard]"') from None
+        self.folder, self._event, self._summary, self._writer_type = path / "tensorboard", Event, Summary, EventFileWriter
+        self.writer = None
+
+    def start(self, kept: list[dict]) -> None:
+        self.writer = self._writer_type(str(self.folder))   # a new event file; a resumed run's earlier ones stay
+
+    def record(self, record: dict) -> None:
+        values = [self._summary.Value(tag=f"{record['split']}/{k}", simple_value=float(v))
+                  for k, v in record.items() if k not in ("split", "step") and isinstance(v, (int, float))]
+        self.writer.add_event(self._event(wall_time=time.time(), step=int(record["step"]),
+                                          summary=self._summary(value=values)))
+        self.writer.flush()                                  # a crash loses nothing written
+
+
+SINKS = {"csv": CSVSink, "tensorboard": TensorBoardSink}       # --log-to NAME
+
+
+class RunDirectory:
+    """The files of one run (see the module docstring); nothing is written until :meth:`start`.
+    ``log_to`` names a second sink of the metrics (:data:`SINKS`: ``csv``, ``tensorboard``)."""
+
+    def __init__(self, path: str | Path, log_to: str | None = None):
         self.path = Path(path)
         self.config = self.path / "config.json"
         self.metrics = self.path / "metrics.jsonl"
         self.last = self.path / "last.npz"
         self.best = self.path / "best.npz"
+        self.sinks = [SINKS[log_to](self.path)] if log_to else []
 
     def start(self, config: Any, step: int) -> None:
         """Write ``config`` (a dataclass) as config.json, and keep the metrics of steps up to ``step``
-        (none for a new run, those before the checkpoint for a resumed one)."""
+        (none for a new run, those before the checkpoint for a resumed one), in every sink."""
         self.path.mkdir(parents=True, exist_ok=True)
         self.config.write_text(json.dumps(asdict(config), indent=2) + "\n")
         kept = [r for r in read_metrics(self.metrics) if r["step"] <= step] if step and self.metrics.exists() else []
         self.metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        for sink in self.sinks:
+            sink.start(kept)
 
     def record(self, record: dict) -> None:
-        """Append one line to metrics.jsonl (opened and closed each time: a crash loses nothing written)."""
+        """Append one line to metrics.jsonl (opened and closed each time: a crash loses nothing written),
+        and the record to each sink."""
         with open(self.metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
+        for sink in self.sinks:
+            sink.record(record)
 
 
 def checkpoint_file(path: str | Path, which: str = "best") -> Path:

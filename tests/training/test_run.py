@@ -1,8 +1,13 @@
 """The run directory and the metrics of a training run (npformer.training.run, Trainer.fit): written,
 read back, trimmed on resume, the best checkpoint kept; the progress on a terminal and in a log."""
+import csv
+import fcntl
 import io
 import json
+import pty
+import struct
 import sys
+import termios
 from dataclasses import asdict
 
 import numpy as np
@@ -84,6 +89,48 @@ def test_a_resumed_run_keeps_the_metrics_up_to_its_checkpoint_and_its_best_loss(
     assert load_checkpoint(run.best).meta["best_valid_loss"] == min(r["loss"] for r in valid)
 
 
+def test_log_to_csv_writes_each_splits_records_and_keeps_them_on_resume(tmp_path):
+    out = str(tmp_path / "run")
+    _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out, log_to="csv"))
+    records = read_metrics(out)
+    for split in ("train", "valid"):
+        with open(tmp_path / "run" / f"{split}.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        want = [{k: v for k, v in r.items() if k != "split"} for r in records if r["split"] == split]
+        assert [{k: json.loads(v.lower()) if v in ("True", "False") else float(v) for k, v in row.items()}
+                for row in rows] == [{k: (v if isinstance(v, bool) else float(v)) for k, v in r.items()} for r in want]
+    resumed = Seq2SeqTrainer(Seq2SeqTrainConfig(**{**SMALL, "steps": 12}, out_dir=out, log_to="csv"), log=lambda _: None)
+    resumed.load(RunDirectory(out).last)
+    resumed.fit()
+    with open(tmp_path / "run" / "train.csv", newline="") as f:
+        assert [int(float(row["step"])) for row in csv.DictReader(f)] == [2, 4, 6, 8, 10, 12]
+
+
+def test_log_to_tensorboard_writes_the_scalars_tensorboard_reads(tmp_path):
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (the tensorboard extra)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out = tmp_path / "run"
+    _fit(Seq2SeqTrainConfig(**SMALL, out_dir=str(out), log_to="tensorboard"))
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    records = read_metrics(out)
+    for split, name in (("train", "loss"), ("train", "grad_norm"), ("valid", "loss"), ("valid", "exact_match")):
+        got = [(e.step, e.value) for e in events.Scalars(f"{split}/{name}")]
+        want = [(r["step"], r[name]) for r in records if r["split"] == split]
+        assert [s for s, _ in got] == [s for s, _ in want]
+        np.testing.assert_allclose([v for _, v in got], [v for _, v in want], rtol=1e-6)   # float32 in the file
+
+
+def test_log_to_without_its_package_or_a_run_directory_is_one_clear_error(tmp_path, monkeypatch):
+    for name in ("tensorboard", "tensorboard.compat.proto.event_pb2", "tensorboard.compat.proto.summary_pb2",
+                 "tensorboard.summary.writer.event_file_writer"):
+        monkeypatch.setitem(sys.modules, name, None)         # each import of it fails, as when not installed
+    with pytest.raises(RangeError, match=r'--log-to tensorboard needs the tensorboard package: pip install "npformer\[tensorboard\]"'):
+        _fit(Seq2SeqTrainConfig(**SMALL, out_dir=str(tmp_path / "run"), log_to="tensorboard"))
+    with pytest.raises(RangeError, match="--log-to csv writes into the run directory; give --out-dir"):
+        _fit(Seq2SeqTrainConfig(**SMALL, log_to="csv"))
+
+
 def test_start_keeps_the_lines_up_to_the_step(tmp_path):
     run = RunDirectory(tmp_path / "run")
     config = Seq2SeqTrainConfig(**SMALL)
@@ -149,11 +196,23 @@ def test_a_log_gets_a_line_a_record_with_the_gradient_norm_and_the_eta():
 
 
 class _Terminal(io.StringIO):
+    """What is written, kept; a terminal of 80 columns to whoever asks (a pseudo-terminal's size)."""
+
+    def __init__(self):
+        super().__init__()
+        self.leader, self.follower = pty.openpty()
+        fcntl.ioctl(self.follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+
     def isatty(self):
         return True
 
+    def fileno(self):
+        return self.follower
+
 
 def test_a_terminal_gets_a_progress_bar(monkeypatch):
+    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+        monkeypatch.delenv(name, raising=False)
     screen = _Terminal()
     monkeypatch.setattr(sys, "stdout", screen)
     trainer = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL), log=print)
