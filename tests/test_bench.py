@@ -293,6 +293,26 @@ def test_png_written_when_matplotlib_is_present(quick_run):
         assert _one(out, ".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_report_figure_reads_well(quick_run):
+    """Every text inside the canvas and clear of the others; no bar of the first column against itself
+    (it would be 1.0); a labelled tick at every measured T of the sweep and no other."""
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (the plot extra)")
+    from npformer.bench.report import columns, figure, _title
+    from tests.figure_checks import assert_texts_inside_and_apart
+    out, _ = quick_run
+    result = json.loads(_one(out, ".json").read_text())
+    fig = figure(result)
+    assert_texts_inside_and_apart(fig, "bench report")
+    speed, times, memory = fig.axes[:3]
+    base = _title(*columns(result["meta"])[0])
+    assert base not in speed.get_legend_handles_labels()[1]
+    measured = sorted({int(r["name"].split("=")[1]) for r in result["rows"] if r["group"] == "sweep"})
+    assert len(measured) >= 2
+    for ax in (times, memory):
+        assert list(ax.get_xticks()) == measured and [t.get_text() for t in ax.get_xticklabels()] == \
+            [str(t) for t in measured]
+
+
 def test_summarize_against_numpy_percentiles():
     times = [0.003, 0.001, 0.002, 0.010, 0.004]
     s = harness.summarize(times)

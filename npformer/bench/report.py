@@ -145,32 +145,40 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
-    """Speed relative to numpy (fast path) per case, and the sweep's time and memory against T."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        log("note: matplotlib is not installed; no PNG plot written (pip install matplotlib)")
-        return False
+def figure(result: dict):
+    """The report's figure (matplotlib, Agg): each case's speed-up of every column over the first
+    (the first itself left out: it would be 1.0 against itself; its times in ms when it is the only
+    column), and the sweep's time and memory against T with a tick at every measured T."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator
     rows, cols = result["rows"], columns(result["meta"])
     ms = {(r["name"], r["pass"], r["backend"], r["path"]): r["ms"] for r in rows if r["ms"] is not None}
-    base = cols[0]
+    base, others = cols[0], cols[1:]
     keys = list(dict.fromkeys((r["name"], r["pass"]) for r in rows if r["group"] != "sweep"))
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
-    width = 0.8 / max(len(cols), 1)
+    fig = Figure(figsize=(18, 6), layout="constrained")
+    axes = fig.subplots(1, 3)
+    width = 0.8 / max(len(others), 1)
     drawn = False
-    for i, col in enumerate(cols):                        # no bar where either time is missing
+    for i, col in enumerate(others):                      # no bar where either time is missing
         js = [j for j, k in enumerate(keys) if k + col in ms and k + base in ms]
         drawn |= bool(js)
         axes[0].bar([j + i * width for j in js], [ms[keys[j] + base] / ms[keys[j] + col] for j in js], width,
                     label=_title(*col))
-    axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(keys))])
-    axes[0].set_xticklabels([f"{a} {b}" for a, b in keys], rotation=70, fontsize=7)
-    axes[0].set(yscale="log" if drawn else "linear", ylabel=f"speed-up over {_title(*base)} (x)")
-    axes[0].axhline(1, color="gray", lw=0.5)
+    if others:
+        axes[0].set(ylabel=f"speed-up over {_title(*base)} (x)")
+        axes[0].axhline(1, color="gray", lw=0.5)
+        axes[0].set_title(f"Speed per case, relative to {_title(*base)} (higher is faster)", fontsize=10)
+    else:                                                 # one column: its times
+        js = [j for j, k in enumerate(keys) if k + base in ms]
+        drawn = bool(js)
+        axes[0].bar(js, [ms[keys[j] + base] for j in js], width, label=_title(*base))
+        axes[0].set(ylabel="time (ms)")
+        axes[0].set_title(f"Time per case, {_title(*base)}", fontsize=10)
+    axes[0].set_xticks([j + (len(others) - 1) * width / 2 if others else j for j in range(len(keys))])
+    axes[0].set_xticklabels([f"{a} {b}" for a, b in keys], rotation=90, fontsize=7)   # upright boxes: apart
+    axes[0].set_yscale("log" if drawn else "linear")
     sweep = [r for r in rows if r["group"] == "sweep" and r["pass"] == "fwd" and r["ms"] is not None]
+    measured: set[int] = set()
     for col in dict.fromkeys((r["backend"], r["path"]) for r in sweep):
         for impl in ("attention", "flash attention"):                      # flash: its own line
             if impl == "flash attention" and col[0] not in NPFORMER:
@@ -179,11 +187,15 @@ def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
                          if (r["backend"], r["path"]) == col and r["name"].startswith(impl + " T="))
             if pts:
                 ts, lab = [t for t, _ in pts], _title(*col) + ("" if impl == "attention" else " flash")
+                measured.update(ts)
                 axes[1].plot(ts, [r["ms"] + ms[(r["name"], "bwd") + col] for _, r in pts], "o-", label=lab)
                 axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for _, r in pts], "o-", label=lab)
-    axes[1].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd+bwd ms")
-    axes[2].set(xscale="log", yscale="log", xlabel="T", ylabel="attention fwd peak MB")
-    axes[0].set_title(f"Speed per case, relative to {_title(*base)} (higher is faster)", fontsize=10)
+    for ax, ylabel in ((axes[1], "attention fwd+bwd ms"), (axes[2], "attention fwd peak MB")):
+        ax.set(xscale="log", yscale="log", xlabel="T", ylabel=ylabel)
+        if measured:                                   # a labelled tick at every measured T, no others
+            ax.xaxis.set_major_locator(FixedLocator(sorted(measured)))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels([str(t) for t in sorted(measured)])
     axes[1].set_title("Attention forward + backward time against T (B=1, H=8, hs=32)", fontsize=10)
     axes[2].set_title("Attention forward peak memory against T", fontsize=10)
     for ax in axes:
@@ -191,9 +203,17 @@ def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
             ax.legend(fontsize=8)
     meta = result["meta"]
     fig.suptitle(f"npformer benchmarks, {meta['device']}, {meta['date']} ({meta['mode']})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    return fig
+
+
+def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
+    """:func:`figure` written to ``path``; False (with a note) without matplotlib."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log('note: matplotlib is not installed; no PNG plot written (pip install "npformer[plot]")')
+        return False
+    figure(result).savefig(path, dpi=90)
     return True
 
 

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
                                                   "dot_product_by_offset": m["profile"]})]
     plt = pyplot()
     if plt is not None:
-        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+        fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")   # (room for each colour bar label)
         im = a.imshow(m["table"], aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
         a.set(title="sinusoidal encoding PE[pos, i]", xlabel="dimension i", ylabel="position")
         fig.colorbar(im, ax=a, label="PE[pos, i]")

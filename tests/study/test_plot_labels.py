@@ -9,6 +9,7 @@ import pytest
 
 from npformer.cli import main
 from npformer.study import EXPERIMENTS
+from tests.figure_checks import assert_texts_inside_and_apart
 from tests.helpers import NO_MATPLOTLIB
 
 matplotlib = pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
@@ -28,17 +29,19 @@ TINY = {
 }
 
 
-def figures_of(name, tmp_path, monkeypatch, capsys) -> list:
-    """The figures study ``name`` saves, drawn and still open."""
+def figures_of(name, tmp_path, monkeypatch, capsys, args=None) -> list:
+    """The figures study ``name`` saves (with ``args``, default its tiny settings), drawn and still
+    open, each with the canvas it is saved on (save_figure's tight box) as ``fig.saved_canvas``."""
     module = importlib.import_module(EXPERIMENTS[name].module)
     figures = []
 
     def capture(fig, path):
-        fig.savefig(path, dpi=60)            # draws it, so every artist has its place on the canvas
+        fig.savefig(path, dpi=120, bbox_inches="tight")    # as save_figure: every artist in its place
+        fig.saved_canvas = fig.get_tightbbox(fig.canvas.get_renderer()).transformed(fig.dpi_scale_trans)
         figures.append(fig)
         return path
     monkeypatch.setattr(module, "save_figure", capture)
-    assert main(["study", name, *TINY[name], "--out", str(tmp_path)]) == 0
+    assert main(["study", name, *(TINY[name] if args is None else args), "--out", str(tmp_path)]) == 0
     capsys.readouterr()
     assert figures, f"study {name} saved no figure"
     return figures
@@ -105,7 +108,15 @@ def test_every_study_plot_reads_well(name, tmp_path, monkeypatch, capsys):
         assert not CODE_NAMES & set(texts), f"{name}: code names in a legend or on an axis: {texts}"
         assert_colour_bars_labelled(fig, name)
         assert_nothing_runs_through_legends_or_texts(fig, name)
+        assert_texts_inside_and_apart(fig, name, fig.saved_canvas)
         matplotlib.pyplot.close(fig)
+
+
+def test_the_positional_plot_at_its_default_size_keeps_each_colour_bar_label_apart(tmp_path, monkeypatch, capsys):
+    """At its defaults (128 positions and dimensions: long tick labels) the first colour bar's label
+    ran into the second panel's y label."""
+    (fig,) = figures_of("positional", tmp_path, monkeypatch, capsys, args=[])
+    assert_texts_inside_and_apart(fig, "positional", fig.saved_canvas)
 
 
 def test_norms_legends_name_the_norms(tmp_path, monkeypatch, capsys):

@@ -178,6 +178,28 @@ def test_plot_draws_a_png_of_the_curves(tmp_path):
     assert other.is_file()
 
 
+def test_the_metrics_plot_keeps_every_label_inside_and_apart(tmp_path, monkeypatch):
+    """The figure as plot_metrics saves it (caught at savefig): no label cut off by the canvas edge (the
+    loss panel's y label was), none running into another."""
+    pytest.importorskip("matplotlib", reason=NO_MATPLOTLIB)
+    from matplotlib.figure import Figure
+    from tests.figure_checks import assert_texts_inside_and_apart
+    saved = []
+    savefig = Figure.savefig
+
+    def keep(fig, *args, **kwargs):
+        saved.append((fig, kwargs))
+        return savefig(fig, *args, **kwargs)
+    monkeypatch.setattr(Figure, "savefig", keep)
+    out = str(tmp_path / "run")
+    _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out))
+    plot_metrics(out)
+    (fig, kwargs), = saved
+    assert "bbox_inches" not in kwargs                  # the canvas is the figure's own
+    fig.set_dpi(kwargs["dpi"])
+    assert_texts_inside_and_apart(fig, "npformer plot")
+
+
 def test_plot_without_matplotlib_says_what_to_install(tmp_path, monkeypatch):
     run = RunDirectory(tmp_path)
     run.record({"split": "train", "step": 1, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0})
