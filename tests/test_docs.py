@@ -93,7 +93,7 @@ def test_the_block_reader_pairs_outputs_and_finds_markers():
 def test_every_block_says_what_it_is():
     """A fence names one of the languages the docstring above explains, so no block goes untested
     by mistake (an unnamed fence, a ```python3)."""
-    for path in PAGES:
+    for path in [ROOT / "README.md", *PAGES]:
         for block in blocks(path.read_text()):
             assert block.lang in LANGUAGES, f"{path.relative_to(ROOT)} line {block.line}: ```{block.lang}"
         assert not re.search(r"^[ \t]+```", path.read_text(), flags=re.M), f"{path}: an indented fence"
@@ -136,7 +136,7 @@ def _links(text: str) -> list[str]:
 
 
 def test_external_links_are_https_with_a_host():
-    for path in PAGES:
+    for path in [ROOT / "README.md", *PAGES]:
         for target in _links(path.read_text()):
             parts = urlsplit(target)
             if parts.scheme or target.startswith("//"):
