@@ -1,10 +1,11 @@
-"""The README's Python example runs as written, and its two set-up commands are the ones CI uses."""
+"""The README: its Python examples run as written, its two set-up commands are the ones CI uses, it
+stays short and answers a new user's first questions, and its links lead somewhere. (The rest of the
+documentation is tested by test_docs.py.)"""
 import contextlib
 import io
 import re
+import unicodedata
 from pathlib import Path
-
-from npformer.kernels import numba_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,16 +22,59 @@ def _run(code: str) -> str:
 
 
 def test_readme_python_examples_run():
-    """Every python block runs on its own; the tour (the first) prints a passing gradient check."""
+    """The README holds two python blocks, each run here on its own: the op example prints a passing
+    gradient check (it runs first), the model example is tested below."""
     blocks = _python_blocks((ROOT / "README.md").read_text())
     tour = [b for b in blocks if "npformer.gradcheck(" in b]
-    switch = [b for b in blocks if "kernels.disabled()" in b]
-    assert len(tour) == 1 and len(switch) == 1, "the README's tour and its fast-path example"
+    assert len(blocks) == 2 and len(tour) == 1 and blocks[0] == tour[0], "the op example, then the model's"
     printed = _run(tour[0])
     assert "gradcheck" in printed and "FAIL" not in printed, printed
-    lines = _run(switch[0]).split()
-    expected = "numba" if numba_cpu.AVAILABLE else "cpu"
-    assert lines[0] == "reference" and lines[1] == expected and float(lines[2]) < 1e-6, lines
+    assert len(tour[0].strip().splitlines()) <= 20, "the README's API example stays short"
+
+
+def test_readme_is_short_and_answers_the_first_questions():
+    """At most 250 lines (the reference is docs/pages), and it says how to train on your own text,
+    where the metrics are and how to export a model, each in its own words."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    for needed in ("npformer train --task charlm --text", "metrics.jsonl", "npformer export --checkpoint",
+                   "--checkpoint", "run directory"):
+        assert needed in readme, needed
+
+
+def test_readme_lists_every_extra():
+    """The install table names each extra of setup.cfg as the command that installs it."""
+    import configparser
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    readme = (ROOT / "README.md").read_text()
+    for extra in cfg["options.extras_require"]:
+        assert f'| `pip install -e ".[{extra}]"` |' in readme, extra
+
+
+def _slug(heading: str) -> str:
+    """The anchor of a heading, as GitHub and MkDocs's toc both make it for the headings used here."""
+    text = unicodedata.normalize("NFKD", heading.replace("`", "")).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)}
+
+
+def test_readme_links_lead_to_files_and_headings():
+    """Every relative link of the README names a file of the checkout and, with #anchor, one of its
+    headings (the README is not built by MkDocs, so nothing else checks them)."""
+    readme = ROOT / "README.md"
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme.read_text())
+    local = [t for t in targets if "://" not in t]
+    assert any(t.startswith("docs/pages/") for t in local)
+    for target in local:
+        name, _, anchor = target.partition("#")
+        path = (ROOT / name) if name else readme
+        assert path.exists(), target
+        if anchor:
+            assert anchor in _anchors(path), f"{target}: no heading with that anchor"
 
 
 def _setup_commands(readme: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""``mpirun -n 2 npformer train`` end to end, and the README's data-parallel loop on 2 ranks: rank 0 alone logs and writes, the checkpoint holds the
+"""``mpirun -n 2 npformer train`` end to end, and the documentation's data-parallel loop
+(docs/pages/data-parallel.md) on 2 ranks: rank 0 alone logs and writes, the checkpoint holds the
 global batch's Transformer-XL memory (gathered from the ranks) and resumes on 2 ranks, and the errors of
 a batch the ranks do not divide and of a checkpoint of another rank count. (That a resumed run repeats
 the uninterrupted one exactly is tested in test_data_parallel.py.)"""
@@ -77,8 +78,9 @@ def test_a_two_rank_checkpoint_does_not_resume_in_one_process(runs, capsys, tmp_
             in capsys.readouterr().err)
 
 
-def test_the_readmes_data_parallel_loop_runs_on_two_ranks_and_learns(tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+def test_the_docs_data_parallel_loop_runs_on_two_ranks_and_learns(tmp_path):
+    page = ROOT / "docs" / "pages" / "data-parallel.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
     (loop,) = [b for b in blocks if "DataParallel(" in b]
     (tmp_path / "loop.py").write_text(loop)
     run = mpirun(2, sys.executable, str(tmp_path / "loop.py"))

@@ -295,7 +295,8 @@ def test_cross_entropy_with_ignore_index_and_smoothing(b, t, v, ignore_index, sm
 
 def test_cross_entropy_all_ignored_differs_from_pytorch_on_purpose():
     """Every target ignored: the mean over zero targets is 0/0. PyTorch returns NaN; npformer
-    returns 0 with a zero gradient (README, Conventions), so an all-padding batch is harmless."""
+    returns 0 with a zero gradient (docs/pages/gradient-checks.md, Conventions), so an all-padding batch
+    is harmless."""
     logits = np.random.default_rng(0).standard_normal((2, 3, 5))
     targets = np.full((2, 3), -100)
     loss, cache = cross_entropy_forward(logits, targets, reduction="mean")
@@ -411,8 +412,8 @@ def test_half_precision_torch_state_dicts_convert():
 
 def test_fully_masked_row_differs_from_pytorch_on_purpose():
     """A query with every key masked: PyTorch gives NaN (0/0 in its softmax), npformer gives zero
-    attention, so the output is the out-projection's bias and the gradients are finite (README,
-    Conventions: one empty row must not poison a batch). Every other row agrees."""
+    attention, so the output is the out-projection's bias and the gradients are finite
+    (docs/pages/gradient-checks.md, Conventions: one empty row must not poison a batch). Every other row agrees."""
     torch.manual_seed(0)
     theirs = torch.nn.MultiheadAttention(4, 2, batch_first=True)
     ours = _copy(theirs, nn.MultiheadAttention(4, 2))
