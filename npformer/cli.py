@@ -127,9 +127,9 @@ class Parser(argparse.ArgumentParser):
         """Accept each alias as its option (hidden from --help), and every ``--multi-word`` option
         spelled with underscores (``--batch_size``), as Hugging Face's scripts spell them."""
         known = {s: a for a in self._actions for s in a.option_strings}
-        pairs = {**aliases, **{s: s for s in known}}
-        pairs = {**aliases, **{"--" + a[2:].replace("-", "_"): name for a, name in pairs.items() if "-" in a[2:]}}
-        for alias, name in pairs.items():
+        spellings = {**aliases, **{s: s for s in known}}                 # every name -> its option
+        underscored = {"--" + a[2:].replace("-", "_"): name for a, name in spellings.items() if "-" in a[2:]}
+        for alias, name in {**aliases, **underscored}.items():
             action = known[name]
             kind = type(action) if action.nargs == 0 else "store"
             extra = {} if action.nargs == 0 else {"type": action.type, "choices": action.choices,

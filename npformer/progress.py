@@ -19,7 +19,9 @@ from tqdm import tqdm
 
 from npformer.launcher import launched_by_mpi
 
-__all__ = ["interactive", "Progress"]
+__all__ = ["interactive", "Progress", "TIMES"]
+
+TIMES = "{elapsed} elapsed, ETA {remaining}"    # tqdm's fields that end a plain progress line
 
 
 def interactive(stream: TextIO | None = None) -> bool:
@@ -68,7 +70,7 @@ class Progress:
         self._quarters = reached
         elapsed = time.perf_counter() - self.start
         self.log(f"  {self.what}: {self.unit} {self.done}/{self.total}  " + (f"{note()}  " if note else "")
-                 + tqdm.format_meter(self.done, self.total, elapsed, bar_format="{elapsed} elapsed, ETA {remaining}"))
+                 + tqdm.format_meter(self.done, self.total, elapsed, bar_format=TIMES))
 
     def write(self, line: str) -> None:
         """``line`` to the log, above the bar on a terminal."""

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from npformer.launcher import launched_by_mpi, launcher_rank
+from npformer.launcher import LAUNCHER_VARIABLES, RANK_VARIABLES, launched_by_mpi, launcher_rank
 from npformer.progress import Progress, interactive
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCHER = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "MPI_LOCALNRANKS")
+LAUNCHER = LAUNCHER_VARIABLES + RANK_VARIABLES
 
 
 @pytest.fixture

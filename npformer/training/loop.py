@@ -37,7 +37,7 @@ from npformer.distributed import Communicator, DataParallel, shard_rows, take_sh
 from npformer.errors import DistributedError, InputTypeError, RangeError
 from npformer.nn.flat import flatten_parameters
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
-from npformer.progress import interactive
+from npformer.progress import TIMES, interactive
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
 from npformer.training.config import CONFIGS, TrainConfig
@@ -381,10 +381,10 @@ class Trainer:
             run.record(record)
 
 
-# tqdm's fields: the progress bar on a terminal (the postfix, the figures, comes after a comma), and the
-# times that end the line every --log-every steps elsewhere (the ETA from the steps of this session)
+# tqdm's fields of the progress bar on a terminal (the postfix, the figures, comes after a comma); the
+# times that end the line every --log-every steps elsewhere are npformer.progress.TIMES (the ETA from
+# the steps of this session)
 BAR = "step {n_fmt}/{total_fmt} {bar} {elapsed}<{remaining}{postfix}"
-TIMES = "{elapsed} elapsed, ETA {remaining}"
 
 
 def _silent(_: str) -> None:

@@ -63,7 +63,7 @@ class CSVSink:
         self.files = {split: path / f"{split}.csv" for split in SPLITS}
 
     def start(self, kept: list[dict]) -> None:
-        for split, file in self.files.items():
+        for file in self.files.values():
             file.unlink(missing_ok=True)
         for record in kept:
             self.record(record)

@@ -233,7 +233,8 @@ class _Terminal(io.StringIO):
 
 
 def test_a_terminal_gets_a_progress_bar(monkeypatch):
-    for name in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"):
+    from npformer.launcher import LAUNCHER_VARIABLES
+    for name in LAUNCHER_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     screen = _Terminal()
     monkeypatch.setattr(sys, "stdout", screen)
