@@ -23,12 +23,14 @@ from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import Any, Iterator, Sequence
 
-from npformer.backend import is_cupy_array
+import numpy
+
+from npformer.backend import get_array_module, is_cupy_array
 from npformer.backend.array_module import HOST_ARRAY_TYPES
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
-           "expect_shape", "expect_rows", "expect_same_dtype", "expect_grad", "expect_row_buffer", "token_ids",
+           "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer", "token_ids",
            "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability", "one_of",
            "values_checked",
            "values_unchecked", "float_dtype"]
@@ -77,7 +79,11 @@ def expect_float(x: Any, name: str) -> None:
     if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
         expect_array(x, name)
     if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
-        raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64), got {describe(x)}")
+        _not_float(x, name)
+
+
+def _not_float(x: Any, name: str) -> None:
+    raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64), got {describe(x)}")
 
 
 def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
@@ -155,8 +161,38 @@ def expect_same_dtype(**arrays: Any) -> None:
         if first is None:
             first_name, first = k, v
         elif v.dtype != first.dtype:
-            raise InputTypeError(f"dtype mismatch: {first_name} is {first.dtype} but {k} is {v.dtype}; "
-                                 "cast them to one dtype first")
+            _dtype_mismatch(first_name, first, k, v)
+
+
+def _dtype_mismatch(first_name: str, first: Any, name: str, x: Any) -> None:
+    raise InputTypeError(f"dtype mismatch: {first_name} is {first.dtype} but {name} is {x.dtype}; "
+                         "cast them to one dtype first")
+
+
+def expect_same_float(**arrays: Any) -> None:
+    """An op's array inputs, checked together (None entries skipped): each a floating-point array,
+    all of one dtype (float32 in gives float32 out; nothing is promoted silently) and of one backend
+    (NumPy and CuPy are not mixed). The errors of :func:`expect_float` on each, then
+    :func:`expect_same_dtype` and ``get_array_module``, in one call for the whole set."""
+    on_host = True
+    for name, a in arrays.items():       # (loops, not generators: this runs at every op call)
+        if a is None:
+            continue
+        if type(a) is not numpy.ndarray:     # (a subclass may pose as another backend's array)
+            expect_array(a, name)
+            on_host = False
+        if a.dtype.kind != "f" and str(a.dtype) != "bfloat16":
+            _not_float(a, name)
+    first_name = first = None
+    for name, a in arrays.items():
+        if a is None:
+            continue
+        if first is None:
+            first_name, first = name, a
+        elif a.dtype != first.dtype:
+            _dtype_mismatch(first_name, first, name, a)
+    if not on_host:
+        get_array_module(*arrays.values())       # raises on NumPy arrays mixed with CuPy ones
 
 
 def expect_grad(d: Any, name: str, shape: Sequence[int], dtype: Any, what: str = "the forward's output") -> None:

@@ -34,7 +34,7 @@ import math
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, probability, real
+from npformer.checks import describe, expect_grad, expect_ndim, expect_same_float, probability, real
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.dropout import DropoutCache, dropout_forward
@@ -58,10 +58,9 @@ class AttentionCache(NamedTuple):
 
 def check_attention_inputs(q, k, v, scale, dropout_p) -> float:
     """The input checks of every attention op; returns the scale (1/sqrt(hs) when ``scale`` is None)."""
+    expect_same_float(q=q, k=k, v=v)
     for name, a in (("q", q), ("k", k), ("v", v)):
-        expect_float(a, name)
         expect_ndim(a, name, 4, "(B, H, T, head_size)")
-    expect_same_dtype(q=q, k=k, v=v)
     b, h, tq, hs = q.shape
     if k.shape[:2] != (b, h) or k.shape[3] != hs:
         raise ShapeError(f"k: expected shape (B, H, Tk, hs)=({b}, {h}, *, {hs}) to match q "
@@ -113,7 +112,7 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     q, k, v, p, drop, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
-    q, k, v, dout = (a.astype(acc, copy=False) for a in (q, k, v, dout))
+    q, k, v, dout = [a.astype(acc, copy=False) for a in (q, k, v, dout)]
     p_drop = p if drop.keep is None else p * drop.keep * drop.scale    # (B, H, Tq, Tk), the forward's
     p_drop, p = p_drop.astype(acc, copy=False), p.astype(acc, copy=False)
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import expect_float, expect_grad, expect_rows, expect_same_dtype, expect_shape, real
+from npformer.checks import expect_grad, expect_rows, expect_same_float, expect_shape, real
 from npformer.dispatch import dispatched
 
 __all__ = ["LayerNormCache", "check_layer_norm_inputs", "layer_norm_forward", "layer_norm_backward"]
@@ -33,13 +33,12 @@ class LayerNormCache(NamedTuple):
 
 def check_layer_norm_inputs(x, weight, bias, eps) -> None:
     """The forward's input checks (every implementation of it runs them)."""
-    expect_float(x, "x")
+    expect_same_float(x=x, weight=weight, bias=bias)     # one float dtype, one backend
     expect_rows(x, "x", "(..., C)")
     c = x.shape[-1]
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             expect_shape(p, name, (c,), "(C,) matching the last axis of x")
-    expect_same_dtype(x=x, weight=weight, bias=bias)
     real(eps, "eps", 0.0, low_open=True)                 # eps > 0 keeps constant rows finite
 
 

@@ -12,8 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
-from npformer.checks import expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
+from npformer.checks import expect_grad, expect_ndim, expect_same_float, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 
@@ -41,7 +40,7 @@ class LinearCache(NamedTuple):
 
 def check_linear_inputs(x, weight, bias) -> None:
     """The forward's checks (every implementation runs them)."""
-    expect_float(x, "x")
+    expect_same_float(x=x, weight=weight, bias=bias)     # one float dtype, one backend
     expect_ndim(weight, "weight", 2, "(C_out, C_in)")
     c_out, c_in = weight.shape
     if x.ndim < 1 or x.shape[-1] != c_in:
@@ -49,8 +48,6 @@ def check_linear_inputs(x, weight, bias) -> None:
                          f"{tuple(weight.shape)}, got shape {tuple(x.shape)}")
     if bias is not None:
         expect_shape(bias, "bias", (c_out,), "(C_out,)")
-    expect_same_dtype(x=x, weight=weight, bias=bias)
-    get_array_module(x, weight, bias)  # raises on mixed backends
 
 
 @dispatched

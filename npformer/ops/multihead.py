@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import describe, expect_float, expect_ndim, expect_same_dtype, expect_shape, positive_int
+from npformer.checks import describe, expect_ndim, expect_same_float, expect_shape, positive_int
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
 from npformer.ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
@@ -72,7 +72,9 @@ class MultiHeadCache(NamedTuple):
 
 def _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
            past_key, past_value):
-    expect_float(query, "query")
+    expect_same_float(query=query, key=key, value=value, past_key=past_key, past_value=past_value,
+                      in_proj_weight=in_proj_weight, in_proj_bias=in_proj_bias, out_proj_weight=out_proj_weight,
+                      out_proj_bias=out_proj_bias)       # one float dtype, one backend
     expect_ndim(query, "query", 3, "(B, T, E), batch first")
     b, tq, e = query.shape
     h = positive_int(num_heads, "num_heads")
@@ -81,7 +83,6 @@ def _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_
     for name, a in (("key", key), ("value", value)):
         if a is None:
             continue
-        expect_float(a, name)
         expect_ndim(a, name, 3, "(B, T, E), batch first")
         if a.shape[0] != b or a.shape[2] != e:
             raise ShapeError(f"{name}: expected shape (B, Tk, E)=({b}, *, {e}) to match query "
@@ -101,11 +102,6 @@ def _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_
         expect_shape(in_proj_bias, "in_proj_bias", (3 * e,), "(3E,)")
     if out_proj_bias is not None:
         expect_shape(out_proj_bias, "out_proj_bias", (e,), "(E,)")
-    expect_same_dtype(query=query, key=key, value=value, past_key=past_key, past_value=past_value,
-                      in_proj_weight=in_proj_weight, in_proj_bias=in_proj_bias, out_proj_weight=out_proj_weight,
-                      out_proj_bias=out_proj_bias)
-    get_array_module(query, key, value, past_key, past_value, in_proj_weight, in_proj_bias, out_proj_weight,
-                     out_proj_bias)
 
 
 def _part(w, b, i, e):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.checks import expect_float, expect_grad, expect_same_dtype, expect_shape
+from npformer.checks import expect_grad, expect_same_float, expect_shape
 from npformer.dispatch import dispatched
 from npformer.ops.dropout import dropout_backward, dropout_term
 from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
@@ -41,10 +41,8 @@ class ResidualNormCache(NamedTuple):
 def check_residual_inputs(x, branch) -> None:
     """The skip and the branch: float arrays of one shape and dtype (every implementation checks
     this first)."""
-    expect_float(x, "x")
-    expect_float(branch, "branch")
+    expect_same_float(x=x, branch=branch)
     expect_shape(branch, "branch", x.shape, "(the shape of the skip input x)")
-    expect_same_dtype(x=x, branch=branch)
 
 
 @dispatched
