@@ -2,7 +2,8 @@
 numba doing arithmetic) against the fixed part around it (Python, and each call's own overhead), and the
 Python calls per step and per op.
 
-    python benchmarks/cpu_profile.py [--model gpt-tiny] [--steps 20] [--threads N] [--reference]
+    python benchmarks/cpu_profile.py [--model gpt-tiny] [--steps 20] [--threads N] [--reference | --no-numba]
+                                     [--torch]
 
 The step is the benchmark suite's (npformer/bench/steps.py: forward, cross-entropy, backward, AdamW over the
 flat buffers), timed at the model's batch and again at one token (B = T = 1, the same widths): the
@@ -11,7 +12,17 @@ count, so its time is the step's fixed cost (Python, the calls into NumPy, and t
 over the weights, which no batch size changes) and the rest is the arithmetic the batch brings.
 (cProfile cannot split them itself: ``x @ w`` and ``a + b`` run BLAS and NumPy from inside the Python
 function that wrote them, with no call of their own to time.) Calls are counted over one step
-(``benchmarks/call_count.count_calls``). Medians of ``--steps``; ``--reference`` runs with the fast paths off.
+(``benchmarks/call_count.count_calls``). Medians of ``--steps``; ``--reference`` runs with the fast paths off,
+``--no-numba`` with the NumPy fast paths alone (the README's install).
+
+Time per op: each fast path's calls are timed in the step (exclusive of the fast paths they call), so
+the table says where the arithmetic goes: the matrix products are the linear layers' rows (attention's
+own products are inside its rows). ``--torch`` profiles PyTorch's step of the same model
+(``torch.profiler``, self time per ATen op) and prints the share of it spent in matrix products
+(``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``): a step can be no faster than its products, so that
+share bounds what any implementation with the same BLAS speed can reach against PyTorch.
+Like ``npformer train`` and the benchmark suite, it keeps freed memory for reuse
+(:func:`npformer.backend.host_memory.retain_freed_memory`), so no step pays page faults.
 """
 from __future__ import annotations
 
@@ -29,7 +40,8 @@ import numpy
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import npformer                                                       # noqa: E402
-from npformer import kernels                                          # noqa: E402
+from npformer import dispatch, kernels                                # noqa: E402
+from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend                          # noqa: E402
 from npformer.bench.steps import MODELS, _npformer_step              # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
@@ -48,6 +60,36 @@ def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], N
     return 1e3 * statistics.median(walls), step
 
 
+@contextlib.contextmanager
+def timed_fast_paths(total: Counter):
+    """Inside the block, every fast path's run adds its seconds to ``total[op/path]``, less the time
+    of the fast paths it calls itself (each second counted once)."""
+    stack: list[float] = []
+
+    def timed(name: str, run: Callable) -> Callable:
+        def run_timed(*args, **kwargs):
+            start = time.perf_counter()
+            stack.append(0.0)
+            try:
+                return run(*args, **kwargs)
+            finally:
+                seconds, inner = time.perf_counter() - start, stack.pop()
+                total[name] += seconds - inner
+                if stack:
+                    stack[-1] += seconds
+        return run_timed
+
+    saved = {name: list(op.fast_paths) for name, op in dispatch.dispatched_ops().items()}
+    try:
+        for name, op in dispatch.dispatched_ops().items():
+            op.fast_paths[:] = [p._replace(run=timed(f"{name.rsplit('.', 1)[1]} ({p.name})", p.run))
+                                for p in op.fast_paths]
+        yield total
+    finally:
+        for name, op in dispatch.dispatched_ops().items():
+            op.fast_paths[:] = saved[name]
+
+
 def profile(model: str, steps: int) -> dict:
     m = MODELS[model]
     B, T = m.get("B", 8), m.get("T", 128)
@@ -55,9 +97,44 @@ def profile(model: str, steps: int) -> dict:
     fixed, _ = _step_ms(m, 1, 1, steps)
     calls = count_calls(step)
     ops = Counter({name: n for name, n in calls.items() if name.startswith("ops/") and name.split(":")[1][0] != "_"})
+    with timed_fast_paths(Counter()) as seconds:
+        for _ in range(steps):
+            step()
+    op_ms = [(name, 1e3 * s / steps) for name, s in seconds.most_common()]
     return {"model": model, "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,
-            "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14)}
+            "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14),
+            "op_ms": op_ms}
+
+
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def torch_profile(model: str, steps: int) -> dict:
+    """PyTorch's step of ``model`` (the suite's, benchmarks/torch_reference.py): its median time and
+    the self time of each ATen op under torch.profiler, the matrix products' share among them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profiler
+    import benchmarks.torch_reference                                 # noqa: F401 - registers "torch"
+    from npformer.bench.backends import reference_backend
+    m = MODELS[model]
+    B, T = m.get("B", 8), m.get("T", 128)
+    ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
+    step = reference_backend("torch", "cpu", npformer.get_num_threads()).train_step(m, ids, ids[:, ::-1].copy(), 0.0)
+    for _ in range(3):
+        step()
+    walls = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        walls.append(time.perf_counter() - t)
+    with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    self_ms = Counter({e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()})
+    total = sum(self_ms.values())
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": 1e3 * statistics.median(walls),
+            "profiled_ms": total, "matmul_ms": sum(self_ms[k] for k in MATMUL_OPS), "top": self_ms.most_common(10)}
 
 
 def main(argv=None) -> int:
@@ -65,13 +142,19 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="gpt-tiny", choices=[n for n, m in MODELS.items() if not m.get("gpu")])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None, help="npformer.set_num_threads (BLAS and the pool)")
-    ap.add_argument("--reference", action="store_true", help="the fast paths off")
+    paths = ap.add_mutually_exclusive_group()
+    paths.add_argument("--reference", action="store_true", help="the fast paths off")
+    paths.add_argument("--no-numba", action="store_true", help="the NumPy fast paths alone (numba's off)")
+    ap.add_argument("--torch", action="store_true", help="also PyTorch's step, and its matrix products' share")
     args = ap.parse_args(argv)
+    retain_freed_memory()
     if args.threads:
         npformer.set_num_threads(args.threads)
-    with kernels.disabled() if args.reference else contextlib.nullcontext():
+    switch = kernels.disabled() if args.reference else kernels.disabled("numba") if args.no_numba else None
+    with switch or contextlib.nullcontext():
         r = profile(args.model, args.steps)
-    print(f"{r['model']} ({r['shape']}), {r['threads']} thread(s), fast paths {'off' if args.reference else 'on'}:")
+    which = "off" if args.reference else "on without numba's" if args.no_numba else "on"
+    print(f"{r['model']} ({r['shape']}), {r['threads']} thread(s), fast paths {which}:")
     print(f"  step {r['step_ms']:.1f} ms (median of {args.steps}); at one token {r['fixed_ms']:.1f} ms: the fixed part "
           f"{100 * r['fixed_ms'] / r['step_ms']:.0f}%, the batch's arithmetic {r['step_ms'] - r['fixed_ms']:.1f} ms; "
           f"{r['python_calls']} calls into npformer a step")
@@ -81,6 +164,18 @@ def main(argv=None) -> int:
     print("  op functions a step:")
     for name, n in r["op_calls"]:
         print(f"    {n:5d}  {name}")
+    if r["op_ms"]:
+        print("  time in each fast path a step (the rest: reference ops, Python, the optimiser's bookkeeping):")
+        for name, ms in r["op_ms"]:
+            print(f"    {ms:7.2f} ms  {name}")
+        print(f"    {sum(ms for _, ms in r['op_ms']):7.2f} ms  in all")
+    if args.torch:
+        t = torch_profile(args.model, args.steps)
+        print(f"PyTorch {t['torch']}, {t['threads']} thread(s): step {t['step_ms']:.1f} ms (median of {args.steps}); "
+              f"profiled, {t['profiled_ms']:.1f} ms a step of ATen ops' self time, {t['matmul_ms']:.1f} ms "
+              f"({100 * t['matmul_ms'] / t['profiled_ms']:.0f}%) in matrix products ({', '.join(MATMUL_OPS)})")
+        for name, ms in t["top"]:
+            print(f"    {ms:7.2f} ms  {name}")
     return 0
 
 

@@ -52,7 +52,7 @@ from npformer.backend import get_array_module
 from npformer.errors import NonFiniteError
 
 __all__ = ["FastPath", "Takes", "takes", "dispatched", "register", "enabled", "set_enabled", "disabled",
-           "implementation", "registered", "detect_anomaly", "anomaly_detection_enabled"]
+           "implementation", "registered", "dispatched_ops", "detect_anomaly", "anomaly_detection_enabled"]
 
 _ON = contextvars.ContextVar("npformer_fast_paths", default=True)
 _OFF_NAMES = contextvars.ContextVar("npformer_fast_paths_off", default=frozenset())
@@ -200,6 +200,11 @@ def implementation(op: Callable, *args, **kwargs) -> str:
 def registered() -> dict[str, list[str]]:
     """Every dispatched op by ``module.name``, with the names of its fast paths in order."""
     return {name: [p.name for p in op.fast_paths] for name, op in _OPS.items()}
+
+
+def dispatched_ops() -> dict[str, Callable]:
+    """Every dispatched op by ``module.name`` (each with its ``reference`` and ``fast_paths`` list)."""
+    return dict(_OPS)
 
 
 @contextmanager

@@ -627,3 +627,20 @@ def test_cpu_profile_splits_a_small_models_step():
     first = res.stdout.splitlines()[1]
     assert "at one token" in first and "the fixed part" in first and "calls into npformer a step" in first
     assert "ops/linear.py:check_linear_inputs" in res.stdout
+    timed = res.stdout.split("time in each fast path a step")[1].splitlines()[1:]
+    assert any("linear_backward (" in line for line in timed) and timed[-1].endswith("in all")
+    assert float(timed[-1].split()[0]) > 0
+
+
+def test_cpu_profile_gives_pytorchs_matmul_share():
+    import sys
+    from pathlib import Path
+    pytest.importorskip("torch", reason="PyTorch is the reference the profile compares with")
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "cpu_profile.py"), "--steps", "2", "--threads", "1",
+                          "--no-numba", "--torch"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "fast paths on without numba's" in res.stdout and "(numba)" not in res.stdout
+    line = next(s for s in res.stdout.splitlines() if s.startswith("PyTorch"))
+    share = float(re.search(r"\((\d+)%\) in matrix products", line).group(1))
+    assert 0 < share < 100 and "in matrix products (aten::mm" in line
