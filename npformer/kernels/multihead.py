@@ -26,7 +26,7 @@ def packed_self_attention_backward(backward_into: Callable[..., None], xp: Any, 
     b, t, e = dmerged.shape
     h = cache.num_heads
     dqkv = xp.empty((b, t, 3, h, e // h), dtype=dmerged.dtype)                  # (B, T, 3, H, hs)
-    dq, dk, dv = (dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))         # (B, H, T, hs) views
+    dq, dk, dv = [dqkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]         # (B, H, T, hs) views
     # fwd: heads = attention(split(q), split(k), split(v))  ->  dq, dk, dv into the packed gradient
     backward_into(split_heads(dmerged, h), cache.attn, dq, dk, dv)
     # fwd: [q | k | v] = x @ W_in^T + b_in  ->  dx = [dq | dk | dv] @ W_in,  dW_in = [dq | dk | dv]^T x

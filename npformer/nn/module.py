@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from npformer.backend import backend_name, default_rng, get_array_module, get_backend, is_cupy_array, to_device
+from npformer.backend.array_module import HOST_ARRAY_TYPES
 from npformer.checks import describe, float_dtype
 from npformer.errors import ShapeError, StateDictError
 
@@ -63,19 +64,28 @@ def is_grad_enabled() -> bool:
     return _GRAD_ENABLED.get()
 
 
+class _Generators(dict):
+    """backend name -> ``default_rng(seed, backend)``, each made when first looked up."""
+
+    def __init__(self, seed: Any):
+        super().__init__()
+        self.seed = seed
+
+    def __missing__(self, backend: str):
+        gen = self[backend] = default_rng(self.seed, backend)
+        return gen
+
+
 class RandomStream:
     """A seeded stream of random numbers for dropout: one backend Generator per backend (the arrays'
     backend decides), each made from ``seed`` on first use. ``seed`` None: fresh OS entropy."""
 
     def __init__(self, seed: Any = None):
         self.seed = seed
-        self._generators: dict[str, Any] = {}
+        self.generators = _Generators(seed)      # backend name -> its Generator, made on first use
 
     def generator(self, backend: str):
-        gen = self._generators.get(backend)
-        if gen is None:
-            gen = self._generators[backend] = default_rng(self.seed, backend)
-        return gen
+        return self.generators[backend]
 
     def __repr__(self) -> str:
         return f"RandomStream(seed={self.seed!r})"
@@ -323,7 +333,10 @@ class Module:
         A module never seeded gets a stream of its own from OS entropy on first use."""
         if self._stream is None:
             object.__setattr__(self, "_stream", RandomStream(None))
-        return self._stream.generator(like if isinstance(like, str) else "cupy" if is_cupy_array(like) else "numpy")
+        if isinstance(like, str):
+            return self._stream.generators[like]
+        host = isinstance(like, HOST_ARRAY_TYPES)            # (no call for NumPy arrays: at every dropout)
+        return self._stream.generators["numpy" if host or not is_cupy_array(like) else "cupy"]
 
     # -- modes and devices -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":

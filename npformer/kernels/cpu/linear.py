@@ -49,16 +49,6 @@ def _parts(flops: int, weight_size: int) -> int:
     return max(1, min(get_num_threads(), flops // MIN_PARALLEL_FLOPS))
 
 
-def _run(part, args: list) -> None:
-    """``part(*a)`` for each ``a`` in ``args``: on the pool when there are several; a single one (the
-    whole product) here, on BLAS's own threads, noted as such."""
-    if len(args) == 1:
-        part(*args[0])
-        note_blas_product()
-    else:
-        run_parallel([functools.partial(part, *a) for a in args])
-
-
 def linear_forward(x, weight, bias=None):
     check_linear_inputs(x, weight, bias)
     c_out, c_in = weight.shape
@@ -72,7 +62,12 @@ def linear_forward(x, weight, bias=None):
         if bias is not None:
             out[a:b] += bias
 
-    _run(part, split(n, _parts(2 * n * c_in * c_out, weight.size), ROW_MULTIPLE))
+    parts = _parts(2 * n * c_in * c_out, weight.size)
+    if parts == 1:                         # the whole product: one BLAS call, on BLAS's own threads
+        part(0, n)
+        note_blas_product()
+    else:
+        run_parallel([functools.partial(part, a, b) for a, b in split(n, parts, ROW_MULTIPLE)])
     return out.reshape(x.shape[:-1] + (c_out,)), LinearCache(x, weight, bias is not None)
 
 
@@ -87,7 +82,8 @@ def linear_backward(dout, cache: LinearCache):
     dbias = numpy.empty(c_out, dtype=x.dtype) if has_bias else None  # (C_out,)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
     parts = _parts(4 * n * c_in * c_out, weight.size)
-    rows, outs = split(n, parts, ROW_MULTIPLE), split(c_out, parts, ROW_MULTIPLE)
+    rows, outs = ([(0, n)], [(0, c_out)]) if parts == 1 else (split(n, parts, ROW_MULTIPLE),
+                                                               split(c_out, parts, ROW_MULTIPLE))
 
     def part(k: int) -> None:
         if k < len(rows):
@@ -99,5 +95,9 @@ def linear_backward(dout, cache: LinearCache):
             if has_bias:
                 d2[:, a:b].sum(axis=0, out=dbias[a:b])
 
-    _run(part, [(k,) for k in range(max(len(rows), len(outs)))])
+    if parts == 1:                         # the whole product: one BLAS call, on BLAS's own threads
+        part(0)
+        note_blas_product()
+    else:
+        run_parallel([functools.partial(part, k) for k in range(max(len(rows), len(outs)))])
     return dx.reshape(x.shape), dweight, dbias

@@ -78,13 +78,9 @@ def _backward64(dx, x, dy, tanh_form, start, stop):
             dx[i] = dy[i] * (phi64(v) + v * math.exp(-0.5 * v * v) * INV_SQRT_2PI)
 
 
-def _flat(a):
-    return numpy.ascontiguousarray(a).reshape(-1)
-
-
 def gelu_forward(x, approximate: str = "none"):
     one_of(approximate, "approximate", APPROXIMATIONS)
-    xf = _flat(x)                                        # (n,)
+    xf = x.ravel()                                       # (n,) contiguous (a copy only if x is not)
     y = numpy.empty_like(xf)
     kernel = _forward32 if x.dtype == numpy.float32 else _forward64
     over_rows(kernel, xf.size, 1, y, xf, approximate == "tanh")
@@ -94,7 +90,7 @@ def gelu_forward(x, approximate: str = "none"):
 def gelu_backward(dy, cache):
     x, approximate = cache
     expect_grad(dy, "dy", x.shape, x.dtype)
-    xf, dyf = _flat(x), _flat(dy)                        # (n,), (n,)
+    xf, dyf = x.ravel(), dy.ravel()                      # (n,), (n,) contiguous
     dx = numpy.empty_like(xf)
     kernel = _backward32 if x.dtype == numpy.float32 else _backward64
     over_rows(kernel, xf.size, 1, dx, xf, dyf, approximate == "tanh")
