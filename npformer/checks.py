@@ -174,7 +174,7 @@ def expect_same_float(**arrays: Any) -> None:
     all of one dtype (float32 in gives float32 out; nothing is promoted silently) and of one backend
     (NumPy and CuPy are not mixed). The errors of :func:`expect_float` on each, then
     :func:`expect_same_dtype` and ``get_array_module``, in one call for the whole set."""
-    on_host = True
+    on_host, first_name, first = True, None, None
     for name, a in arrays.items():       # (loops, not generators: this runs at every op call)
         if a is None:
             continue
@@ -183,13 +183,10 @@ def expect_same_float(**arrays: Any) -> None:
             on_host = False
         if a.dtype.kind != "f" and str(a.dtype) != "bfloat16":
             _not_float(a, name)
-    first_name = first = None
-    for name, a in arrays.items():
-        if a is None:
-            continue
         if first is None:
             first_name, first = name, a
-        elif a.dtype != first.dtype:
+    for name, a in arrays.items():       # every one a float: then one dtype
+        if a is not None and a.dtype != first.dtype:
             _dtype_mismatch(first_name, first, name, a)
     if not on_host:
         get_array_module(*arrays.values())       # raises on NumPy arrays mixed with CuPy ones

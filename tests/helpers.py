@@ -143,3 +143,17 @@ def assert_packed_self_attention(path: str, dtype, p: float, seed: int = 0, b: i
     crossed = multihead.self_attention_backward(dout, cache_ref)                # the reference path's cache
     for g, r, name in zip(crossed, ref, names):
         assert_close(g, r, dtype, what=f"{name} on the reference cache")
+
+
+def posing_as_cupy(monkeypatch, a):
+    """``a`` (a NumPy array) viewed as an array of a fake ``cupy`` module put in ``sys.modules`` for
+    the test: a NumPy subclass that npformer's backend checks take for a CuPy array."""
+    import sys
+    import types
+
+    class FakeCupyArray(np.ndarray):
+        pass
+    fake = types.ModuleType("cupy")
+    fake.ndarray = FakeCupyArray
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    return a.view(FakeCupyArray)

@@ -1,13 +1,11 @@
 """The combined input check of an op's arrays, npformer.checks.expect_same_float: the same errors as the
 three checks it stands for (expect_float on each array, expect_same_dtype, get_array_module)."""
-import sys
-import types
-
 import numpy as np
 import pytest
 
 from npformer.checks import expect_float, expect_same_dtype, expect_same_float
 from npformer.errors import InputTypeError
+from tests.helpers import posing_as_cupy
 
 
 def test_floats_of_one_dtype_pass_and_none_is_skipped():
@@ -39,12 +37,7 @@ def test_an_integer_array_is_named_before_a_dtype_mismatch():
 
 
 def test_arrays_of_two_backends_are_refused(monkeypatch):
-    class FakeCupyArray(np.ndarray):        # a NumPy subclass posing as a CuPy array
-        pass
-    fake = types.ModuleType("cupy")
-    fake.ndarray = FakeCupyArray
-    monkeypatch.setitem(sys.modules, "cupy", fake)
-    x, w = np.ones((2, 3)), np.ones((4, 3)).view(FakeCupyArray)
+    x, w = np.ones((2, 3)), posing_as_cupy(monkeypatch, np.ones((4, 3)))
     with pytest.raises(TypeError, match="two backends were mixed"):
         expect_same_float(x=x, weight=w)
     expect_same_float(x=w, weight=w)        # one backend, even when it is not NumPy

@@ -11,6 +11,7 @@ from npformer import backend
 from npformer.backend import (BackendUnavailableError, accumulation_dtype, default_backend_name,
                               default_rng, erf, get_array_module, get_backend, scatter_add,
                               to_device, to_numpy)
+from tests.helpers import posing_as_cupy
 
 
 def _starting_backend(value: str) -> subprocess.CompletedProcess:
@@ -109,14 +110,8 @@ def test_mixing_backends_raises_naming_both(monkeypatch):
 
 def test_mixing_backends_inside_an_op_leaves_inputs_untouched(monkeypatch):
     from npformer.ops.linear import linear_forward
-
-    class FakeCupyArray(np.ndarray):   # a numpy subclass posing as a CuPy array
-        pass
-    fake = types.ModuleType("cupy")
-    fake.ndarray = FakeCupyArray
-    monkeypatch.setitem(sys.modules, "cupy", fake)
     x = np.ones((2, 3))
-    w = np.ones((4, 3)).view(FakeCupyArray)
+    w = posing_as_cupy(monkeypatch, np.ones((4, 3)))
     with pytest.raises(TypeError, match="two backends were mixed"):
         linear_forward(x, w)
     assert (x == 1).all() and (np.asarray(w) == 1).all()
