@@ -30,10 +30,9 @@ from npformer.backend.array_module import HOST_ARRAY_TYPES
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
-           "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer", "token_ids",
-           "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability", "one_of",
-           "values_checked",
-           "values_unchecked", "float_dtype"]
+           "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer",
+           "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability",
+           "one_of", "values_checked", "values_unchecked", "float_dtype"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
 
