@@ -46,10 +46,8 @@ from npformer.bench.backends import Backend                          # noqa: E40
 from npformer.bench.steps import MODELS, _npformer_step              # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
 
-def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
-    """(median ms of ``steps`` timed steps at batch B x T, the step itself)."""
-    ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
-    step = _npformer_step(Backend("numpy", npformer.get_num_threads()), m, ids, ids[:, ::-1].copy())
+def _median_ms(step: Callable[[], None], steps: int) -> float:
+    """Median ms of ``steps`` timed calls of ``step``, after 3 untimed ones."""
     for _ in range(3):
         step()                                                         # warm: caches, numba's compilation
     walls = []
@@ -57,7 +55,14 @@ def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], N
         t = time.perf_counter()
         step()
         walls.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(walls), step
+    return 1e3 * statistics.median(walls)
+
+
+def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
+    """(median ms of ``steps`` timed steps at batch B x T, the step itself)."""
+    ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
+    step = _npformer_step(Backend("numpy", npformer.get_num_threads()), m, ids, ids[:, ::-1].copy())
+    return _median_ms(step, steps), step
 
 
 @contextlib.contextmanager
@@ -121,19 +126,13 @@ def torch_profile(model: str, steps: int) -> dict:
     B, T = m.get("B", 8), m.get("T", 128)
     ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
     step = reference_backend("torch", "cpu", npformer.get_num_threads()).train_step(m, ids, ids[:, ::-1].copy(), 0.0)
-    for _ in range(3):
-        step()
-    walls = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        walls.append(time.perf_counter() - t)
+    step_ms = _median_ms(step, steps)
     with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
     self_ms = Counter({e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()})
     total = sum(self_ms.values())
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": 1e3 * statistics.median(walls),
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": step_ms,
             "profiled_ms": total, "matmul_ms": sum(self_ms[k] for k in MATMUL_OPS), "top": self_ms.most_common(10)}
 
 

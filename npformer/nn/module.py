@@ -81,11 +81,11 @@ class RandomStream:
     backend decides), each made from ``seed`` on first use. ``seed`` None: fresh OS entropy."""
 
     def __init__(self, seed: Any = None):
-        self.seed = seed
-        self.generators = _Generators(seed)      # backend name -> its Generator, made on first use
+        self.generators = _Generators(seed)      # backend name -> its Generator, made on first lookup
 
-    def generator(self, backend: str):
-        return self.generators[backend]
+    @property
+    def seed(self) -> Any:
+        return self.generators.seed
 
     def __repr__(self) -> str:
         return f"RandomStream(seed={self.seed!r})"
