@@ -43,7 +43,7 @@ import npformer                                                       # noqa: E4
 from npformer import dispatch, kernels                                # noqa: E402
 from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend                          # noqa: E402
-from npformer.bench.steps import MODELS, _npformer_step              # noqa: E402
+from npformer.bench.steps import DROPOUT, MODELS, _npformer_step     # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
 
 def _median_ms(step: Callable[[], None], steps: int) -> float:
@@ -125,7 +125,8 @@ def torch_profile(model: str, steps: int) -> dict:
     m = MODELS[model]
     B, T = m.get("B", 8), m.get("T", 128)
     ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
-    step = reference_backend("torch", "cpu", npformer.get_num_threads()).train_step(m, ids, ids[:, ::-1].copy(), 0.0)
+    torch_cpu = reference_backend("torch", "cpu", npformer.get_num_threads())
+    step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m.get("dropout", DROPOUT))   # npformer's dropout
     step_ms = _median_ms(step, steps)
     with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):

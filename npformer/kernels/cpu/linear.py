@@ -17,11 +17,18 @@ NumPy sums a column slice down its rows as it sums the whole array, so db is the
 for bit (tested).
 Two kinds of product run as the reference instead, one BLAS call on BLAS's own threads (whose
 hand-off is faster than the pool's, :mod:`npformer.kernels.cpu.threads`): those under
-:data:`MIN_PARALLEL_FLOPS` a part, and every product of a layer whose weight has fewer than
-:data:`MIN_PARALLEL_WEIGHT` entries (narrower than 256 x 256: a small model's layers, whose
-element-wise work then stays off the pool too, rather than share a core with BLAS's spinning
-workers). The choice follows the shapes alone, never timing, so a product is computed the same way
-in every run.
+:data:`MIN_PARALLEL_FLOPS` a part, and every product of a layer narrower than
+:data:`MIN_PARALLEL_WIDTH` on either side (a small model's layers, whose element-wise work then
+stays off the pool too, rather than share a core with BLAS's spinning workers). The narrow side
+classes a model's layers together: every linear layer of a Transformer has d_model on one side
+(the attention projections, both feed-forward layers, the head), so a model with d_model under 256
+runs all its products on BLAS's threads and a wider one cuts them all for the pool. Counting the
+weight's entries instead did not: nanoGPT's CPU recipe (d_model 128, MLP 512) has feed-forward
+weights of 65,536 entries like a 256 x 256 layer, which went to the pool while its attention's
+products woke BLAS's workers (2 threads: 87 ms a step against 67 ms with every product on BLAS's
+threads). One mix is left: a head narrower than its model (a character vocabulary of 65 under
+d_model 384) runs on BLAS's threads beside a pool-cut model. The choice follows the shapes alone,
+never timing, so a product is computed the same way in every run.
 """
 from __future__ import annotations
 
@@ -33,18 +40,18 @@ from npformer.checks import expect_grad
 from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, note_blas_product, run_parallel, split
 from npformer.ops.linear import LinearCache, as_rows, check_linear_inputs
 
-__all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS", "MIN_PARALLEL_WEIGHT"]
+__all__ = ["linear_forward", "linear_backward", "MIN_PARALLEL_FLOPS", "MIN_PARALLEL_WIDTH"]
 
 MIN_PARALLEL_FLOPS = 1 << 26       # 67 MFLOP a part: below, BLAS's own threads hand off faster than the pool
-MIN_PARALLEL_WEIGHT = 1 << 16      # weight entries (256 x 256): narrower layers' products stay with BLAS
+MIN_PARALLEL_WIDTH = 256           # features on the weight's narrow side: narrower layers' products stay with BLAS
 ROW_MULTIPLE = 16                  # part boundaries (rows of the products)
 
 
-def _parts(flops: int, weight_size: int) -> int:
-    """Parts of a product of ``flops`` with a weight of ``weight_size`` entries: from the shapes and
-    the thread count alone, never from timing (BLAS's own threads may add a product's terms in
-    another order than one thread does, so the choice must not vary from run to run)."""
-    if weight_size < MIN_PARALLEL_WEIGHT or in_parallel_region():
+def _parts(flops: int, c_out: int, c_in: int) -> int:
+    """Parts of a product of ``flops`` with a (c_out, c_in) weight: from the shapes and the thread
+    count alone, never from timing (BLAS's own threads may add a product's terms in another order
+    than one thread does, so the choice must not vary from run to run)."""
+    if min(c_out, c_in) < MIN_PARALLEL_WIDTH or in_parallel_region():
         return 1
     return max(1, min(get_num_threads(), flops // MIN_PARALLEL_FLOPS))
 
@@ -62,7 +69,7 @@ def linear_forward(x, weight, bias=None):
         if bias is not None:
             out[a:b] += bias
 
-    parts = _parts(2 * n * c_in * c_out, weight.size)
+    parts = _parts(2 * n * c_in * c_out, c_out, c_in)
     if parts == 1:                         # the whole product: one BLAS call, on BLAS's own threads
         part(0, n)
         note_blas_product()
@@ -81,7 +88,7 @@ def linear_backward(dout, cache: LinearCache):
     dweight = numpy.empty((c_out, c_in), dtype=x.dtype)              # (C_out, C_in)
     dbias = numpy.empty(c_out, dtype=x.dtype) if has_bias else None  # (C_out,)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
-    parts = _parts(4 * n * c_in * c_out, weight.size)
+    parts = _parts(4 * n * c_in * c_out, c_out, c_in)
     rows, outs = ([(0, n)], [(0, c_out)]) if parts == 1 else (split(n, parts, ROW_MULTIPLE),
                                                                split(c_out, parts, ROW_MULTIPLE))
 

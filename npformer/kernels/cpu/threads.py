@@ -18,9 +18,9 @@ at once. Three things decide whether that pays on a small machine:
   gpt-small step 1.3-1.4x slower.
 
 So a training step should use one or the other throughout. The linear layers choose by the layer
-(:mod:`npformer.kernels.cpu.linear`: layers narrower than 256 x 256 give their products to BLAS's
-threads, wider ones cut theirs for the pool, by the shapes alone, so a product is always computed
-the same way), and every fast path asks :func:`threads_for` how many parts to cut its element-wise
+(:mod:`npformer.kernels.cpu.linear`: layers under 256 features on either side, a model with a
+small d_model, give their products to BLAS's threads, wider ones cut theirs for the pool, by the
+shapes alone, so a product is always computed the same way), and every fast path asks :func:`threads_for` how many parts to cut its element-wise
 work into. It answers 1 inside a parallel region, and 1 while BLAS's workers are awake: for
 :data:`BLAS_AWAKE_SECONDS` after a product ran on BLAS's own threads (:func:`note_blas_product`).
 A small model (the default ``npformer train``, d_model 128) thus runs its products on BLAS's threads

@@ -143,12 +143,13 @@ def test_a_small_linear_layer_runs_on_blas_threads_and_keeps_element_wise_work_o
     assert cut == [2]                                              # awake: on this thread, uncut
 
 
-@pytest.mark.parametrize("shape", [(300, 64, 96), (1001, 130, 67), (64, 512, 48), (700, 256, 256)])
+@pytest.mark.parametrize("shape", [(300, 64, 96), (1001, 130, 67), (64, 512, 48), (700, 256, 256),
+                                   (500, 128, 512)])    # 65,536 entries, a 128-wide side: narrow
 def test_a_products_parts_depend_on_its_shapes_not_on_timing(monkeypatch, thread_count, two_blas_threads, shape):
     """BLAS's own threads may add a product's terms in another order than one thread (OpenBLAS cuts K
     for some shapes), so linear's parts must not follow blas_awake(): its forward and backward are
     the same bits whether BLAS's workers were just woken or not, at 1 and 2 threads; narrow layers
-    (weight under MIN_PARALLEL_WEIGHT entries) run as one part, on BLAS's threads, and say so."""
+    (a side under MIN_PARALLEL_WIDTH features) run as one part, on BLAS's threads, and say so."""
     from npformer.kernels.cpu import linear
     n, c_in, c_out = shape
     rng = np.random.default_rng(n)
@@ -167,7 +168,7 @@ def test_a_products_parts_depend_on_its_shapes_not_on_timing(monkeypatch, thread
         monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
         monkeypatch.setitem(threads._state, "blas_awake_until", 0.0)
         asleep = run()
-        narrow = c_in * c_out < linear.MIN_PARALLEL_WEIGHT
+        narrow = min(c_in, c_out) < linear.MIN_PARALLEL_WIDTH
         assert threads.blas_awake() == (narrow or count == 1)        # one part: BLAS's own threads
         assert cut[-2:] == [1, 1] if narrow or count == 1 else cut[-2:] == [2, 2]
         threads.note_blas_product()
