@@ -285,6 +285,13 @@ def test_markdown_tables_are_well_formed(quick_run):
     assert "FLOP counts used" in text
 
 
+def test_each_npformer_path_has_its_own_column_title():
+    """fast, numpy (the fast paths without numba's) and reference: three columns, three names."""
+    from npformer.bench.report import _title, columns
+    cols = columns({"backends": ["numpy", "torch-cpu"], "paths": ["fast", "numpy", "reference"]})
+    assert [_title(*c) for c in cols] == ["numpy", "numpy no-numba", "numpy ref", "torch-cpu"]
+
+
 def test_png_written_when_matplotlib_is_present(quick_run):
     out, _ = quick_run
     if importlib.util.find_spec("matplotlib") is None:

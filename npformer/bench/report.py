@@ -21,8 +21,12 @@ def _f(v, fmt="{:.2f}"):
     return "-" if v is None else fmt.format(v)
 
 
+PATH_TITLES = {"reference": " ref", "numpy": " no-numba"}     # "fast" (and a reference's column): none
+
+
 def _title(backend: str, path: str | None) -> str:
-    return backend + (" ref" if path == "reference" else "")
+    """A column's name: the backend, and the npformer path unless it is the fast one."""
+    return backend + PATH_TITLES.get(path, "")
 
 
 def columns(meta: dict) -> list[tuple[str, str | None]]:
