@@ -3,7 +3,7 @@ numba doing arithmetic) against the fixed part around it (Python, and each call'
 Python calls per step and per op.
 
     python benchmarks/cpu_profile.py [--model gpt-tiny] [--steps 20] [--threads N] [--reference | --no-numba]
-                                     [--torch]
+                                     [--torch] [--dropout P]
 
 The step is the benchmark suite's (npformer/bench/steps.py: forward, cross-entropy, backward, AdamW over the
 flat buffers), timed at the model's batch and again at one token (B = T = 1, the same widths): the
@@ -21,6 +21,8 @@ own products are inside its rows). ``--torch`` profiles PyTorch's step of the sa
 (``torch.profiler``, self time per ATen op) and prints the share of it spent in matrix products
 (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``): a step can be no faster than its products, so that
 share bounds what any implementation with the same BLAS speed can reach against PyTorch.
+Both libraries run the model's dropout rate (the suite's: 0.1 but where a model says its own), or
+``--dropout P`` in both.
 Like ``npformer train`` and the benchmark suite, it keeps freed memory for reuse
 (:func:`npformer.backend.host_memory.retain_freed_memory`), so no step pays page faults.
 """
@@ -95,8 +97,13 @@ def timed_fast_paths(total: Counter):
             op.fast_paths[:] = saved[name]
 
 
-def profile(model: str, steps: int) -> dict:
-    m = MODELS[model]
+def model_spec(model: str, dropout: float | None = None) -> dict:
+    """The suite's spec of ``model``, with ``dropout`` in place of its own rate when given."""
+    return dict(MODELS[model], dropout=MODELS[model].get("dropout", DROPOUT) if dropout is None else dropout)
+
+
+def profile(model: str, steps: int, dropout: float | None = None) -> dict:
+    m = model_spec(model, dropout)
     B, T = m.get("B", 8), m.get("T", 128)
     full, step = _step_ms(m, B, T, steps)
     fixed, _ = _step_ms(m, 1, 1, steps)
@@ -106,7 +113,7 @@ def profile(model: str, steps: int) -> dict:
         for _ in range(steps):
             step()
     op_ms = [(name, 1e3 * s / steps) for name, s in seconds.most_common()]
-    return {"model": model, "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
+    return {"model": model, "dropout": m["dropout"], "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,
             "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14),
             "op_ms": op_ms}
@@ -115,18 +122,18 @@ def profile(model: str, steps: int) -> dict:
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
-def torch_profile(model: str, steps: int) -> dict:
+def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
     """PyTorch's step of ``model`` (the suite's, benchmarks/torch_reference.py): its median time and
     the self time of each ATen op under torch.profiler, the matrix products' share among them."""
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profiler
     import benchmarks.torch_reference                                 # noqa: F401 - registers "torch"
     from npformer.bench.backends import reference_backend
-    m = MODELS[model]
+    m = model_spec(model, dropout)
     B, T = m.get("B", 8), m.get("T", 128)
     ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
     torch_cpu = reference_backend("torch", "cpu", npformer.get_num_threads())
-    step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m.get("dropout", DROPOUT))   # npformer's dropout
+    step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m["dropout"])         # npformer's rate
     step_ms = _median_ms(step, steps)
     with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -146,15 +153,19 @@ def main(argv=None) -> int:
     paths.add_argument("--reference", action="store_true", help="the fast paths off")
     paths.add_argument("--no-numba", action="store_true", help="the NumPy fast paths alone (numba's off)")
     ap.add_argument("--torch", action="store_true", help="also PyTorch's step, and its matrix products' share")
+    ap.add_argument("--dropout", type=float, default=None,
+                    help="dropout rate in both libraries' models (default: the model's own, as the suite runs it)")
     args = ap.parse_args(argv)
+    if args.dropout is not None and not 0.0 <= args.dropout < 1.0:
+        ap.error(f"--dropout: expected a rate in [0, 1), got {args.dropout}")
     retain_freed_memory()
     if args.threads:
         npformer.set_num_threads(args.threads)
     switch = kernels.disabled() if args.reference else kernels.disabled("numba") if args.no_numba else None
     with switch or contextlib.nullcontext():
-        r = profile(args.model, args.steps)
+        r = profile(args.model, args.steps, args.dropout)
     which = "off" if args.reference else "on without numba's" if args.no_numba else "on"
-    print(f"{r['model']} ({r['shape']}), {r['threads']} thread(s), fast paths {which}:")
+    print(f"{r['model']} ({r['shape']}, dropout {r['dropout']}), {r['threads']} thread(s), fast paths {which}:")
     print(f"  step {r['step_ms']:.1f} ms (median of {args.steps}); at one token {r['fixed_ms']:.1f} ms: the fixed part "
           f"{100 * r['fixed_ms'] / r['step_ms']:.0f}%, the batch's arithmetic {r['step_ms'] - r['fixed_ms']:.1f} ms; "
           f"{r['python_calls']} calls into npformer a step")
@@ -170,7 +181,7 @@ def main(argv=None) -> int:
             print(f"    {ms:7.2f} ms  {name}")
         print(f"    {sum(ms for _, ms in r['op_ms']):7.2f} ms  in all")
     if args.torch:
-        t = torch_profile(args.model, args.steps)
+        t = torch_profile(args.model, args.steps, args.dropout)
         print(f"PyTorch {t['torch']}, {t['threads']} thread(s): step {t['step_ms']:.1f} ms (median of {args.steps}); "
               f"profiled, {t['profiled_ms']:.1f} ms a step of ATen ops' self time, {t['matmul_ms']:.1f} ms "
               f"({100 * t['matmul_ms'] / t['profiled_ms']:.0f}%) in matrix products ({', '.join(MATMUL_OPS)})")

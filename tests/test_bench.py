@@ -639,6 +639,32 @@ def test_cpu_profile_splits_a_small_models_step():
     assert float(timed[-1].split()[0]) > 0
 
 
+def test_cpu_profile_runs_pytorch_at_npformers_dropout(monkeypatch):
+    """PyTorch's step gets the model's own rate (the suite's 0.1 for gpt-small, 0 for gpt-tiny), or
+    --dropout's in both libraries: a profile never compares a step with dropout against one without."""
+    import sys
+    from pathlib import Path
+    pytest.importorskip("torch", reason="PyTorch is the reference the profile compares with")
+    from npformer.bench import backends
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    try:
+        from benchmarks import cpu_profile
+    finally:
+        sys.path.pop(0)
+    rates = []
+
+    class Recorder:
+        def train_step(self, m, src, tgt, dropout):
+            rates.append((m["dropout"], dropout))
+            return lambda: None
+    monkeypatch.setattr(backends, "reference_backend", lambda *args: Recorder())
+    for model, given, want in (("gpt-small", None, 0.1), ("gpt-tiny", None, 0.0), ("gpt-small", 0.0, 0.0),
+                               ("gpt-tiny", 0.25, 0.25)):
+        cpu_profile.torch_profile(model, 1, given)
+        assert rates[-1] == (want, want), model
+        assert cpu_profile.model_spec(model, given)["dropout"] == want
+
+
 def test_cpu_profile_gives_pytorchs_matmul_share():
     import sys
     from pathlib import Path
