@@ -113,7 +113,8 @@ def profile(model: str, steps: int, dropout: float | None = None) -> dict:
         for _ in range(steps):
             step()
     op_ms = [(name, 1e3 * s / steps) for name, s in seconds.most_common()]
-    return {"model": model, "dropout": m["dropout"], "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
+    return {"model": model, "dropout": m["dropout"],
+            "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,
             "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14),
             "op_ms": op_ms}

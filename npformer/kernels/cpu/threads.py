@@ -20,9 +20,10 @@ at once. Three things decide whether that pays on a small machine:
 So a training step should use one or the other throughout. The linear layers choose by the layer
 (:mod:`npformer.kernels.cpu.linear`: layers under 256 features on either side, a model with a
 small d_model, give their products to BLAS's threads, wider ones cut theirs for the pool, by the
-shapes alone, so a product is always computed the same way), and every fast path asks :func:`threads_for` how many parts to cut its element-wise
-work into. It answers 1 inside a parallel region, and 1 while BLAS's workers are awake: for
-:data:`BLAS_AWAKE_SECONDS` after a product ran on BLAS's own threads (:func:`note_blas_product`).
+shapes alone, so a product is always computed the same way), and every fast path asks
+:func:`threads_for` how many parts to cut its element-wise work into. It answers 1 inside a
+parallel region, and 1 while BLAS's workers are awake: for :data:`BLAS_AWAKE_SECONDS` after a
+product ran on BLAS's own threads (:func:`note_blas_product`).
 A small model (the default ``npformer train``, d_model 128) thus runs its products on BLAS's threads
 and its element-wise work on the calling thread; a large one (the benchmark's gpt-small) cuts
 products and element-wise work alike for the pool, and BLAS's workers stay asleep.
