@@ -231,8 +231,8 @@ def test_state_dict_round_trip_continues_identically(xp, factory):
     resumed_params = [Parameter(xp.asarray(a), decay=d) for a, d in zip(saved, DECAY)]
     resumed = factory(resumed_params).load_state_dict(npz_round_trip(sd))
     assert resumed.lr == 0.02 and isinstance(resumed.lr, float)
-    for st in resumed.state.values():
-        assert isinstance(st["step"], int) and st["step"] == 4
+    for state in resumed.state.values():
+        assert isinstance(state["step"], int) and state["step"] == 4
     traj = run(xp, resumed, resumed_params, grads[4:])
     for a, b in zip(uninterrupted, traj):
         for x, y in zip(a, b):

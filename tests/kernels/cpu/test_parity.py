@@ -449,8 +449,8 @@ def test_dropout_parts_on_threads_give_the_reference_mask(tiny_blocks, thread_co
     rng_ref = default_rng(1, "numpy")
     with kernels.disabled():
         out_ref, cache_ref = dropout.dropout_forward(x, 0.4, rng=rng_ref)
-    for threads in (1, 2, 3):
-        thread_count(threads)
+    for n_threads in (1, 2, 3):
+        thread_count(n_threads)
         rng = default_rng(1, "numpy")
         out, cache = dropout.dropout_forward(x, 0.4, rng=rng)
         np.testing.assert_array_equal(cache.keep, cache_ref.keep)
