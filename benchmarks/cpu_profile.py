@@ -45,7 +45,7 @@ import npformer                                                       # noqa: E4
 from npformer import dispatch, kernels                                # noqa: E402
 from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend                          # noqa: E402
-from npformer.bench.steps import DROPOUT, MODELS, _npformer_step     # noqa: E402
+from npformer.bench.steps import MODELS, _npformer_step, dropout_rate  # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
 
 def _median_ms(step: Callable[[], None], steps: int) -> float:
@@ -99,7 +99,7 @@ def timed_fast_paths(total: Counter):
 
 def model_spec(model: str, dropout: float | None = None) -> dict:
     """The suite's spec of ``model``, with ``dropout`` in place of its own rate when given."""
-    return dict(MODELS[model], dropout=MODELS[model].get("dropout", DROPOUT) if dropout is None else dropout)
+    return dict(MODELS[model], dropout=dropout_rate(MODELS[model]) if dropout is None else dropout)
 
 
 def profile(model: str, steps: int, dropout: float | None = None) -> dict:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy
 
-__all__ = ["MODELS", "DROPOUT", "train_flops", "model_cases"]
+__all__ = ["MODELS", "DROPOUT", "dropout_rate", "train_flops", "model_cases"]
 
 MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
     # nanoGPT's documented CPU recipe for character-level Shakespeare: 4 layers, 4 heads, d 128, context
@@ -41,6 +41,11 @@ MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
 DROPOUT = 0.1           # every model's but those that say their own
 FP16_PARITY = ("skipped: mixed precision (float16 model, float32 masters); the float32 case of the same model "
                "is checked")
+
+
+def dropout_rate(m: dict) -> float:
+    """The dropout rate the suite runs the model spec ``m`` at: its own, else :data:`DROPOUT`."""
+    return m.get("dropout", DROPOUT)
 
 
 def train_flops(m: dict, B: int, T: int) -> int:
@@ -81,7 +86,7 @@ def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
     from npformer.nn.flat import flatten_parameters
     from npformer.training.amp import MixedPrecision
     from npformer.training.optim import AdamW
-    model = _npformer_model(b.name, m, src_ids.shape[1], m.get("dropout", DROPOUT))
+    model = _npformer_model(b.name, m, src_ids.shape[1], dropout_rate(m))
     flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
     if m.get("precision") == "float16":
@@ -166,7 +171,7 @@ def model_cases(c: dict, quick: bool = False) -> list[dict]:
         def build(b, m=m, src=src, tgt=tgt):
             if b.framework == "npformer":
                 return {"step": _npformer_step(b, m, src, tgt)}
-            return {"step": b.train_step(m, src, tgt, m.get("dropout", DROPOUT), m.get("precision", "float32"))}
+            return {"step": b.train_step(m, src, tgt, dropout_rate(m), m.get("precision", "float32"))}
         out.append({"name": name, "group": "model", "shape": shape,
                     "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
                     "flops": {"step": train_flops(m, B, T)}, "build": build,
