@@ -26,6 +26,9 @@ exception                  also a                       the mistake
                                                         damaged, missing members or meta keys, sizes
                                                         or dtypes that do not fit, non-finite
                                                         weights) or a path it cannot be written to
+:class:`WriteError`        ``OSError``                  an output file that could not be written (a
+                                                        full disk, no permission); the earlier file
+                                                        is kept (:mod:`npformer.files`)
 :class:`DistributedError`  ``RuntimeError``             a data-parallel run that cannot go on: mpi4py,
                                                         MPI or NCCL missing, ranks whose configs
                                                         differ, a checkpoint of another rank count
@@ -36,8 +39,8 @@ Every message names what was expected and what came (:mod:`npformer.checks` writ
 from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
-           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "CaptureError",
-           "DistributedError"]
+           "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "WriteError",
+           "CaptureError", "DistributedError"]
 
 
 class NpformerError(Exception):
@@ -77,6 +80,11 @@ class BackendUnavailableError(NpformerError, RuntimeError):
 
 class CheckpointError(NpformerError, ValueError):
     """A checkpoint file that cannot be read or written; the message names the file and what is wrong."""
+
+
+class WriteError(NpformerError, OSError):
+    """An output file that could not be written; the message names the path, the reason and what
+    was kept (the earlier file, or nothing half-written): see :mod:`npformer.files`."""
 
 
 class CaptureError(NpformerError, RuntimeError):

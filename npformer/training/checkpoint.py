@@ -4,13 +4,13 @@ Layout: ``model/<state_dict key>`` arrays, ``optim/<key>`` optimiser state (arra
 and ``meta``, a uint8 array holding UTF-8 JSON (model config, vocabularies, step, options); each is
 an uncompressed ``.npy`` member of a zip archive (``np.savez``).
 
-Writing: the file is written to ``.<name>.<pid>.tmp`` in the same directory, flushed to disk, then
-renamed over the old one (``os.replace`` is atomic on POSIX), so a crash mid-write leaves the
-previous checkpoint intact; the next save removes the temporaries of processes that no longer
-exist. The file follows the process umask. A failed write (a full disk included) removes its
-temporary and raises :class:`~npformer.errors.CheckpointError` saying the previous checkpoint is
-intact. :func:`check_checkpoint_path` tries the path before training starts, so a path that cannot
-be written fails at step 0, not after the run.
+Writing (:func:`npformer.files.written_atomically`): the file is written to ``.<name>.<pid>.tmp`` in
+the same directory, flushed to disk, then renamed over the old one (``os.replace`` is atomic on
+POSIX), so a crash mid-write leaves the previous checkpoint intact; the next save removes the
+temporaries of processes that no longer exist. The file follows the process umask. A failed write
+(a full disk included) removes its temporary and raises :class:`~npformer.errors.CheckpointError`
+saying the previous checkpoint is intact. :func:`check_checkpoint_path` tries the path before
+training starts, so a path that cannot be written fails at step 0, not after the run.
 
 Reading (:func:`load_checkpoint`) opens the zip with the standard library and checks, before
 allocating any array: that it is a zip at all; its members and the meta keys; each member's
@@ -22,7 +22,6 @@ problem is one :class:`~npformer.errors.CheckpointError` naming the file and wha
 """
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -37,6 +36,7 @@ import numpy as np
 
 from npformer.backend import to_numpy
 from npformer.errors import CheckpointError, InputTypeError
+from npformer.files import os_reason, try_creating, written_atomically
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_checkpoint_path", "remove_stale_temporaries",
            "Checkpoint", "META_KEYS"]
@@ -64,10 +64,6 @@ class Checkpoint(dict):
 
 
 # -- writing -----------------------------------------------------------------------------------------
-def _temporary(path: Path, pid: int | None = None) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
-
-
 def _check_target(path: Path) -> None:
     """Refuse a path that names no file, is a directory or other non-file, or lies under a file;
     create its missing directories."""
@@ -76,7 +72,7 @@ def _check_target(path: Path) -> None:
     except CheckpointError:
         raise
     except OSError as exc:           # a parent that cannot be searched, and the like
-        raise CheckpointError(f"checkpoint path {str(path)!r} cannot be used: {_reason(exc)}") from exc
+        raise CheckpointError(f"checkpoint path {str(path)!r} cannot be used: {os_reason(exc)}") from exc
 
 
 def _check_target_unguarded(path: Path) -> None:
@@ -97,32 +93,7 @@ def _check_target_unguarded(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CheckpointError(f"cannot create the directory {str(path.parent)!r} for checkpoint "
-                              f"{str(path)!r}: {_reason(exc)}") from exc
-
-
-def _reason(exc: OSError) -> str:
-    if exc.errno == errno.ENOSPC:
-        return f"the disk is full ({exc.strerror or exc})"
-    if exc.errno is not None and exc.strerror:
-        return f"{exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})"
-    return str(exc) or type(exc).__name__
-
-
-def _create(tmp: Path) -> int:
-    """Open ``tmp`` for writing, new, with mode 0666 less the umask (what ``open()`` gives)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-    try:
-        return os.open(tmp, flags, 0o666)
-    except FileExistsError:          # our pid's name, left by a dead process that had our pid
-        os.unlink(tmp)
-        return os.open(tmp, flags, 0o666)
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+                              f"{str(path)!r}: {os_reason(exc)}") from exc
 
 
 def check_checkpoint_path(path: str | Path) -> Path:
@@ -132,13 +103,11 @@ def check_checkpoint_path(path: str | Path) -> Path:
     :class:`CheckpointError` with one line saying what is wrong; returns the path."""
     path = Path(path)
     _check_target(path)
-    tmp = _temporary(path)
     try:
-        os.close(_create(tmp))
+        try_creating(path)
     except OSError as exc:
         raise CheckpointError(f"cannot write checkpoint {str(path)!r}: creating a file in "
-                              f"{str(path.parent)!r} failed: {_reason(exc)}") from exc
-    _unlink_quietly(tmp)
+                              f"{str(path.parent)!r} failed: {os_reason(exc)}") from exc
     return path
 
 
@@ -197,30 +166,8 @@ def save_checkpoint(path: str | Path, model_state: dict, meta: dict, optim_state
     arrays["meta"] = np.frombuffer(json.dumps(meta, sort_keys=True).encode("utf-8"), dtype=np.uint8)
     _check_target(path)
     remove_stale_temporaries(path)
-    had_one = path.is_file()
-    tmp = _temporary(path)
-    try:
-        with os.fdopen(_create(tmp), "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        _unlink_quietly(tmp)
-        before = (f"the previous checkpoint {str(path)!r} is intact" if had_one
-                  else "no checkpoint was written")
-        raise CheckpointError(f"could not write checkpoint {str(path)!r}: {_reason(exc)}; {before}") from exc
-    except BaseException:
-        _unlink_quietly(tmp)
-        raise
-    try:                             # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    with written_atomically(path, "checkpoint", error=CheckpointError) as f:
+        np.savez(f, **arrays)
     return path
 
 
@@ -341,7 +288,7 @@ def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = No
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise fail(f"cannot be opened: {_reason(exc)}") from exc
+        raise fail(f"cannot be opened: {os_reason(exc)}") from exc
     with f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
