@@ -1,6 +1,6 @@
 """The ``npformer`` command line (also ``python -m npformer``).
 
-    npformer train [--task dates] [--steps N] [--config FILE] [--out-dir DIR] [--resume] ...
+    npformer train [--task dates] [--steps N] [--config FILE] [--out-dir DIR] [--resume | --overwrite] ...
     npformer eval --checkpoint PATH|RUN_DIR [--json]
     npformer plot RUN_DIR [--out FILE.png]
     npformer translate --checkpoint PATH|RUN_DIR [--beam N] "3rd of March 1997" ...
@@ -8,7 +8,7 @@
     npformer generate --model DIR --prompt "The " ...        (a Hugging Face GPT-2 directory)
     npformer gradcheck [--backend numpy|cupy] [--seed N] [--only OP]
     npformer fill-mask --checkpoint PATH | --model DIR "The riv[MASK]r" ... [--top-k K]
-    npformer export --checkpoint PATH --to DIR              (the Hugging Face layout)
+    npformer export --checkpoint PATH --to DIR [--overwrite] (the Hugging Face layout)
     npformer embed "a sentence" ... [--model DIR] [--backend numpy|cupy] [--dtype D] [--similarity]
     npformer study NAME [--out DIR] ...      (experiments: npformer study --help)
     npformer bench [--quick] [--backends numpy,cupy,torch] [--out DIR]
@@ -33,9 +33,12 @@ Exit status:
   valid, so this is not a usage error: another seed or machine may succeed, and a script can tell the
   two apart.
 * 2: a usage error, found before any work where it can be: a flag out of range, a bad choice, flags
-  that conflict (with each other, or with the checkpoint a run resumes), a missing or unreadable file.
-  One line on stderr, ``npformer COMMAND: error: ...``, naming the flag, what was expected and what
-  came.
+  that conflict (with each other, or with the checkpoint a run resumes), a missing or unreadable file,
+  an output path that cannot be written or that holds another run's files (a run directory, a
+  checkpoint, an export: replaced only with ``--resume`` or ``--overwrite``). One line on stderr,
+  ``npformer COMMAND: error: ...``, naming the flag, what was expected and what came. A file that
+  cannot be written midway (a full disk) ends the same way, naming the file; every output is written
+  through a temporary renamed over it (:mod:`npformer.files`), so nothing is left half-written.
 
 Anything else (a bug) is not turned into that line: it ends in a traceback.
 """
@@ -56,13 +59,15 @@ from pathlib import Path
 
 from npformer.backend import BACKENDS
 from npformer.checks import non_negative_int, positive_int, real
+from npformer.data.corpus import SAMPLE_PROMPT
 from npformer.errors import NpformerError, RangeError
+from npformer.files import check_output_dir, remove_files, staged_directory
 from npformer.launcher import launcher_rank
 from npformer.study import EXPERIMENTS
 from npformer.training.config import (CONFIGS, FIELDS, MODELS, choices, config_from_dict, flag, make_config,
                                       models_with, options_from_file)
-from npformer.training.resume import RESUMABLE, resume_source, resumed_config
-from npformer.training.run import checkpoint_file, default_out_dir
+from npformer.training.resume import RESUMABLE, check_run_target, resume_source, resumed_config
+from npformer.training.run import RunDirectory, checkpoint_file, default_out_dir
 from npformer.version import __version__
 
 # NumPy's floating-point warnings while a run diverges: the loop reports the divergence in one line
@@ -73,7 +78,7 @@ NUMPY_FP_WARNINGS = r"(overflow|invalid value|divide by zero|underflow) encounte
 # accepted as hidden synonyms: --help shows npformer's names only.
 TRAIN_ALIASES = {"--learning-rate": "--lr", "--max-steps": "--steps", "--max-iters": "--steps",
                  "--n-layer": "--layers", "--n-head": "--heads", "--n-embd": "--d-model",
-                 "--output-dir": "--out-dir", "--out": "--out-dir"}
+                 "--output-dir": "--out-dir", "--out": "--out-dir", "--overwrite-output-dir": "--overwrite"}
 
 
 OTHER_RANKS_WAIT_S = 1.0
@@ -178,8 +183,10 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from npformer.training.registry import make_trainer
 
-    given = options_from_file(args.config) if args.config else {}        # --config FILE, then the flags
-    given.update({name: value for name, value in vars(args).items() if name in FIELDS and value is not None})
+    from_file = options_from_file(args.config) if args.config else {}    # --config FILE, then the flags
+    flags = {name: value for name, value in vars(args).items() if name in FIELDS and value is not None}
+    given = {**from_file, **flags}
+    source = None
     if args.resume:
         source, given = resume_source(given)
         config = resumed_config(source, given)
@@ -187,7 +194,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         config = make_config(given)
     if config.out_dir is None:
         config = replace(config, out_dir=default_out_dir(config.task, config.model))
-    check_out_dir(config.out_dir, "--out-dir")
+    check_output_dir(config.out_dir, "--out-dir")
+    earlier = check_run_target(config, _named_run_directory(config, flags, from_file, args.config),
+                               resumed_from=source, overwrite=args.overwrite)
     _check_precision(config)
     if config.backend == "numpy":
         from npformer.backend.host_memory import retain_freed_memory
@@ -198,6 +207,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         trainer.load(source)
         trainer.log(f"resumed from {source} at step {trainer.step}")
+    if earlier and trainer.rank0:                 # --overwrite: the other run's files go, now the run can start
+        remove_files(earlier, "a file of the earlier run")
+        trainer.log(f"--overwrite: removed the earlier run's {', '.join(str(f) for f in earlier)}")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)
@@ -211,6 +223,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         mark = "ok " if pred == tgt else "ERR"
         print(f"  {mark} {src!r:40} -> {pred!r}" + ("" if pred == tgt else f" (expected {tgt!r})"))
     return 0
+
+
+def _named_run_directory(config, flags: dict, from_file: dict, config_file: str | None) -> str:
+    """The run directory as the user named it, for a message: the flag, the --config file's key, or
+    the default of the task and model."""
+    if "out_dir" in flags:
+        return f"--out-dir {config.out_dir}"
+    if "out_dir" in from_file:
+        return f"the run directory {config.out_dir} (out_dir in --config {config_file})"
+    return f"the run directory {config.out_dir} (the default of --task {config.task} --model {config.model})"
 
 
 def _check_precision(config) -> None:
@@ -327,13 +349,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = replace(config, backend=args.backend or config.backend)
     trainer = make_trainer(config, log=lambda _: None)
     trainer.load(args.checkpoint)
-    print(sample_text(trainer.model, trainer.vocab, args.prompt, args.tokens, seed=args.seed,
+    prompt = trainer.sample_prompt() if args.prompt is None else args.prompt     # the text's own start, if need be
+    print(sample_text(trainer.model, trainer.vocab, prompt, args.tokens, seed=args.seed,
                       backend=config.backend, temperature=args.temperature, top_k=args.top_k,
                       top_p=args.top_p))
     return 0
 
 
 def _generate_pretrained(args: argparse.Namespace) -> int:
+    from npformer.interop import check_directory
+    from npformer.pretrained.gpt2 import GPT2_REQUIRED_FILES
+    from npformer.pretrained.tokenizer import TOKENIZER_FILE
+    check_directory(args.model, (*GPT2_REQUIRED_FILES, TOKENIZER_FILE))     # every missing file named at once
     try:
         from npformer.pretrained import complete, load_gpt2, load_gpt2_tokenizer
         tokenizer = load_gpt2_tokenizer(args.model)
@@ -341,9 +368,10 @@ def _generate_pretrained(args: argparse.Namespace) -> int:
     except ImportError as exc:   # the optional extra is not installed
         print(f"npformer generate: error: {exc}", file=sys.stderr)
         return 2
-    _, text = complete(model, tokenizer, args.prompt, args.tokens, seed=args.seed,
+    prompt = SAMPLE_PROMPT if args.prompt is None else args.prompt
+    _, text = complete(model, tokenizer, prompt, args.tokens, seed=args.seed,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    print(args.prompt + text)
+    print(prompt + text)
     return 0
 
 
@@ -375,30 +403,49 @@ def cmd_fill_mask(args: argparse.Namespace) -> int:
     return 0
 
 
+EXPORT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")   # what export writes
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     import json
 
     from npformer.interop import load_safetensors_file
     from npformer.training.trained_models import load_trained, tokenizer_files
 
+    to = _check_export_target(args.to, args.overwrite)
     trained = load_trained(args.checkpoint, kinds=("gpt", "gpt1", "gpt2", "bert"),
                            need="export writes GPT (gpt, gpt1, gpt2) and BERT checkpoints; Seq2Seq, ALBERT and "
                                 "Transformer-XL have no exporter")
-    if Path(args.to).exists() and not Path(args.to).is_dir():
-        raise RangeError(f"--to {args.to} is a file; expected a directory (created if needed)")
-    trained.model.save_pretrained(args.to)
-    config = json.loads((Path(args.to) / "config.json").read_text())
-    for name, content in tokenizer_files(trained, config).items():
-        (Path(args.to) / name).write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
-    written = sum(a.size for a in load_safetensors_file(Path(args.to) / "model.safetensors").values())
+    with staged_directory(to, "export") as stage:       # every file, then all of them in place: none half-written
+        trained.model.save_pretrained(stage)
+        config = json.loads((stage / "config.json").read_text())
+        for name, content in tokenizer_files(trained, config).items():
+            (stage / name).write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n")
+        written = sum(a.size for a in load_safetensors_file(stage / "model.safetensors").values())
     total = trained.model.num_parameters()
     left = "" if written == total else f" of the model's {total:,} (the rest has no place in {config['architectures'][0]})"
-    print(f"wrote {args.to}: {config['architectures'][0]} (model_type {config['model_type']!r}) from the "
+    print(f"wrote {to}: {config['architectures'][0]} (model_type {config['model_type']!r}) from the "
           f"{trained.kind} checkpoint {args.checkpoint}, {written:,} parameters{left}, {trained.model.dtype}")
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-        print(f"  {Path(args.to) / name}")
+    for name in EXPORT_FILES:
+        print(f"  {to / name}")
     return 0
 
+
+def _check_export_target(path: str, overwrite: bool) -> Path:
+    """``--to DIR`` checked before the checkpoint is read: a directory that can be written, not a run
+    directory of npformer train (the export's config.json would replace the run's), and holding no
+    model files the export would replace unless ``--overwrite``."""
+    to = check_output_dir(path, "--to")
+    run = RunDirectory(to)
+    ours = [f.name for f in (run.metrics, run.last, run.best) if f.is_file()]
+    if ours:
+        raise RangeError(f"--to {path} is the run directory of an npformer train run ({', '.join(ours)}), whose "
+                         "config.json the export would replace; export to another directory")
+    present = [name for name in EXPORT_FILES if (to / name).is_file()]
+    if present and not overwrite:
+        raise RangeError(f"--to {path} holds a model ({', '.join(present)}), which the export would replace; give "
+                         "--overwrite to replace it, or another directory")
+    return to
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -497,6 +544,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", action="store_true", help="continue a run from --checkpoint PATH (a checkpoint, "
                    "or a run directory's last.npz), else from the last.npz of --out-dir, with its settings (only "
                    + ", ".join(flag(n) for n in RESUMABLE) + " may change)")
+    t.add_argument("--overwrite", action="store_true", help="train afresh where another run's files are (the "
+                   "run directory's config.json, metrics and checkpoints, an existing --checkpoint file): they are "
+                   "removed when the run starts; without it such a run directory or file is an error, never replaced")
     t.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
     t.add_synonyms(TRAIN_ALIASES)
     t.set_defaults(func=cmd_train)
@@ -533,7 +583,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "or its run directory (its best.npz)")
     src.add_argument("--model", metavar="DIR", help="a Hugging Face GPT-2 directory (config.json, "
                      "model.safetensors, tokenizer.json)")
-    gen.add_argument("--prompt", default="The ")
+    gen.add_argument("--prompt", help=f"the text to continue (default {SAMPLE_PROMPT!r}; for a checkpoint whose "
+                     "vocabulary lacks those characters, the first characters of its training text, as training's "
+                     "samples start)")
     gen.add_argument("--tokens", type=int, default=200, help="tokens to sample (characters for a charlm "
                      "checkpoint); 0 prints the prompt alone (default 200)")
     gen.add_argument("--temperature", type=float, default=0.8, help="a finite number >= 0; 0: greedy, the most "
@@ -569,7 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "fill-mask/generate --model and AutoTokenizer read). A model that no "
                                     "Hugging Face architecture computes exactly is refused, saying why.")
     ex.add_argument("--checkpoint", required=True, metavar="PATH", help="a gpt, gpt1, gpt2 or bert checkpoint")
-    ex.add_argument("--to", required=True, metavar="DIR", help="the directory to write (created if needed)")
+    ex.add_argument("--to", required=True, metavar="DIR", help="the directory to write (created if needed); "
+                    "never a run directory of npformer train")
+    ex.add_argument("--overwrite", action="store_true", help="replace the model files already in --to (an earlier "
+                    "export); without it they are an error, never replaced")
     ex.set_defaults(func=cmd_export)
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT (all-MiniLM-L6-v2)",
@@ -601,21 +656,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_out_dir(path: str, name: str = "--out") -> None:
-    """``path`` must be a directory or creatable as one, before an experiment runs for minutes and
-    then fails to write: neither it nor a folder above it may be a file."""
-    p = Path(path)
-    for q in (p, *p.parents):
-        if not q.exists():
-            continue
-        if not q.is_dir():
-            where = "is a file" if q == p else f"is under {q}, a file"
-            raise RangeError(f"{name} {path} {where}; expected a directory (created if needed)")
-        if not os.access(q, os.W_OK | os.X_OK):
-            raise RangeError(f"{name} {path}: cannot write in {q} (permission denied)")
-        return
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit status. A closed reader of the output (``npformer gradcheck | head``)
     stops the command quietly with 141, the status of a process ended by SIGPIPE, as ``seq`` gives."""
@@ -634,8 +674,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run_command(argv: list[str]) -> int:
     if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
         from npformer.bench import main as bench
-        return bench(argv[1:])
-    if argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:
+        args = argparse.Namespace(command="bench", func=lambda _: bench(argv[1:]))
+    elif argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:
         args = experiment_parser(argv[1]).parse_args(argv[2:])
     else:
         args = build_parser().parse_args(argv)
@@ -644,7 +684,7 @@ def _run_command(argv: list[str]) -> int:
         if args.command != "train" and isinstance(getattr(args, "checkpoint", None), str):
             args.checkpoint = str(checkpoint_file(args.checkpoint))     # a run directory: its best.npz
         if args.command == "study":
-            check_out_dir(args.out)
+            check_output_dir(args.out, "--out")
         if getattr(args, "reference", False):   # --reference: no fast path anywhere in the run
             from npformer.kernels import disabled
             with disabled():

@@ -32,12 +32,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from npformer.errors import RangeError, WriteError
 
 __all__ = ["read_text", "read_json", "check_output_dir", "written_atomically", "write_text_atomically",
-           "staged_directory", "os_reason", "temporary_path", "try_creating"]
+           "staged_directory", "remove_files", "os_reason", "temporary_path", "try_creating"]
 
 
 def os_reason(exc: OSError) -> str:
@@ -187,6 +187,16 @@ def write_text_atomically(path: str | os.PathLike, text: str, what: str = "file"
     return Path(path)
 
 
+def remove_files(paths: Iterable[Path], what: str) -> None:
+    """Remove each file of ``paths``; one that cannot be removed is a :class:`WriteError` naming it
+    as ``what`` (``"a file of the earlier run"``)."""
+    for path in paths:
+        try:
+            Path(path).unlink(missing_ok=True)
+        except OSError as exc:
+            raise WriteError(f"could not remove {what}, {str(path)!r}: {os_reason(exc)}") from exc
+
+
 @contextlib.contextmanager
 def staged_directory(target: str | os.PathLike, what: str) -> Iterator[Path]:
     """A hidden folder inside ``target`` (created if needed) to write every file of ``what`` (an
@@ -208,8 +218,9 @@ def staged_directory(target: str | os.PathLike, what: str) -> Iterator[Path]:
         for file in files:
             os.replace(file, target / file.name)
     except OSError as exc:
+        cause = exc.__cause__ if isinstance(exc, WriteError) and isinstance(exc.__cause__, OSError) else exc
         kept = "nothing was written" if created else f"the files in {str(target)!r} are as they were"
-        raise WriteError(f"could not write {what} {str(target)!r}: {os_reason(exc)}; {kept}") from exc
+        raise WriteError(f"could not write {what} {str(target)!r}: {os_reason(cause)}; {kept}") from exc
     finally:
         if stage is not None:
             shutil.rmtree(stage, ignore_errors=True)

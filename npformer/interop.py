@@ -33,6 +33,7 @@ import numpy
 
 from npformer.backend import to_numpy
 from npformer.errors import CheckpointError
+from npformer.files import read_json, write_text_atomically, written_atomically
 
 __all__ = ["from_arrays", "to_numpy_state_dict", "save_safetensors", "load_safetensors_file",
            "check_directory", "read_config", "load_weights", "save_directory", "WEIGHTS", "INDEX"]
@@ -67,7 +68,8 @@ def to_numpy_state_dict(module) -> dict[str, numpy.ndarray]:
 # -- safetensors files -----------------------------------------------------------------------------
 def save_safetensors(path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> Path:
     """Write ``tensors`` (name -> array-like) to ``path`` in the safetensors format, names sorted,
-    the header padded with spaces to a multiple of 8 bytes (so every tensor starts 8-byte aligned)."""
+    the header padded with spaces to a multiple of 8 bytes (so every tensor starts 8-byte aligned).
+    The file is written whole or not at all (:func:`npformer.files.written_atomically`)."""
     arrays = {k: numpy.asarray(_host(v), order="C") for k, v in sorted(tensors.items())}   # 0-d stays 0-d
     header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
@@ -81,7 +83,7 @@ def save_safetensors(path, tensors: Mapping[str, Any], metadata: Mapping[str, st
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     path = Path(path)
-    with open(path, "wb") as f:
+    with written_atomically(path, "safetensors file") as f:           # whole or not at all
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
         for a in arrays.values():
@@ -145,14 +147,8 @@ def check_directory(path, required: tuple[str, ...]) -> Path:
 
 
 def read_config(root: Path) -> dict:
-    """The JSON object in ``root / "config.json"``."""
-    try:
-        cfg = json.loads((root / "config.json").read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{root / 'config.json'} is not valid JSON: {exc}") from exc
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{root / 'config.json'}: expected a JSON object, got {type(cfg).__name__}")
-    return cfg
+    """The JSON object in ``root / "config.json"`` (an error naming the file when it is not one)."""
+    return read_json(root / "config.json", str(root / "config.json"))
 
 
 def load_weights(root: Path) -> dict[str, numpy.ndarray]:
@@ -173,11 +169,12 @@ def load_weights(root: Path) -> dict[str, numpy.ndarray]:
 
 def save_directory(path, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> Path:
     """Write a Hugging Face model directory: ``config.json`` (keys sorted) and ``model.safetensors``
-    (``{"format": "pt"}`` metadata, as transformers writes). The directory is created if needed."""
+    (``{"format": "pt"}`` metadata, as transformers writes), each file whole or not at all. The
+    directory is created if needed."""
     root = Path(path)
     if root.exists() and not root.is_dir():
         raise FileExistsError(f"{str(root)!r} is a file; expected a directory to write the model into")
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps(dict(config), indent=2, sort_keys=True) + "\n")
+    write_text_atomically(root / "config.json", json.dumps(dict(config), indent=2, sort_keys=True) + "\n", "config")
     save_safetensors(root / WEIGHTS, tensors, {"format": "pt"})
     return root

@@ -24,8 +24,19 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _working_directory(tmp_path_factory):
-    """A fresh working directory for the session, the checkout's restored after it."""
+def _session_working_directory(tmp_path_factory):
+    """A fresh working directory for the session (where module fixtures run), the checkout's restored
+    after it."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
+
+
+@pytest.fixture(autouse=True)
+def _working_directory(_session_working_directory, tmp_path_factory):
+    """A fresh working directory for each test (not its tmp_path): a run that writes the default run
+    directory (runs/TASK-MODEL) never meets another test's, which npformer train refuses to replace."""
     before = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield

@@ -6,14 +6,18 @@ the work; the few rows that get as far as building a trainer use tiny sizes).
 
 A summary of the rows by outcome is written at the end of the module's run.
 
-Not here: a --checkpoint that is a directory or cannot be written (the checkpoint path checks live in
-npformer/training/checkpoint.py and loop.py, another branch's work), and npformer bench's own options
-beyond its exit status (the suite, npformer.bench, parses them with argparse's usual usage block).
+Not here: a --checkpoint that is a directory or cannot be written (tests/training/test_checkpoint.py),
+and npformer bench's own options beyond its exit status (the suite, npformer.bench, parses them with
+argparse's usual usage block). After the table: the runs, checkpoints and exports a refused command
+names are left byte for byte as they were, and outputs that fail midway leave nothing half-written.
 """
 import collections
 import contextlib
+import errno
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +26,7 @@ import pytest
 
 from npformer import cli
 from npformer.cli import main
+from npformer.training.run import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "copy", "--n-train", "200", "--steps", "6", "--warmup", "1", "--d-model", "16", "--heads", "2",
@@ -31,9 +36,15 @@ LM = ["--task", "charlm", "--steps", "4", "--warmup", "1", "--d-model", "16", "-
 XL = ["--task", "recall", "--steps", "3", "--warmup", "0", "--d-model", "16", "--heads", "2", "--layers", "1",
       "--ff", "16", "--batch-size", "4", "--block-size", "4", "--n-train", "16", "--eval-every", "0"]
 USAGE, DIVERGED = 2, 1
-COMMANDS = ("train", "eval", "plot", "translate", "generate", "embed", "gradcheck", "study", "bench")
+COMMANDS = ("train", "eval", "plot", "translate", "generate", "fill-mask", "export", "embed", "gradcheck", "study",
+            "bench")
 
 OUTCOMES: collections.Counter = collections.Counter()
+
+# a damaged tokenizer.json in an export -> what the error says of it
+DAMAGED_JSON = {"empty": "not valid JSON (Expecting value, line 1 column 1)", "truncated": "not valid JSON",
+                "not-json": "not valid JSON (Expecting property name enclosed in double quotes",
+                "binary": "not UTF-8 text (byte 0xbf at offset 0)", "array": "expected a JSON object, got an array"}
 
 
 def row(argv, names, code=USAGE, base=()):
@@ -129,6 +140,31 @@ CASES = [
     train("--config", "{bad_key}", names="'nheads' is not an option"),
     train("--config", "{bad_value}", names="bad_value.json: lr: expected a real number"),
     train("--config", "{bad_toml}", names="not valid TOML"),
+    train("--config", "{binary}", names="--config {binary}: not UTF-8 text (byte 0xbf at offset 0)"),
+    lm("--text", "{binary}", names="is not UTF-8 text"),
+    # -- where a run writes: another run's files are never replaced (--resume continues, --overwrite
+    #    replaces); an empty path is an error before any step ---------------------------------------
+    train("--out-dir", "{run}", names="--out-dir {run} holds a run (config.json, metrics.jsonl, last.npz, best.npz), "
+          "which a new run would replace; continue it with --resume, train afresh over it with --overwrite"),
+    row(["train", "--config", "{run}/config.json", "--steps", "4"],
+        "the run directory {run} (out_dir in --config {run}/config.json) holds a run"),
+    train("--out-dir", "", names="--out-dir: expected a path, got an empty string"),
+    train("--checkpoint", "", names="--checkpoint: expected a path, got an empty string"),
+    lm("--text", "", names="--text: expected a path, got an empty string"),
+    train("--checkpoint", "{s2s}", names="--checkpoint {s2s} exists: a checkpoint this run would replace"),
+    row(["train", "--resume", "--checkpoint", "{run}", "--out-dir", "{run_gpt}"],
+        "--out-dir {run_gpt} holds another run (config.json, metrics.jsonl, last.npz, best.npz) than the one "
+        "--resume continues from {run}/last.npz: --model 'gpt' there, 'seq2seq' here"),
+    train("--log-to", "csv", "--out-dir", "{csv_run}", names="{csv_run}/train.csv is a directory, where --log-to csv "
+          "writes the run's metrics"),
+    # -- export: where it writes, checked before the checkpoint is read ------------------------------
+    row(["export", "--checkpoint", "{run_gpt}", "--to", "{run_gpt}"],
+        "--to {run_gpt} is the run directory of an npformer train run (metrics.jsonl, last.npz, best.npz)"),
+    row(["export", "--checkpoint", "{gpt}", "--to", "{file}/x"], "--to {file}/x is under {file}, a file"),
+    row(["export", "--checkpoint", "{gpt}", "--to", "{file}"], "--to {file} is a file"),
+    row(["export", "--checkpoint", "{gpt}", "--to", ""], "--to: expected a directory, got an empty path"),
+    row(["export", "--checkpoint", "{gpt}", "--to", "{export}"], "--to {export} holds a model (config.json, "
+        "model.safetensors, tokenizer.json, tokenizer_config.json), which the export would replace; give --overwrite"),
     # -- eval, plot ---------------------------------------------------------------------------------
     row(["eval", "--checkpoint", "{dir}/missing.npz"], "missing.npz"),
     row(["eval", "--checkpoint", "{file}"], "not an npformer checkpoint"),
@@ -136,6 +172,7 @@ CASES = [
     row(["eval"], "--checkpoint"),
     row(["plot", "{dir}"], "no metrics file"),
     row(["plot", "{file}"], "line 1"),
+    row(["plot", "{binary}"], "the metrics file {binary}: not UTF-8 text"),
     row(["plot"], "RUN_DIR"),
     # -- generate ---------------------------------------------------------------------------------
     *(row(["generate", "--checkpoint", "{gpt}", "--tokens", v], "--tokens") for v in ("-1", "x")),
@@ -149,7 +186,12 @@ CASES = [
     row(["generate", "--checkpoint", "{dir}/missing.npz"], "missing.npz"),
     row(["generate", "--checkpoint", "{file}"], "not an npformer checkpoint"),
     row(["generate", "--checkpoint", "{s2s}"], "needs a GPT checkpoint"),
-    row(["generate", "--model", "{dir}"], "tokenizer.json"),
+    row(["generate", "--model", "{dir}"], "is missing config.json, model.safetensors, tokenizer.json"),
+    row(["generate", "--model", "{dir}/missing"], "does not exist"),
+    # an export whose tokenizer.json is damaged: named before the tokenizers package is needed
+    *(row([command, "--model", "{export_%s_%s}" % (kind, damage), *text], "tokenizer.json: " + names)
+      for command, kind, text in (("generate", "gpt", []), ("fill-mask", "bert", ["a[MASK]"]))
+      for damage, names in DAMAGED_JSON.items()),
     row(["generate", "--prompt", "x"], "--checkpoint"),                    # neither source
     row(["generate", "--checkpoint", "{gpt}", "--model", "{dir}"], "--model"),
     # -- translate --------------------------------------------------------------------------------
@@ -212,21 +254,41 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
-    """Tiny checkpoints (a Seq2Seq, a GPT) and files to point flags at."""
+    """Tiny checkpoints (a Seq2Seq, a GPT, a BERT) and their run directories, exports of the GPT and the
+    BERT and copies with a damaged tokenizer.json, and files to point flags at."""
     d = tmp_path_factory.mktemp("bad_input")
-    s2s, gpt = str(d / "s2s.npz"), str(d / "gpt.npz")
+    s2s, gpt, bert = str(d / "s2s.npz"), str(d / "gpt.npz"), str(d / "bert.npz")
     with contextlib.redirect_stdout(io.StringIO()):
         assert main(["train", *TINY, "--checkpoint", s2s, "--out-dir", str(d / "run-s2s")]) == 0
         assert main(["train", *LM, "--checkpoint", gpt, "--out-dir", str(d / "run-gpt")]) == 0
+        assert main(["train", *LM, "--model", "bert", "--checkpoint", bert, "--out-dir", str(d / "run-bert")]) == 0
+        for kind in ("gpt", "bert"):
+            assert main(["export", "--checkpoint", str(d / f"{kind}.npz"), "--to", str(d / f"export-{kind}")]) == 0
+    exports = {}
+    for kind in ("gpt", "bert"):
+        good = (d / f"export-{kind}" / "tokenizer.json").read_bytes()
+        damaged = {"empty": b"", "truncated": good[:len(good) // 2], "not-json": b"{version: 1}",
+                   "binary": b"\xbf\x00\xff", "array": b"[]"}
+        assert set(damaged) == set(DAMAGED_JSON)
+        for damage, content in damaged.items():
+            copy = d / f"export-{kind}-{damage}"
+            shutil.copytree(d / f"export-{kind}", copy)
+            (copy / "tokenizer.json").write_bytes(content)
+            exports[f"export_{kind}_{damage}"] = str(copy)
     (d / "afile.txt").write_text("x")
     (d / "empty.txt").write_text("")
     (d / "short.txt").write_text("abc")
     (d / "bad_key.json").write_text('{"nheads": 4}')
     (d / "bad_value.json").write_text('{"lr": "fast"}')
     (d / "bad.toml").write_text("steps = = 3")
-    return {"dir": str(d), "s2s": s2s, "gpt": gpt, "file": str(d / "afile.txt"), "empty": str(d / "empty.txt"),
-            "short": str(d / "short.txt"), "bad_key": str(d / "bad_key.json"), "bad_value": str(d / "bad_value.json"),
-            "bad_toml": str(d / "bad.toml")}
+    (d / "bin.json").write_bytes(b"\xbf\x00\xff not text")
+    (d / "csv-run" / "train.csv").mkdir(parents=True)          # a folder where --log-to csv writes a file
+    return {"dir": str(d), "s2s": s2s, "gpt": gpt, "bert": bert, "file": str(d / "afile.txt"),
+            "empty": str(d / "empty.txt"), "short": str(d / "short.txt"), "bad_key": str(d / "bad_key.json"),
+            "bad_value": str(d / "bad_value.json"), "bad_toml": str(d / "bad.toml"), "binary": str(d / "bin.json"),
+            "run": str(d / "run-s2s"), "run_gpt": str(d / "run-gpt"), "csv_run": str(d / "csv-run"),
+            "export": str(d / "export-gpt"), "export_gpt": str(d / "export-gpt"), "export_bert": str(d / "export-bert"),
+            **exports}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -324,9 +386,10 @@ def _ok(argv, paths=None):
     return out
 
 
-def test_a_short_run_without_warmup_trains(paths):
+def test_a_short_run_without_warmup_trains(paths, tmp_path, monkeypatch):
     """--steps 50 alone used to fail on the default warm-up of 100; a run of 100 steps or fewer now
     warms up for steps // 10."""
+    monkeypatch.chdir(tmp_path)                   # its own default run directory
     i = TINY.index("--warmup")
     out = _ok(["train", *TINY[:i], *TINY[i + 2:], "--steps", "50", "--log-every", "50"])
     assert "final validation" in out
@@ -334,7 +397,8 @@ def test_a_short_run_without_warmup_trains(paths):
     assert make_config({"steps": 50}).warmup == 5 and make_config({"steps": 700}).warmup == 100
 
 
-def test_good_training_flags_still_run(paths):
+def test_good_training_flags_still_run(paths, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                   # its own default run directory
     ckpt = paths["dir"] + "/good.npz"
     _ok(["train", *TINY, "--clip", "inf", "--checkpoint-every", "0", "--checkpoint", ckpt, "--dropout", "0",
          "--label-smoothing", "0", "--eval-every", "0", "--seed", "0"])
@@ -387,3 +451,204 @@ def test_a_diverged_run_is_one_line_from_the_shell():
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("npformer train: error: the run diverged at step "), lines
     assert "a lower --lr (this run: 1e+06)" in lines[0] and "--clip" in lines[0]
+
+
+# -- what a refused command leaves as it was -----------------------------------------------------------
+
+def _tree(root: str) -> dict[str, bytes]:
+    """Every file under ``root`` (hidden temporaries included) by relative path, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", *TINY, "--out-dir", "{run}"],                                # a newcomer's test run over a trained one
+    ["train", *TINY, "--steps", "1", "--warmup", "0", "--out-dir", "{run}"],
+    ["train", "--config", "{run}/config.json", "--steps", "4"],           # the saved config names the run itself
+    ["train", *TINY, "--checkpoint", "{s2s}"],
+    ["train", "--resume", "--checkpoint", "{run}", "--out-dir", "{run_gpt}"],
+    ["export", "--checkpoint", "{run_gpt}", "--to", "{run_gpt}"],
+    ["export", "--checkpoint", "{gpt}", "--to", "{export}"]], ids=lambda a: " ".join(a[:1] + a[-2:]))
+def test_a_refused_command_leaves_every_run_checkpoint_and_export_as_it_was(paths, argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = _tree(paths["dir"])
+    code, out, err = _run([a.format(**paths) for a in argv])
+    assert code == USAGE and len(err.splitlines()) == 1 and out == "", (code, err)
+    assert _tree(paths["dir"]) == before
+
+
+def _copy_run(paths, tmp_path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(paths["run"], run)
+    return run
+
+
+def test_overwrite_trains_afresh_over_another_run_and_says_what_it_removed(paths, tmp_path):
+    run = _copy_run(paths, tmp_path)
+    (run / "notes.txt").write_text("mine")                                   # not a file of the run: kept
+    out = _ok(["train", *TINY, "--lr", "0.01", "--out-dir", str(run), "--overwrite"])
+    removed = ", ".join(str(run / n) for n in ("config.json", "metrics.jsonl", "last.npz", "best.npz"))
+    assert out.startswith(f"--overwrite: removed the earlier run's {removed}\n")
+    assert json.loads((run / "config.json").read_text())["lr"] == 0.01
+    assert [r["step"] for r in read_metrics(run) if r["split"] == "train"] == [3, 6]   # the new run's alone
+    assert (run / "notes.txt").read_text() == "mine"
+    out = _ok(["train", *TINY, "--out-dir", str(run), "--overwrite_output_dir"])   # Hugging Face's name too
+    assert out.startswith("--overwrite: removed")
+
+
+def test_resume_continues_its_own_run_and_a_copy_of_it_without_overwrite(tmp_path):
+    run = tmp_path / "run"
+    _ok(["train", *TINY, "--out-dir", str(run)])
+    same = tmp_path / "copy"             # a copy of the same run (the same config): resuming into it continues it
+    shutil.copytree(run, same)
+    out = _ok(["train", "--resume", "--checkpoint", str(run), "--steps", "9"])
+    assert out.startswith(f"resumed from {run / 'last.npz'} at step 6\n") and "--overwrite" not in out
+    assert "resumed from" in _ok(["train", "--resume", "--checkpoint", str(run), "--out-dir", str(same),
+                                  "--steps", "12"])
+    assert [r["step"] for r in read_metrics(same) if r["split"] == "train"] == [3, 6, 12]    # its own, then ours
+
+
+def test_an_export_replaces_an_earlier_one_only_with_overwrite(paths, tmp_path):
+    to = tmp_path / "export"
+    shutil.copytree(paths["export"], to)
+    (to / "README.md").write_text("my notes")
+    _ok(["export", "--checkpoint", paths["bert"], "--to", str(to), "--overwrite"])
+    assert json.loads((to / "config.json").read_text())["model_type"] == "bert"
+    assert (to / "README.md").read_text() == "my notes" and not [p for p in to.iterdir() if p.name.startswith(".")]
+
+
+def _full_disk(monkeypatch, when=lambda path: True):
+    """Every flush of a file to the disk fails as a full disk does (``when(path)`` chooses which)."""
+    real = os.fsync
+
+    def fsync(fd):
+        if when(os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else ""):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_an_export_onto_a_full_disk_leaves_nothing_half_written(paths, tmp_path, monkeypatch, earlier):
+    to = tmp_path / "export"
+    if earlier:
+        shutil.copytree(paths["export_bert"], to)
+    before = _tree(str(tmp_path))
+    _full_disk(monkeypatch, when=lambda path: path.endswith("model.safetensors"))
+    code, out, err = _run(["export", "--checkpoint", paths["gpt"], "--to", str(to), "--overwrite"])
+    monkeypatch.undo()
+    kept = f"the files in '{to}' are as they were" if earlier else "nothing was written"
+    assert code == USAGE and err == f"npformer export: error: could not write export '{to}': the disk is full " \
+                                    f"(No space left on device); {kept}\n"
+    assert _tree(str(tmp_path)) == before and to.exists() == earlier      # no temporary, no partial file
+
+
+def test_an_unwritable_output_directory_is_refused_before_the_work(paths, tmp_path, monkeypatch):
+    """A read-only directory (or file system): found by os.access before any work, root or not."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and real(p, mode, **kw))
+    for argv, flag in ((["export", "--checkpoint", paths["gpt"], "--to", str(locked / "x")], "--to"),
+                       (["train", *TINY, "--out-dir", str(locked / "run")], "--out-dir"),
+                       (["study", "positional", "--out", str(locked)], "--out")):
+        code, _, err = _run(argv)
+        assert code == USAGE and f"{flag} {locked}" in err and f"cannot write in {locked}" in err, err
+    assert list(locked.iterdir()) == []
+
+
+def test_a_metrics_file_that_cannot_be_written_is_one_line(paths, tmp_path, monkeypatch):
+    from npformer.training.run import RunDirectory
+
+    def full(self, record):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(RunDirectory, "_append", full)
+    code, _, err = _run(["train", *TINY, "--out-dir", str(tmp_path / "run")])
+    assert code == USAGE and err == (f"npformer train: error: could not write the run's metrics in {tmp_path / 'run'}: "
+                                     "the disk is full (No space left on device)\n")
+
+
+def test_bench_checks_its_output_folder_before_measuring(paths, capsys, monkeypatch):
+    from npformer.bench import suite
+
+    monkeypatch.setattr(suite, "run_suite", lambda *a, **k: pytest.fail("measured before --out was checked"))
+    for out in (paths["file"], paths["file"] + "/sub"):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "--quick", "--only", "gelu", "--backends", "numpy", "--out", out])
+        assert exc.value.code == USAGE
+        assert capsys.readouterr().err.splitlines()[-1].startswith(f"npformer bench: error: --out {out} ")
+
+
+def test_bench_results_that_cannot_be_written_are_printed_not_lost(paths, tmp_path, monkeypatch):
+    from npformer.bench import suite
+
+    result = {"meta": {"device": "cpu-test", "date": "2026-11-28", "mode": "quick", "notes": []}, "rows": []}
+    monkeypatch.setattr(suite, "run_suite", lambda *a, **k: result)
+    monkeypatch.setattr(suite, "markdown", lambda r: "| the measured table |")
+    _full_disk(monkeypatch)
+    code, out, err = _run(["bench", "--quick", "--only", "gelu", "--backends", "numpy", "--out", str(tmp_path / "b")])
+    monkeypatch.undo()
+    assert code == USAGE and "| the measured table |" in out
+    assert err.startswith(f"npformer bench: error: could not write report '{tmp_path / 'b'}/cpu-test_2026-11-28_quick")
+    assert "the disk is full" in err and list((tmp_path / "b").iterdir()) == []
+
+
+# -- exports read back: checked against their model ------------------------------------------------------
+
+@pytest.fixture
+def tokenizers():
+    return pytest.importorskip("tokenizers", reason="tokenizers not installed (the pretrained extra)")
+
+
+@pytest.mark.parametrize("kind, command", [("gpt", ["generate"]), ("bert", ["fill-mask", "a[MASK]"])])
+def test_an_export_with_another_tokenizer_or_none_at_all_is_refused(paths, tmp_path, tokenizers, kind, command):
+    other = "bert" if kind == "gpt" else "gpt"
+    sizes = {k: len(json.loads((Path(paths[f"export_{k}"]) / "tokenizer.json").read_text())["model"]["vocab"])
+             + (k == "bert") for k in ("gpt", "bert")}                     # BERT's [MASK] is an added token
+    cases = {"another export's": ((Path(paths[f"export_{other}"]) / "tokenizer.json").read_text(),
+                                  f"a vocabulary of {sizes[other]} tokens, but the model in {tmp_path / 'm'} has "
+                                  f"{sizes[kind]} (vocab_size in its config.json): a tokenizer of another model?"),
+             "no tokenizer": ("{}", "not a tokenizer the tokenizers package can read"),
+             "half a tokenizer": ('{"version": "1.0"}', "not a tokenizer the tokenizers package can read")}
+    for name, (content, message) in cases.items():
+        model = tmp_path / "m"
+        shutil.rmtree(model, ignore_errors=True)
+        shutil.copytree(paths[f"export_{kind}"], model)
+        (model / "tokenizer.json").write_text(content)
+        code, _, err = _run([command[0], "--model", str(model), *command[1:]])
+        assert code == USAGE, (name, err)
+        assert err.startswith(f"npformer {command[0]}: error: {model / 'tokenizer.json'}: "), (name, err)
+        assert message in err and len(err.splitlines()) == 1, (name, err)
+
+
+def test_an_export_refuses_characters_outside_its_vocabulary_as_its_checkpoint_does(paths, tokenizers):
+    code, out, err = _run(["generate", "--model", paths["export"], "--prompt", "ZZZ~", "--tokens", "5"])
+    assert code == USAGE and out == ""
+    assert err == ("npformer generate: error: the prompt 'ZZZ~': 'Z', '~' are not in the model's vocabulary (its "
+                   "tokenizer reads them as '<unk>')\n")
+    code, _, err = _run(["generate", "--checkpoint", paths["gpt"], "--prompt", "ZZZ~"])      # the same model
+    assert code == USAGE and "the characters 'Z~' are not in the model's vocabulary" in err
+    code, _, err = _run(["fill-mask", "--model", paths["export_bert"], "Z[MASK]"])
+    assert code == USAGE and "text 'Z[MASK]': 'Z' is not in the model's vocabulary" in err
+    assert _ok(["generate", "--model", paths["export"], "--prompt", "The ", "--tokens", "3"]).startswith("The ")
+
+
+# -- accepted, with a note or a better default ------------------------------------------------------------
+
+def test_more_threads_than_cpus_are_capped_with_a_note(paths, tmp_path):
+    from npformer.kernels.cpu.threads import usable_cpus, within_cpus
+    cpus = usable_cpus()
+    assert within_cpus(cpus, "--threads") == (cpus, None)
+    out = _ok(["train", *TINY, "--threads", "100000", "--out-dir", str(tmp_path / "run")])
+    assert out.startswith(f"note: --threads 100000 is more than the {cpus} CPUs this process may use; using {cpus}\n")
+    assert f" threads={cpus} " in out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["threads"] == cpus
+
+
+def test_generate_without_a_prompt_starts_from_the_text_when_the_default_is_not_in_it(paths, tmp_path):
+    text = tmp_path / "lower.txt"
+    text.write_text("abc def, ghi jkl. " * 80)                          # no 'T': "The " cannot be read
+    ckpt = str(tmp_path / "lower.npz")
+    _ok(["train", *LM, "--text", str(text), "--checkpoint", ckpt, "--out-dir", str(tmp_path / "run")])
+    assert _ok(["generate", "--checkpoint", ckpt, "--tokens", "0"]) == "abc \n"     # the text's first characters
+    assert _ok(["generate", "--checkpoint", ckpt, "--tokens", "5"]).startswith("abc ")
+    assert _ok(["generate", "--checkpoint", paths["gpt"], "--tokens", "0"]) == "The \n"

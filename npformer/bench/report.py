@@ -11,6 +11,8 @@ import os
 from typing import Callable
 
 from npformer.bench.backends import NPFORMER, TORCH_BESIDE
+from npformer.errors import WriteError
+from npformer.files import os_reason, write_text_atomically, written_atomically
 
 __all__ = ["columns", "markdown", "plot", "write_reports"]
 
@@ -211,26 +213,29 @@ def figure(result: dict):
 
 
 def plot(result: dict, path: str, log: Callable[[str], None] = print) -> bool:
-    """:func:`figure` written to ``path``; False (with a note) without matplotlib."""
+    """:func:`figure` written to ``path`` (whole or not at all); False (with a note) without matplotlib."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         log('note: matplotlib is not installed; no PNG plot written (pip install "npformer[plot]")')
         return False
-    figure(result).savefig(path, dpi=90)
+    with written_atomically(path, "plot") as f:
+        figure(result).savefig(f, format="png", dpi=90)
     return True
 
 
 def write_reports(result: dict, out_dir: str, log: Callable[[str], None] = print) -> dict:
-    """Markdown, JSON and (with matplotlib) PNG named ``<device>_<date>[_quick]``; returns the paths."""
+    """Markdown, JSON and (with matplotlib) PNG named ``<device>_<date>[_quick]``, each written whole
+    or not at all (:mod:`npformer.files`); returns the paths."""
     meta = result["meta"]
     stem = f"{meta['device']}_{meta['date']}" + ("_quick" if meta["mode"] == "quick" else "")
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise WriteError(f"could not create the report folder {out_dir}: {os_reason(exc)}") from exc
     paths = {"json": os.path.join(out_dir, stem + ".json"), "md": os.path.join(out_dir, stem + ".md")}
-    with open(paths["json"], "w") as f:
-        json.dump(result, f, indent=1)
-    with open(paths["md"], "w") as f:
-        f.write(markdown(result))
+    write_text_atomically(paths["json"], json.dumps(result, indent=1), "report")
+    write_text_atomically(paths["md"], markdown(result), "report")
     png = os.path.join(out_dir, stem + ".png")
     if plot(result, png, log):
         paths["png"] = png

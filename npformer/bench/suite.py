@@ -33,10 +33,12 @@ from npformer.bench.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_ca
 from npformer.bench.harness import fix_malloc_thresholds, settle, time_call
 from npformer.bench.parity import RTOL, Parity, check, skipped
 from npformer.bench.paths import KNOWN, PATHS, fast_paths_run, label, switch
-from npformer.bench.report import write_reports
+from npformer.bench.report import markdown, write_reports
 from npformer.bench.steps import MODELS, model_cases
 from npformer.kernels import numba_cpu
-from npformer.kernels.cpu.threads import set_num_threads
+from npformer.errors import WriteError
+from npformer.files import check_output_dir
+from npformer.kernels.cpu.threads import set_num_threads, usable_cpus, within_cpus
 from npformer.progress import Progress
 from npformer.version import __version__
 
@@ -278,9 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores in both libraries "
                     "(CuPy: npformer.backend.set_float32_matmul_precision; PyTorch: allow_tf32); GPU only")
     ap.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
-    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                    help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl "
-                         "(default: the CPUs this process may use)")
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="CPU threads for PyTorch, and numpy's BLAS through threadpoolctl, at most the CPUs "
+                         "this process may use (default: all of them)")
     return ap
 
 
@@ -289,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error(f"--threads: expected a positive count, got {args.threads}")
+    try:
+        check_output_dir(args.out, "--out")       # before the cases are measured, not after
+    except ValueError as exc:
+        ap.error(str(exc))
+    args.threads, capped = within_cpus(args.threads, "--threads")
     paths = _names(args.paths)
     if not paths or set(paths) - set(KNOWN):
         ap.error(f"--paths: expected a comma list of {', '.join(KNOWN)}, got {args.paths!r}")
@@ -306,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(b.device == "cpu" for b in backends) and retain_freed_memory():
         notes.append("host allocator: glibc malloc keeps freed memory for reuse while timing "
                      "(npformer.backend.host_memory.retain_freed_memory, as npformer train does), for both libraries")
+    notes += [capped] if capped else []
     for note in notes:
         print("note:", note)
     if not backends:
@@ -319,6 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("TF32: float32 matmuls on TF32 tensor cores (10-bit mantissa inputs) in both libraries")
     result = run_suite(backends, args.quick, paths, not args.skip_parity, only)
     result["meta"]["notes"] = notes + result["meta"]["notes"]
-    for kind, path in write_reports(result, args.out).items():
+    try:
+        written = write_reports(result, args.out)
+    except WriteError:            # the measurements are not lost with the files: the table on stdout
+        print(markdown(result))
+        raise
+    for kind, path in written.items():
         print(f"wrote {kind}: {path}")
     return 0

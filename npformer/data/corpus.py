@@ -18,8 +18,9 @@ import numpy as np
 from npformer.data.vocab import CharVocab
 from npformer.errors import InputTypeError, RangeError
 
-__all__ = ["CharLMData", "load_corpus"]
+__all__ = ["CharLMData", "load_corpus", "SAMPLE_PROMPT"]
 SPLITS = ("train", "valid")
+SAMPLE_PROMPT = "The "      # what a character model's samples continue (npformer train, npformer generate)
 
 
 def check_int(value, name: str, low: int, high: int | None = None) -> int:

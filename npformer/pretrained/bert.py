@@ -12,7 +12,6 @@ A directory holds ``config.json``, ``model.safetensors``, ``tokenizer.json`` (an
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,11 +19,12 @@ import numpy as np   # host side only: arrays read from files, tokenizer output,
 from npformer.backend import get_array_module, to_numpy
 from npformer.checks import positive_int
 from npformer.errors import InputTypeError, RangeError
-from npformer.interop import check_directory
+from npformer.files import read_json
+from npformer.interop import check_directory, read_config
 from npformer.models import hf_bert
 from npformer.models.bert import BERT, BERTConfig
 from npformer.nn.module import no_grad
-from npformer.pretrained._files import INSTALL
+from npformer.pretrained.tokenizer import encode_known, load_tokenizer
 
 __all__ = ["load_bert", "SentenceEncoder", "TokenizerInfo", "default_minilm_path", "bert_config_from_hf",
            "hf_bert_state_dict", "mean_pool", "l2_normalize", "fill_mask", "REQUIRED_FILES"]
@@ -70,18 +70,14 @@ def load_bert(path, *, dtype="float32", backend=None, require_pooler=True, mlm_h
     ``mlm_head=True`` loads the masked-LM head too (``cls.predictions.*``, as ``BertForMaskedLM``
     saves it), for :func:`fill_mask`."""
     root = check_directory(path, REQUIRED_FILES)        # a wrong path is named before a missing package
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ImportError(f"loading a pretrained model's tokenizer needs tokenizers: {INSTALL}") from exc
+    tok = load_tokenizer(root, bert_config_from_hf(read_config(root)).vocab_size)    # checked before the weights
     model = BERT.from_pretrained(root, dtype=dtype, backend=backend, require_pooler=require_pooler,
                                  mlm_head=mlm_head)
     config = model.config
 
     st = root / "sentence_bert_config.json"
-    st = json.loads(st.read_text()) if st.is_file() else {}
+    st = read_json(st, str(st)) if st.is_file() else {}
     max_len = min(int(st.get("max_seq_length", 1 << 30)), config.max_position_embeddings)
-    tok = Tokenizer.from_file(str(root / "tokenizer.json"))
     pad = tok.padding or {}
     pad_id = int(pad.get("pad_id", config.pad_token_id))
     tok.enable_truncation(max_length=max_len)
@@ -147,12 +143,13 @@ def fill_mask(model: BERT, tokenizer_info: TokenizerInfo, text: str, top_k: int 
     """Every ``mask_token`` of ``text`` filled by a pretrained BERT with its masked-LM head
     (:func:`load_bert` with ``mlm_head=True``): ``(the text with each mask replaced by its most
     likely token, per mask the top_k (token, probability) pairs)``. Special tokens are never
-    candidates."""
+    candidates. A part of the text the tokenizer can only read as its unknown token is an error
+    naming it."""
     tok = tokenizer_info.tokenizer
     mask_id = tok.token_to_id(mask_token)
     if mask_id is None:
         raise RangeError(f"the tokenizer has no {mask_token!r} token; give the one it uses (mask_token=...)")
-    enc = tok.encode(text.lower() if tokenizer_info.do_lower_case else text)
+    enc = encode_known(tok, text.lower() if tokenizer_info.do_lower_case else text, "text")
     ids = np.array([enc.ids], dtype=np.int64)                                     # (1, T)
     if not (ids == mask_id).any():
         raise RangeError(f"text {text!r}: no {mask_token} to fill (the tokenizer's mask token)")

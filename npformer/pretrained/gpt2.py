@@ -10,8 +10,6 @@ tied to the token embedding. The names, shapes and transposes of the two layouts
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np   # host side only: token ids handed to and from the tokenizer
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.checks import non_negative_int, positive_int, probability, real
@@ -20,7 +18,7 @@ from npformer.interop import check_directory, read_config
 from npformer.models import hf_gpt
 from npformer.models.decoding import generate
 from npformer.models.gpt import GPT, GPTConfig
-from npformer.pretrained._files import INSTALL
+from npformer.pretrained.tokenizer import encode_known, load_tokenizer
 
 __all__ = ["load_gpt2", "load_gpt2_tokenizer", "gpt2_config_from_hf", "hf_gpt2_state_dict",
            "gpt2_to_hf_state_dict", "complete", "GPT2_REQUIRED_FILES"]
@@ -58,22 +56,17 @@ def load_gpt2(path, *, dtype="float32", backend=None) -> GPT:
 
 
 def load_gpt2_tokenizer(path):
-    """The ``tokenizers.Tokenizer`` of a model directory (its ``tokenizer.json``)."""
-    file = Path(path) / "tokenizer.json"            # a missing file is named before a missing package
-    if not file.is_file():
-        raise FileNotFoundError(f"model directory {str(path)!r} has no tokenizer.json (needed to turn the "
-                                "prompt into token ids and back)")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ImportError(f"tokenizing needs the tokenizers package: {INSTALL}") from exc
-    return Tokenizer.from_file(str(file))
+    """The ``tokenizers.Tokenizer`` of a model directory (its ``tokenizer.json``), checked against the
+    ``vocab_size`` of its config.json (:func:`npformer.pretrained.tokenizer.load_tokenizer`)."""
+    config = read_config(check_directory(path, ("config.json",)))
+    return load_tokenizer(path, gpt2_config_from_hf(config).vocab_size)
 
 
 def complete(model: GPT, tokenizer, prompt: str, n: int, *, seed: int = 0, temperature: float = 0.8,
              top_k: int | None = None, top_p: float | None = 0.95) -> tuple[list[int], str]:
     """``prompt`` continued by ``n`` sampled tokens: (the new token ids, the decoded new text).
-    ``temperature=0`` is greedy decoding."""
+    ``temperature=0`` is greedy decoding. A part of the prompt the tokenizer can only read as its
+    unknown token is an error naming it."""
     non_negative_int(n, "n (the number of tokens to sample)")
     non_negative_int(seed, "seed")
     real(temperature, "temperature", 0)
@@ -81,7 +74,7 @@ def complete(model: GPT, tokenizer, prompt: str, n: int, *, seed: int = 0, tempe
         positive_int(top_k, "top_k")
     if top_p is not None and probability(top_p, "top_p") == 0:
         raise RangeError("top_p: expected a probability mass in (0, 1], got 0")
-    ids = tokenizer.encode(prompt).ids
+    ids = encode_known(tokenizer, prompt, "the prompt").ids
     if not ids:
         raise RangeError(f"the prompt {prompt!r} encodes to no tokens; give a non-empty prompt")
     backend = model.backend

@@ -50,6 +50,7 @@ from npformer.data.long_range import RecallTask
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
 from npformer.data.tasks import default_sizes
 from npformer.errors import InputTypeError, RangeError, ShapeError
+from npformer.files import read_text
 
 __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrainConfig", "XLTrainConfig",
            "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
@@ -127,7 +128,15 @@ def _non_negative(v: Any, n: str) -> float:
     return real(v, n, 0)
 
 
-_PATH = _of_type(str, "a path (str)")
+def _path(value: Any, name: str) -> str:
+    """A path: a non-empty str (``--out-dir ''`` names no directory: the run would save nothing)."""
+    if not isinstance(value, str):
+        raise InputTypeError(f"{name}: expected a path (str), got {describe(value)}")
+    if not value:
+        raise RangeError(f"{name}: expected a path, got an empty string")
+    return value
+
+
 _SWITCH = _of_type(bool, "True or False")
 
 
@@ -186,13 +195,13 @@ class TrainConfig:
     log_every: int = option(25, "print the training loss every this many steps (>= 1; the last step is always "
                             "printed)", positive_int)
     out_dir: str | None = option(None, "the run directory: config.json, metrics.jsonl, last.npz and best.npz (the "
-                                 "lowest validation loss) (default runs/TASK-MODEL, e.g. runs/dates-seq2seq)", _PATH,
+                                 "lowest validation loss) (default runs/TASK-MODEL, e.g. runs/dates-seq2seq)", _path,
                                  metavar="DIR")
     log_to: str | None = option(None, "also write the metrics as csv (train.csv, valid.csv) or tensorboard (event "
                                 "files in tensorboard/; pip install \"npformer[tensorboard]\") in the run directory "
                                 "(default: metrics.jsonl alone)", choices=("csv", "tensorboard"))
     checkpoint: str | None = option(None, "also write the latest checkpoint here (.npz), as last.npz in --out-dir "
-                                    "(default: only there)", _PATH, metavar="PATH")
+                                    "(default: only there)", _path, metavar="PATH")
     checkpoint_every: int = option(200, "steps between checkpoints (0: only at the end)", non_negative_int)
     tf32: bool = option(False, "float32 matrix products on TF32 tensor cores (CuPy, compute capability >= 8.0): "
                         "faster, inputs rounded to 10 mantissa bits; see npformer.backend.matmul_precision", _SWITCH,
@@ -281,7 +290,7 @@ class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
 class CharLMTrainConfig(BlockSize, TrainConfig):
     """A character model of a text: the GPTs (next character), BERT (masked characters)."""
 
-    text: str | None = option(None, "train on this UTF-8 text (default: the shipped corpus)", _PATH, metavar="FILE")
+    text: str | None = option(None, "train on this UTF-8 text (default: the shipped corpus)", _path, metavar="FILE")
 
 
 @dataclass(kw_only=True)
@@ -455,18 +464,16 @@ def options_from_file(path: str | Path) -> dict[str, Any]:
     run's config.json. A null value (JSON) leaves the field at its default. Each value is checked here
     (the message names the file and the key); how they fit together, as the config is made."""
     where = f"--config {path}"
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{where}: no such file")
-    if p.suffix == ".toml":
+    text = read_text(path, where)            # missing, a directory, not UTF-8: an error naming the file
+    if Path(path).suffix == ".toml":
         toml = toml_reader(where)
         try:
-            data = toml.loads(p.read_text())
+            data = toml.loads(text)
         except toml.TOMLDecodeError as exc:
             raise RangeError(f"{where}: not valid TOML ({exc})") from None
     else:
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise RangeError(f"{where}: not valid JSON ({exc.msg}, line {exc.lineno}); a .toml name reads TOML") \
                 from None

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from npformer.backend import default_rng, to_device, to_numpy
-from npformer.data.corpus import CharLMData, load_corpus
+from npformer.data.corpus import SAMPLE_PROMPT, CharLMData, load_corpus
 from npformer.data.vocab import CharVocab
 from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode, generate
@@ -125,9 +125,6 @@ class LMTrainer(Trainer):
         what = "valid" if quick else "final validation"
         text = f"{what}: loss {result['loss']:.4f}  ({result['bits_per_char']:.3f} bits/char)"
         return text if quick else text + f"\nsample: {result['sample']!r}"
-
-
-SAMPLE_PROMPT = "The "
 
 
 class GPT1Trainer(LMTrainer):

@@ -41,7 +41,7 @@ from npformer.progress import TIMES, interactive
 from npformer.training.amp import MixedPrecision
 from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint, save_checkpoint
 from npformer.training.config import CONFIGS, TrainConfig
-from npformer.kernels.cpu.threads import get_num_threads, set_num_threads
+from npformer.kernels.cpu.threads import get_num_threads, set_num_threads, within_cpus
 from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.run import RunDirectory, scalars
 from npformer.training.schedules import cosine_with_warmup
@@ -82,8 +82,6 @@ class Trainer:
         if not c.bias and not self.bias_switch:
             raise RangeError(f"--no-bias: the {self.kind} model has no switch for its biases; --no-bias applies to "
                              "--model gpt, gpt1, gpt2")
-        if c.threads is not None:        # process-wide, as torch.set_num_threads: BLAS and npformer's pool
-            set_num_threads(c.threads)
         if c.cuda_graph and not self.graph_capable:
             raise RangeError(f"--cuda-graph: the {self.kind} trainer's batches change shape or carry state from step "
                              "to step; it runs with the GPT models (gpt, gpt1, gpt2)")
@@ -96,6 +94,12 @@ class Trainer:
         if comm is not None:
             shard_rows(c.batch_size, comm.rank, comm.size)          # the batch splits evenly, or a RangeError
             self.log = log if self.rank0 else _silent
+        if c.threads is not None:        # process-wide, as torch.set_num_threads: BLAS and npformer's pool
+            threads, note = within_cpus(c.threads, "--threads")
+            if note:
+                self.log(f"note: {note}")
+                self.cfg = c = replace(c, threads=threads)
+            set_num_threads(threads)
         self.model = self.build()
         flatten_parameters(self.model)      # one buffer per dtype: the optimiser updates whole runs of it
         self.data_parallel = None if comm is None else DataParallel(self.model, comm, config=asdict(c))

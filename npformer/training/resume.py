@@ -1,15 +1,20 @@
-"""Resuming a run: which checkpoint ``npformer train --resume`` continues, and the config it continues
-with (the checkpoint's own, with the few options a resumed run may change).
+"""Resuming a run: which checkpoint ``npformer train --resume`` continues, the config it continues
+with (the checkpoint's own, with the few options a resumed run may change), and where a run may
+write without replacing another run's files.
 
     source, given = resume_source(options)        # options: the flags and --config file given
     config = resumed_config(source, given)        # then make_trainer(config).load(source)
+    others = check_run_target(config, "--out-dir runs/x", resumed_from=source, overwrite=False)
 
 A resumed run is the same run: any option outside :data:`RESUMABLE` given with another value than the
-checkpoint's is an error naming the flag and both values, never silently ignored.
+checkpoint's is an error naming the flag and both values, never silently ignored. Two runs with the
+same config outside :data:`RESUMABLE` are the same run (the batches and dropout masks are functions
+of the seed and the step), which is how :func:`check_run_target` tells the run a resumed run
+continues from another one.
 """
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +22,7 @@ from npformer.errors import RangeError
 from npformer.training.config import DEFAULT_TASK, FIELDS, config_from_dict, default_model, flag
 from npformer.training.run import RunDirectory, checkpoint_file, default_out_dir
 
-__all__ = ["RESUMABLE", "resume_source", "resumed_config"]
+__all__ = ["RESUMABLE", "resume_source", "resumed_config", "check_run_target"]
 
 # the options a resumed run may change; every other one continues as the checkpoint says, and giving
 # it with another value than the checkpoint's is an error
@@ -79,3 +84,71 @@ def resumed_config(path: str | Path, given: dict[str, Any]):
         raise RangeError(f"--steps {given['steps']}: the run saved in {path} is at step {meta['step']} already; give "
                          f"--steps above it to train on")
     return replace(saved, **{k: v for k, v in given.items() if k in RESUMABLE})
+
+
+def _fixed(config: dict) -> dict:
+    """A run's config without the options a resumed run may change: what makes it the run it is."""
+    return {k: v for k, v in config.items() if k not in RESUMABLE}
+
+
+def _saved_config(run: RunDirectory) -> dict | None:
+    """The config of the run in ``run``: its config.json, else the one its checkpoints keep."""
+    from npformer.training.checkpoint import load_checkpoint
+
+    saved = run.saved_config()
+    for path in (run.last, run.best):
+        if saved is None and path.is_file():
+            saved = load_checkpoint(path).meta["train_config"]
+    return saved
+
+
+def _differences(saved: dict, config: dict) -> str:
+    """The first options (in --help's order) in which two runs' configs differ, for a message."""
+    keys = [*FIELDS, *sorted(set(saved) - set(FIELDS))]
+    fixed = {**_fixed(saved), **_fixed(config)}
+    names = [k for k in keys if k in fixed and saved.get(k) != config.get(k)]
+    shown = [f"{flag(n) if n in FIELDS else n} {saved.get(n)!r} there, {config.get(n)!r} here" for n in names[:3]]
+    return ", ".join(shown) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_run_target(config, where: str, *, resumed_from: str | Path | None = None,
+                     overwrite: bool = False) -> list[Path]:
+    """Check, before any work, that the run ``config`` writes no other run's files: its run directory
+    (``config.out_dir``, which ``where`` names as the user gave it, e.g. ``"--out-dir runs/x"``) and its
+    ``--checkpoint`` file. A new run refuses a directory holding any file of a run
+    (:meth:`RunDirectory.files`) and an existing checkpoint file; a run resumed from ``resumed_from``
+    refuses them when they belong to another run (another config outside :data:`RESUMABLE`). With
+    ``overwrite`` (``npformer train --overwrite``) they are returned instead: the files the run
+    removes when it starts. A path where a folder stands for a file, or
+    the reverse, is refused either way."""
+    run = RunDirectory(config.out_dir, config.log_to)
+    run.check_paths()
+    mine = asdict(config)
+    source = Path(resumed_from).resolve() if resumed_from is not None else None
+    others: list[Path] = []
+    present = run.files()
+    if present and not (source is not None and source.parent == run.path.resolve()):
+        saved = _saved_config(run) if source is not None else None
+        if saved is None or _fixed(saved) != _fixed(mine):
+            if not overwrite:
+                names = ", ".join(f.relative_to(run.path).as_posix() for f in present)
+                if source is None:
+                    raise RangeError(f"{where} holds a run ({names}), which a new run would replace; continue it "
+                                     "with --resume, train afresh over it with --overwrite (its files are removed), "
+                                     "or give another --out-dir")
+                why = f": {_differences(saved, mine)}" if saved is not None else ""
+                raise RangeError(f"{where} holds another run ({names}) than the one --resume continues from "
+                                 f"{resumed_from}{why}; give another --out-dir, or --overwrite to replace it")
+            others += present
+    if config.checkpoint is not None:
+        path = Path(config.checkpoint)
+        if path.is_file() and path.resolve() != source and path.resolve() not in [p.resolve() for p in others]:
+            from npformer.training.checkpoint import load_checkpoint
+            same = source is not None and _fixed(load_checkpoint(path).meta["train_config"]) == _fixed(mine)
+            if not same and not overwrite:
+                raise RangeError(f"--checkpoint {path} exists: a checkpoint this run would replace; give another "
+                                 f"path, continue its run with --resume --checkpoint {path}, or --overwrite to "
+                                 "replace it")
+            if not same:
+                others.append(path)
+    return others

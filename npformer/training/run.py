@@ -23,10 +23,17 @@ written as JSON's usual extension, ``Infinity``.
 ``--log-to csv`` writes the same records as ``train.csv`` and ``valid.csv`` too, ``--log-to
 tensorboard`` as TensorBoard scalars under ``tensorboard/`` (:data:`SINKS`).
 
-A fixed name per task and model, not a timestamp, so the README's next command can name the run,
-and running the same command again starts that run afresh (config.json and metrics.jsonl are
-rewritten, the checkpoints replaced as they are saved), as nanoGPT's out_dir does; ``--out-dir`` keeps
-runs apart. A resumed run keeps the metrics up to its checkpoint's step and appends to them.
+A fixed name per task and model, not a timestamp, so the README's next command can name the run.
+A run never replaces another run's files: ``npformer train`` into a directory that holds a run (any
+of the files above, :meth:`RunDirectory.files`) is refused before any work
+(:func:`npformer.training.resume.check_run_target`) unless it continues that run (``--resume``) or the
+user asks to train afresh over it (``--overwrite``, which removes the earlier run's files when the
+new run starts, as Hugging Face's ``overwrite_output_dir`` lets a run replace its folder's);
+``--out-dir`` keeps runs apart. A resumed run keeps the metrics up to its checkpoint's step and appends to them.
+
+Every file is written through :mod:`npformer.files`: config.json and the kept metrics replace their
+files whole, and a record that cannot be appended (a full disk) is a
+:class:`~npformer.errors.WriteError` naming the file, never a traceback.
 
 This module reads and writes files only; it imports no model and no trainer (the command line uses
 it to find a run's checkpoint), and matplotlib only inside :func:`plot_metrics`.
@@ -41,7 +48,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from npformer.errors import RangeError
+from npformer.errors import RangeError, WriteError
+from npformer.files import os_reason, read_json, read_text, write_text_atomically, written_atomically
 
 __all__ = ["RunDirectory", "CSVSink", "TensorBoardSink", "SINKS", "default_out_dir", "checkpoint_file", "read_metrics",
            "plot_metrics", "scalars"]
@@ -60,7 +68,18 @@ class CSVSink:
     of each split's records (the same for every record of a split in one run)."""
 
     def __init__(self, path: Path):
-        self.files = {split: path / f"{split}.csv" for split in SPLITS}
+        self.files = {split: self.written(path)[i] for i, split in enumerate(SPLITS)}
+
+    @staticmethod
+    def written(path: Path) -> list[Path]:
+        """The files this sink writes in the run directory ``path``."""
+        return [path / f"{split}.csv" for split in SPLITS]
+
+    def check_paths(self) -> None:
+        for file in self.files.values():
+            if file.exists() and not file.is_file():
+                raise RangeError(f"{file} is a directory, where --log-to csv writes the run's metrics; move it, "
+                                 "or give another --out-dir")
 
     def start(self, kept: list[dict]) -> None:
         for file in self.files.values():
@@ -95,6 +114,16 @@ class TensorBoardSink:
         self.folder, self._event, self._summary, self._writer_type = path / "tensorboard", Event, Summary, EventFileWriter
         self.writer = None
 
+    @staticmethod
+    def written(path: Path) -> list[Path]:
+        """The event files of earlier runs in the run directory ``path`` (each run adds one)."""
+        return sorted((path / "tensorboard").glob("events.out.tfevents.*"))
+
+    def check_paths(self) -> None:
+        if self.folder.exists() and not self.folder.is_dir():
+            raise RangeError(f"{self.folder} is a file, where --log-to tensorboard writes its event files; move "
+                             "it, or give another --out-dir")
+
     def start(self, kept: list[dict]) -> None:
         self.writer = self._writer_type(str(self.folder))   # a new event file; a resumed run's earlier ones stay
 
@@ -121,23 +150,62 @@ class RunDirectory:
         self.best = self.path / "best.npz"
         self.sinks = [SINKS[log_to](self.path)] if log_to else []
 
+    def files(self) -> list[Path]:
+        """The files of a run that are in the directory now, every sink's included: what a new run
+        there would replace."""
+        ours = [self.config, self.metrics, self.last, self.best, *(f for sink in SINKS.values()
+                                                                     for f in sink.written(self.path))]
+        return [f for f in ours if f.is_file()]
+
+    def check_paths(self) -> None:
+        """Refuse, before the run, a directory where a file of the run goes (``train.csv`` made a
+        folder) or a folder where the directory goes: the message names the path."""
+        if self.path.exists() and not self.path.is_dir():
+            raise RangeError(f"the run directory {self.path} is a file; expected a directory (created if needed)")
+        for sink in self.sinks:
+            sink.check_paths()
+        for f in (self.config, self.metrics, self.last, self.best):
+            if f.exists() and not f.is_file():
+                raise RangeError(f"{f} is a directory, where the run writes its {f.name}; move it, or give "
+                                 "another --out-dir")
+
+    def saved_config(self) -> dict | None:
+        """The config.json of the run in the directory (the effective config), None without one."""
+        if not self.config.is_file():
+            return None
+        return read_json(self.config, f"the run's config {self.config}")
+
     def start(self, config: Any, step: int) -> None:
         """Write ``config`` (a dataclass) as config.json, and keep the metrics of steps up to ``step``
         (none for a new run, those before the checkpoint for a resumed one), in every sink."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.config.write_text(json.dumps(asdict(config), indent=2) + "\n")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WriteError(f"could not create the run directory {self.path}: {os_reason(exc)}") from exc
+        write_text_atomically(self.config, json.dumps(asdict(config), indent=2) + "\n", "config")
         kept = [r for r in read_metrics(self.metrics) if r["step"] <= step] if step and self.metrics.exists() else []
-        self.metrics.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        write_text_atomically(self.metrics, "".join(json.dumps(r) + "\n" for r in kept), "metrics")
         for sink in self.sinks:
-            sink.start(kept)
+            self._writing(sink.start, kept)
 
     def record(self, record: dict) -> None:
         """Append one line to metrics.jsonl (opened and closed each time: a crash loses nothing written),
         and the record to each sink."""
+        self._writing(self._append, record)
+        for sink in self.sinks:
+            self._writing(sink.record, record)
+
+    def _append(self, record: dict) -> None:
         with open(self.metrics, "a") as f:
             f.write(json.dumps(record) + "\n")
-        for sink in self.sinks:
-            sink.record(record)
+
+    def _writing(self, write, *args) -> None:
+        """``write(*args)``, an ``OSError`` (a full disk) turned into a WriteError naming the run's file."""
+        try:
+            write(*args)
+        except OSError as exc:
+            where = f" {exc.filename}" if getattr(exc, "filename", None) else f" in {self.path}"
+            raise WriteError(f"could not write the run's metrics{where}: {os_reason(exc)}") from exc
 
 
 def checkpoint_file(path: str | Path, which: str = "best") -> Path:
@@ -171,7 +239,7 @@ def read_metrics(path: str | Path) -> list[dict]:
         raise FileNotFoundError(f"{path}: no metrics file (expected a run directory of npformer train, with "
                                 "metrics.jsonl, or such a file)")
     records = []
-    for number, line in enumerate(p.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(p, f"the metrics file {p}").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -213,5 +281,6 @@ def plot_metrics(path: str | Path, out: str | Path | None = None) -> Path:
     norm.plot([s for s, _ in finite], [g for _, g in finite], color="tab:red")
     norm.set(title="Gradient norm before clipping", xlabel="step", ylabel="global L2 norm")
     out = Path(out) if out is not None else (Path(path) if Path(path).is_dir() else Path(path).parent) / "metrics.png"
-    fig.savefig(out, dpi=110)
+    with written_atomically(out, "plot") as f:                  # whole or not at all
+        fig.savefig(f, format=out.suffix[1:] or "png", dpi=110)   # the format its name says, as savefig(out)
     return out

@@ -257,7 +257,7 @@ def test_missing_files_are_listed(tiny_dir, tmp_path_factory):
         load_gpt2(empty / "nowhere")
     (empty / "config.json").write_text("{not json")
     (empty / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match="config.json is not valid JSON"):
+    with pytest.raises(ValueError, match="config.json: not valid JSON"):
         load_gpt2(empty)
 
 
