@@ -23,10 +23,10 @@ settings.register_profile("deep", max_examples=300, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _session_working_directory(tmp_path_factory):
-    """A fresh working directory for the session (where module fixtures run), the checkout's restored
-    after it."""
+@pytest.fixture(scope="module", autouse=True)
+def _module_working_directory(tmp_path_factory):
+    """A fresh working directory for each test module, where its module fixtures run, the checkout's
+    restored after it."""
     before = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield
@@ -34,9 +34,10 @@ def _session_working_directory(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _working_directory(_session_working_directory, tmp_path_factory):
-    """A fresh working directory for each test (not its tmp_path): a run that writes the default run
-    directory (runs/TASK-MODEL) never meets another test's, which npformer train refuses to replace."""
+def _working_directory(_module_working_directory, tmp_path_factory):
+    """A fresh working directory for each test (not its tmp_path). A run that writes the default run
+    directory (runs/TASK-MODEL) never meets another test's or module's, which npformer train refuses
+    to replace."""
     before = os.getcwd()
     os.chdir(tmp_path_factory.mktemp("cwd"))
     yield

@@ -91,7 +91,9 @@ def _train_on_a_terminal(columns: int, cwd: Path) -> str:
 
 
 def test_train_draws_a_bar_on_a_terminal_and_step_lines_where_it_cannot(tmp_path):
-    drawn = _train_on_a_terminal(80, tmp_path)
+    for name in ("wide", "none"):                           # a working directory (and run directory) each
+        (tmp_path / name).mkdir()
+    drawn = _train_on_a_terminal(80, tmp_path / "wide")
     assert "step 4/4" in drawn and "\r" in drawn and "step     2/4  loss" not in drawn    # the bar's redraws
-    zero = _train_on_a_terminal(0, tmp_path)              # a terminal that reports no width: step lines
+    zero = _train_on_a_terminal(0, tmp_path / "none")     # a terminal that reports no width: step lines
     assert "step     2/4  loss" in zero and "step     4/4  loss" in zero

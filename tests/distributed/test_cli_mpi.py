@@ -18,8 +18,10 @@ XL = ["--model", "transformer-xl", "--task", "recall", "--block-size", "8", "--d
       "--log-every", "1", "--warmup", "1"]
 
 
-def _train(*args):
-    return mpirun(2, sys.executable, "-m", "npformer", "train", *XL, *args)
+def _train(*args, cwd):
+    """``mpirun -n 2 npformer train`` in ``cwd``, where its default run directory goes (never the
+    checkout's: a later run there would meet this one's files)."""
+    return mpirun(2, sys.executable, "-m", "npformer", "train", *XL, *args, cwd=cwd)
 
 
 def _arrays(path):
@@ -32,9 +34,9 @@ def runs(tmp_path_factory):
     """A 2-rank run of 3 steps (mid-sequence: the memory is in the checkpoint) and the same run resumed
     to step 5."""
     d = tmp_path_factory.mktemp("cli")
-    first = _train("--steps", "3", "--checkpoint", str(d / "first.npz"))
+    first = _train("--steps", "3", "--checkpoint", str(d / "first.npz"), cwd=d)
     shutil.copy(d / "first.npz", d / "resumed.npz")
-    resumed = _train("--steps", "5", "--checkpoint", str(d / "resumed.npz"), "--resume")
+    resumed = _train("--steps", "5", "--checkpoint", str(d / "resumed.npz"), "--resume", cwd=d)
     for run in (first, resumed):
         assert run.returncode == 0, f"{run.args}: exit {run.returncode}\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
     return d, first, resumed
@@ -56,15 +58,15 @@ def test_the_checkpoint_holds_the_global_batchs_memory(runs):
     assert mems and all(first[k].shape[0] == 4 for k in mems)     # both ranks' 2 rows each
 
 
-def test_a_batch_the_ranks_do_not_divide_is_a_usage_error():
-    run = _train("--steps", "2", "--batch-size", "5")
+def test_a_batch_the_ranks_do_not_divide_is_a_usage_error(tmp_path):
+    run = _train("--steps", "2", "--batch-size", "5", cwd=tmp_path)
     assert run.returncode == 2, run.stderr
     assert "npformer train: error: batch size (--batch-size) 5 is not divisible by the 2 ranks" in run.stderr
     assert run.stderr.count("error:") == 1, run.stderr           # once for all ranks
 
 
-def test_a_usage_error_is_printed_once_for_all_ranks():
-    run = _train("--steps", "2", "--lrr", "0.1")
+def test_a_usage_error_is_printed_once_for_all_ranks(tmp_path):
+    run = _train("--steps", "2", "--lrr", "0.1", cwd=tmp_path)
     assert run.returncode == 2
     assert [line for line in run.stderr.splitlines() if "error:" in line] == [
         "npformer train: error: unrecognized arguments: --lrr 0.1; did you mean --lr? (see npformer train --help)"]
@@ -88,3 +90,17 @@ def test_the_docs_data_parallel_loop_runs_on_two_ranks_and_learns(tmp_path):
     (line,) = run.stdout.splitlines()                          # rank 0 alone prints
     assert line.startswith("2 ranks, global batch 8, loss after 60 steps ")
     assert float(line.split()[-6]) < 0.1, line
+
+
+def test_another_runs_directory_is_refused_once_and_replaced_by_rank_0_with_overwrite(runs):
+    """Every rank checks the run directory; the refusal is one line, and under --overwrite rank 0
+    alone removes the earlier run's files (and says so once)."""
+    d = runs[0]
+    refused = _train("--steps", "2", cwd=d)               # the default run directory holds the 5-step run
+    assert refused.returncode == 2, refused.stderr
+    (line,) = [line for line in refused.stderr.splitlines() if "error:" in line]
+    assert "holds a run (config.json, metrics.jsonl, last.npz, best.npz), which a new run would replace" in line
+    replaced = _train("--steps", "2", "--overwrite", cwd=d)
+    assert replaced.returncode == 0, replaced.stderr[-4000:]
+    assert replaced.stdout.count("--overwrite: removed the earlier run's") == 1
+    assert replaced.stdout.count("final validation") == 1
