@@ -119,8 +119,8 @@ def check_run_target(config, where: str, *, resumed_from: str | Path | None = No
     (:meth:`RunDirectory.files`) and an existing checkpoint file; a run resumed from ``resumed_from``
     refuses them when they belong to another run (another config outside :data:`RESUMABLE`). With
     ``overwrite`` (``npformer train --overwrite``) they are returned instead: the files the run
-    removes when it starts. A path where a folder stands for a file, or
-    the reverse, is refused either way."""
+    removes when it starts. A path where a folder stands for a file, or the reverse, is refused
+    either way."""
     run = RunDirectory(config.out_dir, config.log_to)
     run.check_paths()
     mine = asdict(config)

@@ -26,10 +26,11 @@ tensorboard`` as TensorBoard scalars under ``tensorboard/`` (:data:`SINKS`).
 A fixed name per task and model, not a timestamp, so the README's next command can name the run.
 A run never replaces another run's files: ``npformer train`` into a directory that holds a run (any
 of the files above, :meth:`RunDirectory.files`) is refused before any work
-(:func:`npformer.training.resume.check_run_target`) unless it continues that run (``--resume``) or the
-user asks to train afresh over it (``--overwrite``, which removes the earlier run's files when the
-new run starts, as Hugging Face's ``overwrite_output_dir`` lets a run replace its folder's);
-``--out-dir`` keeps runs apart. A resumed run keeps the metrics up to its checkpoint's step and appends to them.
+(:func:`npformer.training.resume.check_run_target`) unless it continues that run (``--resume``) or
+the user asks to train afresh over it (``--overwrite``, which removes the earlier run's files when
+the new run starts, as Hugging Face's ``overwrite_output_dir`` lets a run replace its folder's);
+``--out-dir`` keeps runs apart. A resumed run keeps the metrics up to its checkpoint's step and
+appends to them.
 
 Every file is written through :mod:`npformer.files`: config.json and the kept metrics replace their
 files whole, and a record that cannot be appended (a full disk) is a
@@ -68,7 +69,7 @@ class CSVSink:
     of each split's records (the same for every record of a split in one run)."""
 
     def __init__(self, path: Path):
-        self.files = {split: self.written(path)[i] for i, split in enumerate(SPLITS)}
+        self.files = dict(zip(SPLITS, self.written(path)))
 
     @staticmethod
     def written(path: Path) -> list[Path]:
