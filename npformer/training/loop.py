@@ -244,7 +244,7 @@ class Trainer:
         written into the generator the graph draws from, and the gradients are the arrays the
         capture made, rewritten by every replay (so they are not zeroed between steps)."""
         from npformer.training.cuda_graph import CudaGraphStep, reseed_in_place
-        params = self.model.parameters()
+        params = list(self.model.parameters())     # a list: the capture's closure reads it at every call
         if self._graph is None:
             def forward_backward(x, y):
                 self.model.zero_grad()               # the capture's first accumulate makes each gradient

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from npformer.backend import cupy_available, get_backend
+from npformer.backend import cupy_available, default_rng, get_backend
 from npformer.checks import values_checked
 from npformer.errors import CaptureError, InputTypeError, RangeError, ShapeError
 from npformer.training.cuda_graph import HOST_SYNC_CAUSES, CudaGraphStep, check_static_inputs
@@ -101,6 +101,75 @@ def test_a_failed_capture_is_a_capture_error_naming_the_host_syncs(monkeypatch):
     assert step._stream.events == ["begin", "end"] and not step.captured     # capture mode left, no graph
 
 
+# -- the trainer's graph path on the CPU -------------------------------------------------------------
+
+class _GraphOnTheCPU:
+    """A stand-in for CudaGraphStep on NumPy that keeps the rule of a CUDA graph a trainer can get
+    wrong without a GPU: the step's Python runs at the warm-up calls and the capture only. Every call
+    runs the step's array work, but a replay then puts each parameter's ``grad`` back as it was
+    before the call (no Python ran) and copies the new outputs into the capture's arrays, which it
+    returns (a replay rewrites the capture's memory)."""
+
+    def __init__(self, fn, params, warmup):
+        self.fn, self.params, self.warmup, self.calls, self.outputs = fn, params, warmup, 0, None
+
+    @property
+    def captured(self) -> bool:
+        return self.outputs is not None
+
+    def __call__(self, *inputs):
+        if self.calls < self.warmup:
+            self.calls += 1
+            return self.fn(*inputs)
+        if self.outputs is None:                              # the capture
+            self.outputs = self.fn(*inputs)
+            return self.outputs
+        before = [(p, p.grad) for p in self.params]
+        loss, grads = self.fn(*inputs)
+        for p, grad in before:
+            p.grad = grad
+        kept_loss, kept_grads = self.outputs
+        kept_loss[...] = loss
+        for kept, new in zip(kept_grads, grads, strict=True):
+            if kept is not None:
+                kept[...] = new
+        return self.outputs
+
+
+def _reseed_numpy_in_place(generator, seed, backend):
+    """reseed_in_place for a NumPy Generator: the state of default_rng(seed), in the same object."""
+    generator.bit_generator.state = default_rng(seed, backend).bit_generator.state
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_replayed_steps_train_the_eager_model_on_the_cpu_stand_in(monkeypatch, dropout):
+    """The trainer's --cuda-graph path (Trainer._graph_step) with _GraphOnTheCPU for the graph: the
+    same losses and weights as eager training, step by step, over the warm-up, the capture and the
+    replays. It caught what the first H200 run showed (every weight left eager's values after the
+    second replay, dropout or not): the trainer's parameters were a generator, used up by the first
+    call, so after a replay no gradient was handed back and the optimiser skipped the step."""
+    from npformer.training import cuda_graph
+    from npformer.training.config import CharLMTrainConfig
+    from npformer.training.registry import make_trainer
+    trainers = []
+    for graph in (False, True):
+        config = CharLMTrainConfig(task="charlm", steps=7, batch_size=4, block_size=16, d_model=32, heads=4,
+                                   layers=2, ff=64, dropout=dropout)
+        trainer = make_trainer(config, log=lambda line: None)
+        if graph:
+            trainer.cfg.cuda_graph = True          # (the config refuses it on NumPy; the stand-in runs here)
+            monkeypatch.setattr(cuda_graph, "CudaGraphStep", lambda fn, warmup, t=trainer: _GraphOnTheCPU(
+                fn, list(t.model.parameters()), warmup))
+            monkeypatch.setattr(cuda_graph, "reseed_in_place", _reseed_numpy_in_place)
+        trainers.append(trainer)
+    for step in range(1, 8):
+        losses = [t.train_step().loss for t in trainers]
+        differ = [n for (n, p), (_, q) in zip(*(t.model.named_parameters() for t in trainers))
+                  if not np.array_equal(p.data, q.data)]
+        assert losses[0] == losses[1] and not differ, f"step {step}: losses {losses}, weights that differ: {differ}"
+    assert trainers[1]._graph.captured and trainers[1]._graph.calls == 2
+
+
 # -- on a GPU ---------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -114,7 +183,7 @@ def _gpt_step(cp):
     """Forward, cross-entropy and backward of a small GPT (dropout 0); returns (loss, a gradient)."""
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
-    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32, ff=64,
+    model = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32, dim_feedforward=64,
                           dropout=0.0), backend="cupy", rng=0)
 
     def step(x, y):
