@@ -29,7 +29,7 @@ OPS = ["linear", "softmax", "layer_norm", "gelu", "attention", "multi_head", "ff
 # more than everything else together and run the same code as gpt-small).
 MODELS = ["gpt-small", "seq2seq-base"]
 TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", "peak_share")
-ROW_KEYS = {"group", "name", "pass", "shape", "precision", "backend", "framework", "device", "path", "impl", "fast_paths",
+ROW_KEYS = {"group", "name", "pass", "shape", "precision", "T", "flash", "backend", "framework", "device", "path", "impl", "fast_paths",
             "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats",
             "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
             "peak_mb"}
@@ -72,7 +72,8 @@ def _tables(text):
 
 def test_source_commit_names_the_checkout(tmp_path):
     """The run records which code ran: a git checkout's commit, "+changes" once a tracked file
-    differs from it, and None outside a checkout."""
+    differs from it, and None outside a checkout, also inside another repository (the first H200
+    check's copy of the tree reported the enclosing repository's commit)."""
     assert suite.source_commit(str(tmp_path)) is None
 
     def git(*args):
@@ -90,6 +91,8 @@ def test_source_commit_names_the_checkout(tmp_path):
     assert suite.source_commit(str(tmp_path)) == head
     (tmp_path / "f.txt").write_text("b")
     assert suite.source_commit(str(tmp_path)) == head + "+changes"
+    (tmp_path / "copy").mkdir()            # a tree without .git inside the repository: not its commit
+    assert suite.source_commit(str(tmp_path / "copy")) is None
 
 
 def test_json_rows_and_columns(quick_run):
@@ -313,11 +316,33 @@ def test_the_report_figure_reads_well(quick_run):
     speed, times, memory = fig.axes[:3]
     base = _title(*columns(result["meta"])[0])
     assert base not in speed.get_legend_handles_labels()[1]
-    measured = sorted({int(r["name"].split("=")[1]) for r in result["rows"] if r["group"] == "sweep"})
+    measured = sorted({r["T"] for r in result["rows"] if r["group"] == "sweep"})
     assert len(measured) >= 2
     for ax in (times, memory):
         assert list(ax.get_xticks()) == measured and [t.get_text() for t in ax.get_xticklabels()] == \
             [str(t) for t in measured]
+
+
+def test_the_report_draws_and_tables_the_gpus_float16_sweep_rows(quick_run):
+    """The float16 flash rows exist only on a GPU (the first H200 check's report crashed on them):
+    here the CPU run's float32 flash rows are copied as float16 ones, and the figure draws them as a
+    line of their own and the sweep table lists them, each from the row's T and precision fields."""
+    from npformer.bench.report import figure, markdown
+    out, _ = quick_run
+    result = json.loads(_one(out, ".json").read_text())
+    half = [dict(r, name=r["name"] + " float16", precision="float16") for r in result["rows"]
+            if r["group"] == "sweep" and r["flash"] and r["backend"] == "numpy"]
+    assert half and all(isinstance(r["T"], int) for r in half)
+    result["rows"] += half
+    sweep = _tables(markdown(result))[2]
+    assert [line.split("|")[1].strip() for line in sweep[2:]] == \
+        ["64", "128", "flash 64", "flash 128", "flash 64 float16", "flash 128 float16"]
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    times = figure(result).axes[1]
+    assert "numpy flash float16" in times.get_legend_handles_labels()[1]
+    line = times.get_lines()[times.get_legend_handles_labels()[1].index("numpy flash float16")]
+    assert list(line.get_xdata()) == sorted(r["T"] for r in half if r["pass"] == "fwd")
 
 
 def test_summarize_against_numpy_percentiles():

@@ -112,6 +112,7 @@ def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32")
                     {"fwd": 4 * e * hs + 5 * e, "bwd": bwd}, B * T, ("dq", "dk", "dv"),
                     _npformer_calls(*op, qkv), _reference_calls("attention", qkv, 3), group)
     case["dims"], case["flash"], case["precision"] = (B, H, T, hs), flash, dtype
+    case["T"] = T if group == "sweep" else None             # the sweep's x axis, a field (not read from the name)
     if dtype == "float16":                  # the GPU's case: SDPA's flash kernel beside npformer's tensor cores
         case.update(gpu_only=True, parity_skipped="skipped: float16 (tests/kernels/cuda checks the kernels "
                                                   "against the reference)")
@@ -199,7 +200,8 @@ def op_cases(c: dict) -> list[dict]:
 
 
 def sweep_case(c: dict, T: int) -> dict:
-    """Plain attention at length T (B = sweep_B): memory quadratic in T."""
+    """Plain attention at length T (B = sweep_B): memory quadratic in T. A sweep case (and each of its
+    rows) carries ``T``, its length, besides its name."""
     return _attention_case(f"attention T={T}", c["sweep_B"], c["H"], T, c["d"] // c["H"], group="sweep")
 
 

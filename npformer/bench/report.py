@@ -14,7 +14,7 @@ from npformer.bench.backends import NPFORMER, TORCH_BESIDE
 from npformer.errors import WriteError
 from npformer.files import os_reason, write_text_atomically, written_atomically
 
-__all__ = ["columns", "markdown", "plot", "write_reports"]
+__all__ = ["columns", "markdown", "plot", "write_reports", "sweep_label"]
 
 FAILED = "FAILED parity"
 
@@ -108,9 +108,15 @@ def _sweep(result, by) -> list[str]:
             return FAILED if f["ms"] is None else f"{_f(f[key], fmt)} / {_f(b[key], fmt)}"
         return [(f"{_title(*col)} ms", lambda n: pair(n, "{:.1f}", "ms")),
                 (f"{_title(*col)} MB", lambda n: pair(n, "{:.0f}", "peak_mb"))]
-    spec = [("T", lambda n: n.replace("attention T=", ""))] + [c for col in cols for c in cells(col)]
-    return ["## Attention sweep: ms (fwd / bwd) and peak MB (fwd / bwd)", ""] + \
-        _table(spec, dict.fromkeys(r["name"] for r in sweep))
+    label = {r["name"]: sweep_label(r) for r in sweep}
+    spec = [("T", lambda n: label[n])] + [c for col in cols for c in cells(col)]
+    return ["## Attention sweep: ms (fwd / bwd) and peak MB (fwd / bwd)", ""] + _table(spec, label)
+
+
+def sweep_label(row: dict) -> str:
+    """A sweep row's line, from its fields: ``1024``, ``flash 1024``, ``flash 1024 float16``."""
+    precision = "" if row["precision"] == "float32" else f" {row['precision']}"
+    return ("flash " if row["flash"] else "") + f"{row['T']}{precision}"
 
 
 def _detail(result) -> list[str]:
@@ -186,16 +192,16 @@ def figure(result: dict):
     sweep = [r for r in rows if r["group"] == "sweep" and r["pass"] == "fwd" and r["ms"] is not None]
     measured: set[int] = set()
     for col in dict.fromkeys((r["backend"], r["path"]) for r in sweep):
-        for impl in ("attention", "flash attention"):                      # flash: its own line
-            if impl == "flash attention" and col[0] not in NPFORMER:
+        mine = [r for r in sweep if (r["backend"], r["path"]) == col]
+        for flash, precision in dict.fromkeys((r["flash"], r["precision"]) for r in mine):   # a line each
+            if flash and col[0] not in NPFORMER:
                 continue                               # a reference runs the same call in both sweeps
-            pts = sorted((int(r["name"].split("=")[1]), r) for r in sweep
-                         if (r["backend"], r["path"]) == col and r["name"].startswith(impl + " T="))
-            if pts:
-                ts, lab = [t for t, _ in pts], _title(*col) + ("" if impl == "attention" else " flash")
-                measured.update(ts)
-                axes[1].plot(ts, [r["ms"] + ms[(r["name"], "bwd") + col] for _, r in pts], "o-", label=lab)
-                axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for _, r in pts], "o-", label=lab)
+            pts = sorted((r for r in mine if (r["flash"], r["precision"]) == (flash, precision)), key=lambda r: r["T"])
+            ts = [r["T"] for r in pts]
+            lab = _title(*col) + " flash" * flash + ("" if precision == "float32" else f" {precision}")
+            measured.update(ts)
+            axes[1].plot(ts, [r["ms"] + ms[(r["name"], "bwd") + col] for r in pts], "o-", label=lab)
+            axes[2].plot(ts, [max(r["peak_mb"] or 0, 1e-3) for r in pts], "o-", label=lab)
     for ax, ylabel in ((axes[1], "attention fwd+bwd ms"), (axes[2], "attention fwd peak MB")):
         ax.set(xscale="log", yscale="log", xlabel="T", ylabel=ylabel)
         if measured:                                   # a labelled tick at every measured T, no others

@@ -69,7 +69,7 @@ def _peak(case, b, peaks: dict) -> float:
 def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str] | None, peak: float) -> dict:
     """One JSON row; without ``timing`` (a failed parity check) every measured field is None."""
     row = {"group": case["group"], "name": case["name"], "pass": pas, "shape": case["shape"],
-           "precision": case.get("precision", "float32"),
+           "precision": case.get("precision", "float32"), "T": case.get("T"), "flash": case.get("flash", False),
            "backend": b.name, "framework": b.framework, "device": b.device, "path": path,
            "impl": label(ran) if b.framework == "npformer" else b.framework,
            "fast_paths": ran, "parity": parity.status, "parity_error": parity.error,
@@ -186,9 +186,13 @@ def _git(root: str, *args: str) -> str:
 
 def source_commit(root: str | None = None) -> str | None:
     """The git commit of the checkout at ``root`` (default: the one npformer is imported from), with
-    "+changes" when its tracked files differ from it; None outside a git checkout or without git."""
+    "+changes" when its tracked files differ from it; None outside a git checkout or without git. The
+    repository must be ``root`` itself: a tree without ``.git`` inside another repository (a copy of
+    the checkout, an installed package) has no commit of its own, not its enclosing one's."""
     root = root or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
+        if os.path.realpath(_git(root, "rev-parse", "--show-toplevel")) != os.path.realpath(root):
+            return None
         commit = _git(root, "rev-parse", "--short=7", "HEAD")
         changed = _git(root, "status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):

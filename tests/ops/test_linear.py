@@ -81,7 +81,9 @@ def test_linear_bad_input(xp):
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_linear_with_an_empty_axis_is_the_empty_sum(xp, x_shape, w_shape, path):
     """C_in = 0 (out = b: each output is an empty sum plus the bias), C_out = 0, or no rows: defined,
-    as in PyTorch, on the reference and on the fast path (a reshape(-1, 0) raised NumPy's error)."""
+    as in PyTorch, on the reference and on the fast path (a reshape(-1, 0) raised NumPy's error).
+    Every empty sum is exact; the bias gradient, a sum over the rows, is NumPy's to the bit on NumPy
+    and within the bound of another summation order on CuPy (2.2e-16 apart on an H200)."""
     from npformer import kernels
     x, w = randn(xp, x_shape, 0), randn(xp, w_shape, 1)
     b = randn(xp, (w_shape[0],), 2)
@@ -94,5 +96,9 @@ def test_linear_with_an_empty_axis_is_the_empty_sum(xp, x_shape, w_shape, path):
     rows = int(np.prod(x_shape[:-1]))
     dout2, x2 = host(dout).reshape(rows, w_shape[0]), host(x).reshape(rows, w_shape[1])
     np.testing.assert_array_equal(host(dw), dout2.T @ x2)
-    np.testing.assert_array_equal(host(db), dout2.sum(axis=0))
     np.testing.assert_array_equal(host(dx), host(dout) @ host(w))
+    if xp is np:                                  # the same library's sum: the same order, the same bits
+        np.testing.assert_array_equal(host(db), dout2.sum(axis=0))
+    else:      # CuPy adds the rows in another order: two orders of n terms differ by <= (n - 1) eps sum|terms|
+        bound = max(rows - 1, 0) * np.finfo(dout2.dtype).eps * np.abs(dout2).sum(axis=0)
+        assert (np.abs(host(db) - dout2.sum(axis=0)) <= bound).all(), (host(db), dout2.sum(axis=0), bound)
