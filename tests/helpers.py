@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from npformer.backend import to_numpy
 
@@ -83,6 +83,30 @@ def assert_fast_path_pair(fwd, bwd, x, dy, dtype, what, **kw):
         for gi, ri in zip(g if isinstance(g, tuple) else (g,), dx_ref if isinstance(dx_ref, tuple) else (dx_ref,)):
             if ri is not None:
                 assert_close(gi, ri, dtype, scale=scale, what=f"{what} backward, {label}")
+
+
+# Examples of a whole-model gradient check on CuPy. Each example checks every tensor of its model
+# (model_check's directions), about 220 forward passes for test_seq2seq_gradcheck's (1.2 s on NumPy on
+# the 2-core machine); on a GPU each pass is hundreds of launches, and the first H200 check's 15
+# examples ran past its 89 s per-test timeout. NumPy runs the profile's count of the same examples,
+# so the option combinations are all covered there; CuPy checks its kernels on the first few.
+CUPY_MODEL_EXAMPLES = 5
+
+
+def given_per_backend(**strategies):
+    """``@given(**strategies)`` for a whole-model gradient check ``test(xp, **drawn)``: the profile's
+    number of examples on NumPy, at most :data:`CUPY_MODEL_EXAMPLES` on CuPy (each just as thorough)."""
+    def wrap(body):
+        everything = given(**strategies)(body)
+        fewer = settings(max_examples=min(settings.default.max_examples, CUPY_MODEL_EXAMPLES))(
+            given(**strategies)(body))
+
+        def test(xp):
+            (fewer if xp.__name__ == "cupy" else everything)(xp)
+        test.__name__, test.__qualname__, test.__doc__, test.__module__ = (body.__name__, body.__qualname__,
+                                                                         body.__doc__, body.__module__)
+        return test
+    return wrap
 
 
 def model_check(xp, max_elements: int) -> dict:

@@ -2,7 +2,7 @@
 real loss (cross-entropy with padding ignored), plus the key/value cache against the uncached forward."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import strategies as st
 
 from npformer.backend import get_backend
 from npformer.errors import RangeError
@@ -12,7 +12,7 @@ from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
-from tests.helpers import assert_gradcheck, host, model_check, randn, seeds
+from tests.helpers import assert_gradcheck, given_per_backend, host, model_check, randn, seeds
 
 PAD = 0
 
@@ -53,9 +53,9 @@ def _loss_forward(logits_fn, targets):
     return forward, backward
 
 
-@given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), activation=st.sampled_from(["gelu_tanh", "gelu"]),
-       s=st.integers(2, 5), t=st.integers(2, 5), positional=st.sampled_from(["sinusoidal", "learned"]),
-       share=st.booleans())
+@given_per_backend(seed=seeds, norm_first=st.booleans(), tie=st.booleans(),
+                   activation=st.sampled_from(["gelu_tanh", "gelu"]), s=st.integers(2, 5), t=st.integers(2, 5),
+                   positional=st.sampled_from(["sinusoidal", "learned"]), share=st.booleans())
 def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t, positional, share):
     # smooth activations only: see test_full_transformer_gradcheck_with_float_mask on ReLU kinks
     v = 7 if share else 6                                # share: one vocabulary, one embedding for both sides
@@ -70,6 +70,23 @@ def test_seq2seq_gradcheck(xp, seed, norm_first, tie, activation, s, t, position
     report = gradcheck_module(model, {"src": src, "tgt_in": tgt_in}, forward=fwd, backward=bwd,
                               dropout_seed=seed, seed=seed, **model_check(xp, v))
     assert_gradcheck(report)
+
+
+def test_whole_model_checks_run_every_example_on_numpy_and_fewer_on_cupy():
+    """given_per_backend: the profile's examples on NumPy, CUPY_MODEL_EXAMPLES on CuPy (a stand-in
+    module named cupy: the count, not the GPU, is what is tested)."""
+    from types import SimpleNamespace
+
+    from hypothesis import settings
+    from tests.helpers import CUPY_MODEL_EXAMPLES
+    seen = []
+
+    @given_per_backend(n=st.integers(0, 10**6))
+    def check(xp, n):
+        seen.append(xp.__name__)
+    for name in ("numpy", "cupy"):
+        check(SimpleNamespace(__name__=name))
+    assert seen.count("numpy") == settings.default.max_examples > CUPY_MODEL_EXAMPLES == seen.count("cupy")
 
 
 def test_a_shared_embedding_gets_the_sum_of_the_source_and_target_gradients(xp):
@@ -126,7 +143,7 @@ def test_the_paper_sizes_have_table_3s_parameter_counts():
         Seq2SeqConfig(src_vocab_size=5, tgt_vocab_size=6, share_embeddings=True)
 
 
-@given(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), t=st.integers(1, 6))
+@given_per_backend(seed=seeds, norm_first=st.booleans(), tie=st.booleans(), t=st.integers(1, 6))
 def test_gpt_gradcheck(xp, seed, norm_first, tie, t):
     cfg = GPTConfig(vocab_size=7, block_size=8, n_layer=2, n_head=2, d_model=4, dropout=0.1,
                     norm_first=norm_first, tie_embeddings=tie)
@@ -138,7 +155,7 @@ def test_gpt_gradcheck(xp, seed, norm_first, tie, t):
     assert_gradcheck(report)
 
 
-@given(seed=seeds, mlm=st.booleans(), t=st.integers(2, 6))
+@given_per_backend(seed=seeds, mlm=st.booleans(), t=st.integers(2, 6))
 def test_bert_gradcheck_all_outputs(xp, seed, mlm, t):
     cfg = BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=6, max_position_embeddings=8, dropout=0.1, mlm_head=mlm)

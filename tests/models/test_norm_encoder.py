@@ -2,14 +2,14 @@
 running statistics."""
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import strategies as st
 
 from npformer.models.norm_encoder import NORMS, NormEncoder, NormEncoderConfig
 from npformer.nn.module import no_grad
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck_module
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
-from tests.helpers import assert_gradcheck, host, model_check, seeds
+from tests.helpers import assert_gradcheck, given_per_backend, host, model_check, seeds
 
 PAD = 0
 
@@ -41,7 +41,8 @@ def _loss(targets):
     return forward, backward
 
 
-@given(norm=st.sampled_from(sorted(NORMS)), norm_first=st.booleans(), t=st.integers(2, 6), seed=seeds)
+@given_per_backend(norm=st.sampled_from(sorted(NORMS)), norm_first=st.booleans(), t=st.integers(2, 6),
+                   seed=seeds)
 def test_norm_encoder_gradcheck(xp, norm, norm_first, t, seed):
     model = _model(xp, norm, norm_first, seed)
     ids, targets = _batch(xp, 3, t, seed)
