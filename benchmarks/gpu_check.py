@@ -5,28 +5,33 @@
 Stages run in priority order, each writing its results as soon as it ends; a stage that no longer
 fits the budget is skipped, and says so. With a budget (480 s fits one 10-minute call of a GPU lease,
 with the machine's start and the transfers around it) each stage's timeout is what is left of it.
-Without one every stage runs to its own cap. The stages (what the issue tracker's GPU work asks
-first comes first):
+Without one every stage runs to its own cap. What the GPU work asks first comes first: on the first
+H200 (2026-11-28) device, primitives, kernel tests, steps and sweep took about 300 s together.
 
-=========  =====================================================================  ===============
-stage      what                                                                   writes
-=========  =====================================================================  ===============
-device     the GPU, driver, CUDA runtime, CuPy, PyTorch (nvidia-smi too)          device.txt
-primitives the warp primitives (mma.sync, ldmatrix, shuffles, cp.async) against   (summary.txt)
-           their fragment layouts: first, so a layout mistake shows before anything
-steps      training steps on CuPy and PyTorch: GPT-2 124M shape (float32, float16 steps.md, .json
-           mixed precision), gpt-medium eager and replayed from a CUDA graph:
-           time, MFU, peak memory (benchmarks/run.py, parity left to the tests)
-sweep      attention at T = 128 .. 8192, plain and flash, against PyTorch's SDPA   sweep.md, .json
-tests      the GPU tests in parallel (pytest -m gpu, xdist, per-test timeout),    gpu_tests.log
-           the kernels' and the training's files first
-profile    the kernels of one GPT-2 124M training step (count, time, top 25)      profile.txt
-=========  =====================================================================  ===============
+============  ==================================================================  ===============
+stage         what                                                                writes
+============  ==================================================================  ===============
+device        the GPU, driver, CUDA runtime, CuPy, PyTorch (nvidia-smi too)       (summary.txt)
+primitives    the warp primitives (mma.sync, ldmatrix, shuffles, cp.async)        (summary.txt)
+              against their fragment layouts: a layout mistake shows first
+kernel-tests  the GPU tests of the CUDA kernels and of training (CUDA graphs)     gpu_tests.log
+steps         training steps on CuPy and PyTorch: GPT-2 124M (float32, float16    steps.md, .json
+              mixed precision), gpt-medium eager and from a CUDA graph
+sweep         attention at T = 128 .. 8192, plain and flash (float16 too), and    sweep.md, .json
+              PyTorch's SDPA
+other-tests   the rest of the GPU tests (ops, modules, models, ...)               (gpu_tests.log)
+cpu-vs-gpu    the op cases and the gpt-small step with NumPy on this machine's    cpu_vs_gpu.md
+              CPU cores beside CuPy (the report's "GPU speed-up" column)
+profile       the kernels of one GPT-2 124M training step (count, time, top 25)   profile.txt
+============  ==================================================================  ===============
 
-At most these 8 files (``summary.txt`` the eighth), directly in OUT_DIR; the summary (a line per
-stage: exit status, seconds, or why it was skipped, and the tail of a failed stage's output) is
-printed last. The exit status is 1 when a stage failed or was skipped, 0 otherwise. The machine
-needs CuPy, PyTorch with CUDA, pytest-xdist and pytest-timeout; nothing is installed.
+Eight files at most come back from a GPU lease, and these are eight, directly in OUT_DIR:
+summary.txt holds the device facts, a line per stage (exit status, seconds, or why it was skipped),
+every failed or erroring test by name, and the tail of a failed stage's output; it is printed last.
+The two test stages run in parallel (xdist) with a per-test timeout and report their 15 slowest
+tests (the model gradient checks' budget is set from them). The exit status is 1 when a stage
+failed or was skipped, 0 otherwise. The machine needs CuPy, PyTorch with CUDA, pytest-xdist and
+pytest-timeout; nothing is installed.
 """
 from __future__ import annotations
 
@@ -44,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARGIN_S = 10          # kept back from a stage's timeout for its files and the summary
 TAIL_LINES = 12        # of a failed stage's output, in the summary
 
-__all__ = ["Stage", "Outcome", "stages", "run_stages", "main"]
+__all__ = ["Stage", "Outcome", "stages", "run_stages", "failing_tests", "summary", "main"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class Stage:
     minimum_s: float            # the least time in which it gives a useful result (else: skipped)
     cap_s: float                # the most it may take
     command: tuple              # argv; "{out}" is replaced by the output folder, "{timeout}" by the per-test cap
-    log: str | None = None      # the file (in OUT) its output goes to; None: only kept for the summary
+    log: str | None = None      # the file (in OUT) its output goes to, appended to; None: kept for the summary
     keep: tuple = ()            # (produced path relative to OUT, name to keep it as) after it ends
 
 
@@ -63,26 +68,35 @@ class Outcome:
     status: str                 # "ok", "failed (exit N)", "timed out", "skipped: ..."
     seconds: float
     tail: str = ""
+    failures: tuple = ()        # pytest's "FAILED ..." and "ERROR ..." lines: each failing test by name
+
+
+KERNEL_TESTS = ("tests/kernels/cuda", "tests/training")      # the kernel-tests stage; other-tests runs the rest
+DEVICE_LOG = "device.txt"                                     # merged into summary.txt at the end
 
 
 def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]:
     jobs = jobs or os.cpu_count() or 1
-    bench = (python, "benchmarks/run.py", "--backends", "cupy,torch", "--paths", "fast", "--skip-parity")
+    bench = (python, "benchmarks/run.py", "--paths", "fast", "--skip-parity")
+    gpu_vs_torch = bench + ("--backends", "cupy,torch")
     device = (python, "-c", "import benchmarks.gpu_check as g; g.device_facts()")
-    tests = ("tests/kernels/cuda", "tests/training", "tests/ops", "tests/nn", "tests/backend", "tests/models",
-             "tests")
+    pytest = (python, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider")
+    parallel = pytest + ("-n", str(jobs), "--timeout={timeout}", "--durations=15", "-p", "no:benchmark")
+    ops = "linear,softmax,layer_norm,gelu,attention,multi_head,ffn,cross_entropy,dropout"
     return [
-        Stage("device", 5, 60, device, log="device.txt"),
-        Stage("primitives", 10, 60, (python, "-m", "pytest", "-m", "gpu", "-q", "-rfE", "--tb=short", "-p",
-                                     "no:cacheprovider", "tests/kernels/cuda/test_warp_primitives.py")),
-        Stage("steps", 60, 240, bench + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
-                                         "--out", "{out}/steps"),
+        Stage("device", 5, 60, device, log=DEVICE_LOG),
+        Stage("primitives", 10, 60, pytest + ("tests/kernels/cuda/test_warp_primitives.py",)),
+        Stage("kernel-tests", 60, 240, parallel + KERNEL_TESTS, log="gpu_tests.log"),
+        Stage("steps", 60, 240, gpu_vs_torch + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
+                                                "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
-        Stage("sweep", 45, 180, bench + ("--only", "sweep", "--out", "{out}/sweep"),
+        Stage("sweep", 45, 180, gpu_vs_torch + ("--only", "sweep", "--out", "{out}/sweep"),
               keep=(("sweep/*.md", "sweep.md"), ("sweep/*.json", "sweep.json"))),
-        Stage("tests", 120, 900, (python, "-m", "pytest", "-m", "gpu", "-n", str(jobs), "--timeout={timeout}", "-q",
-                                  "-rfE", "--tb=short", "-p", "no:cacheprovider", "-p", "no:benchmark") + tests,
+        Stage("other-tests", 60, 300, parallel + tuple(f"--ignore={t}" for t in KERNEL_TESTS) + ("tests",),
               log="gpu_tests.log"),
+        Stage("cpu-vs-gpu", 60, 180, bench + ("--backends", "numpy,cupy", "--only", ops + ",gpt-small",
+                                              "--out", "{out}/cpu_vs_gpu"),
+              keep=(("cpu_vs_gpu/*.md", "cpu_vs_gpu.md"),)),
         Stage("profile", 20, 120, (python, "benchmarks/profile_step.py", "--model", "gpt2-124m",
                                    "--out", "{out}/profile.txt")),
     ]
@@ -122,7 +136,7 @@ def _execute(argv: list[str], timeout: float, log_path: str | None) -> tuple[int
         output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
                          for x in (exc.stdout, exc.stderr))
     if log_path:
-        with open(log_path, "w") as f:
+        with open(log_path, "a") as f:
             f.write(output)
     return code, output
 
@@ -153,7 +167,7 @@ def run_stages(out: str, plan: list[Stage], budget: float | None,
         _keep(out, stage)
         status = "ok" if code == 0 else "timed out" if code is None else f"failed (exit {code})"
         tail = "" if code == 0 else "\n".join(output.strip().splitlines()[-TAIL_LINES:])
-        outcomes.append(Outcome(stage.name, status, seconds, tail))
+        outcomes.append(Outcome(stage.name, status, seconds, tail, failing_tests(output)))
         log(f"{stage.name}: {status} in {seconds:.0f} s")
     return outcomes
 
@@ -170,13 +184,22 @@ def _keep(out: str, stage: Stage) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def summary(outcomes: list[Outcome], budget: float | None) -> str:
-    lines = [f"gpu_check: budget {'none' if budget is None else f'{budget:.0f} s'}, "
-             f"{sum(o.seconds for o in outcomes):.0f} s in the stages"]
+def failing_tests(output: str) -> tuple:
+    """pytest's short summary lines of ``output`` that name a failed or erroring test (``-rfE``)."""
+    return tuple(line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR ")))
+
+
+def summary(outcomes: list[Outcome], budget: float | None, device: str = "") -> str:
+    """The device facts, then a line per stage, each failing test by name under its stage, and the
+    tail of a failed stage's output."""
+    lines = ([device.rstrip(), ""] if device.strip() else []) + [
+        f"gpu_check: budget {'none' if budget is None else f'{budget:.0f} s'}, "
+        f"{sum(o.seconds for o in outcomes):.0f} s in the stages"]
     for o in outcomes:
-        lines.append(f"{o.name:<8} {o.status}" + (f" in {o.seconds:.0f} s" if not o.status.startswith("skipped")
-                                                   else ""))
-        lines += ["    " + t for t in o.tail.splitlines()]
+        lines.append(f"{o.name:<12} {o.status}" + (f" in {o.seconds:.0f} s" if not o.status.startswith("skipped")
+                                                       else ""))
+        lines += ["    " + f for f in o.failures]
+        lines += ["    " + t for t in o.tail.splitlines() if t not in o.failures]
     return "\n".join(lines)
 
 
@@ -191,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--budget: expected a positive number of seconds, got {args.budget:g}")
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
-    outcomes = run_stages(out, stages(jobs=args.jobs), args.budget)
-    text = summary(outcomes, args.budget)
+    outcomes = run_stages(out, stages(jobs=args.jobs), args.budget, clock=time.monotonic, execute=_execute)
+    device_log = os.path.join(out, DEVICE_LOG)
+    device = open(device_log).read() if os.path.exists(device_log) else ""
+    if os.path.exists(device_log):
+        os.remove(device_log)                     # into summary.txt: eight files come back from a lease
+    text = summary(outcomes, args.budget, device)
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write(text + "\n")
     print(text)

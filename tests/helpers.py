@@ -181,3 +181,40 @@ def posing_as_cupy(monkeypatch, a):
     fake.ndarray = FakeCupyArray
     monkeypatch.setitem(sys.modules, "cupy", fake)
     return a.view(FakeCupyArray)
+
+
+def assert_scores_beyond_float16(xp, forward, backward):
+    """Attention (``forward``, ``backward``: an op's pair, called on ``xp`` arrays) in float16 with
+    |q|, |k| about 1e4 (hs 8): scaled scores of about 1e8, beyond float16's 65,504, and dout v^T
+    beyond it in the backward. Scores, softmax and products in float32 (as PyTorch's CPU attention):
+    finite, and within the rounding of that arithmetic of the exact (float64) result of the same
+    float16 inputs.
+
+    The softmax here is one-hot (scores 1e7 apart), so out is a row of v, dS = P (dP - D) is exactly 0
+    and so are dq and dk: what a float32 computation gives for them is the rounding of dP - D, two
+    dot products of hs terms of up to max|dout| max|v| (7e5 here) that cancel. To first order
+    (Higham's gamma_hs for each), |dS error| <= 2 hs u32 max|dout| max|v|, and dq (dk) sums T of them
+    times |k| (|q|) and the scale: 6.0e4 here. The float32 path's dq came out at up to 324 from that
+    rounding, the H200's float16 tensor cores at 0 in 79 of 160 entries: both right, the exact answer
+    is 0 (comparing with the float32 path's 324 failed the H200). out and dv, well conditioned, are
+    within float16's rounding of the exact ones."""
+    from npformer import kernels
+    from npformer.ops.attention import scaled_dot_product_attention_backward as sdpa_backward
+    from npformer.ops.attention import scaled_dot_product_attention_forward as sdpa_forward
+    r = np.random.default_rng(0)
+    q16, k16, v16 = (xp.asarray((r.standard_normal((2, 2, 5, 8)) * 1e4).astype(np.float16)) for _ in range(3))
+    dout16 = xp.asarray((r.standard_normal((2, 2, 5, 8)) * 10).astype(np.float16))
+    pad = np.array([[False] * 4 + [True], [False] * 5])
+    q, k, v, dout = (host(a).astype(np.float64) for a in (q16, k16, v16, dout16))
+    with kernels.disabled():                                    # the exact result, in float64 on the host
+        reference = sdpa_forward(q, k, v, key_padding_mask=pad, is_causal=True)
+        exact = [reference[0], *sdpa_backward(dout, reference[-1])]
+    result = forward(q16, k16, v16, key_padding_mask=xp.asarray(pad), is_causal=True)
+    got = [host(a) for a in (result[0], *backward(dout16, result[-1]))]
+    t, hs = q.shape[-2:]
+    ds_error = 2 * hs * 2.0 ** -24 * np.abs(dout).max() * np.abs(v).max()
+    cancelled = {"dq": t * np.abs(k).max() * ds_error / hs ** 0.5, "dk": t * np.abs(q).max() * ds_error / hs ** 0.5}
+    for name, g, want in zip(("out", "dq", "dk", "dv"), got, exact):
+        assert g.dtype == np.float16 and np.isfinite(g).all(), name
+        bound = 4e-3 * np.abs(want).max() + cancelled.get(name, 0.0)
+        np.testing.assert_allclose(g.astype(np.float64), want, atol=bound, rtol=0, err_msg=name)

@@ -564,13 +564,14 @@ def _fake_execute(clock, durations: dict, calls: list, out: str):
         calls.append((name, timeout, argv))
         took = durations[name]
         clock.now += min(took, timeout)
-        for stage in ("steps", "sweep"):
-            if name == stage:
-                os.makedirs(os.path.join(out, stage), exist_ok=True)
-                for ext in ("md", "json", "png"):
-                    open(os.path.join(out, stage, f"device_2026-11-27.{ext}"), "w").close()
+        if name in ("steps", "sweep", "cpu-vs-gpu"):
+            folder = os.path.join(out, name.replace("-", "_"))
+            os.makedirs(folder, exist_ok=True)
+            for ext in ("md", "json", "png"):
+                open(os.path.join(folder, f"device_2026-11-27.{ext}"), "w").close()
         if log_path:
-            open(log_path, "w").close()
+            with open(log_path, "a") as f:
+                f.write(f"{name} log\n" if "tests" in name else "")
         if took > timeout:
             return None, "line\n" * 30 + "still running"
         return (1, "Traceback\nboom") if name == "profile" else (0, "fine")
@@ -584,40 +585,82 @@ def _gpu_check_stages():
     return [gpu_check.Stage(s.name, s.minimum_s, s.cap_s, s.command + (s.name,), s.log, s.keep) for s in stages]
 
 
+STAGE_SECONDS = {"device": 5, "primitives": 15, "kernel-tests": 100, "steps": 100, "sweep": 60, "other-tests": 120,
+                 "cpu-vs-gpu": 90, "profile": 20}
+
+
 def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_longer_fits(tmp_path):
-    """A fake clock: a 480 s budget; the tests stage runs out its timeout (what is left of the budget),
-    so the profile no longer fits and is skipped, saying so; the timeouts shrink with the budget."""
+    """A fake clock: a 480 s budget; the first five stages (what the GPU issues need first) fit, the
+    other tests run out their timeout (what is left of the budget), so NumPy beside CuPy and the
+    profile are skipped, saying so; the timeouts shrink with the budget."""
     from benchmarks import gpu_check
     clock, calls, lines = _FakeClock(), [], []
-    durations = {"device": 5, "primitives": 15, "steps": 100, "sweep": 60, "tests": 10_000, "profile": 20}
+    durations = dict(STAGE_SECONDS, **{"other-tests": 10_000})
     outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), 480, clock=clock,
                                     execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lines.append)
-    assert [c[0] for c in calls] == ["device", "primitives", "steps", "sweep", "tests"]
-    assert [c[1] for c in calls] == [60, 60, 240, 180, 480 - 5 - 15 - 100 - 60 - gpu_check.MARGIN_S]
-    assert [(o.name, o.status) for o in outcomes][:5] == [("device", "ok"), ("primitives", "ok"), ("steps", "ok"),
-                                                           ("sweep", "ok"), ("tests", "timed out")]
+    first = ["device", "primitives", "kernel-tests", "steps", "sweep"]
+    assert [c[0] for c in calls] == first + ["other-tests"]
+    used = sum(STAGE_SECONDS[n] for n in first)
+    assert [c[1] for c in calls] == [60, 60, 240, 240, 180, 480 - used - gpu_check.MARGIN_S]
+    assert [(o.name, o.status) for o in outcomes][:6] == [(n, "ok") for n in first] + [("other-tests", "timed out")]
     margin = gpu_check.MARGIN_S
-    assert outcomes[5].status == f"skipped: needs {20 + margin} s, {margin} s left"
-    assert "still running" in outcomes[4].tail and len(outcomes[4].tail.splitlines()) == gpu_check.TAIL_LINES
-    per_test = next(a for a in calls[4][2] if a.startswith("--timeout="))
-    assert per_test == f"--timeout={max(30, min(300, int(calls[4][1] / 3)))}"
+    assert [o.status for o in outcomes[6:]] == [f"skipped: needs {60 + margin} s, {margin} s left",
+                                                f"skipped: needs {20 + margin} s, {margin} s left"]
+    assert "still running" in outcomes[5].tail and len(outcomes[5].tail.splitlines()) == gpu_check.TAIL_LINES
+    per_test = next(a for a in calls[5][2] if a.startswith("--timeout="))
+    assert per_test == f"--timeout={max(30, min(300, int(calls[5][1] / 3)))}"
     assert clock.now - 1000.0 <= 480                                   # nothing ran past the budget
-    # the files: at most 8, directly in OUT (the bench folders moved up and removed)
+    # the files: at most 8, directly in OUT (the bench folders moved up and removed); both test stages
+    # write one log
     assert sorted(p.name for p in tmp_path.iterdir()) == ["device.txt", "gpu_tests.log", "steps.json", "steps.md",
                                                           "sweep.json", "sweep.md"]
+    assert (tmp_path / "gpu_tests.log").read_text() == "kernel-tests log\nother-tests log\n"
     text = gpu_check.summary(outcomes, 480)
-    assert text.splitlines()[0].startswith("gpu_check: budget 480 s") and "profile  skipped" in text
+    assert text.splitlines()[0].startswith("gpu_check: budget 480 s") and "profile      skipped" in text
+
+
+def test_gpu_check_names_every_failing_test_and_puts_the_device_facts_first(tmp_path, monkeypatch, capsys):
+    """main(): the summary starts with the device facts (device.txt folded in, so eight files come
+    back at most) and lists each FAILED or ERROR line of pytest's short summary under its stage."""
+    from benchmarks import gpu_check
+    clock, calls = _FakeClock(), []
+    execute = _fake_execute(clock, STAGE_SECONDS, calls, str(tmp_path))
+
+    def failing(argv, timeout, log_path):
+        code, output = execute(argv, timeout, log_path)
+        if argv[-1] == "device":
+            with open(log_path, "a") as f:
+                f.write("GPU: NVIDIA H200 | compute capability 9.0\n")
+        if argv[-1] == "kernel-tests":
+            return 1, ("....F.E\nFAILED tests/training/test_cuda_graph.py::test_a - AssertionError: step 4\n"
+                       "ERROR tests/kernels/cuda/test_gemm.py::test_b - RuntimeError\n1 failed, 1 error in 9s")
+        return code, output
+    plan = _gpu_check_stages()
+    monkeypatch.setattr(gpu_check, "_execute", failing)
+    monkeypatch.setattr(gpu_check, "stages", lambda jobs=None: plan)
+    monkeypatch.setattr(gpu_check.time, "monotonic", clock)
+    assert gpu_check.main([str(tmp_path), "--budget", "480"]) == 1
+    text = (tmp_path / "summary.txt").read_text()
+    assert text.startswith("GPU: NVIDIA H200 | compute capability 9.0\n\ngpu_check: budget 480 s")
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("kernel-tests failed (exit 1)"))
+    assert lines[i + 1:i + 3] == ["    FAILED tests/training/test_cuda_graph.py::test_a - AssertionError: step 4",
+                                  "    ERROR tests/kernels/cuda/test_gemm.py::test_b - RuntimeError"]
+    assert not (tmp_path / "device.txt").exists() and len(list(tmp_path.iterdir())) <= 8
+    assert capsys.readouterr().out.rstrip().endswith(text.rstrip())
 
 
 def test_gpu_check_without_a_budget_gives_each_stage_its_cap_and_reports_a_failure(tmp_path):
     from benchmarks import gpu_check
     clock, calls = _FakeClock(), []
-    durations = {"device": 5, "primitives": 15, "steps": 100, "sweep": 60, "tests": 300, "profile": 20}
     outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), None, clock=clock,
-                                    execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lambda _: None)
+                                    execute=_fake_execute(clock, STAGE_SECONDS, calls, str(tmp_path)),
+                                    log=lambda _: None)
     assert [c[1] for c in calls] == [s.cap_s for s in gpu_check.stages()]
-    assert [o.status for o in outcomes] == ["ok", "ok", "ok", "ok", "ok", "failed (exit 1)"]
+    assert [o.status for o in outcomes] == ["ok"] * 7 + ["failed (exit 1)"]
     assert outcomes[-1].tail == "Traceback\nboom"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_vs_gpu.md", "device.txt", "gpu_tests.log", "steps.json",
+                                                          "steps.md", "sweep.json", "sweep.md"]   # + profile.txt
     assert "    boom" in gpu_check.summary(outcomes, None)
 
 
