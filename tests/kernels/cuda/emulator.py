@@ -9,7 +9,10 @@ largest skew between threads, so a missing barrier changes results here; a barri
 thread of the block reaches is reported as an error instead of hanging.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
-(m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts), ``npf_mma_1688_tf32``
+(m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts: the products are exact
+and added in order, each addition rounded to float32; a GPU's tensor cores add them otherwise, with
+more bits and truncation by Fasi et al.'s measurements (2021), so the last bits differ and a test
+compares within a stated bound, never bit for bit with a GPU), ``npf_mma_1688_tf32``
 (m16n8k8, TF32 in: an operand's 13 low mantissa bits are not read; ``npf_tf32`` rounds to TF32 as
 ``cvt.rna`` does) and ``npf_ldmatrix_x4`` (``_trans``). A lane posts its operands and waits; the
 block runs warp by warp, and once every live lane of a warp waits at the same collective the
