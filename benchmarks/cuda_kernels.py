@@ -11,7 +11,9 @@ registers, spills, stack and static shared memory, cuobjdump gives its SASS. The
 architecture (``cuda-kernels-sm<arch>.md``) has, per kernel: those resources, the dynamic shared
 memory and the block size its launcher uses, the theoretical occupancy at that block size with the
 resource that limits it, and the instruction mix (FFMA, HMMA: tensor cores, LDGSTS: cp.async, LDSM:
-ldmatrix, SHFL, BAR). ``tests/kernels/cuda/test_compile.py`` holds the kernels to these numbers.
+ldmatrix, SHFL, BAR); and for each tensor-core kernel its main loop's instructions per HMMA, in all and
+by issue pipe (:func:`main_loop`). ``tests/kernels/cuda/test_compile.py`` holds the kernels to these
+numbers.
 
 Occupancy is the theoretical one of NVIDIA's occupancy calculator: resident warps per SM over the
 SM's 64, the fewest blocks that threads (2048 an SM), blocks (32), registers (65,536 an SM, given
@@ -34,8 +36,8 @@ from dataclasses import dataclass, field
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "TEST_KERNELS", "Kernel", "Tools", "find_tools",
-           "compile_module", "compile_all", "block_threads", "dynamic_shared", "occupancy", "occupancy_floor",
+__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "TEST_KERNELS", "Kernel", "Tools",
+           "find_tools", "sass_functions", "main_loop", "compile_module", "compile_all", "block_threads", "dynamic_shared", "occupancy", "occupancy_floor",
            "report", "main"]
 
 CUPY_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")   # CuPy 14 adds these (and -arch)
@@ -45,6 +47,17 @@ SM_LIMITS = {80: dict(warps=64, blocks=32, registers=65536, shared=167936, block
              90: dict(warps=64, blocks=32, registers=65536, shared=233472, block_shared=232448)}
 RESERVED_SHARED = 1024           # per block, kept by the system (compute capability 8.0 and later)
 MIX = ("FFMA", "HMMA", "LDGSTS", "LDSM", "SHFL", "BAR")   # SASS opcodes counted (HMMA: tensor cores)
+# The issue pipes of the opcodes in a tensor-core kernel's main loop (Volta and later: integer
+# multiply-add issues to the FMA pipe, min/max, compares, selects and moves to the ALU, MUFU and
+# conversions to XU, shared memory to LSU); "other" is the rest (branches, barriers, shuffles, global
+# memory). An mma.sync keeps Hopper's tensor cores busy only with about 5 others issued per HMMA.
+PIPES = {"FMA": ("FFMA", "FMUL", "FADD", "IMAD", "HFMA2", "HADD2", "HMUL2", "FSWZADD"),
+         "ALU": ("IADD3", "LOP3", "ISETP", "FSETP", "SHF", "SEL", "FSEL", "FMNMX", "IMNMX", "VIMNMX", "VIADD", "LEA",
+                 "IABS", "PRMT", "PLOP3", "MOV", "UMOV", "P2R", "R2P", "CS2R", "S2R", "FCHK", "IADD", "ULEA",
+                 "UIADD3", "USEL", "ULOP3", "UISETP", "USHF", "UIMAD", "UPRMT", "F2FP"),
+         "XU": ("MUFU", "F2F", "I2F", "F2I", "I2FP", "F2IP", "FRND"),
+         "LDS": ("LDS", "LDSM", "STS")}
+LOOP_COLUMNS = ("FMA", "ALU", "XU", "LDS", "other")
 
 
 @dataclass
@@ -61,6 +74,7 @@ class Kernel:
     dynamic_shared: int = 0
     threads: int = 0
     mix: dict = field(default_factory=dict)
+    loop: dict = field(default_factory=dict)      # the main loop's instructions by pipe (main_loop), HMMA kernels
     occupancy: float = 0.0
     limit: str = ""
 
@@ -164,6 +178,45 @@ def parse_sass(text: str) -> dict[str, collections.Counter]:
     return counts
 
 
+_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)\s*([^;]*);")
+
+
+def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
+    """Each function of ``cuobjdump -sass`` as its instructions: (address, opcode without modifiers,
+    operands)."""
+    functions, current = {}, None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\w+)", line)
+        if m:
+            current = functions[m.group(1)] = []
+            continue
+        m = _LINE.match(line)
+        if m and current is not None:
+            current.append((int(m.group(1), 16), m.group(2), m.group(4).strip()))
+    return functions
+
+
+def main_loop(instructions: list[tuple[int, str, str]]) -> dict[str, int]:
+    """The main loop of a tensor-core kernel, statically: of the loops (a branch back to an earlier
+    address closes one), the smallest that holds the most HMMA (the loop over key or query tiles;
+    the loop over heads around it holds as many), its instructions counted by pipe (:data:`PIPES`)
+    with "HMMA" and "total" (NOPs left out). Every instruction counts once, whether its branch is
+    taken or not: what the loop body is, not what one pass runs. Empty without an HMMA loop."""
+    loops = []
+    for address, opcode, operands in instructions:
+        m = re.match(r"(0x[0-9a-f]+)", operands)
+        if opcode == "BRA" and m and int(m.group(1), 16) <= address:
+            body = [op for a, op, _ in instructions if int(m.group(1), 16) <= a <= address and op != "NOP"]
+            loops.append(body)
+    loops = [body for body in loops if "HMMA" in body]
+    if not loops:
+        return {}
+    body = min(loops, key=lambda b: (-b.count("HMMA"), len(b)))
+    pipe_of = {op: pipe for pipe, ops in PIPES.items() for op in ops}
+    counts = collections.Counter(pipe_of.get(op, "HMMA" if op == "HMMA" else "other") for op in body)
+    return {"total": len(body), "HMMA": counts["HMMA"], **{p: counts[p] for p in LOOP_COLUMNS}}
+
+
 def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int,
                    workdir: str) -> tuple[dict[str, Kernel], str]:
     """Every kernel of one module for ``sm_<arch>`` and the compilers' warnings (NVRTC's log, ptxas's)."""
@@ -185,6 +238,9 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
     for fn, counts in parse_sass(sass.stdout).items():
         if fn in kernels:
             kernels[fn].mix = {op: counts.get(op, 0) for op in MIX}
+    for fn, instructions in sass_functions(sass.stdout).items():
+        if fn in kernels:
+            kernels[fn].loop = main_loop(instructions)
     for k in kernels.values():
         k.threads, k.dynamic_shared = block_threads(k.name), dynamic_shared(k.name)
         k.occupancy, k.limit = occupancy(k, arch)
@@ -303,6 +359,22 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
                      f"{k.static_shared} + {k.dynamic_shared} | {k.threads} | {k.occupancy:.1%} | {k.limit} | "
                      f"{'test kernel' if floor is None else f'{floor:.1%}'} | "
                      + " | ".join(str(k.mix.get(op, 0)) for op in MIX) + " |")
+    looped = [k for k in kernels if k.loop]
+    if looped:
+        lines += ["", "## The tensor-core kernels' main loops", "",
+                  "The loop over key (or query) tiles in the SASS, every instruction of its body counted once "
+                  "(main_loop): instructions per HMMA in all and by issue pipe. An mma.sync m16n8k16 keeps "
+                  "Hopper's tensor cores busy only when about 5 other instructions or fewer issue per HMMA; "
+                  "with time ~ instructions / issue rate, this column predicts a change's effect before a GPU "
+                  "measures it.", "",
+                  "| module | kernel | regs | occupancy | loop instructions | HMMA | per HMMA | "
+                  + " | ".join(f"{c} / HMMA" for c in LOOP_COLUMNS) + " |",
+                  "|---|---|---|---|---|---|---|" + "---|" * len(LOOP_COLUMNS)]
+        for k in looped:
+            h = k.loop["HMMA"]
+            lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.occupancy:.1%} | {k.loop['total']} | {h} | "
+                         f"{k.loop['total'] / h:.1f} | " + " | ".join(f"{k.loop[c] / h:.1f}" for c in LOOP_COLUMNS)
+                         + " |")
     return "\n".join(lines) + "\n"
 
 

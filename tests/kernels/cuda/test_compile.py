@@ -119,3 +119,31 @@ def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, t
         assert mix["npf_test_mma"]["HMMA"] >= 1 and mix["npf_test_ldmatrix"]["LDSM"] >= 1, (arch, mix)
         assert mix["npf_test_mma_tf32"]["HMMA"] >= 1, (arch, mix)
         assert mix["npf_test_cp_async"]["LDGSTS"] >= 1 and mix["npf_test_shfl"]["SHFL"] >= 2, (arch, mix)
+
+
+def test_the_main_loop_is_the_smallest_loop_holding_the_most_hmma():
+    """benchmarks/cuda_kernels.main_loop on a made-up SASS: an outer loop (over heads) around the tile
+    loop, both holding its HMMA, and a load loop without HMMA; the tile loop is counted, by pipe,
+    its untaken branch's instructions included and NOPs left out. Needs no compiler."""
+    sass = """
+        Function : npf_made_up
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   LDS R2, [R3] ;
+        /*0020*/               @P0 BRA 0x10 ;
+        /*0030*/                   IADD3 R4, R4, 0x1, RZ ;
+        /*0040*/                   HMMA.16816.F32 R8, R12, R16, R8 ;
+        /*0050*/                   FFMA R5, R6, R7, R5 ;
+        /*0060*/                   MUFU.EX2 R5, R5 ;
+        /*0070*/              @!P1 BRA 0x90 ;
+        /*0080*/                   LDSM.16.M88.4 R20, [R21] ;
+        /*0090*/                   HMMA.16816.F32 R8, R12, R18, R8 ;
+        /*00a0*/                   NOP ;
+        /*00b0*/               @P2 BRA 0x40 ;
+        /*00c0*/               @P3 BRA 0x30 ;
+        /*00d0*/                   EXIT ;
+    """
+    (instructions,) = cuda_kernels.sass_functions(sass).values()
+    assert instructions[4] == (0x40, "HMMA", "R8, R12, R16, R8")
+    assert cuda_kernels.main_loop(instructions) == {"total": 7, "HMMA": 2, "FMA": 1, "ALU": 0, "XU": 1, "LDS": 1,
+                                                    "other": 2}
+    assert cuda_kernels.main_loop(instructions[:4]) == {}                # a loop, but no HMMA in it
