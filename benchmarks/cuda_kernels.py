@@ -144,18 +144,27 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
 
 
+_PROPERTIES = re.compile(r"Function properties for (\w+)")
+
+
 def parse_ptxas(module: str, text: str) -> dict[str, Kernel]:
-    """The kernels of ``ptxas -v``'s report: registers, stack, spills, static shared memory."""
-    kernels, current = {}, None
+    """The kernels of ``ptxas -v``'s report: registers, stack, spills, static shared memory. A frame
+    line belongs to the function named by the "Function properties for" line before it (a kernel's
+    own, or a non-inlined function's, which is not the kernel's)."""
+    kernels, current, described = {}, None, None
     for line in text.splitlines():
         m = _ENTRY.search(line)
         if m:
             current = kernels[m.group(1)] = Kernel(module, m.group(1))
             continue
+        m = _PROPERTIES.search(line)
+        if m:
+            described = m.group(1)
+            continue
         if current is None:
             continue
         m = _FRAME.search(line)
-        if m:
+        if m and described == current.name:
             current.stack, current.spill_stores, current.spill_loads = (int(g) for g in m.groups())
         m = _USED.search(line)
         if m:
@@ -197,21 +206,24 @@ def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
 
 
 def main_loop(instructions: list[tuple[int, str, str]]) -> dict[str, int]:
-    """The main loop of a tensor-core kernel, statically: of the loops (a branch back to an earlier
-    address closes one), the smallest that holds the most HMMA (the loop over key or query tiles;
-    the loop over heads around it holds as many), its instructions counted by pipe (:data:`PIPES`)
-    with "HMMA" and "total" (NOPs left out). Every instruction counts once, whether its branch is
-    taken or not: what the loop body is, not what one pass runs. Empty without an HMMA loop."""
-    loops = []
+    """The main loop of a tensor-core kernel, statically: of the innermost loops holding HMMA (a branch
+    back to an earlier address closes a loop; the loop over heads around the tile loops is not
+    innermost), the one with the most HMMA, the smallest of those (the dense kernels' loop over the
+    tiles that need no masks, beside the loop over those that do), its instructions counted by pipe
+    (:data:`PIPES`) with "HMMA" and "total" (NOPs left out). Every instruction counts once, whether
+    its branch is taken or not: what the loop body is, not what one pass runs. Empty without an HMMA
+    loop."""
+    spans = []
     for address, opcode, operands in instructions:
         m = re.match(r"(0x[0-9a-f]+)", operands)
         if opcode == "BRA" and m and int(m.group(1), 16) <= address:
-            body = [op for a, op, _ in instructions if int(m.group(1), 16) <= a <= address and op != "NOP"]
-            loops.append(body)
-    loops = [body for body in loops if "HMMA" in body]
-    if not loops:
+            spans.append((int(m.group(1), 16), address))
+    bodies = {span: [op for a, op, _ in instructions if span[0] <= a <= span[1] and op != "NOP"] for span in spans}
+    hmma = [span for span in spans if "HMMA" in bodies[span]]
+    innermost = [span for span in hmma if not any(o != span and span[0] <= o[0] and o[1] <= span[1] for o in hmma)]
+    if not innermost:
         return {}
-    body = min(loops, key=lambda b: (-b.count("HMMA"), len(b)))
+    body = min((bodies[span] for span in innermost), key=lambda b: (-b.count("HMMA"), len(b)))
     pipe_of = {op: pipe for pipe, ops in PIPES.items() for op in ops}
     counts = collections.Counter(pipe_of.get(op, "HMMA" if op == "HMMA" else "other") for op in body)
     return {"total": len(body), "HMMA": counts["HMMA"], **{p: counts[p] for p in LOOP_COLUMNS}}
@@ -263,6 +275,7 @@ def block_threads(name: str) -> int:
                "fa_fwd": flash_source.THREADS, "fa_fwd_tc": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
                "fa_bwd_dq_tc": flash_source.THREADS, "fa_bwd_dkdv_tc": flash_source.THREADS,
                "fa_fwd_tf32": flash_source.THREADS, "fa_bwd_dq_tf32": flash_source.THREADS,
+               "fa_fwd_dense": flash_source.THREADS, "fa_fwd_dense_causal": flash_source.THREADS,
                "fa_bwd_dkdv_tf32": flash_source.THREADS,
                "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
                "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
@@ -288,7 +301,7 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     base = _base(name)
     if base in TEST_KERNELS:
         return None
-    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32)?(?:_d(\d+))?_(f16|f32|f64)$", name)
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|f32|f64)$", name)
     if m:
         acc = "double" if m.group(4) == "f64" else "float"
         kernel = {"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv", "bwd_pre": "pre"}[m.group(1)] + (m.group(2) or "")
@@ -298,7 +311,10 @@ def occupancy_floor(name: str, arch: int) -> float | None:
 
 def dynamic_shared(name: str) -> int:
     """Dynamic shared memory of one block of entry point ``name`` (the flash tiles; 0 elsewhere)."""
-    from npformer.kernels.cuda.flash_source import SHARED, TC_SHARED, TYPES
+    from npformer.kernels.cuda.flash_source import DENSE_SHARED, SHARED, TC_SHARED, TYPES
+    m = re.match(r"npf_fa_fwd_dense(_causal)?_d(\d+)_f16$", name)
+    if m:
+        return DENSE_SHARED[int(m.group(2))]
     m = re.match(r"npf_fa_(fwd|fwd_tc|fwd_tf32|bwd_dq|bwd_dq_tc|bwd_dq_tf32|bwd_dkdv|bwd_dkdv_tc|bwd_dkdv_tf32)_d(\d+)_"
                  r"(f16|f32|f64)$", name)
     if not m:

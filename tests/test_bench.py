@@ -512,6 +512,9 @@ def test_mixed_precision_parity_is_skipped_with_the_reason():
 
 
 def test_summary_has_an_mfu_column_for_training_steps(quick_run):
+    """A training step's row has its MFU as a positive percentage, the op rows "-". (Not bounded by
+    100%: the step and the matmul peak are timed apart, and on a loaded machine, CI's with another job
+    beside it, a slowed peak measurement put a quick step above it: a timing, which tests do not assert.)"""
     out, cols = quick_run
     summary = _tables(_one(out, ".md").read_text())[0]
     head = [c.strip() for c in summary[0].strip("|").split("|")]
@@ -519,7 +522,7 @@ def test_summary_has_an_mfu_column_for_training_steps(quick_run):
     for line in summary[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         is_model = cells[0] in MODELS
-        assert (cells[mfu].endswith("%") and 0 < float(cells[mfu][:-1]) < 100) if is_model else cells[mfu] == "-"
+        assert (cells[mfu].endswith("%") and 0 < float(cells[mfu][:-1])) if is_model else cells[mfu] == "-"
 
 
 def test_tf32_needs_a_gpu_backend(capsys):

@@ -226,7 +226,7 @@ def test_generate_command_with_a_hf_directory(gpt2_dir, capsys):
     (gpt2_dir / "tokenizer.json").rename(gpt2_dir / "tokenizer.bak")
     try:
         assert main(args) == 2
-        assert "has no tokenizer.json" in capsys.readouterr().err
+        assert "is missing tokenizer.json" in capsys.readouterr().err       # every missing file named
     finally:
         (gpt2_dir / "tokenizer.bak").rename(gpt2_dir / "tokenizer.json")
     assert main(["generate", "--model", str(gpt2_dir), "--prompt", ""]) == 2

@@ -21,6 +21,7 @@ template <typename A> __device__ __forceinline__ bool npf_fa_isinf(A x) {
     return x == npf_fa_inf(x) || x == -npf_fa_inf(x);
 }
 __device__ __forceinline__ int npf_fa_min(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int npf_fa_max0(int a) { return a > 0 ? a : 0; }
 
 // Shared-memory carving per kernel (elements of A; shared_bytes() in flash_source.py says the same).
 template <typename A, int D, int BR, int BC> struct NpfFaShape {
@@ -551,11 +552,19 @@ __device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v
     npf_fa_load_tile_async<T, BC, D>(v_head, j0, a.Tk, a.hv, v_st, kv + BC * (D + 16 / (int)sizeof(T)));
 }
 
+// Two floats as a float16 pair, lo in the low 16 bits (the A fragment's order): one cvt.rn.f16x2.f32 on
+// sm_80 and later (its first source goes to the upper half), two conversions before and in the emulator
 __device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
+#if defined(__CUDACC__) && __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
     unsigned short l, h;
     npf_store(&l, lo);
     npf_store(&h, hi);
     return (unsigned)l | ((unsigned)h << 16);
+#endif
 }
 
 // The operands of a warp's tile products, by type. Tiles are (rows, LD) in shared memory, LD = D + PAD.
@@ -1049,5 +1058,215 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
                     if (d < a.hv) npf_store(dv_row + d, dva[dn][2 * r + c]);
                 }
         }
+    }
+}
+
+// ---- the dense kernels: the common case's own loops (FlashAttention-2's design) ----
+// No attention mask, no key padding, no dropout, causal or not: what a GPT's attention runs. float16
+// on tensor cores like the _tc kernels above, but none of their run-time branches: a block of 4 warps,
+// a warp FRAGS 16-row A fragments of query rows (up to D = 64 two: each K and V fragment ldmatrix reads
+// feeds two mma.sync); scores go straight to exp2 with the softmax scale and log2(e) folded into one
+// FFMA (P = 2^(s c - m c), c = scale log2 e); the causal and ragged-end masks are applied to the tiles
+// that cross the diagonal or the last key only (a loop of their own after the main loop, warp by
+// warp), never per element elsewhere; a lane keeps its part of a row's sum (the quad's four parts are
+// added once, at the end); the output accumulator is rescaled only where a row's maximum moved. The
+// row max, P as float16 A fragments and the outputs are as in npf_fa_forward_tc.
+// Traits (benchmarks/cuda_kernels.py, sm_90): the S and O accumulators take FRAGS (BC + D) floats a
+// lane: 2 fragments and 64 keys a tile up to D = 64 (233 registers at D 64: 2 blocks an SM, 12.5%; 5.7
+// instructions per HMMA in the main loop), 1 fragment and 32 keys at D = 128 (158 registers, 3 blocks,
+// 18.75%; 5.8 per HMMA: 2 fragments spilled at 32 keys, at 16 keys the output's rescale made 7.7 per
+// HMMA, and 64 keys took 85 KiB of shared memory, one block on an A100); rows of D + 8 halves in
+// shared memory (16-byte aligned, no bank conflicts); Q loaded once per head, K and V double-buffered
+// through cp.async; MIN_BLOCKS: __launch_bounds__'s blocks an SM, what the registers allow.
+template <int D_> struct NpfFaDenseTraits {
+    static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
+    static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 64 ? 64 : 32, LD = D + 8;
+    static constexpr int MIN_BLOCKS = D <= 32 ? 3 : D <= 64 ? 2 : 3;
+    static constexpr int SHARED = (BR + 4 * BC) * LD * 2;
+};
+
+// One key tile of npf_fa_forward_dense for one warp: S = Q K^T for its rows, (MASKED: the causal
+// and ragged-end masks), the online softmax, O += P V.
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_dense_tile(const unsigned short* Qs, const unsigned short* Ks,
+                                                  const unsigned short* Vs, int j0, int w0, const NpfFaArgs<float>& a,
+                                                  float c, float (&o)[NpfFaDenseTraits<D>::FRAGS][D / 8][4],
+                                                  float (&m)[NpfFaDenseTraits<D>::FRAGS][2],
+                                                  float (&l)[NpfFaDenseTraits<D>::FRAGS][2]) {
+    typedef NpfFaDenseTraits<D> Tr;
+    constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float inf = npf_fa_inf(0.0f);
+    float s[F][NB][4];                                       // S of the warp's fragments
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[f][nb][e] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+        unsigned aq[F][4];                                   // the warp's rows of Q, d block kd
+#pragma unroll
+        for (int f = 0; f < F; ++f) NpfHalfOps::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+#pragma unroll
+        for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+            unsigned bk[4];                                  // two key blocks of K: each feeds every fragment
+            NpfHalfOps::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                npf_mma_16816(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
+                npf_mma_16816(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
+            }
+        }
+    }
+    if (MASKED)                                              // keys past a row's diagonal or past Tk: -inf
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = w0 + 16 * f + g + 8 * (e / 2), j = j0 + nb * 8 + 2 * t + e % 2;
+                    if ((CAUSAL && j > i + a.shift) || j >= a.Tk) s[f][nb][e] = -inf;
+                }
+    float neg[F][2];                                         // -m_new c, the exponent's offset per row
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = -inf;
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[f][r], mx);
+            neg[f][r] = m_new == -inf ? 0.0f : -m_new * c;   // all -inf so far: no inf - inf
+            const float alpha = m_new == m[f][r] ? 1.0f : exp2f((m[f][r] - m_new) * c);
+            m[f][r] = m_new;
+            l[f][r] *= alpha;
+            if (alpha != 1.0f)                               // the row's maximum moved
+#pragma unroll
+                for (int dn = 0; dn < DN; ++dn) {
+                    o[f][dn][2 * r] *= alpha;
+                    o[f][dn][2 * r + 1] *= alpha;
+                }
+        }
+#pragma unroll
+    for (int f = 0; f < F; ++f)                              // s becomes P; the lane's part of each row sum
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float p = exp2f(fmaf(s[f][nb][e], c, neg[f][e / 2]));
+                l[f][e / 2] += p;
+                s[f][nb][e] = p;
+            }
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+        unsigned ap[F][4];                                   // keys 16 kb .. of P as float16 A fragments
+#pragma unroll
+        for (int f = 0; f < F; ++f) NpfHalfOps::a_from_c(ap[f], s[f] + 2 * kb);
+#pragma unroll
+        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+            unsigned bv[4];                                  // V rows as B fragments: each feeds every fragment
+            NpfHalfOps::b_cols(bv, Vs, LD, kb * 16, dn2 * 16, lane);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                npf_mma_16816(o[f][2 * dn2], ap[f], bv, o[f][2 * dn2]);
+                npf_mma_16816(o[f][2 * dn2 + 1], ap[f], bv + 2, o[f][2 * dn2 + 1]);
+            }
+        }
+    }
+}
+
+// Key tile kt of a head into its buffer: the next tile's copies are issued first (into the other
+// buffer), then this one's awaited, block-wide; returns the buffer (K, then V)
+template <int D>
+__device__ __forceinline__ unsigned short* npf_fa_dense_next(int kt, int n_kt, const unsigned short* k_head,
+                                                             const unsigned short* v_head, const NpfFaArgs<float>& a,
+                                                             long long k_st, long long v_st, unsigned short* KVs) {
+    typedef NpfFaDenseTraits<D> Tr;
+    if (kt + 1 < n_kt)
+        npf_fa_load_kv_async<unsigned short, Tr::BC, D>(k_head, v_head, (kt + 1) * Tr::BC, a, k_st, v_st,
+                                                        KVs + (kt + 1) % 2 * 2 * Tr::BC * Tr::LD);
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();                                  // this tile's copies have landed
+    __syncthreads();                                         // (everyone's), and Q's
+    return KVs + kt % 2 * 2 * Tr::BC * Tr::LD;
+}
+
+template <int D, bool CAUSAL>
+__device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                     unsigned short* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
+                                     NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
+    typedef unsigned short T;
+    typedef NpfFaDenseTraits<D> Tr;
+    constexpr int F = Tr::FRAGS, BR = Tr::BR, BC = Tr::BC, LD = Tr::LD, DN = D / 8;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
+    T* KVs = Qs + BR * LD;                               // 2 x ((BC, LD) K, (BC, LD) V): double buffer
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int w0 = i0 + warp * Tr::WARP_ROWS;            // this warp's first query row
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
+    // the warp's first tile with a key one of its rows must not see: a key past its first row's diagonal
+    // (causal), or past Tk (a ragged last tile); the tiles before it run without masks
+    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(w0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
+                                       n_kt);
+    const float c = a.scale * 1.4426950408889634f;       // the scale and log2(e): P = 2^(s c - m c)
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        float o[F][DN][4], m[F][2], l[F][2];                 // [fragment][..]: rows 16 f + g, 16 f + g + 8
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+            m[f][0] = m[f][1] = -inf;
+            l[f][0] = l[f][1] = 0.0f;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[f][dn][e] = 0.0f;
+        }
+        const T* k_head = k + npf_fa_head(kl, bh, a.H);
+        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0)                                        // tile 0's copies: in flight from here
+            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
+        npf_cp_async_commit();
+        // the main loop: tiles every row of the warp sees whole; then those that need masks (the block's
+        // warps take each tile together: the barriers in npf_fa_dense_next are block-wide)
+        int kt = 0;
+        for (; kt < masked_from; ++kt) {
+            const T* Ks = npf_fa_dense_next<D>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_tile<D, CAUSAL, false>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
+            __syncthreads();                                 // done with this buffer before it is refilled
+        }
+        for (; kt < n_kt; ++kt) {
+            const T* Ks = npf_fa_dense_next<D>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_tile<D, CAUSAL, true>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float sum = l[f][r];                         // the quad's four parts of the row sum
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                const int i = w0 + 16 * f + g + 8 * r;
+                if (i >= a.Tq) continue;
+                const bool empty = sum == 0.0f;              // a row that sees no key: zeros, lse +inf
+                const float den = empty ? 1.0f : sum;
+                T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+#pragma unroll
+                for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int d = dn * 8 + 2 * t + e;
+                        if (d < a.hv) npf_store(out_row + d, o[f][dn][2 * r + e] / den);
+                    }
+                if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[f][r] * a.scale + npf_log(sum);
+            }
     }
 }

@@ -30,15 +30,15 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS, SHARED, TC_BR, TC_SHARED,
-                                                TC_VARIANT_OF, THREADS, TILES, entry_name)
+from npformer.kernels.cuda.flash_source import (DENSE_BR, DENSE_SHARED, HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS,
+                                                SHARED, TC_BR, TC_SHARED, TC_VARIANT_OF, THREADS, TILES, entry_name)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end"]
+           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -69,6 +69,8 @@ def _acc_name(dtype) -> str:
 
 
 def _shared(name: str, dtype, d: int) -> int:
+    if name.startswith("fwd_dense"):
+        return DENSE_SHARED[d]
     if name.endswith(("_tc", "_tf32")):
         return TC_SHARED[name, d]
     return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
@@ -224,7 +226,10 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
         args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed, bool(variant))
                 + _size_args(q, k, v, masks, scale, acc)
                 + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
-        if variant:
+        if variant == "tc" and dense(masks, p):
+            _launch("fwd_dense" + ("_causal" if masks.shift is not None else ""), q.dtype, d, -(-tq // DENSE_BR[d]),
+                    b * h, args)
+        elif variant:
             _launch(f"fwd_{variant}", q.dtype, d, -(-tq // TC_BR), b * h, args)
         else:
             _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h, args)
@@ -281,6 +286,12 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     if tq:
         _launch("bwd_dq" + suffix, q.dtype, d, -(-tq // br), b * h,
                 (q, k, v, dout, lse, dvec, dq) + common + qkv + heads_layout(dq))
+
+
+def dense(masks, p: float) -> bool:
+    """Whether the dense kernels run (float16 on tensor cores): no attention mask, no key padding, no
+    dropout; causal or not, any lengths."""
+    return masks.attn is None and masks.padding is None and p == 0
 
 
 def _device_masks(*masks) -> bool:

@@ -98,7 +98,8 @@ from npformer.ops.flash_attention import SPLITMIX64
 
 __all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARIANTS", "TC_VARIANT_OF", "TC_BR",
            "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
-           "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes",
+           "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes", "DENSE_BR", "DENSE_BC", "DENSE_KERNELS",
+           "DENSE_SHARED", "dense_shared",
            "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE",
            "FLASH_NVRTC_OPTIONS"]
 
@@ -160,6 +161,22 @@ def tc_shared(name: str, d: int) -> int:
 
 TC_SHARED = {(f"{kernel}_{variant}", d): tc_shared(f"{kernel}_{variant}", d)
              for kernel in ("fwd", "bwd_dq", "bwd_dkdv") for variant in TC_VARIANTS for d in HEAD_SIZES}
+# The dense kernels (npf_fa_forward_dense: no attention mask, no key padding, no dropout; causal or
+# not), float16 on tensor cores, for the common case. Their tiles and launch bounds are
+# NpfFaDenseTraits's in flash.cu; the launcher's grid and shared memory take these copies, which a test
+# compares with the traits (npf_fa_shared_sizes).
+DENSE_BR = {32: 128, 64: 128, 128: 64}            # query rows a block: 4 warps x 32 (x 16 at D 128)
+DENSE_BC = {32: 64, 64: 64, 128: 32}               # keys a tile
+DENSE_KERNELS = ("fwd_dense", "fwd_dense_causal")  # entry points per D (float16 only)
+
+
+def dense_shared(d: int) -> int:
+    """Dynamic shared memory of one block of a dense kernel at head-size bucket ``d``: Q, and K and V
+    double-buffered, rows of d + 8 halves."""
+    return (DENSE_BR[d] + 4 * DENSE_BC[d]) * (d + 8) * 2
+
+
+DENSE_SHARED = {d: dense_shared(d) for d in HEAD_SIZES}
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -185,6 +202,10 @@ OCCUPANCY_FLOORS = {
     ("dq_tf32", "float", 64): (0.125, 0.1875), ("dq_tf32", "float", 128): (0.0625, 0.125),    # memory of float16
     ("dkdv_tf32", "float", 32): (0.25, 0.25), ("dkdv_tf32", "float", 64): (0.125, 0.1875),
     ("dkdv_tf32", "float", 128): (0.0625, 0.125),
+    # the dense forward: 2 blocks an SM by its launch bounds (3 at D = 32 and at D = 128, a warp's 16 rows
+    # there): up to 255 registers a lane for 32 rows of S and O a warp
+    ("fwd_dense", "float", 32): (0.1875, 0.1875), ("fwd_dense", "float", 64): (0.125, 0.125),
+    ("fwd_dense", "float", 128): (0.1875, 0.1875),
 }
 # __launch_bounds__ of the SIMT kernels: blocks of 128 threads an SM (the register cap that keeps each
 # at its sm_90 occupancy floor: floor x 64 warps / 4 warps a block), and bwd_pre's block (a warp a row)
@@ -241,7 +262,8 @@ extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int 
     NPF_FOR_EACH(n, total) keep[n] = npf_fa_keep(*seed, (unsigned long long)n, keep_min);
 }
 
-// The shared-memory bytes each kernel carves, in flash_source.SHARED's order
+// The shared-memory bytes each kernel carves, in flash_source.SHARED's order, then each D's dense traits
+// (shared bytes, BR, BC)
 extern "C" __global__ void npf_fa_shared_sizes(long long* bytes) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int n = 0;
@@ -274,6 +296,14 @@ def _entry_points(pairs) -> str:
             else:
                 text = text.replace("__global__ void", f"__global__ void __launch_bounds__({PRE_THREADS})", 1)
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+        if numpy.dtype(dtype) == numpy.float16:                         # the dense kernels: float16 only
+            params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == "fwd")
+            for name in DENSE_KERNELS:
+                call = f"npf_fa_forward_dense<{d}, {'true' if name.endswith('causal') else 'false'}>"
+                text = (f'extern "C" __global__ void __launch_bounds__(NpfFaDenseTraits<{d}>::THREADS, '
+                        f'NpfFaDenseTraits<{d}>::MIN_BLOCKS) {entry_name(name, dtype, d)}({params}) {{\n'
+                        f'    {re.sub(r"npf_fa_forward<T, A, D, BR, BC>", call, body)}\n}}\n')
+                out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         variant = TC_VARIANT_OF.get(numpy.dtype(dtype))                 # tensor cores: float16, float32 (TF32)
         if variant:
             ops, v = TC_VARIANTS[variant][0], (variant, d)
@@ -293,6 +323,8 @@ def _entry_points(pairs) -> str:
 def _test_entry_points() -> str:
     sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
                     f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
+    sizes += "".join(f"    bytes[n++] = NpfFaDenseTraits<{d}>::SHARED;\n    bytes[n++] = NpfFaDenseTraits<{d}>::BR;\n"
+                     f"    bytes[n++] = NpfFaDenseTraits<{d}>::BC;\n" for d in HEAD_SIZES)
     return _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
 
 

@@ -352,10 +352,15 @@ def test_accepts_device_masks_only(fx):
 
 
 def test_shared_memory_the_kernels_carve_is_what_the_launch_asks_for(fx):
-    sizes = fx.xp.zeros(len(flash_source.SHARED), dtype=np.int64)
+    """The SIMT kernels' shared memory, then the dense kernels' traits (shared bytes, BR, BC per D), as
+    the launcher's copies in flash_source say."""
+    dense = [x for d in flash_source.HEAD_SIZES
+             for x in (flash_source.DENSE_SHARED[d], flash_source.DENSE_BR[d], flash_source.DENSE_BC[d])]
+    sizes = fx.xp.zeros(len(flash_source.SHARED) + len(dense), dtype=np.int64)
     _test_module().get_function("npf_fa_shared_sizes")((1,), (1,), (sizes,))
-    assert host(sizes).tolist() == list(flash_source.SHARED.values())
+    assert host(sizes).tolist() == list(flash_source.SHARED.values()) + dense
     assert max(flash_source.SHARED.values()) <= 163 * 1024        # an A100's per-block limit (H100: 227 KiB)
+    assert max(flash_source.DENSE_SHARED.values()) <= 163 * 1024 // 2      # and two dense blocks an SM
 
 
 def test_every_module_has_its_entry_points():
@@ -363,7 +368,8 @@ def test_every_module_has_its_entry_points():
         names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(', text))
         variant = {np.float16: "_tc", np.float32: "_tf32"}.get(dtype.type, "")
         tensor_cores = tuple(k + variant for k in ("fwd", "bwd_dkdv", "bwd_dq")) if variant else ()
-        kernels = ("fwd", "bwd_dkdv", "bwd_dq") + tensor_cores
+        dense = flash_source.DENSE_KERNELS if dtype == np.float16 else ()
+        kernels = ("fwd", "bwd_dkdv", "bwd_dq") + tensor_cores + dense
         want = {flash_source.entry_name(n, dtype, d) for n in kernels}
         assert names == want | {flash_source.entry_name("bwd_pre", dtype)}     # no test kernel shipped
         assert "@" not in text
@@ -432,24 +438,48 @@ def _launched(monkeypatch) -> list:
 
 
 def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch):
-    """Float16's forward and backward are the tensor-core kernels on sm_80 and later, the SIMT kernels
-    before; float32 and float64 keep the SIMT kernels."""
+    """Float16's forward and backward are the tensor-core kernels on sm_80 and later (the dense forward
+    without masks and dropout, causal or not), the SIMT kernels before; float32 and float64 keep the
+    SIMT kernels."""
     from npformer.kernels.cuda import runtime
     names = _launched(monkeypatch)
     q, k, v = qkv(fx.xp, 1, 2, 20, 20, 16, 16, 0, "float16")
+    padding = fx.xp.asarray(np.array([[False] * 19 + [True]]))
 
-    def step(dtype):
-        out, cache = flash_forward(*(a.astype(dtype) for a in (q, k, v)), is_causal=True)
+    def step(dtype, **masks):
+        out, cache = flash_forward(*(a.astype(dtype) for a in (q, k, v)), is_causal=True, **masks)
         flash_backward(out, cache)
     step("float16")
+    step("float16", key_padding_mask=padding)
     step("float32")
-    tc, simt = ["fwd_tc", "bwd_dkdv_tc", "bwd_dq_tc"], ["fwd", "bwd_dkdv", "bwd_dq"]
+    tc, simt = ["fwd_dense_causal", "bwd_dkdv_tc", "bwd_dq_tc", "fwd_tc", "bwd_dkdv_tc", "bwd_dq_tc"], \
+        ["fwd", "bwd_dkdv", "bwd_dq"]
     if fx.name == "emulated":
         monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
         step("float16")
         assert names == tc + simt + simt
     else:
-        assert names == (tc if runtime.compute_capability() >= 80 else simt) + simt
+        assert names == (tc if runtime.compute_capability() >= 80 else simt + simt) + simt
+
+
+# -- float16's dense kernels: the common case without masks or dropout ------------------------------
+@pytest.mark.parametrize("hs, tq, tk, alignment", [
+    (8, 1, 1, None), (24, 17, 130, "top_left"), (64, 128, 128, "top_left"), (64, 200, 70, "top_left"),
+    (64, 130, 200, None), (100, 70, 200, "bottom_right"), (128, 200, 70, "bottom_right"), (32, 257, 96, None),
+    (64, 300, 300, "top_left")])
+def test_the_dense_forward_matches_the_reference(fx, monkeypatch, hs, tq, tk, alignment):
+    """No attention mask, no padding, no dropout: npf_fa_forward_dense, causal (both alignments: rows
+    before the first key see none, zeros and lse +inf) or not, ragged ends of both lengths, every
+    head-size bucket (hs below D: zeros padded); out, lse and the backward from its cache as the
+    reference's (compare), within float16's tolerance of the magnitudes in play."""
+    names = _launched(monkeypatch)
+    q, k, v = qkv(fx.xp, 2, 3, tq, tk, hs, hs, tq + tk, "float16")
+    dout = randn(fx.xp, (2, 3, tq, hs), 3, "float16")
+    kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
+    out, cache, _ = compare(fx, q, k, v, dout, kw, "float16")
+    assert names[0] == "fwd_dense" + ("_causal" if alignment else "")
+    empty = np.isinf(host(cache.lse))[..., 0]                          # rows that see no key
+    assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
 
 
 def test_float16_scores_beyond_float16_on_tensor_cores(fx, monkeypatch):
