@@ -275,7 +275,7 @@ def block_threads(name: str) -> int:
                "fa_fwd": flash_source.THREADS, "fa_fwd_tc": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
                "fa_bwd_dq_tc": flash_source.THREADS, "fa_bwd_dkdv_tc": flash_source.THREADS,
                "fa_fwd_tf32": flash_source.THREADS, "fa_bwd_dq_tf32": flash_source.THREADS,
-               "fa_fwd_dense": flash_source.THREADS, "fa_fwd_dense_causal": flash_source.THREADS,
+               **{f"fa_{name}": flash_source.THREADS for name in flash_source.DENSE_KERNELS},
                "fa_bwd_dkdv_tf32": flash_source.THREADS,
                "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
                "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
@@ -312,9 +312,9 @@ def occupancy_floor(name: str, arch: int) -> float | None:
 def dynamic_shared(name: str) -> int:
     """Dynamic shared memory of one block of entry point ``name`` (the flash tiles; 0 elsewhere)."""
     from npformer.kernels.cuda.flash_source import DENSE_SHARED, SHARED, TC_SHARED, TYPES
-    m = re.match(r"npf_fa_fwd_dense(_causal)?_d(\d+)_f16$", name)
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_dense(_causal)?_d(\d+)_f16$", name)
     if m:
-        return DENSE_SHARED[int(m.group(2))]
+        return DENSE_SHARED[m.group(1), int(m.group(3))]
     m = re.match(r"npf_fa_(fwd|fwd_tc|fwd_tf32|bwd_dq|bwd_dq_tc|bwd_dq_tf32|bwd_dkdv|bwd_dkdv_tc|bwd_dkdv_tf32)_d(\d+)_"
                  r"(f16|f32|f64)$", name)
     if not m:

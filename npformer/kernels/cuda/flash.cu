@@ -21,6 +21,7 @@ template <typename A> __device__ __forceinline__ bool npf_fa_isinf(A x) {
     return x == npf_fa_inf(x) || x == -npf_fa_inf(x);
 }
 __device__ __forceinline__ int npf_fa_min(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int npf_fa_max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ int npf_fa_max0(int a) { return a > 0 ? a : 0; }
 
 // Shared-memory carving per kernel (elements of A; shared_bytes() in flash_source.py says the same).
@@ -1067,8 +1068,8 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
 // a warp FRAGS 16-row A fragments of query rows (up to D = 64 two: each K and V fragment ldmatrix reads
 // feeds two mma.sync); scores go straight to exp2 with the softmax scale and log2(e) folded into one
 // FFMA (P = 2^(s c - m c), c = scale log2 e); the causal and ragged-end masks are applied to the tiles
-// that cross the diagonal or the last key only (a loop of their own after the main loop, warp by
-// warp), never per element elsewhere; a lane keeps its part of a row's sum (the quad's four parts are
+// that cross the block's diagonal or the last key only (a loop of their own after the main loop),
+// never per element elsewhere; a lane keeps its part of a row's sum (the quad's four parts are
 // added once, at the end); the output accumulator is rescaled only where a row's maximum moved. The
 // row max, P as float16 A fragments and the outputs are as in npf_fa_forward_tc.
 // Traits (benchmarks/cuda_kernels.py, sm_90): the S and O accumulators take FRAGS (BC + D) floats a
@@ -1182,18 +1183,18 @@ __device__ __forceinline__ void npf_fa_dense_tile(const unsigned short* Qs, cons
 
 // Key tile kt of a head into its buffer: the next tile's copies are issued first (into the other
 // buffer), then this one's awaited, block-wide; returns the buffer (K, then V)
-template <int D>
+template <int D, int BC>
 __device__ __forceinline__ unsigned short* npf_fa_dense_next(int kt, int n_kt, const unsigned short* k_head,
                                                              const unsigned short* v_head, const NpfFaArgs<float>& a,
                                                              long long k_st, long long v_st, unsigned short* KVs) {
-    typedef NpfFaDenseTraits<D> Tr;
+    constexpr int LD = D + 8;
     if (kt + 1 < n_kt)
-        npf_fa_load_kv_async<unsigned short, Tr::BC, D>(k_head, v_head, (kt + 1) * Tr::BC, a, k_st, v_st,
-                                                        KVs + (kt + 1) % 2 * 2 * Tr::BC * Tr::LD);
+        npf_fa_load_kv_async<unsigned short, BC, D>(k_head, v_head, (kt + 1) * BC, a, k_st, v_st,
+                                                    KVs + (kt + 1) % 2 * 2 * BC * LD);
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
     __syncthreads();                                         // (everyone's), and Q's
-    return KVs + kt % 2 * 2 * Tr::BC * Tr::LD;
+    return KVs + kt % 2 * 2 * BC * LD;
 }
 
 template <int D, bool CAUSAL>
@@ -1210,9 +1211,10 @@ __device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned sho
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int w0 = i0 + warp * Tr::WARP_ROWS;            // this warp's first query row
     const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
-    // the warp's first tile with a key one of its rows must not see: a key past its first row's diagonal
-    // (causal), or past Tk (a ragged last tile); the tiles before it run without masks
-    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(w0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
+    // the block's first tile with a key one of its rows must not see: past its first row's diagonal
+    // (causal), or past Tk (a ragged last tile); the tiles before it run without masks (one count for
+    // the block: its warps meet the same barriers in the same loop)
+    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
                                        n_kt);
     const float c = a.scale * 1.4426950408889634f;       // the scale and log2(e): P = 2^(s c - m c)
     const float inf = npf_fa_inf(0.0f);
@@ -1238,12 +1240,12 @@ __device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned sho
         // warps take each tile together: the barriers in npf_fa_dense_next are block-wide)
         int kt = 0;
         for (; kt < masked_from; ++kt) {
-            const T* Ks = npf_fa_dense_next<D>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
             npf_fa_dense_tile<D, CAUSAL, false>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; kt < n_kt; ++kt) {
-            const T* Ks = npf_fa_dense_next<D>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
             npf_fa_dense_tile<D, CAUSAL, true>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
             __syncthreads();
         }
@@ -1267,6 +1269,357 @@ __device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned sho
                         if (d < a.hv) npf_store(out_row + d, o[f][dn][2 * r + e] / den);
                     }
                 if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[f][r] * a.scale + npf_log(sum);
+            }
+    }
+}
+
+// ---- the dense backward: dQ, then dK and dV, each its own pass (no two blocks add into one element) ----
+// The same design as the dense forward: P recomputed as 2^(S c - lse log2 e) with the scale folded into
+// one FFMA, dS = P (dP - D) (the scale multiplies dQ and dK once, at the end), masks in a loop of their
+// own over the tiles that cross the block's diagonal (and, for dQ, the ragged last key tile), P and dS
+// as float16 A fragments. Rows past Tq or that see no key have lse = +inf: P = 0 there. Traits:
+//   dQ: a warp FRAGS fragments of 16 query rows, key tiles of BC keys; S, dP (BC floats a lane each and
+//       fragment) and the dQ accumulator (D): 2 fragments and 32 keys at D 64, 64 keys at D 32, 1 fragment
+//       and 32 keys at D 128; Q and dO once per head, K and V double-buffered;
+//   dK, dV: a warp FRAGS fragments of 16 keys over query tiles of BQ rows; the two accumulators take 2 D
+//       floats a lane and fragment: 2 fragments at D 32, 1 above (64 queries a tile at D 64, 32 at 128);
+//       K and V once per head, Q, dO and the tile's lse and D double-buffered; 2 blocks an SM (3, with
+//       170 registers a lane, spilled the causal kernels at D 32 and 64).
+// Main loops on sm_90 (benchmarks/cuda_kernels.py): dQ 3.7-3.8 instructions per HMMA at D 64 and 128,
+// dK dV 4.5-5.5 (the _tc kernels: 60.1 and 48.2 at D 64).
+template <int D_> struct NpfFaDenseDqTraits {
+    static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
+    static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 32 ? 64 : 32, LD = D + 8;
+    static constexpr int MIN_BLOCKS = D <= 64 ? 2 : 3;
+    static constexpr int SHARED = (2 * BR + 4 * BC) * LD * 2;
+};
+template <int D_> struct NpfFaDenseDkdvTraits {
+    static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 32 ? 2 : 1;
+    static constexpr int WARP_KEYS = 16 * FRAGS, BC = WARPS * WARP_KEYS, BQ = D == 64 ? 64 : 32, LD = D + 8;
+    static constexpr int MIN_BLOCKS = 2;
+    static constexpr int SHARED = (2 * BC + 4 * BQ) * LD * 2 + 4 * BQ * 4;
+};
+
+// One key tile of the dense dQ for one warp: S = Q K^T, dP = dO V^T for its rows, (MASKED: the causal
+// and ragged-end masks), dS = P (dP - D), dQ += dS K. nl: -lse log2 e per row, dd: D per row.
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_dense_dq_tile(const unsigned short* Qs, const unsigned short* dOs,
+                                                     const unsigned short* Ks, const unsigned short* Vs, int j0, int w0,
+                                                     const NpfFaArgs<float>& a, float c,
+                                                     const float (&nl)[NpfFaDenseDqTraits<D>::FRAGS][2],
+                                                     const float (&dd)[NpfFaDenseDqTraits<D>::FRAGS][2],
+                                                     float (&dq)[NpfFaDenseDqTraits<D>::FRAGS][D / 8][4]) {
+    typedef NpfFaDenseDqTraits<D> Tr;
+    constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float s[F][NB][4], dp[F][NB][4];
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[f][nb][e] = dp[f][nb][e] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+        unsigned aq[F][4], ag[F][4];                         // the warp's rows of Q and of dO, d block kd
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+            NpfHalfOps::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+            NpfHalfOps::a_rows(ag[f], dOs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+        }
+#pragma unroll
+        for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+            unsigned bk[4], bv[4];                           // two key blocks of K and of V
+            NpfHalfOps::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+            NpfHalfOps::b_rows(bv, Vs, LD, nb2 * 16, kd * 16, lane);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                npf_mma_16816(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
+                npf_mma_16816(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
+                npf_mma_16816(dp[f][2 * nb2], ag[f], bv, dp[f][2 * nb2]);
+                npf_mma_16816(dp[f][2 * nb2 + 1], ag[f], bv + 2, dp[f][2 * nb2 + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int f = 0; f < F; ++f)                              // s becomes dS / scale
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = s[f][nb][e];
+                if (MASKED) {
+                    const int i = w0 + 16 * f + g + 8 * (e / 2), j = j0 + nb * 8 + 2 * t + e % 2;
+                    if ((CAUSAL && j > i + a.shift) || j >= a.Tk) x = -npf_fa_inf(0.0f);
+                }
+                const float p = exp2f(fmaf(x, c, nl[f][e / 2]));
+                s[f][nb][e] = p * (dp[f][nb][e] - dd[f][e / 2]);
+            }
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+        unsigned as[F][4];                                   // keys 16 kb .. of dS as float16 A fragments
+#pragma unroll
+        for (int f = 0; f < F; ++f) NpfHalfOps::a_from_c(as[f], s[f] + 2 * kb);
+#pragma unroll
+        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+            unsigned bk[4];                                  // K rows, transposed: keys are the k axis here
+            NpfHalfOps::b_cols(bk, Ks, LD, kb * 16, dn2 * 16, lane);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                npf_mma_16816(dq[f][2 * dn2], as[f], bk, dq[f][2 * dn2]);
+                npf_mma_16816(dq[f][2 * dn2 + 1], as[f], bk + 2, dq[f][2 * dn2 + 1]);
+            }
+        }
+    }
+}
+
+template <int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dq_dense(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                    const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dq,
+                                    const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                                    NpfFaLayout gl, NpfFaLayout dql) {
+    typedef unsigned short T;
+    typedef NpfFaDenseDqTraits<D> Tr;
+    constexpr int F = Tr::FRAGS, BR = Tr::BR, BC = Tr::BC, LD = Tr::LD, DN = D / 8;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
+    T* dOs = Qs + BR * LD;                               // (BR, LD)
+    T* KVs = dOs + BR * LD;                              // 2 x ((BC, LD) K, (BC, LD) V): double buffer
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int w0 = i0 + warp * Tr::WARP_ROWS;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
+    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
+                                       n_kt);                // (as the forward's)
+    const float c = a.scale * 1.4426950408889634f;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();
+        npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load_tile<T, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+        float nl[F][2], dd[F][2], dqa[F][DN][4];
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = w0 + 16 * f + g + 8 * r;
+                nl[f][r] = i < a.Tq ? -lse[bh * a.Tq + i] * 1.4426950408889634f : -inf;   // rows past Tq: P = 0
+                dd[f][r] = i < a.Tq ? dvec[bh * a.Tq + i] : 0.0f;
+            }
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dqa[f][dn][e] = 0.0f;
+        }
+        const T* k_head = k + npf_fa_head(kl, bh, a.H);
+        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        if (n_kt > 0)
+            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
+        npf_cp_async_commit();
+        int kt = 0;
+        for (; kt < masked_from; ++kt) {                     // the main loop: no masks
+            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_dq_tile<D, CAUSAL, false>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
+            __syncthreads();
+        }
+        for (; kt < n_kt; ++kt) {
+            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_dq_tile<D, CAUSAL, true>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int i = w0 + 16 * f + g + 8 * r;
+                if (i >= a.Tq) continue;
+                T* dq_row = dq + npf_fa_head(dql, bh, a.H) + i * dql.st;
+#pragma unroll
+                for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int d = dn * 8 + 2 * t + e;
+                        if (d < a.hs) npf_store(dq_row + d, dqa[f][dn][2 * r + e] * a.scale);
+                    }
+            }
+    }
+}
+
+// One query tile of the dense dK, dV for one warp: S^T = K Q^T, dP^T = V dO^T for its keys, (MASKED: the
+// causal mask), P^T, dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. lse_s, d_s: the tile's lse and D.
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_dense_dkdv_tile(const unsigned short* Ks, const unsigned short* Vs,
+                                                       const unsigned short* Qs, const unsigned short* dOs,
+                                                       const float* lse_s, const float* d_s, int i0, int k0,
+                                                       const NpfFaArgs<float>& a, float c,
+                                                       float (&dk)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4],
+                                                       float (&dv)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4]) {
+    typedef NpfFaDenseDkdvTraits<D> Tr;
+    constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BQ / 8, DN = D / 8, KD = D / 16, KB = Tr::BQ / 16;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float st[F][NB][4], dpt[F][NB][4];                       // rows: the warp's keys; columns: the tile's queries
+#pragma unroll
+    for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st[f][nb][e] = dpt[f][nb][e] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+        unsigned ak[F][4], av[F][4];                         // the warp's keys of K and of V, d block kd
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+            NpfHalfOps::a_rows(ak[f], Ks, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+            NpfHalfOps::a_rows(av[f], Vs, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+        }
+#pragma unroll
+        for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+            unsigned bq[4], bg[4];                           // Q rows and dO rows as B fragments (n: queries)
+            NpfHalfOps::b_rows(bq, Qs, LD, nb2 * 16, kd * 16, lane);
+            NpfHalfOps::b_rows(bg, dOs, LD, nb2 * 16, kd * 16, lane);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                npf_mma_16816(st[f][2 * nb2], ak[f], bq, st[f][2 * nb2]);
+                npf_mma_16816(st[f][2 * nb2 + 1], ak[f], bq + 2, st[f][2 * nb2 + 1]);
+                npf_mma_16816(dpt[f][2 * nb2], av[f], bg, dpt[f][2 * nb2]);
+                npf_mma_16816(dpt[f][2 * nb2 + 1], av[f], bg + 2, dpt[f][2 * nb2 + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {                        // this lane's two queries of the block
+        const int col = nb * 8 + 2 * t;
+        const float nl[2] = {-lse_s[col] * 1.4426950408889634f, -lse_s[col + 1] * 1.4426950408889634f};
+        const float dd[2] = {d_s[col], d_s[col + 1]};
+#pragma unroll
+        for (int f = 0; f < F; ++f)                          // st becomes P^T, dpt dS^T / scale
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float x = st[f][nb][e];
+                if (MASKED && CAUSAL && k0 + 16 * f + g + 8 * (e / 2) > i0 + col + e % 2 + a.shift)
+                    x = -npf_fa_inf(0.0f);
+                const float p = exp2f(fmaf(x, c, nl[e % 2]));
+                st[f][nb][e] = p;
+                dpt[f][nb][e] = p * (dpt[f][nb][e] - dd[e % 2]);
+            }
+    }
+#pragma unroll
+    for (int kb = 0; kb < KB; ++kb) {
+        unsigned ap[F][4], as[F][4];                         // queries 16 kb .. of P^T and dS^T as A fragments
+#pragma unroll
+        for (int f = 0; f < F; ++f) {
+            NpfHalfOps::a_from_c(ap[f], st[f] + 2 * kb);
+            NpfHalfOps::a_from_c(as[f], dpt[f] + 2 * kb);
+        }
+#pragma unroll
+        for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+            unsigned bg[4], bq[4];                           // dO and Q rows, transposed (k: queries, n: d)
+            NpfHalfOps::b_cols(bg, dOs, LD, kb * 16, dn2 * 16, lane);
+            NpfHalfOps::b_cols(bq, Qs, LD, kb * 16, dn2 * 16, lane);
+#pragma unroll
+            for (int f = 0; f < F; ++f) {
+                npf_mma_16816(dv[f][2 * dn2], ap[f], bg, dv[f][2 * dn2]);
+                npf_mma_16816(dv[f][2 * dn2 + 1], ap[f], bg + 2, dv[f][2 * dn2 + 1]);
+                npf_mma_16816(dk[f][2 * dn2], as[f], bq, dk[f][2 * dn2]);
+                npf_mma_16816(dk[f][2 * dn2 + 1], as[f], bq + 2, dk[f][2 * dn2 + 1]);
+            }
+        }
+    }
+}
+
+// Query tile qt of the dense dK, dV into its buffer ((qt - qt0) % 2, returned): the next tile's copies
+// are issued first (into the other buffer), then this one's awaited, block-wide
+template <int D, int BQ>
+__device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_qt, const unsigned short* q_head,
+                                                         const unsigned short* g_head, const float* lse,
+                                                         const float* dvec, long long bh, const NpfFaArgs<float>& a,
+                                                         long long q_st, long long g_st, unsigned short* QGs,
+                                                         float* LDs) {
+    constexpr int LD = D + 8;
+    const int buf = (qt - qt0) % 2;
+    if (qt + 1 < n_qt)
+        npf_fa_bwd_query_tile<unsigned short, D, BQ>(q_head, g_head, lse, dvec, bh, (qt + 1) * BQ, a, q_st, g_st,
+                                                     QGs + (1 - buf) * 2 * BQ * LD, LDs + (1 - buf) * 2 * BQ);
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();                                  // this tile's copies have landed
+    __syncthreads();                                         // (everyone's, its lse and D), and K's and V's
+    return buf;
+}
+
+template <int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dkdv_dense(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                                      const unsigned short* dout, const float* lse, const float* dvec,
+                                      unsigned short* dk, unsigned short* dv, const NpfFaArgs<float>& a, NpfFaLayout ql,
+                                      NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl,
+                                      NpfFaLayout dvl) {
+    typedef unsigned short T;
+    typedef NpfFaDenseDkdvTraits<D> Tr;
+    constexpr int F = Tr::FRAGS, BC = Tr::BC, BQ = Tr::BQ, LD = Tr::LD, DN = D / 8;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    T* Ks = reinterpret_cast<T*>(smem);                  // (BC, LD)
+    T* Vs = Ks + BC * LD;                                // (BC, LD)
+    T* QGs = Vs + BC * LD;                               // 2 x ((BQ, LD) Q, (BQ, LD) dO)
+    float* LDs = reinterpret_cast<float*>(QGs + 4 * BQ * LD);         // 2 x ((BQ) lse, (BQ) D)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j0 = blockIdx.x * BC, k0 = j0 + warp * Tr::WARP_KEYS;
+    const int n_qt = (a.Tq + BQ - 1) / BQ;
+    // the query tiles: from the first with a row that sees one of the block's keys; those before the one
+    // whose every row sees every key of the block need the causal mask (one count for the block)
+    const int qt0 = CAUSAL ? npf_fa_min(npf_fa_max0(j0 - a.shift) / BQ, n_qt) : 0;
+    const int unmasked_from = CAUSAL ? npf_fa_min(npf_fa_max(qt0, (npf_fa_max0(j0 + BC - 1 - a.shift) + BQ - 1) / BQ), n_qt)
+                                     : 0;
+    const float c = a.scale * 1.4426950408889634f;
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();
+        npf_fa_load_tile<T, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load_tile<T, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+        float dka[F][DN][4], dva[F][DN][4];
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dka[f][dn][e] = dva[f][dn][e] = 0.0f;
+        const T* q_head = q + npf_fa_head(ql, bh, a.H);
+        const T* g_head = dout + npf_fa_head(gl, bh, a.H);
+        if (qt0 < n_qt)                                      // its copies: in flight from here
+            npf_fa_bwd_query_tile<T, D, BQ>(q_head, g_head, lse, dvec, bh, qt0 * BQ, a, ql.st, gl.st, QGs, LDs);
+        npf_cp_async_commit();
+        int qt = qt0;
+        for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
+            const int buf = npf_fa_dense_next_queries<D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
+                                                              gl.st, QGs, LDs);
+            const T* Qs = QGs + buf * 2 * BQ * LD;
+            const float* lse_s = LDs + buf * 2 * BQ;
+            npf_fa_dense_dkdv_tile<D, CAUSAL, true>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
+                                                    dka, dva);
+            __syncthreads();                                 // done with this buffer before it is refilled
+        }
+        for (; qt < n_qt; ++qt) {                            // the main loop: no masks
+            const int buf = npf_fa_dense_next_queries<D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
+                                                              gl.st, QGs, LDs);
+            const T* Qs = QGs + buf * 2 * BQ * LD;
+            const float* lse_s = LDs + buf * 2 * BQ;
+            npf_fa_dense_dkdv_tile<D, CAUSAL, false>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
+                                                     dka, dva);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int f = 0; f < F; ++f)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int j = k0 + 16 * f + g + 8 * r;
+                if (j >= a.Tk) continue;
+                T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
+                T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
+#pragma unroll
+                for (int dn = 0; dn < DN; ++dn)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int d = dn * 8 + 2 * t + e;
+                        if (d < a.hs) npf_store(dk_row + d, dka[f][dn][2 * r + e] * a.scale);
+                        if (d < a.hv) npf_store(dv_row + d, dva[f][dn][2 * r + e]);
+                    }
             }
     }
 }

@@ -30,7 +30,7 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (DENSE_BR, DENSE_SHARED, HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS,
+from npformer.kernels.cuda.flash_source import (DENSE_SHARED, DENSE_TILES, HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS,
                                                 SHARED, TC_BR, TC_SHARED, TC_VARIANT_OF, THREADS, TILES, entry_name)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
@@ -69,8 +69,8 @@ def _acc_name(dtype) -> str:
 
 
 def _shared(name: str, dtype, d: int) -> int:
-    if name.startswith("fwd_dense"):
-        return DENSE_SHARED[d]
+    if "_dense" in name:
+        return DENSE_SHARED[name.split("_dense")[0], d]
     if name.endswith(("_tc", "_tf32")):
         return TC_SHARED[name, d]
     return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
@@ -227,8 +227,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
                 + _size_args(q, k, v, masks, scale, acc)
                 + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
         if variant == "tc" and dense(masks, p):
-            _launch("fwd_dense" + ("_causal" if masks.shift is not None else ""), q.dtype, d, -(-tq // DENSE_BR[d]),
-                    b * h, args)
+            _launch("fwd_dense" + _causal(masks), q.dtype, d, -(-tq // DENSE_TILES["fwd"][d][0]), b * h, args)
         elif variant:
             _launch(f"fwd_{variant}", q.dtype, d, -(-tq // TC_BR), b * h, args)
         else:
@@ -279,13 +278,20 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     common = _mask_args(xp, masks, acc, p, seed, bool(variant)) + _size_args(q, k, v, masks, scale, acc)
     qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
     suffix = f"_{variant}" if variant else ""
-    if variant:
+    if variant == "tc" and dense(masks, p):             # the dense kernels: their own tiles
+        suffix = "_dense" + _causal(masks)
+        br, bc = DENSE_TILES["bwd_dq"][d][0], DENSE_TILES["bwd_dkdv"][d][0]
+    elif variant:
         br = bc = TC_BR                                  # the tensor-core kernels: 64 keys, 64 query rows a block
     _launch("bwd_dkdv" + suffix, q.dtype, d, -(-tk // bc), b * h,
             (q, k, v, dout, lse, dvec, dk, dv) + common + qkv + heads_layout(dk) + heads_layout(dv))
     if tq:
         _launch("bwd_dq" + suffix, q.dtype, d, -(-tq // br), b * h,
                 (q, k, v, dout, lse, dvec, dq) + common + qkv + heads_layout(dq))
+
+
+def _causal(masks) -> str:
+    return "_causal" if masks.shift is not None else ""
 
 
 def dense(masks, p: float) -> bool:

@@ -98,7 +98,7 @@ from npformer.ops.flash_attention import SPLITMIX64
 
 __all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARIANTS", "TC_VARIANT_OF", "TC_BR",
            "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
-           "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes", "DENSE_BR", "DENSE_BC", "DENSE_KERNELS",
+           "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes", "DENSE_TILES", "DENSE_TRAITS", "DENSE_KERNELS",
            "DENSE_SHARED", "dense_shared",
            "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE",
            "FLASH_NVRTC_OPTIONS"]
@@ -161,22 +161,30 @@ def tc_shared(name: str, d: int) -> int:
 
 TC_SHARED = {(f"{kernel}_{variant}", d): tc_shared(f"{kernel}_{variant}", d)
              for kernel in ("fwd", "bwd_dq", "bwd_dkdv") for variant in TC_VARIANTS for d in HEAD_SIZES}
-# The dense kernels (npf_fa_forward_dense: no attention mask, no key padding, no dropout; causal or
-# not), float16 on tensor cores, for the common case. Their tiles and launch bounds are
-# NpfFaDenseTraits's in flash.cu; the launcher's grid and shared memory take these copies, which a test
-# compares with the traits (npf_fa_shared_sizes).
-DENSE_BR = {32: 128, 64: 128, 128: 64}            # query rows a block: 4 warps x 32 (x 16 at D 128)
-DENSE_BC = {32: 64, 64: 64, 128: 32}               # keys a tile
-DENSE_KERNELS = ("fwd_dense", "fwd_dense_causal")  # entry points per D (float16 only)
+# The dense kernels (npf_fa_forward_dense, npf_fa_bwd_dq_dense, npf_fa_bwd_dkdv_dense: no attention mask,
+# no key padding, no dropout; causal or not), float16 on tensor cores, for the common case. Their tiles
+# and launch bounds are their traits' in flash.cu (NpfFaDenseTraits, NpfFaDenseDqTraits,
+# NpfFaDenseDkdvTraits); the launcher's grid and shared memory take these copies, which a test compares
+# with the traits (npf_fa_shared_sizes). Per kernel and D: (the rows a block takes: query rows, or keys
+# for dk/dv; the tile it loops over: keys, or query rows for dk/dv).
+DENSE_TILES = {"fwd": {32: (128, 64), 64: (128, 64), 128: (64, 32)},
+               "bwd_dq": {32: (128, 64), 64: (128, 32), 128: (64, 32)},
+               "bwd_dkdv": {32: (128, 32), 64: (64, 64), 128: (64, 32)}}
+DENSE_TRAITS = {"fwd": "NpfFaDenseTraits", "bwd_dq": "NpfFaDenseDqTraits", "bwd_dkdv": "NpfFaDenseDkdvTraits"}
+DENSE_KERNELS = tuple(f"{kernel}_dense{causal}" for kernel in DENSE_TILES for causal in ("", "_causal"))
 
 
-def dense_shared(d: int) -> int:
-    """Dynamic shared memory of one block of a dense kernel at head-size bucket ``d``: Q, and K and V
-    double-buffered, rows of d + 8 halves."""
-    return (DENSE_BR[d] + 4 * DENSE_BC[d]) * (d + 8) * 2
+def dense_shared(kernel: str, d: int) -> int:
+    """Dynamic shared memory of one block of dense ``kernel`` ("fwd", "bwd_dq", "bwd_dkdv") at head-size
+    bucket ``d``: rows of d + 8 halves; the tile looped over double-buffered."""
+    block, tile = DENSE_TILES[kernel][d]
+    rows = {"fwd": block + 4 * tile,                     # Q; K, V double-buffered
+            "bwd_dq": 2 * block + 4 * tile,              # Q, dO; K, V double-buffered
+            "bwd_dkdv": 2 * block + 4 * tile}[kernel]    # K, V; Q, dO double-buffered (and lse, D)
+    return rows * (d + 8) * 2 + (4 * tile * 4 if kernel == "bwd_dkdv" else 0)
 
 
-DENSE_SHARED = {d: dense_shared(d) for d in HEAD_SIZES}
+DENSE_SHARED = {(kernel, d): dense_shared(kernel, d) for kernel in DENSE_TILES for d in HEAD_SIZES}
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -202,10 +210,13 @@ OCCUPANCY_FLOORS = {
     ("dq_tf32", "float", 64): (0.125, 0.1875), ("dq_tf32", "float", 128): (0.0625, 0.125),    # memory of float16
     ("dkdv_tf32", "float", 32): (0.25, 0.25), ("dkdv_tf32", "float", 64): (0.125, 0.1875),
     ("dkdv_tf32", "float", 128): (0.0625, 0.125),
-    # the dense forward: 2 blocks an SM by its launch bounds (3 at D = 32 and at D = 128, a warp's 16 rows
-    # there): up to 255 registers a lane for 32 rows of S and O a warp
+    # the dense kernels: what their launch bounds allow (benchmarks/cuda_kernels.py, 2026-11-29)
     ("fwd_dense", "float", 32): (0.1875, 0.1875), ("fwd_dense", "float", 64): (0.125, 0.125),
     ("fwd_dense", "float", 128): (0.1875, 0.1875),
+    ("dq_dense", "float", 32): (0.125, 0.125), ("dq_dense", "float", 64): (0.125, 0.125),
+    ("dq_dense", "float", 128): (0.125, 0.1875),            # (an A100's shared memory: 2 blocks)
+    ("dkdv_dense", "float", 32): (0.125, 0.125), ("dkdv_dense", "float", 64): (0.125, 0.125),
+    ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
 }
 # __launch_bounds__ of the SIMT kernels: blocks of 128 threads an SM (the register cap that keeps each
 # at its sm_90 occupancy floor: floor x 64 warps / 4 warps a block), and bwd_pre's block (a warp a row)
@@ -262,8 +273,8 @@ extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int 
     NPF_FOR_EACH(n, total) keep[n] = npf_fa_keep(*seed, (unsigned long long)n, keep_min);
 }
 
-// The shared-memory bytes each kernel carves, in flash_source.SHARED's order, then each D's dense traits
-// (shared bytes, BR, BC)
+// The shared-memory bytes each kernel carves, in flash_source.SHARED's order, then each dense kernel's
+// traits (shared bytes, rows a block, tile) in flash_source.DENSE_SHARED's
 extern "C" __global__ void npf_fa_shared_sizes(long long* bytes) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int n = 0;
@@ -297,13 +308,16 @@ def _entry_points(pairs) -> str:
                 text = text.replace("__global__ void", f"__global__ void __launch_bounds__({PRE_THREADS})", 1)
             out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         if numpy.dtype(dtype) == numpy.float16:                         # the dense kernels: float16 only
-            params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == "fwd")
-            for name in DENSE_KERNELS:
-                call = f"npf_fa_forward_dense<{d}, {'true' if name.endswith('causal') else 'false'}>"
-                text = (f'extern "C" __global__ void __launch_bounds__(NpfFaDenseTraits<{d}>::THREADS, '
-                        f'NpfFaDenseTraits<{d}>::MIN_BLOCKS) {entry_name(name, dtype, d)}({params}) {{\n'
-                        f'    {re.sub(r"npf_fa_forward<T, A, D, BR, BC>", call, body)}\n}}\n')
-                out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
+            for kernel, function in (("fwd", "npf_fa_forward"), ("bwd_dq", "npf_fa_bwd_dq"),
+                                     ("bwd_dkdv", "npf_fa_bwd_dkdv")):
+                params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == kernel)
+                traits = f"{DENSE_TRAITS[kernel]}<{d}>"
+                for causal in ("", "_causal"):
+                    call = f"{function}_dense<{d}, {'true' if causal else 'false'}>"
+                    text = (f'extern "C" __global__ void __launch_bounds__({traits}::THREADS, {traits}::MIN_BLOCKS) '
+                            f'{entry_name(f"{kernel}_dense{causal}", dtype, d)}({params}) {{\n'
+                            f'    {re.sub(function + r"<T, A, D, BR, BC>", call, body)}\n}}\n')
+                    out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
         variant = TC_VARIANT_OF.get(numpy.dtype(dtype))                 # tensor cores: float16, float32 (TF32)
         if variant:
             ops, v = TC_VARIANTS[variant][0], (variant, d)
@@ -323,8 +337,11 @@ def _entry_points(pairs) -> str:
 def _test_entry_points() -> str:
     sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
                     f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
-    sizes += "".join(f"    bytes[n++] = NpfFaDenseTraits<{d}>::SHARED;\n    bytes[n++] = NpfFaDenseTraits<{d}>::BR;\n"
-                     f"    bytes[n++] = NpfFaDenseTraits<{d}>::BC;\n" for d in HEAD_SIZES)
+    block = {"fwd": "BR", "bwd_dq": "BR", "bwd_dkdv": "BC"}
+    tile = {"fwd": "BC", "bwd_dq": "BC", "bwd_dkdv": "BQ"}
+    sizes += "".join(f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::SHARED;\n"
+                     f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::{block[kernel]};\n"
+                     f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::{tile[kernel]};\n" for kernel, d in DENSE_SHARED)
     return _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
 
 

@@ -354,8 +354,8 @@ def test_accepts_device_masks_only(fx):
 def test_shared_memory_the_kernels_carve_is_what_the_launch_asks_for(fx):
     """The SIMT kernels' shared memory, then the dense kernels' traits (shared bytes, BR, BC per D), as
     the launcher's copies in flash_source say."""
-    dense = [x for d in flash_source.HEAD_SIZES
-             for x in (flash_source.DENSE_SHARED[d], flash_source.DENSE_BR[d], flash_source.DENSE_BC[d])]
+    dense = [x for (kernel, d), shared in flash_source.DENSE_SHARED.items()
+             for x in (shared, *flash_source.DENSE_TILES[kernel][d])]
     sizes = fx.xp.zeros(len(flash_source.SHARED) + len(dense), dtype=np.int64)
     _test_module().get_function("npf_fa_shared_sizes")((1,), (1,), (sizes,))
     assert host(sizes).tolist() == list(flash_source.SHARED.values()) + dense
@@ -452,8 +452,8 @@ def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch)
     step("float16")
     step("float16", key_padding_mask=padding)
     step("float32")
-    tc, simt = ["fwd_dense_causal", "bwd_dkdv_tc", "bwd_dq_tc", "fwd_tc", "bwd_dkdv_tc", "bwd_dq_tc"], \
-        ["fwd", "bwd_dkdv", "bwd_dq"]
+    tc, simt = ["fwd_dense_causal", "bwd_dkdv_dense_causal", "bwd_dq_dense_causal", "fwd_tc", "bwd_dkdv_tc",
+                "bwd_dq_tc"], ["fwd", "bwd_dkdv", "bwd_dq"]
     if fx.name == "emulated":
         monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
         step("float16")
@@ -467,17 +467,19 @@ def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch)
     (8, 1, 1, None), (24, 17, 130, "top_left"), (64, 128, 128, "top_left"), (64, 200, 70, "top_left"),
     (64, 130, 200, None), (100, 70, 200, "bottom_right"), (128, 200, 70, "bottom_right"), (32, 257, 96, None),
     (64, 300, 300, "top_left")])
-def test_the_dense_forward_matches_the_reference(fx, monkeypatch, hs, tq, tk, alignment):
-    """No attention mask, no padding, no dropout: npf_fa_forward_dense, causal (both alignments: rows
-    before the first key see none, zeros and lse +inf) or not, ragged ends of both lengths, every
-    head-size bucket (hs below D: zeros padded); out, lse and the backward from its cache as the
-    reference's (compare), within float16's tolerance of the magnitudes in play."""
+def test_the_dense_kernels_match_the_reference(fx, monkeypatch, hs, tq, tk, alignment):
+    """No attention mask, no padding, no dropout: the dense forward and backward (npf_fa_forward_dense,
+    npf_fa_bwd_dkdv_dense, npf_fa_bwd_dq_dense), causal (both alignments: rows before the first key see
+    none, zeros and lse +inf) or not, ragged ends of both lengths, every head-size bucket (hs below D:
+    zeros padded); out, lse, dq, dk, dv as the reference's (compare: each backward on each forward's
+    cache too), within float16's tolerance of the magnitudes in play."""
     names = _launched(monkeypatch)
     q, k, v = qkv(fx.xp, 2, 3, tq, tk, hs, hs, tq + tk, "float16")
     dout = randn(fx.xp, (2, 3, tq, hs), 3, "float16")
     kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
     out, cache, _ = compare(fx, q, k, v, dout, kw, "float16")
-    assert names[0] == "fwd_dense" + ("_causal" if alignment else "")
+    causal = "_causal" if alignment else ""
+    assert names[:3] == [f"fwd_dense{causal}", f"bwd_dkdv_dense{causal}", f"bwd_dq_dense{causal}"]
     empty = np.isinf(host(cache.lse))[..., 0]                          # rows that see no key
     assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
 
