@@ -147,3 +147,18 @@ def test_the_main_loop_is_the_smallest_loop_holding_the_most_hmma():
     assert cuda_kernels.main_loop(instructions) == {"total": 7, "HMMA": 2, "FMA": 1, "ALU": 0, "XU": 1, "LDS": 1,
                                                     "other": 2}
     assert cuda_kernels.main_loop(instructions[:4]) == {}                # a loop, but no HMMA in it
+
+
+def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compiled):
+    """The common case's float16 kernels (npf_fa_*_dense: no masks, no dropout, causal or not) at head sizes
+    64 and 128: their main loops (the tiles that need no mask) issue at most 6 instructions per mma.sync,
+    about what keeps Hopper's tensor cores busy (the _tc kernels: 30 to 94); D 32 has half the products per
+    score, and the same softmax work, so it stays above."""
+    for arch in cuda_kernels.ARCHS:
+        kernels, _ = compiled[arch]
+        dense = {k.name: k for k in kernels if re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_dense(_causal)?_d(64|128)_f16$",
+                                                         k.name)}
+        assert len(dense) == 12, (arch, sorted(dense))
+        over = {name: round(k.loop["total"] / k.loop["HMMA"], 1) for name, k in dense.items()
+                if k.loop["total"] > 6 * k.loop["HMMA"]}
+        assert not over, (arch, over)
