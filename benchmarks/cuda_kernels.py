@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "TEST_KERNELS", "Kernel", "Tools",
-           "find_tools", "sass_functions", "main_loop", "compile_module", "compile_all", "block_threads", "dynamic_shared", "occupancy", "occupancy_floor",
-           "report", "main"]
+__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "TEST_KERNELS", "Kernel",
+           "Tools", "find_tools", "sass_functions", "main_loop", "compile_module", "compile_all",
+           "block_threads", "dynamic_shared", "occupancy", "occupancy_floor", "report", "main"]
 
 CUPY_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")   # CuPy 14 adds these (and -arch)
 ARCHS = (80, 90)
@@ -301,7 +301,8 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     base = _base(name)
     if base in TEST_KERNELS:
         return None
-    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|f32|f64)$", name)
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|f32|f64)$",
+                 name)
     if m:
         acc = "double" if m.group(4) == "f64" else "float"
         kernel = {"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv", "bwd_pre": "pre"}[m.group(1)] + (m.group(2) or "")

@@ -18,7 +18,8 @@ kernel-tests  the GPU tests of the CUDA kernels and of training (CUDA graphs)   
 steps         training steps on CuPy and PyTorch: GPT-2 124M (float32, float16    steps.md, .json
               mixed precision), gpt-medium eager and from a CUDA graph
 sweep         attention at T = 128 .. 8192, plain and flash (float16 too), and    sweep.md, .json
-              PyTorch's SDPA
+              flash at training shapes (B H >= 32, T 1024-8192, D 64 and 128,
+              float16 and float32), beside PyTorch's SDPA
 other-tests   the rest of the GPU tests (ops, modules, models, ...)               (gpu_tests.log)
 cpu-vs-gpu    the op cases and the gpt-small step with NumPy on this machine's    cpu_vs_gpu.md
               CPU cores beside CuPy (the report's "GPU speed-up" column)
@@ -90,7 +91,7 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
         Stage("steps", 60, 240, gpu_vs_torch + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
                                                 "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
-        Stage("sweep", 45, 180, gpu_vs_torch + ("--only", "sweep", "--out", "{out}/sweep"),
+        Stage("sweep", 45, 180, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),
               keep=(("sweep/*.md", "sweep.md"), ("sweep/*.json", "sweep.json"))),
         Stage("other-tests", 60, 300, parallel + tuple(f"--ignore={t}" for t in KERNEL_TESTS) + ("tests",),
               log="gpu_tests.log"),

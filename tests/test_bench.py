@@ -29,8 +29,9 @@ OPS = ["linear", "softmax", "layer_norm", "gelu", "attention", "multi_head", "ff
 # more than everything else together and run the same code as gpt-small).
 MODELS = ["gpt-small", "seq2seq-base"]
 TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", "peak_share")
-ROW_KEYS = {"group", "name", "pass", "shape", "precision", "T", "flash", "backend", "framework", "device", "path", "impl", "fast_paths",
-            "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats",
+ROW_KEYS = {"group", "name", "pass", "shape", "precision", "T", "flash", "backend", "framework", "device", "path",
+            "impl", "fast_paths", "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms",
+            "repeats",
             "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
             "peak_mb"}
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="parity is checked against PyTorch")
@@ -748,3 +749,36 @@ def test_cpu_profile_gives_pytorchs_matmul_share():
     line = next(s for s in res.stdout.splitlines() if s.startswith("PyTorch"))
     share = float(re.search(r"\((\d+)%\) in matrix products", line).group(1))
     assert 0 < share < 100 and "in matrix products (aten::mm" in line
+
+
+def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
+    """The flash cases at training shapes: B H >= 32, T 1024 to 8192, D 64 and 128, causal or not, float16
+    and float32; FLOPs as FlashAttention's tables count them (forward 4 B H T^2 D, halved when causal;
+    backward 2.5 times); GPU only, so that on the CPU `--only flash-train` skips them by name and says why."""
+    from npformer.bench.cases import FLASH_TRAIN, FLASH_TRAIN_SHAPES, flash_train_cases
+    cases = flash_train_cases()
+    assert len(cases) == 2 * len(FLASH_TRAIN_SHAPES)
+    for (b, h, t, d, causal), case in zip([s for s in FLASH_TRAIN_SHAPES for _ in range(2)], cases):
+        assert b * h >= 32 and 1024 <= t <= 8192 and d in (64, 128) and case["family"] == FLASH_TRAIN
+        forward = 4 * b * h * t * t * d / (1 + causal)
+        assert case["flops"] == {"fwd": forward, "bwd": 2.5 * forward}
+        assert case["gpu_only"] and ("causal" in case["name"]) == causal and case["precision"] in case["name"]
+    assert {c["precision"] for c in cases} == {"float16", "float32"} and any(not s[4] for s in FLASH_TRAIN_SHAPES)
+    assert suite.main(["--quick", "--only", "flash-train", "--backends", "numpy", "--paths", "fast", "--skip-parity",
+                       "--out", str(Path.cwd() / "ft")]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{c['name']} numpy: skipped (a GPU case" in out for c in cases)
+
+
+def test_the_torch_reference_has_causal_attention():
+    """The reference beside the causal flash cases: SDPA with is_causal, equal to npformer's causal
+    attention (the float64 reference op)."""
+    torch = pytest.importorskip("torch", reason="torch not installed: the reference's op is PyTorch's")
+    from benchmarks import torch_reference
+    from npformer.kernels import disabled
+    from npformer.ops.attention import scaled_dot_product_attention_forward
+    q, k, v = (np.random.default_rng(s).standard_normal((1, 2, 5, 4)) for s in range(3))
+    theirs = torch_reference.OPS["attention_causal"](*(torch.from_numpy(a) for a in (q, k, v))).numpy()
+    with disabled():
+        ours = scaled_dot_product_attention_forward(q, k, v, is_causal=True)[0]
+    np.testing.assert_allclose(theirs, ours, rtol=1e-12, atol=1e-12)

@@ -41,6 +41,7 @@ FLOPS = {
     "ffn": "fwd 4*N*d*F + 10*N*F, bwd 8*N*d*F + 15*N*F",
     "cross_entropy": "fwd 5 per logit, bwd 3 per logit",
     "dropout": "fwd 2 per element (compare, scale), bwd 1 per element; the random draws not counted",
+    "flash-train": "FlashAttention's convention: fwd 4*B*H*T^2*D, halved when causal; bwd 2.5x fwd",
     "train_step": "matmuls only, fwd+bwd = 3x fwd: gpt 6*N*(L*(4d^2+2dF) + V*d) + 12*L*B*T^2*d; "
                   "seq2seq (S=T) 6*(2*N*L*(6d^2+2dF) + N*V*d) + 36*L*B*T^2*d; "
                   "embeddings, element-wise work and AdamW not counted",
@@ -213,6 +214,39 @@ def flash_sweep_case(c: dict, T: int, dtype: str = "float32") -> dict:
     suffix = "" if dtype == "float32" else f" {dtype}"
     return _attention_case(f"flash attention T={T}{suffix}", c["sweep_B"], c["H"], T, c["d"] // c["H"], flash=True,
                            group="sweep", dtype=dtype)
+
+
+# Flash attention at training shapes (B H >= 32, long T, D 64 and 128, causal or not), on the GPU: today's
+# sweep runs B 1, where launch time hides the kernels. FLOPs by FlashAttention's convention (the tables
+# of Dao 2023): forward 4 B H T^2 D, halved when causal, backward 2.5 times the forward.
+FLASH_TRAIN_SHAPES = ((8, 12, 1024, 64, True), (4, 16, 4096, 64, True), (4, 16, 4096, 64, False),
+                      (4, 16, 4096, 128, True), (2, 16, 8192, 64, True))
+FLASH_TRAIN = "flash-train"             # --only's name for them all
+
+
+def flash_train_cases(dtypes=("float16", "float32")) -> list[dict]:
+    """The flash cases at :data:`FLASH_TRAIN_SHAPES`, each in each of ``dtypes`` (float32 runs TF32
+    under ``--tf32``), beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike);
+    GPU only, parity left to tests/kernels/cuda (its small shapes)."""
+    from npformer.ops import flash_attention
+    cases = []
+    for B, H, T, D, causal in FLASH_TRAIN_SHAPES:
+        forward = 4 * B * H * T * T * D / (2 if causal else 1)
+        for dtype in dtypes:
+            def qkv(shape=(B, H, T, D), dtype=dtype):        # drawn when a case is built (hundreds of MB)
+                return [host_normal(shape, s).astype(dtype) for s in (1, 2, 3)]
+            name = f"{FLASH_TRAIN} B{B} H{H} T{T} D{D}{' causal' if causal else ''} {dtype}"
+            kw = {"is_causal": True} if causal else {}
+            op = "attention_causal" if causal else "attention"
+            case = _op_case(name, f"q,k,v ({B}, {H}, {T}, {D})", {"fwd": forward, "bwd": 2.5 * forward}, B * T,
+                            ("dq", "dk", "dv"),
+                            lambda b, qkv=qkv, kw=kw: _npformer_calls(flash_attention, "flash_attention", qkv(),
+                                                                      **kw)(b),
+                            lambda b, qkv=qkv, op=op: _reference_calls(op, qkv(), 3)(b))
+            case.update(family=FLASH_TRAIN, precision=dtype, gpu_only=True,
+                        parity_skipped="skipped: training shapes (tests/kernels/cuda checks the kernels at small ones)")
+            cases.append(case)
+    return cases
 
 
 def fits_memory(case: dict, b) -> bool:

@@ -29,7 +29,8 @@ from threadpoolctl import threadpool_limits
 
 from npformer.backend.host_memory import retain_freed_memory
 from npformer.bench.backends import REFERENCE, UNREGISTERED, Device, device_name, make_backends, reference_backend
-from npformer.bench.cases import FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, op_cases, sweep_case
+from npformer.bench.cases import (FLASH_TRAIN, FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, flash_train_cases,
+                                  op_cases, sweep_case)
 from npformer.bench.harness import fix_malloc_thresholds, settle, time_call
 from npformer.bench.parity import RTOL, Parity, check, skipped
 from npformer.bench.paths import KNOWN, PATHS, fast_paths_run, label, switch
@@ -245,7 +246,8 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
             peaks[precision][b.name] = b.matmul_gflops(cfg["matmul_n"], cfg["budget_s"], cfg["warmup_s"], precision)
             log(f"matmul peak {b.name} {precision}: {peaks[precision][b.name]:.1f} GFLOP/s")
     rows, done, notes = [], [], []                        # done: (case, backend, path) for the memory pass
-    cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) if only is None or c["name"] in only]
+    cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) + flash_train_cases()
+             if only is None or c["name"] in only or c.get("family") in only]
     gpu_cases = [c["name"] for c in cases if c.get("gpu_only")]
     if gpu_cases and any(b.device == "cpu" for b in backends):
         notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): {', '.join(gpu_cases)}")
@@ -279,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="npformer paths to time: fast (fast paths on), numpy (the fast paths without numba's: "
                          "NumPy alone), reference (the plain ops alone); default fast,reference; the attention "
                          "sweep runs on the first")
-    ap.add_argument("--only", help="comma list of cases to run (e.g. linear,gpt-small,sweep); default all")
+    ap.add_argument("--only", help="comma list of cases to run (e.g. linear,gpt-small,sweep,flash-train: the flash "
+                    "cases at training shapes, GPU only); default all")
     ap.add_argument("--skip-parity", action="store_true", help="time without checking parity first")
     ap.add_argument("--tf32", action="store_true", help="float32 matmuls on TF32 tensor cores in both libraries "
                     "(CuPy: npformer.backend.set_float32_matmul_precision; PyTorch: allow_tf32); GPU only")
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = _names(args.paths)
     if not paths or set(paths) - set(KNOWN):
         ap.error(f"--paths: expected a comma list of {', '.join(KNOWN)}, got {args.paths!r}")
-    only, known = None, {c["name"] for c in op_cases(QUICK)} | set(MODELS) | {"sweep"}
+    only, known = None, {c["name"] for c in op_cases(QUICK)} | set(MODELS) | {"sweep", FLASH_TRAIN}
     if args.only is not None:
         only = set(_names(args.only))
         if not only or only - known:

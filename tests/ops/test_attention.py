@@ -11,7 +11,8 @@ from npformer.backend import backend_name, default_rng
 from npformer.ops.attention import (scaled_dot_product_attention_backward as sdpa_backward,
                                     scaled_dot_product_attention_forward as sdpa_forward)
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import NO_TORCH, assert_gradcheck, assert_scores_beyond_float16, batch, head_size, heads, host, padding_masks, randn, seeds, seq
+from tests.helpers import (NO_TORCH, assert_gradcheck, assert_scores_beyond_float16, batch, head_size, heads, host,
+                           padding_masks, randn, seeds, seq)
 
 CAUSAL = st.sampled_from([None, "top_left", "bottom_right"])
 
