@@ -31,8 +31,7 @@ MODELS = ["gpt-small", "seq2seq-base"]
 TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", "peak_share")
 ROW_KEYS = {"group", "name", "pass", "shape", "precision", "T", "flash", "backend", "framework", "device", "path",
             "impl", "fast_paths", "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms",
-            "repeats",
-            "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
+            "repeats", "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
             "peak_mb"}
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="parity is checked against PyTorch")
 
