@@ -1286,7 +1286,7 @@ __device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned sho
 //       K and V once per head, Q, dO and the tile's lse and D double-buffered; 2 blocks an SM (3, with
 //       170 registers a lane, spilled the causal kernels at D 32 and 64).
 // Main loops on sm_90 (benchmarks/cuda_kernels.py): dQ 3.7-3.8 instructions per HMMA at D 64 and 128,
-// dK dV 4.5-5.5 (the _tc kernels: 60.1 and 48.2 at D 64).
+// dK dV 4.5-5.0 (the _tc kernels: 60.1 and 48.2 at D 64).
 template <int D_> struct NpfFaDenseDqTraits {
     static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 32 ? 64 : 32, LD = D + 8;
