@@ -1073,7 +1073,7 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
 // added once, at the end); the output accumulator is rescaled only where a row's maximum moved. The
 // row max, P as float16 A fragments and the outputs are as in npf_fa_forward_tc.
 // Traits (benchmarks/cuda_kernels.py, sm_90): the S and O accumulators take FRAGS (BC + D) floats a
-// lane: 2 fragments and 64 keys a tile up to D = 64 (233 registers at D 64: 2 blocks an SM, 12.5%; 5.7
+// lane: 2 fragments and 64 keys a tile up to D = 64 (233 registers at D 64: 2 blocks an SM, 12.5%; 5.6
 // instructions per HMMA in the main loop), 1 fragment and 32 keys at D = 128 (158 registers, 3 blocks,
 // 18.75%; 5.8 per HMMA: 2 fragments spilled at 32 keys, at 16 keys the output's rescale made 7.7 per
 // HMMA, and 64 keys took 85 KiB of shared memory, one block on an A100); rows of D + 8 halves in
