@@ -91,7 +91,7 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
         Stage("steps", 60, 240, gpu_vs_torch + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
                                                 "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
-        Stage("sweep", 45, 180, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),
+        Stage("sweep", 45, 240, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),
               keep=(("sweep/*.md", "sweep.md"), ("sweep/*.json", "sweep.json"))),
         Stage("other-tests", 60, 300, parallel + tuple(f"--ignore={t}" for t in KERNEL_TESTS) + ("tests",),
               log="gpu_tests.log"),
