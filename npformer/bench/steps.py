@@ -1,8 +1,10 @@
 """The training-step cases: one AdamW step of a GPT or an encoder-decoder, npformer beside PyTorch.
 
 A step is: zero the gradients, forward, cross-entropy, backward, AdamW (lr 3e-4), with dropout
-0.1, float32 (or float16 mixed precision: the ``-fp16`` case), no padding tokens; the GPT's targets are its inputs reversed, the seq2seq's source
-and target are the same ids and their reverse (S = T).
+0.1, float32 (or float16 mixed precision: the ``-fp16`` case), no padding tokens; the GPT's targets
+are its inputs reversed, the seq2seq's source and target are the same ids and their reverse (S = T).
+npformer's GPT step is the trainers': the head and the loss together, in chunks of rows
+(:mod:`npformer.ops.linear_cross_entropy`), so it never holds the (B, T, V) logits.
 
 Parity (``outputs``): the same model with dropout 0 and npformer's weights (rng 0) on both sides
 (the reference's ``model_outputs`` loads them by name, strictly), one forward and backward (the optimizer update is not
@@ -68,8 +70,24 @@ def _npformer_model(backend: str, m: dict, T: int, dropout: float):
                    dtype=numpy.float32, backend=backend, rng=0)
 
 
+def _train_forward_backward(model, kind: str, src, tgt, dloss=1.0) -> None:
+    """A training step's forward, mean cross-entropy and backward (gradients accumulate), as the trainers
+    run it: a GPT takes its head and loss together in chunks of rows (no (B, T, V) logits)."""
+    if kind != "gpt":
+        from npformer.backend import get_array_module
+        from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+        logits = model(src, tgt)                                                  # (B, T, V)
+        xp = get_array_module(logits)
+        _, cache = cross_entropy_forward(logits.astype(xp.float32) if logits.dtype.itemsize < 4 else logits, tgt)
+        dlogits = cross_entropy_backward(xp.asarray(dloss, dtype=cache.dtype), cache)
+        model.backward(dlogits.astype(logits.dtype, copy=False))
+        return
+    model.backward_hidden(model.head.cross_entropy(model.hidden(src), tgt, dloss=dloss).dx)
+
+
 def _forward_backward(model, kind: str, src, tgt) -> tuple:
-    """Forward, mean cross-entropy, backward (gradients accumulate); returns (logits, loss)."""
+    """Forward, mean cross-entropy, backward (gradients accumulate); returns (logits, loss): the
+    parity check's step, which compares the logits."""
     from npformer.backend import get_array_module
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     logits = model(src) if kind == "gpt" else model(src, tgt)                  # (B, T, V)
@@ -97,22 +115,17 @@ def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
 
     def step():
         model.zero_grad()
-        _forward_backward(model, m["kind"], src, tgt)
+        _train_forward_backward(model, m["kind"], src, tgt)
         opt.step()
     return step
 
 
 def _npformer_mixed_step(model, amp, kind: str, src, tgt) -> Callable[[], Any]:
-    from npformer.backend import get_array_module
-    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from npformer.training.optim import AdamW
     opt = AdamW(amp.named_parameters(), lr=3e-4)
-    xp = get_array_module(src)
 
-    def step():
-        logits = model(src) if kind == "gpt" else model(src, tgt)                # (B, T, V) float16
-        _, cache = cross_entropy_forward(logits.astype(xp.float32), tgt)
-        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+    def step():                                      # the loss in float32, its gradient that of S * loss
+        _train_forward_backward(model, kind, src, tgt, dloss=amp.scaled_dloss())
         amp.step(opt)                                # unscale, check, update the masters, round, zero grads
     return step
 
@@ -125,7 +138,7 @@ def _npformer_graph_step(model, opt, kind: str, src, tgt) -> Callable[[], Any]:
 
     def forward_backward(src, tgt):
         model.zero_grad()                            # at the capture: the first accumulate allocates
-        _forward_backward(model, kind, src, tgt)
+        _train_forward_backward(model, kind, src, tgt)
         return tuple(p.grad for p in model.parameters())
     captured = CudaGraphStep(forward_backward, warmup=2)
 

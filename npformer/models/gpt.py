@@ -120,6 +120,13 @@ class GPT(Module):
 
         With ``kv_cache`` (:meth:`new_cache`; inference, under ``no_grad``) ``idx`` holds only the
         new tokens, at the positions after those already in the cache."""
+        return self.head(self.hidden(idx, kv_cache))                              # (B, T, V)
+
+    def hidden(self, idx, kv_cache: list[KVCache] | None = None):
+        """idx (B, T) -> the hidden states (B, T, C) the head reads (after ln_f): the forward without
+        the head, for a step that takes the head and the loss together
+        (:func:`~npformer.ops.linear_cross_entropy.linear_cross_entropy`); :meth:`backward_hidden`
+        is its backward."""
         offset = 0 if kv_cache is None else len(kv_cache[0])
         self._check(idx, offset)
         xp = get_array_module(idx)
@@ -129,12 +136,17 @@ class GPT(Module):
             x = layer(x, is_causal=True, kv_cache=None if kv_cache is None else kv_cache[i])
         if self.ln_f is not None:
             x = self.ln_f(x)
-        return self.head(x)                                                       # (B, T, V)
+        return x                                                                  # (B, T, C)
 
     def backward(self, dlogits):
         """Accumulates every parameter gradient (the ids have none); returns None."""
-        # fwd: logits = head(ln_f(x_L))  (the head's weight is wte when tied: both uses accumulate)
-        dx = self.head.backward(dlogits)
+        # fwd: logits = head(h)  (the head's weight is wte when tied: both uses accumulate)
+        self.backward_hidden(self.head.backward(dlogits))
+
+    def backward_hidden(self, dx):
+        """The backward of :meth:`hidden` from the gradient of its output (B, T, C); accumulates
+        the gradients of every parameter but the head's own; returns None."""
+        # fwd: h = ln_f(x_L)
         if self.ln_f is not None:
             dx = self.ln_f.backward(dx)
         # fwd: x_l = layer_l(x_{l-1})  ->  back through the layers, newest first

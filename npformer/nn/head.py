@@ -5,6 +5,9 @@ It is a :class:`Linear` whose weight may be another module's :class:`Parameter` 
 uses accumulate into one gradient, ``dW = d_embedding_lookup + dlogits^T x``, and ``state_dict``
 lists it under both names as PyTorch does for tied weights. Untied, it starts N(0, 1/d) and has no
 bias by default.
+
+A training step may take the head and its loss together (:meth:`cross_entropy`), a chunk of rows at
+a time, so the (..., V) logits never exist whole.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from npformer.errors import ShapeError
 from npformer.nn import init
 from npformer.nn.linear import Linear
 from npformer.nn.module import Parameter
+from npformer.ops.linear_cross_entropy import LinearCrossEntropy, linear_cross_entropy
 
 __all__ = ["OutputHead"]
 
@@ -28,6 +32,17 @@ class OutputHead(Linear):
         super().__init__(d_model, vocab_size, bias=bias, dtype=dtype, backend=backend, rng=rng, zero_bias=True,
                          weight=weight)
         self.tied = tied is not None
+
+    def cross_entropy(self, x, targets, *, dloss=1.0, **kwargs) -> LinearCrossEntropy:
+        """The cross-entropy of this head's logits of ``x`` (..., C) with ``targets`` (...), and the
+        gradients times ``dloss``, in one pass over chunks of rows
+        (:func:`~npformer.ops.linear_cross_entropy.linear_cross_entropy`, whose keywords ``kwargs``
+        are). The weight's (and bias's) gradients are accumulated here, as :meth:`backward` would;
+        the result's ``dx`` is where the backward goes on from. Nothing is kept for :meth:`backward`."""
+        weight, bias = self.arrays()
+        result = linear_cross_entropy(x, weight, targets, bias, dloss=dloss, **kwargs)
+        self.accumulate(result.dweight, result.dbias)
+        return result
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", tied={self.tied}"

@@ -78,10 +78,11 @@ class LMTrainer(Trainer):
         return to_device(x, c.backend), to_device(y, c.backend)
 
     def forward_backward(self, x, y):
-        """Forward, cross-entropy, backward of one batch; returns the loss (a device array)."""
-        logits = self.model(x)                                                    # (B, T, V)
-        loss, dlogits = self.cross_entropy(logits, y)
-        self.model.backward(dlogits)
+        """Forward, cross-entropy, backward of one batch; returns the loss (a device array). The head
+        and the loss run together, a chunk of rows at a time: no (B, T, V) logits."""
+        h = self.model.hidden(x)                                                  # (B, T, C)
+        loss, dh = self.head_cross_entropy(self.model.head, h, y)                 # (), (B, T, C)
+        self.model.backward_hidden(dh)
         return loss
 
     def loss_and_backward(self, step):

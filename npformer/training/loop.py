@@ -170,6 +170,16 @@ class Trainer:
         self._loss_valid = cache.valid
         return loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype)
 
+    def head_cross_entropy(self, head, hidden, targets, **kwargs):
+        """``(loss, dhidden)``: the cross-entropy of ``head(hidden)`` with ``targets`` and the gradient
+        of ``hidden``, the head's own gradients accumulated, without the (..., V) logits (a chunk of
+        rows at a time: :meth:`npformer.nn.head.OutputHead.cross_entropy`). The loss is in float32
+        under mixed precision and the gradients are those of ``S * loss``, as :meth:`cross_entropy`'s."""
+        dloss = 1.0 if self.amp is None else self.amp.scaled_dloss()
+        result = head.cross_entropy(hidden, targets, dloss=dloss, **kwargs)
+        self._loss_valid = result.valid        # the targets the mean is over (weights of a data-parallel step)
+        return result.loss, result.dx
+
     # -- data parallel (npformer.distributed) -----------------------------------------------------------
     @property
     def ranks(self) -> int:
@@ -222,8 +232,8 @@ class Trainer:
         if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
             if self._loss_valid is None:
                 raise DistributedError(f"the {self.kind} trainer's step did not compute its loss through "
-                                       "Trainer.cross_entropy: a data-parallel step weighs each rank's loss by the "
-                                       "targets it averages over, which cross_entropy records")
+                                       "Trainer.cross_entropy or head_cross_entropy: a data-parallel step weighs "
+                                       "each rank's loss by the targets it averages over, which they record")
             count = int(self._loss_valid.sum())      # read here, not in cross_entropy: a CUDA graph captures that
             loss, _, tokens = self.data_parallel.reduce_gradients(loss, count, tokens)
         self.opt.lr = self._lr(step)

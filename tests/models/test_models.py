@@ -298,3 +298,21 @@ def test_gpt_draws_each_weight_once(monkeypatch):
     per_layer = 3 * c.d_model ** 2 + c.d_model ** 2 + 2 * c.d_model * ff
     assert sum(drawn) == (c.vocab_size + c.block_size) * c.d_model + c.n_layer * per_layer
     assert model.layers[0].linear1.weight.data.std() > 0.01     # and they were drawn, not left at zero
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_gpt_head_and_loss_in_chunks_give_the_unfused_gradients(xp, tie):
+    """hidden, head.cross_entropy (in chunks of 4 rows), backward_hidden: the loss and every gradient of
+    forward, cross_entropy, backward (a tied head's weight gets both of its uses, as unfused)."""
+    cfg = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8, dropout=0.0, tie_embeddings=tie)
+    idx, targets = _ids(xp, (3, 5), 11, 0), _ids(xp, (3, 5), 11, 1, pad_tail=2)
+    unfused, fused = (GPT(cfg, dtype="float64", backend=xp.__name__, rng=0) for _ in range(2))
+    loss, cache = cross_entropy_forward(unfused(idx), targets, ignore_index=PAD)
+    unfused.backward(cross_entropy_backward(xp.ones(()), cache))
+    result = fused.head.cross_entropy(fused.hidden(idx), targets, ignore_index=PAD, chunk_rows=4)
+    fused.backward_hidden(result.dx)
+    np.testing.assert_allclose(host(result.loss), host(loss), rtol=1e-14)
+    want, got = unfused.grads(), fused.grads()
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_allclose(host(got[name]), host(want[name]), rtol=1e-12, atol=1e-15, err_msg=name)

@@ -131,7 +131,8 @@ def test_loading_a_checkpoint_of_another_kind_is_a_clear_error(tmp_path):
 
 
 def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
-    """Each rank's loss is weighed by the targets it averages over, which Trainer.cross_entropy records:
+    """Each rank's loss is weighed by the targets it averages over, which Trainer.cross_entropy (and
+    head_cross_entropy, the GPT trainers' way) records:
     a trainer whose step bypasses it gets a clear error, not silently wrong weights."""
     from npformer.errors import DistributedError
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
@@ -149,7 +150,7 @@ def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
             reduced.append(count)
             return loss, count, tokens
     trainer.data_parallel = OneRank()
-    trainer.train_step()                                    # the trainer's own step: through cross_entropy
+    trainer.train_step()                                    # the trainer's own step: through head_cross_entropy
     assert reduced == [4 * 16]
     x, y = trainer.batch(2)
 
@@ -160,3 +161,22 @@ def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
     trainer.loss_and_backward = bypass
     with pytest.raises(DistributedError, match="did not compute its loss through Trainer.cross_entropy"):
         trainer.train_step()
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_the_lm_step_takes_its_head_and_loss_in_chunks(monkeypatch, precision):
+    """A budget of 4 rows' logits per chunk (8 x 16 rows: 32 chunks) trains as one chunk does, to the
+    rounding of dW's sum over the chunks; the trainer's step never makes the (B, T, V) logits."""
+    from npformer.ops import linear_cross_entropy as lce
+    config = CharLMTrainConfig(**{**LM, "steps": 5, "warmup": 2, "precision": precision})
+    whole = make_trainer(config, log=lambda _: None)
+    expected = [whole.train_step().loss for _ in range(5)]
+    chunked = make_trainer(config, log=lambda _: None)
+    monkeypatch.setattr(lce, "LOGITS_CHUNK_BYTES", 4 * len(chunked.vocab) * 4)
+    rows = []
+    real = lce.linear_forward
+    monkeypatch.setattr(lce, "linear_forward", lambda x, *a: rows.append(x.shape[0]) or real(x, *a))
+    monkeypatch.setattr(chunked.model.head, "forward", lambda x: pytest.fail("the head's forward ran"))
+    got = [chunked.train_step().loss for _ in range(5)]
+    assert rows == [4] * 32 * 5
+    np.testing.assert_allclose(got, expected, rtol={"float32": 1e-5, "float16": 2e-3}[precision])
