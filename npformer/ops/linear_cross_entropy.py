@@ -75,6 +75,16 @@ def _check(x, weight, bias, targets, reduction, ignore_index, label_smoothing, c
         positive_int(chunk_rows, "chunk_rows")
 
 
+def _chunk(x, weight, bias, targets, dloss, acc, ce_options: dict) -> tuple:
+    """One chunk of rows: ``(summed loss, dx, dW, db)``; its logits and their gradient live only in here."""
+    z, lin = linear_forward(x, weight, bias)                                      # (n, V) x's dtype
+    with values_unchecked():                             # the caller checked every target at once
+        loss, ce = cross_entropy_forward(z.astype(acc, copy=False), targets, reduction="sum", **ce_options)
+    dz = cross_entropy_backward(dloss, ce).astype(x.dtype, copy=False)           # (n, V)
+    del z, ce                                            # the logits go before the products are made
+    return (loss,) + linear_backward(dz, lin)
+
+
 def linear_cross_entropy(x, weight, targets, bias=None, *, dloss=1.0, reduction: str = "mean",
                          ignore_index: int = -100, label_smoothing: float = 0.0,
                          chunk_rows: int | None = None) -> LinearCrossEntropy:
@@ -91,30 +101,22 @@ def linear_cross_entropy(x, weight, targets, bias=None, *, dloss=1.0, reduction:
     count = xp.maximum(valid.sum(), 1).astype(acc) if reduction == "mean" else 1                # ()
     d = xp.asarray(xp.asarray(dloss, dtype=acc) / count)   # () the upstream gradient of each row's loss
     step = chunk_rows or chunk_rows_for(n, v, acc.itemsize)
-    loss = dx = dweight = dbias = None
-    for start in range(0, max(n, 1), step):
-        rows = slice(start, start + step)
-        z, lin = linear_forward(x2[rows], weight, bias)                           # (n_c, V) x's dtype
-        with values_unchecked():                         # the targets were checked above, all at once
-            loss_c, ce = cross_entropy_forward(z.astype(acc, copy=False), t[rows], reduction="sum",
-                                               ignore_index=ignore_index, label_smoothing=label_smoothing)
-        dz = cross_entropy_backward(d, ce).astype(x.dtype, copy=False)           # (n_c, V)
-        del z, ce                                        # the chunk's logits go before its products
-        dx_c, dw_c, db_c = linear_backward(dz, lin)
-        if dx is None:                                   # the first chunk: its arrays as they come
-            if step >= n:
-                loss, dx, dweight, dbias = loss_c, dx_c, dw_c, db_c
-                break
-            loss, dx = loss_c, xp.empty_like(x2)
-            dweight = dw_c.astype(acc)
-            dbias = None if db_c is None else db_c.astype(acc)
-        else:
-            loss = loss + loss_c
-            dweight += dw_c
-            if dbias is not None:
-                dbias += db_c
-        dx[rows] = dx_c
+    ce_options = dict(ignore_index=ignore_index, label_smoothing=label_smoothing)
+    if step >= n:                                        # one chunk: the unfused ops' arrays as they come
+        loss, dx, dweight, dbias = _chunk(x2, weight, bias, t, d, acc, ce_options)
     else:
+        loss, dx, dweight, dbias = 0, xp.empty_like(x2), None, None
+        for start in range(0, n, step):
+            rows = slice(start, start + step)
+            loss_c, dx[rows], dw_c, db_c = _chunk(x2[rows], weight, bias, t[rows], d, acc, ce_options)
+            loss = loss + loss_c
+            if dweight is None:                          # dW and db add up in the accumulation dtype
+                dweight, dbias = dw_c.astype(acc, copy=False), None if db_c is None else db_c.astype(acc)
+            else:
+                dweight += dw_c
+                if dbias is not None:
+                    dbias += db_c
+            del dw_c, db_c                               # (each chunk's go before the next one's are made)
         dweight = dweight.astype(x.dtype, copy=False)
         dbias = None if dbias is None else dbias.astype(x.dtype, copy=False)
     loss = xp.asarray(loss / count)                      # () (NumPy makes a scalar of 0-d arithmetic)
