@@ -16,7 +16,10 @@ primitives    the warp primitives (mma.sync, ldmatrix, shuffles, cp.async)      
               against their fragment layouts: a layout mistake shows first
 kernel-tests  the GPU tests of the CUDA kernels and of training (CUDA graphs)     gpu_tests.log
 steps         training steps on CuPy and PyTorch: GPT-2 124M (float32, float16    steps.md, .json
-              mixed precision), gpt-medium eager and from a CUDA graph
+              mixed precision), gpt-medium eager and from a CUDA graph; PyTorch
+              three ways: nanoGPT's structure eager (torch), nn.TransformerEncoder-
+              Layer blocks (torch-layers), nanoGPT's under torch.compile (torch-
+              compile, the GPT steps; its compile time apart, in the json)
 sweep         attention at T = 128 .. 8192, plain and flash (float16 too), and    sweep.md, .json
               flash at training shapes (B H >= 32, T 1024-8192, D 64 and 128,
               float16 and float32), beside PyTorch's SDPA
@@ -88,8 +91,9 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
         Stage("device", 5, 60, device, log=DEVICE_LOG),
         Stage("primitives", 10, 60, pytest + ("tests/kernels/cuda/test_warp_primitives.py",)),
         Stage("kernel-tests", 60, 240, parallel + KERNEL_TESTS, log="gpu_tests.log"),
-        Stage("steps", 60, 240, gpu_vs_torch + ("--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
-                                                "--out", "{out}/steps"),
+        Stage("steps", 90, 360, bench + ("--backends", "cupy,torch,torch-layers,torch-compile",
+                                         "--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
+                                         "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
         Stage("sweep", 45, 240, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),
               keep=(("sweep/*.md", "sweep.md"), ("sweep/*.json", "sweep.json"))),

@@ -8,14 +8,24 @@ never imports torch).
 The models mirror npformer's with npformer's parameter names, so that npformer's weights load
 strictly (``load_state_dict``) for the parity check:
 
-* :class:`GPT`: pre-norm ``TransformerEncoderLayer`` blocks (GELU) with a causal mask, learned
-  positions, a final LayerNorm and the head tied to the token embedding;
+* :class:`GPT`: the strongest eager PyTorch a user writes, nanoGPT's structure (Karpathy's
+  ``model.py``): pre-norm blocks whose attention is one fused QKV product and
+  ``scaled_dot_product_attention(is_causal=True)``, a GELU MLP, learned positions, a final LayerNorm,
+  the head tied to the token embedding; AdamW fused on a GPU. The dropouts are npformer's (attention
+  weights, both residual branches, after the GELU), so both sides do the same work;
+* :class:`LayersGPT`: the same model from ``nn.TransformerEncoderLayer`` blocks with a causal mask
+  (the ``torch-layers`` column: what ``torch.nn``'s own layers give);
 * :class:`Seq2Seq`: ``nn.Transformer`` (post-norm, ReLU) with sinusoidal positions, embeddings
   scaled by sqrt(d), padding masks and the head tied to the target embedding.
+
+Three columns are registered: ``torch`` (every case; the parity reference), ``torch-layers`` and
+``torch-compile`` (the GPT training steps only: :class:`GPT` under ``torch.compile``, whose first
+step, the compilation, is timed apart as the row's ``compile_s``).
 """
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable
 
 import numpy
@@ -26,7 +36,7 @@ from torch import nn
 from npformer.bench.backends import ReferenceBackend, register_reference
 from npformer.bench.cases import upstream_gradient
 
-__all__ = ["TorchBackend", "OPS", "GPT", "Seq2Seq", "make_model"]
+__all__ = ["TorchBackend", "LayersBackend", "CompiledBackend", "OPS", "GPT", "LayersGPT", "Seq2Seq", "make_model"]
 
 
 # -- ops: each takes the case's inputs in the order npformer's forward takes them ----------------------
@@ -80,7 +90,56 @@ def _autograd_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=()) 
 
 
 # -- models ------------------------------------------------------------------------------------------
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's attention: one (3d, d) product for q, k and v, flash attention through SDPA."""
+
+    def __init__(self, d, H, dropout):
+        super().__init__()
+        self.H, self.p = H, dropout
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d))
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        self.out_proj = nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (a.view(B, T, self.H, C // self.H).transpose(1, 2)                       # (B, H, T, D)
+                   for a in F.linear(x, self.in_proj_weight, self.in_proj_bias).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))                             # (B, T, C)
+
+
+class Block(nn.Module):
+    """A pre-norm block, x + attn(LN(x)) then x + mlp(LN(x)), with npformer's names and dropouts."""
+
+    def __init__(self, d, H, F_, dropout):
+        super().__init__()
+        self.norm1, self.self_attn, self.dropout1 = nn.LayerNorm(d), CausalSelfAttention(d, H, dropout), nn.Dropout(dropout)
+        self.norm2, self.linear1, self.linear2 = nn.LayerNorm(d), nn.Linear(d, F_), nn.Linear(F_, d)
+        self.dropout, self.dropout2 = nn.Dropout(dropout), nn.Dropout(dropout)
+
+    def forward(self, x):
+        x = x + self.dropout1(self.self_attn(self.norm1(x)))
+        return x + self.dropout2(self.linear2(self.dropout(F.gelu(self.linear1(self.norm2(x))))))
+
+
 class GPT(nn.Module):
+    def __init__(self, d, H, L, F_, V, T, dropout):
+        super().__init__()
+        self.wte, self.wpe, self.drop = nn.Embedding(V, d), nn.Embedding(T, d), nn.Dropout(dropout)
+        self.layers = nn.ModuleList(Block(d, H, F_, dropout) for _ in range(L))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, V, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx):
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device)))
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln_f(x))                                          # (B, T, V)
+
+
+class LayersGPT(nn.Module):
     def __init__(self, d, H, L, F_, V, T, dropout):
         super().__init__()
         self.wte, self.wpe, self.drop = nn.Embedding(V, d), nn.Embedding(T, d), nn.Dropout(dropout)
@@ -124,11 +183,13 @@ class Seq2Seq(nn.Module):
         return self.generator(h)                                                # (B, T, V)
 
 
-def make_model(b, m: dict, T: int, dropout: float, state: dict[str, numpy.ndarray] | None = None) -> nn.Module:
-    """The model of spec ``m`` on ``b``'s device in training mode; with npformer's weights when
-    ``state`` is given (strict: every name must match), else torch's own initialisation (seed 0)."""
+def make_model(b, m: dict, T: int, dropout: float, state: dict[str, numpy.ndarray] | None = None,
+               gpt: type = GPT) -> nn.Module:
+    """The model of spec ``m`` on ``b``'s device in training mode (a GPT of class ``gpt``); with
+    npformer's weights when ``state`` is given (strict: every name must match), else torch's own
+    initialisation (seed 0)."""
     torch.manual_seed(0)
-    cls = GPT if m["kind"] == "gpt" else Seq2Seq
+    cls = gpt if m["kind"] == "gpt" else Seq2Seq
     model = cls(m["d"], m["H"], m["L"], m["F"], m["V"], T, dropout)
     if state is not None:
         model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
@@ -145,9 +206,10 @@ class TorchBackend(ReferenceBackend):
     """PyTorch on ``"cpu"`` or ``"cuda"`` (the ``torch-cpu`` and ``torch-cuda`` columns), with
     ``torch.set_num_threads(threads)``."""
     framework = "torch"
+    gpt: type = GPT            # the GPT model class of the training steps
 
     def __init__(self, device: str, threads: int):
-        super().__init__(f"torch-{device}", device, threads)
+        super().__init__(f"{self.framework}-{device}", device, threads)
         torch.set_num_threads(threads)
         # The suite is float32 throughout; a caller (a test session) may have changed torch's
         # default dtype, which would build float64 modules beside float32 inputs.
@@ -209,7 +271,7 @@ class TorchBackend(ReferenceBackend):
     def model_outputs(self, m: dict, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
         """Host logits, loss and ``{name: gradient}`` of one forward and backward with dropout 0 and
         npformer's weights."""
-        model = make_model(self, m, src_ids.shape[1], 0.0, state)
+        model = make_model(self, m, src_ids.shape[1], 0.0, state, gpt=self.gpt)
         logits, loss = _logits_loss(model, m["kind"], self.asarray(src_ids), self.asarray(tgt_ids))
         loss.backward()
         return self.to_host(logits), self.to_host(loss), {k: self.to_host(p.grad) for k, p in model.named_parameters()}
@@ -218,8 +280,8 @@ class TorchBackend(ReferenceBackend):
         """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW; under
         ``precision="float16"`` the forward and loss under ``torch.autocast(float16)`` and the update
         through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights)."""
-        model = make_model(self, m, src_ids.shape[1], dropout)
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+        model = self.prepare(make_model(self, m, src_ids.shape[1], dropout, gpt=self.gpt))
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=self.device == "cuda")   # (nanoGPT's)
         src, tgt = self.asarray(src_ids), self.asarray(tgt_ids)
         if precision == "float16":
             scaler = torch.amp.GradScaler(self.device)
@@ -239,10 +301,51 @@ class TorchBackend(ReferenceBackend):
             opt.step()
         return step
 
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """The model a training step runs (a subclass compiles it)."""
+        return model
 
-def _make(device: str, threads: int) -> TorchBackend | None:
-    """The factory registered as "torch": None for "cuda" where PyTorch sees no GPU."""
-    return None if device == "cuda" and not torch.cuda.is_available() else TorchBackend(device, threads)
+
+def _gpt_steps(case: dict) -> bool:
+    return case["group"] == "model" and case.get("kind") == "gpt"
 
 
-register_reference("torch", _make)
+class LayersBackend(TorchBackend):
+    """The GPT training steps with ``nn.TransformerEncoderLayer`` blocks (``torch-layers-*``)."""
+    framework = "torch-layers"
+    gpt = LayersGPT
+
+    def takes(self, case: dict) -> bool:
+        return _gpt_steps(case)
+
+
+class CompiledBackend(TorchBackend):
+    """The GPT training steps of :class:`GPT` under ``torch.compile`` (``torch-compile-*``): the
+    compilation happens in the first step, which ``train_step`` runs and times (``compile_s`` of the
+    step it returns, reported apart); the timed steps come after it."""
+    framework = "torch-compile"
+
+    def takes(self, case: dict) -> bool:
+        return _gpt_steps(case)
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        return torch.compile(model)
+
+    def train_step(self, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
+        step = super().train_step(m, src_ids, tgt_ids, dropout, precision)
+        start = time.perf_counter()
+        step()
+        self.sync()
+        step.compile_s = time.perf_counter() - start
+        return step
+
+
+def _factory(cls: type) -> Callable[[str, int], TorchBackend | None]:
+    def make(device: str, threads: int) -> TorchBackend | None:
+        """``cls`` on ``device``: None for "cuda" where PyTorch sees no GPU."""
+        return None if device == "cuda" and not torch.cuda.is_available() else cls(device, threads)
+    return make
+
+
+for _cls in (TorchBackend, LayersBackend, CompiledBackend):
+    register_reference(_cls.framework, _factory(_cls))

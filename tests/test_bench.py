@@ -32,7 +32,7 @@ TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", 
 ROW_KEYS = {"group", "name", "pass", "shape", "precision", "T", "flash", "backend", "framework", "device", "path",
             "impl", "fast_paths", "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms",
             "repeats", "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
-            "peak_mb"}
+            "peak_mb", "compile_s"}
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="parity is checked against PyTorch")
 
 
@@ -604,7 +604,8 @@ def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_
     first = ["device", "primitives", "kernel-tests", "steps", "sweep"]
     assert [c[0] for c in calls] == first + ["other-tests"]
     used = sum(STAGE_SECONDS[n] for n in first)
-    assert [c[1] for c in calls] == [60, 60, 240, 240, 240, 480 - used - gpu_check.MARGIN_S]
+    left_for_steps = 480 - 120 - gpu_check.MARGIN_S          # (its cap, 360 s, is more than is left)
+    assert [c[1] for c in calls] == [60, 60, 240, left_for_steps, 240, 480 - used - gpu_check.MARGIN_S]
     assert [(o.name, o.status) for o in outcomes][:6] == [(n, "ok") for n in first] + [("other-tests", "timed out")]
     margin = gpu_check.MARGIN_S
     assert [o.status for o in outcomes[6:]] == [f"skipped: needs {60 + margin} s, {margin} s left",
@@ -781,3 +782,56 @@ def test_the_torch_reference_has_causal_attention():
     with disabled():
         ours = scaled_dot_product_attention_forward(q, k, v, is_causal=True)[0]
     np.testing.assert_allclose(theirs, ours, rtol=1e-12, atol=1e-12)
+
+
+def test_the_torch_gpt_is_nanogpt_s_structure_and_computes_the_layers_model():
+    """The torch column's GPT (one fused QKV product, SDPA with is_causal) and the torch-layers column's
+    (nn.TransformerEncoderLayer) load npformer's weights by name, strictly, and give the same logits,
+    loss and gradients."""
+    pytest.importorskip("torch", reason="the reference models are PyTorch's")
+    from benchmarks import torch_reference as tr
+    from npformer.bench.steps import _npformer_model
+    from npformer.interop import to_numpy_state_dict
+    m = dict(TINY, F=32)
+    src = np.random.default_rng(0).integers(1, 20, (2, 8))
+    tgt = src[:, ::-1].copy()
+    state = to_numpy_state_dict(_npformer_model("numpy", m, 8, 0.0))
+    nano = tr.TorchBackend("cpu", 1).model_outputs(m, src, tgt, state)
+    layers = tr.LayersBackend("cpu", 1).model_outputs(m, src, tgt, state)
+    np.testing.assert_allclose(nano[0], layers[0], rtol=0, atol=1e-6)
+    np.testing.assert_allclose(nano[1], layers[1], rtol=1e-6)
+    assert nano[2].keys() == layers[2].keys() == state.keys() - {"head.weight"}
+    for k in nano[2]:
+        np.testing.assert_allclose(nano[2][k], layers[2][k], rtol=0, atol=1e-6, err_msg=k)
+    sources = {type(mod).__name__ for mod in tr.make_model(tr.TorchBackend("cpu", 1), m, 8, 0.0).modules()}
+    assert "CausalSelfAttention" in sources and "TransformerEncoderLayer" not in sources
+
+
+def test_the_layers_and_compile_columns_take_the_gpt_steps_only():
+    pytest.importorskip("torch", reason="the columns are PyTorch's")
+    from benchmarks import torch_reference as tr
+    from npformer.bench.steps import model_cases
+    cases = op_cases(QUICK) + model_cases(QUICK, quick=True)
+    for cls in (tr.LayersBackend, tr.CompiledBackend):
+        taken = {c["name"] for c in cases if cls("cpu", 1).takes(c)}
+        assert taken == {c["name"] for c in cases if c["group"] == "model" and c["kind"] == "gpt"}
+    assert all(tr.TorchBackend("cpu", 1).takes(c) for c in cases)
+    assert {tr.LayersBackend("cpu", 1).name, tr.CompiledBackend("cuda", 1).name} == {"torch-layers-cpu",
+                                                                                      "torch-compile-cuda"}
+
+
+def test_the_compile_column_reports_its_compile_time_apart(tmp_path):
+    """torch.compile on the CPU (a C++ compiler builds its kernels): gpt-tiny's row has the first
+    step's time as compile_s, the timed steps after it; the other cases have no torch-compile row."""
+    pytest.importorskip("torch", reason="the column is PyTorch's")
+    import shutil
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: torch.compile's CPU kernels are C++")
+    assert suite.main(["--quick", "--backends", "numpy,torch-compile", "--paths", "fast", "--skip-parity",
+                       "--only", "gpt-tiny,linear", "--out", str(tmp_path)]) == 0
+    rows = _rows(tmp_path)
+    compiled = [r for r in rows if r["backend"] == "torch-compile-cpu"]
+    assert [r["name"] for r in compiled] == ["gpt-tiny"]
+    assert compiled[0]["compile_s"] > 0 and compiled[0]["ms"] > 0 and compiled[0]["framework"] == "torch-compile"
+    assert all(r["compile_s"] is None for r in rows if r["backend"] == "numpy")
+    assert "| compile s |" in _one(tmp_path, ".md").read_text()

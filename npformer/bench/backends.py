@@ -41,6 +41,11 @@ class Device:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
 
+    def takes(self, case: dict) -> bool:
+        """Whether this column measures ``case``: every case (a reference may take only some; the
+        ``torch-compile`` column, the GPT training steps)."""
+        return True
+
     def sync(self) -> None:
         """Wait for the device (nothing to wait for on the host)."""
 

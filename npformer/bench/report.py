@@ -130,7 +130,7 @@ def _detail(result) -> list[str]:
              col("n", "repeats", "{}"), col("warm-up", "warmup", "{}"), col("tokens/s", "tokens_per_s", "{:.0f}"),
              col("GFLOP/s", "gflops", "{:.1f}"), col("% peak", "peak_share", "{:.1f}", 100),
              col("vs torch", "vs_torch"), col("fast speed-up", "fast_speedup"),
-             col("peak MB", "peak_mb", "{:.1f}")]
+             col("peak MB", "peak_mb", "{:.1f}"), col("compile s", "compile_s", "{:.1f}")]
     return ["## Every row", ""] + _table(spec, result["rows"])
 
 

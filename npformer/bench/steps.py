@@ -185,7 +185,7 @@ def model_cases(c: dict, quick: bool = False) -> list[dict]:
             if b.framework == "npformer":
                 return {"step": _npformer_step(b, m, src, tgt)}
             return {"step": b.train_step(m, src, tgt, dropout_rate(m), m.get("precision", "float32"))}
-        out.append({"name": name, "group": "model", "shape": shape,
+        out.append({"name": name, "group": "model", "kind": m["kind"], "shape": shape,
                     "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
                     "flops": {"step": train_flops(m, B, T)}, "build": build,
                     "gpu_only": m.get("gpu", False), "precision": m.get("precision", "float32"),

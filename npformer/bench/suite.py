@@ -49,7 +49,7 @@ DEFAULT_OUT = os.path.join("runs", "bench")      # results meant to be kept are 
 
 GPU_ONLY_REASON = "sizes made for a GPU, minutes a step on a CPU"
 TIMING_KEYS = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats", "warmup")
-MEASURED_KEYS = ("tokens_per_s", "gflops", "peak_share", "peak_mb", "vs_torch", "fast_speedup")
+MEASURED_KEYS = ("tokens_per_s", "gflops", "peak_share", "peak_mb", "vs_torch", "fast_speedup", "compile_s")
 
 
 def _parity_reference(parity: bool, threads: int) -> Device | Parity:
@@ -102,7 +102,8 @@ def _time(case, b, path, parity, cfg, peak, log) -> list[dict]:
         ran = fast_paths_run(fn) if b.framework == "npformer" else None     # also a first call
         t = time_call(fn, b.sync, cfg["warmup"], cfg["repeats"], cfg["budget_s"], cfg["warmup_s"])
         rows.append(_row(case, pas, b, path, parity, t, ran, peak))
-        log(f"  {case['name']:<18} {pas:<5} {b.name:<10} {path or '':<9} {rows[-1]['impl'] or '?':<9} "
+        rows[-1]["compile_s"] = getattr(fn, "compile_s", None)     # a compiling column's first call
+        log(f"  {case['name']:<18} {pas:<5} {b.name:<17} {path or '':<9} {rows[-1]['impl'] or '?':<13} "
             f"{t['ms']:9.2f} ms [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]  {rows[-1]['gflops']:7.1f} GFLOP/s")
     return rows
 
@@ -112,6 +113,8 @@ def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[di
     rows = []
     expected = functools.cache(lambda: case["outputs"](reference))        # once per case, when needed
     for b in backends:
+        if not b.takes(case):
+            continue
         if case.get("gpu_only") and b.device == "cpu":
             log(f"  {case['name']} {b.name}: skipped (a GPU case: {GPU_ONLY_REASON})")
             continue
@@ -124,7 +127,7 @@ def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[di
                 if parity.failed:
                     rows += [_row(case, pas, b, path, parity, None, None, _peak(case, b, peaks))
                              for pas in case["flops"]]
-                    log(f"  {case['name']:<18} {b.name:<10} {path}: FAILED parity, not timed: {parity.detail}")
+                    log(f"  {case['name']:<18} {b.name:<17} {path}: FAILED parity, not timed: {parity.detail}")
                     continue
                 rows += _time(case, b, path, parity, cfg, _peak(case, b, peaks), log)
                 done.append((case, b, path))
