@@ -1,12 +1,13 @@
 """linear_cross_entropy: gradcheck over hypothesis shapes, chunks, masks and reductions; the unfused
 ops' numbers (bit for bit in one chunk); float16 as mixed precision computes it; the chunk's size;
 the memory it saves; torch; bad input."""
-import tracemalloc
+import json
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from benchmarks.head_memory import main as head_memory_main, peak_bytes
 from npformer.backend import get_array_module
 from npformer.errors import RangeError, ShapeError
 from npformer.ops import linear_cross_entropy as lce_module
@@ -147,18 +148,22 @@ def test_memory_stays_near_one_chunks_logits():
     t = np.random.default_rng(2).integers(0, v, n)
     logits_bytes = n * v * 4
 
-    def peak(fn):
-        tracemalloc.start()
-        try:
-            fn()
-            return tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-    whole = peak(lambda: unfused(x, w, t))
-    chunked = peak(lambda: linear_cross_entropy(x, w, t, chunk_rows=128))
+    whole = peak_bytes(lambda: unfused(x, w, t))
+    chunked = peak_bytes(lambda: linear_cross_entropy(x, w, t, chunk_rows=128))
     assert whole >= 2 * logits_bytes
     chunk_bytes, grads_bytes = 128 * v * 4, (n * c + v * c) * 4     # a chunk's logits; dx and dW
     assert chunked <= 4 * chunk_bytes + 2 * grads_bytes < logits_bytes / 2, (chunked, whole)
+
+
+def test_the_head_memory_benchmark_runs_and_reports_both_ways(tmp_path, capsys):
+    out = tmp_path / "head.json"
+    assert head_memory_main(["--rows", "64", "--vocab", "300", "--d", "8", "--repeats", "1",
+                             "--chunk-bytes", "4096", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "chunks of 3 rows (22 chunks)" in printed and "dW: largest difference" in printed
+    report = json.loads(out.read_text())
+    assert report["chunk_rows"] == 3 and report["unfused"]["peak_mib"] > report["chunked"]["peak_mib"] > 0
+    assert lce_module.LOGITS_CHUNK_BYTES == 1 << 28          # (--chunk-bytes changes no default)
 
 
 def test_matches_torch_linear_and_cross_entropy(xp):
