@@ -1,6 +1,6 @@
 """How much Python a tiny GPT step runs through npformer: calls into npformer's own files in one
 forward and one backward (``sys.setprofile``), with the fast paths on and off, and the frames between
-``GPT.forward`` and the attention op (the learner-path issue's measures).
+``GPT.forward`` and the attention op, each named (what a traceback from the attention op shows).
 
     python benchmarks/call_count.py
 
@@ -44,22 +44,23 @@ def count_calls(fn) -> Counter:
     return calls
 
 
-def attention_depth(model: GPT, idx) -> int:
-    """Frames from GPT.forward (exclusive) down to the attention op (inclusive)."""
-    depth = []
+def attention_path(model: GPT, idx) -> list[str]:
+    """The frames from GPT.forward (exclusive) down to the attention op (inclusive), outermost first,
+    each as ``file:qualified name``."""
+    path: list[str] = []
 
     def hook(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in ATTENTION_OPS and not depth:
-            n, f = 0, frame
+        if event == "call" and frame.f_code.co_name in ATTENTION_OPS and not path:
+            f = frame
             while f is not None and not (f.f_code.co_name == "forward" and "gpt.py" in f.f_code.co_filename):
-                n, f = n + 1, f.f_back
-            depth.append(n)
+                path.append(f"{os.path.relpath(f.f_code.co_filename, PACKAGE)}:{f.f_code.co_qualname}")
+                f = f.f_back
     sys.setprofile(hook)
     try:
         model(idx)
     finally:
         sys.setprofile(None)
-    return depth[0]
+    return path[::-1]
 
 
 def measure() -> dict:
@@ -75,7 +76,7 @@ def measure() -> dict:
             dlogits = cross_entropy_backward(np.ones((), np.float32), cache)
             bwd = count_calls(lambda: model.backward(dlogits))
             out[label] = {"forward": sum(fwd.values()), "backward": sum(bwd.values()),
-                          "attention frames": attention_depth(model, idx), "top": (fwd + bwd).most_common(8)}
+                          "attention path": attention_path(model, idx), "top": (fwd + bwd).most_common(8)}
     return out
 
 
@@ -90,8 +91,10 @@ class _nothing:
 def main(argv=None) -> int:
     argparse.ArgumentParser(prog="python benchmarks/call_count.py", description=__doc__.split("\n")[0]).parse_args(argv)
     for label, r in measure().items():
+        path = r["attention path"]
         print(f"{label}: {r['forward']} calls forward, {r['backward']} backward; "
-              f"attention op {r['attention frames']} frames below GPT.forward")
+              f"attention op {len(path)} frames below GPT.forward:")
+        print("    " + " -> ".join(path))
         for name, n in r["top"]:
             print(f"    {n:4d}  {name}")
     return 0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextvars
 import copy
-import functools
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
@@ -211,18 +210,12 @@ class Module:
             self._parameters[name] = value
         elif isinstance(value, Module):
             self._modules[name] = value
-        elif name == "forward" and type(self).__dict__.get("_call_is_forward"):
-            # the class's __call__ is its own forward: this instance moves to a subclass whose
-            # __call__ looks up self.forward, so ``module(x)`` runs the one assigned here
-            object.__setattr__(self, "__class__", _calling_instance_forward(type(self)))
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
         self._parameters.pop(name, None)
         self._modules.pop(name, None)
         object.__delattr__(self, name)
-        if name == "forward" and type(self).__dict__.get("_calls_instance_forward"):
-            object.__setattr__(self, "__class__", type(self).__bases__[0])   # the class's forward again
 
     def register_buffer(self, name: str, value: Any) -> None:
         """An array attribute kept in ``state_dict`` and moved by ``to`` but not trained (``None``:
@@ -443,19 +436,9 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not define backward")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``module(x)`` is ``module.forward(x)``, as in PyTorch (which also runs hooks here; npformer
+        has none)."""
         return self.forward(*args, **kwargs)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Calling a module is calling its forward, so each subclass's __call__ *is* its forward (the
-        # one its MRO finds): ``module(x)`` runs forward with no frame in between, and a traceback
-        # or a profile goes from the model straight to its layers. A class that defines __call__
-        # itself keeps it, and so do its subclasses. A forward assigned to one instance (a patch, a
-        # recorder) is still what calling that instance runs: see __setattr__.
-        super().__init_subclass__(**kwargs)
-        owner = next(k for k in cls.__mro__ if "__call__" in k.__dict__)
-        if owner is Module or owner.__dict__.get("_call_is_forward"):
-            cls.__call__ = cls.forward
-            cls._call_is_forward = True
 
     def extra_repr(self) -> str:
         return ""
@@ -466,16 +449,6 @@ class Module:
             body = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {body}")
         return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
-
-
-@functools.lru_cache(maxsize=None)
-def _calling_instance_forward(cls: type) -> type:
-    """``cls`` with a ``__call__`` that runs ``self.forward``: the class of an instance given a forward
-    of its own (same name, same behaviour otherwise; one subclass per class, made once)."""
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
-    return type(cls.__name__, (cls,), {"__call__": __call__, "_calls_instance_forward": True,
-                                       "__module__": cls.__module__, "__qualname__": cls.__qualname__})
 
 
 class ModuleList(Module):

@@ -11,8 +11,9 @@ tokens on both axes, from a checkpoint of ``npformer train`` or from a freshly i
 
 The layers call ``MultiheadAttention`` with ``need_weights=False`` (the weights are not needed for
 the output). :func:`record_attention` asks each attention module for them, per head, for the
-duration of a ``with`` block, by wrapping that module's ``forward`` (an instance attribute, removed
-on exit); nothing in ``npformer.nn`` is changed. In eval mode there is no dropout, so every row of a
+duration of a ``with`` block, by wrapping that module's ``forward``: an instance attribute, which
+``module(x)`` (``Module.__call__``: ``self.forward(x)``) finds before the class's, deleted on exit;
+nothing in ``npformer.nn`` knows of it. In eval mode there is no dropout, so every row of a
 weight matrix sums to 1 over the keys the query may see, and a row whose keys are all masked is 0.
 
 Per head it reports the entropy of each query's distribution (bits; log2 of the number of visible
@@ -75,7 +76,7 @@ def record_attention(model):
             if not wanted:
                 return out, None
             return out, (weights.mean(axis=1) if average else weights)
-        mod.forward = forward            # calling mod runs it (Module.__setattr__)
+        mod.forward = forward            # an instance attribute: Module.__call__ finds it before the class's
         wrapped.append(mod)
     try:
         yield records
