@@ -129,7 +129,9 @@ def matmul(a, b):
 def prepare_capture(xp) -> CublasHandle:
     """npformer's cuBLAS handle and workspace on the current device, created on the first call for
     it (``xp``: cupy). Call it before a capture begins: creating a handle allocates device memory,
-    and the workspace must not come from the graph's memory pool."""
+    and the workspace must not come from the graph's memory pool. One handle per device, not per
+    thread: two threads capturing on one device at once would rebind each other's stream (npformer
+    captures from one thread)."""
     device = xp.cuda.Device().id
     found = _state["devices"].get(device)
     if found is None:
