@@ -44,8 +44,11 @@ from npformer.errors import RangeError
 __all__ = ["FLOAT32_MATMUL_PRECISIONS", "set_float32_matmul_precision", "float32_matmul_precision"]
 
 FLOAT32_MATMUL_PRECISIONS = ("highest", "tf32")     # float32 multiply-adds, or TF32 tensor cores
-# cublasMath_t values (cublas_api.h, a stable ABI): CuPy 14's bindings no longer name the TF32 one
+# cublasMath_t and cublasComputeType_t values (cublas_api.h, a stable ABI): CuPy 14's bindings no
+# longer name the TF32 math mode
 CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH = 0, 3
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 69, 77
+CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F_PEDANTIC = 70, 71
 
 
 def _cupy_parts():
@@ -98,3 +101,20 @@ def cupy_float32_on_tf32() -> bool:
     for the kernels that follow the setting to ask at each call)."""
     linalg = importlib.import_module("cupy._core._routines_linalg")
     return linalg.get_compute_type(numpy.float32) == linalg.COMPUTE_TYPE_TF32
+
+
+def cupy_cublas_compute_type(dtype) -> int:
+    """The ``cublasComputeType_t`` CuPy's 2-d product of two ``dtype`` arrays (float16/32/64) asks
+    cuBLAS for now: CuPy's compute-type setting for ``dtype`` (this module's TF32 switch, or CuPy's
+    ``CUPY_TF32``), mapped as CuPy's ``tensordot_core_v11`` maps it. The products npformer makes
+    itself while a CUDA graph is captured (:mod:`npformer.kernels.cuda.gemm`) pass the same, so that
+    they compute as CuPy's eager ``a @ b`` does."""
+    linalg = importlib.import_module("cupy._core._routines_linalg")
+    chosen = linalg.get_compute_type(dtype)
+    if numpy.dtype(dtype) == numpy.float64:
+        return CUBLAS_COMPUTE_64F_PEDANTIC if chosen == linalg.COMPUTE_TYPE_PEDANTIC else CUBLAS_COMPUTE_64F
+    if chosen == linalg.COMPUTE_TYPE_PEDANTIC:
+        return CUBLAS_COMPUTE_32F_PEDANTIC
+    if chosen == linalg.COMPUTE_TYPE_TF32 and numpy.dtype(dtype) == numpy.float32:
+        return CUBLAS_COMPUTE_32F_FAST_TF32
+    return CUBLAS_COMPUTE_32F

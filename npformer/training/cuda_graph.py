@@ -48,7 +48,7 @@ from typing import Any, Callable
 from npformer.backend import default_rng, get_array_module, is_cupy_array
 from npformer.checks import describe, non_negative_int, values_unchecked
 from npformer.errors import CaptureError, InputTypeError, ShapeError
-from npformer.kernels.cuda.gemm import reserve_workspace
+from npformer.kernels.cuda.gemm import prepare_capture
 
 __all__ = ["CudaGraphStep", "check_static_inputs", "reseed_in_place", "HOST_SYNC_CAUSES"]
 
@@ -126,7 +126,7 @@ class CudaGraphStep:
 
     def _capture(self, xp) -> None:
         stream = self._stream
-        reserve_workspace(xp)                             # cuBLAS's, for the captured products: not the graph's
+        prepare_capture(xp)                               # npformer's cuBLAS handle and workspace: not the graph's
         with xp.cuda.using_allocator(self._pool.malloc), values_unchecked():
             stream.begin_capture()
             try:

@@ -46,6 +46,24 @@ def test_compute_types_set_explicitly(tf32):
     assert r.math == {"handle": 3 if tf32 else 0}          # CUBLAS_TF32_TENSOR_OP_MATH, CUBLAS_DEFAULT_MATH
 
 
+def test_cupy_cublas_compute_type_is_cupys_mapping(monkeypatch):
+    """What npformer's captured products pass to cublasGemmEx (a stand-in for CuPy's matmul module):
+    float32 on FAST_TF32 only while CuPy's float32 compute type is TF32, float16 never, float64 on
+    64F, PEDANTIC kept."""
+    import sys
+    import types
+    from npformer.backend import matmul_precision as mp
+    linalg = types.SimpleNamespace(COMPUTE_TYPE_DEFAULT=1, COMPUTE_TYPE_PEDANTIC=2, COMPUTE_TYPE_FP32=4,
+                                   COMPUTE_TYPE_TF32=7, chosen={})
+    linalg.get_compute_type = lambda dtype: linalg.chosen.get(np.dtype(dtype).name, 1)
+    monkeypatch.setitem(sys.modules, "cupy._core._routines_linalg", linalg)
+    assert [mp.cupy_cublas_compute_type(d) for d in ("float16", "float32", "float64")] == [68, 68, 70]
+    linalg.chosen = {"float16": 4, "float32": 7, "float64": 7}
+    assert [mp.cupy_cublas_compute_type(d) for d in ("float16", "float32", "float64")] == [68, 77, 70]
+    linalg.chosen = {"float16": 2, "float32": 2, "float64": 2}
+    assert [mp.cupy_cublas_compute_type(d) for d in ("float16", "float32", "float64")] == [69, 69, 71]
+
+
 def test_train_config_refuses_tf32_on_numpy():
     with pytest.raises(RangeError, match="--tf32 .* needs --backend cupy, got --backend numpy"):
         CharLMTrainConfig(task="charlm", tf32=True)

@@ -70,10 +70,19 @@ def _prepared(fn):
     return step
 
 
-def test_capture_runs_the_step_once_unchecked_from_the_private_pool(monkeypatch):
-    """And cuBLAS's workspace for the captured products is reserved first, outside the private pool."""
+def _fake_cublas(monkeypatch):
+    """npformer's cuBLAS handles made on a stand-in for the library (none made yet)."""
     from npformer.kernels.cuda import gemm
-    monkeypatch.setitem(gemm._state, "workspace", {})
+    from tests.kernels.cuda.fake_cublas import FakeCublas
+    lib = FakeCublas()
+    monkeypatch.setattr(gemm, "_state", {"lib": lib, "devices": {}})
+    return gemm, lib
+
+
+def test_capture_runs_the_step_once_unchecked_from_the_private_pool(monkeypatch):
+    """And npformer's cuBLAS handle and workspace for the captured products are made first, outside
+    the private pool."""
+    gemm, lib = _fake_cublas(monkeypatch)
     seen, allocations = [], []
 
     def fn(x):
@@ -84,12 +93,12 @@ def test_capture_runs_the_step_once_unchecked_from_the_private_pool(monkeypatch)
     assert seen == [("x", False)] and values_checked()          # value checks off inside the capture only
     assert step._stream.events == ["begin", "end"]
     assert allocations == [("workspace", gemm.WORKSPACE_BYTES, "uint8"), "private malloc"]
+    assert len(lib.created) == 1 and list(gemm._state["devices"]) == [7]
     assert step.captured and step.graph == "graph" and step._outputs == "loss"
 
 
 def test_a_failed_capture_is_a_capture_error_naming_the_host_syncs(monkeypatch):
-    from npformer.kernels.cuda import gemm
-    monkeypatch.setitem(gemm._state, "workspace", {})
+    _fake_cublas(monkeypatch)
 
     def fn(x):
         raise RuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")

@@ -1,17 +1,21 @@
 """2-d matrix products that also work while a CUDA graph is being captured.
 
 CuPy refuses every cuBLAS call while its stream is capturing (``NotImplementedError: calling cuBLAS
-API during stream capture is currently unsupported``, CuPy 13 and 14: its ``setStream`` checks), so a
-training step with any product in it could not be captured (seen on an H100, 2026-11-26). cuBLAS
-itself supports capture (its "CUDA Graphs support" section: everything but results written to host
-memory). So while the current stream captures, :func:`matmul` calls ``cublasGemmEx`` itself, through
-ctypes, on CuPy's own cuBLAS handle, with the arguments CuPy's ``a @ b`` passes (the same operand
+API during stream capture is currently unsupported``, CuPy 13 and 14: its ``setStream`` checks, and
+its ``gemmEx`` calls it), so a training step with any product in it could not be captured (seen on
+an H100, 2026-11-26). cuBLAS itself supports capture (its "CUDA Graphs support" section: everything
+but results written to host memory). So while the current stream captures, :func:`matmul` calls
+``cublasGemmEx`` itself, through ctypes, with the arguments CuPy's ``a @ b`` passes (the same operand
 order, transposes, leading dimensions, compute type and algorithm choice; the 1 x 1 case stays
-CuPy's reduction), so cuBLAS picks the same kernel and the replayed graph gives eager's bits. Before
-the call the handle gets the capturing stream and a workspace of its own
-(:data:`WORKSPACE_BYTES`, reserved before the capture by :func:`reserve_workspace`), so cuBLAS
-allocates nothing inside the graph. Outside a capture, and for NumPy arrays, :func:`matmul` is
-``a @ b``.
+CuPy's reduction), so cuBLAS picks the same kernel and the replayed graph gives eager's bits.
+Outside a capture, and for NumPy arrays, :func:`matmul` is ``a @ b``.
+
+The captured products run on a cuBLAS handle of npformer's own, as llm.c keeps one handle and one
+workspace for all its products (``llmc/cublas_common.h``): :func:`prepare_capture`, called before a
+capture begins (:class:`npformer.training.cuda_graph.CudaGraphStep` does), creates it for the current
+device, once, with a workspace it keeps (:data:`WORKSPACE_BYTES`), so that cuBLAS allocates nothing
+inside the graph. Each captured product binds that handle to the current stream and workspace
+(:func:`_bound_handle`). CuPy's own handle, which its eager products use, is never read or changed.
 
 cuBLAS is column-major: a row-major C (M, N) is a column-major (N, M) matrix, so C = A B is computed
 as C^T = B^T A^T, B first. An operand whose memory is Fortran-ordered is passed as it is, a
@@ -20,25 +24,53 @@ C-ordered one as the transpose of its memory, anything else after a copy (:func:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import os
 from typing import Any, NamedTuple
 
 import numpy
 
 from npformer.backend import is_cupy_array
+from npformer.backend.matmul_precision import (CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F,
+                                               CUBLAS_COMPUTE_64F_PEDANTIC, CUBLAS_DEFAULT_MATH,
+                                               CUBLAS_TF32_TENSOR_OP_MATH, cupy_cublas_compute_type)
 from npformer.kernels.cuda.runtime import compute_capability
 
-__all__ = ["matmul", "gemm_arguments", "GemmArguments", "reserve_workspace", "capturing", "WORKSPACE_BYTES"]
+__all__ = ["matmul", "gemm_arguments", "GemmArguments", "prepare_capture", "CublasHandle", "capturing",
+           "WORKSPACE_BYTES"]
 
-WORKSPACE_BYTES = 32 << 20          # NVIDIA's advice for Hopper (4 MiB suffices before it)
-# cuBLAS and CUDA enum values (cublas_api.h, library_types.h: a stable ABI; CuPy 14 no longer names some)
+# The handle's workspace: cuBLAS's documentation (cublasSetWorkspace) recommends 32 MiB on Hopper
+# (sm_90) and 4 MiB on earlier GPUs, and llm.c keeps 32 MiB on every GPU; so does npformer (28 MiB
+# more than needed before Hopper, once per device). Not less: given less room than the default pool
+# CuPy's handle computes in, cuBLAS could choose another kernel than eager's (a split-K one needs
+# workspace), and the replay would not give eager's bits (tests/kernels/cuda/test_gemm.py checks them).
+WORKSPACE_BYTES = 32 << 20
+# cuBLAS and CUDA enum values (cublas_api.h, library_types.h: a stable ABI)
 _OP_N, _OP_T = 0, 1
 _CUDA_TYPES = {numpy.dtype(numpy.float16): 2, numpy.dtype(numpy.float32): 0, numpy.dtype(numpy.float64): 1}
-_COMPUTE_32F, _COMPUTE_32F_PEDANTIC, _COMPUTE_32F_FAST_TF32 = 68, 69, 77
-_COMPUTE_64F, _COMPUTE_64F_PEDANTIC = 70, 71
 _GEMM_DEFAULT, _GEMM_DEFAULT_TENSOR_OP = -1, 99
+# The cuBLAS functions npformer calls, with their prototypes (cublas_api.h): each returns a status
+_VOID_P, _INT = ctypes.c_void_p, ctypes.c_int
+_PROTOTYPES = {
+    "cublasCreate_v2": [_VOID_P],                                      # (cublasHandle_t *handle)
+    "cublasSetStream_v2": [_VOID_P, _VOID_P],                          # (handle, cudaStream_t)
+    "cublasSetWorkspace_v2": [_VOID_P, _VOID_P, ctypes.c_size_t],      # (handle, workspace, bytes)
+    "cublasSetMathMode": [_VOID_P, _INT],                              # (handle, cublasMath_t)
+    # (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc,
+    #  computeType, algo)
+    "cublasGemmEx": [_VOID_P, _INT, _INT, _INT, _INT, _INT, _VOID_P, _VOID_P, _INT, _INT, _VOID_P, _INT, _INT,
+                     _VOID_P, _VOID_P, _INT, _INT, _INT, _INT],
+}
 
-_state: dict[str, Any] = {"lib": None, "workspace": {}}
+# "lib": the cuBLAS library (ctypes); "devices": device id -> its CublasHandle, made once
+_state: dict[str, Any] = {"lib": None, "devices": {}}
+
+
+class CublasHandle(NamedTuple):
+    """npformer's cuBLAS handle on one device and the workspace its products compute in; both live as
+    long as the process (as CuPy's handles do), so a captured graph can replay them at any time."""
+
+    handle: int          # cublasHandle_t, created on this device
+    workspace: Any       # (WORKSPACE_BYTES,) uint8 device array
 
 
 class GemmArguments(NamedTuple):
@@ -90,91 +122,96 @@ def matmul(a, b):
     """``a @ b`` for 2-d arrays of one float dtype; cuBLAS called directly while a graph is captured."""
     if not capturing(a) or a.shape[0] * b.shape[1] == 1 or a.size == 0 or b.size == 0:
         return a @ b                                       # (the 1 x 1 and empty cases call no cuBLAS)
-    return _gemm_in_capture(a, b)
-
-
-def reserve_workspace(xp) -> None:
-    """Allocate the current device's cuBLAS workspace for captured products (once; call it before a
-    capture begins, so the graph's memory pool does not hold it)."""
-    device = xp.cuda.Device().id
-    if device not in _state["workspace"]:
-        _state["workspace"][device] = xp.empty(WORKSPACE_BYTES, dtype=xp.uint8)
-
-
-def _gemm_in_capture(a, b):
     import cupy
-    from cupy._core import _routines_linalg as linalg
+    return _gemm_in_capture(a, b, cupy)
+
+
+def prepare_capture(xp) -> CublasHandle:
+    """npformer's cuBLAS handle and workspace on the current device, created on the first call for
+    it (``xp``: cupy). Call it before a capture begins: creating a handle allocates device memory,
+    and the workspace must not come from the graph's memory pool. One handle per device, not per
+    thread: two threads capturing on one device at once would rebind each other's stream (npformer
+    captures from one thread)."""
+    device = xp.cuda.Device().id
+    found = _state["devices"].get(device)
+    if found is None:
+        lib = _library()
+        handle = ctypes.c_void_p()
+        _check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")     # on the current device
+        found = CublasHandle(handle.value, xp.empty(WORKSPACE_BYTES, dtype=xp.uint8))
+        _state["devices"][device] = found
+    return found
+
+
+def _bound_handle(xp, compute: int) -> ctypes.c_void_p:
+    """The current device's handle, bound to the current stream, its workspace, and the math mode
+    npformer gives CuPy's handle with this compute type (the TF32 switch sets both)."""
+    device = xp.cuda.Device().id
+    own = _state["devices"].get(device)
+    if own is None:
+        raise RuntimeError(f"captured matmul: npformer's cuBLAS handle for device {device} is made before a "
+                           "capture begins: call npformer.kernels.cuda.gemm.prepare_capture(cupy) first "
+                           "(CudaGraphStep does)")
+    lib = _state["lib"]
+    handle = ctypes.c_void_p(own.handle)
+    _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(xp.cuda.get_current_stream().ptr)), "cublasSetStream")
+    # after the stream: cublasSetStream puts the handle back on cuBLAS's default workspace pool
+    _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(_address(own.workspace)), WORKSPACE_BYTES),
+           "cublasSetWorkspace")
+    math = CUBLAS_TF32_TENSOR_OP_MATH if compute == CUBLAS_COMPUTE_32F_FAST_TF32 else CUBLAS_DEFAULT_MATH
+    _check(lib.cublasSetMathMode(handle, math), "cublasSetMathMode")
+    return handle
+
+
+def _gemm_in_capture(a, b, xp):
     dtype = numpy.dtype(a.dtype)
     if dtype not in _CUDA_TYPES or b.dtype != dtype:
         raise TypeError(f"captured matmul: expected two float16/32/64 arrays of one dtype, got {a.dtype} and "
                         f"{b.dtype}")
     call = gemm_arguments(a, b)
-    out = cupy.empty((a.shape[0], b.shape[1]), dtype=dtype)
-    compute = _compute_type(linalg, dtype)
-    scalar = ctypes.c_double if compute in (_COMPUTE_64F, _COMPUTE_64F_PEDANTIC) else ctypes.c_float
-    one, zero = scalar(1.0), scalar(0.0)
+    out = xp.empty((a.shape[0], b.shape[1]), dtype=dtype)              # (M, N)
+    compute = cupy_cublas_compute_type(dtype)
+    scalar = ctypes.c_double if compute in (CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F_PEDANTIC) else ctypes.c_float
+    one, zero = scalar(1.0), scalar(0.0)                               # out = 1 * A B + 0 * out
     capability = compute_capability()
     algo = _GEMM_DEFAULT_TENSOR_OP if capability >= 80 or (capability >= 70 and dtype == numpy.float16) \
         else _GEMM_DEFAULT
-    lib = _cublas()
-    handle = ctypes.c_void_p(cupy.cuda.device.get_cublas_handle())
-    _check(lib.cublasSetStream_v2(handle, ctypes.c_void_p(cupy.cuda.get_current_stream().ptr)), "cublasSetStream")
-    reserve_workspace(cupy)
-    workspace = _state["workspace"][cupy.cuda.Device().id]
-    _check(lib.cublasSetWorkspace_v2(handle, ctypes.c_void_p(workspace.data.ptr), ctypes.c_size_t(WORKSPACE_BYTES)),
-           "cublasSetWorkspace")
+    handle = _bound_handle(xp, compute)
     cuda_type = _CUDA_TYPES[dtype]
-    _check(lib.cublasGemmEx(handle, call.trans_first, call.trans_second, call.m, call.n, call.k, ctypes.byref(one),
-                            ctypes.c_void_p(call.first.data.ptr), cuda_type, call.ld_first,
-                            ctypes.c_void_p(call.second.data.ptr), cuda_type, call.ld_second, ctypes.byref(zero),
-                            ctypes.c_void_p(out.data.ptr), cuda_type, call.ldc, compute, algo), "cublasGemmEx")
+    _check(_state["lib"].cublasGemmEx(
+        handle, call.trans_first, call.trans_second, call.m, call.n, call.k, ctypes.byref(one),
+        ctypes.c_void_p(_address(call.first)), cuda_type, call.ld_first,
+        ctypes.c_void_p(_address(call.second)), cuda_type, call.ld_second, ctypes.byref(zero),
+        ctypes.c_void_p(_address(out)), cuda_type, call.ldc, compute, algo), "cublasGemmEx")
     return out
 
 
-def _compute_type(linalg, dtype) -> int:
-    """cuBLAS's compute type for ``dtype`` as CuPy would choose it (npformer's TF32 switch included)."""
-    chosen = linalg.get_compute_type(dtype)
-    if dtype == numpy.float64:
-        return _COMPUTE_64F_PEDANTIC if chosen == linalg.COMPUTE_TYPE_PEDANTIC else _COMPUTE_64F
-    if chosen == linalg.COMPUTE_TYPE_PEDANTIC:
-        return _COMPUTE_32F_PEDANTIC
-    if chosen == linalg.COMPUTE_TYPE_TF32 and dtype == numpy.float32:
-        return _COMPUTE_32F_FAST_TF32
-    return _COMPUTE_32F
+def _address(x) -> int:
+    """A CuPy array's device address (a test with NumPy arrays swaps in their host address)."""
+    return x.data.ptr
 
 
-def _cublas():
-    """The cuBLAS library CuPy loaded (found among this process's mapped files), with the prototypes."""
+def _library():
+    """The cuBLAS library CuPy loaded, opened with ctypes and given the prototypes (once).
+
+    ``cupy.cuda.cublas`` loads it (CuPy 14 through NVIDIA's cuda-pathfinder, CuPy 13 through the
+    dynamic linker); ``RTLD_NOLOAD`` then opens the copy already loaded under its soname
+    (``libcublas.so.<CUDA major>``, as cuda-pathfinder checks for one), and never loads a second one,
+    so these calls and CuPy's eager products run the same cuBLAS."""
     if _state["lib"] is None:
-        lib = ctypes.CDLL(_cublas_path())
-        lib.cublasSetStream_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        lib.cublasSetWorkspace_v2.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-        lib.cublasGemmEx.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                     ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        for fn in (lib.cublasSetStream_v2, lib.cublasSetWorkspace_v2, lib.cublasGemmEx):
-            fn.restype = ctypes.c_int
+        import cupy
+        cupy.cuda.cublas                                                 # noqa: B018 (loads the library)
+        soname = f"libcublas.so.{cupy.cuda.runtime.runtimeGetVersion() // 1000}"
+        try:
+            lib = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)
+        except OSError as exc:
+            raise RuntimeError(f"captured matmul: {soname}, the cuBLAS of CuPy's CUDA version, is not loaded "
+                               f"in this process after CuPy's cuBLAS module was imported ({exc})") from exc
+        for name, argtypes in _PROTOTYPES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
         _state["lib"] = lib
     return _state["lib"]
-
-
-def _cublas_path() -> str:
-    """The path of the libcublas CuPy uses: its handle is created first, so the library is mapped."""
-    import cupy
-    cupy.cuda.device.get_cublas_handle()
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.split()[-1]
-                if "/libcublas.so" in path:
-                    return path
-    except OSError:
-        pass
-    found = ctypes.util.find_library("cublas")
-    if found is None:
-        raise RuntimeError("captured matmul: the cuBLAS library CuPy uses was not found in this process")
-    return found
 
 
 def _check(status: int, what: str) -> None:
