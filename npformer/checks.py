@@ -23,10 +23,7 @@ from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import Any, Iterator, Sequence
 
-import numpy
-
-from npformer.backend import get_array_module, is_cupy_array
-from npformer.backend.array_module import HOST_ARRAY_TYPES
+from npformer.backend import get_array_module, is_array, is_cupy_array
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
@@ -69,14 +66,13 @@ def describe(x: Any) -> str:
 def expect_array(x: Any, name: str) -> None:
     """``x`` must be a NumPy or CuPy ndarray (lists, scalars and other libraries' tensors are not
     converted silently)."""
-    if not isinstance(x, HOST_ARRAY_TYPES) and not is_cupy_array(x):
+    if not is_array(x):
         raise InputTypeError(f"{name}: expected a numpy or cupy array, got {describe(x)}")
 
 
 def expect_float(x: Any, name: str) -> None:
     """``x`` must be an array of a floating dtype."""
-    if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
-        expect_array(x, name)
+    expect_array(x, name)
     if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
         _not_float(x, name)
 
@@ -102,16 +98,14 @@ def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
 
 def expect_int(x: Any, name: str) -> None:
     """``x`` must be an array of an integer dtype (token ids, class targets)."""
-    if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
-        expect_array(x, name)
+    expect_array(x, name)
     if x.dtype.kind not in "iu":
         raise InputTypeError(f"{name}: expected an integer array, got {describe(x)}")
 
 
 def expect_bool_or_float(x: Any, name: str) -> None:
     """A mask: boolean (True = blocked) or floating (added to the scores)."""
-    if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
-        expect_array(x, name)
+    expect_array(x, name)
     if x.dtype.kind not in "bf":
         raise InputTypeError(f"{name}: expected a bool mask (True = may not attend) or a float mask "
                              f"(added to the scores), got {describe(x)}")
@@ -119,8 +113,7 @@ def expect_bool_or_float(x: Any, name: str) -> None:
 
 def expect_ndim(x: Any, name: str, ndim: int | Sequence[int], layout: str = "") -> None:
     """``x.ndim`` must be ``ndim`` (or one of them); ``layout`` such as "(B, T, C)" goes in the message."""
-    if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
-        expect_array(x, name)
+    expect_array(x, name)
     allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if x.ndim not in allowed:
         want = " or ".join(str(n) for n in allowed)
@@ -130,12 +123,8 @@ def expect_ndim(x: Any, name: str, ndim: int | Sequence[int], layout: str = "") 
 
 def expect_shape(x: Any, name: str, shape: Sequence[int | None], layout: str = "") -> None:
     """``x.shape`` must equal ``shape``; ``None`` entries match any size."""
-    if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
-        expect_array(x, name)
-    ok = x.ndim == len(shape)
-    for want, size in zip(shape, x.shape) if ok else ():     # (a loop, not all(...): no generator per call)
-        ok = ok and (want is None or want == size)
-    if not ok:
+    expect_array(x, name)
+    if x.ndim != len(shape) or not all(want is None or want == size for want, size in zip(shape, x.shape)):
         want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
         lay = f" {layout}" if layout else ""
         raise ShapeError(f"{name}: expected shape {want}{lay}, got {describe(x)}")
@@ -144,8 +133,7 @@ def expect_shape(x: Any, name: str, shape: Sequence[int | None], layout: str = "
 def expect_rows(x: Any, name: str, layout: str = "(..., N)") -> None:
     """``x`` must have at least one axis and a non-empty last one: rows for an op that reduces
     along the last axis (softmax, layer norm)."""
-    if not isinstance(x, HOST_ARRAY_TYPES):         # (NumPy's arrays pass with no call: these run at every op)
-        expect_array(x, name)
+    expect_array(x, name)
     if x.ndim == 0 or x.shape[-1] == 0:
         raise ShapeError(f"{name}: expected rows {layout} with at least one value each (the op "
                          f"reduces along the last axis), got {describe(x)}")
@@ -173,29 +161,22 @@ def expect_same_float(**arrays: Any) -> None:
     all of one dtype (float32 in gives float32 out; nothing is promoted silently) and of one backend
     (NumPy and CuPy are not mixed). The errors of :func:`expect_float` on each, then
     :func:`expect_same_dtype` and ``get_array_module``, in one call for the whole set."""
-    on_host, first_name, first = True, None, None
-    for name, a in arrays.items():       # (loops, not generators: this runs at every op call)
-        if a is None:
-            continue
-        if type(a) is not numpy.ndarray:     # (a subclass may pose as another backend's array)
-            expect_array(a, name)
-            on_host = False
-        if a.dtype.kind != "f" and str(a.dtype) != "bfloat16":
-            _not_float(a, name)
-        if first is None:
-            first_name, first = name, a
-    for name, a in arrays.items():       # every one a float: then one dtype
-        if a is not None and a.dtype != first.dtype:
+    given = {name: a for name, a in arrays.items() if a is not None}
+    for name, a in given.items():
+        expect_float(a, name)
+    if not given:
+        return
+    first_name, first = next(iter(given.items()))
+    for name, a in given.items():
+        if a.dtype != first.dtype:
             _dtype_mismatch(first_name, first, name, a)
-    if not on_host:
-        get_array_module(*arrays.values())       # raises on NumPy arrays mixed with CuPy ones
+    get_array_module(*given.values())           # raises on NumPy arrays mixed with CuPy ones
 
 
 def expect_grad(d: Any, name: str, shape: Sequence[int], dtype: Any, what: str = "the forward's output") -> None:
     """An upstream gradient must have exactly the shape and the dtype of what it is the gradient of:
     no broadcasting, and no promotion (a float64 gradient for a float32 forward is a mistake)."""
-    if not isinstance(d, HOST_ARRAY_TYPES):
-        expect_array(d, name)
+    expect_array(d, name)
     if tuple(d.shape) != tuple(shape):
         raise ShapeError(f"{name}: expected the shape of {what}, {tuple(shape)}, got {describe(d)}")
     if d.dtype != dtype:
@@ -284,8 +265,6 @@ def real(v: Any, name: str, low: float = -math.inf, high: float = math.inf, *, l
 
     NaN and infinities are never accepted, whatever the bounds (a learning rate of inf is a mistake).
     """
-    if type(v) is float and low < v < high and v - v == 0.0:     # the common case (v - v: 0 when finite)
-        return v
     if isinstance(v, (bool, str)) or not isinstance(v, Real) and not (hasattr(v, "__float__")
                                                                      and getattr(v, "ndim", 0) == 0):
         raise InputTypeError(f"{name}: expected a real number, got {describe(v)}")
@@ -298,8 +277,6 @@ def real(v: Any, name: str, low: float = -math.inf, high: float = math.inf, *, l
 
 def probability(v: Any, name: str) -> float:
     """``v`` as a ``float`` in [0, 1] (a dropout rate, label smoothing)."""
-    if type(v) is float and 0.0 <= v <= 1.0:       # the common case, at every dropout call
-        return v
     return real(v, name, 0.0, 1.0, what="a probability")
 
 

@@ -132,7 +132,7 @@ def dispatched(reference: Callable) -> Callable:
         run = reference
         if paths and _ON.get():
             off = _OFF_NAMES.get()
-            for path in paths:                  # (a plain loop: no generator made and resumed per call)
+            for path in paths:
                 if path.name not in off and path.accepts(*args, **kwargs):
                     run = path.run
                     break

@@ -118,12 +118,9 @@ def is_cupy_array(a: Any) -> bool:
     return cupy is not None and isinstance(a, cupy.ndarray)
 
 
-HOST_ARRAY_TYPES = (numpy.ndarray, numpy.generic)    # what is_array accepts without CuPy
-
-
 def is_array(a: Any) -> bool:
     """True for a NumPy or CuPy ndarray, or a NumPy scalar (a 0-d value); never imports CuPy."""
-    return isinstance(a, HOST_ARRAY_TYPES) or is_cupy_array(a)
+    return isinstance(a, (numpy.ndarray, numpy.generic)) or is_cupy_array(a)
 
 
 def get_array_module(*arrays: Any) -> ModuleType:

@@ -35,7 +35,6 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
 from npformer.backend import backend_name, default_rng, get_array_module, get_backend, is_cupy_array, to_device
-from npformer.backend.array_module import HOST_ARRAY_TYPES
 from npformer.checks import describe, float_dtype
 from npformer.errors import ShapeError, StateDictError
 
@@ -328,8 +327,7 @@ class Module:
             object.__setattr__(self, "_stream", RandomStream(None))
         if isinstance(like, str):
             return self._stream.generators[like]
-        host = isinstance(like, HOST_ARRAY_TYPES)            # (no call for NumPy arrays: at every dropout)
-        return self._stream.generators["numpy" if host or not is_cupy_array(like) else "cupy"]
+        return self._stream.generators["cupy" if is_cupy_array(like) else "numpy"]
 
     # -- modes and devices -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":

@@ -82,9 +82,8 @@ def dropout_term(x, p: float, rng=None, training: bool = True):
     """``dropout(x)`` as a term that an op only reads (``x + dropout(b)``, the input of a product):
     ``(x, identity cache)`` with no copy when dropout drops nothing, else :func:`dropout_forward`'s
     result. (The op itself returns a fresh array, as every op does; a term need not be one.)"""
-    if type(p) is not float or not training or p == 0.0:     # perhaps the identity: checked here
-        if not dropout_active(x, p, rng, training):
-            return x, DropoutCache.identity(x)
+    if not dropout_active(x, p, rng, training):
+        return x, DropoutCache.identity(x)
     return dropout_forward(x, p, rng=rng, training=training)     # (which checks its inputs itself)
 
 

@@ -103,10 +103,7 @@ def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None
     is causal). Float masks are cast to ``dtype``.
     """
     shape = tuple(scores_shape)
-    lengths = len(shape) == 4
-    for n in shape if lengths else ():              # (a loop, not all(...): no generator per call)
-        lengths = lengths and isinstance(n, Integral) and not isinstance(n, bool) and n >= 0
-    if not lengths:
+    if len(shape) != 4 or not all(isinstance(n, Integral) and not isinstance(n, bool) and n >= 0 for n in shape):
         raise ShapeError(f"scores_shape: expected 4 lengths (B, H, Tq, Tk), got {scores_shape!r}")
     b, h, tq, tk = map(int, shape)
     xp = get_backend(xp)

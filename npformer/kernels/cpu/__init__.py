@@ -28,7 +28,5 @@ FLOATS = (numpy.dtype(numpy.float16), numpy.dtype(numpy.float32), numpy.dtype(nu
 def numpy_floats(*arrays: Any) -> bool:
     """True when every argument that is not None is a NumPy array of float16/32/64 (anything else,
     CuPy arrays and bad input included, goes to the reference op, which gives the errors)."""
-    for a in arrays:                    # (a loop, not all() over a generator: this runs at every op call)
-        if a is not None and (type(a) is not numpy.ndarray or a.dtype not in FLOATS):
-            return False
-    return True
+    # exactly ndarray: a subclass (numpy.matrix, a masked array) may give * and @ other meanings
+    return all(a is None or type(a) is numpy.ndarray and a.dtype in FLOATS for a in arrays)

@@ -50,10 +50,8 @@ def numba_floats(*arrays: Any) -> bool:
     array (anything else goes to the next implementation, which gives the errors)."""
     if not AVAILABLE:
         return False
-    for a in arrays:                    # (a loop, not all() over a generator: this runs at every op call)
-        if a is not None and (type(a) is not numpy.ndarray or a.dtype not in FLOATS):
-            return False
-    return True
+    # exactly ndarray: a subclass (numpy.matrix, a masked array) may give * and @ other meanings
+    return all(a is None or type(a) is numpy.ndarray and a.dtype in FLOATS for a in arrays)
 
 
 def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperparameters) -> bool:
