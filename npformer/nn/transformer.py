@@ -2,18 +2,19 @@
 
 Encoder layer, post-norm (the paper, ``norm_first=False``) and pre-norm (``norm_first=True``)::
 
-    post:  x = norm1(x + drop1(SA(x)));          x = norm2(x + drop2(FF(x)))
-    pre:   x = x + drop1(SA(norm1(x)));          x = x + drop2(FF(norm2(x)))
-    FF(h) = linear2(dropout(act(linear1(h))))    one op: npformer.ops.feedforward
-
-Each residual is one op with its dropout and the norm that follows it (npformer.ops.residual):
-``s = x + drop(branch)`` and ``y = norm(s)`` together (post-norm keeps y; pre-norm keeps s as the
-stream and y as the next sub-layer's input), and the pre-norm layer's last ``x + drop(branch)``.
+    post:  x = norm1(x + dropout1(SA(x)));          x = norm2(x + dropout2(FF(x)))
+    pre:   x = x + dropout1(SA(norm1(x)));          x = x + dropout2(FF(norm2(x)))
+    FF(h) = linear2(dropout(act(linear1(h))))       one op: npformer.ops.feedforward
 
 The decoder layer adds cross-attention over the encoder output ``memory`` between the two, with
-``norm2`` and ``drop2`` there and ``norm3``/``drop3`` around the feed-forward block, as PyTorch.
-Every backward runs the forward's lines in reverse; a residual ``x + f(x)`` sends ``dout`` both
-ways, ``dx = dout + f'(x)^T dout``. Parameter names equal PyTorch's ``state_dict`` keys.
+``norm2`` and ``dropout2`` there and ``norm3``/``dropout3`` around the feed-forward block, as PyTorch.
+Each line of ``forward`` is written with the layer's modules, and ``backward`` runs them in reverse;
+a residual ``x + f(x)`` sends ``dout`` both ways, ``dx = dout + f'(x)^T dout``. Parameter names equal
+PyTorch's ``state_dict`` keys.
+
+A fast path stands below these lines (:mod:`npformer.nn.fused_layers`): where the fused residual +
+layer norm kernel runs (CuPy, fast paths on), each ``norm(x + dropout(branch))`` is one op, with the
+same sub-layers, masks and results; ``npformer.kernels.disabled()`` gives the plain lines everywhere.
 
 Incremental decoding runs the same ``forward`` on the new positions only, with ``kv_cache`` (a
 :class:`~npformer.nn.attention.KVCache` per attention module) holding the earlier positions' keys
@@ -22,19 +23,17 @@ and values: one formula for training and for decoding.
 from __future__ import annotations
 
 import copy
+import functools
 
 from npformer.checks import one_of, positive_int
 from npformer.errors import RangeError
-from npformer.nn import init
+from npformer.nn import fused_layers, init
 from npformer.nn.attention import KVCache, MultiheadAttention
 from npformer.nn.dropout import Dropout
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
-from npformer.ops.dropout import dropout_term_backward
 from npformer.ops.feedforward import ACTIVATIONS, feed_forward_backward, feed_forward_forward
-from npformer.ops.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
-                                   residual_dropout_layer_norm_forward)
 
 __all__ = ["FeedForwardBlock", "TransformerEncoderLayer", "TransformerDecoderLayer",
            "TransformerEncoder", "TransformerDecoder", "Transformer"]
@@ -83,9 +82,8 @@ class FeedForwardBlock(FeedForwardParts):
 
 
 class _Layer(FeedForwardParts):
-    """What the encoder and decoder layers share: construction (in PyTorch's registration order) and
-    the residual blocks, one fused op each (:mod:`npformer.ops.residual`). The study variants (another
-    norm, no residual connection) are layers of their own, composed of modules:
+    """What the encoder and decoder layers share: construction, in PyTorch's registration order. The
+    study variants (another norm, no residual connection) are layers of their own:
     :class:`npformer.nn.experimental.ConfigurableEncoderLayer`."""
 
     def _init_layer(self, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first,
@@ -105,37 +103,9 @@ class _Layer(FeedForwardParts):
             setattr(self, f"dropout{i}", Dropout(dropout))
         self.manual_seed(init.stream_seed(rng))          # this layer's dropout stream
 
-    def _add_norm(self, skip, branch, drop, norm):
-        """``s = skip + drop(branch)`` and ``norm(s)``, as ``(s, norm(s))``: one op."""
-        active = drop.training and drop.p > 0
-        s, y, cache = residual_dropout_layer_norm_forward(
-            skip, branch, None if norm.weight is None else norm.weight.data,
-            None if norm.bias is None else norm.bias.data, eps=norm.eps, p=drop.p,
-            rng=drop.generator(branch) if active else None, training=active)
-        self._push(cache)
-        return s, y                                                               # (B, T, C), (B, T, C)
-
-    def _add_norm_backward(self, ds, dy, norm):
-        """``(dskip, dbranch)`` from the gradient of s (None when s had no other use) and of norm(s)."""
-        # fwd: s = skip + drop(branch), y = norm(s)  ->  dskip = ds + norm'(dy),  dbranch = drop'(dskip)
-        dx, dbranch, dweight, dbias = residual_dropout_layer_norm_backward(ds, dy, self._pop())
-        if norm.weight is not None:
-            norm.weight.accumulate(dweight)
-        if norm.bias is not None:
-            norm.bias.accumulate(dbias)
-        return dx, dbranch                                                        # (B, T, C), (B, T, C)
-
-    def _add_dropout(self, skip, branch, drop):
-        """``skip + drop(branch)``: one op."""
-        active = drop.training and drop.p > 0
-        s, cache = residual_dropout_forward(skip, branch, p=drop.p, rng=drop.generator(branch) if active else None,
-                                            training=active)
-        self._push(cache)
-        return s                                                                  # (B, T, C)
-
-    def _add_dropout_backward(self, ds):
-        """The branch's gradient ``drop'(ds)`` (the skip's is ds itself)."""
-        return dropout_term_backward(ds, self._pop())                             # (B, T, C)
+    def _sa_block(self, h, **attention):
+        """The self-attention sub-layer's output (B, T, C) (its weights are not asked for)."""
+        return self.self_attn(h, need_weights=False, **attention)[0]
 
 
 class TransformerEncoderLayer(_Layer):
@@ -152,34 +122,38 @@ class TransformerEncoderLayer(_Layer):
                 kv_cache: KVCache | None = None):
         """``src`` (B, T, C) -> (B, T, C). With ``kv_cache``, ``src`` holds only the new positions,
         which attend causally to every cached one (a decoder-only model such as GPT)."""
+        sa = functools.partial(self._sa_block, attn_mask=src_mask, key_padding_mask=src_key_padding_mask,
+                               is_causal=is_causal, kv_cache=kv_cache)
+        if fused_layers.takes_fused_blocks(src):        # the fast path (module docstring)
+            y, caches = fused_layers.encoder_layer_forward(self, src, sa)
+            self._push(caches)
+            return y
         x = src                                                                   # (B, T, C)
-        # a = SA(norm1(x)) pre-norm, SA(x) post-norm
-        a, _ = self.self_attn(self.norm1(x) if self.norm_first else x, attn_mask=src_mask,
-                              key_padding_mask=src_key_padding_mask, need_weights=False, is_causal=is_causal,
-                              kv_cache=kv_cache)
         if self.norm_first:
-            # x1 = x + drop1(a),  h = norm2(x1);  y = x1 + drop2(FF(h))
-            x, h = self._add_norm(x, a, self.dropout1, self.norm2)
-            return self._add_dropout(x, self._feed_forward(h), self.dropout2)
-        # x1 = norm1(x + drop1(a));  y = norm2(x1 + drop2(FF(x1)))
-        _, x = self._add_norm(x, a, self.dropout1, self.norm1)
-        return self._add_norm(x, self._feed_forward(x), self.dropout2, self.norm2)[1]
+            x = x + self.dropout1(sa(self.norm1(x)))
+            x = x + self.dropout2(self._feed_forward(self.norm2(x)))
+        else:
+            x = self.norm1(x + self.dropout1(sa(x)))
+            x = self.norm2(x + self.dropout2(self._feed_forward(x)))
+        self._push(None)                                 # (the modules keep their own caches)
+        return x                                                                  # (B, T, C)
 
     def backward(self, dout):
         """Returns ``dsrc``; parameter gradients accumulate."""
+        caches = self._pop()
+        if caches is not None:
+            return fused_layers.encoder_layer_backward(self, dout, caches)
         if self.norm_first:
-            # fwd: y = x1 + drop2(FF(h))  ->  dx1 = dy (the skip),  dh = FF'(drop2'(dy))
-            dh = self._feed_forward_backward(self._add_dropout_backward(dout))
-            # fwd: x1 = x + drop1(a), h = norm2(x1)  ->  dx1 += norm2'(dh),  da = drop1'(dx1)
-            dx1, da = self._add_norm_backward(dout, dh, self.norm2)
-            # fwd: a = SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(da))
-            return dx1 + self.norm1.backward(self.self_attn.backward(da)[0])
-        # fwd: y = norm2(x1 + drop2(FF(x1)))  ->  d = norm2'(dy);  dx1 = d + FF'(drop2'(d))
-        d, dbranch = self._add_norm_backward(None, dout, self.norm2)
-        dx1 = d + self._feed_forward_backward(dbranch)
-        # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
-        d, dbranch = self._add_norm_backward(None, dx1, self.norm1)
-        return d + self.self_attn.backward(dbranch)[0]                            # SA' sums all three paths
+            # fwd: y = x1 + dropout2(FF(norm2(x1)))  ->  dx1 = dy + norm2'(FF'(dropout2'(dy)))
+            dx1 = dout + self.norm2.backward(self._feed_forward_backward(self.dropout2.backward(dout)))
+            # fwd: x1 = x + dropout1(SA(norm1(x)))  ->  dx = dx1 + norm1'(SA'(dropout1'(dx1)))
+            return dx1 + self.norm1.backward(self.self_attn.backward(self.dropout1.backward(dx1))[0])
+        # fwd: y = norm2(x1 + dropout2(FF(x1)))  ->  d = norm2'(dy);  dx1 = d + FF'(dropout2'(d))
+        d = self.norm2.backward(dout)
+        dx1 = d + self._feed_forward_backward(self.dropout2.backward(d))
+        # fwd: x1 = norm1(x + dropout1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(dropout1'(d))
+        d = self.norm1.backward(dx1)
+        return d + self.self_attn.backward(self.dropout1.backward(d))[0]          # SA' sums all three paths
 
 
 class TransformerDecoderLayer(_Layer):
@@ -199,24 +173,30 @@ class TransformerDecoderLayer(_Layer):
         cache, cross-attention cache), ``tgt`` holds only the new target positions and the memory is
         projected on the first call only."""
         self_cache, cross_cache = (None, None) if kv_cache is None else kv_cache
+        sa = functools.partial(self._sa_block, attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask,
+                               is_causal=tgt_is_causal, kv_cache=self_cache)
+        mha = functools.partial(self._mha_block, memory=memory, attn_mask=memory_mask,
+                                key_padding_mask=memory_key_padding_mask, is_causal=memory_is_causal,
+                                kv_cache=cross_cache)
+        if fused_layers.takes_fused_blocks(tgt):        # the fast path (module docstring)
+            y, caches = fused_layers.decoder_layer_forward(self, tgt, sa, mha)
+            self._push(caches)
+            return y
         x = tgt                                                                   # (B, T, C)
-        a, _ = self.self_attn(self.norm1(x) if self.norm_first else x, attn_mask=tgt_mask,
-                              key_padding_mask=tgt_key_padding_mask, need_weights=False, is_causal=tgt_is_causal,
-                              kv_cache=self_cache)
         if self.norm_first:
-            # x1 = x + drop1(SA(norm1(x))), h = norm2(x1);  x2 = x1 + drop2(MHA(h, memory)), h = norm3(x2)
-            x, h = self._add_norm(x, a, self.dropout1, self.norm2)
-            a, _ = self.multihead_attn(h, memory, memory, attn_mask=memory_mask,
-                                       key_padding_mask=memory_key_padding_mask, need_weights=False,
-                                       is_causal=memory_is_causal, kv_cache=cross_cache)
-            x, h = self._add_norm(x, a, self.dropout2, self.norm3)
-            return self._add_dropout(x, self._feed_forward(h), self.dropout3)   # y = x2 + drop3(FF(h))
-        # x1 = norm1(x + drop1(SA(x)));  x2 = norm2(x1 + drop2(MHA(x1, memory)));  y = norm3(x2 + drop3(FF(x2)))
-        _, x = self._add_norm(x, a, self.dropout1, self.norm1)
-        a, _ = self.multihead_attn(x, memory, memory, attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask,
-                                   need_weights=False, is_causal=memory_is_causal, kv_cache=cross_cache)
-        _, x = self._add_norm(x, a, self.dropout2, self.norm2)
-        return self._add_norm(x, self._feed_forward(x), self.dropout3, self.norm3)[1]
+            x = x + self.dropout1(sa(self.norm1(x)))
+            x = x + self.dropout2(mha(self.norm2(x)))
+            x = x + self.dropout3(self._feed_forward(self.norm3(x)))
+        else:
+            x = self.norm1(x + self.dropout1(sa(x)))
+            x = self.norm2(x + self.dropout2(mha(x)))
+            x = self.norm3(x + self.dropout3(self._feed_forward(x)))
+        self._push(None)                                 # (the modules keep their own caches)
+        return x                                                                  # (B, T, C)
+
+    def _mha_block(self, h, memory, **attention):
+        """The cross-attention sub-layer's output (B, T, C): ``h`` attends over ``memory`` (B, S, C)."""
+        return self.multihead_attn(h, memory, memory, need_weights=False, **attention)[0]
 
     def _cross_attention_backward(self, d):
         # fwd: a = MHA(h, memory, memory)  ->  dh = dquery,  dmemory = dkey + dvalue (memory was both)
@@ -225,26 +205,26 @@ class TransformerDecoderLayer(_Layer):
 
     def backward(self, dout):
         """Returns ``(dtgt, dmemory)``; parameter gradients accumulate."""
+        caches = self._pop()
+        if caches is not None:
+            return fused_layers.decoder_layer_backward(self, dout, caches)
         if self.norm_first:
-            # fwd: y = x2 + drop3(FF(h3))  ->  dx2 = dy (the skip),  dh3 = FF'(drop3'(dy))
-            dh = self._feed_forward_backward(self._add_dropout_backward(dout))
-            # fwd: x2 = x1 + drop2(a), h3 = norm3(x2)  ->  dx2 += norm3'(dh3),  da = drop2'(dx2)
-            dx2, da = self._add_norm_backward(dout, dh, self.norm3)
-            # fwd: a = MHA(h2, memory)  ->  dh2 = dquery,  dmemory
-            dh, dmem = self._cross_attention_backward(da)
-            # fwd: x1 = x + drop1(a), h2 = norm2(x1)  ->  dx1 = dx2 + norm2'(dh2),  da = drop1'(dx1)
-            dx1, da = self._add_norm_backward(dx2, dh, self.norm2)
-            # fwd: a = SA(norm1(x))  ->  dx = dx1 + norm1'(SA'(da))
-            return dx1 + self.norm1.backward(self.self_attn.backward(da)[0]), dmem
-        # fwd: y = norm3(x2 + drop3(FF(x2)))  ->  d = norm3'(dy);  dx2 = d + FF'(drop3'(d))
-        d, dbranch = self._add_norm_backward(None, dout, self.norm3)
-        dx2 = d + self._feed_forward_backward(dbranch)
-        # fwd: x2 = norm2(x1 + drop2(MHA(x1, memory)))  ->  d = norm2'(dx2);  dx1 = d + dquery,  dmemory
-        d, dbranch = self._add_norm_backward(None, dx2, self.norm2)
-        dq, dmem = self._cross_attention_backward(dbranch)
-        # fwd: x1 = norm1(x + drop1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(drop1'(d))
-        d, dbranch = self._add_norm_backward(None, d + dq, self.norm1)
-        return d + self.self_attn.backward(dbranch)[0], dmem
+            # fwd: y = x2 + dropout3(FF(norm3(x2)))  ->  dx2 = dy + norm3'(FF'(dropout3'(dy)))
+            dx2 = dout + self.norm3.backward(self._feed_forward_backward(self.dropout3.backward(dout)))
+            # fwd: x2 = x1 + dropout2(MHA(norm2(x1), memory))  ->  dx1 = dx2 + norm2'(dquery),  dmemory
+            dq, dmem = self._cross_attention_backward(self.dropout2.backward(dx2))
+            dx1 = dx2 + self.norm2.backward(dq)
+            # fwd: x1 = x + dropout1(SA(norm1(x)))  ->  dx = dx1 + norm1'(SA'(dropout1'(dx1)))
+            return dx1 + self.norm1.backward(self.self_attn.backward(self.dropout1.backward(dx1))[0]), dmem
+        # fwd: y = norm3(x2 + dropout3(FF(x2)))  ->  d = norm3'(dy);  dx2 = d + FF'(dropout3'(d))
+        d = self.norm3.backward(dout)
+        dx2 = d + self._feed_forward_backward(self.dropout3.backward(d))
+        # fwd: x2 = norm2(x1 + dropout2(MHA(x1, memory)))  ->  d = norm2'(dx2);  dx1 = d + dquery,  dmemory
+        d = self.norm2.backward(dx2)
+        dq, dmem = self._cross_attention_backward(self.dropout2.backward(d))
+        # fwd: x1 = norm1(x + dropout1(SA(x)))  ->  d = norm1'(dx1);  dx = d + SA'(dropout1'(d))
+        d = self.norm1.backward(d + dq)
+        return d + self.self_attn.backward(self.dropout1.backward(d))[0], dmem
 
 
 class TransformerEncoder(Module):
