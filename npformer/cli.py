@@ -293,12 +293,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if args.out is not None and Path(args.out).is_dir():
         raise RangeError(f"--out {args.out} is a directory; expected a file name such as {Path(args.out) / 'loss.png'}")
-    try:
-        out = plot_metrics(args.run, args.out)
-    except ImportError as exc:         # the plot extra is not installed
-        print(f"npformer plot: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"wrote {out}")
+    print(f"wrote {plot_metrics(args.run, args.out)}")
     return 0
 
 
@@ -361,13 +356,9 @@ def _generate_pretrained(args: argparse.Namespace) -> int:
     from npformer.pretrained.gpt2 import GPT2_REQUIRED_FILES
     from npformer.pretrained.tokenizer import TOKENIZER_FILE
     check_directory(args.model, (*GPT2_REQUIRED_FILES, TOKENIZER_FILE))     # every missing file named at once
-    try:
-        from npformer.pretrained import complete, load_gpt2, load_gpt2_tokenizer
-        tokenizer = load_gpt2_tokenizer(args.model)
-        model = load_gpt2(args.model, dtype=args.dtype or "float32", backend=args.backend)
-    except ImportError as exc:   # the optional extra is not installed
-        print(f"npformer generate: error: {exc}", file=sys.stderr)
-        return 2
+    from npformer.pretrained import complete, load_gpt2, load_gpt2_tokenizer
+    tokenizer = load_gpt2_tokenizer(args.model)
+    model = load_gpt2(args.model, dtype=args.dtype or "float32", backend=args.backend)
     prompt = SAMPLE_PROMPT if args.prompt is None else args.prompt
     _, text = complete(model, tokenizer, prompt, args.tokens, seed=args.seed,
                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
@@ -384,12 +375,8 @@ def _print_fills(text: str, filled: str, candidates: list) -> None:
 def cmd_fill_mask(args: argparse.Namespace) -> int:
     positive_int(args.top_k, "--top-k")
     if args.model:
-        try:
-            from npformer.pretrained import fill_mask, load_bert
-            model, info = load_bert(args.model, backend=args.backend, require_pooler=False, mlm_head=True)
-        except ImportError as exc:   # the optional extra is not installed
-            print(f"npformer fill-mask: error: {exc}", file=sys.stderr)
-            return 2
+        from npformer.pretrained import fill_mask, load_bert
+        model, info = load_bert(args.model, backend=args.backend, require_pooler=False, mlm_head=True)
         for text in args.text:
             _print_fills(text, *fill_mask(model, info, text, args.top_k))
         return 0
@@ -449,12 +436,8 @@ def _check_export_target(path: str, overwrite: bool) -> Path:
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
-    try:
-        from npformer.pretrained import SentenceEncoder
-        encoder = SentenceEncoder(args.model, dtype=args.dtype, backend=args.backend)
-    except ImportError as exc:   # the optional extra or the weights package is not installed
-        print(f"npformer embed: error: {exc}", file=sys.stderr)
-        return 2
+    from npformer.pretrained import SentenceEncoder
+    encoder = SentenceEncoder(args.model, dtype=args.dtype, backend=args.backend)
     emb = encoder.encode(args.text)
     if args.similarity:
         sim = emb @ emb.T      # rows are unit vectors: cosine similarity

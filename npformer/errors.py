@@ -40,7 +40,7 @@ from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
            "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "WriteError",
-           "CaptureError", "DistributedError"]
+           "CaptureError", "DistributedError", "MissingExtraError"]
 
 
 class NpformerError(Exception):
@@ -76,6 +76,10 @@ class StateDictError(NpformerError, KeyError, ValueError):
 
 class BackendUnavailableError(NpformerError, RuntimeError):
     """The backend that was asked for cannot run here (CuPy not installed, or no GPU visible)."""
+
+
+class MissingExtraError(NpformerError, ImportError):
+    """An optional package a feature needs is not installed; the message says how to install it."""
 
 
 class CheckpointError(NpformerError, ValueError):

@@ -120,7 +120,8 @@ class RelativeMultiheadAttention(Module):
         self.r_w_bias.accumulate(du)
         self.r_r_bias.accumulate(dvb)
         dx = self.q_net.backward(merge_heads(dq))                                 # (B, T, C)
-        dcat = self.kv_net.backward(merge_heads(dk, dv))                          # (B, Tk, C): [dk | dv], one copy each
+        xp = get_array_module(dout)
+        dcat = self.kv_net.backward(xp.concatenate([merge_heads(dk), merge_heads(dv)], axis=-1))   # (B, Tk, C)
         return dx, dcat
 
     def extra_repr(self) -> str:

@@ -47,17 +47,11 @@ def split_heads(x, num_heads: int):
     return x.reshape(b, t, num_heads, e // num_heads).transpose(0, 2, 1, 3)      # (B, H, T, hs)
 
 
-def merge_heads(*heads):
+def merge_heads(x):
     """(B, H, T, hs) -> (B, T, H * hs): a view when the heads lie in memory as (B, T, H, hs) (the CUDA
-    flash attention writes them so), one copy otherwise. Several arrays are merged side by side,
-    (B, T, n * H * hs), with one copy each (the packed gradient of a packed projection)."""
-    b, h, t, hs = heads[0].shape
-    if len(heads) == 1:
-        return heads[0].transpose(0, 2, 1, 3).reshape(b, t, h * hs)             # (B, T, E)
-    out = get_array_module(heads[0]).empty((b, t, len(heads), h, hs), dtype=heads[0].dtype)
-    for i, part in enumerate(heads):
-        out[:, :, i] = part.transpose(0, 2, 1, 3)                                # (B, T, H, hs)
-    return out.reshape(b, t, len(heads) * h * hs)                                # (B, T, n*E)
+    flash attention writes them so), one copy otherwise."""
+    b, h, t, hs = x.shape
+    return x.transpose(0, 2, 1, 3).reshape(b, t, h * hs)                         # (B, T, E)
 
 
 class MultiHeadCache(NamedTuple):
@@ -171,7 +165,9 @@ def self_attention_backward(dout, cache: MultiHeadCache):
     gradients are None when the forward had no bias."""
     dqh, dkh, dvh, dw_out, db_out = _attention_backward(dout, cache)
     # fwd: [q | k | v] = x @ W_in^T + b_in  ->  dx = [dq | dk | dv] @ W_in,  dW_in = [dq | dk | dv]^T x
-    dx, dw_in, db_in = linear_backward(merge_heads(dqh, dkh, dvh), cache.projections[0])   # (B, T, E), (3E, E), (3E,)
+    xp = get_array_module(dout)
+    dqkv = xp.concatenate([merge_heads(dqh), merge_heads(dkh), merge_heads(dvh)], axis=-1)   # (B, T, 3E)
+    dx, dw_in, db_in = linear_backward(dqkv, cache.projections[0])               # (B, T, E), (3E, E), (3E,)
     return dx, dw_in, db_in, dw_out, db_out
 
 

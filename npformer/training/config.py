@@ -140,10 +140,11 @@ def _path(value: Any, name: str) -> str:
 _SWITCH = _of_type(bool, "True or False")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class TrainConfig:
     """The loop's settings and the model size every kind shares. Not trained itself: each model
-    kind trains from its own config below."""
+    kind trains from its own config below. Frozen: another setting is another config
+    (``dataclasses.replace``), checked again as a new one is."""
 
     model: str | None = option(None, "the model to train (default: the task's, see --task)")
     task: str = option(DEFAULT_TASK, "dates, numbers, copy, reverse, summarise: a Seq2Seq task; charlm: a character "
@@ -221,7 +222,8 @@ class TrainConfig:
         if self.d_model % self.heads:
             raise ShapeError(f"{flag('d_model')} {self.d_model} is not divisible by {flag('heads')} {self.heads}")
         if self.warmup is None:
-            self.warmup = DEFAULT_WARMUP if self.steps > DEFAULT_WARMUP else self.steps // 10
+            # (a frozen dataclass's own __post_init__ fills a field through object.__setattr__)
+            object.__setattr__(self, "warmup", DEFAULT_WARMUP if self.steps > DEFAULT_WARMUP else self.steps // 10)
         elif self.warmup >= self.steps:
             raise RangeError(f"--warmup: expected fewer warm-up steps than --steps {self.steps}, got {self.warmup} "
                              f"(leave --warmup out for the default, which fits the run)")
@@ -257,7 +259,7 @@ def _sizes_help(what: str, split: int) -> str:
     return f"{what} the task draws (default: {said})"
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ExampleCounts:
     """The fields of a kind whose task draws its examples: the Seq2Seq tasks, recall."""
 
@@ -265,7 +267,7 @@ class ExampleCounts:
     n_valid: int | None = option(None, _sizes_help("validation examples", 1), positive_int)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class BlockSize:
     """The field of a kind that trains on fixed-length blocks of tokens: the character LMs, Transformer-XL."""
 
@@ -273,7 +275,7 @@ class BlockSize:
                              "segment", positive_int)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
     """The paper's encoder-decoder on a built-in task (:mod:`npformer.training.seq2seq_trainer`)."""
 
@@ -286,14 +288,14 @@ class Seq2SeqTrainConfig(ExampleCounts, TrainConfig):
                                 choices=SEQ2SEQ_PRESETS)
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class CharLMTrainConfig(BlockSize, TrainConfig):
     """A character model of a text: the GPTs (next character), BERT (masked characters)."""
 
     text: str | None = option(None, "train on this UTF-8 text (default: the shipped corpus)", _path, metavar="FILE")
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class ALBERTTrainConfig(CharLMTrainConfig):
     """ALBERT: BERT's masked characters, with a factorised embedding and layers that share parameters."""
 
@@ -303,7 +305,7 @@ class ALBERTTrainConfig(CharLMTrainConfig):
                                choices=("all", "attention", "ffn", "none"))
 
 
-@dataclass(kw_only=True)
+@dataclass(kw_only=True, frozen=True)
 class XLTrainConfig(BlockSize, ExampleCounts, TrainConfig):
     """Transformer-XL on the recall task, its memory carried from segment to segment."""
 

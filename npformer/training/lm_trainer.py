@@ -26,7 +26,7 @@ from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.config import CharLMTrainConfig
-from npformer.training.loop import Trainer
+from npformer.training.loop import StepLoss, Trainer
 
 __all__ = ["LMTrainer", "GPT1Trainer", "GPT2Trainer", "LM_KINDS", "sample_text"]
 
@@ -78,16 +78,17 @@ class LMTrainer(Trainer):
         return to_device(x, c.backend), to_device(y, c.backend)
 
     def forward_backward(self, x, y):
-        """Forward, cross-entropy, backward of one batch; returns the loss (a device array). The head
-        and the loss run together, a chunk of rows at a time: no (B, T, V) logits."""
+        """Forward, cross-entropy, backward of one batch; returns ``(loss, valid)`` (device arrays).
+        The head and the loss run together, a chunk of rows at a time: no (B, T, V) logits."""
         h = self.model.hidden(x)                                                  # (B, T, C)
-        loss, dh = self.head_cross_entropy(self.model.head, h, y)                 # (), (B, T, C)
-        self.model.backward_hidden(dh)
-        return loss
+        loss = self.head_cross_entropy(self.model.head, h, y)                     # (), dh (B, T, C)
+        self.model.backward_hidden(loss.grad)
+        return loss.value, loss.valid
 
     def loss_and_backward(self, step):
         x, y = self.batch(step)
-        return float(self.forward_backward(x, y)), int(x.size)
+        loss, valid = self.forward_backward(x, y)
+        return StepLoss(float(loss), int(x.size), valid)
 
     def evaluate(self, limit: int | None = None, batch_size: int = 32) -> dict:
         """Mean validation loss over non-overlapping blocks (the first ``limit`` blocks if given)."""

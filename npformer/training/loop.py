@@ -28,7 +28,7 @@ import textwrap
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from tqdm import tqdm
 
@@ -46,7 +46,23 @@ from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.run import RunDirectory, scalars
 from npformer.training.schedules import cosine_with_warmup
 
-__all__ = ["Trainer", "StepResult"]
+__all__ = ["Trainer", "StepResult", "Loss", "StepLoss"]
+
+
+class Loss(NamedTuple):
+    """A batch's cross-entropy, what its backward starts from, and the targets the mean is over."""
+
+    value: Any          # () the mean loss (a device scalar)
+    grad: Any           # dlogits (..., V), or dhidden (..., C) when the head ran with the loss
+    valid: Any          # (...) bool: the targets counted (a data-parallel step weighs each rank by their sum)
+
+
+class StepLoss(NamedTuple):
+    """What a trainer's forward and backward of one step measured (:meth:`Trainer.loss_and_backward`)."""
+
+    loss: float
+    tokens: int         # the tokens the step read (throughput)
+    valid: Any          # Loss.valid of the step's cross-entropy
 
 
 class StepResult(NamedTuple):
@@ -117,10 +133,10 @@ class Trainer:
     def build(self):
         raise NotImplementedError
 
-    def loss_and_backward(self, step: int) -> tuple[float, int]:
-        """Draw the batch of ``step``, run forward and backward; returns (loss, tokens). The loss goes
-        through :meth:`cross_entropy`, which also records the number of targets it averages over (the
-        weight of this rank's loss in a data-parallel step)."""
+    def loss_and_backward(self, step: int) -> StepLoss:
+        """Draw the batch of ``step``, run forward and backward; returns the loss, the tokens read and
+        the targets the loss averages over (from :meth:`cross_entropy`'s :class:`Loss`: the weight of
+        this rank's loss in a data-parallel step)."""
         raise NotImplementedError
 
     # graph-capable trainers (graph_capable = True) give these two as well: --cuda-graph captures them
@@ -129,8 +145,8 @@ class Trainer:
         raise NotImplementedError(f"the {self.kind} trainer has no batch(): --cuda-graph needs one")
 
     def forward_backward(self, x, y):
-        """Forward and backward of ``(x, y)`` with no host synchronisation; returns the loss as a device
-        scalar (through :meth:`cross_entropy`), the gradients accumulated."""
+        """Forward and backward of ``(x, y)`` with no host synchronisation; returns ``(loss, valid)``
+        as :meth:`cross_entropy` gives them (device arrays), the gradients accumulated."""
         raise NotImplementedError(f"the {self.kind} trainer has no forward_backward(): --cuda-graph needs one")
 
     def evaluate(self, limit: int | None = None) -> dict:
@@ -155,8 +171,8 @@ class Trainer:
             meta["loss_scaler"] = self.amp.scaler.state_dict()
         return meta
 
-    def cross_entropy(self, logits, targets, **kwargs):
-        """``(loss, dlogits)``: the cross-entropy of ``logits`` and its gradient, to start the backward.
+    def cross_entropy(self, logits, targets, **kwargs) -> Loss:
+        """The cross-entropy of ``logits`` and its gradient ``dlogits``, to start the backward.
 
         Under mixed precision the loss is computed from float32 logits and the gradient is that of
         ``S * loss`` (S the loss scale), rounded to the model's 16-bit dtype; ``amp.step`` divides
@@ -164,21 +180,18 @@ class Trainer:
         """
         if self.amp is None:
             loss, cache = cross_entropy_forward(logits, targets, **kwargs)
-            self._loss_valid = cache.valid     # the targets the mean is over (weights of a data-parallel step)
-            return loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache)
+            return Loss(loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache), cache.valid)
         loss, cache = cross_entropy_forward(logits.astype(self.xp.float32), targets, **kwargs)
-        self._loss_valid = cache.valid
-        return loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype)
+        return Loss(loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype), cache.valid)
 
-    def head_cross_entropy(self, head, hidden, targets, **kwargs):
-        """``(loss, dhidden)``: the cross-entropy of ``head(hidden)`` with ``targets`` and the gradient
+    def head_cross_entropy(self, head, hidden, targets, **kwargs) -> Loss:
+        """The cross-entropy of ``head(hidden)`` with ``targets`` and the gradient
         of ``hidden``, the head's own gradients accumulated, without the (..., V) logits (a chunk of
         rows at a time: :meth:`npformer.nn.head.OutputHead.cross_entropy`). The loss is in float32
         under mixed precision and the gradients are those of ``S * loss``, as :meth:`cross_entropy`'s."""
         dloss = 1.0 if self.amp is None else self.amp.scaled_dloss()
         result = head.cross_entropy(hidden, targets, dloss=dloss, **kwargs)
-        self._loss_valid = result.valid        # the targets the mean is over (weights of a data-parallel step)
-        return result.loss, result.dx
+        return Loss(result.loss, result.dx, result.valid)
 
     # -- data parallel (npformer.distributed) -----------------------------------------------------------
     @property
@@ -223,18 +236,17 @@ class Trainer:
         """One optimiser step: forward, backward, (data-parallel reduction), clipping, update."""
         c, step = self.cfg, self.step + 1
         self.model.train()
-        if c.cuda_graph:          # (the replays rewrite the capture's record of the targets in place)
-            loss, tokens = self._graph_step(step)
+        if c.cuda_graph:
+            loss, tokens, valid = self._graph_step(step)
         else:
             self.model.manual_seed(self.dropout_seed(step))
-            self._loss_valid = None               # cross_entropy's record of this step's targets
-            loss, tokens = self.loss_and_backward(step)
+            loss, tokens, valid = self.loss_and_backward(step)
         if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
-            if self._loss_valid is None:
-                raise DistributedError(f"the {self.kind} trainer's step did not compute its loss through "
-                                       "Trainer.cross_entropy or head_cross_entropy: a data-parallel step weighs "
-                                       "each rank's loss by the targets it averages over, which they record")
-            count = int(self._loss_valid.sum())      # read here, not in cross_entropy: a CUDA graph captures that
+            if valid is None:
+                raise DistributedError(f"the {self.kind} trainer's step gave no targets with its loss: a "
+                                       "data-parallel step weighs each rank's loss by the targets it averages "
+                                       "over (Loss.valid, from Trainer.cross_entropy or head_cross_entropy)")
+            count = int(valid.sum())         # read here, not in cross_entropy: a CUDA graph captures that
             loss, _, tokens = self.data_parallel.reduce_gradients(loss, count, tokens)
         self.opt.lr = self._lr(step)
         if self.amp is None:
@@ -248,7 +260,7 @@ class Trainer:
         replayed = bool(c.cuda_graph and self._graph is not None and self._graph.captured)
         return StepResult(float(loss), int(tokens), float(grad_norm), values_checked=not replayed)
 
-    def _graph_step(self, step: int) -> tuple[float, int]:
+    def _graph_step(self, step: int) -> StepLoss:
         """Forward and backward replayed from a CUDA graph (:mod:`npformer.training.cuda_graph`), the
         loss read after it; the same losses as the eager step. The dropout stream of (seed, step) is
         written into the generator the graph draws from, and the gradients are the arrays the
@@ -266,10 +278,10 @@ class Trainer:
             self.model.manual_seed(self.dropout_seed(step))
             self.model.generator(self.cfg.backend)  # outside the capture (seeding is host work)
         x, y = self.batch(step)
-        loss, grads = self._graph(x, y)
+        (loss, valid), grads = self._graph(x, y)      # (valid: rewritten in place by every replay)
         for p, g in zip(params, grads):
             p.grad = g
-        return float(loss), int(x.size)
+        return StepLoss(float(loss), int(x.size), valid)
 
     # -- checkpoints -------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

@@ -33,7 +33,7 @@ from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import eval_mode
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.config import ALBERTTrainConfig, CharLMTrainConfig
-from npformer.training.loop import Trainer
+from npformer.training.loop import StepLoss, Trainer
 
 __all__ = ["MASK_RATE", "IGNORE", "mask_tokens", "MLMTrainer", "BERTTrainer", "ALBERTTrainer"]
 
@@ -132,13 +132,13 @@ class MLMTrainer(Trainer):
         x, _ = self.data.random_batch("train", c.batch_size, rng=rng)
         inputs, targets = self.local(*self._mask(x, rng))     # data parallel: this rank's rows of the batch
         logits, cols, answers = self._picked_logits(inputs, targets)
-        loss, dlogits = self.cross_entropy(logits, to_device(answers, c.backend))
-        dpicked = self.model.mlm.backward(dlogits)                               # (B, k, H)
+        loss = self.cross_entropy(logits, to_device(answers, c.backend))
+        dpicked = self.model.mlm.backward(loss.grad)                             # (B, k, H)
         # fwd: picked = hidden[rows, cols] (distinct cols in a row)  ->  dhidden[rows, cols] = dpicked
         dhidden = self.xp.zeros(inputs.shape + dpicked.shape[-1:], dtype=dpicked.dtype)   # (B, T, H)
         dhidden[to_device(np.arange(len(cols))[:, None], c.backend), to_device(cols, c.backend)] = dpicked
         self.model.backward(dhidden=dhidden)
-        return float(loss), int(inputs.size)
+        return StepLoss(float(loss.value), int(inputs.size), loss.valid)
 
     def evaluate(self, limit: int | None = None, batch_size: int = 64) -> dict:
         """Loss and accuracy at the masked positions of the validation blocks (the first ``limit``

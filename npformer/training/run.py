@@ -49,7 +49,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from npformer.errors import RangeError, WriteError
+from npformer.errors import MissingExtraError, RangeError, WriteError
 from npformer.files import os_reason, read_json, read_text, write_text_atomically, written_atomically
 
 __all__ = ["RunDirectory", "CSVSink", "TensorBoardSink", "SINKS", "default_out_dir", "checkpoint_file", "read_metrics",
@@ -265,7 +265,7 @@ def plot_metrics(path: str | Path, out: str | Path | None = None) -> Path:
         from matplotlib.figure import Figure            # no pyplot: no global state, no display needed
         from matplotlib.ticker import FormatStrFormatter
     except ImportError:
-        raise ImportError('npformer plot needs matplotlib: pip install "npformer[plot]"') from None
+        raise MissingExtraError('npformer plot needs matplotlib: pip install "npformer[plot]"') from None
     valid = [r for r in records if r.get("split") == "valid"]
     steps = [r["step"] for r in train]
     fig = Figure(figsize=(12, 3.6), layout="constrained")

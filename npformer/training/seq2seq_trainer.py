@@ -17,7 +17,7 @@ from npformer.models.decoding import beam_search, eval_mode, greedy_decode
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.config import Seq2SeqTrainConfig
-from npformer.training.loop import Trainer
+from npformer.training.loop import StepLoss, Trainer
 
 __all__ = ["Seq2SeqTrainer"]
 
@@ -63,10 +63,9 @@ class Seq2SeqTrainer(Trainer):
         (pick,) = self.local(pick)                    # data parallel: this rank's rows of the batch
         src, tgt_in, tgt_out, tokens = self._batch([self.task.train[i] for i in pick.tolist()])
         logits = self.model(src, tgt_in)                                          # (B, T, V)
-        loss, dlogits = self.cross_entropy(logits, tgt_out, ignore_index=PAD_ID,
-                                           label_smoothing=c.label_smoothing)
-        self.model.backward(dlogits)
-        return float(loss), tokens
+        loss = self.cross_entropy(logits, tgt_out, ignore_index=PAD_ID, label_smoothing=c.label_smoothing)
+        self.model.backward(loss.grad)
+        return StepLoss(float(loss.value), tokens, loss.valid)
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, limit: int | None = None, batch_size: int = 250) -> dict:

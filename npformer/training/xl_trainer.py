@@ -26,7 +26,7 @@ from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.checkpoint import load_checkpoint, save_checkpoint
 from npformer.training.config import XLTrainConfig
-from npformer.training.loop import Trainer
+from npformer.training.loop import StepLoss, Trainer
 
 __all__ = ["XLTrainer", "SEGMENTS", "N_SYMBOLS", "recall_period"]
 
@@ -84,9 +84,9 @@ class XLTrainer(Trainer):
         (rows,) = self.local(rows)                    # data parallel: this rank's rows of the batch
         x, y = self._segment(self.task.train[rows], j)
         logits, self.mems = self.model(x, self.mems)                              # (B, T, V)
-        loss, dlogits = self.cross_entropy(logits, y)
-        self.model.backward(dlogits)
-        return float(loss), int(x.size)
+        loss = self.cross_entropy(logits, y)
+        self.model.backward(loss.grad)
+        return StepLoss(float(loss.value), int(x.size), loss.valid)
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, limit: int | None = None, mem_len: int | None = None, batch_size: int = 100) -> dict:

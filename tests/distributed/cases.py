@@ -29,9 +29,9 @@ def gradients_after_one_step(model: str, clip: float, comm=None) -> dict:
     Returns the gradients by parameter name, the loss and the norm before clipping."""
     trainer = trainer_for(model, comm, dtype="float64", clip=clip)
     trainer.model.train()
-    loss, tokens = trainer.loss_and_backward(1)
+    loss, tokens, valid = trainer.loss_and_backward(1)
     if comm is not None:
-        loss = trainer.data_parallel.reduce_gradients(loss, int(trainer._loss_valid.sum()), tokens).loss
+        loss = trainer.data_parallel.reduce_gradients(loss, int(valid.sum()), tokens).loss
     norm = clip_grad_norm(trainer.model.parameters(), clip)
     out = {f"grad/{name}": p.grad.copy() for name, p in trainer.model.named_parameters()}
     return {**out, "loss": np.float64(loss), "norm": np.float64(norm)}

@@ -158,3 +158,16 @@ def test_earlier_field_names_still_load_and_files_are_told_the_new_ones(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")                   # the current names: no warning
         assert make_config({"task": "charlm", "heads": 2, "ff": 48}).heads == 2
+
+
+def test_a_config_is_frozen_and_replace_checks_the_new_one():
+    """A setting changed after the checks ran would skip them: another setting is another config."""
+    import dataclasses
+    from npformer.errors import RangeError
+    from npformer.training.config import CharLMTrainConfig
+    config = CharLMTrainConfig(task="charlm", steps=20)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.steps = 0
+    assert config.warmup == 2 and dataclasses.replace(config, steps=40).steps == 40
+    with pytest.raises(RangeError, match="--steps"):
+        dataclasses.replace(config, steps=0)

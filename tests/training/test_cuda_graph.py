@@ -134,11 +134,12 @@ class _GraphOnTheCPU:
             self.outputs = self.fn(*inputs)
             return self.outputs
         before = [(p, p.grad) for p in self.params]
-        loss, grads = self.fn(*inputs)
+        (loss, valid), grads = self.fn(*inputs)
         for p, grad in before:
             p.grad = grad
-        kept_loss, kept_grads = self.outputs
+        (kept_loss, kept_valid), kept_grads = self.outputs
         kept_loss[...] = loss
+        kept_valid[...] = valid
         for kept, new in zip(kept_grads, grads, strict=True):
             if kept is not None:
                 kept[...] = new
@@ -166,7 +167,8 @@ def test_replayed_steps_train_the_eager_model_on_the_cpu_stand_in(monkeypatch, d
                                    layers=2, ff=64, dropout=dropout)
         trainer = make_trainer(config, log=lambda line: None)
         if graph:
-            trainer.cfg.cuda_graph = True          # (the config refuses it on NumPy; the stand-in runs here)
+            # the config refuses --cuda-graph on NumPy (and is frozen); the stand-in runs here
+            object.__setattr__(trainer.cfg, "cuda_graph", True)
             monkeypatch.setattr(cuda_graph, "CudaGraphStep", lambda fn, warmup, t=trainer: _GraphOnTheCPU(
                 fn, list(t.model.parameters()), warmup))
             monkeypatch.setattr(cuda_graph, "reseed_in_place", _reseed_numpy_in_place)

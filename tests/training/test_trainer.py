@@ -130,10 +130,11 @@ def test_loading_a_checkpoint_of_another_kind_is_a_clear_error(tmp_path):
         s2s.load(tmp_path / "lm.npz")
 
 
-def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
+def test_a_data_parallel_step_needs_the_targets_of_its_loss():
     """Each rank's loss is weighed by the targets it averages over, which Trainer.cross_entropy (and
-    head_cross_entropy, the GPT trainers' way) records:
-    a trainer whose step bypasses it gets a clear error, not silently wrong weights."""
+    head_cross_entropy, the GPT trainers' way) return with the loss (Loss.valid) and the step returns
+    with its loss (StepLoss.valid): a step that gives none gets a clear error, not silently wrong weights."""
+    from npformer.training.loop import StepLoss
     from npformer.errors import DistributedError
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from npformer.training.config import make_config
@@ -157,9 +158,9 @@ def test_a_data_parallel_step_needs_its_loss_through_cross_entropy():
     def bypass(step):
         loss, cache = cross_entropy_forward(trainer.model(x), y)
         trainer.model.backward(cross_entropy_backward(trainer.xp.ones((), dtype=loss.dtype), cache))
-        return float(loss), int(x.size)
+        return StepLoss(float(loss), int(x.size), None)
     trainer.loss_and_backward = bypass
-    with pytest.raises(DistributedError, match="did not compute its loss through Trainer.cross_entropy"):
+    with pytest.raises(DistributedError, match="gave no targets with its loss"):
         trainer.train_step()
 
 
