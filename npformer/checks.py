@@ -14,6 +14,13 @@ not possible, so the capture runs under :func:`values_unchecked` and those check
 other check, with nothing of the capture in their code; the eager calls before the capture check
 them as usual. Types, ranks
 and shapes are always checked.
+
+Arrays are checked once per public call. An op called by another op (both ``@dispatched``,
+:mod:`npformer.dispatch`, which counts the ops running in this thread) trusts its caller: the outer
+op checked what the user gave it and made the rest itself, so the ``expect_*`` checks of the ops
+below it return at once (:func:`checked_by_caller`), as Chainer type-checks each call of a function
+and never the functions inside it. The scalar checks, which also convert, always run. Every
+dispatched op that hands a user's array to another op checks it at its own top.
 """
 from __future__ import annotations
 
@@ -29,9 +36,16 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer",
            "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability",
-           "one_of", "values_checked", "values_unchecked", "float_dtype"]
+           "one_of", "values_checked", "values_unchecked", "float_dtype", "OP_DEPTH", "checked_by_caller"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
+# how many dispatched ops are running in this thread, the outermost first (npformer.dispatch sets it)
+OP_DEPTH = contextvars.ContextVar("npformer_op_depth", default=0)
+
+
+def checked_by_caller() -> bool:
+    """True inside an op that another op called: its arrays were checked by that op (module docstring)."""
+    return OP_DEPTH.get() > 1
 
 
 def values_checked() -> bool:
@@ -66,12 +80,16 @@ def describe(x: Any) -> str:
 def expect_array(x: Any, name: str) -> None:
     """``x`` must be a NumPy or CuPy ndarray (lists, scalars and other libraries' tensors are not
     converted silently)."""
+    if checked_by_caller():
+        return
     if not is_array(x):
         raise InputTypeError(f"{name}: expected a numpy or cupy array, got {describe(x)}")
 
 
 def expect_float(x: Any, name: str) -> None:
     """``x`` must be an array of a floating dtype."""
+    if checked_by_caller():
+        return
     expect_array(x, name)
     if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
         _not_float(x, name)
@@ -98,6 +116,8 @@ def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
 
 def expect_int(x: Any, name: str) -> None:
     """``x`` must be an array of an integer dtype (token ids, class targets)."""
+    if checked_by_caller():
+        return
     expect_array(x, name)
     if x.dtype.kind not in "iu":
         raise InputTypeError(f"{name}: expected an integer array, got {describe(x)}")
@@ -105,6 +125,8 @@ def expect_int(x: Any, name: str) -> None:
 
 def expect_bool_or_float(x: Any, name: str) -> None:
     """A mask: boolean (True = blocked) or floating (added to the scores)."""
+    if checked_by_caller():
+        return
     expect_array(x, name)
     if x.dtype.kind not in "bf":
         raise InputTypeError(f"{name}: expected a bool mask (True = may not attend) or a float mask "
@@ -113,6 +135,8 @@ def expect_bool_or_float(x: Any, name: str) -> None:
 
 def expect_ndim(x: Any, name: str, ndim: int | Sequence[int], layout: str = "") -> None:
     """``x.ndim`` must be ``ndim`` (or one of them); ``layout`` such as "(B, T, C)" goes in the message."""
+    if checked_by_caller():
+        return
     expect_array(x, name)
     allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if x.ndim not in allowed:
@@ -123,6 +147,8 @@ def expect_ndim(x: Any, name: str, ndim: int | Sequence[int], layout: str = "") 
 
 def expect_shape(x: Any, name: str, shape: Sequence[int | None], layout: str = "") -> None:
     """``x.shape`` must equal ``shape``; ``None`` entries match any size."""
+    if checked_by_caller():
+        return
     expect_array(x, name)
     if x.ndim != len(shape) or not all(want is None or want == size for want, size in zip(shape, x.shape)):
         want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
@@ -133,6 +159,8 @@ def expect_shape(x: Any, name: str, shape: Sequence[int | None], layout: str = "
 def expect_rows(x: Any, name: str, layout: str = "(..., N)") -> None:
     """``x`` must have at least one axis and a non-empty last one: rows for an op that reduces
     along the last axis (softmax, layer norm)."""
+    if checked_by_caller():
+        return
     expect_array(x, name)
     if x.ndim == 0 or x.shape[-1] == 0:
         raise ShapeError(f"{name}: expected rows {layout} with at least one value each (the op "
@@ -141,6 +169,8 @@ def expect_rows(x: Any, name: str, layout: str = "(..., N)") -> None:
 
 def expect_same_dtype(**arrays: Any) -> None:
     """All non-None arrays share one dtype (float32 in gives float32 out; nothing is promoted silently)."""
+    if checked_by_caller():
+        return
     first_name = first = None
     for k, v in arrays.items():
         if v is None:
@@ -161,6 +191,8 @@ def expect_same_float(**arrays: Any) -> None:
     all of one dtype (float32 in gives float32 out; nothing is promoted silently) and of one backend
     (NumPy and CuPy are not mixed). The errors of :func:`expect_float` on each, then
     :func:`expect_same_dtype` and ``get_array_module``, in one call for the whole set."""
+    if checked_by_caller():
+        return
     given = {name: a for name, a in arrays.items() if a is not None}
     for name, a in given.items():
         expect_float(a, name)
@@ -176,6 +208,8 @@ def expect_same_float(**arrays: Any) -> None:
 def expect_grad(d: Any, name: str, shape: Sequence[int], dtype: Any, what: str = "the forward's output") -> None:
     """An upstream gradient must have exactly the shape and the dtype of what it is the gradient of:
     no broadcasting, and no promotion (a float64 gradient for a float32 forward is a mistake)."""
+    if checked_by_caller():
+        return
     expect_array(d, name)
     if tuple(d.shape) != tuple(shape):
         raise ShapeError(f"{name}: expected the shape of {what}, {tuple(shape)}, got {describe(d)}")
@@ -187,6 +221,8 @@ def expect_grad(d: Any, name: str, shape: Sequence[int], dtype: Any, what: str =
 def expect_row_buffer(g: Any, name: str, like: Any) -> None:
     """An output array a kernel writes whole rows into (``dq`` for ``q``, say; a view of a larger
     array allowed): ``like``'s shape and dtype, its last axis contiguous and no axis running backwards."""
+    if checked_by_caller():
+        return
     expect_grad(g, name, like.shape, like.dtype, what=name[1:] if name.startswith("d") else name)
     if g.strides[-1] != g.itemsize or min(g.strides, default=0) < 0:
         raise ShapeError(f"{name}: expected a contiguous last axis to write rows into (and no negative "

@@ -29,8 +29,9 @@ environment. Named, it switches off only the fast paths of those names, the othe
         ...
  :func:`implementation` tells which one a call would run.
 
-Every reference op passes through here, fast path or not, which makes this also the place of the
-opt-in anomaly mode (as ``torch.autograd.detect_anomaly``)::
+Every reference op passes through here, fast path or not, which makes this also where an op nested
+in another learns that its caller checked its arrays (:func:`npformer.checks.checked_by_caller`: each
+array is checked once per public call), and the place of the opt-in anomaly mode (as ``torch.autograd.detect_anomaly``)::
 
     with npformer.detect_anomaly():           # off by default: NaN in gives NaN out, silently
         loss = ...; model.backward(...)
@@ -49,6 +50,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
 from npformer.backend import get_array_module
+from npformer.checks import OP_DEPTH
 from npformer.errors import NonFiniteError
 
 __all__ = ["FastPath", "Takes", "takes", "dispatched", "register", "enabled", "set_enabled", "disabled",
@@ -136,7 +138,11 @@ def dispatched(reference: Callable) -> Callable:
                 if path.name not in off and path.accepts(*args, **kwargs):
                     run = path.run
                     break
-        result = run(*args, **kwargs)
+        depth = OP_DEPTH.set(OP_DEPTH.get() + 1)     # the ops this one calls trust its checks (npformer.checks)
+        try:
+            result = run(*args, **kwargs)
+        finally:
+            OP_DEPTH.reset(depth)
         if _ANOMALY.get():
             _check_finite(name, (*args, *kwargs.values()), result)
         return result

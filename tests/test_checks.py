@@ -41,3 +41,41 @@ def test_arrays_of_two_backends_are_refused(monkeypatch):
     with pytest.raises(TypeError, match="two backends were mixed"):
         expect_same_float(x=x, weight=w)
     expect_same_float(x=w, weight=w)        # one backend, even when it is not NumPy
+
+
+def test_an_op_called_by_another_op_trusts_its_checks():
+    """Each array is checked once per public call: the dispatcher counts the ops running, and the
+    array checks of an op nested in another return at once (the outer op checked what it passed
+    on); scalar checks, which convert, always run; called on its own, the nested op checks."""
+    import math
+    import sys
+
+    from npformer.checks import OP_DEPTH, checked_by_caller, expect_float, real
+    from npformer.errors import InputTypeError, RangeError, ShapeError
+    from npformer.ops.feedforward import feed_forward_forward
+    from npformer.ops.linear import linear_forward
+    assert not checked_by_caller()
+    token = OP_DEPTH.set(2)
+    try:
+        assert checked_by_caller()
+        expect_float([1.0], "x")                              # trusted: a caller checked it
+        with pytest.raises(RangeError):
+            real(math.nan, "lr")
+    finally:
+        OP_DEPTH.reset(token)
+    with pytest.raises(InputTypeError):
+        expect_float([1.0], "x")
+    depths = []
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name == "check_linear_inputs":
+            depths.append(OP_DEPTH.get())
+    x, w1, w2 = np.ones((2, 4)), np.ones((5, 4)), np.ones((4, 5))
+    sys.setprofile(hook)
+    try:
+        feed_forward_forward(x, w1, None, w2, None)
+    finally:
+        sys.setprofile(None)
+    assert depths == [1, 2, 2]           # the op's own check, then its two linears' (which return at once)
+    with pytest.raises(ShapeError, match="C_in=4"):
+        linear_forward(np.ones((2, 3)), w1)                   # on its own, linear checks

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from npformer.ops.linear import linear_backward
+from npformer.ops.linear import check_linear_grad, linear_backward
 from npformer.ops.multihead import MultiHeadCache, split_heads
 
 __all__ = ["packed_self_attention_backward", "packed_cache"]
@@ -21,6 +21,7 @@ __all__ = ["packed_self_attention_backward", "packed_cache"]
 def packed_self_attention_backward(backward_into: Callable[..., None], xp: Any, dout, cache: MultiHeadCache):
     """Returns ``(dx, din_proj_weight, din_proj_bias, dout_proj_weight, dout_proj_bias)`` as the
     reference; ``backward_into(dout_heads, attention_cache, dq, dk, dv)`` writes the heads' gradients."""
+    check_linear_grad(dout, cache.out_proj)         # dout: the gradient of the output projection's output
     # fwd: out = merge(heads) @ W_o^T + b_o  ->  dmerged = dout @ W_o
     dmerged, dw_out, db_out = linear_backward(dout, cache.out_proj)             # (B, T, E), (E, E), (E,)
     b, t, e = dmerged.shape

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.checks import one_of
+from npformer.checks import expect_ndim, expect_same_float, expect_shape, one_of
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.activations import gelu_backward, gelu_forward, relu_backward, relu_forward
 from npformer.ops.dropout import dropout_term, dropout_term_backward
-from npformer.ops.linear import linear_backward, linear_forward
+from npformer.ops.linear import check_linear_grad, check_linear_inputs, linear_backward, linear_forward
 
 __all__ = ["FeedForwardCache", "feed_forward_activation", "feed_forward_forward", "feed_forward_backward",
            "ACTIVATIONS"]
@@ -34,13 +34,20 @@ class FeedForwardCache(NamedTuple):
     lin2: Any          # LinearCache of out = a' W2^T + b2
 
 
-def feed_forward_activation(w1, w2, activation: str):
-    """The ``ACTIVATIONS`` entry of ``activation``, after checking it and that w2 is (C, F) for w1
-    (F, C) (every implementation of the forward calls this first)."""
+def feed_forward_activation(x, w1, b1, w2, b2, activation: str):
+    """The ``ACTIVATIONS`` entry of ``activation``, after checking it and the arrays: x, w1 (F, C), b1
+    (F,) as a linear's inputs, w2 (C, F) and b2 (C,) to match (every implementation of the forward
+    calls this first)."""
     entry = ACTIVATIONS[one_of(activation, "activation", tuple(ACTIVATIONS))]
-    if w2.ndim == 2 and w1.ndim == 2 and w2.shape != (w1.shape[1], w1.shape[0]):
-        raise ShapeError(f"w2: expected shape (C, F)=({w1.shape[1]}, {w1.shape[0]}) to match w1 (F, C)="
-                         f"{tuple(w1.shape)}, got {tuple(w2.shape)}")
+    check_linear_inputs(x, w1, b1)
+    expect_same_float(x=x, w2=w2, b2=b2)
+    expect_ndim(w2, "w2", 2, "(C, F)")
+    f, c = w1.shape
+    if w2.shape != (c, f):
+        raise ShapeError(f"w2: expected shape (C, F)=({c}, {f}) to match w1 (F, C)={tuple(w1.shape)}, got "
+                         f"{tuple(w2.shape)}")
+    if b2 is not None:
+        expect_shape(b2, "b2", (c,), "(C,)")
     return entry
 
 
@@ -48,7 +55,7 @@ def feed_forward_activation(w1, w2, activation: str):
 def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0,
                          rng=None, training: bool = True):
     """Returns ``(out, cache)``; ``b1``/``b2`` may be None (bias=False)."""
-    act_fwd, act_kw, act_bwd = feed_forward_activation(w1, w2, activation)
+    act_fwd, act_kw, act_bwd = feed_forward_activation(x, w1, b1, w2, b2, activation)
     h, lin1 = linear_forward(x, w1, b1)                  # (..., F)
     a, act = act_fwd(h, **act_kw)                        # (..., F)
     a, drop = dropout_term(a, dropout_p, rng=rng, training=training)
@@ -59,6 +66,7 @@ def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout
 @dispatched
 def feed_forward_backward(dout, cache: FeedForwardCache):
     """Returns ``(dx, dw1, db1, dw2, db2)``; the bias gradients are None where the forward had none."""
+    check_linear_grad(dout, cache.lin2)                  # dout: the gradient of the second linear's output
     da, dw2, db2 = linear_backward(dout, cache.lin2)     # fwd: out = a' W2^T + b2
     da = dropout_term_backward(da, cache.drop)           # fwd: a' = dropout(a)
     dh = cache.act_backward(da, cache.act)               # fwd: a = act(h)

@@ -20,7 +20,7 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import expect_grad, expect_rows, expect_same_float, expect_shape, real
 from npformer.dispatch import dispatched
 
-__all__ = ["LayerNormCache", "check_layer_norm_inputs", "layer_norm_forward", "layer_norm_backward"]
+__all__ = ["LayerNormCache", "check_layer_norm_inputs", "check_layer_norm_grad", "layer_norm_forward", "layer_norm_backward"]
 
 
 class LayerNormCache(NamedTuple):
@@ -59,11 +59,16 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype)
 
 
+def check_layer_norm_grad(dy, cache: LayerNormCache) -> None:
+    """The backward's check: ``dy`` is the gradient of the forward's output."""
+    expect_grad(dy, "dy", cache.xhat.shape, cache.dtype)
+
+
 @dispatched
 def layer_norm_backward(dy, cache: LayerNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
+    check_layer_norm_grad(dy, cache)
     xhat, rstd, weight, has_bias, dtype = cache
-    expect_grad(dy, "dy", xhat.shape, dtype)
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
     # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy  (over every row),  dxhat = dy * w

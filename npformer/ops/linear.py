@@ -16,7 +16,7 @@ from npformer.checks import expect_grad, expect_ndim, expect_same_float, expect_
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 
-__all__ = ["LinearCache", "check_linear_inputs", "linear_forward", "linear_backward", "matmul_last", "as_rows"]
+__all__ = ["LinearCache", "check_linear_inputs", "check_linear_grad", "linear_forward", "linear_backward", "matmul_last", "as_rows"]
 
 
 def as_rows(x):
@@ -50,6 +50,11 @@ def check_linear_inputs(x, weight, bias) -> None:
         expect_shape(bias, "bias", (c_out,), "(C_out,)")
 
 
+def check_linear_grad(dout, cache: "LinearCache") -> None:
+    """The backward's check: ``dout`` is the gradient of the forward's output (..., C_out)."""
+    expect_grad(dout, "dout", cache.x.shape[:-1] + (cache.weight.shape[0],), cache.x.dtype)
+
+
 @dispatched
 def linear_forward(x, weight, bias=None):
     """``out = x @ W^T + b``; returns ``(out, cache)``."""
@@ -63,9 +68,8 @@ def linear_forward(x, weight, bias=None):
 @dispatched
 def linear_backward(dout, cache: LinearCache):
     """Returns ``(dx, dweight, dbias)``; ``dbias`` is None when the forward had no bias."""
+    check_linear_grad(dout, cache)
     x, weight, has_bias = cache
-    c_out, c_in = weight.shape
-    expect_grad(dout, "dout", x.shape[:-1] + (c_out,), x.dtype)
     dout2 = as_rows(dout)                                # (N, C_out)
     x2 = as_rows(x)                                      # (N, C_in)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout

@@ -35,7 +35,7 @@ from npformer.errors import RangeError, ShapeError
 from npformer.ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from npformer.ops.flash_attention import (FlashAttentionCache, check_implementation, flash_attention_backward,
                                           flash_attention_forward)
-from npformer.ops.linear import LinearCache, linear_backward, linear_forward
+from npformer.ops.linear import LinearCache, check_linear_grad, linear_backward, linear_forward
 
 __all__ = ["split_heads", "merge_heads", "MultiHeadCache", "self_attention_forward", "self_attention_backward",
            "multi_head_attention_forward", "multi_head_attention_backward"]
@@ -127,6 +127,7 @@ def _project_out(heads, weights, attn, projections, num_heads, past_key, out_pro
 
 def _attention_backward(dout, cache: MultiHeadCache):
     """dq, dk, dv heads (B, H, T, hs) of the new positions, and the output projection's gradients."""
+    check_linear_grad(dout, cache.out_proj)              # dout: the gradient of the output projection's output
     # fwd: out = merge(heads) @ W_o^T + b_o  ->  dmerged = dout @ W_o,  dW_o = dout^T merged,  db_o = sum dout
     dmerged, dw_out, db_out = linear_backward(dout, cache.out_proj)              # (B, Tq, E), (E, E), (E,)
     backward = flash_attention_backward if isinstance(cache.attn, FlashAttentionCache) else \

@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 from npformer.checks import expect_grad, expect_same_float, expect_shape
 from npformer.dispatch import dispatched
 from npformer.ops.dropout import dropout_backward, dropout_term
-from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
+from npformer.ops.layernorm import (check_layer_norm_grad, check_layer_norm_inputs, layer_norm_backward,
+                                    layer_norm_forward)
 
 __all__ = ["ResidualNormCache", "check_residual_inputs", "residual_dropout_forward",
            "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward"]
@@ -59,6 +60,7 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
                                         training: bool = True, eps: float = 1e-5):
     """``s = x + dropout(branch)``, ``y = LayerNorm(s)``; returns ``(s, y, ResidualNormCache)``."""
     check_residual_inputs(x, branch)
+    check_layer_norm_inputs(x, weight, bias, eps)        # (s has x's shape and dtype)
     d, drop = dropout_term(branch, p, rng=rng, training=training)   # (..., C)
     s = x + d                                            # (..., C)
     y, norm = layer_norm_forward(s, weight, bias, eps)   # (..., C)
@@ -71,6 +73,7 @@ def residual_dropout_layer_norm_backward(ds, dy, cache: ResidualNormCache):
     None for an absent weight or bias."""
     if ds is not None:
         expect_grad(ds, "ds", cache.drop.x_shape, cache.drop.x_dtype)
+    check_layer_norm_grad(dy, cache.norm)
     dsn, dweight, dbias = layer_norm_backward(dy, cache.norm)      # fwd: y = LN(s)
     dx = dsn if ds is None else ds + dsn                 # (..., C) fwd: s feeds y and (pre-norm) more
     dbranch = dropout_backward(dx, cache.drop)           # (..., C) fwd: s = x + dropout(branch)

@@ -16,7 +16,7 @@ from npformer.kernels.cuda.activations import bias_gelu_dropout_backward, bias_g
 from npformer.kernels.cuda.runtime import device_floats
 from npformer.ops.activations import GeluCache
 from npformer.ops.feedforward import FeedForwardCache, feed_forward_activation
-from npformer.ops.linear import linear_backward, linear_forward
+from npformer.ops.linear import check_linear_grad, linear_backward, linear_forward
 
 __all__ = ["accepts_forward", "accepts_backward", "feed_forward_forward", "feed_forward_backward"]
 
@@ -36,7 +36,7 @@ def accepts_backward(dout, cache) -> bool:
 def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout_p: float = 0.0,
                          rng=None, training: bool = True):
     """Returns ``(out, FeedForwardCache)``, the reference's cache."""
-    _, act_kw, act_bwd = feed_forward_activation(w1, w2, activation)
+    _, act_kw, act_bwd = feed_forward_activation(x, w1, b1, w2, b2, activation)
     z, lin1 = linear_forward(x, w1)                      # (..., F) x W1^T
     # h = z + b1, a = dropout(gelu(h)): one kernel
     a, act, drop = bias_gelu_dropout_forward(z, b1, act_kw["approximate"], dropout_p, rng, training)
@@ -46,6 +46,7 @@ def feed_forward_forward(x, w1, b1, w2, b2, *, activation: str = "relu", dropout
 
 def feed_forward_backward(dout, cache):
     """Returns ``(dx, dw1, db1, dw2, db2)``."""
+    check_linear_grad(dout, cache.lin2)                  # dout: the gradient of the second linear's output
     da, dw2, db2 = linear_backward(dout, cache.lin2)     # fwd: out = a' W2^T + b2
     # fwd: a' = dropout(gelu(h)), h = z + b1  ->  dh = da m / (1 - p) gelu'(h),  db1 = sum dh: one kernel
     dh, db1 = bias_gelu_dropout_backward(da, cache.act, cache.drop)
