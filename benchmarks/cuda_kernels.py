@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "TEST_KERNELS", "Kernel",
+__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "Kernel",
            "Tools", "find_tools", "sass_functions", "main_loop", "compile_module", "compile_all",
            "block_threads", "dynamic_shared", "occupancy", "occupancy_floor", "report", "main"]
 
@@ -230,8 +230,10 @@ def main_loop(instructions: list[tuple[int, str, str]]) -> dict[str, int]:
 
 
 def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int,
-                   workdir: str) -> tuple[dict[str, Kernel], str]:
-    """Every kernel of one module for ``sm_<arch>`` and the compilers' warnings (NVRTC's log, ptxas's)."""
+                   workdir: str, threads: dict[str, int] | None = None) -> tuple[dict[str, Kernel], str]:
+    """Every kernel of one module for ``sm_<arch>`` and the compilers' warnings (NVRTC's log, ptxas's).
+    ``threads``: each kernel's block size, for a module npformer does not launch (the tests'); else
+    :func:`block_threads`."""
     ptx, log = nvrtc_ptx(tools, source, tuple(options) + CUPY_OPTIONS + (f"-arch=compute_{arch}",))
     ptx_path, cubin = os.path.join(workdir, f"{name}_{arch}.ptx"), os.path.join(workdir, f"{name}_{arch}.cubin")
     with open(ptx_path, "w") as f:
@@ -254,7 +256,8 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
         if fn in kernels:
             kernels[fn].loop = main_loop(instructions)
     for k in kernels.values():
-        k.threads, k.dynamic_shared = block_threads(k.name), dynamic_shared(k.name)
+        k.threads = threads[k.name] if threads is not None else block_threads(k.name)
+        k.dynamic_shared = dynamic_shared(k.name)
         k.occupancy, k.limit = occupancy(k, arch)
     return kernels, warnings
 
@@ -277,10 +280,7 @@ def block_threads(name: str) -> int:
                "fa_fwd_tf32": flash_source.THREADS, "fa_bwd_dq_tf32": flash_source.THREADS,
                **{f"fa_{name}": flash_source.THREADS for name in flash_source.DENSE_KERNELS},
                "fa_bwd_dkdv_tf32": flash_source.THREADS,
-               "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
-               "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
-               "test_mma": 32, "test_mma_tf32": 32, "test_tf32": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64,
-               "test_cp_async_zfill": 32}   # the primitives' a warp
+               "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS}
     if base in special:
         return special[base]
     if base in kinds:
@@ -288,19 +288,12 @@ def block_threads(name: str) -> int:
     raise KeyError(f"no launch block size known for the entry point {name}: add it to block_threads")
 
 
-# kernels for the tests (in the flash modules, and warp_source's primitives): never launched by npformer
-TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes", "test_mma", "test_mma_tf32", "test_tf32", "test_ldmatrix",
-                "test_shfl", "test_cp_async", "test_cp_async_zfill")
-
-
 def occupancy_floor(name: str, arch: int) -> float | None:
     """The occupancy entry point ``name`` states it keeps on ``sm_<arch>`` (runtime.OCCUPANCY_FLOORS,
-    flash_source.OCCUPANCY_FLOORS); None for the test kernels. KeyError for a kernel that states none."""
+    flash_source.OCCUPANCY_FLOORS). KeyError for a kernel that states none."""
     from npformer.kernels.cuda import flash_source, runtime
     column = ARCHS.index(arch)
     base = _base(name)
-    if base in TEST_KERNELS:
-        return None
     m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|f32|f64)$",
                  name)
     if m:
@@ -374,7 +367,7 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
         floor = occupancy_floor(k.name, arch)
         lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.spill_stores}/{k.spill_loads} | {k.stack} | "
                      f"{k.static_shared} + {k.dynamic_shared} | {k.threads} | {k.occupancy:.1%} | {k.limit} | "
-                     f"{'test kernel' if floor is None else f'{floor:.1%}'} | "
+                     f"{floor:.1%} | "
                      + " | ".join(str(k.mix.get(op, 0)) for op in MIX) + " |")
     looped = [k for k in kernels if k.loop]
     if looped:

@@ -100,7 +100,7 @@ __all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARI
            "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
            "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes", "DENSE_TILES", "DENSE_TRAITS", "DENSE_KERNELS",
            "DENSE_SHARED", "dense_shared",
-           "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE",
+           "entry_name", "module_source", "MODULE_SOURCES", "FLASH_KERNELS", "FLASH_EMULATED_SOURCE",
            "FLASH_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block: 16 row lanes x 8 column lanes
@@ -267,21 +267,6 @@ _ENTRY_POINTS = (
      "npf_fa_bwd_pre<T, A>(dout, out, dvec, rows, hv, Tq, H" + _layout_args("bwd_pre") + ");"),
 )
 
-_TEST_ENTRY_POINTS = r"""
-// _keep (unscaled) for flat indices n = ((bh Tq) + i) Tk + j of a (bh_count, Tq, Tk) block
-extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int keep_min, bool* keep, long long total) {
-    NPF_FOR_EACH(n, total) keep[n] = npf_fa_keep(*seed, (unsigned long long)n, keep_min);
-}
-
-// The shared-memory bytes each kernel carves, in flash_source.SHARED's order, then each dense kernel's
-// traits (shared bytes, rows a block, tile) in flash_source.DENSE_SHARED's
-extern "C" __global__ void npf_fa_shared_sizes(long long* bytes) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int n = 0;
-@SIZES@}
-"""
-
-
 def entry_name(kernel: str, dtype, d: int | None = None) -> str:
     """``npf_fa_<kernel>[_d<D>]_<f16|f32|f64>``: the entry point of ``kernel`` for ``dtype`` and bucket D."""
     suffix = TYPES[numpy.dtype(dtype)][2]
@@ -334,17 +319,6 @@ def _entry_points(pairs) -> str:
     return "\n".join(out)
 
 
-def _test_entry_points() -> str:
-    sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
-                    f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
-    block = {"fwd": "BR", "bwd_dq": "BR", "bwd_dkdv": "BC"}
-    tile = {"fwd": "BC", "bwd_dq": "BC", "bwd_dkdv": "BQ"}
-    sizes += "".join(f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::SHARED;\n"
-                     f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::{block[kernel]};\n"
-                     f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::{tile[kernel]};\n" for kernel, d in DENSE_SHARED)
-    return _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
-
-
 def _constants(text: str) -> str:
     golden, mix1, mix2 = SPLITMIX64
     values = {"GOLDEN": f"0x{golden:016X}", "MIX1": f"0x{mix1:016X}", "MIX2": f"0x{mix2:016X}"}
@@ -354,19 +328,19 @@ def _constants(text: str) -> str:
 _PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
 
 
+FLASH_KERNELS = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS)    # every module's kernels, before its entry points
+
+
 def module_source(dtype, d: int) -> str:
     """The NVRTC source of the module for ``dtype`` and head-size bucket ``d``: its fwd, bwd_dkdv,
     bwd_dq and bwd_pre entry points (and the tensor-core ones)."""
-    return HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
+    return FLASH_KERNELS + "\n" + _entry_points([(numpy.dtype(dtype), d)])
 
 
 MODULE_SOURCES = {pair: module_source(*pair) for pair in _PAIRS}
-# The two kernels only the tests launch (the keep rule position by position, the shared memory each
-# kernel carves), in a module of their own: never compiled into the shipped ones.
-TEST_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _test_entry_points()
-# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions itself):
-# every pair's entry points and the test kernels in one library.
-FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS) + _test_entry_points()
+# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions itself, and
+# tests/kernels/cuda/sources.py adds the test kernels): every pair's entry points in one library.
+FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS)
 # Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
 # the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
 # reference's matmul anyway, and FMA halves its instruction count.

@@ -33,11 +33,11 @@ from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cuda import flash_source, runtime
 from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
-from tests.kernels.cuda import emulator
+from tests.kernels.cuda import emulator, sources
 
 DTYPES = ("float64", "float32", "float16")
 # each emulated by the one flash library
-_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values()) | {flash_source.TEST_SOURCE}
+_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values()) | {sources.FLASH_TEST_SOURCE}
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def emulated_flash_module(tmp_path_factory):
     """Every flash attention entry point (on a GPU, one NVRTC module per dtype and head-size bucket)."""
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), flash_source.FLASH_EMULATED_SOURCE)
-    return emulator.EmulatedModule(path, flash_source.FLASH_EMULATED_SOURCE)
+    path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), sources.FLASH_EMULATED_SOURCE)
+    return emulator.EmulatedModule(path, sources.FLASH_EMULATED_SOURCE)
 
 
 @pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -28,6 +28,7 @@ from npformer.ops.flash_attention import (FlashAttentionCache, _keep, draw_seed,
                                           flash_attention_forward as flash_forward)
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, assert_scores_beyond_float16, host, randn, seeds
+from tests.kernels.cuda import sources
 from tests.kernels.cuda.conftest import DTYPES, assert_close
 from tests.ops.test_flash_attention import CAUSAL, causal_kw, draw_masks
 from tests.ops.test_flash_attention import test_bad_input as reference_bad_input_cases
@@ -136,9 +137,9 @@ def test_gradcheck_float64_through_the_kernels(fx, b, h, tq, tk, hs, causal, kin
 
 
 def _test_module():
-    """The module of the test kernels (flash_source.TEST_SOURCE; emulated: the flash library)."""
+    """The module of the test kernels (sources.FLASH_TEST_SOURCE; emulated: the flash library)."""
     from npformer.kernels.cuda import runtime
-    return runtime.compile_module(flash_source.TEST_SOURCE, flash_source.FLASH_NVRTC_OPTIONS)
+    return runtime.compile_module(sources.FLASH_TEST_SOURCE, flash_source.FLASH_NVRTC_OPTIONS)
 
 
 # -- dropout: the reference's keep rule, element by element ------------------------------------------
@@ -373,7 +374,7 @@ def test_every_module_has_its_entry_points():
         want = {flash_source.entry_name(n, dtype, d) for n in kernels}
         assert names == want | {flash_source.entry_name("bwd_pre", dtype)}     # no test kernel shipped
         assert "@" not in text
-    test_names = re.findall(r'extern "C" __global__ void (npf_\w+)\(', flash_source.TEST_SOURCE)
+    test_names = re.findall(r'extern "C" __global__ void (npf_\w+)\(', sources.FLASH_TEST_SOURCE)
     assert test_names == ["npf_fa_keep_mask", "npf_fa_shared_sizes"]
 
 
