@@ -144,7 +144,7 @@ TC_MIN_BLOCKS = {("fwd_tc", 32): 4, ("fwd_tc", 64): 4, ("fwd_tc", 128): 4, ("bwd
                  ("bwd_dq_tc", 64): 4, ("bwd_dq_tc", 128): 3, ("bwd_dkdv_tc", 32): 4, ("bwd_dkdv_tc", 64): 3,
                  ("bwd_dkdv_tc", 128): 2,
                  ("fwd_tf32", 32): 3, ("fwd_tf32", 64): 3, ("fwd_tf32", 128): 3, ("bwd_dq_tf32", 32): 3,
-                 ("bwd_dq_tf32", 64): 3, ("bwd_dq_tf32", 128): 2, ("bwd_dkdv_tf32", 32): 3, ("bwd_dkdv_tf32", 64): 3,
+                 ("bwd_dq_tf32", 64): 3, ("bwd_dq_tf32", 128): 2, ("bwd_dkdv_tf32", 32): 4, ("bwd_dkdv_tf32", 64): 3,
                  ("bwd_dkdv_tf32", 128): 2}
 
 
