@@ -1,5 +1,6 @@
 // Flash attention's kernels, SIMT and tensor-core (npformer/kernels/cuda/flash_source.py documents
-// them; it fills in the constants named in it and writes the extern "C" entry points).
+// them and fills in the constants named in it); their configuration, kernel traits and the one
+// __global__ template npf_fa_kernel<K>, is the last section.
 #define NPF_FA_THREADS 128
 #define NPF_FA_TR 16
 #define NPF_FA_TC 8
@@ -32,7 +33,7 @@ template <typename A, int D, int BR, int BC> struct NpfFaShape {
     static constexpr int DKDV = (2 * BC + 2 * BR) * DP + 2 * BC * (BR + 4) + 2 * BR;
 };
 
-// Everything but q, k, v a kernel reads (one struct built from the entry point's flat arguments).
+// The masks, dropout and sizes every kernel reads (a member of NpfFaParams, below).
 template <typename A> struct NpfFaArgs {
     // attn_mask: kind 0 none, 1 bool, 2 float. A bool mask comes as bytes (mask_b: the SIMT kernels) or as
     // bits (mask_bits, 32 keys a word: the tensor-core kernels), the other pointer a placeholder. A row of
@@ -49,6 +50,21 @@ template <typename A> struct NpfFaArgs {
 // Where one tensor's (B, H, T, D) elements are: element (b, h, t, d) at b sb + h sh + t st + d (a strided
 // view: the heads of a packed (B, T, 3, H, hs) projection, or (B, T, H, hs) merged heads, need no copy).
 struct NpfFaLayout { long long sb, sh, st; };
+
+// Everything a flash kernel reads, one struct passed by value (it lands in the kernel's parameter space,
+// as separate arguments would): the tensors, their layouts, then NpfFaArgs. T is the storage type, A the
+// arithmetic's. Python fills it field by field by name (flash_source.params_dtype mirrors it; a test
+// compares that dtype's offsets with this struct's, compiled). A kernel reads the fields it needs:
+//   forward: q, k, v -> out, lse;  bwd_pre: dout, out -> dvec;
+//   bwd_dkdv: q, k, v, dout, lse, dvec -> dk, dv;  bwd_dq: q, k, v, dout, lse, dvec -> dq
+template <typename T, typename A> struct NpfFaParams {
+    const T* q; const T* k; const T* v;      // (B, H, Tq or Tk, hs or hv), each through its layout below
+    T* out; const T* dout;                   // (B, H, Tq, hv)
+    T* dq; T* dk; T* dv;
+    A* lse; A* dvec;                         // (B, H, Tq) contiguous: the forward's log-sum-exp, D = rowsum(dO O)
+    NpfFaLayout ql, kl, vl, ol, gl, dql, dkl, dvl;   // of q, k, v, out, dout, dq, dk, dv
+    NpfFaArgs<A> a;
+};
 
 // The offset of head bh = b H + h
 __device__ __forceinline__ long long npf_fa_head(const NpfFaLayout& l, long long bh, int H) {
@@ -665,10 +681,15 @@ struct NpfTf32Ops {
 // dV). W's shapes: shared-memory rows of D values and 16 bytes (LD), the tile's and D's 8-column blocks
 // (NB, DN), the K-steps of a product over D and over the tile (KD, KB); a lane's place in the PTX ISA's
 // fragment layouts (group g: rows g and g + 8 of a fragment; t: columns 2 t and 2 t + 1); dropout's seed.
-template <typename Ops, int D, int N> struct NpfFaTcWarp {
+// SHARED_*: each kernel's dynamic shared memory, its ROWS rows of Q (forward), Q and dO (dQ) or K and V (dK,
+// dV), then NBUF buffers of two N-row tiles (K and V; Q and dO) and, for dK and dV, each buffer's lse and D.
+template <typename Ops, int D, int N, int NBUF = 2> struct NpfFaTcWarp {
     typedef typename Ops::T T;
     static constexpr int ROWS = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = N / 8, DN = D / 8, KD = D / Ops::K,
                          KB = N / Ops::K;
+    static constexpr int SHARED_FWD = (ROWS + 2 * NBUF * N) * LD * (int)sizeof(T),
+                         SHARED_DQ = (2 * ROWS + 2 * NBUF * N) * LD * (int)sizeof(T),
+                         SHARED_DKDV = SHARED_DQ + 2 * NBUF * N * 4;
     const int warp, lane, g, t;
     const unsigned long long seed;
     __device__ __forceinline__ explicit NpfFaTcWarp(const NpfFaArgs<float>& a)
@@ -685,7 +706,7 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
     typedef typename W::T T;
     constexpr int BR = W::ROWS;
     const W w(a);
-    NPF_FA_SHARED(smem, (BR + 4 * BC) * W::LD * sizeof(T));
+    NPF_FA_SHARED(smem, W::SHARED_FWD);
     T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
     T* KVs = Qs + BR * W::LD;                            // 2 x ((BC, LD) K, (BC, LD) V): double buffer
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
@@ -825,11 +846,11 @@ __device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T
                                  const typename Ops::T* dout, const float* lse, const float* dvec, typename Ops::T* dq,
                                  const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
                                  NpfFaLayout gl, NpfFaLayout dql) {
-    typedef NpfFaTcWarp<Ops, D, BC> W;
+    typedef NpfFaTcWarp<Ops, D, BC, NBUF> W;
     typedef typename W::T T;
     constexpr int BR = W::ROWS;
     const W w(a);
-    NPF_FA_SHARED(smem, (2 * BR + 2 * NBUF * BC) * W::LD * sizeof(T));
+    NPF_FA_SHARED(smem, W::SHARED_DQ);
     T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
     T* dOs = Qs + BR * W::LD;                            // (BR, LD)
     T* KVs = dOs + BR * W::LD;                           // NBUF x ((BC, LD) K, (BC, LD) V)
@@ -966,7 +987,7 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
     typedef typename W::T T;
     constexpr int BC = W::ROWS;
     const W w(a);
-    NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * W::LD * sizeof(T) + 4 * BR * 4);
+    NPF_FA_SHARED(smem, W::SHARED_DKDV);
     T* Ks = reinterpret_cast<T*>(smem);                  // (BC, LD)
     T* Vs = Ks + BC * W::LD;                             // (BC, LD)
     T* QGs = Vs + BC * W::LD;                            // 2 x ((BR, LD) Q, (BR, LD) dO)
@@ -1635,3 +1656,178 @@ __device__ void npf_fa_bwd_dkdv_dense(const unsigned short* q, const unsigned sh
             }
     }
 }
+
+// ---- the kernels: one __global__ template over kernel traits, as FlashAttention-2's Flash_fwd_kernel_traits ----
+// A traits type K is one instantiation: its storage and arithmetic types (T, A), its block (THREADS) and
+// __launch_bounds__'s MIN_BLOCKS (blocks an SM: the compiler keeps each thread to 65536 / (THREADS
+// MIN_BLOCKS) registers), the rows a block takes on the grid's x axis (ROWS: queries; keys for dK, dV), its
+// dynamic shared memory (SHARED, bytes), and run(p). flash_attention.py launches npf_fa_kernel<K>, named
+// by flash_source.name_expression (e.g. npf_fa_kernel<NpfFaFwdTc<unsigned short, 64>>) through CuPy's
+// RawModule(name_expressions=...); its copies of ROWS and SHARED (flash_source.GEOMETRY) are checked
+// against these by tests/kernels/cuda/test_flash_attention.py. MIN_BLOCKS: what the registers allow at the
+// occupancy benchmarks/cuda_kernels.py measured on sm_90 (registers a thread, occupancy), beside each.
+// run takes the parameters by value and NpfFaArgs as a local copy: given the kernel parameter by reference,
+// NVVM read the struct through a register-held address and kept its fields in registers for the whole kernel
+// (the SIMT dQ at D 128 spilled, bwd_pre took 50-84 registers).
+template <typename K>
+__global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
+npf_fa_kernel(const NpfFaParams<typename K::T, typename K::A> p) {
+    K::run(p);
+}
+
+// The arithmetic type of a storage type: float for float16 (unsigned short) and float32, double for float64
+template <typename T> struct NpfFaAcc { typedef float A; };
+template <> struct NpfFaAcc<double> { typedef double A; };
+
+// The SIMT kernels' tiles (BR queries x BC keys): 64 x 64 in float up to D = 64; 32 x 32 at D = 128
+// (registers: a thread holds 2 rows x 16 columns of each accumulator) and in double (so that every
+// kernel's shared memory stays under an A100's 163 KiB)
+template <typename T_, int D_> struct NpfFaSimt {
+    typedef T_ T;
+    typedef typename NpfFaAcc<T_>::A A;
+    static constexpr int D = D_, THREADS = NPF_FA_THREADS, BR = sizeof(A) == 4 && D <= 64 ? 64 : 32, BC = BR;
+    typedef NpfFaShape<A, D, BR, BC> S;
+};
+
+// SIMT forward. MIN_BLOCKS (sm_90, registers and occupancy), float: 3 at D 32, 64 (156-168, 18.75%), 4 at
+// D 128 (128, 25%); double: 4 at D 32 (126, 25%), 3 at D 64 (167, 18.75%), 2 at D 128 (196, 12.5%)
+template <typename T_, int D_> struct NpfFaFwd : NpfFaSimt<T_, D_> {
+    typedef NpfFaSimt<T_, D_> B;
+    static constexpr int ROWS = B::BR, SHARED = B::S::FWD * (int)sizeof(typename B::A);
+    static constexpr int MIN_BLOCKS = sizeof(typename B::A) == 4 ? (D_ <= 64 ? 3 : 4)
+                                                                  : (D_ <= 32 ? 4 : D_ <= 64 ? 3 : 2);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, typename B::A> p) {
+        const NpfFaArgs<typename B::A> a = p.a;
+        npf_fa_forward<T_, typename B::A, D_, B::BR, B::BC>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+
+// SIMT dQ. MIN_BLOCKS, float: 2 at D 32, 64 (168-254 registers, 12.5-18.75%), 3 at D 128 (168, 18.75%);
+// double: 3 at D 32 (155, 18.75%), 2 at D 64 (168; shared memory: 12.5%), 1 at D 128 (247; shared memory
+// holds it to one block)
+template <typename T_, int D_> struct NpfFaDq : NpfFaSimt<T_, D_> {
+    typedef NpfFaSimt<T_, D_> B;
+    static constexpr int ROWS = B::BR, SHARED = B::S::DQ * (int)sizeof(typename B::A);
+    static constexpr int MIN_BLOCKS = sizeof(typename B::A) == 4 ? (D_ <= 64 ? 2 : 3)
+                                                                  : (D_ <= 32 ? 3 : D_ <= 64 ? 2 : 1);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, typename B::A> p) {
+        const NpfFaArgs<typename B::A> a = p.a;
+        npf_fa_bwd_dq<T_, typename B::A, D_, B::BR, B::BC>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl,
+                                                           p.vl, p.gl, p.dql);
+    }
+};
+
+// SIMT dK, dV. MIN_BLOCKS, float: 3 at D 32 (156 registers, 18.75%), 2 at D 64 (254, 12.5%) and D 128 (160;
+// shared memory: 12.5%); double: 3 at D 32 (162, 18.75%), 2 at D 64 (181, 12.5%), 1 at D 128 (245)
+template <typename T_, int D_> struct NpfFaDkdv : NpfFaSimt<T_, D_> {
+    typedef NpfFaSimt<T_, D_> B;
+    static constexpr int ROWS = B::BC, SHARED = B::S::DKDV * (int)sizeof(typename B::A);
+    static constexpr int MIN_BLOCKS = sizeof(typename B::A) == 4 ? (D_ <= 32 ? 3 : 2)
+                                                                  : (D_ <= 32 ? 3 : D_ <= 64 ? 2 : 1);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, typename B::A> p) {
+        const NpfFaArgs<typename B::A> a = p.a;
+        npf_fa_bwd_dkdv<T_, typename B::A, D_, B::BR, B::BC>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, p.a,
+                                                             p.ql, p.kl, p.vl, p.gl, p.dkl, p.dvl);
+    }
+};
+
+// D = rowsum(dO O), a warp a row: 256 threads (8 rows) a block. MIN_BLOCKS 6: 38-40 registers, 75% (8, all
+// 64 warps, spilled float32 and float64; without a bound it took 50-84 registers, 25-50%)
+template <typename T_> struct NpfFaPre {
+    typedef T_ T;
+    typedef typename NpfFaAcc<T_>::A A;
+    static constexpr int THREADS = 256, MIN_BLOCKS = 6, ROWS = THREADS / 32, SHARED = 0;
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_pre<T_, A>(p.dout, p.out, p.dvec, a.bh_count * a.Tq, a.hv, a.Tq, a.H, p.gl, p.ol);
+    }
+};
+
+// The tensor-core kernels (sm_80 and later): float16 on NpfHalfOps (m16n8k16), float32 on NpfTf32Ops (TF32
+// m16n8k8, under the opt-in). A block takes 64 rows (NpfFaTcWarp); BC keys a tile (dQ; the forward's is its
+// own): 32, 16 for TF32 at D 128 (float32 tiles take twice the bytes); BQ query rows a tile (dK, dV): 32, 16
+// at D 128 (its dK and dV accumulators take D registers a lane).
+template <typename T> struct NpfFaTcOps { typedef NpfHalfOps Ops; };
+template <> struct NpfFaTcOps<float> { typedef NpfTf32Ops Ops; };
+template <typename T_, int D_> struct NpfFaTc {
+    typedef T_ T;
+    typedef float A;
+    typedef typename NpfFaTcOps<T_>::Ops Ops;
+    static constexpr bool HALF = sizeof(T_) == 2;
+    static constexpr int D = D_, THREADS = NPF_FA_THREADS, ROWS = NPF_FA_TC_BR, BC = !HALF && D_ == 128 ? 16 : 32,
+                         BQ = D_ == 128 ? 16 : 32;
+};
+
+// Forward on tensor cores, BC keys a tile: 16 at D 128 (with 32, the kernel spilled at 128 registers once its
+// parameters came in one struct; 16: 127 registers, 36.6 instructions per HMMA on sm_90 against 49.2 before).
+// MIN_BLOCKS: float16 4 (120-128 registers, 25% at every D on sm_90); TF32 3 (122-145, 18.75-25%)
+template <typename T_, int D_> struct NpfFaFwdTc : NpfFaTc<T_, D_> {
+    typedef NpfFaTc<T_, D_> B;
+    static constexpr int BC = D_ == 128 ? 16 : B::BC;
+    static constexpr int SHARED = NpfFaTcWarp<typename B::Ops, D_, BC>::SHARED_FWD, MIN_BLOCKS = B::HALF ? 4 : 3;
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, float> p) {
+        const NpfFaArgs<float> a = p.a;
+        npf_fa_forward_tc<typename B::Ops, D_, BC>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+
+// dQ on tensor cores. K and V in 2 buffers (the next tile's copies overlap this one's work); 1 for float16
+// at D 128, where a second would hold sm_80 to 2 blocks an SM by shared memory, below the registers' 3.
+// MIN_BLOCKS, float16: 4 at D 32, 64 (115-128 registers, 25%), 3 at D 128 (163, 18.75%); TF32: 3 at D 32, 64
+// (141-154, 18.75%), 2 at D 128 (162; shared memory: 12.5%)
+template <typename T_, int D_> struct NpfFaDqTc : NpfFaTc<T_, D_> {
+    typedef NpfFaTc<T_, D_> B;
+    static constexpr int BUFFERS = B::HALF && D_ == 128 ? 1 : 2;
+    static constexpr int SHARED = NpfFaTcWarp<typename B::Ops, D_, B::BC, BUFFERS>::SHARED_DQ,
+                         MIN_BLOCKS = B::HALF ? (D_ <= 64 ? 4 : 3) : (D_ <= 64 ? 3 : 2);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, float> p) {
+        const NpfFaArgs<float> a = p.a;
+        npf_fa_bwd_dq_tc<typename B::Ops, D_, B::BC, BUFFERS>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql,
+                                                              p.kl, p.vl, p.gl, p.dql);
+    }
+};
+
+// dK, dV on tensor cores. MIN_BLOCKS, float16: 4 at D 32 (127 registers, 25%), 3 at D 64 (165, 18.75%), 2 at
+// D 128 (210: the accumulators alone take 128 a lane; 12.5%); TF32: 4 at D 32 (128, 25%: with 3, sm_80 took
+// 133-136 registers, 18.75%), 3 at D 64 (162, 18.75%), 2 at D 128 (204, 12.5%)
+template <typename T_, int D_> struct NpfFaDkdvTc : NpfFaTc<T_, D_> {
+    typedef NpfFaTc<T_, D_> B;
+    static constexpr int SHARED = NpfFaTcWarp<typename B::Ops, D_, B::BQ>::SHARED_DKDV,
+                         MIN_BLOCKS = D_ == 128 ? 2 : D_ == 32 ? 4 : 3;
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, float> p) {
+        const NpfFaArgs<float> a = p.a;
+        npf_fa_bwd_dkdv_tc<typename B::Ops, D_, B::BQ>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql,
+                                                       p.kl, p.vl, p.gl, p.dkl, p.dvl);
+    }
+};
+
+// The dense kernels (float16; no mask, padding or dropout; CAUSAL or not): their traits are above
+// (NpfFaDenseTraits, NpfFaDenseDqTraits, NpfFaDenseDkdvTraits), with the measured reasons.
+template <int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTraits<D_> {
+    typedef unsigned short T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaDenseTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_forward_dense<D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+template <int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {
+    typedef unsigned short T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaDenseDqTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dq_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl, p.dql);
+    }
+};
+template <int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDkdvTraits<D_> {
+    typedef unsigned short T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaDenseDkdvTraits<D_>::BC;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dkdv_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl, p.gl,
+                                          p.dkl, p.dvl);
+    }
+};

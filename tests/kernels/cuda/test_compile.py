@@ -65,8 +65,9 @@ def test_the_float_kernels_flush_float32_denormals_as_their_docstrings_say(tools
     """CuPy appends -ftz=true after npformer's options (NVRTC: the last one wins), so float32
     arithmetic flushes denormals: the optimiser's float32 update uses .ftz instructions, its float64
     arithmetic none (the flush is float32's only), as kernels/cuda/optim.py states."""
-    source, options = runtime.shipped_modules()[runtime.COMMON_MODULE]
-    ptx, _ = cuda_kernels.nvrtc_ptx(tools, source, tuple(options) + cuda_kernels.CUPY_OPTIONS + ("-arch=compute_90",))
+    source, options, _ = runtime.shipped_modules()[runtime.COMMON_MODULE]
+    options = tuple(options) + cuda_kernels.CUPY_OPTIONS + ("-arch=compute_90",)
+    ptx, _, _ = cuda_kernels.nvrtc_ptx(tools, source, options)
     bodies = dict(re.findall(r"\.entry (npf_adam_update_f\d\d)\((.*?)\n}\n", ptx, re.S))
     assert {"add.rn.ftz.f32", "mul.rn.ftz.f32", "div.rn.ftz.f32", "sqrt.rn.ftz.f32"} <= set(
         re.findall(r"\b[a-z]+\.rn\.ftz\.f32\b", bodies["npf_adam_update_f32"]))
@@ -97,10 +98,11 @@ def test_float32_under_tf32_runs_on_tensor_cores(compiled):
 
 
 def test_block_sizes_and_floors_are_known_for_every_entry_point():
-    """Without the compiler: every extern "C" kernel of every module has a launch block size and an
-    occupancy floor, so the table cannot silently miss one."""
-    for name, (source, _) in runtime.shipped_modules().items():
-        for entry in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', source):
+    """Without the compiler: every kernel of every module (extern "C", or a named instantiation) has a
+    launch block size and an occupancy floor, so the table cannot silently miss one."""
+    for name, (source, _, kernels) in runtime.shipped_modules().items():
+        entries = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', source)
+        for entry in entries + list(kernels):
             assert cuda_kernels.block_threads(entry) >= 1, entry
             for arch in cuda_kernels.ARCHS:
                 floor = cuda_kernels.occupancy_floor(entry, arch)
