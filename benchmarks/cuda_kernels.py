@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "TEST_KERNELS", "Kernel",
+__all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "Kernel",
            "Tools", "find_tools", "sass_functions", "main_loop", "compile_module", "compile_all",
            "block_threads", "dynamic_shared", "occupancy", "occupancy_floor", "report", "main"]
 
@@ -111,12 +111,16 @@ def find_tools() -> Tools | None:
     return Tools(nvrtc, ptxas, cuobjdump, nvdisasm)
 
 
-def nvrtc_ptx(tools: Tools, source: str, options: tuple) -> tuple[str, str]:
-    """(PTX, NVRTC's log) of ``source`` compiled with ``options``; RuntimeError with the log on failure."""
+def nvrtc_ptx(tools: Tools, source: str, options: tuple, name_expressions=()) -> tuple[str, str, dict[str, str]]:
+    """(PTX, NVRTC's log, ``{name expression: lowered name}``) of ``source`` compiled with ``options`` and the
+    template instantiations ``name_expressions`` (as CuPy's RawModule asks NVRTC for them); RuntimeError
+    with the log on failure."""
     lib = ctypes.CDLL(tools.nvrtc)
     prog = ctypes.c_void_p()
     _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"npformer.cu", 0, None, None), "create")
     try:
+        for expression in name_expressions:
+            _check(lib.nvrtcAddNameExpression(prog, expression.encode()), f"add name expression {expression}")
         opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
         status = lib.nvrtcCompileProgram(prog, len(options), opts)
         size = ctypes.c_size_t()
@@ -129,7 +133,12 @@ def nvrtc_ptx(tools: Tools, source: str, options: tuple) -> tuple[str, str]:
         lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
         ptx = ctypes.create_string_buffer(size.value)
         _check(lib.nvrtcGetPTX(prog, ptx), "get PTX")
-        return ptx.value.decode(), text
+        lowered = {}
+        for expression in name_expressions:
+            name = ctypes.c_char_p()
+            _check(lib.nvrtcGetLoweredName(prog, expression.encode(), ctypes.byref(name)), f"lower {expression}")
+            lowered[expression] = name.value.decode()
+        return ptx.value.decode(), text, lowered
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
@@ -229,10 +238,17 @@ def main_loop(instructions: list[tuple[int, str, str]]) -> dict[str, int]:
     return {"total": len(body), "HMMA": counts["HMMA"], **{p: counts[p] for p in LOOP_COLUMNS}}
 
 
-def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int,
-                   workdir: str) -> tuple[dict[str, Kernel], str]:
-    """Every kernel of one module for ``sm_<arch>`` and the compilers' warnings (NVRTC's log, ptxas's)."""
-    ptx, log = nvrtc_ptx(tools, source, tuple(options) + CUPY_OPTIONS + (f"-arch=compute_{arch}",))
+def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int, workdir: str,
+                   threads: dict[str, int] | None = None, instances: dict[str, str] | None = None
+                   ) -> tuple[dict[str, Kernel], str]:
+    """Every kernel of one module for ``sm_<arch>`` and the compilers' warnings (NVRTC's log, ptxas's).
+    ``threads``: each kernel's block size, for a module npformer does not launch (the tests'); else
+    :func:`block_threads`. ``instances``: the module's template instantiations, ``{name: name
+    expression}`` (runtime.Module.kernels), each kernel reported under its name, not its mangled one."""
+    instances = instances or {}
+    ptx, log, lowered = nvrtc_ptx(tools, source, tuple(options) + CUPY_OPTIONS + (f"-arch=compute_{arch}",),
+                                  tuple(instances.values()))
+    named = {lowered[expression]: label for label, expression in instances.items()}
     ptx_path, cubin = os.path.join(workdir, f"{name}_{arch}.ptx"), os.path.join(workdir, f"{name}_{arch}.cubin")
     with open(ptx_path, "w") as f:
         f.write(ptx)
@@ -240,7 +256,9 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
                          text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"ptxas failed on {name} for sm_{arch}: {run.stderr}")
-    kernels = parse_ptxas(name, run.stdout + run.stderr)
+    kernels = {named.get(fn, fn): k for fn, k in parse_ptxas(name, run.stdout + run.stderr).items()}
+    for fn, k in kernels.items():
+        k.name = fn
     warnings = "\n".join(x for x in (log, "\n".join(line for line in (run.stdout + run.stderr).splitlines()
                                                      if "warning" in line.lower())) if x)
     sass = subprocess.run([tools.cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=600,
@@ -248,13 +266,14 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
     if sass.returncode != 0:
         raise RuntimeError(f"cuobjdump failed on {name} for sm_{arch}: {sass.stderr}")
     for fn, counts in parse_sass(sass.stdout).items():
-        if fn in kernels:
-            kernels[fn].mix = {op: counts.get(op, 0) for op in MIX}
+        if named.get(fn, fn) in kernels:
+            kernels[named.get(fn, fn)].mix = {op: counts.get(op, 0) for op in MIX}
     for fn, instructions in sass_functions(sass.stdout).items():
-        if fn in kernels:
-            kernels[fn].loop = main_loop(instructions)
+        if named.get(fn, fn) in kernels:
+            kernels[named.get(fn, fn)].loop = main_loop(instructions)
     for k in kernels.values():
-        k.threads, k.dynamic_shared = block_threads(k.name), dynamic_shared(k.name)
+        k.threads = threads[k.name] if threads is not None else block_threads(k.name)
+        k.dynamic_shared = dynamic_shared(k.name)
         k.occupancy, k.limit = occupancy(k, arch)
     return kernels, warnings
 
@@ -271,16 +290,10 @@ def block_threads(name: str) -> int:
     kinds = {entry[0]: entry[3] for entry in source._ENTRY_POINTS}
     threads = {"row": source.MAX_THREADS, "col": source.COL_X * source.COL_Y, "": runtime.ELEMENT_THREADS}
     special = {"cross_entropy_bwd": source.MAX_THREADS,          # launch_rows, no shared buffer
-               "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS,
-               "fa_fwd": flash_source.THREADS, "fa_fwd_tc": flash_source.THREADS, "fa_bwd_dq": flash_source.THREADS,
-               "fa_bwd_dq_tc": flash_source.THREADS, "fa_bwd_dkdv_tc": flash_source.THREADS,
-               "fa_fwd_tf32": flash_source.THREADS, "fa_bwd_dq_tf32": flash_source.THREADS,
-               **{f"fa_{name}": flash_source.THREADS for name in flash_source.DENSE_KERNELS},
-               "fa_bwd_dkdv_tf32": flash_source.THREADS,
-               "fa_bwd_dkdv": flash_source.THREADS, "fa_bwd_pre": flash_source.PRE_THREADS,
-               "fa_keep_mask": 1, "fa_shared_sizes": 1,            # the test kernels: flash's one thread,
-               "test_mma": 32, "test_mma_tf32": 32, "test_tf32": 32, "test_ldmatrix": 32, "test_shfl": 32, "test_cp_async": 64,
-               "test_cp_async_zfill": 32}   # the primitives' a warp
+               "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS}
+    flash = _flash(name)
+    if flash:
+        return flash_source.geometry(*flash)[0]
     if base in special:
         return special[base]
     if base in kinds:
@@ -288,19 +301,12 @@ def block_threads(name: str) -> int:
     raise KeyError(f"no launch block size known for the entry point {name}: add it to block_threads")
 
 
-# kernels for the tests (in the flash modules, and warp_source's primitives): never launched by npformer
-TEST_KERNELS = ("fa_keep_mask", "fa_shared_sizes", "test_mma", "test_mma_tf32", "test_tf32", "test_ldmatrix",
-                "test_shfl", "test_cp_async", "test_cp_async_zfill")
-
-
 def occupancy_floor(name: str, arch: int) -> float | None:
     """The occupancy entry point ``name`` states it keeps on ``sm_<arch>`` (runtime.OCCUPANCY_FLOORS,
-    flash_source.OCCUPANCY_FLOORS); None for the test kernels. KeyError for a kernel that states none."""
+    flash_source.OCCUPANCY_FLOORS). KeyError for a kernel that states none."""
     from npformer.kernels.cuda import flash_source, runtime
     column = ARCHS.index(arch)
     base = _base(name)
-    if base in TEST_KERNELS:
-        return None
     m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|f32|f64)$",
                  name)
     if m:
@@ -310,20 +316,21 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     return runtime.OCCUPANCY_FLOORS[base][column]
 
 
-def dynamic_shared(name: str) -> int:
-    """Dynamic shared memory of one block of entry point ``name`` (the flash tiles; 0 elsewhere)."""
-    from npformer.kernels.cuda.flash_source import DENSE_SHARED, SHARED, TC_SHARED, TYPES
-    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_dense(_causal)?_d(\d+)_f16$", name)
-    if m:
-        return DENSE_SHARED[m.group(1), int(m.group(3))]
-    m = re.match(r"npf_fa_(fwd|fwd_tc|fwd_tf32|bwd_dq|bwd_dq_tc|bwd_dq_tf32|bwd_dkdv|bwd_dkdv_tc|bwd_dkdv_tf32)_d(\d+)_"
-                 r"(f16|f32|f64)$", name)
+def _flash(name: str) -> tuple | None:
+    """(kernel, dtype, D) of a flash attention kernel's name (flash_source.entry_name), else None."""
+    from npformer.kernels.cuda.source import TYPES
+    m = re.match(r"npf_fa_(\w+?)(?:_d(\d+))?_(f16|f32|f64)$", name)
     if not m:
-        return 0
-    if m.group(1).endswith(("_tc", "_tf32")):
-        return TC_SHARED[m.group(1), int(m.group(2))]
-    acc = {suffix: a for (_, a, suffix) in TYPES.values()}[m.group(3)]
-    return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[m.group(1)], acc, int(m.group(2))]
+        return None
+    dtype = next(dt for dt, (_, _, suffix) in TYPES.items() if suffix == m.group(3))
+    return m.group(1), dtype, int(m.group(2)) if m.group(2) else None
+
+
+def dynamic_shared(name: str) -> int:
+    """Dynamic shared memory of one block of entry point ``name`` (the flash kernels' traits; 0 elsewhere)."""
+    from npformer.kernels.cuda import flash_source
+    flash = _flash(name)
+    return flash_source.geometry(*flash)[2] if flash else 0
 
 
 def occupancy(k: Kernel, arch: int) -> tuple[float, str]:
@@ -349,8 +356,9 @@ def compile_all(tools: Tools, archs=ARCHS, workdir: str | None = None) -> dict[i
     with tempfile.TemporaryDirectory() as tmp:
         for arch in archs:
             kernels, warnings = [], {}
-            for name, (source, options) in shipped_modules().items():
-                found, warned = compile_module(tools, name, source, options, arch, workdir or tmp)
+            for name, module in shipped_modules().items():
+                found, warned = compile_module(tools, name, module.source, module.options, arch, workdir or tmp,
+                                               instances=module.kernels)
                 kernels += list(found.values())
                 warnings[name] = warned
             out[arch] = (kernels, warnings)
@@ -360,7 +368,7 @@ def compile_all(tools: Tools, archs=ARCHS, workdir: str | None = None) -> dict[i
 def report(arch: int, kernels: list[Kernel], command: str) -> str:
     """The markdown table of one architecture."""
     from npformer.kernels.cuda.runtime import shipped_modules
-    options = {name: " ".join(opts) for name, (_, opts) in shipped_modules().items()}
+    options = {name: " ".join(module.options) for name, module in shipped_modules().items()}
     flash = next(opts for name, opts in options.items() if name != "common")
     lines = [f"# npformer's CUDA kernels compiled for sm_{arch}", "",
              f"Made by `{command}` (NVRTC, ptxas and cuobjdump from NVIDIA's wheels; no GPU). NVRTC options: "
@@ -374,7 +382,7 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
         floor = occupancy_floor(k.name, arch)
         lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.spill_stores}/{k.spill_loads} | {k.stack} | "
                      f"{k.static_shared} + {k.dynamic_shared} | {k.threads} | {k.occupancy:.1%} | {k.limit} | "
-                     f"{'test kernel' if floor is None else f'{floor:.1%}'} | "
+                     f"{floor:.1%} | "
                      + " | ".join(str(k.mix.get(op, 0)) for op in MIX) + " |")
     looped = [k for k in kernels if k.loop]
     if looped:

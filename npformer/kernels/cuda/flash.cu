@@ -1,5 +1,6 @@
 // Flash attention's kernels, SIMT and tensor-core (npformer/kernels/cuda/flash_source.py documents
-// them; it fills in the constants named in it and writes the extern "C" entry points).
+// them and fills in the constants named in it); their configuration, kernel traits and the one
+// __global__ template npf_fa_kernel<K>, is the last section.
 #define NPF_FA_THREADS 128
 #define NPF_FA_TR 16
 #define NPF_FA_TC 8
@@ -32,7 +33,7 @@ template <typename A, int D, int BR, int BC> struct NpfFaShape {
     static constexpr int DKDV = (2 * BC + 2 * BR) * DP + 2 * BC * (BR + 4) + 2 * BR;
 };
 
-// Everything but q, k, v a kernel reads (one struct built from the entry point's flat arguments).
+// The masks, dropout and sizes every kernel reads (a member of NpfFaParams, below).
 template <typename A> struct NpfFaArgs {
     // attn_mask: kind 0 none, 1 bool, 2 float. A bool mask comes as bytes (mask_b: the SIMT kernels) or as
     // bits (mask_bits, 32 keys a word: the tensor-core kernels), the other pointer a placeholder. A row of
@@ -50,6 +51,21 @@ template <typename A> struct NpfFaArgs {
 // view: the heads of a packed (B, T, 3, H, hs) projection, or (B, T, H, hs) merged heads, need no copy).
 struct NpfFaLayout { long long sb, sh, st; };
 
+// Everything a flash kernel reads, one struct passed by value (it lands in the kernel's parameter space,
+// as separate arguments would): the tensors, their layouts, then NpfFaArgs. T is the storage type, A the
+// arithmetic's. Python fills it field by field by name (flash_source.params_dtype mirrors it; a test
+// compares that dtype's offsets with this struct's, compiled). A kernel reads the fields it needs:
+//   forward: q, k, v -> out, lse;  bwd_pre: dout, out -> dvec;
+//   bwd_dkdv: q, k, v, dout, lse, dvec -> dk, dv;  bwd_dq: q, k, v, dout, lse, dvec -> dq
+template <typename T, typename A> struct NpfFaParams {
+    const T* q; const T* k; const T* v;      // (B, H, Tq or Tk, hs or hv), each through its layout below
+    T* out; const T* dout;                   // (B, H, Tq, hv)
+    T* dq; T* dk; T* dv;
+    A* lse; A* dvec;                         // (B, H, Tq) contiguous: the forward's log-sum-exp, D = rowsum(dO O)
+    NpfFaLayout ql, kl, vl, ol, gl, dql, dkl, dvl;   // of q, k, v, out, dout, dq, dk, dv
+    NpfFaArgs<A> a;
+};
+
 // The offset of head bh = b H + h
 __device__ __forceinline__ long long npf_fa_head(const NpfFaLayout& l, long long bh, int H) {
     return (bh / H) * l.sb + (bh % H) * l.sh;
@@ -66,12 +82,23 @@ __device__ __forceinline__ bool npf_fa_keep(unsigned long long seed, unsigned lo
     return (long long)(z >> 40) >= (long long)keep_min;
 }
 
-// _keep's scaled mask value at (bh, i, j): 1 / (1 - p) or 0
+// _keep's flat index n of (bh, i, j) is ((bh Tq + i) Tk + j): row i of head bh starts at (bh Tq + i) Tk
 template <typename A>
-__device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned long long seed, long long bh, int i, int j) {
-    unsigned long long n = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i)
-                           * (unsigned long long)a.Tk + (unsigned long long)j;
-    return npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : A(0);
+__device__ __forceinline__ unsigned long long npf_fa_keep_row(const NpfFaArgs<A>& a, long long bh, int i) {
+    return ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i) * (unsigned long long)a.Tk;
+}
+
+// Whether _keep keeps key j of the row that starts at keep_row (npf_fa_keep_row), and its scaled mask
+// value there: 1 / (1 - p) or 0
+template <typename A>
+__device__ __forceinline__ bool npf_fa_kept(const NpfFaArgs<A>& a, unsigned long long seed, unsigned long long keep_row,
+                                            int j) {
+    return npf_fa_keep(seed, keep_row + (unsigned long long)j, a.keep_min);
+}
+template <typename A>
+__device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned long long seed,
+                                               unsigned long long keep_row, int j) {
+    return npf_fa_kept(a, seed, keep_row, j) ? a.keep_scale : A(0);
 }
 
 // Where row i of head bh's attn mask starts, and head bh's padding row (in the masks' elements)
@@ -263,7 +290,8 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
                 for (int c = 0; c < C; ++c) {
                     A p = npf_exp(s[r][c] - shift);
                     sum += p;
-                    if (a.keep_min) p *= npf_fa_keep_value(a, seed, bh, i0 + row, j0 + tc + NPF_FA_TC * c);
+                    if (a.keep_min)
+                        p *= npf_fa_keep_value(a, seed, npf_fa_keep_row(a, bh, i0 + row), j0 + tc + NPF_FA_TC * c);
                     Ps[row * CP + tc + NPF_FA_TC * c] = p;
                 }
                 red_l[row * NPF_FA_TC + tc] = sum;
@@ -320,16 +348,19 @@ __device__ void npf_fa_bwd_pre(const T* dout, const T* out, A* dvec, long long r
     }
 }
 
-// The recomputed probability and score gradient of one element (the backward's inner step):
-//   P = exp(S - lse_i);  g = dP (= dO_i . v_j) * keep;  dS = ((g - D_i) P) scale;  P_drop = P keep
-template <typename A>
-__device__ __forceinline__ void npf_fa_grad(A dot, A dp, A lse_i, A d_i, const NpfFaArgs<A>& a,
-                                            unsigned long long seed, long long bh, int i, int j, A& p_drop, A& ds) {
-    const A p = npf_exp(npf_fa_score(dot, a, bh, i, j) - lse_i);
+// The recomputed probability and score gradient of one element (the backward's inner step), query i and
+// key j of head bh from dot = q_i . k_j and dp = dO_i . v_j:
+//   P = exp(S - lse_i);  g = dP keep;  dS = ((g - D_i) P) scale;  P_drop = P keep
+// (mask_row, pad_row: npf_fa_score_at's; BITS: bool masks as bits)
+template <typename A, bool BITS = false>
+__device__ __forceinline__ void npf_fa_grad(A dot, A dp, A lse_i, A d_i, const NpfFaArgs<A>& a, unsigned long long seed,
+                                            long long bh, int i, int j, long long mask_row, long long pad_row,
+                                            A& p_drop, A& ds) {
+    const A p = npf_exp(npf_fa_score_at<A, BITS>(dot, a, i, j, mask_row, pad_row) - lse_i);
     A g = dp;
     p_drop = p;
     if (a.keep_min) {
-        const A keep = npf_fa_keep_value(a, seed, bh, i, j);
+        const A keep = npf_fa_keep_value(a, seed, npf_fa_keep_row(a, bh, i), j);
         p_drop = p * keep;
         g *= keep;
     }
@@ -398,7 +429,9 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
                 for (int c = 0; c < C; ++c) {
                     const int col = tc + NPF_FA_TC * c;
                     A p_drop, ds;
-                    npf_fa_grad(st[r][c], dpt[r][c], lse_c[c], d_c[c], a, seed, bh, i0 + col, j0 + row, p_drop, ds);
+                    const int i = i0 + col;
+                    npf_fa_grad(st[r][c], dpt[r][c], lse_c[c], d_c[c], a, seed, bh, i, j0 + row,
+                                npf_fa_mask_row(a, bh, i), npf_fa_pad_row(a, bh), p_drop, ds);
                     Pt[row * RP + col] = p_drop;
                     St[row * RP + col] = ds;
                 }
@@ -471,7 +504,9 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
                 for (int c = 0; c < C; ++c) {
                     const int col = tc + NPF_FA_TC * c;
                     A p_drop, ds;
-                    npf_fa_grad(s[r][c], dp[r][c], lse_r[r], d_r[r], a, seed, bh, i0 + row, j0 + col, p_drop, ds);
+                    const int i = i0 + row;
+                    npf_fa_grad(s[r][c], dp[r][c], lse_r[r], d_r[r], a, seed, bh, i, j0 + col,
+                                npf_fa_mask_row(a, bh, i), npf_fa_pad_row(a, bh), p_drop, ds);
                     Ss[row * CP + col] = ds;
                 }
             }
@@ -641,19 +676,41 @@ struct NpfTf32Ops {
     }
 };
 
+// The prologue of the three tensor-core kernels below: a block of 4 warps takes NPF_FA_TC_BR = 64 rows
+// (queries; keys for dK and dV), a warp 16 of them, against tiles of N columns (keys; queries for dK and
+// dV). W's shapes: shared-memory rows of D values and 16 bytes (LD), the tile's and D's 8-column blocks
+// (NB, DN), the K-steps of a product over D and over the tile (KD, KB); a lane's place in the PTX ISA's
+// fragment layouts (group g: rows g and g + 8 of a fragment; t: columns 2 t and 2 t + 1); dropout's seed.
+// SHARED_*: each kernel's dynamic shared memory, its ROWS rows of Q (forward), Q and dO (dQ) or K and V (dK,
+// dV), then NBUF buffers of two N-row tiles (K and V; Q and dO) and, for dK and dV, each buffer's lse and D.
+template <typename Ops, int D, int N, int NBUF = 2> struct NpfFaTcWarp {
+    typedef typename Ops::T T;
+    static constexpr int ROWS = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = N / 8, DN = D / 8, KD = D / Ops::K,
+                         KB = N / Ops::K;
+    static constexpr int SHARED_FWD = (ROWS + 2 * NBUF * N) * LD * (int)sizeof(T),
+                         SHARED_DQ = (2 * ROWS + 2 * NBUF * N) * LD * (int)sizeof(T),
+                         SHARED_DKDV = SHARED_DQ + 2 * NBUF * N * 4;
+    const int warp, lane, g, t;
+    const unsigned long long seed;
+    __device__ __forceinline__ explicit NpfFaTcWarp(const NpfFaArgs<float>& a)
+        : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4), seed(a.keep_min ? *a.seed : 0ULL) {}
+    // the lane's row r (0: g, 1: g + 8) of the warp's 16, counted in the block's 64
+    __device__ __forceinline__ int row(int r) const { return warp * 16 + g + 8 * r; }
+};
+
 template <typename Ops, int D, int BC>
 __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::T* k, const typename Ops::T* v,
                                   typename Ops::T* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
                                   NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
-    typedef typename Ops::T T;
-    constexpr int BR = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BC / 8, DN = D / 8, KD = D / Ops::K, KB = BC / Ops::K;
-    NPF_FA_SHARED(smem, (BR + 4 * BC) * LD * sizeof(T));
+    typedef NpfFaTcWarp<Ops, D, BC> W;
+    typedef typename W::T T;
+    constexpr int BR = W::ROWS;
+    const W w(a);
+    NPF_FA_SHARED(smem, W::SHARED_FWD);
     T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
-    T* KVs = Qs + BR * LD;                               // 2 x ((BC, LD) K, (BC, LD) V): double buffer
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    T* KVs = Qs + BR * W::LD;                            // 2 x ((BC, LD) K, (BC, LD) V): double buffer
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
-    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
@@ -662,17 +719,14 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
         const long long pad_row = npf_fa_pad_row(a, bh);
         int row[2];                                          // this lane's two query rows
         long long mask_row[2];
-        unsigned long long keep_row[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            row[r] = i0 + warp * 16 + g + 8 * r;
+            row[r] = i0 + w.row(r);
             mask_row[r] = npf_fa_mask_row(a, bh, row[r]);
-            keep_row[r] = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)row[r])
-                          * (unsigned long long)a.Tk;
         }
-        float o[DN][4], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+        float o[W::DN][4], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int dn = 0; dn < DN; ++dn)
+        for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) o[dn][c] = 0.0f;
         const T* k_head = k + npf_fa_head(kl, bh, a.H);
@@ -682,27 +736,27 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
         npf_cp_async_commit();
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
-            T* Ks = KVs + (kt % 2) * 2 * BC * LD;
-            T* Vs = Ks + BC * LD;
+            T* Ks = KVs + (kt % 2) * 2 * BC * W::LD;
+            T* Vs = Ks + BC * W::LD;
             if (kt + 1 < n_kt)                               // the next tile into the other buffer, meanwhile
                 npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st,
-                                               KVs + (kt + 1) % 2 * 2 * BC * LD);
+                                               KVs + (kt + 1) % 2 * 2 * BC * W::LD);
             npf_cp_async_commit();
             npf_cp_async_wait<1>();                          // this tile's copies have landed
             __syncthreads();                                 // (everyone's), and Q's
-            float s[NB][4];                                  // S: rows g, g + 8; columns 8 nb + 2 t, + 1
+            float s[W::NB][4];                               // S: rows g, g + 8; columns 8 nb + 2 t, + 1
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
+            for (int nb = 0; nb < W::NB; ++nb)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) s[nb][c] = 0.0f;
 #pragma unroll
-            for (int kd = 0; kd < KD; ++kd) {
+            for (int kd = 0; kd < W::KD; ++kd) {
                 unsigned aq[4];                              // this warp's 16 rows of Q, as an A fragment
-                Ops::a_rows(aq, Qs, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(aq, Qs, W::LD, w.warp * 16, kd * Ops::K, w.lane);
 #pragma unroll
-                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                for (int nb2 = 0; nb2 < W::NB / 2; ++nb2) {
                     unsigned bk[4];                          // K rows as B fragments of two key blocks
-                    Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bk, Ks, W::LD, nb2 * 16, kd * Ops::K, w.lane);
                     Ops::mma(s[2 * nb2], aq, bk, s[2 * nb2]);
                     Ops::mma(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
                 }
@@ -711,11 +765,11 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
 #pragma unroll
             for (int r = 0; r < 2; ++r)
 #pragma unroll
-                for (int nb = 0; nb < NB; ++nb)
+                for (int nb = 0; nb < W::NB; ++nb)
 #pragma unroll
                     for (int c = 0; c < 2; ++c) {
                         float& x = s[nb][2 * r + c];
-                        x = npf_fa_score_at<float, true>(x, a, row[r], j0 + nb * 8 + 2 * t + c, mask_row[r], pad_row);
+                        x = npf_fa_score_at<float, true>(x, a, row[r], j0 + nb * 8 + 2 * w.t + c, mask_row[r], pad_row);
                         mx[r] = npf_max(mx[r], x);
                     }
             float shift[2], alpha[2], sum[2] = {0.0f, 0.0f};
@@ -729,14 +783,14 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
                 m[r] = m_new;
             }
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb)                  // s becomes dropout(P)
+            for (int nb = 0; nb < W::NB; ++nb)               // s becomes dropout(P)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     float p = npf_exp(s[nb][c] - shift[c / 2]);
                     sum[c / 2] += p;
                     if (a.keep_min)                          // _keep at n = (bh Tq + i) Tk + j
-                        p = npf_fa_keep(seed, keep_row[c / 2] + (unsigned long long)(j0 + nb * 8 + 2 * t + c % 2),
-                                        a.keep_min) ? p * a.keep_scale : 0.0f;
+                        p = npf_fa_kept(a, w.seed, npf_fa_keep_row(a, bh, row[c / 2]), j0 + nb * 8 + 2 * w.t + c % 2)
+                                ? p * a.keep_scale : 0.0f;
                     s[nb][c] = p;
                 }
 #pragma unroll
@@ -746,17 +800,17 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
                 l[r] = l[r] * alpha[r] + sum[r];
             }
 #pragma unroll
-            for (int dn = 0; dn < DN; ++dn)
+            for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) o[dn][c] *= alpha[c / 2];
 #pragma unroll
-            for (int kb = 0; kb < KB; ++kb) {
+            for (int kb = 0; kb < W::KB; ++kb) {
                 unsigned ap[4];                              // keys K kb .. of dropout(P) as an A fragment
                 Ops::a_from_c(ap, s + kb * Ops::K / 8);
 #pragma unroll
-                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                for (int dn2 = 0; dn2 < W::DN / 2; ++dn2) {
                     unsigned bv[4];                          // V rows as B fragments of two column blocks
-                    Ops::b_cols(bv, Vs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::b_cols(bv, Vs, W::LD, kb * Ops::K, dn2 * 16, w.lane);
                     Ops::mma(o[2 * dn2], ap, bv, o[2 * dn2]);
                     Ops::mma(o[2 * dn2 + 1], ap, bv + 2, o[2 * dn2 + 1]);
                 }
@@ -771,41 +825,20 @@ __device__ void npf_fa_forward_tc(const typename Ops::T* q, const typename Ops::
             const float den = empty ? 1.0f : l[r];
             T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
 #pragma unroll
-            for (int dn = 0; dn < DN; ++dn)
+            for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const int d = dn * 8 + 2 * t + c;
+                    const int d = dn * 8 + 2 * w.t + c;
                     if (d < a.hv) npf_store(out_row + d, o[dn][2 * r + c] / den);
                 }
-            if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] + npf_log(l[r]);
+            if (w.t == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] + npf_log(l[r]);
         }
     }
 }
 
-// The backward's inner step on one C-fragment element (npf_fa_grad's arithmetic, with the row bases
-// hoisted): the score of query i and key j from its dot product, P = exp(S - lse_i), g = dP keep,
-// dS = ((g - D_i) P) scale, P_drop = P keep.
-__device__ __forceinline__ void npf_fa_grad_tc(float dot, float dp, float lse_i, float d_i, const NpfFaArgs<float>& a,
-                                               unsigned long long seed, long long bh, int i, int j, long long mask_row,
-                                               long long pad_row, float& p_drop, float& ds) {
-    const float p = npf_exp(npf_fa_score_at<float, true>(dot, a, i, j, mask_row, pad_row) - lse_i);
-    float g = dp;
-    p_drop = p;
-    if (a.keep_min) {
-        const unsigned long long n = ((unsigned long long)bh * (unsigned long long)a.Tq + (unsigned long long)i)
-                                     * (unsigned long long)a.Tk + (unsigned long long)j;
-        const float keep = npf_fa_keep(seed, n, a.keep_min) ? a.keep_scale : 0.0f;
-        p_drop = p * keep;
-        g *= keep;
-    }
-    g -= d_i;
-    g *= p;
-    ds = g * a.scale;
-}
-
 // dQ on tensor cores: a block of 4 warps takes 64 query rows (a warp its 16) over the visible key tiles:
 //   S = Q K^T, dP = dO V^T (A fragments of Q and dO by ldmatrix, B of K and V by ldmatrix),
-//   dS per element (npf_fa_grad_tc), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans).
+//   dS per element (npf_fa_grad), dQ += dS K (dS as float16 A fragments, K by ldmatrix.trans).
 // K and V through cp.async into NBUF buffers: with 2, the next tile's copies land while this one is
 // computed (the forward's pipeline); with 1 (where 2 would cost occupancy) they are issued after it.
 template <typename Ops, int D, int BC, int NBUF>
@@ -813,16 +846,16 @@ __device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T
                                  const typename Ops::T* dout, const float* lse, const float* dvec, typename Ops::T* dq,
                                  const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
                                  NpfFaLayout gl, NpfFaLayout dql) {
-    typedef typename Ops::T T;
-    constexpr int BR = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BC / 8, DN = D / 8, KD = D / Ops::K, KB = BC / Ops::K;
-    NPF_FA_SHARED(smem, (2 * BR + 2 * NBUF * BC) * LD * sizeof(T));
+    typedef NpfFaTcWarp<Ops, D, BC, NBUF> W;
+    typedef typename W::T T;
+    constexpr int BR = W::ROWS;
+    const W w(a);
+    NPF_FA_SHARED(smem, W::SHARED_DQ);
     T* Qs = reinterpret_cast<T*>(smem);                  // (BR, LD)
-    T* dOs = Qs + BR * LD;                               // (BR, LD)
-    T* KVs = dOs + BR * LD;                              // NBUF x ((BC, LD) K, (BC, LD) V)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    T* dOs = Qs + BR * W::LD;                            // (BR, LD)
+    T* KVs = dOs + BR * W::LD;                           // NBUF x ((BC, LD) K, (BC, LD) V)
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
-    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
@@ -835,14 +868,14 @@ __device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T
         float lse_r[2], d_r[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            row[r] = i0 + warp * 16 + g + 8 * r;
+            row[r] = i0 + w.row(r);
             mask_row[r] = npf_fa_mask_row(a, bh, row[r]);
             lse_r[r] = row[r] < a.Tq ? lse[bh * a.Tq + row[r]] : inf;      // rows past Tq: P = 0
             d_r[r] = row[r] < a.Tq ? dvec[bh * a.Tq + row[r]] : 0.0f;
         }
-        float dqa[DN][4];
+        float dqa[W::DN][4];
 #pragma unroll
-        for (int dn = 0; dn < DN; ++dn)
+        for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) dqa[dn][c] = 0.0f;
         const T* k_head = k + npf_fa_head(kl, bh, a.H);
@@ -852,29 +885,29 @@ __device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T
         npf_cp_async_commit();
         for (int kt = 0; kt < n_kt; ++kt) {
             const int j0 = kt * BC;
-            T* Ks = KVs + (kt % NBUF) * 2 * BC * LD;
-            T* Vs = Ks + BC * LD;
+            T* Ks = KVs + (kt % NBUF) * 2 * BC * W::LD;
+            T* Vs = Ks + BC * W::LD;
             if (NBUF == 2 && kt + 1 < n_kt)                  // the next tile into the other buffer, meanwhile
                 npf_fa_load_kv_async<T, BC, D>(k_head, v_head, j0 + BC, a, kl.st, vl.st,
-                                               KVs + (kt + 1) % 2 * 2 * BC * LD);
+                                               KVs + (kt + 1) % 2 * 2 * BC * W::LD);
             npf_cp_async_commit();
             npf_cp_async_wait<NBUF - 1>();                   // this tile's copies have landed (1: the next's
             __syncthreads();                                 // may be in flight), everyone's; Q's and dO's
-            float s[NB][4], dp[NB][4];
+            float s[W::NB][4], dp[W::NB][4];
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
+            for (int nb = 0; nb < W::NB; ++nb)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) s[nb][c] = dp[nb][c] = 0.0f;
 #pragma unroll
-            for (int kd = 0; kd < KD; ++kd) {
+            for (int kd = 0; kd < W::KD; ++kd) {
                 unsigned aq[4], ag[4];                       // 16 rows of Q and of dO, d block kd
-                Ops::a_rows(aq, Qs, LD, warp * 16, kd * Ops::K, lane);
-                Ops::a_rows(ag, dOs, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(aq, Qs, W::LD, w.warp * 16, kd * Ops::K, w.lane);
+                Ops::a_rows(ag, dOs, W::LD, w.warp * 16, kd * Ops::K, w.lane);
 #pragma unroll
-                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                for (int nb2 = 0; nb2 < W::NB / 2; ++nb2) {
                     unsigned bk[4], bv[4];
-                    Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * Ops::K, lane);
-                    Ops::b_rows(bv, Vs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bk, Ks, W::LD, nb2 * 16, kd * Ops::K, w.lane);
+                    Ops::b_rows(bv, Vs, W::LD, nb2 * 16, kd * Ops::K, w.lane);
                     Ops::mma(s[2 * nb2], aq, bk, s[2 * nb2]);
                     Ops::mma(s[2 * nb2 + 1], aq, bk + 2, s[2 * nb2 + 1]);
                     Ops::mma(dp[2 * nb2], ag, bv, dp[2 * nb2]);
@@ -882,22 +915,22 @@ __device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T
                 }
             }
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb)                  // s becomes dS
+            for (int nb = 0; nb < W::NB; ++nb)               // s becomes dS
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
                     float p_drop, ds;
-                    npf_fa_grad_tc(s[nb][c], dp[nb][c], lse_r[c / 2], d_r[c / 2], a, seed, bh, row[c / 2],
-                                   j0 + nb * 8 + 2 * t + c % 2, mask_row[c / 2], pad_row, p_drop, ds);
+                    npf_fa_grad<float, true>(s[nb][c], dp[nb][c], lse_r[c / 2], d_r[c / 2], a, w.seed, bh, row[c / 2],
+                                             j0 + nb * 8 + 2 * w.t + c % 2, mask_row[c / 2], pad_row, p_drop, ds);
                     s[nb][c] = ds;
                 }
 #pragma unroll
-            for (int kb = 0; kb < KB; ++kb) {
+            for (int kb = 0; kb < W::KB; ++kb) {
                 unsigned as[4];                              // keys K kb .. of dS as an A fragment
                 Ops::a_from_c(as, s + kb * Ops::K / 8);
 #pragma unroll
-                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                for (int dn2 = 0; dn2 < W::DN / 2; ++dn2) {
                     unsigned bk[4];                          // K rows, transposed: keys are the k axis here
-                    Ops::b_cols(bk, Ks, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::b_cols(bk, Ks, W::LD, kb * Ops::K, dn2 * 16, w.lane);
                     Ops::mma(dqa[2 * dn2], as, bk, dqa[2 * dn2]);
                     Ops::mma(dqa[2 * dn2 + 1], as, bk + 2, dqa[2 * dn2 + 1]);
                 }
@@ -911,10 +944,10 @@ __device__ void npf_fa_bwd_dq_tc(const typename Ops::T* q, const typename Ops::T
             if (row[r] >= a.Tq) continue;
             T* dq_row = dq + npf_fa_head(dql, bh, a.H) + row[r] * dql.st;
 #pragma unroll
-            for (int dn = 0; dn < DN; ++dn)
+            for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const int d = dn * 8 + 2 * t + c;
+                    const int d = dn * 8 + 2 * w.t + c;
                     if (d < a.hs) npf_store(dq_row + d, dqa[dn][2 * r + c]);
                 }
         }
@@ -950,17 +983,17 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
                                    typename Ops::T* dk, typename Ops::T* dv, const NpfFaArgs<float>& a,
                                    NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl,
                                    NpfFaLayout dvl) {
-    typedef typename Ops::T T;
-    constexpr int BC = NPF_FA_TC_BR, LD = D + Ops::PAD, NB = BR / 8, DN = D / 8, KD = D / Ops::K, KB = BR / Ops::K;
-    NPF_FA_SHARED(smem, (2 * BC + 4 * BR) * LD * sizeof(T) + 4 * BR * 4);
+    typedef NpfFaTcWarp<Ops, D, BR> W;
+    typedef typename W::T T;
+    constexpr int BC = W::ROWS;
+    const W w(a);
+    NPF_FA_SHARED(smem, W::SHARED_DKDV);
     T* Ks = reinterpret_cast<T*>(smem);                  // (BC, LD)
-    T* Vs = Ks + BC * LD;                                // (BC, LD)
-    T* QGs = Vs + BC * LD;                               // 2 x ((BR, LD) Q, (BR, LD) dO)
-    float* LDs = reinterpret_cast<float*>(QGs + 4 * BR * LD);         // 2 x ((BR) lse, (BR) D)
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    T* Vs = Ks + BC * W::LD;                             // (BC, LD)
+    T* QGs = Vs + BC * W::LD;                            // 2 x ((BR, LD) Q, (BR, LD) dO)
+    float* LDs = reinterpret_cast<float*>(QGs + 4 * BR * W::LD);      // 2 x ((BR) lse, (BR) D)
     const int j0 = blockIdx.x * BC;
     const int n_qt = (a.Tq + BR - 1) / BR;
-    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
         __syncthreads();
@@ -969,10 +1002,10 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
         const long long pad_row = npf_fa_pad_row(a, bh);
         int key[2];                                          // this lane's two keys (rows of dK, dV)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) key[r] = j0 + warp * 16 + g + 8 * r;
-        float dka[DN][4], dva[DN][4];
+        for (int r = 0; r < 2; ++r) key[r] = j0 + w.row(r);
+        float dka[W::DN][4], dva[W::DN][4];
 #pragma unroll
-        for (int dn = 0; dn < DN; ++dn)
+        for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) dka[dn][c] = dva[dn][c] = 0.0f;
         int qt0 = 0;                                         // the first query tile that sees one of the keys
@@ -985,31 +1018,31 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
         npf_cp_async_commit();
         for (int qt = qt0; qt < n_qt_head; ++qt) {
             const int i0 = qt * BR, buf = (qt - qt0) % 2;
-            T* Qs = QGs + buf * 2 * BR * LD;
-            T* dOs = Qs + BR * LD;
+            T* Qs = QGs + buf * 2 * BR * W::LD;
+            T* dOs = Qs + BR * W::LD;
             const float* lse_s = LDs + buf * 2 * BR;
             const float* d_s = lse_s + BR;
             if (qt + 1 < n_qt_head)                          // the next tile into the other buffer, meanwhile
                 npf_fa_bwd_query_tile<T, D, BR>(q_head, g_head, lse, dvec, bh, i0 + BR, a, ql.st, gl.st,
-                                             QGs + (1 - buf) * 2 * BR * LD, LDs + (1 - buf) * 2 * BR);
+                                             QGs + (1 - buf) * 2 * BR * W::LD, LDs + (1 - buf) * 2 * BR);
             npf_cp_async_commit();
             npf_cp_async_wait<1>();                          // this tile's copies have landed
             __syncthreads();                                 // (everyone's, and its lse and D), and K's and V's
-            float st[NB][4], dpt[NB][4];                     // S^T, dP^T: rows keys g, g + 8; columns queries
+            float st[W::NB][4], dpt[W::NB][4];               // S^T, dP^T: rows keys g, g + 8; columns queries
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb)
+            for (int nb = 0; nb < W::NB; ++nb)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) st[nb][c] = dpt[nb][c] = 0.0f;
 #pragma unroll
-            for (int kd = 0; kd < KD; ++kd) {
+            for (int kd = 0; kd < W::KD; ++kd) {
                 unsigned ak[4], av[4];                       // this warp's 16 keys of K and of V, d block kd
-                Ops::a_rows(ak, Ks, LD, warp * 16, kd * Ops::K, lane);
-                Ops::a_rows(av, Vs, LD, warp * 16, kd * Ops::K, lane);
+                Ops::a_rows(ak, Ks, W::LD, w.warp * 16, kd * Ops::K, w.lane);
+                Ops::a_rows(av, Vs, W::LD, w.warp * 16, kd * Ops::K, w.lane);
 #pragma unroll
-                for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
+                for (int nb2 = 0; nb2 < W::NB / 2; ++nb2) {
                     unsigned bq[4], bg[4];                   // Q rows and dO rows as B fragments (n: queries)
-                    Ops::b_rows(bq, Qs, LD, nb2 * 16, kd * Ops::K, lane);
-                    Ops::b_rows(bg, dOs, LD, nb2 * 16, kd * Ops::K, lane);
+                    Ops::b_rows(bq, Qs, W::LD, nb2 * 16, kd * Ops::K, w.lane);
+                    Ops::b_rows(bg, dOs, W::LD, nb2 * 16, kd * Ops::K, w.lane);
                     Ops::mma(st[2 * nb2], ak, bq, st[2 * nb2]);
                     Ops::mma(st[2 * nb2 + 1], ak, bq + 2, st[2 * nb2 + 1]);
                     Ops::mma(dpt[2 * nb2], av, bg, dpt[2 * nb2]);
@@ -1017,26 +1050,26 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
                 }
             }
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb)                  // st becomes P_drop^T, dpt dS^T
+            for (int nb = 0; nb < W::NB; ++nb)               // st becomes P_drop^T, dpt dS^T
 #pragma unroll
                 for (int c = 0; c < 4; ++c) {
-                    const int col = nb * 8 + 2 * t + c % 2, i = i0 + col;
+                    const int col = nb * 8 + 2 * w.t + c % 2, i = i0 + col;
                     float p_drop, ds;
-                    npf_fa_grad_tc(st[nb][c], dpt[nb][c], lse_s[col], d_s[col], a, seed, bh, i, key[c / 2],
-                                   npf_fa_mask_row(a, bh, i), pad_row, p_drop, ds);
+                    npf_fa_grad<float, true>(st[nb][c], dpt[nb][c], lse_s[col], d_s[col], a, w.seed, bh, i, key[c / 2],
+                                             npf_fa_mask_row(a, bh, i), pad_row, p_drop, ds);
                     st[nb][c] = p_drop;
                     dpt[nb][c] = ds;
                 }
 #pragma unroll
-            for (int kb = 0; kb < KB; ++kb) {
+            for (int kb = 0; kb < W::KB; ++kb) {
                 unsigned ap[4], as[4];                       // queries K kb .. of P_drop^T and dS^T as A fragments
                 Ops::a_from_c(ap, st + kb * Ops::K / 8);
                 Ops::a_from_c(as, dpt + kb * Ops::K / 8);
 #pragma unroll
-                for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
+                for (int dn2 = 0; dn2 < W::DN / 2; ++dn2) {
                     unsigned bg[4], bq[4];                   // dO and Q rows, transposed (k: queries, n: d)
-                    Ops::b_cols(bg, dOs, LD, kb * Ops::K, dn2 * 16, lane);
-                    Ops::b_cols(bq, Qs, LD, kb * Ops::K, dn2 * 16, lane);
+                    Ops::b_cols(bg, dOs, W::LD, kb * Ops::K, dn2 * 16, w.lane);
+                    Ops::b_cols(bq, Qs, W::LD, kb * Ops::K, dn2 * 16, w.lane);
                     Ops::mma(dva[2 * dn2], ap, bg, dva[2 * dn2]);
                     Ops::mma(dva[2 * dn2 + 1], ap, bg + 2, dva[2 * dn2 + 1]);
                     Ops::mma(dka[2 * dn2], as, bq, dka[2 * dn2]);
@@ -1051,10 +1084,10 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
             T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + key[r] * dkl.st;
             T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + key[r] * dvl.st;
 #pragma unroll
-            for (int dn = 0; dn < DN; ++dn)
+            for (int dn = 0; dn < W::DN; ++dn)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const int d = dn * 8 + 2 * t + c;
+                    const int d = dn * 8 + 2 * w.t + c;
                     if (d < a.hs) npf_store(dk_row + d, dka[dn][2 * r + c]);
                     if (d < a.hv) npf_store(dv_row + d, dva[dn][2 * r + c]);
                 }
@@ -1623,3 +1656,178 @@ __device__ void npf_fa_bwd_dkdv_dense(const unsigned short* q, const unsigned sh
             }
     }
 }
+
+// ---- the kernels: one __global__ template over kernel traits, as FlashAttention-2's Flash_fwd_kernel_traits ----
+// A traits type K is one instantiation: its storage and arithmetic types (T, A), its block (THREADS) and
+// __launch_bounds__'s MIN_BLOCKS (blocks an SM: the compiler keeps each thread to 65536 / (THREADS
+// MIN_BLOCKS) registers), the rows a block takes on the grid's x axis (ROWS: queries; keys for dK, dV), its
+// dynamic shared memory (SHARED, bytes), and run(p). flash_attention.py launches npf_fa_kernel<K>, named
+// by flash_source.name_expression (e.g. npf_fa_kernel<NpfFaFwdTc<unsigned short, 64>>) through CuPy's
+// RawModule(name_expressions=...); its copies of ROWS and SHARED (flash_source.GEOMETRY) are checked
+// against these by tests/kernels/cuda/test_flash_attention.py. MIN_BLOCKS: what the registers allow at the
+// occupancy benchmarks/cuda_kernels.py measured on sm_90 (registers a thread, occupancy), beside each.
+// run takes the parameters by value and NpfFaArgs as a local copy: given the kernel parameter by reference,
+// NVVM read the struct through a register-held address and kept its fields in registers for the whole kernel
+// (the SIMT dQ at D 128 spilled, bwd_pre took 50-84 registers).
+template <typename K>
+__global__ void __launch_bounds__(K::THREADS, K::MIN_BLOCKS)
+npf_fa_kernel(const NpfFaParams<typename K::T, typename K::A> p) {
+    K::run(p);
+}
+
+// The arithmetic type of a storage type: float for float16 (unsigned short) and float32, double for float64
+template <typename T> struct NpfFaAcc { typedef float A; };
+template <> struct NpfFaAcc<double> { typedef double A; };
+
+// The SIMT kernels' tiles (BR queries x BC keys): 64 x 64 in float up to D = 64; 32 x 32 at D = 128
+// (registers: a thread holds 2 rows x 16 columns of each accumulator) and in double (so that every
+// kernel's shared memory stays under an A100's 163 KiB)
+template <typename T_, int D_> struct NpfFaSimt {
+    typedef T_ T;
+    typedef typename NpfFaAcc<T_>::A A;
+    static constexpr int D = D_, THREADS = NPF_FA_THREADS, BR = sizeof(A) == 4 && D <= 64 ? 64 : 32, BC = BR;
+    typedef NpfFaShape<A, D, BR, BC> S;
+};
+
+// SIMT forward. MIN_BLOCKS (sm_90, registers and occupancy), float: 3 at D 32, 64 (156-168, 18.75%), 4 at
+// D 128 (128, 25%); double: 4 at D 32 (126, 25%), 3 at D 64 (167, 18.75%), 2 at D 128 (196, 12.5%)
+template <typename T_, int D_> struct NpfFaFwd : NpfFaSimt<T_, D_> {
+    typedef NpfFaSimt<T_, D_> B;
+    static constexpr int ROWS = B::BR, SHARED = B::S::FWD * (int)sizeof(typename B::A);
+    static constexpr int MIN_BLOCKS = sizeof(typename B::A) == 4 ? (D_ <= 64 ? 3 : 4)
+                                                                  : (D_ <= 32 ? 4 : D_ <= 64 ? 3 : 2);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, typename B::A> p) {
+        const NpfFaArgs<typename B::A> a = p.a;
+        npf_fa_forward<T_, typename B::A, D_, B::BR, B::BC>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+
+// SIMT dQ. MIN_BLOCKS, float: 2 at D 32, 64 (168-254 registers, 12.5-18.75%), 3 at D 128 (168, 18.75%);
+// double: 3 at D 32 (155, 18.75%), 2 at D 64 (168; shared memory: 12.5%), 1 at D 128 (247; shared memory
+// holds it to one block)
+template <typename T_, int D_> struct NpfFaDq : NpfFaSimt<T_, D_> {
+    typedef NpfFaSimt<T_, D_> B;
+    static constexpr int ROWS = B::BR, SHARED = B::S::DQ * (int)sizeof(typename B::A);
+    static constexpr int MIN_BLOCKS = sizeof(typename B::A) == 4 ? (D_ <= 64 ? 2 : 3)
+                                                                  : (D_ <= 32 ? 3 : D_ <= 64 ? 2 : 1);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, typename B::A> p) {
+        const NpfFaArgs<typename B::A> a = p.a;
+        npf_fa_bwd_dq<T_, typename B::A, D_, B::BR, B::BC>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl,
+                                                           p.vl, p.gl, p.dql);
+    }
+};
+
+// SIMT dK, dV. MIN_BLOCKS, float: 3 at D 32 (156 registers, 18.75%), 2 at D 64 (254, 12.5%) and D 128 (160;
+// shared memory: 12.5%); double: 3 at D 32 (162, 18.75%), 2 at D 64 (181, 12.5%), 1 at D 128 (245)
+template <typename T_, int D_> struct NpfFaDkdv : NpfFaSimt<T_, D_> {
+    typedef NpfFaSimt<T_, D_> B;
+    static constexpr int ROWS = B::BC, SHARED = B::S::DKDV * (int)sizeof(typename B::A);
+    static constexpr int MIN_BLOCKS = sizeof(typename B::A) == 4 ? (D_ <= 32 ? 3 : 2)
+                                                                  : (D_ <= 32 ? 3 : D_ <= 64 ? 2 : 1);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, typename B::A> p) {
+        const NpfFaArgs<typename B::A> a = p.a;
+        npf_fa_bwd_dkdv<T_, typename B::A, D_, B::BR, B::BC>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, p.a,
+                                                             p.ql, p.kl, p.vl, p.gl, p.dkl, p.dvl);
+    }
+};
+
+// D = rowsum(dO O), a warp a row: 256 threads (8 rows) a block. MIN_BLOCKS 6: 38-40 registers, 75% (8, all
+// 64 warps, spilled float32 and float64; without a bound it took 50-84 registers, 25-50%)
+template <typename T_> struct NpfFaPre {
+    typedef T_ T;
+    typedef typename NpfFaAcc<T_>::A A;
+    static constexpr int THREADS = 256, MIN_BLOCKS = 6, ROWS = THREADS / 32, SHARED = 0;
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_pre<T_, A>(p.dout, p.out, p.dvec, a.bh_count * a.Tq, a.hv, a.Tq, a.H, p.gl, p.ol);
+    }
+};
+
+// The tensor-core kernels (sm_80 and later): float16 on NpfHalfOps (m16n8k16), float32 on NpfTf32Ops (TF32
+// m16n8k8, under the opt-in). A block takes 64 rows (NpfFaTcWarp); BC keys a tile (dQ; the forward's is its
+// own): 32, 16 for TF32 at D 128 (float32 tiles take twice the bytes); BQ query rows a tile (dK, dV): 32, 16
+// at D 128 (its dK and dV accumulators take D registers a lane).
+template <typename T> struct NpfFaTcOps { typedef NpfHalfOps Ops; };
+template <> struct NpfFaTcOps<float> { typedef NpfTf32Ops Ops; };
+template <typename T_, int D_> struct NpfFaTc {
+    typedef T_ T;
+    typedef float A;
+    typedef typename NpfFaTcOps<T_>::Ops Ops;
+    static constexpr bool HALF = sizeof(T_) == 2;
+    static constexpr int D = D_, THREADS = NPF_FA_THREADS, ROWS = NPF_FA_TC_BR, BC = !HALF && D_ == 128 ? 16 : 32,
+                         BQ = D_ == 128 ? 16 : 32;
+};
+
+// Forward on tensor cores, BC keys a tile: 16 at D 128 (with 32, the kernel spilled at 128 registers once its
+// parameters came in one struct; 16: 127 registers, 36.6 instructions per HMMA on sm_90 against 49.2 before).
+// MIN_BLOCKS: float16 4 (120-128 registers, 25% at every D on sm_90); TF32 3 (122-145, 18.75-25%)
+template <typename T_, int D_> struct NpfFaFwdTc : NpfFaTc<T_, D_> {
+    typedef NpfFaTc<T_, D_> B;
+    static constexpr int BC = D_ == 128 ? 16 : B::BC;
+    static constexpr int SHARED = NpfFaTcWarp<typename B::Ops, D_, BC>::SHARED_FWD, MIN_BLOCKS = B::HALF ? 4 : 3;
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, float> p) {
+        const NpfFaArgs<float> a = p.a;
+        npf_fa_forward_tc<typename B::Ops, D_, BC>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+
+// dQ on tensor cores. K and V in 2 buffers (the next tile's copies overlap this one's work); 1 for float16
+// at D 128, where a second would hold sm_80 to 2 blocks an SM by shared memory, below the registers' 3.
+// MIN_BLOCKS, float16: 4 at D 32, 64 (115-128 registers, 25%), 3 at D 128 (163, 18.75%); TF32: 3 at D 32, 64
+// (141-154, 18.75%), 2 at D 128 (162; shared memory: 12.5%)
+template <typename T_, int D_> struct NpfFaDqTc : NpfFaTc<T_, D_> {
+    typedef NpfFaTc<T_, D_> B;
+    static constexpr int BUFFERS = B::HALF && D_ == 128 ? 1 : 2;
+    static constexpr int SHARED = NpfFaTcWarp<typename B::Ops, D_, B::BC, BUFFERS>::SHARED_DQ,
+                         MIN_BLOCKS = B::HALF ? (D_ <= 64 ? 4 : 3) : (D_ <= 64 ? 3 : 2);
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, float> p) {
+        const NpfFaArgs<float> a = p.a;
+        npf_fa_bwd_dq_tc<typename B::Ops, D_, B::BC, BUFFERS>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql,
+                                                              p.kl, p.vl, p.gl, p.dql);
+    }
+};
+
+// dK, dV on tensor cores. MIN_BLOCKS, float16: 4 at D 32 (127 registers, 25%), 3 at D 64 (165, 18.75%), 2 at
+// D 128 (210: the accumulators alone take 128 a lane; 12.5%); TF32: 4 at D 32 (128, 25%: with 3, sm_80 took
+// 133-136 registers, 18.75%), 3 at D 64 (162, 18.75%), 2 at D 128 (204, 12.5%)
+template <typename T_, int D_> struct NpfFaDkdvTc : NpfFaTc<T_, D_> {
+    typedef NpfFaTc<T_, D_> B;
+    static constexpr int SHARED = NpfFaTcWarp<typename B::Ops, D_, B::BQ>::SHARED_DKDV,
+                         MIN_BLOCKS = D_ == 128 ? 2 : D_ == 32 ? 4 : 3;
+    static __device__ __forceinline__ void run(const NpfFaParams<T_, float> p) {
+        const NpfFaArgs<float> a = p.a;
+        npf_fa_bwd_dkdv_tc<typename B::Ops, D_, B::BQ>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql,
+                                                       p.kl, p.vl, p.gl, p.dkl, p.dvl);
+    }
+};
+
+// The dense kernels (float16; no mask, padding or dropout; CAUSAL or not): their traits are above
+// (NpfFaDenseTraits, NpfFaDenseDqTraits, NpfFaDenseDkdvTraits), with the measured reasons.
+template <int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTraits<D_> {
+    typedef unsigned short T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaDenseTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_forward_dense<D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+template <int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {
+    typedef unsigned short T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaDenseDqTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dq_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl, p.dql);
+    }
+};
+template <int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDkdvTraits<D_> {
+    typedef unsigned short T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaDenseDkdvTraits<D_>::BC;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dkdv_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl, p.gl,
+                                          p.dkl, p.dvl);
+    }
+};

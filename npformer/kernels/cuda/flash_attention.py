@@ -11,7 +11,7 @@ reference's element by element for one seed. float16 is computed in float32, flo
 float64 in float64 (for gradient checks); head sizes up to 128, any Tq and Tk.
 
 ``block_q`` and ``block_k`` are checked and kept in the cache (the reference's backward tiles by
-them), but the kernels use their own tiles (:data:`~npformer.kernels.cuda.flash_source.TILES`).
+them), but the kernels use their own tiles (their traits in flash.cu).
 
 No copies for the heads: the kernels read and write (B, H, T, hs) arrays through their strides (the
 last axis contiguous), so the heads of a packed (B, T, 3E) projection are read where they are, and
@@ -30,8 +30,8 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (DENSE_SHARED, DENSE_TILES, HEAD_SIZES, MAX_HEAD_SIZE, PRE_THREADS,
-                                                SHARED, TC_BR, TC_SHARED, TC_VARIANT_OF, THREADS, TILES, entry_name)
+from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VARIANT_OF, TENSORS, geometry,
+                                                layout_field, name_expression, params_dtype)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
@@ -47,33 +47,23 @@ def flash_module(dtype, d: int):
     """The compiled (dtype, D) module (NVRTC, once per process, on first use; CuPy caches the binary)."""
     key = ("flash_module", numpy.dtype(dtype), d)
     if key not in runtime._cache:
-        runtime._cache[key] = runtime.compile_module(*runtime.shipped_modules()[runtime.flash_module_name(dtype, d)])
+        module = runtime.shipped_modules()[runtime.flash_module_name(dtype, d)]
+        runtime._cache[key] = runtime.compile_module(module.source, module.options, tuple(module.kernels.values()))
     return runtime._cache[key]
 
 
 def _kernel(name: str, dtype, d: int):
-    """The entry point ``name`` ("fwd", "bwd_dkdv", "bwd_dq", "bwd_pre") of the (dtype, D) module."""
+    """Kernel ``name`` ("fwd", "bwd_dq_tc", "fwd_dense_causal", "bwd_pre", ...) of the (dtype, D) module:
+    its instantiation (flash_source.name_expression), with the shared memory it needs opted in."""
     key = ("flash", name, numpy.dtype(dtype), d)
     fn = runtime._cache.get(key)
     if fn is None:
-        bucketed = name != "bwd_pre"
-        fn = flash_module(dtype, d).get_function(entry_name(name, dtype, d if bucketed else None))
-        if bucketed and _shared(name, dtype, d) > _DEFAULT_SHARED:
-            fn.max_dynamic_shared_size_bytes = _shared(name, dtype, d)     # opt in beyond 48 KiB
+        fn = flash_module(dtype, d).get_function(name_expression(name, dtype, d))
+        shared = geometry(name, dtype, d)[2]
+        if shared > _DEFAULT_SHARED:
+            fn.max_dynamic_shared_size_bytes = shared                         # opt in beyond 48 KiB
         runtime._cache[key] = fn
     return fn
-
-
-def _acc_name(dtype) -> str:
-    return TYPES[numpy.dtype(dtype)][1]
-
-
-def _shared(name: str, dtype, d: int) -> int:
-    if "_dense" in name:
-        return DENSE_SHARED[name.split("_dense")[0], d]
-    if name.endswith(("_tc", "_tf32")):
-        return TC_SHARED[name, d]
-    return SHARED[{"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv"}[name], _acc_name(dtype), d]
 
 
 def tensor_core_variant(dtype) -> str:
@@ -144,42 +134,51 @@ def key_end(xp, padding):
     return xp.where(visible.any(axis=1), tk - last_from_end, 0).astype(xp.int32)
 
 
-def _mask_args(xp, masks, acc, p: float, seed, bits: bool) -> tuple:
-    """The NpfFaArgs arguments before the sizes: masks (bool as bytes, or packed to bits for the
-    tensor-core kernels when ``bits``; float as the accumulation dtype, as mask_bias casts them), bool
-    padding's key ends, and dropout; unused pointers get a 1-element placeholder."""
-    no_bytes, no_bits, no_float = (xp.empty((1,), dtype=t) for t in (bool, xp.uint32, acc))   # never read
-    out = []
-    for m in (masks.attn, masks.padding):
+def _params(xp, q, k, v, masks, scale, acc, p: float, seed, bits: bool, **tensors):
+    """The kernels' one argument (flash.cu's NpfFaParams, :func:`~npformer.kernels.cuda.flash_source.params_dtype`):
+    a 1-element structured array filled field by field, and the arrays it points to that were made here
+    (keep them until the launch is issued). ``tensors``: out, dout, dq, dk, dv, lse, dvec as the kernel
+    needs them. Masks: bool as bytes, or packed to bits for the tensor-core kernels when ``bits``; float as
+    the accumulation dtype, as mask_bias casts them; bool padding also as its key ends. Unused pointers
+    are null."""
+    params = numpy.zeros(1, dtype=params_dtype(acc))
+    made = []
+
+    def point(name, array, into=params):
+        into[name] = runtime.address(array)
+        made.append(array)
+    for name, a in (("q", q), ("k", k), ("v", v), *tensors.items()):
+        point(name, a)
+        if name in TENSORS:
+            params[layout_field(name)] = heads_layout(a)
+    args = params["a"]
+    for prefix, m in (("mask", masks.attn), ("pad", masks.padding)):
         if m is None:
-            out.append([no_bytes, no_bits, no_float, numpy.int32(0), numpy.int32(0)])
-        elif m.dtype == bool and bits:
+            continue
+        if m.dtype == bool and bits:
             packed = pack_bits(xp, m)
-            out.append([no_bytes, packed, no_float, numpy.int32(packed.shape[-1]), numpy.int32(1)])
+            point(f"{prefix}_bits", packed, args)
+            args[f"{prefix}_ld"], args[f"{prefix}_kind"] = packed.shape[-1], 1
         elif m.dtype == bool:
-            out.append([contiguous(xp, m), no_bits, no_float, numpy.int32(m.shape[-1]), numpy.int32(1)])
+            point(f"{prefix}_b", contiguous(xp, m), args)
+            args[f"{prefix}_ld"], args[f"{prefix}_kind"] = m.shape[-1], 1
         else:
-            out.append([no_bytes, no_bits, contiguous(xp, m.astype(acc, copy=False)), numpy.int32(m.shape[-1]),
-                        numpy.int32(2)])
-    attn, pad = out
-    attn_bh = 0 if masks.attn is None or masks.attn.ndim == 2 else masks.attn.shape[-2] * int(attn[3])
-    ends = key_end(xp, masks.padding) if pad[4] == 1 else xp.empty((1,), dtype=xp.int32)
-    args = attn[:3] + [numpy.int64(attn_bh)] + attn[3:] + pad[:3] + [ends] + pad[3:]
+            point(f"{prefix}_f", contiguous(xp, m.astype(acc, copy=False)), args)
+            args[f"{prefix}_ld"], args[f"{prefix}_kind"] = m.shape[-1], 2
+    if masks.attn is not None and masks.attn.ndim > 2:
+        args["mask_bh"] = masks.attn.shape[-2] * int(args["mask_ld"][0])
+    if masks.padding is not None and masks.padding.dtype == bool:
+        point("key_end", key_end(xp, masks.padding), args)
     if p > 0:
-        threshold = keep_threshold(p, xp.__name__.split(".")[0])
-        keep_scale = acc.type(1.0 / (1.0 - p)) if p < 1 else acc.type(0.0)   # _keep's 1 / (1 - p), in A
-        args += [contiguous(xp, seed), numpy.int32(threshold), keep_scale]
-    else:
-        args += [xp.empty((), dtype=numpy.uint64), numpy.int32(0), acc.type(0.0)]
-    return tuple(args)
-
-
-def _size_args(q, k, v, masks, scale, acc) -> tuple:
+        point("seed", contiguous(xp, seed), args)
+        args["keep_min"] = keep_threshold(p, xp.__name__.split(".")[0])
+        args["keep_scale"] = 1.0 / (1.0 - p) if p < 1 else 0.0                 # _keep's 1 / (1 - p), in A
     b, h, tq, hs = q.shape
-    tk, hv = k.shape[2], v.shape[3]
-    causal = masks.shift is not None
-    return (numpy.int64(b * h), numpy.int32(h), numpy.int32(tq), numpy.int32(tk), numpy.int32(hs),
-            numpy.int32(hv), acc.type(scale), numpy.int32(causal), numpy.int32(masks.shift if causal else 0))
+    args["bh_count"], args["H"], args["Tq"], args["Tk"] = b * h, h, tq, k.shape[2]
+    args["hs"], args["hv"], args["scale"] = hs, v.shape[3], scale
+    if masks.shift is not None:
+        args["causal"], args["shift"] = 1, masks.shift
+    return params, made
 
 
 def strided_heads(xp, a):
@@ -192,7 +191,7 @@ def strided_heads(xp, a):
 
 def heads_layout(a) -> tuple:
     """The (B, H, T) element strides of a (B, H, T, hs) array, as the kernels' NpfFaLayout."""
-    return tuple(numpy.int64(st // a.itemsize) for st in a.strides[:3])
+    return tuple(st // a.itemsize for st in a.strides[:3])
 
 
 def merged_heads(xp, b: int, h: int, t: int, hs: int, dtype):
@@ -200,8 +199,11 @@ def merged_heads(xp, b: int, h: int, t: int, hs: int, dtype):
     return xp.empty((b, t, h, hs), dtype=dtype).transpose(0, 2, 1, 3)            # (B, H, T, hs)
 
 
-def _launch(name, dtype, d, tiles: int, bh: int, args: tuple) -> None:
-    _kernel(name, dtype, d)((tiles, min(bh, MAX_GRID)), (THREADS,), args, shared_mem=_shared(name, dtype, d))
+def _launch(name, dtype, d, t: int, bh: int, params) -> None:
+    """Kernel ``name`` over ``t`` rows (queries; keys for dK, dV) and ``bh`` heads: a block per ROWS rows and
+    head (heads past MAX_GRID by a grid-stride loop), its traits' block and shared memory."""
+    threads, rows, shared = geometry(name, dtype, d)
+    _kernel(name, dtype, d)((-(-t // rows), min(bh, MAX_GRID)), (threads,), (params,), shared_mem=shared)
 
 
 def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, is_causal: bool = False,
@@ -223,15 +225,11 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
     if b * h and tq:
         variant = tensor_core_variant(q.dtype)
-        args = ((q, k, v, out, lse) + _mask_args(xp, masks, acc, p, seed, bool(variant))
-                + _size_args(q, k, v, masks, scale, acc)
-                + heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(out))
+        args, _made = _params(xp, q, k, v, masks, scale, acc, p, seed, bool(variant), out=out, lse=lse)
         if variant == "tc" and dense(masks, p):
-            _launch("fwd_dense" + _causal(masks), q.dtype, d, -(-tq // DENSE_TILES["fwd"][d][0]), b * h, args)
-        elif variant:
-            _launch(f"fwd_{variant}", q.dtype, d, -(-tq // TC_BR), b * h, args)
+            _launch("fwd_dense" + _causal(masks), q.dtype, d, tq, b * h, args)
         else:
-            _launch("fwd", q.dtype, d, -(-tq // TILES[_acc_name(q.dtype), d][0]), b * h, args)
+            _launch("fwd" + (f"_{variant}" if variant else ""), q.dtype, d, tq, b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
 
 
@@ -266,28 +264,20 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     lse = contiguous(xp, lse.astype(acc, copy=False))
     if not b * h:
         return
-    br, bc = TILES[_acc_name(q.dtype), d]
     dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
-    rows = b * h * tq
-    if rows:
-        warps_per_block = PRE_THREADS // 32                                       # bwd_pre: a warp per row
-        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // warps_per_block), MAX_GRID)),), (PRE_THREADS,),
-                                    (dout, out, dvec, numpy.int64(rows), numpy.int32(hv), numpy.int32(tq),
-                                     numpy.int32(h)) + heads_layout(dout) + heads_layout(out))
     variant = tensor_core_variant(q.dtype)
-    common = _mask_args(xp, masks, acc, p, seed, bool(variant)) + _size_args(q, k, v, masks, scale, acc)
-    qkv = heads_layout(q) + heads_layout(k) + heads_layout(v) + heads_layout(dout)
+    args, _made = _params(xp, q, k, v, masks, scale, acc, p, seed, bool(variant), out=out, dout=dout, dq=dq, dk=dk,
+                          dv=dv, lse=lse, dvec=dvec)
+    rows = b * h * tq
+    if rows:                                                                      # bwd_pre: a warp per row
+        threads, rows_a_block, _ = geometry("bwd_pre", q.dtype, d)
+        _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // rows_a_block), MAX_GRID)),), (threads,), (args,))
     suffix = f"_{variant}" if variant else ""
-    if variant == "tc" and dense(masks, p):             # the dense kernels: their own tiles
+    if variant == "tc" and dense(masks, p):             # the dense kernels
         suffix = "_dense" + _causal(masks)
-        br, bc = DENSE_TILES["bwd_dq"][d][0], DENSE_TILES["bwd_dkdv"][d][0]
-    elif variant:
-        br = bc = TC_BR                                  # the tensor-core kernels: 64 keys, 64 query rows a block
-    _launch("bwd_dkdv" + suffix, q.dtype, d, -(-tk // bc), b * h,
-            (q, k, v, dout, lse, dvec, dk, dv) + common + qkv + heads_layout(dk) + heads_layout(dv))
+    _launch("bwd_dkdv" + suffix, q.dtype, d, tk, b * h, args)
     if tq:
-        _launch("bwd_dq" + suffix, q.dtype, d, -(-tq // br), b * h,
-                (q, k, v, dout, lse, dvec, dq) + common + qkv + heads_layout(dq))
+        _launch("bwd_dq" + suffix, q.dtype, d, tq, b * h, args)
 
 
 def _causal(masks) -> str:

@@ -60,8 +60,8 @@ micro-tile), and a product P W of (NR, N) by (N, D) gives it rows tr + 16 a and 
 the row max and sum need one exchange among the 8 threads of a row (through shared memory).
 Tiles are (BR queries, BC keys) with the head size padded to D in {32, 64, 128} (zeros: they add
 nothing to a dot product); rows are D + 4 values apart in shared memory (16-byte aligned, and the 4
-or 8 rows read at once fall in distinct banks). Shared memory is dynamic: :data:`SHARED` gives each
-kernel's bytes, which the kernel also carves out (a test checks the two agree).
+or 8 rows read at once fall in distinct banks). Shared memory is dynamic: each kernel's traits in
+flash.cu give its bytes (``SHARED``), which the kernel carves out.
 
 Masks. A bool mask is read as bytes by the SIMT kernels and as bits by the tensor-core kernels
 (:func:`~npformer.kernels.cuda.flash_attention.pack_bits`: 32 keys a word, so a lane's two columns
@@ -69,24 +69,37 @@ of a key tile cost one 4-byte load a row, the quad's lanes the same word); a flo
 values (a quad's 8 consecutive columns: 32 bytes, one memory sector). A bool key-padding mask also
 comes as lengths (``key_end``: one past each batch's last visible key): every kernel skips the key
 tiles past it whole, as it skips the causal future (keys in the skipped tiles are never read).
-Every kernel has ``__launch_bounds__`` (:data:`MIN_BLOCKS`, ``TC_MIN_BLOCKS``).
+Every kernel has ``__launch_bounds__`` (its traits' ``THREADS`` and ``MIN_BLOCKS``, the measured reason
+beside them in flash.cu).
 
 Strides. q, k, v, out, dout, dq, dk, dv are (B, H, T, D) arrays with a contiguous last axis and any
 other strides (``NpfFaLayout``: element (b, h, t, d) at ``b sb + h sh + t st + d``): the heads of a
 packed (B, T, 3E) projection are read in place, and (B, T, H, hs) outputs merge into (B, T, E) as
 views. lse and D stay (B, H, T) contiguous.
 
-Modules. Each (dtype, D) pair is its own small NVRTC module (:func:`module_source`), compiled on
-first use: a run compiles the three kernels it needs (seconds), not all 27 instantiations (about a
-minute). A module is self-contained: ``half.cuh`` (:data:`~npformer.kernels.cuda.source.HALF_CONVERSIONS`),
-then ``prelude.cuh`` (the file the common source starts with too), then the kernels of ``flash.cu``
-(the CUDA C files: :mod:`npformer.kernels.cuda.files`). Only the infinity constant and the dynamic
-shared-memory declaration differ between the GPU and the CPU emulator (tests/kernels/cuda/emulator.py,
-where ``__CUDACC__`` is undefined), which compiles :data:`FLASH_EMULATED_SOURCE`, every entry point in
-one library.
+Configuration in C++ (flash.cu's last section, FlashAttention-2's ``Flash_fwd_kernel_traits`` and
+``run_mha_fwd_hdim64`` the model): one ``__global__`` template, ``npf_fa_kernel<K>``, over kernel traits
+K (``NpfFaFwd<T, D>``, ``NpfFaFwdTc<T, D>``, ``NpfFaFwdDense<D, CAUSAL>``, ``NpfFaDq...``,
+``NpfFaDkdv...``, ``NpfFaPre<T>``: tiles, block, launch bounds, shared memory), taking one struct by value
+(``NpfFaParams<T, A>``, filled from Python by field name through :func:`params_dtype`). Python names an
+instantiation (:func:`name_expression`) and CuPy's ``RawModule(name_expressions=...)`` compiles it; no
+source text is written here. The host needs two numbers of each instantiation to launch it, the rows a
+block takes (the grid) and its shared memory: :data:`GEOMETRY` holds them, checked against the
+compiled traits by a test.
+
+Modules. Each (dtype, D) pair is its own small NVRTC module (the same source, :data:`FLASH_SOURCE`; the
+instantiations :func:`module_kernels` names), compiled on first use: a run compiles the kernels it needs
+(seconds), not all of them (about a minute). A module is self-contained: ``half.cuh``
+(:data:`~npformer.kernels.cuda.source.HALF_CONVERSIONS`), then ``prelude.cuh`` (the file the common
+source starts with too), ``warp.cuh``, then ``flash.cu`` (the CUDA C files:
+:mod:`npformer.kernels.cuda.files`). Only the infinity constant and the dynamic shared-memory
+declaration differ between the GPU and the CPU emulator (tests/kernels/cuda/emulator.py, where
+``__CUDACC__`` is undefined), which compiles :data:`FLASH_EMULATED_SOURCE` with every pair's
+instantiations in one library.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy
@@ -96,95 +109,52 @@ from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
-__all__ = ["THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TILES", "SHARED", "TC_VARIANTS", "TC_VARIANT_OF", "TC_BR",
-           "TC_BC", "TC_BQ", "TC_DQ_BUFFERS", "TC_MIN_BLOCKS", "TC_SHARED", "tc_shared", "OCCUPANCY_FLOORS",
-           "MIN_BLOCKS", "PRE_THREADS", "STRIDED", "shared_bytes", "DENSE_TILES", "DENSE_TRAITS", "DENSE_KERNELS",
-           "DENSE_SHARED", "dense_shared",
-           "entry_name", "module_source", "MODULE_SOURCES", "TEST_SOURCE", "FLASH_EMULATED_SOURCE",
-           "FLASH_NVRTC_OPTIONS"]
+__all__ = ["THREADS", "PRE_THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TC_VARIANT_OF", "GEOMETRY", "OCCUPANCY_FLOORS",
+           "TENSORS", "params_dtype", "layout_field", "kernels", "name_expression", "entry_name", "geometry",
+           "module_kernels", "MODULE_KERNELS", "FLASH_SOURCE", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
 
-THREADS = 128                      # per block: 16 row lanes x 8 column lanes
+THREADS = 128                      # per block of the tile kernels (NPF_FA_THREADS: 16 row lanes x 8 column lanes)
+PRE_THREADS = 256                  # bwd_pre's block (NpfFaPre::THREADS: a warp a row)
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
 MAX_HEAD_SIZE = HEAD_SIZES[-1]
-
-# (BR, BC) query x key tile per accumulation type and D: 64 x 64 for float up to D = 64; 32 x 32 at
-# D = 128 (registers: a thread holds 2 rows x 16 columns of each accumulator) and for double (so that
-# every kernel's shared memory stays under an A100's 163 KiB, see SHARED).
-TILES = {("float", 32): (64, 64), ("float", 64): (64, 64), ("float", 128): (32, 32),
-         ("double", 32): (32, 32), ("double", 64): (32, 32), ("double", 128): (32, 32)}
-
-
-def shared_bytes(kernel: str, acc: str, d: int) -> int:
-    """Dynamic shared memory of one block of ``kernel`` ("fwd", "dq", "dkdv"), as the kernel carves it."""
-    br, bc = TILES[acc, d]
-    dp, size = d + 4, 4 if acc == "float" else 8
-    elements = {"fwd": (br + 2 * bc) * dp + br * (bc + 4) + 2 * br * 8,    # Q, K, V, P, row max and sum
-                "dq": (2 * br + 2 * bc) * dp + br * (bc + 4),               # Q, dO, K, V, dS
-                "dkdv": (2 * bc + 2 * br) * dp + 2 * bc * (br + 4) + 2 * br}   # K, V, Q, dO, P^T, dS^T, lse, D
-    return elements[kernel] * size
-
-
-SHARED = {(kernel, acc, d): shared_bytes(kernel, acc, d) for kernel in ("fwd", "dq", "dkdv") for acc, d in TILES}
-# Tensor cores (npf_fa_forward_tc, npf_fa_bwd_dq_tc, npf_fa_bwd_dkdv_tc), per variant: "tc" float16
-# (NpfHalfOps), "tf32" float32 under the TF32 opt-in (NpfTf32Ops). BR = 64 query rows (4 warps x 16), BC
-# keys a tile; tiles in shared memory as rows of D values and 16 bytes (aligned rows, no bank conflicts).
-TC_VARIANTS = {"tc": ("NpfHalfOps", 2), "tf32": ("NpfTf32Ops", 4)}      # the Ops policy, bytes a value
+# Which tensor-core kernels a dtype runs (flash_attention.tensor_core_variant): float16 "tc" (NpfHalfOps),
+# float32 "tf32" under the TF32 opt-in (NpfTf32Ops); both are flash.cu's NpfFa*Tc<T, D> traits.
 TC_VARIANT_OF = {numpy.dtype(numpy.float16): "tc", numpy.dtype(numpy.float32): "tf32"}
-TC_BR = 64
-TC_BC = {("tc", 32): 32, ("tc", 64): 32, ("tc", 128): 32,
-         ("tf32", 32): 32, ("tf32", 64): 32, ("tf32", 128): 16}            # float32 tiles: twice the bytes
-# backward: dq takes 64 query rows over key tiles of TC_BC keys; dkdv 64 keys over query tiles of TC_BQ
-# queries (its dK and dV accumulators take D registers a lane: a smaller tile at D = 128)
-TC_BQ = {("tc", 32): 32, ("tc", 64): 32, ("tc", 128): 16, ("tf32", 32): 32, ("tf32", 64): 32, ("tf32", 128): 16}
-# K and V buffers of dq (2: the next tile's copies overlap this one's work; 1 for float16 at D = 128, where
-# a second would hold sm_80 to 2 blocks an SM by shared memory, below the registers' 3)
-TC_DQ_BUFFERS = {("tc", 32): 2, ("tc", 64): 2, ("tc", 128): 1, ("tf32", 32): 2, ("tf32", 64): 2, ("tf32", 128): 2}
-# __launch_bounds__ blocks of 128 threads an SM, per kernel and D: 4 holds a kernel to 128 registers
-TC_MIN_BLOCKS = {("fwd_tc", 32): 4, ("fwd_tc", 64): 4, ("fwd_tc", 128): 4, ("bwd_dq_tc", 32): 4,
-                 ("bwd_dq_tc", 64): 4, ("bwd_dq_tc", 128): 3, ("bwd_dkdv_tc", 32): 4, ("bwd_dkdv_tc", 64): 3,
-                 ("bwd_dkdv_tc", 128): 2,
-                 ("fwd_tf32", 32): 3, ("fwd_tf32", 64): 3, ("fwd_tf32", 128): 3, ("bwd_dq_tf32", 32): 3,
-                 ("bwd_dq_tf32", 64): 3, ("bwd_dq_tf32", 128): 2, ("bwd_dkdv_tf32", 32): 3, ("bwd_dkdv_tf32", 64): 3,
-                 ("bwd_dkdv_tf32", 128): 2}
 
-
-def tc_shared(name: str, d: int) -> int:
-    """Dynamic shared memory of one block of tensor-core kernel ``name`` ("fwd_tc", "bwd_dq_tf32", ...)."""
-    kernel, variant = name.rsplit("_", 1)
-    size = TC_VARIANTS[variant][1]
-    ld = d + 16 // size
-    bc, bq, buffers = TC_BC[variant, d], TC_BQ[variant, d], TC_DQ_BUFFERS[variant, d]
-    return {"fwd": (TC_BR + 4 * bc) * ld * size,                         # Q; K, V double-buffered
-            "bwd_dq": (2 * TC_BR + 2 * buffers * bc) * ld * size,         # Q, dO; K, V in `buffers`
-            "bwd_dkdv": (2 * TC_BR + 4 * bq) * ld * size + 4 * bq * 4}[kernel]   # K, V; Q, dO, lse, D doubled
-
-
-TC_SHARED = {(f"{kernel}_{variant}", d): tc_shared(f"{kernel}_{variant}", d)
-             for kernel in ("fwd", "bwd_dq", "bwd_dkdv") for variant in TC_VARIANTS for d in HEAD_SIZES}
-# The dense kernels (npf_fa_forward_dense, npf_fa_bwd_dq_dense, npf_fa_bwd_dkdv_dense: no attention mask,
-# no key padding, no dropout; causal or not), float16 on tensor cores, for the common case. Their tiles
-# and launch bounds are their traits' in flash.cu (NpfFaDenseTraits, NpfFaDenseDqTraits,
-# NpfFaDenseDkdvTraits); the launcher's grid and shared memory take these copies, which a test compares
-# with the traits (npf_fa_shared_sizes). Per kernel and D: (the rows a block takes: query rows, or keys
-# for dk/dv; the tile it loops over: keys, or query rows for dk/dv).
-DENSE_TILES = {"fwd": {32: (128, 64), 64: (128, 64), 128: (64, 32)},
-               "bwd_dq": {32: (128, 64), 64: (128, 32), 128: (64, 32)},
-               "bwd_dkdv": {32: (128, 32), 64: (64, 64), 128: (64, 32)}}
-DENSE_TRAITS = {"fwd": "NpfFaDenseTraits", "bwd_dq": "NpfFaDenseDqTraits", "bwd_dkdv": "NpfFaDenseDkdvTraits"}
-DENSE_KERNELS = tuple(f"{kernel}_dense{causal}" for kernel in DENSE_TILES for causal in ("", "_causal"))
-
-
-def dense_shared(kernel: str, d: int) -> int:
-    """Dynamic shared memory of one block of dense ``kernel`` ("fwd", "bwd_dq", "bwd_dkdv") at head-size
-    bucket ``d``: rows of d + 8 halves; the tile looped over double-buffered."""
-    block, tile = DENSE_TILES[kernel][d]
-    rows = {"fwd": block + 4 * tile,                     # Q; K, V double-buffered
-            "bwd_dq": 2 * block + 4 * tile,              # Q, dO; K, V double-buffered
-            "bwd_dkdv": 2 * block + 4 * tile}[kernel]    # K, V; Q, dO double-buffered (and lse, D)
-    return rows * (d + 8) * 2 + (4 * tile * 4 if kernel == "bwd_dkdv" else 0)
-
-
-DENSE_SHARED = {(kernel, d): dense_shared(kernel, d) for kernel in DENSE_TILES for d in HEAD_SIZES}
+# Launch geometry, the one table of it on the host: per kernel traits (flash.cu), the rows a block takes on
+# the grid's x axis (queries; keys for dK, dV) and its dynamic shared memory in bytes: copies of the traits'
+# ROWS and SHARED, which tests/kernels/cuda/test_flash_attention.py compares with the compiled traits (the
+# dense kernels' causal and plain instantiations share theirs). The block is THREADS (PRE_THREADS for
+# NpfFaPre, whose ROWS is a block's 8 rows and SHARED 0), also checked.
+GEOMETRY = {
+    # SIMT (BR x BC tiles: 64 x 64 in float up to D 64, else 32 x 32); float16 and float32 compute in float
+    "NpfFaFwd<unsigned short, 32>": (64, 49152), "NpfFaFwd<unsigned short, 64>": (64, 73728),
+    "NpfFaFwd<unsigned short, 128>": (32, 57344), "NpfFaDq<unsigned short, 32>": (64, 54272),
+    "NpfFaDq<unsigned short, 64>": (64, 87040), "NpfFaDq<unsigned short, 128>": (32, 72192),
+    "NpfFaDkdv<unsigned short, 32>": (64, 72192), "NpfFaDkdv<unsigned short, 64>": (64, 104960),
+    "NpfFaDkdv<unsigned short, 128>": (32, 77056),
+    "NpfFaFwd<float, 32>": (64, 49152), "NpfFaFwd<float, 64>": (64, 73728), "NpfFaFwd<float, 128>": (32, 57344),
+    "NpfFaDq<float, 32>": (64, 54272), "NpfFaDq<float, 64>": (64, 87040), "NpfFaDq<float, 128>": (32, 72192),
+    "NpfFaDkdv<float, 32>": (64, 72192), "NpfFaDkdv<float, 64>": (64, 104960), "NpfFaDkdv<float, 128>": (32, 77056),
+    "NpfFaFwd<double, 32>": (32, 40960), "NpfFaFwd<double, 64>": (32, 65536), "NpfFaFwd<double, 128>": (32, 114688),
+    "NpfFaDq<double, 32>": (32, 46080), "NpfFaDq<double, 64>": (32, 78848), "NpfFaDq<double, 128>": (32, 144384),
+    "NpfFaDkdv<double, 32>": (32, 55808), "NpfFaDkdv<double, 64>": (32, 88576),
+    "NpfFaDkdv<double, 128>": (32, 154112),
+    # tensor cores: 64 rows a block; float16 ("tc"), float32 under TF32 (twice the bytes a tile)
+    "NpfFaFwdTc<unsigned short, 32>": (64, 15360), "NpfFaFwdTc<unsigned short, 64>": (64, 27648),
+    "NpfFaFwdTc<unsigned short, 128>": (64, 34816), "NpfFaDqTc<unsigned short, 32>": (64, 20480),
+    "NpfFaDqTc<unsigned short, 64>": (64, 36864), "NpfFaDqTc<unsigned short, 128>": (64, 52224),
+    "NpfFaDkdvTc<unsigned short, 32>": (64, 20992), "NpfFaDkdvTc<unsigned short, 64>": (64, 37376),
+    "NpfFaDkdvTc<unsigned short, 128>": (64, 52480),
+    "NpfFaFwdTc<float, 32>": (64, 27648), "NpfFaFwdTc<float, 64>": (64, 52224), "NpfFaFwdTc<float, 128>": (64, 67584),
+    "NpfFaDqTc<float, 32>": (64, 36864), "NpfFaDqTc<float, 64>": (64, 69632), "NpfFaDqTc<float, 128>": (64, 101376),
+    "NpfFaDkdvTc<float, 32>": (64, 37376), "NpfFaDkdvTc<float, 64>": (64, 70144),
+    "NpfFaDkdvTc<float, 128>": (64, 101632),
+    # the dense kernels (float16): FRAGS 16-row fragments a warp
+    "NpfFaFwdDense<32>": (128, 30720), "NpfFaFwdDense<64>": (128, 55296), "NpfFaFwdDense<128>": (64, 52224),
+    "NpfFaDqDense<32>": (128, 40960), "NpfFaDqDense<64>": (128, 55296), "NpfFaDqDense<128>": (64, 69632),
+    "NpfFaDkdvDense<32>": (128, 31232), "NpfFaDkdvDense<64>": (64, 56320), "NpfFaDkdvDense<128>": (64, 70144),
+}
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
 # 2026-11-27, held by tests/kernels/cuda/test_compile.py. Registers limit most (bwd_dq at D 32/64: 254
@@ -200,7 +170,7 @@ OCCUPANCY_FLOORS = {
     ("dkdv", "float", 128): (0.125, 0.125), ("dkdv", "double", 32): (0.125, 0.1875),
     ("dkdv", "double", 64): (0.0625, 0.125), ("dkdv", "double", 128): (0.0625, 0.0625),
     ("pre", "float", None): (0.75, 0.75), ("pre", "double", None): (0.75, 0.75),
-    ("fwd_tc", "float", 32): (0.25, 0.25), ("fwd_tc", "float", 64): (0.25, 0.25),     # TC_MIN_BLOCKS
+    ("fwd_tc", "float", 32): (0.25, 0.25), ("fwd_tc", "float", 64): (0.25, 0.25),     # (flash.cu: MIN_BLOCKS)
     ("fwd_tc", "float", 128): (0.1875, 0.25), ("dq_tc", "float", 32): (0.25, 0.25),
     ("dq_tc", "float", 64): (0.25, 0.25), ("dq_tc", "float", 128): (0.1875, 0.1875),
     ("dkdv_tc", "float", 32): (0.25, 0.25), ("dkdv_tc", "float", 64): (0.1875, 0.1875),
@@ -218,131 +188,88 @@ OCCUPANCY_FLOORS = {
     ("dkdv_dense", "float", 32): (0.125, 0.125), ("dkdv_dense", "float", 64): (0.125, 0.125),
     ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
 }
-# __launch_bounds__ of the SIMT kernels: blocks of 128 threads an SM (the register cap that keeps each
-# at its sm_90 occupancy floor: floor x 64 warps / 4 warps a block), and bwd_pre's block (a warp a row)
-MIN_BLOCKS = {(name, acc, d): max(1, round(OCCUPANCY_FLOORS[floor, acc, d][1] * 16))
-              for name, floor in (("fwd", "fwd"), ("bwd_dq", "dq"), ("bwd_dkdv", "dkdv")) for acc, d in TILES}
-PRE_THREADS = 256           # runtime.ELEMENT_THREADS, the launch's block
-
-_KERNELS = read_source("prelude.cuh") + read_source("flash.cu")
-
-# The shared arguments of the three tile kernels, in NpfFaArgs's order.
-_ARGS = ("const bool* mask_b, const unsigned* mask_bits, const A* mask_f, long long mask_bh, int mask_ld, "
-         "int mask_kind, const bool* pad_b, const unsigned* pad_bits, const A* pad_f, const int* key_end, int pad_ld, "
-         "int pad_kind, "
-         "const unsigned long long* seed, int keep_min, A keep_scale, "
-         "long long bh_count, int H, int Tq, int Tk, int hs, int hv, A scale, int causal, int shift")
-_STRUCT = ("const NpfFaArgs<A> args = {mask_b, mask_bits, mask_f, mask_bh, mask_ld, mask_kind, pad_b, pad_bits, "
-           "pad_f, key_end, pad_ld, pad_kind, seed, "
-           "keep_min, keep_scale, bh_count, H, Tq, Tk, hs, hv, scale, causal, shift};")
-
-# The strided tensors of each entry point, in the order of their layouts (element strides over B, H and T
-# after the kernel's other arguments; the last axis is contiguous). STRIDED: every such parameter name.
-_LAYOUTS = {"fwd": ("q", "k", "v", "out"), "bwd_dkdv": ("q", "k", "v", "dout", "dk", "dv"),
-            "bwd_dq": ("q", "k", "v", "dout", "dq"), "bwd_pre": ("dout", "out")}
-STRIDED = frozenset(n for names in _LAYOUTS.values() for n in names)
+_TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
 
 
-def _layout_params(name: str) -> str:
-    return "".join(f", long long {t}_sb, long long {t}_sh, long long {t}_st" for t in _LAYOUTS[name])
+def kernels(dtype) -> tuple:
+    """The kernels ``dtype`` has, by npformer's name: "fwd", "bwd_dq", "bwd_dkdv" (SIMT), "bwd_pre", and the
+    tensor-core ones ("fwd_tc", ... for float16, with the dense "fwd_dense", "fwd_dense_causal", ...;
+    "fwd_tf32", ... for float32)."""
+    variant = TC_VARIANT_OF.get(numpy.dtype(dtype))
+    names = tuple(_TRAITS) + ("bwd_pre",)
+    if variant:
+        names += tuple(f"{k}_{variant}" for k in _TRAITS)
+    if variant == "tc":
+        names += tuple(f"{k}_dense{causal}" for k in _TRAITS for causal in ("", "_causal"))
+    return names
 
 
-def _layout_args(name: str) -> str:
-    return "".join(f", NpfFaLayout{{{t}_sb, {t}_sh, {t}_st}}" for t in _LAYOUTS[name])
+def _traits(name: str, dtype, d: int) -> tuple[str, str]:
+    """(the traits type of kernel ``name``'s instantiation, its key in GEOMETRY)."""
+    storage = TYPES[numpy.dtype(dtype)][0]
+    if name == "bwd_pre":
+        return f"NpfFaPre<{storage}>", ""
+    base = next(k for k in sorted(_TRAITS, key=len, reverse=True) if name.startswith(k))
+    variant = name[len(base) + 1:]
+    if variant.startswith("dense"):
+        causal = "true" if variant == "dense_causal" else "false"
+        return f"{_TRAITS[base]}Dense<{d}, {causal}>", f"{_TRAITS[base]}Dense<{d}>"
+    traits = f"{_TRAITS[base]}{'Tc' if variant else ''}<{storage}, {d}>"
+    return traits, traits
 
 
-# (name, parameters, body): per dtype, and per head-size bucket when the body names D, BR, BC
-_ENTRY_POINTS = (
-    ("fwd", "const T* q, const T* k, const T* v, T* out, A* lse, " + _ARGS + _layout_params("fwd"),
-     _STRUCT + " npf_fa_forward<T, A, D, BR, BC>(q, k, v, out, lse, args" + _layout_args("fwd") + ");"),
-    ("bwd_dkdv", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dk, T* dv, "
-     + _ARGS + _layout_params("bwd_dkdv"),
-     _STRUCT + " npf_fa_bwd_dkdv<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dk, dv, args"
-     + _layout_args("bwd_dkdv") + ");"),
-    ("bwd_dq", "const T* q, const T* k, const T* v, const T* dout, const A* lse, const A* dvec, T* dq, " + _ARGS
-     + _layout_params("bwd_dq"),
-     _STRUCT + " npf_fa_bwd_dq<T, A, D, BR, BC>(q, k, v, dout, lse, dvec, dq, args" + _layout_args("bwd_dq") + ");"),
-    ("bwd_pre", "const T* dout, const T* out, A* dvec, long long rows, int hv, int Tq, int H"
-     + _layout_params("bwd_pre"),
-     "npf_fa_bwd_pre<T, A>(dout, out, dvec, rows, hv, Tq, H" + _layout_args("bwd_pre") + ");"),
-)
+def name_expression(name: str, dtype, d: int) -> str:
+    """The instantiation CuPy's RawModule compiles for kernel ``name`` of ``dtype`` and head-size bucket D
+    (``npf_fa_kernel<NpfFaFwdTc<unsigned short, 64>>``); get_function takes it."""
+    return f"npf_fa_kernel<{_traits(name, dtype, d)[0]}>"
 
-_TEST_ENTRY_POINTS = r"""
-// _keep (unscaled) for flat indices n = ((bh Tq) + i) Tk + j of a (bh_count, Tq, Tk) block
-extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int keep_min, bool* keep, long long total) {
-    NPF_FOR_EACH(n, total) keep[n] = npf_fa_keep(*seed, (unsigned long long)n, keep_min);
-}
 
-// The shared-memory bytes each kernel carves, in flash_source.SHARED's order, then each dense kernel's
-// traits (shared bytes, rows a block, tile) in flash_source.DENSE_SHARED's
-extern "C" __global__ void npf_fa_shared_sizes(long long* bytes) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int n = 0;
-@SIZES@}
-"""
+def geometry(name: str, dtype, d: int) -> tuple[int, int, int]:
+    """(threads a block, rows a block takes on the grid's x axis, dynamic shared bytes) of kernel ``name``."""
+    if name == "bwd_pre":
+        return PRE_THREADS, PRE_THREADS // 32, 0
+    return (THREADS,) + GEOMETRY[_traits(name, dtype, d)[1]]
 
 
 def entry_name(kernel: str, dtype, d: int | None = None) -> str:
-    """``npf_fa_<kernel>[_d<D>]_<f16|f32|f64>``: the entry point of ``kernel`` for ``dtype`` and bucket D."""
+    """``npf_fa_<kernel>[_d<D>]_<f16|f32|f64>``: the name tables and reports give kernel ``kernel`` of
+    ``dtype`` and bucket D (benchmarks/cuda_kernels.py's rows, the occupancy floors)."""
     suffix = TYPES[numpy.dtype(dtype)][2]
     return f"npf_fa_{kernel}_{suffix}" if d is None else f"npf_fa_{kernel}_d{d}_{suffix}"
 
 
-def _entry_points(pairs) -> str:
-    """The entry points of the (dtype, D) pairs (bwd_pre once per dtype)."""
-    out, dtypes = [], []
-    for dtype, d in pairs:
-        storage, acc, _ = TYPES[numpy.dtype(dtype)]
-        for name, params, body in _ENTRY_POINTS:
-            bucketed = "D, BR, BC" in body
-            if not bucketed and dtype in dtypes:
-                continue
-            text = (f'extern "C" __global__ void {entry_name(name, dtype, d if bucketed else None)}({params}) {{\n'
-                    f"    {body}\n}}\n")
-            if bucketed:
-                br, bc = TILES[acc, d]
-                text = re.sub(r"\bD, BR, BC\b", f"{d}, {br}, {bc}", text)
-                text = text.replace("__global__ void", f"__global__ void __launch_bounds__(NPF_FA_THREADS, "
-                                                       f"{MIN_BLOCKS[name, acc, d]})", 1)
-            else:
-                text = text.replace("__global__ void", f"__global__ void __launch_bounds__({PRE_THREADS})", 1)
-            out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
-        if numpy.dtype(dtype) == numpy.float16:                         # the dense kernels: float16 only
-            for kernel, function in (("fwd", "npf_fa_forward"), ("bwd_dq", "npf_fa_bwd_dq"),
-                                     ("bwd_dkdv", "npf_fa_bwd_dkdv")):
-                params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == kernel)
-                traits = f"{DENSE_TRAITS[kernel]}<{d}>"
-                for causal in ("", "_causal"):
-                    call = f"{function}_dense<{d}, {'true' if causal else 'false'}>"
-                    text = (f'extern "C" __global__ void __launch_bounds__({traits}::THREADS, {traits}::MIN_BLOCKS) '
-                            f'{entry_name(f"{kernel}_dense{causal}", dtype, d)}({params}) {{\n'
-                            f'    {re.sub(function + r"<T, A, D, BR, BC>", call, body)}\n}}\n')
-                    out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
-        variant = TC_VARIANT_OF.get(numpy.dtype(dtype))                 # tensor cores: float16, float32 (TF32)
-        if variant:
-            ops, v = TC_VARIANTS[variant][0], (variant, d)
-            for base, template in (("fwd", f"npf_fa_forward_tc<{ops}, {d}, {TC_BC[v]}>"),
-                                   ("bwd_dq", f"npf_fa_bwd_dq_tc<{ops}, {d}, {TC_BC[v]}, {TC_DQ_BUFFERS[v]}>"),
-                                   ("bwd_dkdv", f"npf_fa_bwd_dkdv_tc<{ops}, {d}, {TC_BQ[v]}>")):
-                name = f"{base}_{variant}"
-                params, body = next((p, b) for n, p, b in _ENTRY_POINTS if n == base)
-                body = re.sub(r"npf_fa_\w+<T, A, D, BR, BC>", template, body)
-                text = (f'extern "C" __global__ void __launch_bounds__(NPF_FA_THREADS, {TC_MIN_BLOCKS[name, d]}) '
-                        f'{entry_name(name, dtype, d)}({params}) {{\n    {body}\n}}\n')
-                out.append(re.sub(r"\bA\b", acc, re.sub(r"\bT\b", storage, text)))
-        dtypes.append(dtype)
-    return "\n".join(out)
+def module_kernels(dtype, d: int) -> dict[str, str]:
+    """The (dtype, D) module's instantiations: ``{entry_name: name_expression}`` (bwd_pre's without D)."""
+    return {entry_name(n, dtype, None if n == "bwd_pre" else d): name_expression(n, dtype, d) for n in kernels(dtype)}
 
 
-def _test_entry_points() -> str:
-    sizes = "".join(f"    bytes[n++] = (long long)(NpfFaShape<{acc}, {d}, {TILES[acc, d][0]}, {TILES[acc, d][1]}>"
-                    f"::{kernel.upper()} * sizeof({acc}));\n" for kernel, acc, d in SHARED)
-    block = {"fwd": "BR", "bwd_dq": "BR", "bwd_dkdv": "BC"}
-    tile = {"fwd": "BC", "bwd_dq": "BC", "bwd_dkdv": "BQ"}
-    sizes += "".join(f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::SHARED;\n"
-                     f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::{block[kernel]};\n"
-                     f"    bytes[n++] = {DENSE_TRAITS[kernel]}<{d}>::{tile[kernel]};\n" for kernel, d in DENSE_SHARED)
-    return _TEST_ENTRY_POINTS.replace("@SIZES@", sizes)
+_POINTER = numpy.dtype(numpy.uint64)          # a device address
+_I32, _I64 = numpy.dtype(numpy.int32), numpy.dtype(numpy.int64)
+_LAYOUT = numpy.dtype([("sb", _I64), ("sh", _I64), ("st", _I64)])
+TENSORS = ("q", "k", "v", "out", "dout", "dq", "dk", "dv")     # NpfFaParams's tensors; each has a layout
+
+
+@functools.lru_cache(maxsize=None)
+def params_dtype(acc) -> numpy.dtype:
+    """flash.cu's ``NpfFaParams<T, A>`` as a NumPy structured dtype, A = ``acc`` (float32 or float64), with C's
+    alignment: a 1-element array of it is the kernels' one argument (CuPy passes a size-1 NumPy array by
+    value, its bytes). Pointers are device addresses (uint64). tests/kernels/cuda/test_flash_attention.py
+    compares its offsets and size with the compiled struct's."""
+    a = numpy.dtype(acc)
+    args = numpy.dtype([("mask_b", _POINTER), ("mask_bits", _POINTER), ("mask_f", _POINTER), ("mask_bh", _I64),
+                        ("mask_ld", _I32), ("mask_kind", _I32), ("pad_b", _POINTER), ("pad_bits", _POINTER),
+                        ("pad_f", _POINTER), ("key_end", _POINTER), ("pad_ld", _I32), ("pad_kind", _I32),
+                        ("seed", _POINTER), ("keep_min", _I32), ("keep_scale", a), ("bh_count", _I64), ("H", _I32),
+                        ("Tq", _I32), ("Tk", _I32), ("hs", _I32), ("hv", _I32), ("scale", a), ("causal", _I32),
+                        ("shift", _I32)], align=True)
+    return numpy.dtype([(name, _POINTER) for name in TENSORS + ("lse", "dvec")]
+                       + [(layout_field(name), _LAYOUT) for name in TENSORS]
+                       + [("a", args)], align=True)
+
+
+def layout_field(tensor: str) -> str:
+    """The field of ``tensor``'s layout in NpfFaParams: ql, kl, vl, ol, gl (dout), dql, dkl, dvl."""
+    return {"out": "ol", "dout": "gl"}.get(tensor, tensor + "l")
 
 
 def _constants(text: str) -> str:
@@ -353,20 +280,12 @@ def _constants(text: str) -> str:
 
 _PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
 
-
-def module_source(dtype, d: int) -> str:
-    """The NVRTC source of the module for ``dtype`` and head-size bucket ``d``: its fwd, bwd_dkdv,
-    bwd_dq and bwd_pre entry points (and the tensor-core ones)."""
-    return HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _entry_points([(numpy.dtype(dtype), d)])
-
-
-MODULE_SOURCES = {pair: module_source(*pair) for pair in _PAIRS}
-# The two kernels only the tests launch (the keep rule position by position, the shared memory each
-# kernel carves), in a module of their own: never compiled into the shipped ones.
-TEST_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(_KERNELS) + "\n" + _test_entry_points()
-# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions itself):
-# every pair's entry points and the test kernels in one library.
-FLASH_EMULATED_SOURCE = _constants(_KERNELS) + "\n" + _entry_points(_PAIRS) + _test_entry_points()
+# The flash attention modules' one source (each (dtype, D) module compiles its own instantiations of it).
+FLASH_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(read_source("prelude.cuh") + read_source("flash.cu"))
+MODULE_KERNELS = {pair: module_kernels(*pair) for pair in _PAIRS}
+# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions and the warp
+# primitives itself), with every pair's instantiations: one library.
+FLASH_EMULATED_SOURCE = _constants(read_source("prelude.cuh") + read_source("flash.cu"))
 # Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
 # the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
 # reference's matmul anyway, and FMA halves its instruction count.

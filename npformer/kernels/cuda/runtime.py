@@ -6,7 +6,7 @@ given (a CuPy array implies CuPy is loaded), and CuPy is imported when a kernel 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy
 
@@ -14,8 +14,8 @@ from npformer.backend import accumulation_dtype, is_cupy_array
 from npformer.errors import InputTypeError, ShapeError
 from npformer.kernels.cuda.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
 
-__all__ = ["device_floats", "kernel", "launch_rows", "launch_elements", "launch_columns", "shipped_modules",
-           "COMMON_MODULE", "ELEMENT_THREADS"]
+__all__ = ["Module", "device_floats", "address", "kernel", "launch_rows", "launch_elements", "launch_columns",
+           "shipped_modules", "COMMON_MODULE", "ELEMENT_THREADS"]
 
 MAX_GRID = 65535        # blocks per launch axis; the kernels loop over what is left (grid-stride)
 MAX_CHUNKS = 512        # row chunks of a column pass (their partial sums are added at the end)
@@ -35,14 +35,23 @@ OCCUPANCY_FLOORS = {
 }
 
 
-def shipped_modules() -> dict[str, tuple[str, tuple]]:
-    """Every CUDA module npformer compiles, ``name -> (source, NVRTC options)``: the one list the
-    runtime compiles from and ``benchmarks/cuda_kernels.py`` checks with NVIDIA's compiler (CuPy
-    appends its own options: ``-ftz=true``, the architecture, ``--device-as-default-execution-space``)."""
-    from npformer.kernels.cuda.flash_source import FLASH_NVRTC_OPTIONS, MODULE_SOURCES
-    modules = {COMMON_MODULE: (CUDA_SOURCE, NVRTC_OPTIONS)}
-    for (dtype, d), source in MODULE_SOURCES.items():
-        modules[flash_module_name(dtype, d)] = (source, FLASH_NVRTC_OPTIONS)
+class Module(NamedTuple):
+    """One CUDA module: its source, NVRTC options, and the template instantiations it compiles
+    (``{name in tables and reports: name expression}``, CuPy's RawModule ``name_expressions``; the
+    ``extern "C"`` kernels of the source need none)."""
+    source: str
+    options: tuple
+    kernels: dict
+
+
+def shipped_modules() -> dict[str, Module]:
+    """Every CUDA module npformer compiles, by name: the one list the runtime compiles from and
+    ``benchmarks/cuda_kernels.py`` checks with NVIDIA's compiler (CuPy appends its own options:
+    ``-ftz=true``, the architecture, ``--device-as-default-execution-space``)."""
+    from npformer.kernels.cuda.flash_source import FLASH_NVRTC_OPTIONS, FLASH_SOURCE, MODULE_KERNELS
+    modules = {COMMON_MODULE: Module(CUDA_SOURCE, NVRTC_OPTIONS, {})}
+    for (dtype, d), kernels in MODULE_KERNELS.items():
+        modules[flash_module_name(dtype, d)] = Module(FLASH_SOURCE, FLASH_NVRTC_OPTIONS, kernels)
     return modules
 
 
@@ -95,9 +104,17 @@ def float32_on_tf32() -> bool:
     return cupy_float32_on_tf32()
 
 
-def compile_module(source: str, options: tuple):
-    """One ``cupy.RawModule`` (NVRTC compiles it on the first kernel lookup; CuPy caches the binary)."""
-    return importlib.import_module("cupy").RawModule(code=source, options=options)
+def address(a) -> int:
+    """The device address of CuPy array ``a``'s first element (a pointer field of a kernel's params
+    struct; the CPU emulation gives a NumPy array's)."""
+    return a.data.ptr
+
+
+def compile_module(source: str, options: tuple, name_expressions: tuple = ()):
+    """One ``cupy.RawModule`` (NVRTC compiles it on the first kernel lookup; CuPy caches the binary), with
+    the template instantiations ``name_expressions`` (get_function takes each)."""
+    return importlib.import_module("cupy").RawModule(code=source, options=options,
+                                                     name_expressions=tuple(name_expressions) or None)
 
 
 _cache: dict = {}
@@ -109,7 +126,8 @@ def kernel(name: str, dtype: Any):
     fn = _cache.get(key)
     if fn is None:
         if "module" not in _cache:
-            _cache["module"] = compile_module(*shipped_modules()[COMMON_MODULE])
+            module = shipped_modules()[COMMON_MODULE]
+            _cache["module"] = compile_module(module.source, module.options)
         fn = _cache[key] = _cache["module"].get_function(f"npf_{name}_{TYPES[key[1]][2]}")
     return fn
 

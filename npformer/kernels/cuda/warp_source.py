@@ -1,5 +1,6 @@
-"""Warp-level primitives for tensor-core kernels, as CUDA C helpers over inline PTX, and the tiny
-kernels that test each one (on a GPU, and on the CPU through tests/kernels/cuda/emulator.py).
+"""Warp-level primitives for tensor-core kernels, as CUDA C helpers over inline PTX (the tiny kernels
+that test each one, on a GPU and on the CPU through tests/kernels/cuda/emulator.py, are the tests':
+tests/kernels/cuda/warp_test.cu).
 
 =============================  ===================================================================
 helper                         PTX (sm_80 and later)
@@ -45,14 +46,6 @@ from __future__ import annotations
 
 from npformer.kernels.cuda.files import read_source
 
-__all__ = ["WARP_PRIMITIVES", "PRIMITIVES_TEST_SOURCE", "PRIMITIVES_NVRTC_OPTIONS"]
+__all__ = ["WARP_PRIMITIVES"]
 
 WARP_PRIMITIVES = read_source("warp.cuh")
-
-# One warp per test kernel (the cp.async one: a block of 64 threads). Each lane builds its fragments
-# from plain row-major arrays by the layouts above and writes its results back by the same layouts,
-# so the test compares whole matrices with NumPy.
-_TESTS = read_source("warp_test.cu")
-
-PRIMITIVES_TEST_SOURCE = WARP_PRIMITIVES + _TESTS
-PRIMITIVES_NVRTC_OPTIONS = ("--fmad=true",)

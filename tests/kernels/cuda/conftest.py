@@ -33,11 +33,11 @@ from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cuda import flash_source, runtime
 from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
-from tests.kernels.cuda import emulator
+from tests.kernels.cuda import emulator, sources
 
 DTYPES = ("float64", "float32", "float16")
 # each emulated by the one flash library
-_FLASH_SOURCES = frozenset(flash_source.MODULE_SOURCES.values()) | {flash_source.TEST_SOURCE}
+_FLASH_SOURCES = frozenset({flash_source.FLASH_SOURCE, sources.FLASH_TEST_SOURCE})
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,13 @@ def emulated_module(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def emulated_flash_module(tmp_path_factory):
-    """Every flash attention entry point (on a GPU, one NVRTC module per dtype and head-size bucket)."""
+    """Every flash attention instantiation and test kernel (on a GPU, one NVRTC module per dtype and
+    head-size bucket, and the tests' own)."""
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), flash_source.FLASH_EMULATED_SOURCE)
-    return emulator.EmulatedModule(path, flash_source.FLASH_EMULATED_SOURCE)
+    path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), sources.FLASH_EMULATED_SOURCE,
+                          sources.FLASH_EMULATED_KERNELS)
+    return emulator.EmulatedModule(path, sources.FLASH_EMULATED_SOURCE, sources.FLASH_EMULATED_KERNELS)
 
 
 @pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -80,9 +82,10 @@ def fx(request, monkeypatch):
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
+    monkeypatch.setattr(runtime, "address", lambda a: a.ctypes.data)
     monkeypatch.setattr(runtime, "compute_capability", lambda: 90)     # an H100: float16 on tensor cores
     monkeypatch.setattr(runtime, "float32_on_tf32", lambda: False)     # float32 exact unless a test opts in
-    monkeypatch.setattr(runtime, "compile_module", lambda source, options: (
+    monkeypatch.setattr(runtime, "compile_module", lambda source, options, name_expressions=(): (
         request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})
     return Backend("emulated", np)

@@ -21,10 +21,16 @@ different collectives, or some at a barrier, are an error, as are a collective a
 the warp ended and a matrix instruction in a partial warp. ``cp.async`` is a plain copy (a legal
 schedule: the copy has landed before any wait), its commit and wait do nothing.
 
-:class:`EmulatedModule` stands in for ``cupy.RawModule``: ``get_function(name)`` returns a callable
-with ``RawKernel``'s signature ``(grid, block, args)``, which checks what a GPU would not: every
-array argument is a C-contiguous NumPy array of the pointer's element type, every scalar a NumPy
-scalar of the parameter's exact type, and the launch shape is legal.
+:class:`EmulatedModule` stands in for ``cupy.RawModule``: ``get_function(name)`` (an ``extern "C"``
+kernel's name, or one of the module's ``name_expressions``, a template's instantiation such as
+``npf_fa_fwd<NpfFaTcFwd<NpfHalfOps, 64>>``) returns a callable with ``RawKernel``'s signature
+``(grid, block, args)``. Arguments reach the kernel as CUDA's launch passes them (a pointer to each
+argument's bytes, copied into a parameter of its type): a NumPy array for a pointer, a NumPy scalar,
+or a size-1 NumPy structured array for a struct passed by value (as CuPy takes it). The call checks
+what a GPU would not: each argument's size is its parameter's (``sizeof``, from the compiled
+kernel), a struct is a size-1 structured array, the launch shape is legal; and for an ``extern "C"``
+kernel (its parameter list read from the source) every array is C-contiguous of the pointer's
+element type and every scalar of the parameter's exact type.
 """
 from __future__ import annotations
 
@@ -36,7 +42,6 @@ from pathlib import Path
 
 import numpy as np
 
-from npformer.kernels.cuda.flash_source import STRIDED
 from npformer.kernels.cuda.source import KERNELS_SOURCE, MAX_THREADS
 
 SHIM = r"""
@@ -45,6 +50,8 @@ SHIM = r"""
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 #include <ucontext.h>
 
@@ -287,38 +294,68 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     }
     return 0;
 }
+
+// A kernel's arguments as CUDA's launch takes them (cuLaunchKernel's kernelParams): args[i] points to
+// the bytes of argument i, copied into a parameter of its type; and each parameter's size
+template <typename... P, size_t... I>
+static void npf_invoke_each(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+    kernel(*static_cast<typename std::decay<P>::type*>(args[I])...);
+}
+template <typename... P> static void npf_invoke(void (*kernel)(P...), void** args) {
+    npf_invoke_each(kernel, args, std::index_sequence_for<P...>{});
+}
+template <typename... P> static int npf_param_sizes(void (*)(P...), long long* sizes) {
+    int n = 0;
+    ((sizes[n++] = (long long)sizeof(typename std::decay<P>::type)), ...);
+    return n;
+}
 """
 
 _ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(([^)]*)\)')
 _POINTEE = {"unsigned short": np.float16, "float": np.float32, "double": np.float64, "bool": np.bool_,
             "long long": np.int64, "unsigned long long": np.uint64, "unsigned": np.uint32,
             "int": np.int32}
-_SCALAR = {"long long": (np.int64, ctypes.c_longlong), "int": (np.int32, ctypes.c_int),
-           "float": (np.float32, ctypes.c_float), "double": (np.float64, ctypes.c_double)}
+_SCALAR = {"long long": np.int64, "int": np.int32, "float": np.float32, "double": np.float64}
 _ROW_KERNELS = ("npf_softmax_", "npf_layer_norm_", "npf_add_dropout_ln_", "npf_cross_entropy_")
+_MAX_PARAMS = 64
 
 
 def _parse(params: str):
-    """[(c type, is_pointer, name)] of a kernel's parameter list."""
+    """[(c type, is_pointer, name)] of a kernel's parameter list (commas inside a template's <> kept)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(params):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "," and depth == 0:
+            parts.append(params[start:i])
+            start = i + 1
+    parts.append(params[start:])
     out = []
-    for p in params.split(","):
-        m = re.fullmatch(r"\s*(?:const\s+)?([\w ]+?)\s*(\*?)\s*(\w+)\s*", p)
+    for p in parts:
+        m = re.fullmatch(r"\s*(?:const\s+)?([\w <>,]+?)\s*(\*?)\s*(\w+)\s*", p)
         out.append((m.group(1), bool(m.group(2)), m.group(3)))
     return out
 
 
+def _kernels(source: str, name_expressions) -> list:
+    """[(name, parameters or None)]: the source's extern "C" kernels (their parameter lists parsed), then
+    the name expressions (templates' instantiations: their parameters known only as sizes)."""
+    return [(name, _parse(params)) for name, params in _ENTRY.findall(source)] + [(e, None) for e in name_expressions]
+
+
 def _trampolines(kernels) -> str:
     text = []
-    for name, params in kernels:
-        names = ", ".join(p[2] for p in _parse(params))
-        text.append(f'extern "C" int launch_{name}(unsigned gx, unsigned gy, unsigned bx, unsigned by, {params}) {{\n'
-                    f"    return npf_run_grid(gx, gy, bx, by, [&]() {{ {name}({names}); }});\n}}\n")
+    for i, (name, _) in enumerate(kernels):
+        launch = f"npf_run_grid(gx, gy, bx, by, [&]() {{ npf_invoke(&{name}, args); }})"
+        text.append(f'extern "C" int npf_launch_{i}(unsigned gx, unsigned gy, unsigned bx, unsigned by, '
+                    f"void** args) {{\n    return {launch};\n}}\n"
+                    f'extern "C" int npf_sizes_{i}(long long* sizes) {{ return npf_param_sizes(&{name}, sizes); }}\n')
     return "\n".join(text)
 
 
-def build(directory: Path, kernels_source: str = KERNELS_SOURCE) -> Path:
-    """Compiles the kernels with the shim into a shared library in ``directory`` (cached by hash)."""
-    source = SHIM + kernels_source + "\n" + _trampolines(_ENTRY.findall(kernels_source))
+def build(directory: Path, kernels_source: str = KERNELS_SOURCE, name_expressions=()) -> Path:
+    """Compiles the kernels with the shim into a shared library in ``directory`` (cached by hash): every
+    ``extern "C"`` kernel of the source and each of ``name_expressions`` (as CuPy's RawModule takes them)."""
+    source = SHIM + kernels_source + "\n" + _trampolines(_kernels(kernels_source, name_expressions))
     lib = Path(directory) / f"npf_emulated_{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
     if not lib.exists():
         src = lib.with_suffix(".cpp")
@@ -339,13 +376,39 @@ def _shared_declared(lib):
 
 
 class EmulatedKernel:
-    def __init__(self, lib, name: str, params: str):
+    def __init__(self, lib, name: str, index: int, params):
         self.lib = lib
-        self.name, self.params = name, _parse(params)
-        self.fn = getattr(lib, f"launch_{name}")
+        self.name, self.params = name, params
+        self.fn = getattr(lib, f"npf_launch_{index}")
         self.fn.restype = ctypes.c_int
-        self.fn.argtypes = [ctypes.c_uint] * 4 + [
-            ctypes.c_void_p if ptr else _SCALAR[ctype][1] for ctype, ptr, _ in self.params]
+        self.fn.argtypes = [ctypes.c_uint] * 4 + [ctypes.c_void_p]
+        sizes = (ctypes.c_longlong * _MAX_PARAMS)()
+        self.sizes = list(sizes[:getattr(lib, f"npf_sizes_{index}")(sizes)])
+
+    def _argument(self, i: int, a, size: int):
+        """(what holds argument i's bytes, their address), after the checks."""
+        ctype, ptr, pname = self.params[i] if self.params is not None else (None, None, f"argument {i}")
+        where = f"{self.name}.{pname}"
+        if isinstance(a, np.ndarray) and a.dtype.names is not None:      # a struct by value
+            assert not ptr and a.size == 1 and a.flags.c_contiguous, f"{where}: a struct is a size-1 structured array"
+            assert a.itemsize == size, f"{where}: {a.itemsize} bytes for a {size}-byte struct"
+            return a, a.ctypes.data
+        if isinstance(a, np.ndarray):                                    # a pointer to its first element
+            assert size == ctypes.sizeof(ctypes.c_void_p), f"{where}: an array for a {size}-byte parameter"
+            if self.params is not None:
+                assert ptr, f"{where}: an array for a {ctype}"
+                assert a.flags.c_contiguous, f"{where}: array is not C-contiguous"
+                assert a.dtype == _POINTEE[ctype], f"{where}: {a.dtype} for a {ctype}*"
+            holder = ctypes.c_void_p(a.ctypes.data)
+            return holder, ctypes.addressof(holder)
+        if self.params is not None:
+            assert not ptr, f"{where}: expected an array, got {type(a)}"
+            want = _SCALAR[ctype]
+            assert type(a) is want, f"{where}: {type(a).__name__} for a {ctype} (pass {want.__name__})"
+        holder = np.array(a)
+        assert isinstance(a, np.generic) and holder.itemsize == size, \
+            f"{where}: {type(a).__name__} for a {size}-byte parameter (pass a NumPy scalar of its size)"
+        return holder, holder.ctypes.data
 
     def __call__(self, grid, block, args, shared_mem=0):
         grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
@@ -356,26 +419,13 @@ class EmulatedKernel:
             bx = block[0]
             assert bx & (bx - 1) == 0 and bx <= MAX_THREADS and block[1] == 1, \
                 f"{self.name}: row kernels need a power-of-two block <= {MAX_THREADS}, got {block}"
-        assert len(args) == len(self.params), f"{self.name}: {len(args)} arguments for {len(self.params)} parameters"
-        values = []
-        for a, (ctype, ptr, pname) in zip(args, self.params):
-            if ptr:
-                assert isinstance(a, np.ndarray), f"{self.name}.{pname}: expected an array, got {type(a)}"
-                if self.name.startswith("npf_fa_") and pname in STRIDED:   # strided heads: rows may be apart
-                    assert a.strides[-1] == a.itemsize and min(a.strides) >= 0, \
-                        f"{self.name}.{pname}: strides {a.strides} (the last axis must be contiguous)"
-                else:
-                    assert a.flags.c_contiguous, f"{self.name}.{pname}: array is not C-contiguous"
-                assert a.dtype == _POINTEE[ctype], f"{self.name}.{pname}: {a.dtype} for a {ctype}*"
-                values.append(a.ctypes.data)
-            else:
-                want = _SCALAR[ctype][0]
-                assert type(a) is want, f"{self.name}.{pname}: {type(a).__name__} for a {ctype} (pass {want.__name__})"
-                values.append(a.item())
+        assert len(args) == len(self.sizes), f"{self.name}: {len(args)} arguments for {len(self.sizes)} parameters"
+        held = [self._argument(i, a, size) for i, (a, size) in enumerate(zip(args, self.sizes))]
+        pointers = (ctypes.c_void_p * max(1, len(held)))(*[address for _, address in held])
         declared = _shared_declared(self.lib)
         if declared is not None:
             declared.value = 0
-        rc = self.fn(grid[0], grid[1], block[0], block[1], *values)
+        rc = self.fn(grid[0], grid[1], block[0], block[1], pointers)
         assert rc == 0, f"{self.name}: threads of one block disagreed on a __syncthreads or a warp collective (see stderr)"
         if declared is not None and declared.value:       # a flash kernel: its shared memory is what the launch gave
             assert declared.value == shared_mem, \
@@ -383,11 +433,12 @@ class EmulatedKernel:
 
 
 class EmulatedModule:
-    """``cupy.RawModule`` for the emulated kernels."""
+    """``cupy.RawModule`` for the emulated kernels (``name_expressions`` as the library was built with)."""
 
-    def __init__(self, lib_path: Path, kernels_source: str = KERNELS_SOURCE):
+    def __init__(self, lib_path: Path, kernels_source: str = KERNELS_SOURCE, name_expressions=()):
         self.lib = ctypes.CDLL(str(lib_path))
-        self.entries = dict(_ENTRY.findall(kernels_source))
+        kernels = _kernels(kernels_source, name_expressions)
+        self.kernels = {name: (i, params) for i, (name, params) in enumerate(kernels)}
 
     def get_function(self, name: str) -> EmulatedKernel:
-        return EmulatedKernel(self.lib, name, self.entries[name])
+        return EmulatedKernel(self.lib, name, *self.kernels[name])

@@ -57,7 +57,7 @@ def test_every_launch_fits_its_kernel(compiled):
 def test_every_kernel_keeps_the_occupancy_it_states(compiled):
     for arch, (kernels, _) in compiled.items():
         below = [(k.name, f"{k.occupancy:.4f} < {floor}", k.limit) for k in kernels
-                 if (floor := cuda_kernels.occupancy_floor(k.name, arch)) is not None and k.occupancy < floor]
+                 if k.occupancy < (floor := cuda_kernels.occupancy_floor(k.name, arch))]
         assert not below, f"sm_{arch}: {below}"
 
 
@@ -65,8 +65,9 @@ def test_the_float_kernels_flush_float32_denormals_as_their_docstrings_say(tools
     """CuPy appends -ftz=true after npformer's options (NVRTC: the last one wins), so float32
     arithmetic flushes denormals: the optimiser's float32 update uses .ftz instructions, its float64
     arithmetic none (the flush is float32's only), as kernels/cuda/optim.py states."""
-    source, options = runtime.shipped_modules()[runtime.COMMON_MODULE]
-    ptx, _ = cuda_kernels.nvrtc_ptx(tools, source, tuple(options) + cuda_kernels.CUPY_OPTIONS + ("-arch=compute_90",))
+    source, options, _ = runtime.shipped_modules()[runtime.COMMON_MODULE]
+    options = tuple(options) + cuda_kernels.CUPY_OPTIONS + ("-arch=compute_90",)
+    ptx, _, _ = cuda_kernels.nvrtc_ptx(tools, source, options)
     bodies = dict(re.findall(r"\.entry (npf_adam_update_f\d\d)\((.*?)\n}\n", ptx, re.S))
     assert {"add.rn.ftz.f32", "mul.rn.ftz.f32", "div.rn.ftz.f32", "sqrt.rn.ftz.f32"} <= set(
         re.findall(r"\b[a-z]+\.rn\.ftz\.f32\b", bodies["npf_adam_update_f32"]))
@@ -97,23 +98,27 @@ def test_float32_under_tf32_runs_on_tensor_cores(compiled):
 
 
 def test_block_sizes_and_floors_are_known_for_every_entry_point():
-    """Without the compiler: every extern "C" kernel of every module has a launch block size and an
-    occupancy floor (or is a test kernel), so the table cannot silently miss one."""
-    for name, (source, _) in runtime.shipped_modules().items():
-        for entry in re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', source):
+    """Without the compiler: every kernel of every module (extern "C", or a named instantiation) has a
+    launch block size and an occupancy floor, so the table cannot silently miss one."""
+    for name, (source, _, kernels) in runtime.shipped_modules().items():
+        entries = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', source)
+        for entry in entries + list(kernels):
             assert cuda_kernels.block_threads(entry) >= 1, entry
             for arch in cuda_kernels.ARCHS:
                 floor = cuda_kernels.occupancy_floor(entry, arch)
-                assert floor is None or 0 < floor <= 1, (entry, arch)
+                assert 0 < floor <= 1, (entry, arch)
 
 
 def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, tmp_path):
     """mma.sync to HMMA (float16 and TF32), ldmatrix to LDSM, cp.async to LDGSTS, the shuffle to SHFL,
-    for both architectures (npformer.kernels.cuda.warp_source's test kernels)."""
-    from npformer.kernels.cuda.warp_source import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_TEST_SOURCE
+    for both architectures (the test kernels of tests/kernels/cuda/warp_test.cu, a warp each; the
+    cp.async one two)."""
+    from tests.kernels.cuda.sources import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_SOURCE
+    threads = {name: 64 if name == "npf_test_cp_async" else 32
+               for name in re.findall(r'extern "C" __global__ void (\w+)\(', PRIMITIVES_SOURCE)}
     for arch in cuda_kernels.ARCHS:
-        kernels, warnings = cuda_kernels.compile_module(tools, "primitives", PRIMITIVES_TEST_SOURCE,
-                                                        PRIMITIVES_NVRTC_OPTIONS, arch, str(tmp_path))
+        kernels, warnings = cuda_kernels.compile_module(tools, "primitives", PRIMITIVES_SOURCE,
+                                                        PRIMITIVES_NVRTC_OPTIONS, arch, str(tmp_path), threads)
         assert not warnings and not any(k.spill_stores or k.stack for k in kernels.values()), arch
         mix = {name: k.mix for name, k in kernels.items()}
         assert mix["npf_test_mma"]["HMMA"] >= 1 and mix["npf_test_ldmatrix"]["LDSM"] >= 1, (arch, mix)

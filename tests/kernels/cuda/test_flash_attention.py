@@ -28,6 +28,7 @@ from npformer.ops.flash_attention import (FlashAttentionCache, _keep, draw_seed,
                                           flash_attention_forward as flash_forward)
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, assert_scores_beyond_float16, host, randn, seeds
+from tests.kernels.cuda import sources
 from tests.kernels.cuda.conftest import DTYPES, assert_close
 from tests.ops.test_flash_attention import CAUSAL, causal_kw, draw_masks
 from tests.ops.test_flash_attention import test_bad_input as reference_bad_input_cases
@@ -136,9 +137,10 @@ def test_gradcheck_float64_through_the_kernels(fx, b, h, tq, tk, hs, causal, kin
 
 
 def _test_module():
-    """The module of the test kernels (flash_source.TEST_SOURCE; emulated: the flash library)."""
+    """The module of the test kernels (sources.FLASH_TEST_SOURCE; emulated: the flash library)."""
     from npformer.kernels.cuda import runtime
-    return runtime.compile_module(flash_source.TEST_SOURCE, flash_source.FLASH_NVRTC_OPTIONS)
+    return runtime.compile_module(sources.FLASH_TEST_SOURCE, flash_source.FLASH_NVRTC_OPTIONS,
+                                  sources.FLASH_TEST_KERNELS)
 
 
 # -- dropout: the reference's keep rule, element by element ------------------------------------------
@@ -351,30 +353,54 @@ def test_accepts_device_masks_only(fx):
         assert not kernel.accepts_forward(q, q, q, attn_mask=np.zeros((3, 3), bool))  # raises the mismatch
 
 
-def test_shared_memory_the_kernels_carve_is_what_the_launch_asks_for(fx):
-    """The SIMT kernels' shared memory, then the dense kernels' traits (shared bytes, BR, BC per D), as
-    the launcher's copies in flash_source say."""
-    dense = [x for (kernel, d), shared in flash_source.DENSE_SHARED.items()
-             for x in (shared, *flash_source.DENSE_TILES[kernel][d])]
-    sizes = fx.xp.zeros(len(flash_source.SHARED) + len(dense), dtype=np.int64)
-    _test_module().get_function("npf_fa_shared_sizes")((1,), (1,), (sizes,))
-    assert host(sizes).tolist() == list(flash_source.SHARED.values()) + dense
-    assert max(flash_source.SHARED.values()) <= 163 * 1024        # an A100's per-block limit (H100: 227 KiB)
-    assert max(flash_source.DENSE_SHARED.values()) <= 163 * 1024 // 2      # and two dense blocks an SM
+def test_launch_geometry_is_the_traits(fx):
+    """The host's one copy of each instantiation's launch (flash_source.geometry: block, rows a block, shared
+    memory, from GEOMETRY) is its traits' in flash.cu (THREADS, ROWS, SHARED), compiled; every shipped
+    kernel fits an A100's 163 KiB a block, and the dense ones two blocks an SM."""
+    module = _test_module()
+    for (dtype, d), kernels in flash_source.MODULE_KERNELS.items():
+        for name in flash_source.kernels(dtype):
+            got = fx.xp.zeros(3, dtype=np.int64)
+            kernel = sources.geometry_kernel(flash_source.name_expression(name, dtype, d))
+            module.get_function(kernel)((1,), (1,), (got,))
+            assert tuple(host(got)) == flash_source.geometry(name, dtype, d), (name, dtype, d)
+    assert max(shared for _, shared in flash_source.GEOMETRY.values()) <= 163 * 1024   # (an H100: 227 KiB)
+    assert all(shared <= 163 * 1024 // 2 for key, (_, shared) in flash_source.GEOMETRY.items() if "Dense" in key)
 
 
-def test_every_module_has_its_entry_points():
-    for (dtype, d), text in flash_source.MODULE_SOURCES.items():
-        names = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(', text))
+def _offsets(dtype) -> list:
+    """The offset of each field of the params dtype, NpfFaArgs's fields (``a``) in place of it."""
+    args, at = dtype.fields["a"][:2]
+    return [dtype.fields[n][1] for n in dtype.names if n != "a"] + [at + args.fields[n][1] for n in args.names]
+
+
+@pytest.mark.parametrize("acc", ["float32", "float64"])
+def test_the_params_dtype_is_the_kernels_struct(fx, acc):
+    """flash_source.params_dtype (what Python fills) has the compiled NpfFaParams's layout: every
+    field's offset, in order, and its size (flash_test.cu's npf_fa_params_layout reads them)."""
+    dtype = flash_source.params_dtype(np.dtype(acc))
+    want = _offsets(dtype) + [dtype.itemsize]
+    got = fx.xp.zeros(len(want), dtype=np.int64)
+    _test_module().get_function(f"npf_fa_params_layout_f{acc[-2:]}")((1,), (1,), (got,))
+    assert host(got).tolist() == want
+
+
+def test_every_module_names_its_instantiations():
+    """A module per (dtype, D): the SIMT kernels and bwd_pre, float16's and float32's tensor-core ones,
+    float16's dense ones, each npf_fa_kernel<traits>; the source has no extern "C" entry point and every
+    constant filled in; the test kernels are the tests' module only."""
+    for (dtype, d), kernels in flash_source.MODULE_KERNELS.items():
         variant = {np.float16: "_tc", np.float32: "_tf32"}.get(dtype.type, "")
-        tensor_cores = tuple(k + variant for k in ("fwd", "bwd_dkdv", "bwd_dq")) if variant else ()
-        dense = flash_source.DENSE_KERNELS if dtype == np.float16 else ()
-        kernels = ("fwd", "bwd_dkdv", "bwd_dq") + tensor_cores + dense
-        want = {flash_source.entry_name(n, dtype, d) for n in kernels}
-        assert names == want | {flash_source.entry_name("bwd_pre", dtype)}     # no test kernel shipped
-        assert "@" not in text
-    test_names = re.findall(r'extern "C" __global__ void (npf_\w+)\(', flash_source.TEST_SOURCE)
-    assert test_names == ["npf_fa_keep_mask", "npf_fa_shared_sizes"]
+        tensor_cores = tuple(k + variant for k in ("fwd", "bwd_dq", "bwd_dkdv")) if variant else ()
+        dense = tuple(f"{k}_dense{c}" for k in ("fwd", "bwd_dq", "bwd_dkdv") for c in ("", "_causal"))
+        names = ("fwd", "bwd_dq", "bwd_dkdv") + tensor_cores + (dense if dtype == np.float16 else ())
+        want = {flash_source.entry_name(n, dtype, d) for n in names} | {flash_source.entry_name("bwd_pre", dtype)}
+        assert set(kernels) == want
+        assert all(re.fullmatch(r"npf_fa_kernel<NpfFa\w+<[\w ,]+>>", e) for e in kernels.values()), kernels
+    for text in (flash_source.FLASH_SOURCE, flash_source.FLASH_EMULATED_SOURCE):
+        assert "@" not in text and 'extern "C" __global__' not in text and "npf_fa_geometry" not in text
+    test_names = re.findall(r'extern "C" __global__ void (npf_\w+)\(', sources.FLASH_TEST_SOURCE)
+    assert test_names == ["npf_fa_keep_mask", "npf_fa_params_layout_f32", "npf_fa_params_layout_f64"]
 
 
 # -- the module: "auto" runs the kernel on device arrays without weights ------------------------------

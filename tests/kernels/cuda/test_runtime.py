@@ -75,9 +75,11 @@ def test_every_entry_point_exists_for_every_dtype():
 
 def _sources(which: str) -> list[tuple[str, str, tuple]]:
     """(name, CUDA source, NVRTC options) of each module: the common one, or flash's (one per dtype and
-    head-size bucket)."""
-    return [(name, text, options) for name, (text, options) in runtime.shipped_modules().items()
-            if (name == runtime.COMMON_MODULE) == (which == "common")]
+    head-size bucket), its template instantiations named by taking their addresses (what NVRTC's name
+    expressions do)."""
+    return [(name, m.source + "".join(f"\nvoid* npf_instance_{i} = (void*)&{e};" for i, e in
+                                       enumerate(m.kernels.values())), m.options)
+            for name, m in runtime.shipped_modules().items() if (name == runtime.COMMON_MODULE) == (which == "common")]
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")

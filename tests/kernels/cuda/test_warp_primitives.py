@@ -9,8 +9,8 @@ import pytest
 
 from npformer.backend import cupy_available, get_backend
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.warp_source import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_TEST_SOURCE
 from tests.kernels.cuda import emulator
+from tests.kernels.cuda.sources import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_SOURCE
 
 
 @pytest.fixture(scope="module", params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -20,12 +20,12 @@ def device(request, tmp_path_factory):
         if not cupy_available():
             pytest.skip("CuPy is not installed or no CUDA device is visible")
         cp = get_backend("cupy")
-        return runtime.compile_module(PRIMITIVES_TEST_SOURCE, PRIMITIVES_NVRTC_OPTIONS), cp.asarray, cp.asnumpy
+        return runtime.compile_module(PRIMITIVES_SOURCE, PRIMITIVES_NVRTC_OPTIONS), cp.asarray, cp.asnumpy
     import shutil
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    lib = emulator.build(tmp_path_factory.mktemp("npf_primitives"), PRIMITIVES_TEST_SOURCE)
-    return emulator.EmulatedModule(lib, PRIMITIVES_TEST_SOURCE), np.asarray, np.asarray
+    lib = emulator.build(tmp_path_factory.mktemp("npf_primitives"), PRIMITIVES_SOURCE)
+    return emulator.EmulatedModule(lib, PRIMITIVES_SOURCE), np.asarray, np.asarray
 
 
 def _halves(rng, shape):

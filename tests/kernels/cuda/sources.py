@@ -1,0 +1,32 @@
+"""The CUDA C only the tests compile, beside the shipped sources it is compiled with: the kernels that
+test each warp primitive (warp_test.cu, after npformer's warp.cuh) and flash attention's test kernels
+(flash_test.cu, after flash.cu, with :data:`FLASH_TEST_KERNELS`: each shipped instantiation's
+``npf_fa_geometry``). On a GPU each is a module of its own; emulated, the flash test kernels join the
+one flash library (:data:`FLASH_EMULATED_SOURCE`, :data:`FLASH_EMULATED_KERNELS`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from npformer.kernels.cuda import flash_source
+from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
+
+__all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "FLASH_TEST_SOURCE", "FLASH_TEST_KERNELS",
+           "FLASH_EMULATED_SOURCE", "FLASH_EMULATED_KERNELS", "geometry_kernel"]
+
+_HERE = Path(__file__).parent
+
+PRIMITIVES_SOURCE = WARP_PRIMITIVES + (_HERE / "warp_test.cu").read_text(encoding="utf-8")
+PRIMITIVES_NVRTC_OPTIONS = ("--fmad=true",)
+
+
+def geometry_kernel(expression: str) -> str:
+    """The ``npf_fa_geometry`` instantiation of the traits of ``npf_fa_kernel<K>``'s name expression."""
+    return expression.replace("npf_fa_kernel<", "npf_fa_geometry<", 1)
+
+
+_FLASH_TESTS = (_HERE / "flash_test.cu").read_text(encoding="utf-8")
+_SHIPPED = tuple(dict.fromkeys(e for kernels in flash_source.MODULE_KERNELS.values() for e in kernels.values()))
+FLASH_TEST_SOURCE = flash_source.FLASH_SOURCE + "\n" + _FLASH_TESTS
+FLASH_TEST_KERNELS = tuple(geometry_kernel(e) for e in _SHIPPED)
+FLASH_EMULATED_SOURCE = flash_source.FLASH_EMULATED_SOURCE + "\n" + _FLASH_TESTS
+FLASH_EMULATED_KERNELS = _SHIPPED + FLASH_TEST_KERNELS
