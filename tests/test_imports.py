@@ -10,8 +10,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "npformer"
 
 # Lower layers never import higher ones. Layers of one rank do not import each other either.
 LAYERS = {"errors": 0, "version": 0, "launcher": 0, "backend": 1, "progress": 1, "files": 1, "data": 1, "checks": 2,
-          "dispatch": 2, "interop": 2, "ops": 3, "kernels": 4, "nn": 5, "models": 6, "distributed": 6, "training": 7,
-          "tools": 7, "study": 8, "pretrained": 8, "bench": 8, "cli": 9, "__main__": 10, "npformer": 10}
+          "interop": 2, "dispatch": 3, "ops": 4, "kernels": 5, "nn": 6, "models": 7, "distributed": 7, "training": 8,
+          "tools": 8, "study": 9, "pretrained": 9, "bench": 9, "cli": 10, "__main__": 11, "npformer": 11}
 
 
 def _modules() -> dict[str, pathlib.Path]:
