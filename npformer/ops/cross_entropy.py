@@ -26,7 +26,7 @@ from npformer.checks import (class_ids, describe, expect_float, expect_grad, exp
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 
-__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "log_normaliser", "reduce_losses",
+__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "log_normaliser", "loss_divisor", "reduce_losses",
            "cross_entropy_forward", "cross_entropy_backward"]
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -35,15 +35,14 @@ REDUCTIONS = ("mean", "sum", "none")
 class CrossEntropyCache(NamedTuple):
     """The logits and each row's normaliser (log p is recomputed from them in backward); targets
     and validity are (...)-shaped. Every field is the reference backward's: the normaliser instead
-    of log p keeps no (..., V) array (the largest of a language model's step), and ``count`` stays an
-    array on the device, so no step reads it back to the host."""
+    of log p keeps no (..., V) array (the largest of a language model's step). Backward recounts the
+    valid targets for the mean (:func:`loss_divisor`) rather than keeping the count."""
 
     logits: Any          # (..., V) the forward's input (not a copy)
     shift: Any           # (..., 1) max_j z_j, 0 where not finite (accumulation dtype)
     log_sum: Any         # (..., 1) log sum_j exp(z_j - shift), 0 where the sum is 0
     targets: Any         # (...) targets with ignored positions set to 0
     valid: Any           # (...) bool, not ignored
-    count: Any           # () max(N_valid, 1) for mean, in the accumulation dtype (kept on the device); 1 for sum, none
     smoothing: float
     reduction: str
     dtype: Any
@@ -82,15 +81,21 @@ def log_normaliser(za):
     return shift, xp.log(xp.where(total > 0, total, 1))  # (..., 1), (..., 1)
 
 
+def loss_divisor(valid, reduction: str, dtype):
+    """What the summed row losses are divided by: max(N_valid, 1) for mean (an array of ``dtype``,
+    so the count is never read back to the host), 1 for sum and none."""
+    if reduction != "mean":
+        return 1
+    xp = get_array_module(valid)
+    return xp.maximum(valid.sum(), 1).astype(dtype)      # ()
+
+
 def reduce_losses(nll, valid, reduction: str):
-    """``(loss, count)`` from the row losses ``nll`` (...) (0 where not ``valid``): the rows themselves
-    for none, their sum for sum, their sum over max(N_valid, 1) for mean (every implementation ends so)."""
+    """The loss from the row losses ``nll`` (...) (0 where not ``valid``): the rows themselves for
+    none, their sum for sum, their sum over max(N_valid, 1) for mean (every implementation ends so)."""
     if reduction == "none":
-        return nll, 1                                    # (...)
-    xp = get_array_module(nll)
-    # N_valid stays on the device (no host sync, CUDA-graph safe): the same division as by the int count
-    count = xp.maximum(valid.sum(), 1).astype(nll.dtype) if reduction == "mean" else 1     # ()
-    return nll.sum() / count, count                      # () all ignored: 0 / 1 = 0
+        return nll                                       # (...)
+    return nll.sum() / loss_divisor(valid, reduction, nll.dtype)   # () all ignored: 0 / 1 = 0
 
 
 @dispatched
@@ -111,15 +116,15 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
         logp -= log_sum                                  # (..., V) log p
         nll = -(1.0 - s) * picked - (s / v) * logp.sum(axis=-1)                  # (...)
     nll = xp.where(valid, nll, 0)                        # (...) ignored positions contribute 0
-    loss, count = reduce_losses(nll, valid, reduction)   # () or (...)
-    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, count, s, reduction, logits.dtype)
+    loss = reduce_losses(nll, valid, reduction)          # () or (...)
+    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, s, reduction, logits.dtype)
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 
 
 @dispatched
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     """Returns ``dlogits`` (..., V)."""
-    logits, shift, log_sum, t, valid, count, s, reduction, dtype = cache
+    logits, shift, log_sum, t, valid, s, reduction, dtype = cache
     expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
                 f"the loss of reduction={reduction!r}")
     xp = get_array_module(dloss, logits)
@@ -133,7 +138,7 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache):
         dz -= s / v                                      # q's uniform part
     rows = dz.reshape(-1, v)                             # (N, V) view of the fresh dz
     rows[xp.arange(rows.shape[0]), t.reshape(-1)] -= 1.0 - s   # q's one-hot part (one entry a row)
-    scale = dloss.astype(acc) / count                    # () or (...)
+    scale = dloss.astype(acc) / loss_divisor(valid, reduction, acc)    # () or (...)
     scale = xp.where(valid, scale, 0)                    # (...) ignored rows get no gradient
     dz *= scale[..., None]                               # (..., V)
     return dz.astype(dtype, copy=False)                  # (..., V)

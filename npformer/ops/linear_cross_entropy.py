@@ -31,7 +31,7 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import (class_ids, describe, expect_float, expect_int, expect_rows, integer, one_of,
                              positive_int, probability, values_unchecked)
 from npformer.errors import ShapeError
-from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward, loss_divisor
 from npformer.ops.linear import as_rows, check_linear_inputs, linear_backward, linear_forward
 
 __all__ = ["LOGITS_CHUNK_BYTES", "LinearCrossEntropy", "chunk_rows_for", "linear_cross_entropy"]
@@ -98,7 +98,7 @@ def linear_cross_entropy(x, weight, targets, bias=None, *, dloss=1.0, reduction:
     n = x2.shape[0]
     valid = t != ignore_index                                                     # (N,)
     class_ids(t, valid, v, ignore_index)                 # once for every chunk (each then skips it)
-    count = xp.maximum(valid.sum(), 1).astype(acc) if reduction == "mean" else 1                # ()
+    count = loss_divisor(valid, reduction, acc)          # () N_valid for the mean
     d = xp.asarray(xp.asarray(dloss, dtype=acc) / count)   # () the upstream gradient of each row's loss
     step = chunk_rows or chunk_rows_for(n, v, acc.itemsize)
     ce_options = dict(ignore_index=ignore_index, label_smoothing=label_smoothing)

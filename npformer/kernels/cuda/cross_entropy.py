@@ -15,7 +15,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_rows, rows_of
-from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, reduce_losses
+from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, loss_divisor, reduce_losses
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward"]
 
@@ -43,20 +43,20 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
         launch_rows("cross_entropy_fwd", logits.dtype, rows, v,
                     (z, t, ok, nll, shift, log_sum, numpy.int64(rows), numpy.int32(v),
                      *_smoothing_terms(acc, s, v)))
-    loss, count = reduce_losses(nll, valid, reduction)   # () or (...), as the reference
-    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, count, s, reduction, logits.dtype)
+    loss = reduce_losses(nll, valid, reduction)          # () or (...), as the reference
+    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, s, reduction, logits.dtype)
     return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
 
 
 def cross_entropy_backward(dloss, cache):
     """Returns ``dlogits`` (..., V), written in one pass."""
-    logits, shift, log_sum, t, valid, count, s, reduction, dtype = cache
+    logits, shift, log_sum, t, valid, s, reduction, dtype = cache
     expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
                 f"the loss of reduction={reduction!r}")
     xp = device_xp(dloss, logits)
     rows, v = rows_of(logits)
     acc = accumulation_dtype(dtype)
-    scale = xp.where(valid, dloss.astype(acc) / count, 0)                    # (...) 0 for ignored rows
+    scale = xp.where(valid, dloss.astype(acc) / loss_divisor(valid, reduction, acc), 0)   # (...) 0 for ignored rows
     z = contiguous(xp, logits)
     shift, log_sum = contiguous(xp, shift.astype(acc, copy=False)), contiguous(xp, log_sum.astype(acc, copy=False))
     t, scale = contiguous(xp, xp.asarray(t, dtype=xp.int64)), contiguous(xp, xp.asarray(scale, dtype=acc))

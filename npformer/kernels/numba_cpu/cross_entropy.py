@@ -19,7 +19,7 @@ from npformer.checks import expect_grad
 from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.softmax import row_max
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
-from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, reduce_losses
+from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, loss_divisor, reduce_losses
 
 __all__ = ["cross_entropy_forward", "cross_entropy_backward"]
 
@@ -71,21 +71,21 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
     over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1),
               dt.type(s), per_thread=CHEAP)
     lead = logits.shape[:-1]
-    loss, count = reduce_losses(nll.reshape(lead), valid, reduction)   # () or (...)
+    loss = reduce_losses(nll.reshape(lead), valid, reduction)          # () or (...)
     cache = CrossEntropyCache(logits, shift.reshape(lead + (1,)), log_sum.reshape(lead + (1,)), safe_t, valid,
-                              count, s, reduction, dt)
+                              s, reduction, dt)
     return numpy.asarray(loss).astype(dt), cache
 
 
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
-    logits, shift, log_sum, t, valid, count, s, reduction, dtype = cache
+    logits, shift, log_sum, t, valid, s, reduction, dtype = cache
     expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
                 f"the loss of reduction={reduction!r}")
     v = logits.shape[-1]
     acc = accumulation_dtype(dtype)
     z = numpy.ascontiguousarray(logits, dtype=acc).reshape(-1, v)   # (N, V)
     n = z.shape[0]
-    scale = numpy.where(valid, dloss.astype(acc) / count, 0).astype(acc).reshape(-1)   # (N,) 0 for ignored rows
+    scale = numpy.where(valid, dloss.astype(acc) / loss_divisor(valid, reduction, acc), 0).astype(acc).reshape(-1)   # (N,)
     shift_rows = numpy.ascontiguousarray(shift, dtype=acc).reshape(-1)
     log_sum_rows = numpy.ascontiguousarray(log_sum, dtype=acc).reshape(-1)
     dz = numpy.empty_like(z)
