@@ -20,7 +20,15 @@ Arrays are checked once per public call. An op called by another op (both ``@dis
 op checked what the user gave it and made the rest itself, so the ``expect_*`` checks of the ops
 below it return at once (:func:`checked_by_caller`), as Chainer type-checks each call of a function
 and never the functions inside it. The scalar checks, which also convert, always run. Every
-dispatched op that hands a user's array to another op checks it at its own top.
+dispatched op that hands a user's array to another op checks it at its own top. An op that is not
+dispatched but calls ops (multi-head attention) checks its inputs, then calls them inside
+:func:`inputs_checked`, as a dispatched op runs its body.
+
+:func:`arrays_unchecked` switches the ``expect_*`` array checks off for a block (Chainer's
+``config.type_check = False``): a model known to be fed well-formed arrays then skips them, and a
+malformed array fails wherever NumPy or CuPy notices, with their message, or not at all (mixed
+dtypes pass). The comparisons an op makes itself (one shape against another) and the scalar
+checks still run.
 """
 from __future__ import annotations
 
@@ -36,16 +44,46 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer",
            "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability",
-           "one_of", "values_checked", "values_unchecked", "float_dtype", "OP_DEPTH", "checked_by_caller"]
+           "one_of", "values_checked", "values_unchecked", "float_dtype", "OP_DEPTH", "checked_by_caller",
+           "inputs_checked", "arrays_unchecked"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
-# how many dispatched ops are running in this thread, the outermost first (npformer.dispatch sets it)
+_ARRAYS = contextvars.ContextVar("npformer_array_checks", default=True)
+# how many ops that checked their inputs are running in this thread (see inputs_checked)
 OP_DEPTH = contextvars.ContextVar("npformer_op_depth", default=0)
 
 
 def checked_by_caller() -> bool:
-    """True inside an op that another op called: its arrays were checked by that op (module docstring)."""
-    return OP_DEPTH.get() > 1
+    """True inside an op that another op called (its arrays were checked by that op, module
+    docstring), and everywhere inside :func:`arrays_unchecked`."""
+    return OP_DEPTH.get() > 1 or not _ARRAYS.get()
+
+
+class inputs_checked:
+    """``with inputs_checked():`` the ops called in the block trust the checks made before it
+    (:mod:`npformer.dispatch` runs every op's body so; a composite op that is not dispatched does
+    it after checking its inputs). A class rather than a generator: it runs around every op."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = OP_DEPTH.set(OP_DEPTH.get() + 1)
+
+    def __exit__(self, *exc_info) -> None:
+        OP_DEPTH.reset(self._token)
+
+
+@contextmanager
+def arrays_unchecked() -> Iterator[None]:
+    """Skip the ``expect_*`` array checks (types, backends, dtypes, ranks, shapes) inside the block,
+    in this thread; an op's own shape comparisons and the scalar checks, which also convert, still
+    run. For a model whose inputs are known to be well formed: a malformed array then fails with
+    NumPy's or CuPy's error, or silently (mixed dtypes pass), so keep the checks on while developing."""
+    token = _ARRAYS.set(False)
+    try:
+        yield
+    finally:
+        _ARRAYS.reset(token)
 
 
 def values_checked() -> bool:

@@ -50,7 +50,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
 from npformer.backend import get_array_module
-from npformer.checks import OP_DEPTH
+from npformer.checks import inputs_checked
 from npformer.errors import NonFiniteError
 
 __all__ = ["FastPath", "Takes", "takes", "dispatched", "register", "enabled", "set_enabled", "disabled",
@@ -138,11 +138,8 @@ def dispatched(reference: Callable) -> Callable:
                 if path.name not in off and path.accepts(*args, **kwargs):
                     run = path.run
                     break
-        depth = OP_DEPTH.set(OP_DEPTH.get() + 1)     # the ops this one calls trust its checks (npformer.checks)
-        try:
+        with inputs_checked():                       # the ops this one calls trust its checks (npformer.checks)
             result = run(*args, **kwargs)
-        finally:
-            OP_DEPTH.reset(depth)
         if _ANOMALY.get():
             _check_finite(name, (*args, *kwargs.values()), result)
         return result

@@ -133,6 +133,15 @@ CASES = [
      ShapeError, "key_padding_mask: expected shape"),
     ("self_attention: E not divisible by H", lambda: multihead.self_attention_forward(
         a(2, 3, 5), 2, a(15, 5), None, a(5, 5), None), ShapeError, "not divisible by num_heads"),
+    ("self_attention: key padding shape", lambda: multihead.self_attention_forward(
+        a(2, 3, 4), 2, a(12, 4), None, a(4, 4), None, key_padding_mask=np.zeros((2, 4), bool)),
+     ShapeError, r"key_padding_mask: expected shape \(B, Tk\)=\(2, 3\)"),
+    ("self_attention: past and new keys", lambda: multihead.self_attention_forward(
+        a(2, 1, 4), 2, a(12, 4), None, a(4, 4), None, past_key=a(2, 2, 3, 2), past_value=a(2, 2, 3, 2),
+        key_padding_mask=np.zeros((2, 3), bool)), ShapeError, r"key_padding_mask: expected shape \(B, Tk\)=\(2, 4\)"),
+    ("multi_head_attention: attention 'fast'", lambda: multihead.multi_head_attention_forward(
+        a(2, 3, 4), a(2, 5, 4), a(2, 5, 4), 2, a(12, 4), None, a(4, 4), None, attention="fast"),
+     RangeError, "attention: expected one of"),
     ("layer_norm: weight shape", lambda: layernorm.layer_norm_forward(a(2, 4), a(5)), ShapeError, "weight: expected shape"),
     ("rnn: weight shape", lambda: rnn.rnn_forward(a(2, 3, 4), a(2, 5), a(5, 3), a(5, 5)), ShapeError, "weight_ih"),
     # empty axes and zero sizes
@@ -175,6 +184,11 @@ CASES = [
     ("Embedding(True, 3)", lambda: nn.Embedding(True, 3), InputTypeError, "num_embeddings: expected an int"),
     ("attention: mask of ints", lambda: attention.scaled_dot_product_attention_forward(
         a(1, 1, 2, 4), a(1, 1, 2, 4), a(1, 1, 2, 4), attn_mask=np.zeros((2, 2), np.int8)), InputTypeError, "attn_mask"),
+    ("self_attention: mask of ints", lambda: multihead.self_attention_forward(
+        a(1, 2, 4), 2, a(12, 4), None, a(4, 4), None, attn_mask=np.zeros((2, 2), np.int8)), InputTypeError, "attn_mask"),
+    ("multi_head_attention: padding mask of ints", lambda: multihead.multi_head_attention_forward(
+        a(1, 2, 4), a(1, 3, 4), a(1, 3, 4), 2, a(12, 4), None, a(4, 4), None,
+        key_padding_mask=np.zeros((1, 3), np.int64)), InputTypeError, "key_padding_mask"),
     # values out of range
     ("embedding: id >= V", lambda: embedding.embedding_forward(np.array([[5]]), a(5, 4)), RangeError,
      r"token ids must be in \[0, 5\)"),

@@ -79,3 +79,48 @@ def test_an_op_called_by_another_op_trusts_its_checks():
     assert depths == [1, 2, 2]           # the op's own check, then its two linears' (which return at once)
     with pytest.raises(ShapeError, match="C_in=4"):
         linear_forward(np.ones((2, 3)), w1)                   # on its own, linear checks
+
+
+def test_multi_head_attention_checks_once_then_trusts_its_parts():
+    """Multi-head attention is not dispatched: it checks every input at its top (masks included),
+    then runs its projections and attention inside inputs_checked, so their array checks return at
+    once; on their own, the same parts check."""
+    import sys
+
+    from npformer.checks import OP_DEPTH
+    from npformer.ops.multihead import multi_head_attention_forward, self_attention_forward
+    depths: dict[str, list] = {}
+
+    def hook(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in ("check_linear_inputs", "check_attention_inputs"):
+            depths.setdefault(frame.f_code.co_name, []).append(OP_DEPTH.get())
+    x, w_in, w_out = np.ones((2, 3, 4)), np.ones((12, 4)), np.ones((4, 4))
+    sys.setprofile(hook)
+    try:
+        self_attention_forward(x, 2, w_in, None, w_out, None, is_causal=True)
+        multi_head_attention_forward(x, np.ones((2, 5, 4)), np.ones((2, 5, 4)), 2, w_in, None, w_out, None)
+    finally:
+        sys.setprofile(None)
+    assert depths["check_linear_inputs"] == [2, 2] + [2, 2, 2, 2]    # in and out projections, both ops
+    assert depths["check_attention_inputs"] == [2, 2]
+
+
+def test_array_checks_can_be_switched_off():
+    """arrays_unchecked() makes the expect_* array checks return at once in its block (Chainer's
+    type_check = False): mixed dtypes then pass silently; an op's own shape
+    comparisons and the scalar checks still run, and the checks are back after the block."""
+    from npformer.checks import arrays_unchecked, checked_by_caller
+    from npformer.errors import InputTypeError, RangeError, ShapeError
+    from npformer.ops.layernorm import layer_norm_forward
+    from npformer.ops.linear import linear_forward
+    x, w = np.ones((2, 4), np.float32), np.ones((5, 4))
+    with arrays_unchecked():
+        assert checked_by_caller()
+        out, _ = linear_forward(x, w)                                  # unchecked: no error
+        with pytest.raises(ShapeError, match="C_in=4"):
+            linear_forward(np.ones((2, 3)), w)                         # the op's own comparison
+        with pytest.raises(RangeError, match="eps"):
+            layer_norm_forward(np.ones((2, 4)), eps=-1.0)              # a scalar: still checked
+    assert out.shape == (2, 5) and not checked_by_caller()
+    with pytest.raises(InputTypeError, match="dtype mismatch"):
+        linear_forward(x, w)

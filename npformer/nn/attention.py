@@ -27,7 +27,6 @@ bottom-right; cross-attention projects its memory into the cache on the first ca
 """
 from __future__ import annotations
 
-from npformer.backend import is_cupy_array
 from npformer.checks import positive_int, probability
 from npformer.errors import ShapeError
 from npformer.nn import init
@@ -64,7 +63,7 @@ class MultiheadAttention(Module):
             raise ShapeError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads = embed_dim, num_heads
         self.dropout = probability(dropout, "dropout")
-        check_implementation(attention, auto=True)
+        check_implementation(attention)
         self.attention = attention       # "auto", "plain", or "flash" (module docstring)
         self.head_dim = embed_dim // num_heads
         kw = dict(dtype=dtype, backend=backend)
@@ -83,38 +82,30 @@ class MultiheadAttention(Module):
         newest positions)."""
         active = self.training and self.dropout > 0
         self_attention = key is None and value is None
-        past = {}
+        past_key = past_value = None
         if kv_cache is not None:
             causal_alignment = "bottom_right"
             if kv_cache.k is not None and kv_cache.k.shape[0] != query.shape[0]:
                 raise ShapeError(f"kv_cache: holds {kv_cache.k.shape[0]} sequences but the query has "
                                  f"{query.shape[0]}; start a new cache (model.new_cache()) for another batch")
             if kv_cache.k is not None:
-                past = dict(past_key=kv_cache.k, past_value=kv_cache.v)
+                past_key, past_value = kv_cache.k, kv_cache.v
                 if not self_attention:                   # cross-attention: the memory is projected already
                     key = value = None
-        common = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                      causal_alignment=causal_alignment, dropout_p=self.dropout if active else 0.0,
-                      rng=self.generator(query) if active else None, training=active, need_weights=need_weights,
-                      average_attn_weights=average_attn_weights,
-                      attention=self._implementation(query, need_weights), **past)
-        weights = (self.in_proj_weight.data, None if self.in_proj_bias is None else self.in_proj_bias.data,
-                   *self.out_proj.arrays())
-        if self_attention:
-            out, attn_weights, cache = self_attention_forward(query, self.num_heads, *weights, **common)
-        else:
-            out, attn_weights, cache = multi_head_attention_forward(query, key, value, self.num_heads, *weights,
-                                                                    **common)
+        # the call decides which op: x alone is self-attention through one packed projection
+        op, inputs = (self_attention_forward, (query,)) if self_attention else \
+            (multi_head_attention_forward, (query, key, value))
+        in_proj_bias = None if self.in_proj_bias is None else self.in_proj_bias.data
+        out, attn_weights, cache = op(
+            *inputs, self.num_heads, self.in_proj_weight.data, in_proj_bias, *self.out_proj.arrays(),
+            past_key=past_key, past_value=past_value, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+            is_causal=is_causal, causal_alignment=causal_alignment, dropout_p=self.dropout if active else 0.0,
+            rng=self.generator(query) if active else None, training=active, need_weights=need_weights,
+            average_attn_weights=average_attn_weights, attention=self.attention)
         if kv_cache is not None:
             kv_cache.k, kv_cache.v = cache.attn.k, cache.attn.v              # (B, H, Tk, hs): all positions so far
         self._push(cache)
         return out, attn_weights                         # (B, Tq, E), (B, Tq, Tk) | (B, H, Tq, Tk) | None
-
-    def _implementation(self, query, need_weights: bool) -> str:
-        """The op this call runs: ``self.attention``, with "auto" resolved (module docstring)."""
-        if self.attention != "auto":
-            return self.attention
-        return "flash" if is_cupy_array(query) and not need_weights else "plain"
 
     def backward(self, dout):
         """Returns ``(dquery, dkey, dvalue)``; ``(dx, None, None)`` after a self-attention call."""

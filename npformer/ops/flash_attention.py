@@ -49,16 +49,16 @@ from npformer.ops.masks import check_masks, mask_bias
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
            "flash_attention_backward", "SPLITMIX64", "check_flash_arguments", "flash_masks", "draw_seed"]
 
-# The ``attention=`` choices of multi-head attention. "auto" is a module's (nn.MultiheadAttention
-# resolves it per call: "flash" on CuPy arrays without weights, else "plain"); the ops take the other two.
+# The ``attention=`` choices of multi-head attention ("auto": flash on CuPy arrays when no weights are
+# asked for, plain otherwise; npformer.ops.multihead.attend resolves it per call).
 IMPLEMENTATIONS = ("auto", "plain", "flash")
 SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
 _GOLDEN, _MIX1, _MIX2 = SPLITMIX64
 
 
-def check_implementation(attention, *, auto: bool = False) -> str:
-    """``attention`` is "plain" or "flash" (an op's choices), or also "auto" with ``auto=True`` (a module's)."""
-    return one_of(attention, "attention", IMPLEMENTATIONS if auto else IMPLEMENTATIONS[1:])
+def check_implementation(attention) -> str:
+    """``attention`` is one of IMPLEMENTATIONS: "auto", "plain" or "flash"."""
+    return one_of(attention, "attention", IMPLEMENTATIONS)
 
 
 class Masks(NamedTuple):

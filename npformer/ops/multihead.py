@@ -22,23 +22,29 @@ is a constant: the backward returns gradients for the new positions only. The ge
 Masks, fully masked rows (zero output and gradient) and the returned weights (after dropout, as
 PyTorch) are those of :mod:`npformer.ops.attention`; the weights are averaged over heads to
 (B, Tq, Tk) unless ``average_attn_weights=False`` gives (B, H, Tq, Tk). ``attention="flash"`` runs
-:mod:`npformer.ops.flash_attention` (memory linear in T; no weights).
+:mod:`npformer.ops.flash_attention` (memory linear in T; no weights), ``"plain"``
+:mod:`npformer.ops.attention`, ``"auto"`` the flash op on CuPy arrays when no weights are asked for
+and the plain one otherwise (:func:`attend`, the one place that chooses).
+
+Both ops check every input at their top, masks included, then run their parts (projections,
+attention) inside :func:`npformer.checks.inputs_checked`, so no array is checked twice.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
-from npformer.checks import describe, expect_ndim, expect_same_float, expect_shape, positive_int
+from npformer.backend import get_array_module, is_cupy_array
+from npformer.checks import describe, expect_ndim, expect_same_float, expect_shape, inputs_checked, positive_int
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
 from npformer.ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
 from npformer.ops.flash_attention import (FlashAttentionCache, check_implementation, flash_attention_backward,
                                           flash_attention_forward)
 from npformer.ops.linear import LinearCache, check_linear_grad, linear_backward, linear_forward
+from npformer.ops.masks import check_masks
 
-__all__ = ["split_heads", "merge_heads", "MultiHeadCache", "self_attention_forward", "self_attention_backward",
-           "multi_head_attention_forward", "multi_head_attention_backward"]
+__all__ = ["split_heads", "merge_heads", "MultiHeadCache", "attend", "self_attention_forward",
+           "self_attention_backward", "multi_head_attention_forward", "multi_head_attention_backward"]
 
 
 def split_heads(x, num_heads: int):
@@ -65,7 +71,7 @@ class MultiHeadCache(NamedTuple):
 
 
 def _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
-           past_key, past_value):
+           past_key, past_value, attn_mask, key_padding_mask, is_causal, causal_alignment, attention):
     expect_same_float(query=query, key=key, value=value, past_key=past_key, past_value=past_value,
                       in_proj_weight=in_proj_weight, in_proj_bias=in_proj_bias, out_proj_weight=out_proj_weight,
                       out_proj_bias=out_proj_bias)       # one float dtype, one backend
@@ -96,6 +102,9 @@ def _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_
         expect_shape(in_proj_bias, "in_proj_bias", (3 * e,), "(3E,)")
     if out_proj_bias is not None:
         expect_shape(out_proj_bias, "out_proj_bias", (e,), "(E,)")
+    tk = (0 if key is None else key.shape[1]) + (0 if past_key is None else past_key.shape[2])
+    check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, causal_alignment, get_array_module(query))
+    check_implementation(attention)
 
 
 def _part(w, b, i, e):
@@ -113,6 +122,18 @@ def _heads(q, k, v, num_heads, past_key, past_value):
         kh = past_key if kh is None else xp.concatenate([past_key, kh], axis=2)  # (B, H, Tp + Tnew, hs)
         vh = past_value if vh is None else xp.concatenate([past_value, vh], axis=2)
     return qh, kh, vh
+
+
+def attend(qh, kh, vh, attention: str, need_weights: bool, **options):
+    """``(heads, weights or None, cache)``: attention over the (B, H, T, hs) heads by the op
+    ``attention`` names, "auto" resolved here (the module docstring); ``options`` are the masks and
+    dropout arguments both attention ops take."""
+    if attention == "auto":
+        attention = "flash" if is_cupy_array(qh) and not need_weights else "plain"
+    if attention == "flash":
+        heads, cache = flash_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
+        return heads, None, cache
+    return scaled_dot_product_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
 
 
 def _project_out(heads, weights, attn, projections, num_heads, past_key, out_proj_weight, out_proj_bias,
@@ -145,19 +166,19 @@ def self_attention_forward(x, num_heads: int, in_proj_weight, in_proj_bias, out_
                            average_attn_weights: bool = True, attention: str = "plain"):
     """Self-attention over ``x`` (B, T, E); returns ``(out, weights or None, cache)`` as the general op.
     (Not dispatched: its parts are, and a fast path of the whole would stand in for no more than them.)"""
-    _check(x, x, x, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, past_key, past_value)
+    _check(x, x, x, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, past_key, past_value,
+           attn_mask, key_padding_mask, is_causal, causal_alignment, attention)
     e = x.shape[2]
-    qkv, proj = linear_forward(x, in_proj_weight, in_proj_bias)                  # (B, T, 3E): one packed product
-    q, k, v = qkv[..., :e], qkv[..., e:2 * e], qkv[..., 2 * e:]                  # (B, T, E) views
-    qh, kh, vh = _heads(q, k, v, num_heads, past_key, past_value)               # (B, H, T, hs)
-    options = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                   causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng, training=training)
-    if check_implementation(attention) == "flash":
-        (heads, attn), weights = flash_attention_forward(qh, kh, vh, need_weights=need_weights, **options), None
-    else:
-        heads, weights, attn = scaled_dot_product_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
-    return _project_out(heads, weights, attn, (proj,), num_heads, past_key, out_proj_weight, out_proj_bias,
-                        average_attn_weights)
+    with inputs_checked():
+        qkv, proj = linear_forward(x, in_proj_weight, in_proj_bias)              # (B, T, 3E): one packed product
+        q, k, v = qkv[..., :e], qkv[..., e:2 * e], qkv[..., 2 * e:]              # (B, T, E) views
+        qh, kh, vh = _heads(q, k, v, num_heads, past_key, past_value)           # (B, H, T, hs)
+        heads, weights, attn = attend(qh, kh, vh, attention, need_weights, attn_mask=attn_mask,
+                                      key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                      causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng,
+                                      training=training)
+        return _project_out(heads, weights, attn, (proj,), num_heads, past_key, out_proj_weight, out_proj_bias,
+                            average_attn_weights)
 
 
 @dispatched
@@ -183,22 +204,21 @@ def multi_head_attention_forward(query, key, value, num_heads: int, in_proj_weig
     :func:`npformer.ops.masks.attention_bias` (a 3-d attn_mask is (B*H, Tq, Tk), as torch). Not dispatched,
     as :func:`self_attention_forward`."""
     _check(query, key, value, num_heads, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias,
-           past_key, past_value)
+           past_key, past_value, attn_mask, key_padding_mask, is_causal, causal_alignment, attention)
     e = query.shape[2]
-    q, proj_q = linear_forward(query, *_part(in_proj_weight, in_proj_bias, 0, e))      # (B, Tq, E)
-    k = v = proj_k = proj_v = None
-    if key is not None:
-        k, proj_k = linear_forward(key, *_part(in_proj_weight, in_proj_bias, 1, e))    # (B, Tk, E)
-        v, proj_v = linear_forward(value, *_part(in_proj_weight, in_proj_bias, 2, e))  # (B, Tk, E)
-    qh, kh, vh = _heads(q, k, v, num_heads, past_key, past_value)               # (B, H, T, hs)
-    options = dict(attn_mask=attn_mask, key_padding_mask=key_padding_mask, is_causal=is_causal,
-                   causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng, training=training)
-    if check_implementation(attention) == "flash":
-        (heads, attn), weights = flash_attention_forward(qh, kh, vh, need_weights=need_weights, **options), None
-    else:
-        heads, weights, attn = scaled_dot_product_attention_forward(qh, kh, vh, need_weights=need_weights, **options)
-    return _project_out(heads, weights, attn, (proj_q, proj_k, proj_v), num_heads, past_key, out_proj_weight,
-                        out_proj_bias, average_attn_weights)
+    with inputs_checked():
+        q, proj_q = linear_forward(query, *_part(in_proj_weight, in_proj_bias, 0, e))      # (B, Tq, E)
+        k = v = proj_k = proj_v = None
+        if key is not None:
+            k, proj_k = linear_forward(key, *_part(in_proj_weight, in_proj_bias, 1, e))    # (B, Tk, E)
+            v, proj_v = linear_forward(value, *_part(in_proj_weight, in_proj_bias, 2, e))  # (B, Tk, E)
+        qh, kh, vh = _heads(q, k, v, num_heads, past_key, past_value)           # (B, H, T, hs)
+        heads, weights, attn = attend(qh, kh, vh, attention, need_weights, attn_mask=attn_mask,
+                                      key_padding_mask=key_padding_mask, is_causal=is_causal,
+                                      causal_alignment=causal_alignment, dropout_p=dropout_p, rng=rng,
+                                      training=training)
+        return _project_out(heads, weights, attn, (proj_q, proj_k, proj_v), num_heads, past_key, out_proj_weight,
+                            out_proj_bias, average_attn_weights)
 
 
 @dispatched

@@ -330,7 +330,7 @@ def test_multihead_attention_module_flash_equals_plain_and_gradchecks(xp):
         flash(x, x, x)
     with pytest.raises(ValueError, match=r"attention: expected one of 'auto', 'plain', 'flash', got 'fast'"):
         MultiheadAttention(8, 2, attention="fast")
-    with pytest.raises(ValueError, match=r"attention: expected one of 'plain', 'flash', got None"):
+    with pytest.raises(ValueError, match=r"attention: expected one of 'auto', 'plain', 'flash', got None"):
         multi_head_attention_forward(x, x, x, 2, plain.in_proj_weight.data, None, plain.out_proj.weight.data,
                                      None, attention=None)
 
