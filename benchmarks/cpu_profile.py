@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import sys
@@ -45,7 +46,7 @@ import npformer                                                       # noqa: E4
 from npformer import dispatch, kernels                                # noqa: E402
 from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend                          # noqa: E402
-from npformer.bench.steps import MODELS, _npformer_step, dropout_rate  # noqa: E402
+from npformer.bench.steps import MODELS, _npformer_step  # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
 
 def _median_ms(step: Callable[[], None], steps: int) -> float:
@@ -60,9 +61,9 @@ def _median_ms(step: Callable[[], None], steps: int) -> float:
     return 1e3 * statistics.median(walls)
 
 
-def _step_ms(m: dict, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
+def _step_ms(m, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
     """(median ms of ``steps`` timed steps at batch B x T, the step itself)."""
-    ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
+    ids = numpy.random.default_rng(1).integers(1, m.V, (B, T))
     step = _npformer_step(Backend("numpy", npformer.get_num_threads()), m, ids, ids[:, ::-1].copy())
     return _median_ms(step, steps), step
 
@@ -97,14 +98,14 @@ def timed_fast_paths(total: Counter):
             op.fast_paths[:] = saved[name]
 
 
-def model_spec(model: str, dropout: float | None = None) -> dict:
-    """The suite's spec of ``model``, with ``dropout`` in place of its own rate when given."""
-    return dict(MODELS[model], dropout=dropout_rate(MODELS[model]) if dropout is None else dropout)
+def model_spec(model: str, dropout: float | None = None):
+    """The suite's spec of ``model`` (a ModelSpec), with ``dropout`` in place of its own rate when given."""
+    return MODELS[model] if dropout is None else dataclasses.replace(MODELS[model], dropout=dropout)
 
 
 def profile(model: str, steps: int, dropout: float | None = None) -> dict:
     m = model_spec(model, dropout)
-    B, T = m.get("B", 8), m.get("T", 128)
+    B, T = m.B or 8, m.T or 128
     full, step = _step_ms(m, B, T, steps)
     fixed, _ = _step_ms(m, 1, 1, steps)
     calls = count_calls(step)
@@ -113,8 +114,8 @@ def profile(model: str, steps: int, dropout: float | None = None) -> dict:
         for _ in range(steps):
             step()
     op_ms = [(name, 1e3 * s / steps) for name, s in seconds.most_common()]
-    return {"model": model, "dropout": m["dropout"],
-            "shape": f"B={B} T={T} d={m['d']} H={m['H']} L={m['L']} F={m['F']} V={m['V']}",
+    return {"model": model, "dropout": m.dropout,
+            "shape": f"B={B} T={T} d={m.d} H={m.H} L={m.L} F={m.F} V={m.V}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,
             "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14),
             "op_ms": op_ms}
@@ -131,10 +132,10 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
     import benchmarks.torch_reference                                 # noqa: F401 - registers "torch"
     from npformer.bench.backends import reference_backend
     m = model_spec(model, dropout)
-    B, T = m.get("B", 8), m.get("T", 128)
-    ids = numpy.random.default_rng(1).integers(1, m["V"], (B, T))
+    B, T = m.B or 8, m.T or 128
+    ids = numpy.random.default_rng(1).integers(1, m.V, (B, T))
     torch_cpu = reference_backend("torch", "cpu", npformer.get_num_threads())
-    step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m["dropout"])         # npformer's rate
+    step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m.dropout)         # npformer's rate
     step_ms = _median_ms(step, steps)
     with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -147,7 +148,7 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/cpu_profile.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="gpt-tiny", choices=[n for n, m in MODELS.items() if not m.get("gpu")])
+    ap.add_argument("--model", default="gpt-tiny", choices=[n for n, m in MODELS.items() if not m.gpu])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=None, help="npformer.set_num_threads (BLAS and the pool)")
     paths = ap.add_mutually_exclusive_group()

@@ -41,14 +41,14 @@ SETUPS = [(1, 1), (1, 2), (2, 1)]          # (ranks, BLAS threads a rank)
 STATS_BYTES = 5 * 8                        # the step's numbers: 5 float64
 
 
-def _model(m: dict, T: int):
+def _model(m, T: int):
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
     from npformer.bench.steps import DROPOUT
-    if m["kind"] == "gpt":
-        return GPT(GPTConfig(m["V"], T, m["L"], m["H"], m["d"], m["F"], DROPOUT, "gelu", norm_first=True),
+    if m.kind == "gpt":
+        return GPT(GPTConfig(m.V, T, m.L, m.H, m.d, m.F, DROPOUT, "gelu", norm_first=True),
                    dtype=numpy.float32, rng=0)
-    return Seq2Seq(Seq2SeqConfig(m["V"], m["V"], m["d"], m["H"], m["L"], m["L"], m["F"], DROPOUT, "relu",
+    return Seq2Seq(Seq2SeqConfig(m.V, m.V, m.d, m.H, m.L, m.L, m.F, DROPOUT, "relu",
                                  norm_first=False, max_len=T), dtype=numpy.float32, rng=0)
 
 
@@ -69,13 +69,13 @@ def worker(args) -> None:
         opt = AdamW(model.parameters(), lr=3e-4)
         parts: dict[str, list[float]] = {k: [] for k in ("step", "compute", "wait", "all_reduce", "optimizer")}
         for step in range(1, args.warmup + args.steps + 1):
-            ids = default_rng((0, step), "numpy").integers(1, m["V"], (args.batch, args.seq))   # the global batch
+            ids = default_rng((0, step), "numpy").integers(1, m.V, (args.batch, args.seq))   # the global batch
             (src,) = dp.shard(ids)
             tgt = src[:, ::-1].copy()
             comm.barrier()
             t0 = time.perf_counter()
             model.manual_seed(dp.dropout_seed(0, step))
-            logits = model(src) if m["kind"] == "gpt" else model(src, tgt)                # (b, T, V)
+            logits = model(src) if m.kind == "gpt" else model(src, tgt)                # (b, T, V)
             loss, cache = cross_entropy_forward(logits, tgt)
             model.backward(cross_entropy_backward(numpy.ones((), numpy.float32), cache))
             t1 = time.perf_counter()

@@ -32,11 +32,11 @@ from npformer.bench.steps import MODELS  # noqa: E402
 BLOCK_SIZE = 128
 
 
-def _setup(backend: str, m: dict, flat: bool):
+def _setup(backend: str, m, flat: bool):
     from npformer.backend import to_device
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.training.optim import AdamW
-    model = GPT(GPTConfig(m["V"], BLOCK_SIZE, m["L"], m["H"], m["d"], m["F"], 0.1, "gelu", norm_first=True,
+    model = GPT(GPTConfig(m.V, BLOCK_SIZE, m.L, m.H, m.d, m.F, 0.1, "gelu", norm_first=True,
                           tie_embeddings=True), dtype=numpy.float32, backend=backend, rng=0)
     if flat:
         from npformer.nn.flat import flatten_parameters

@@ -183,14 +183,14 @@ class Seq2Seq(nn.Module):
         return self.generator(h)                                                # (B, T, V)
 
 
-def make_model(b, m: dict, T: int, dropout: float, state: dict[str, numpy.ndarray] | None = None,
+def make_model(b, m, T: int, dropout: float, state: dict[str, numpy.ndarray] | None = None,
                gpt: type = GPT) -> nn.Module:
     """The model of spec ``m`` on ``b``'s device in training mode (a GPT of class ``gpt``); with
     npformer's weights when ``state`` is given (strict: every name must match), else torch's own
     initialisation (seed 0)."""
     torch.manual_seed(0)
-    cls = gpt if m["kind"] == "gpt" else Seq2Seq
-    model = cls(m["d"], m["H"], m["L"], m["F"], m["V"], T, dropout)
+    cls = gpt if m.kind == "gpt" else Seq2Seq
+    model = cls(m.d, m.H, m.L, m.F, m.V, T, dropout)
     if state is not None:
         model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()}, strict=True)
     return model.to(b.device).train()
@@ -268,15 +268,15 @@ class TorchBackend(ReferenceBackend):
         return {"fwd": lambda: F.dropout(x, p), "bwd": lambda: torch.autograd.grad(y, x, dy, retain_graph=True)[0],
                 "_probe": (x, y, dy)}
 
-    def model_outputs(self, m: dict, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
+    def model_outputs(self, m, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
         """Host logits, loss and ``{name: gradient}`` of one forward and backward with dropout 0 and
         npformer's weights."""
         model = make_model(self, m, src_ids.shape[1], 0.0, state, gpt=self.gpt)
-        logits, loss = _logits_loss(model, m["kind"], self.asarray(src_ids), self.asarray(tgt_ids))
+        logits, loss = _logits_loss(model, m.kind, self.asarray(src_ids), self.asarray(tgt_ids))
         loss.backward()
         return self.to_host(logits), self.to_host(loss), {k: self.to_host(p.grad) for k, p in model.named_parameters()}
 
-    def train_step(self, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
+    def train_step(self, m, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
         """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW; under
         ``precision="float16"`` the forward and loss under ``torch.autocast(float16)`` and the update
         through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights)."""
@@ -289,7 +289,7 @@ class TorchBackend(ReferenceBackend):
             def mixed_step():
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast(self.device, dtype=torch.float16):
-                    loss = _logits_loss(model, m["kind"], src, tgt)[1]
+                    loss = _logits_loss(model, m.kind, src, tgt)[1]
                 scaler.scale(loss).backward()
                 scaler.step(opt)
                 scaler.update()
@@ -297,7 +297,7 @@ class TorchBackend(ReferenceBackend):
 
         def step():
             opt.zero_grad(set_to_none=True)
-            _logits_loss(model, m["kind"], src, tgt)[1].backward()
+            _logits_loss(model, m.kind, src, tgt)[1].backward()
             opt.step()
         return step
 
@@ -307,7 +307,7 @@ class TorchBackend(ReferenceBackend):
 
 
 def _gpt_steps(case: dict) -> bool:
-    return case["group"] == "model" and case.get("kind") == "gpt"
+    return case.group == "model" and case.kind == "gpt"
 
 
 class LayersBackend(TorchBackend):
@@ -331,7 +331,7 @@ class CompiledBackend(TorchBackend):
     def prepare(self, model: nn.Module) -> nn.Module:
         return torch.compile(model)
 
-    def train_step(self, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
+    def train_step(self, m, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
         step = super().train_step(m, src_ids, tgt_ids, dropout, precision)
         start = time.perf_counter()
         step()

@@ -2,6 +2,7 @@
 on numpy (and torch when it imports), checks parity before timing, times both npformer paths, and
 writes well-formed markdown, JSON and, with matplotlib, a PNG. No timing is asserted. Without the
 PyTorch plug-in (the installed package) it runs npformer's columns and says why torch's are missing."""
+import dataclasses
 import importlib.util
 import json
 import math
@@ -18,6 +19,7 @@ import npformer
 from npformer.bench import backends, harness, parity, paths, suite
 from npformer.bench.backends import Backend
 from npformer.bench.cases import QUICK, op_cases
+from npformer.bench.steps import ModelSpec
 from npformer.kernels import numba_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,13 +257,13 @@ def test_op_cases_compare_the_gradients_npformer_returns():
     b = Backend("numpy", 1)
     cfg = dict(QUICK, B=1, T=4, d=16, H=2, F=8, V=6)
     for case in op_cases(cfg):
-        outputs = case["outputs"](b)
-        assert set(case["build"](b)) == {"fwd", "bwd"}, case["name"]
-        if case["name"] == "dropout":                # generators differ: what the mask's law fixes
+        outputs = case.outputs(b)
+        assert set(case.build(b)) == {"fwd", "bwd"}, case.name
+        if case.name == "dropout":                # generators differ: what the mask's law fixes
             assert set(outputs) == {"kept_fraction", "scale", "grad_scale"}
             assert outputs["scale"] == pytest.approx(1 / 0.9) and outputs["grad_scale"] == pytest.approx(1 / 0.9)
             continue
-        assert "out" in outputs and len(outputs) >= 2, case["name"]
+        assert "out" in outputs and len(outputs) >= 2, case.name
 
 
 def test_markdown_tables_are_well_formed(quick_run):
@@ -455,12 +457,12 @@ def test_gpu_check_script_parses_and_the_profiler_refuses_cleanly_without_a_gpu(
     assert shutil.which("bash")
 
 
-TINY = dict(kind="gpt", d=16, H=2, L=1, F=32, V=20)
+TINY = ModelSpec("gpt", d=16, H=2, L=1, F=32, V=20)
 
 
 def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
     from npformer.bench.steps import MODELS
-    gpu = {n for n, m in MODELS.items() if m.get("gpu")}
+    gpu = {n for n, m in MODELS.items() if m.gpu}
     assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "seq2seq-d512"} <= gpu
     logs = []
     result = suite.run_suite([Backend("numpy", 1)], quick=True, parity=False, only=gpu, log=logs.append)
@@ -473,10 +475,10 @@ def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
 def test_gpu_case_sizes_are_the_issue_s():
     from npformer.bench.steps import MODELS, train_flops
     m = MODELS["gpt2-124m"]
-    assert (m["d"], m["L"], m["H"], m["V"], m["B"], m["T"]) == (768, 12, 12, 50257, 8, 1024)
+    assert (m.d, m.L, m.H, m.V, m.B, m.T) == (768, 12, 12, 50257, 8, 1024)
     assert 6.9e12 < train_flops(m, 8, 1024) < 7.1e12              # "the step is 7.0 TFLOP of matrix products"
-    assert MODELS["gpt2-124m-fp16"]["precision"] == "float16"
-    assert (MODELS["seq2seq-d512"]["B"], MODELS["seq2seq-d512"]["T"], MODELS["seq2seq-d512"]["V"]) == (16, 128, 8192)
+    assert MODELS["gpt2-124m-fp16"].precision == "float16"
+    assert (MODELS["seq2seq-d512"].B, MODELS["seq2seq-d512"].T, MODELS["seq2seq-d512"].V) == (16, 128, 8192)
 
 
 def test_mixed_precision_step_builders_run_at_tiny_sizes():
@@ -485,7 +487,7 @@ def test_mixed_precision_step_builders_run_at_tiny_sizes():
     from npformer.bench.steps import _npformer_step
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
     tgt = src[:, ::-1].copy()
-    step = _npformer_step(Backend("numpy", 1), dict(TINY, precision="float16"), src, tgt)
+    step = _npformer_step(Backend("numpy", 1), dataclasses.replace(TINY, precision="float16"), src, tgt)
     step()
     step()
     if HAS_TORCH:
@@ -499,14 +501,14 @@ def test_graph_step_refuses_the_cpu_backend():
     from npformer.bench.steps import _npformer_step
     from npformer.errors import InputTypeError
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
-    step = _npformer_step(Backend("numpy", 1), dict(TINY, graph=True), src, src[:, ::-1].copy())
+    step = _npformer_step(Backend("numpy", 1), dataclasses.replace(TINY, graph=True), src, src[:, ::-1].copy())
     with pytest.raises(InputTypeError, match="On the NumPy backend there is no graph"):
         step()
 
 
 def test_mixed_precision_parity_is_skipped_with_the_reason():
     from npformer.bench.steps import FP16_PARITY, model_cases
-    case = next(c for c in model_cases(QUICK, quick=True) if c["name"] == "gpt2-124m-fp16")
+    case = next(c for c in model_cases(QUICK, quick=True) if c.name == "gpt2-124m-fp16")
     p = suite._parity(case, Backend("numpy", 1), Backend("numpy", 1), lambda: {})
     assert p.status == "skipped" and p.detail == FP16_PARITY
 
@@ -683,8 +685,8 @@ def test_the_sweep_has_a_float16_flash_row_for_the_gpu():
     inputs, skipped on the CPU backends, its parity left to tests/kernels/cuda; the float32 rows as before."""
     from npformer.bench.cases import QUICK, flash_sweep_case
     half, single = flash_sweep_case(QUICK, 64, "float16"), flash_sweep_case(QUICK, 64)
-    assert half["name"] == "flash attention T=64 float16" and half["gpu_only"] and half["precision"] == "float16"
-    assert "float16" in half["parity_skipped"] and not single.get("gpu_only") and single["precision"] == "float32"
+    assert half.name == "flash attention T=64 float16" and half.gpu_only and half.precision == "float16"
+    assert "float16" in half.parity_skipped and not single.gpu_only and single.precision == "float32"
 
 
 def test_the_numpy_path_runs_the_fast_paths_without_numbas(tmp_path):
@@ -727,14 +729,14 @@ def test_cpu_profile_runs_pytorch_at_npformers_dropout(monkeypatch):
 
     class Recorder:
         def train_step(self, m, src, tgt, dropout):
-            rates.append((m["dropout"], dropout))
+            rates.append((m.dropout, dropout))
             return lambda: None
     monkeypatch.setattr(backends, "reference_backend", lambda *args: Recorder())
     for model, given, want in (("gpt-small", None, 0.1), ("gpt-tiny", None, 0.0), ("gpt-small", 0.0, 0.0),
                                ("gpt-tiny", 0.25, 0.25)):
         cpu_profile.torch_profile(model, 1, given)
         assert rates[-1] == (want, want), model
-        assert cpu_profile.model_spec(model, given)["dropout"] == want
+        assert cpu_profile.model_spec(model, given).dropout == want
 
 
 def test_cpu_profile_gives_pytorchs_matmul_share():
@@ -759,15 +761,15 @@ def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
     cases = flash_train_cases()
     assert len(cases) == 2 * len(FLASH_TRAIN_SHAPES)
     for (b, h, t, d, causal), case in zip([s for s in FLASH_TRAIN_SHAPES for _ in range(2)], cases):
-        assert b * h >= 32 and 1024 <= t <= 8192 and d in (64, 128) and case["family"] == FLASH_TRAIN
+        assert b * h >= 32 and 1024 <= t <= 8192 and d in (64, 128) and case.family == FLASH_TRAIN
         forward = 4 * b * h * t * t * d / (1 + causal)
-        assert case["flops"] == {"fwd": forward, "bwd": 2.5 * forward}
-        assert case["gpu_only"] and ("causal" in case["name"]) == causal and case["precision"] in case["name"]
-    assert {c["precision"] for c in cases} == {"float16", "float32"} and any(not s[4] for s in FLASH_TRAIN_SHAPES)
+        assert case.flops == {"fwd": forward, "bwd": 2.5 * forward}
+        assert case.gpu_only and ("causal" in case.name) == causal and case.precision in case.name
+    assert {c.precision for c in cases} == {"float16", "float32"} and any(not s[4] for s in FLASH_TRAIN_SHAPES)
     assert suite.main(["--quick", "--only", "flash-train", "--backends", "numpy", "--paths", "fast", "--skip-parity",
                        "--out", str(Path.cwd() / "ft")]) == 0
     out = capsys.readouterr().out
-    assert all(f"{c['name']} numpy: skipped (a GPU case" in out for c in cases)
+    assert all(f"{c.name} numpy: skipped (a GPU case" in out for c in cases)
 
 
 def test_the_torch_reference_has_causal_attention():
@@ -792,7 +794,7 @@ def test_the_torch_gpt_is_nanogpt_s_structure_and_computes_the_layers_model():
     from benchmarks import torch_reference as tr
     from npformer.bench.steps import _npformer_model
     from npformer.interop import to_numpy_state_dict
-    m = dict(TINY, F=32)
+    m = dataclasses.replace(TINY, F=32)
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
     tgt = src[:, ::-1].copy()
     state = to_numpy_state_dict(_npformer_model("numpy", m, 8, 0.0))
@@ -813,8 +815,8 @@ def test_the_layers_and_compile_columns_take_the_gpt_steps_only():
     from npformer.bench.steps import model_cases
     cases = op_cases(QUICK) + model_cases(QUICK, quick=True)
     for cls in (tr.LayersBackend, tr.CompiledBackend):
-        taken = {c["name"] for c in cases if cls("cpu", 1).takes(c)}
-        assert taken == {c["name"] for c in cases if c["group"] == "model" and c["kind"] == "gpt"}
+        taken = {c.name for c in cases if cls("cpu", 1).takes(c)}
+        assert taken == {c.name for c in cases if c.group == "model" and c.kind == "gpt"}
     assert all(tr.TorchBackend("cpu", 1).takes(c) for c in cases)
     assert {tr.LayersBackend("cpu", 1).name, tr.CompiledBackend("cuda", 1).name} == {"torch-layers-cpu",
                                                                                       "torch-compile-cuda"}

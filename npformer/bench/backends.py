@@ -161,10 +161,10 @@ class ReferenceBackend(Device):
     def dropout_calls(self, host_x, p: float) -> dict:
         raise NotImplementedError
 
-    def model_outputs(self, m: dict, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
+    def model_outputs(self, m, src_ids, tgt_ids, state: dict[str, numpy.ndarray]) -> tuple:
         raise NotImplementedError
 
-    def train_step(self, m: dict, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
+    def train_step(self, m, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
         raise NotImplementedError
 
 

@@ -2,8 +2,7 @@
 for npformer and for a reference framework from the same host arrays (the reference's by op name:
 :class:`~npformer.bench.backends.ReferenceBackend`).
 
-A case is a dict: ``name``, ``group`` ("op", "model" or "sweep"), ``shape`` (for the report),
-``tokens``, ``flops`` per pass, and two functions of a backend ``b``:
+A case is a :class:`Case`: its name, group, sizes and FLOPs, and two functions of a backend ``b``:
 
 * ``build(b)``: ``{pass: call}``, the calls that are timed ("fwd", "bwd"; a model's "step");
 * ``outputs(b)``: ``{name: host array}``, what the parity check compares (forward output and
@@ -14,12 +13,34 @@ upstream gradient, from the cache of one forward made when the case is built.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import numpy
 
-__all__ = ["FULL", "QUICK", "FLOPS", "host_normal", "upstream_gradient", "op_cases", "sweep_case",
-           "flash_sweep_case", "fits_memory"]
+__all__ = ["Case", "FULL", "QUICK", "FLOPS", "host_normal", "upstream_gradient", "op_cases", "sweep_case",
+           "flash_sweep_case", "flash_train_cases", "fits_memory"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One benchmark case. A misspelt field is a TypeError where the case is made, on every machine."""
+
+    name: str
+    group: str                          # "op", "model" or "sweep"
+    shape: str                          # the sizes, as the report prints them
+    tokens: int                         # tokens per call
+    flops: dict                         # {pass: FLOPs per call} (cases.FLOPS says how they are counted)
+    build: Callable                     # build(b) -> {pass: call}, the calls timed on backend b
+    outputs: Callable                   # outputs(b) -> {name: host array}, what parity compares
+    precision: str = "float32"
+    gpu_only: bool = False              # skipped on the CPU backends
+    parity_skipped: str | None = None   # why parity is not checked (the report prints it), or None
+    dims: tuple | None = None           # attention: (B, H, T, hs)
+    flash: bool = False                 # attention: npformer's flash op (memory linear in T)
+    T: int | None = None                # a sweep case's length, its x axis
+    kind: str | None = None             # a model case: "gpt" or "seq2seq"
+    family: str | None = None           # a name --only selects with others (flash-train)
 
 FULL = dict(B=8, T=128, d=256, H=8, F=1024, V=512, model_B=8, model_T=128, warmup=2, warmup_s=0.25,
             repeats=10, budget_s=3.0, matmul_n=2048, sweep_B=1, sweep_T=(128, 256, 512, 1024, 2048, 4096, 8192),
@@ -82,11 +103,11 @@ def _outputs(b, calls: dict, grad_names: tuple) -> dict:
     return {"out": b.to_host(y), **{n: b.to_host(g) for n, g in zip(grad_names, grads, strict=True)}}
 
 
-def _op_case(name, shape, flops, tokens, grads, npformer_calls, reference_calls, group="op") -> dict:
+def _op_case(name, shape, flops, tokens, grads, npformer_calls, reference_calls, group="op", **fields) -> Case:
+    """A Case of npformer's calls beside the reference's; ``fields``: the Case's optional ones."""
     def build(b):
         return npformer_calls(b) if b.framework == "npformer" else reference_calls(b)
-    return {"name": name, "group": group, "shape": shape, "tokens": tokens, "flops": flops, "build": build,
-            "outputs": lambda b: _outputs(b, build(b), grads)}
+    return Case(name, group, shape, tokens, flops, build, lambda b: _outputs(b, build(b), grads), **fields)
 
 
 def _multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
@@ -103,21 +124,19 @@ def _multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
     return calls
 
 
-def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32") -> dict:
+def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32") -> Case:
     from npformer.ops import attention, flash_attention
     qkv = [host_normal((B, H, T, hs), s).astype(dtype) for s in (1, 2, 3)]
     e = B * H * T * T
     bwd = 10 * e * hs + 6 * e if flash else 8 * e * hs + 4 * e        # flash recomputes S = q k^T and P
     op = (flash_attention, "flash_attention") if flash else (attention, "scaled_dot_product_attention")
-    case = _op_case(name, f"q,k,v ({B}, {H}, {T}, {hs})" + (", 128x128 tiles" if flash else ""),
+    half = dtype == "float16"               # the GPU's case: SDPA's flash kernel beside npformer's tensor cores
+    return _op_case(name, f"q,k,v ({B}, {H}, {T}, {hs})" + (", 128x128 tiles" if flash else ""),
                     {"fwd": 4 * e * hs + 5 * e, "bwd": bwd}, B * T, ("dq", "dk", "dv"),
-                    _npformer_calls(*op, qkv), _reference_calls("attention", qkv, 3), group)
-    case["dims"], case["flash"], case["precision"] = (B, H, T, hs), flash, dtype
-    case["T"] = T if group == "sweep" else None             # the sweep's x axis, a field (not read from the name)
-    if dtype == "float16":                  # the GPU's case: SDPA's flash kernel beside npformer's tensor cores
-        case.update(gpu_only=True, parity_skipped="skipped: float16 (tests/kernels/cuda checks the kernels "
-                                                  "against the reference)")
-    return case
+                    _npformer_calls(*op, qkv), _reference_calls("attention", qkv, 3), group,
+                    dims=(B, H, T, hs), flash=flash, precision=dtype, T=T if group == "sweep" else None,
+                    gpu_only=half, parity_skipped="skipped: float16 (tests/kernels/cuda checks the kernels "
+                                                  "against the reference)" if half else None)
 
 
 DROPOUT_P = 0.1
@@ -133,7 +152,7 @@ def _dropout_outputs(x, out, dy, dx) -> dict:
             "grad_scale": (dx[kept] / dy[kept]).mean(keepdims=True)}
 
 
-def _dropout_case(host_x) -> dict:
+def _dropout_case(host_x) -> Case:
     """Dropout (p = 0.1) of a (B, T, F) activation; parity compares what does not depend on the generator."""
     def build(b):
         if b.framework != "npformer":
@@ -157,11 +176,11 @@ def _dropout_case(host_x) -> dict:
         calls.pop("_probe")
         return calls
     n = host_x.size
-    return {"name": "dropout", "group": "op", "shape": f"h {host_x.shape}, p={DROPOUT_P}",
-            "tokens": n // host_x.shape[-1], "flops": {"fwd": 2 * n, "bwd": n}, "build": timed, "outputs": outputs}
+    return Case("dropout", "op", f"h {host_x.shape}, p={DROPOUT_P}", n // host_x.shape[-1], {"fwd": 2 * n, "bwd": n},
+                timed, outputs)
 
 
-def op_cases(c: dict) -> list[dict]:
+def op_cases(c: dict) -> list[Case]:
     from npformer.ops import activations, cross_entropy, feedforward, layernorm, linear, softmax
     B, T, d, H, F, V = (c[k] for k in "BTdHFV")
     N, E, hs = B * T, B * H * T * T, d // H
@@ -200,13 +219,13 @@ def op_cases(c: dict) -> list[dict]:
     ]
 
 
-def sweep_case(c: dict, T: int) -> dict:
+def sweep_case(c: dict, T: int) -> Case:
     """Plain attention at length T (B = sweep_B): memory quadratic in T. A sweep case (and each of its
     rows) carries ``T``, its length, besides its name."""
     return _attention_case(f"attention T={T}", c["sweep_B"], c["H"], T, c["d"] // c["H"], group="sweep")
 
 
-def flash_sweep_case(c: dict, T: int, dtype: str = "float32") -> dict:
+def flash_sweep_case(c: dict, T: int, dtype: str = "float32") -> Case:
     """The sweep's attention as FlashAttention tiles (npformer.ops.flash_attention): O(T) memory.
     The torch column is the same ``scaled_dot_product_attention`` call as the plain sweep's (PyTorch
     picks its own fused kernel, a flash kernel on CPU and CUDA where it applies). ``dtype="float16"``:
@@ -224,7 +243,7 @@ FLASH_TRAIN_SHAPES = ((8, 12, 1024, 64, True), (4, 16, 4096, 64, True), (4, 16, 
 FLASH_TRAIN = "flash-train"             # --only's name for them all
 
 
-def flash_train_cases(dtypes=("float16", "float32")) -> list[dict]:
+def flash_train_cases(dtypes=("float16", "float32")) -> list[Case]:
     """The flash cases at :data:`FLASH_TRAIN_SHAPES`, each in each of ``dtypes`` (float32 runs TF32
     under ``--tf32``), beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike);
     GPU only, parity left to tests/kernels/cuda (its small shapes)."""
@@ -238,21 +257,19 @@ def flash_train_cases(dtypes=("float16", "float32")) -> list[dict]:
             name = f"{FLASH_TRAIN} B{B} H{H} T{T} D{D}{' causal' if causal else ''} {dtype}"
             kw = {"is_causal": True} if causal else {}
             op = "attention_causal" if causal else "attention"
-            case = _op_case(name, f"q,k,v ({B}, {H}, {T}, {D})", {"fwd": forward, "bwd": 2.5 * forward}, B * T,
-                            ("dq", "dk", "dv"),
-                            lambda b, qkv=qkv, kw=kw: _npformer_calls(flash_attention, "flash_attention", qkv(),
-                                                                      **kw)(b),
-                            lambda b, qkv=qkv, op=op: _reference_calls(op, qkv(), 3)(b))
-            case.update(family=FLASH_TRAIN, precision=dtype, gpu_only=True,
-                        parity_skipped="skipped: training shapes (tests/kernels/cuda checks the kernels at small ones)")
-            cases.append(case)
+            cases.append(_op_case(
+                name, f"q,k,v ({B}, {H}, {T}, {D})", {"fwd": forward, "bwd": 2.5 * forward}, B * T, ("dq", "dk", "dv"),
+                lambda b, qkv=qkv, kw=kw: _npformer_calls(flash_attention, "flash_attention", qkv(), **kw)(b),
+                lambda b, qkv=qkv, op=op: _reference_calls(op, qkv(), 3)(b), family=FLASH_TRAIN, precision=dtype,
+                gpu_only=True, parity_skipped="skipped: training shapes (tests/kernels/cuda checks the kernels at "
+                                              "small ones)"))
     return cases
 
 
-def fits_memory(case: dict, b) -> bool:
+def fits_memory(case: Case, b) -> bool:
     """Plain attention holds about six (B, H, T, T) float32 arrays at once; keep that under half
     of the memory available now on ``b``'s device."""
-    B, H, T, _ = case["dims"]
-    if case.get("flash") and b.framework == "npformer":
+    B, H, T, _ = case.dims
+    if case.flash and b.framework == "npformer":
         return True                                       # a few (B, H, 128, 128) tiles and O(T) arrays
     return 6 * B * H * T * T * 4 < b.free_bytes() / 2

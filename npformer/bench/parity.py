@@ -61,11 +61,11 @@ def compare(actual: dict[str, numpy.ndarray], expected: dict[str, numpy.ndarray]
     return Parity("pass" if ok else "fail", worst, detail + ("" if ok else f" > tolerance {RTOL:.2g}"))
 
 
-def check(case: dict, b, expected: dict[str, numpy.ndarray]) -> Parity:
+def check(case, b, expected: dict[str, numpy.ndarray]) -> Parity:
     """``case``'s outputs on backend ``b`` (in the current path) against ``expected``; an exception
     raised by npformer is a failure too, reported with its message."""
     try:
-        actual = case["outputs"](b)
+        actual = case.outputs(b)
     except Exception as exc:                              # noqa: BLE001 - reported, never hidden
         return Parity("fail", None, f"raised {type(exc).__name__}: {exc}")
     return compare(actual, expected)

@@ -17,53 +17,72 @@ and in float64), while the forward, continuous, and the norms move by a few floa
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import numpy
 
-__all__ = ["MODELS", "DROPOUT", "dropout_rate", "train_flops", "model_cases"]
+from npformer.bench.cases import Case
 
-MODELS = {   # L: layers (per stack for seq2seq); F: feed-forward width
+__all__ = ["ModelSpec", "MODELS", "DROPOUT", "train_flops", "model_cases"]
+
+DROPOUT = 0.1           # every model's but those that say their own
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A benchmark model: its kind, sizes and how the suite runs it (a misspelt field is a TypeError
+    where the table is written, on every machine, not a key missed on a GPU)."""
+
+    kind: str                   # "gpt" or "seq2seq"
+    d: int                      # model width
+    H: int                      # heads
+    L: int                      # layers (per stack for seq2seq)
+    F: int                      # feed-forward width
+    V: int                      # vocabulary
+    B: int | None = None        # full mode's batch and length (None: the suite's model_B, model_T)
+    T: int | None = None
+    dropout: float = DROPOUT
+    cpu_size: bool = False      # B and T also in quick mode
+    gpu: bool = False           # a GPU case, skipped on the CPU
+    graph: bool = False         # npformer's forward and backward replayed from one CUDA graph
+    precision: str = "float32"  # "float16": mixed precision (PyTorch under autocast + GradScaler)
+
+
+MODELS = {
     # nanoGPT's documented CPU recipe for character-level Shakespeare: 4 layers, 4 heads, d 128, context
     # 64, batch 12, MLP 512, exact GELU, no dropout; V 65 (the play's characters); quick mode: its B, T
-    "gpt-tiny": dict(kind="gpt", d=128, H=4, L=4, F=512, V=65, B=12, T=64, dropout=0.0, cpu_size=True),
-    "gpt-small": dict(kind="gpt", d=256, H=8, L=4, F=1024, V=512),
-    "gpt-medium": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024),
-    "seq2seq-base": dict(kind="seq2seq", d=256, H=8, L=3, F=1024, V=1024),  # base 512/8/6+6/2048, halved
+    "gpt-tiny": ModelSpec("gpt", d=128, H=4, L=4, F=512, V=65, B=12, T=64, dropout=0.0, cpu_size=True),
+    "gpt-small": ModelSpec("gpt", d=256, H=8, L=4, F=1024, V=512),
+    "gpt-medium": ModelSpec("gpt", d=512, H=8, L=6, F=2048, V=1024),
+    "seq2seq-base": ModelSpec("seq2seq", d=256, H=8, L=3, F=1024, V=1024),  # base 512/8/6+6/2048, halved
     # GPU sizes (issue 13), skipped on the CPU; B and T are their full-mode sizes (quick mode: the
-    # suite's small ones). precision float16: mixed precision, PyTorch under autocast + GradScaler;
-    # graph: npformer's forward and backward replayed from one CUDA graph (PyTorch eager beside it).
-    "gpt-medium-graph": dict(kind="gpt", d=512, H=8, L=6, F=2048, V=1024, gpu=True, graph=True),
-    "gpt-d768-t512": dict(kind="gpt", d=768, H=12, L=12, F=3072, V=8192, B=8, T=512, gpu=True),
-    "gpt2-124m": dict(kind="gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True),
-    "gpt2-124m-fp16": dict(kind="gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
-                           precision="float16"),
-    "seq2seq-d512": dict(kind="seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
+    # suite's small ones); PyTorch eager beside the CUDA graph.
+    "gpt-medium-graph": ModelSpec("gpt", d=512, H=8, L=6, F=2048, V=1024, gpu=True, graph=True),
+    "gpt-d768-t512": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=8192, B=8, T=512, gpu=True),
+    "gpt2-124m": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True),
+    "gpt2-124m-fp16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
+                                precision="float16"),
+    "seq2seq-d512": ModelSpec("seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
 }
-DROPOUT = 0.1           # every model's but those that say their own
 FP16_PARITY = ("skipped: mixed precision (float16 model, float32 masters); the float32 case of the same model "
                "is checked")
 
 
-def dropout_rate(m: dict) -> float:
-    """The dropout rate the suite runs the model spec ``m`` at: its own, else :data:`DROPOUT`."""
-    return m.get("dropout", DROPOUT)
-
-
-def train_flops(m: dict, B: int, T: int) -> int:
+def train_flops(m: ModelSpec, B: int, T: int) -> int:
     """Matmul FLOPs of one step (forward + backward = 3 x forward); see cases.FLOPS["train_step"]."""
-    d, L, F, V = m["d"], m["L"], m["F"], m["V"]
+    d, L, F, V = m.d, m.L, m.F, m.V
     N = B * T
-    if m["kind"] == "gpt":
+    if m.kind == "gpt":
         return 6 * N * (L * (4 * d * d + 2 * d * F) + V * d) + 12 * L * B * T * T * d
     return 6 * (2 * N * L * (6 * d * d + 2 * d * F) + N * V * d) + 36 * L * B * T * T * d
 
 
-def _npformer_model(backend: str, m: dict, T: int, dropout: float):
+def _npformer_model(backend: str, m: ModelSpec, T: int, dropout: float):
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
-    d, H, L, F, V = m["d"], m["H"], m["L"], m["F"], m["V"]
-    if m["kind"] == "gpt":
+    d, H, L, F, V = m.d, m.H, m.L, m.F, m.V
+    if m.kind == "gpt":
         return GPT(GPTConfig(V, T, L, H, d, F, dropout, "gelu", norm_first=True, tie_embeddings=True),
                    dtype=numpy.float32, backend=backend, rng=0)
     return Seq2Seq(Seq2SeqConfig(V, V, d, H, L, L, F, dropout, "relu", norm_first=False, max_len=T),
@@ -96,7 +115,7 @@ def _forward_backward(model, kind: str, src, tgt) -> tuple:
     return logits, loss
 
 
-def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
+def _npformer_step(b, m: ModelSpec, src_ids, tgt_ids) -> Callable[[], Any]:
     """zero_grad, forward, cross-entropy, backward, AdamW over the flat buffers (as the trainers
     do); under float16 through MixedPrecision (float32 logits for the loss, the scaled gradient,
     unscale, check, step, round down); with ``graph`` the forward and backward replayed from a CUDA
@@ -104,18 +123,18 @@ def _npformer_step(b, m: dict, src_ids, tgt_ids) -> Callable[[], Any]:
     from npformer.nn.flat import flatten_parameters
     from npformer.training.amp import MixedPrecision
     from npformer.training.optim import AdamW
-    model = _npformer_model(b.name, m, src_ids.shape[1], dropout_rate(m))
+    model = _npformer_model(b.name, m, src_ids.shape[1], m.dropout)
     flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
-    if m.get("precision") == "float16":
-        return _npformer_mixed_step(model, MixedPrecision(model, "float16"), m["kind"], src, tgt)
+    if m.precision == "float16":
+        return _npformer_mixed_step(model, MixedPrecision(model, "float16"), m.kind, src, tgt)
     opt = AdamW(model.parameters(), lr=3e-4)
-    if m.get("graph"):
-        return _npformer_graph_step(model, opt, m["kind"], src, tgt)
+    if m.graph:
+        return _npformer_graph_step(model, opt, m.kind, src, tgt)
 
     def step():
         model.zero_grad()
-        _train_forward_backward(model, m["kind"], src, tgt)
+        _train_forward_backward(model, m.kind, src, tgt)
         opt.step()
     return step
 
@@ -158,37 +177,34 @@ def _compared(logits, loss, grads: dict[str, numpy.ndarray]) -> dict[str, numpy.
             **{k: numpy.asarray(n) for k, n in norms.items()}}
 
 
-def _outputs(b, m: dict, src_ids, tgt_ids) -> dict[str, numpy.ndarray]:
+def _outputs(b, m: ModelSpec, src_ids, tgt_ids) -> dict[str, numpy.ndarray]:
     T = src_ids.shape[1]
     if b.framework != "npformer":
         from npformer.interop import to_numpy_state_dict
         weights = to_numpy_state_dict(_npformer_model("numpy", m, T, 0.0))
         return _compared(*b.model_outputs(m, src_ids, tgt_ids, weights))
     model = _npformer_model(b.name, m, T, 0.0)
-    logits, loss = _forward_backward(model, m["kind"], b.asarray(src_ids), b.asarray(tgt_ids))
+    logits, loss = _forward_backward(model, m.kind, b.asarray(src_ids), b.asarray(tgt_ids))
     return _compared(b.to_host(logits), b.to_host(loss), {k: b.to_host(g) for k, g in model.grads().items()})
 
 
-def model_cases(c: dict, quick: bool = False) -> list[dict]:
+def model_cases(c: dict, quick: bool = False) -> list[Case]:
     """Every model case; a GPU case (``gpu_only``) takes its own B and T in full mode."""
     out = []
     for name, m in MODELS.items():
-        B, T = (m["B"], m["T"]) if "B" in m and (m.get("cpu_size") or not quick) else (c["model_B"], c["model_T"])
-        src = numpy.random.default_rng(1).integers(1, m["V"], (B, T))          # no padding tokens
+        B, T = (m.B, m.T) if m.B is not None and (m.cpu_size or not quick) else (c["model_B"], c["model_T"])
+        src = numpy.random.default_rng(1).integers(1, m.V, (B, T))          # no padding tokens
         tgt = src[:, ::-1].copy()
-        layers = f"{m['L']}+{m['L']}" if m["kind"] == "seq2seq" else str(m["L"])
-        shape = f"B={B} T={T} d={m['d']} H={m['H']} L={layers} F={m['F']} V={m['V']}"
-        shape += {"float16": ", float16 mixed", None: ""}[m.get("precision")] + (", CUDA graph" if m.get("graph")
-                                                                                 else "")
+        layers = f"{m.L}+{m.L}" if m.kind == "seq2seq" else str(m.L)
+        shape = f"B={B} T={T} d={m.d} H={m.H} L={layers} F={m.F} V={m.V}"
+        shape += (", float16 mixed" if m.precision == "float16" else "") + (", CUDA graph" if m.graph else "")
 
         def build(b, m=m, src=src, tgt=tgt):
             if b.framework == "npformer":
                 return {"step": _npformer_step(b, m, src, tgt)}
-            return {"step": b.train_step(m, src, tgt, dropout_rate(m), m.get("precision", "float32"))}
-        out.append({"name": name, "group": "model", "kind": m["kind"], "shape": shape,
-                    "tokens": B * T * (2 if m["kind"] == "seq2seq" else 1),
-                    "flops": {"step": train_flops(m, B, T)}, "build": build,
-                    "gpu_only": m.get("gpu", False), "precision": m.get("precision", "float32"),
-                    "parity_skipped": FP16_PARITY if m.get("precision") == "float16" else None,
-                    "outputs": lambda b, m=m, src=src, tgt=tgt: _outputs(b, m, src, tgt)})
+            return {"step": b.train_step(m, src, tgt, m.dropout, m.precision)}
+        out.append(Case(name, "model", shape, B * T * (2 if m.kind == "seq2seq" else 1),
+                        {"step": train_flops(m, B, T)}, build,
+                        lambda b, m=m, src=src, tgt=tgt: _outputs(b, m, src, tgt), kind=m.kind, gpu_only=m.gpu,
+                        precision=m.precision, parity_skipped=FP16_PARITY if m.precision == "float16" else None))
     return out

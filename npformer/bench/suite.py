@@ -63,22 +63,22 @@ def _parity_reference(parity: bool, threads: int) -> Device | Parity:
 
 def _peak(case, b, peaks: dict) -> float:
     """The matmul peak a row is a share of (its MFU): the float16 rate for a mixed-precision case."""
-    precision = case.get("precision", "float32")
+    precision = case.precision
     return peaks[precision].get(b.name) or peaks["float32"][b.name]
 
 
 def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str] | None, peak: float) -> dict:
     """One JSON row; without ``timing`` (a failed parity check) every measured field is None."""
-    row = {"group": case["group"], "name": case["name"], "pass": pas, "shape": case["shape"],
-           "precision": case.get("precision", "float32"), "T": case.get("T"), "flash": case.get("flash", False),
+    row = {"group": case.group, "name": case.name, "pass": pas, "shape": case.shape,
+           "precision": case.precision, "T": case.T, "flash": case.flash,
            "backend": b.name, "framework": b.framework, "device": b.device, "path": path,
            "impl": label(ran) if b.framework == "npformer" else b.framework,
            "fast_paths": ran, "parity": parity.status, "parity_error": parity.error,
-           "parity_detail": parity.detail, "flops": case["flops"][pas], "tokens": case["tokens"],
+           "parity_detail": parity.detail, "flops": case.flops[pas], "tokens": case.tokens,
            **dict.fromkeys(TIMING_KEYS + MEASURED_KEYS)}
     if timing is not None:
         sec = timing["ms"] * 1e-3
-        row.update(timing, tokens_per_s=case["tokens"] / sec, gflops=row["flops"] / sec / 1e9,
+        row.update(timing, tokens_per_s=case.tokens / sec, gflops=row["flops"] / sec / 1e9,
                    peak_share=row["flops"] / sec / 1e9 / peak)
     return row
 
@@ -87,8 +87,8 @@ def _parity(case, b, reference: Device | Parity, expected: Callable[[], dict]) -
     """``case`` on ``b`` in the current path against the reference's outputs (``expected()``)."""
     if b.framework != "npformer":
         return Parity("reference", None, "")
-    if case.get("parity_skipped"):                        # mixed precision: the float32 case is checked
-        return skipped(case["parity_skipped"])
+    if case.parity_skipped:                        # mixed precision: the float32 case is checked
+        return skipped(case.parity_skipped)
     if isinstance(reference, Parity):
         return reference
     return check(case, b, expected())
@@ -96,14 +96,14 @@ def _parity(case, b, reference: Device | Parity, expected: Callable[[], dict]) -
 
 def _time(case, b, path, parity, cfg, peak, log) -> list[dict]:
     """One row per pass of ``case`` on ``b``: what ran (npformer), then the timing."""
-    calls, rows = case["build"](b), []
+    calls, rows = case.build(b), []
     settle(cfg["settle_s"])
     for pas, fn in calls.items():
         ran = fast_paths_run(fn) if b.framework == "npformer" else None     # also a first call
         t = time_call(fn, b.sync, cfg["warmup"], cfg["repeats"], cfg["budget_s"], cfg["warmup_s"])
         rows.append(_row(case, pas, b, path, parity, t, ran, peak))
         rows[-1]["compile_s"] = getattr(fn, "compile_s", None)     # a compiling column's first call
-        log(f"  {case['name']:<18} {pas:<5} {b.name:<17} {path or '':<9} {rows[-1]['impl'] or '?':<13} "
+        log(f"  {case.name:<18} {pas:<5} {b.name:<17} {path or '':<9} {rows[-1]['impl'] or '?':<13} "
             f"{t['ms']:9.2f} ms [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]  {rows[-1]['gflops']:7.1f} GFLOP/s")
     return rows
 
@@ -111,23 +111,23 @@ def _time(case, b, path, parity, cfg, peak, log) -> list[dict]:
 def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[dict]:
     """Parity, then timing, of ``case`` on each backend (npformer: on each path)."""
     rows = []
-    expected = functools.cache(lambda: case["outputs"](reference))        # once per case, when needed
+    expected = functools.cache(lambda: case.outputs(reference))        # once per case, when needed
     for b in backends:
         if not b.takes(case):
             continue
-        if case.get("gpu_only") and b.device == "cpu":
-            log(f"  {case['name']} {b.name}: skipped (a GPU case: {GPU_ONLY_REASON})")
+        if case.gpu_only and b.device == "cpu":
+            log(f"  {case.name} {b.name}: skipped (a GPU case: {GPU_ONLY_REASON})")
             continue
-        if case["group"] == "sweep" and not fits_memory(case, b):
-            log(f"  {case['name']} {b.name}: skipped (predicted memory over the budget)")
+        if case.group == "sweep" and not fits_memory(case, b):
+            log(f"  {case.name} {b.name}: skipped (predicted memory over the budget)")
             continue
         for path in paths if b.framework == "npformer" else (None,):
             with switch(path or "fast"):
                 parity = _parity(case, b, reference, expected)
                 if parity.failed:
                     rows += [_row(case, pas, b, path, parity, None, None, _peak(case, b, peaks))
-                             for pas in case["flops"]]
-                    log(f"  {case['name']:<18} {b.name:<17} {path}: FAILED parity, not timed: {parity.detail}")
+                             for pas in case.flops]
+                    log(f"  {case.name:<18} {b.name:<17} {path}: FAILED parity, not timed: {parity.detail}")
                     continue
                 rows += _time(case, b, path, parity, cfg, _peak(case, b, peaks), log)
                 done.append((case, b, path))
@@ -160,11 +160,11 @@ def _memory_pass(rows, done, cfg, log) -> None:
     by = {(r["name"], r["pass"], r["backend"], r["path"]): r for r in rows}
     for case, b, path in done:
         with switch(path or "fast"):
-            calls = case["build"](b)
+            calls = case.build(b)
             for pas, fn in calls.items():
-                if case["group"] == "model":
+                if case.group == "model":
                     fn()                                  # the first step allocates AdamW's moments
-                by[(case["name"], pas, b.name, path)]["peak_mb"] = b.peak_mb(fn, cfg["mem_min_s"])
+                by[(case.name, pas, b.name, path)]["peak_mb"] = b.peak_mb(fn, cfg["mem_min_s"])
             del calls
     log("peak memory measured")
 
@@ -250,15 +250,15 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
             log(f"matmul peak {b.name} {precision}: {peaks[precision][b.name]:.1f} GFLOP/s")
     rows, done, notes = [], [], []                        # done: (case, backend, path) for the memory pass
     cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) + flash_train_cases()
-             if only is None or c["name"] in only or c.get("family") in only]
-    gpu_cases = [c["name"] for c in cases if c.get("gpu_only")]
+             if only is None or c.name in only or c.family in only]
+    gpu_cases = [c.name for c in cases if c.gpu_only]
     if gpu_cases and any(b.device == "cpu" for b in backends):
         notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): {', '.join(gpu_cases)}")
     sweep = only is None or "sweep" in only
     with Progress(len(cases) + sweep, "bench", unit="case", log=log) as progress:   # (the sweep: one more)
         for case in cases:
             rows += _measure(case, backends, paths, cfg, peaks, reference, done, progress.write)
-            progress.update(note=lambda: case["name"])
+            progress.update(note=lambda: case.name)
         if sweep:
             rows += _sweep(cfg, backends, paths[0], peaks, reference, done, progress.write)
             progress.update(note=lambda: "sweep")
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = _names(args.paths)
     if not paths or set(paths) - set(KNOWN):
         ap.error(f"--paths: expected a comma list of {', '.join(KNOWN)}, got {args.paths!r}")
-    only, known = None, {c["name"] for c in op_cases(QUICK)} | set(MODELS) | {"sweep", FLASH_TRAIN}
+    only, known = None, {c.name for c in op_cases(QUICK)} | set(MODELS) | {"sweep", FLASH_TRAIN}
     if args.only is not None:
         only = set(_names(args.only))
         if not only or only - known:
