@@ -64,8 +64,8 @@ from npformer.errors import NpformerError, RangeError
 from npformer.files import check_output_dir, remove_files, staged_directory
 from npformer.launcher import launcher_rank
 from npformer.study import EXPERIMENTS
-from npformer.training.config import (CONFIGS, FIELDS, MODELS, choices, config_from_dict, flag, make_config,
-                                      models_with, options_from_file)
+from npformer.training.config import (CONFIGS, FIELDS, MODELS, SYNONYMS, choices, config_from_dict, flag,
+                                      make_config, models_with, options_from_file, synonym_value, unknown_setting)
 from npformer.training.resume import RESUMABLE, check_run_target, resume_source, resumed_config
 from npformer.training.run import RunDirectory, checkpoint_file, default_out_dir
 from npformer.version import __version__
@@ -75,10 +75,28 @@ NUMPY_FP_WARNINGS = r"(overflow|invalid value|divide by zero|underflow) encounte
 
 
 # Other tools' names for npformer train's flags (nanoGPT, Hugging Face's Trainer, PyTorch examples),
-# accepted as hidden synonyms: --help shows npformer's names only.
-TRAIN_ALIASES = {"--learning-rate": "--lr", "--max-steps": "--steps", "--max-iters": "--steps",
-                 "--n-layer": "--layers", "--n-head": "--heads", "--n-embd": "--d-model",
-                 "--output-dir": "--out-dir", "--out": "--out-dir", "--overwrite-output-dir": "--overwrite"}
+# accepted as hidden synonyms: --help shows npformer's names only. The settings' synonyms are the config
+# file's too (npformer.training.config.SYNONYMS); these two name flags that are no setting.
+TRAIN_ALIASES = {**{"--" + k.replace("_", "-"): flag(v) for k, v in SYNONYMS.items()},
+                 "--out": "--out-dir", "--overwrite-output-dir": "--overwrite"}
+
+
+class Switch(argparse.Action):
+    """An on/off option: ``--bias`` alone sets True, and ``--bias=False``, ``--bias False``,
+    ``--bias true`` set what they say (nanoGPT's configurator's spelling); its ``--no-bias`` sets False."""
+
+    WORDS = {"true": True, "false": False}
+
+    def __init__(self, option_strings, dest, default=None, help=None):
+        super().__init__(option_strings, dest, nargs="?", const=True, default=default, metavar="True|False",
+                         help=help)
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if isinstance(value, str):
+            if value.lower() not in self.WORDS:
+                parser.error(f"argument {option_string}: expected True or False (or nothing, for True), got {value!r}")
+            value = self.WORDS[value.lower()]
+        setattr(namespace, self.dest, value)
 
 
 OTHER_RANKS_WAIT_S = 1.0
@@ -115,14 +133,18 @@ class Parser(argparse.ArgumentParser):
         return namespace
 
     def unrecognized(self, extras: list[str]) -> str:
-        """The message for arguments this parser does not know, with the closest option to the first."""
+        """The message for arguments this parser does not know: for ``npformer train``, what the first
+        unknown option stands for in npformer (config.unknown_setting: another tool's setting, or the
+        closest flag); elsewhere the closest option, when one is close."""
         message = "unrecognized arguments: " + " ".join(extras)
         unknown = next((e.split("=", 1)[0] for e in extras if e.startswith("-")), None)
-        if unknown is not None:
-            close = difflib.get_close_matches(unknown.replace("_", "-"), self.option_names(), n=1, cutoff=0.6)
-            if close:
-                message += f"; did you mean {close[0]}?"
-        return message
+        if unknown is None:
+            return message
+        if self.prog == "npformer train":
+            return f"{message}; {unknown_setting(unknown, flag)}"
+        names = {s[2:]: s for s in self.option_names() if s.startswith("--")}
+        close = difflib.get_close_matches(unknown.lstrip("-").replace("_", "-"), list(names), n=1, cutoff=0.7)
+        return message + (f"; did you mean {names[close[0]]}?" if close else "")
 
     def option_names(self) -> list[str]:
         """The option strings --help shows (hidden synonyms left out)."""
@@ -136,11 +158,14 @@ class Parser(argparse.ArgumentParser):
         underscored = {"--" + a[2:].replace("-", "_"): name for a, name in spellings.items() if "-" in a[2:]}
         for alias, name in {**aliases, **underscored}.items():
             action = known[name]
-            kind = type(action) if action.nargs == 0 else "store"
-            extra = {} if action.nargs == 0 else {"type": action.type, "choices": action.choices,
-                                                  "metavar": action.metavar}
-            self.add_argument(alias, dest=action.dest, action=kind, default=action.default,
-                              help=argparse.SUPPRESS, **extra)
+            if action.nargs == 0 or isinstance(action, Switch):
+                self.add_argument(alias, dest=action.dest, action=type(action), default=action.default,
+                                  help=argparse.SUPPRESS)
+                continue
+            convert = action.type or str
+            self.add_argument(alias, dest=action.dest, default=action.default, choices=action.choices,
+                              type=lambda text, key=alias[2:], convert=convert: convert(synonym_value(key, text)),
+                              metavar=action.metavar, help=argparse.SUPPRESS)
 
 
 def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
@@ -470,7 +495,7 @@ def _add_train_options(parser: argparse.ArgumentParser) -> None:
         text = f.metadata["help"] + ("" if f.default is None else f" (default {f.default})")
         if _value_type(f) is bool:
             off, off_text = f.metadata["off"]
-            groups[title].add_argument(flag(name), action="store_true", default=None, dest=name, help=text)
+            groups[title].add_argument(flag(name), action=Switch, default=None, dest=name, help=text)
             groups[title].add_argument(off, action="store_false", default=None, dest=name, help=off_text)
         else:                            # --heads HEADS, not --heads NHEAD; choices show themselves
             metavar = f.metadata["metavar"] or (None if choices(name) else flag(name)[2:].upper().replace("-", "_"))
@@ -665,7 +690,11 @@ def _run_command(argv: list[str]) -> int:
     prog = "npformer " + args.command + (f" {args.study}" if args.command == "study" else "")
     try:
         if args.command != "train" and isinstance(getattr(args, "checkpoint", None), str):
-            args.checkpoint = str(checkpoint_file(args.checkpoint))     # a run directory: its best.npz
+            chosen = checkpoint_file(args.checkpoint)                  # a run directory: its best.npz
+            if Path(args.checkpoint).is_dir():                         # say which file, every time
+                error_line(f"{prog}: using {chosen}" + ("" if chosen.name == "best.npz" else
+                           " (the run has no best.npz: it stopped before its first validation)"))
+            args.checkpoint = str(chosen)
         if args.command == "study":
             check_output_dir(args.out, "--out")
         if getattr(args, "reference", False):   # --reference: no fast path anywhere in the run

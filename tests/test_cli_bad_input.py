@@ -17,6 +17,7 @@ import errno
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -243,6 +244,16 @@ CASES = [
     # -- an unknown option: named by its sub-command, with the closest one it has ------------------
     row(["train", "--lrr", "1e-3"], "unrecognized arguments: --lrr 1e-3; did you mean --lr?"),
     row(["train", "--eval_evry", "5"], "did you mean --eval-every?"),
+    # nanoGPT's settings npformer has no counterpart of: what to use instead, never a far suggestion
+    row(["train", "--eval-iters", "20"], "npformer train has no such setting: a validation reads --eval-limit"),
+    row(["train", "--lr-decay-iters", "50"], "the cosine reaches --min-lr at the last step, --steps"),
+    row(["train", "--gradient-accumulation-steps", "4"], "raise --batch-size"),
+    row(["train", "--init-from", "resume"], "npformer train --resume --checkpoint RUN_DIR"),
+    row(["train", "--compile=True"], "npformer compiles nothing"),
+    row(["train", "--frobnicate", "1"], "unrecognized arguments: --frobnicate 1; not a setting of npformer train"),
+    row(["train", "--bias=maybe"], "argument --bias: expected True or False"),
+    row(["train", "--final-eval", "no"], "argument --final-eval: expected True or False"),
+    row(["train", "--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     row(["eval", "--checkpoint", "{s2s}", "--jsn"], "did you mean --json?"),
     row(["generate", "--checkpoint", "{gpt}", "--temprature", "1"], "did you mean --temperature?"),
     row(["study", "positional", "--outt", "{dir}"], "did you mean --out?"),
@@ -320,9 +331,16 @@ def _outcome(code, err: str) -> str:
         return "traceback"
     if code == 0:
         return "accepted silently (exit 0)"
-    if len(err.splitlines()) != 1:
-        return f"exit {code}, {len(err.splitlines())} lines on stderr"
+    if len(_error_lines(err)) != 1:
+        return f"exit {code}, {len(_error_lines(err))} lines on stderr"
     return {USAGE: "clear usage error (exit 2)", DIVERGED: "diverged run, one line (exit 1)"}.get(code, f"exit {code}")
+
+
+def _error_lines(err: str) -> list[str]:
+    """The lines of standard error but the first when it says which checkpoint of a run directory the
+    command uses (``npformer export: using run/best.npz``), which it says before anything else."""
+    lines = err.splitlines()
+    return lines[1:] if lines and re.match(r"npformer [\w-]+: using \S+\.npz", lines[0]) else lines
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -339,7 +357,7 @@ def test_a_bad_invocation_is_one_line_naming_the_flag(paths, argv, names, code, 
     if argv[0] == "study" and len(argv) > 1 and argv[1] in cli.EXPERIMENTS:
         command += f" {argv[1]}"                          # npformer study NAME: error: ...
     assert got == code, (got, err)
-    lines = err.splitlines()
+    lines = _error_lines(err)
     assert len(lines) == 1, err
     assert lines[0].startswith(f"{command}: error: "), lines[0]
     assert names in lines[0], lines[0]
@@ -370,13 +388,28 @@ def test_bench_options_end_in_a_usage_error_not_a_traceback(capsys):
     (["--n-layer", "3"], ["--layers", "3"]), (["--n_head", "4"], ["--heads", "4"]),
     (["--n-embd", "32"], ["--d-model", "32"]), (["--batch_size", "5"], ["--batch-size", "5"]),
     (["--output-dir", "somewhere"], ["--out-dir", "somewhere"]), (["--output_dir", "x"], ["--out-dir", "x"]),
-    (["--no_bias"], ["--no-bias"]), (["--eval_every", "3"], ["--eval-every", "3"])])
+    (["--no_bias"], ["--no-bias"]), (["--eval_every", "3"], ["--eval-every", "3"]),
+    (["--eval-interval", "4"], ["--eval-every", "4"]), (["--log_interval", "2"], ["--log-every", "2"]),
+    (["--warmup-iters", "5"], ["--warmup", "5"]), (["--device", "cpu"], ["--backend", "numpy"]),
+    (["--device=cuda"], ["--backend", "cupy"]), (["--device", "cuda:0"], ["--backend", "cupy"])])
 def test_other_tools_names_of_train_flags_are_hidden_synonyms(alias, canonical):
     """nanoGPT's, Hugging Face's and PyTorch examples' names parse as npformer's own flags (the same
     value in the same field) and stay out of --help."""
     parser = cli.build_parser()
     assert vars(parser.parse_args(["train", *alias])) == vars(parser.parse_args(["train", *canonical]))
     assert alias[0] not in parser.commands["train"].format_help()
+
+
+@pytest.mark.parametrize("given, same", [
+    (["--bias=False"], ["--no-bias"]), (["--bias", "False"], ["--no-bias"]), (["--bias=True"], ["--bias"]),
+    (["--bias", "true"], ["--bias"]), (["--final_eval=False"], ["--no-final-eval"]),
+    (["--tf32", "False", "--steps", "3"], ["--no-tf32", "--steps", "3"])])
+def test_an_on_off_flag_takes_true_or_false_as_nanogpt_s_configurator_does(given, same):
+    """--bias=False and --bias False (nanoGPT's spelling) set what they say, as --no-bias does; the
+    value is optional (--bias alone is True), so the flag still reads as a switch in --help."""
+    parser = cli.build_parser()
+    assert vars(parser.parse_args(["train", *given])) == vars(parser.parse_args(["train", *same]))
+    assert "--bias [True|False]" in parser.commands["train"].format_help()
 
 
 def _ok(argv, paths=None):
@@ -472,7 +505,7 @@ def test_a_refused_command_leaves_every_run_checkpoint_and_export_as_it_was(path
     monkeypatch.chdir(tmp_path)
     before = _tree(paths["dir"])
     code, out, err = _run([a.format(**paths) for a in argv])
-    assert code == USAGE and len(err.splitlines()) == 1 and out == "", (code, err)
+    assert code == USAGE and len(_error_lines(err)) == 1 and out == "", (code, err)
     assert _tree(paths["dir"]) == before
 
 

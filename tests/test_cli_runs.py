@@ -33,7 +33,8 @@ def test_train_writes_the_default_run_directory_that_the_next_commands_read(work
     final = read_metrics(run.path)[-1]
     assert final["split"] == "valid" and final["final"] and final["step"] == 6
     assert main(["translate", "--checkpoint", "runs/copy-seq2seq", "abc"]) == 0
-    assert capsys.readouterr().out.startswith("abc\t")
+    said = capsys.readouterr()
+    assert said.out.startswith("abc\t") and said.err == f"npformer translate: using {run.best}\n"   # which file
     assert main(["eval", "--checkpoint", "runs/copy-seq2seq", "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["checkpoint"] == str(run.best) and figures["step"] == 6
@@ -42,6 +43,14 @@ def test_train_writes_the_default_run_directory_that_the_next_commands_read(work
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{run.last}: --model seq2seq --task copy, step 6 of 6"
     assert lines[1].startswith(f"final validation (30 held-out examples): loss {final['loss']:.4f}")
+    stopped = workdir / "runs" / "stopped"               # a run stopped before its first validation
+    stopped.mkdir()
+    (stopped / "last.npz").write_bytes(run.last.read_bytes())
+    assert main(["eval", "--checkpoint", str(stopped), "--json"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)["checkpoint"] == str(stopped / "last.npz")
+    assert said.err == (f"npformer eval: using {stopped / 'last.npz'} (the run has no best.npz: it stopped "
+                        "before its first validation)\n")
 
 
 def test_resume_continues_the_default_run_and_checkpoint_still_writes_there_too(workdir, capsys):

@@ -37,6 +37,7 @@ the trainers of these model names are in :mod:`npformer.training.registry`.
 
 (No ``from __future__ import annotations`` here: the command line reads each field's type.)
 """
+import difflib
 import json
 import math
 import warnings
@@ -56,8 +57,8 @@ __all__ = ["TrainConfig", "Seq2SeqTrainConfig", "CharLMTrainConfig", "ALBERTTrai
            "BlockSize", "ExampleCounts", "CONFIGS", "MODELS", "DEFAULT_MODELS", "DEFAULT_TASK", "DEFAULT_WARMUP", "PRECISIONS",
            "FIELDS",
            "option", "check_option", "flag", "choices", "RENAMED", "models_with", "default_model", "config_type",
-           "make_config",
-           "config_from_dict", "options_from_file"]
+           "make_config", "config_from_dict", "options_from_file", "SYNONYMS", "NOT_SETTINGS", "synonym_value",
+           "setting_name", "unknown_setting"]
 
 DEFAULT_TASK = "dates"
 # earlier names of fields -> their names now (a field is named as its flag: --heads is ``heads``); a
@@ -350,6 +351,63 @@ def _every_field() -> dict[str, Field]:
 FIELDS: dict[str, Field] = _every_field()
 
 
+# Other tools' names for npformer's settings, accepted in a config file and as flags (``n_embd = 128``,
+# ``--n-embd 128``, ``--n_embd=128``): nanoGPT's train.py, Hugging Face's Trainer, PyTorch's examples.
+# Only where the meaning is the same (nanoGPT's --device takes its values through synonym_value).
+SYNONYMS = {"learning_rate": "lr", "max_steps": "steps", "max_iters": "steps", "n_layer": "layers",
+            "n_head": "heads", "n_embd": "d_model", "output_dir": "out_dir", "eval_interval": "eval_every",
+            "log_interval": "log_every", "warmup_iters": "warmup", "warmup_steps": "warmup", "device": "backend"}
+_SYNONYM_VALUES = {"device": {"cpu": "numpy", "cuda": "cupy"}}     # nanoGPT's device -> npformer's backend
+
+# Other tools' settings npformer has no counterpart of, and what to do instead.
+NOT_SETTINGS = {
+    "eval_iters": "a validation reads --eval-limit examples or blocks (nanoGPT's eval_iters x batch_size blocks)",
+    "lr_decay_iters": "the cosine reaches --min-lr at the last step, --steps (nanoGPT's usual lr_decay_iters = max_iters)",
+    "gradient_accumulation_steps": "a step is one batch of --batch-size; for a larger batch raise --batch-size, "
+                                   "or train over several processes (mpirun, the data-parallel page)",
+    "decay_lr": "the learning rate always warms up then follows a cosine; --min-lr equal to --lr keeps it constant",
+    "grad_clip": "--clip sets the gradients' global norm limit (inf: none; nanoGPT's grad_clip 0 is --clip inf)",
+    "init_from": "to continue a run: npformer train --resume --checkpoint RUN_DIR; GPT-2's weights: "
+                 "npformer generate --model",
+    "eval_only": "npformer eval --checkpoint RUN_DIR validates a trained model",
+    "always_save_checkpoint": "every run writes last.npz (and every --checkpoint-every steps) and best.npz",
+    "compile": "npformer compiles nothing; its fast paths are on unless --reference",
+    "dataset": "--task picks a built-in task; --text FILE trains a character model on a text",
+    "wandb_log": "metrics go to metrics.jsonl in the run directory, and to csv or tensorboard with --log-to",
+}
+NOT_SETTINGS.update(wandb_project=NOT_SETTINGS["wandb_log"], wandb_run_name=NOT_SETTINGS["wandb_log"])
+
+
+def synonym_value(key: str, value: Any) -> Any:
+    """``value`` as npformer's setting takes it, for a setting given by the synonym ``key``
+    (``device="cuda"`` -> ``"cupy"``); a value with no translation comes back as it is."""
+    table = _SYNONYM_VALUES.get(key.replace("-", "_"), {})
+    return table.get(value.split(":")[0], value) if isinstance(value, str) else value     # cuda:0 -> cupy
+
+
+def setting_name(key: str) -> str | None:
+    """The field a config-file key or a flag without its dashes names: the field itself (``batch_size``),
+    its flag's spelling (``batch-size``), a synonym (``n_embd``) or an earlier name (:data:`RENAMED`,
+    said in a FutureWarning by :func:`options_from_file`); None for anything else."""
+    snake = key.replace("-", "_")
+    if snake in FIELDS:
+        return snake
+    by_flag = {flag(n)[2:]: n for n in FIELDS}
+    return by_flag.get(key) or by_flag.get(key.replace("_", "-")) or SYNONYMS.get(snake)
+
+
+def unknown_setting(key: str, spell: Callable[[str], str]) -> str:
+    """Why ``key`` is no setting of npformer train: what to use instead where another tool has it
+    (:data:`NOT_SETTINGS`), else the closest setting when one is close (``stepz`` -> steps), each
+    written by ``spell`` (a field name -> a flag, or the name itself for a config file)."""
+    snake = key.lstrip("-").replace("-", "_")
+    if snake in NOT_SETTINGS:
+        return f"npformer train has no such setting: {NOT_SETTINGS[snake]}"
+    names = {**{n: n for n in FIELDS}, **SYNONYMS}                   # spellings -> their fields
+    close = difflib.get_close_matches(snake, list(names), n=1, cutoff=0.7)
+    return f"did you mean {spell(names[close[0]])}?" if close else "not a setting of npformer train"
+
+
 def _current_name(name: str, where: str) -> str | None:
     """The field an earlier name (:data:`RENAMED`) stands for, said in a FutureWarning; None for others."""
     new = RENAMED.get(name)
@@ -423,7 +481,7 @@ def make_config(options: Mapping[str, Any]) -> TrainConfig:
         if name in own:
             continue
         if name not in FIELDS:
-            raise RangeError(f"{name!r} is not an option of npformer train; expected one of {sorted(FIELDS)}")
+            raise RangeError(f"{name!r} is not an option of npformer train; {unknown_setting(name, repr)}")
         chosen = f"--model {model}" + ("" if options.get("model") else f" (the default for --task {task})")
         raise RangeError(f"{flag(name)} does not apply to {chosen}; it is an option of --model "
                          f"{', '.join(models_with(name))}")
@@ -481,16 +539,17 @@ def options_from_file(path: str | Path) -> dict[str, Any]:
                 from None
     if not isinstance(data, dict):
         raise RangeError(f"{where}: expected a table of settings (a JSON object), got {describe(data)}")
-    names = {**{flag(n)[2:]: n for n in FIELDS}, **{n: n for n in FIELDS}}
     options: dict[str, Any] = {}
     for key, value in data.items():
-        name = names.get(key) or _current_name(key, where)
+        name = setting_name(key) or _current_name(key, where)
         if name is None:
-            raise RangeError(f"{where}: {key!r} is not an option of npformer train; expected one of {sorted(FIELDS)}")
+            raise RangeError(f"{where}: {key!r} is not an option of npformer train; {unknown_setting(key, repr)} "
+                             "(the options are npformer train --help's, with underscores: batch_size)")
         if name in options:
             raise RangeError(f"{where}: {key!r} sets {flag(name)} a second time")
         if value is None:
             continue
+        value = synonym_value(key, value)
         check_option(name, value, f"{where}: {key}")   # each value alone now, so the message names the file
         options[name] = value
     return options

@@ -240,15 +240,17 @@ def read_metrics(path: str | Path) -> list[dict]:
         raise FileNotFoundError(f"{path}: no metrics file (expected a run directory of npformer train, with "
                                 "metrics.jsonl, or such a file)")
     records = []
+    what = ("not a metrics file (metrics.jsonl holds one JSON record a line, each with its integer 'step'; "
+            "give the run directory or its metrics.jsonl)")
     for number, line in enumerate(read_text(p, f"the metrics file {p}").splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise RangeError(f"{p}, line {number}: not a JSON object ({exc.msg})") from None
+            raise RangeError(f"{p}: {what}; line {number} is not a JSON record ({exc.msg})") from None
         if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-            raise RangeError(f"{p}, line {number}: expected a JSON object with an integer 'step', got {line[:60]!r}")
+            raise RangeError(f"{p}: {what}; line {number} has no integer 'step': {line[:60]!r}")
         records.append(record)
     return records
 

@@ -76,7 +76,7 @@ def test_make_config_picks_the_kind_and_rejects_unknown_names():
     assert type(make_config({})) is Seq2SeqTrainConfig
     albert = make_config({"task": "charlm", "model": "albert", "share": "ffn", "steps": 3})
     assert type(albert) is ALBERTTrainConfig and albert.share == "ffn" and albert.steps == 3
-    with pytest.raises(ValueError, match="'nheads' is not an option of npformer train; expected one of"):
+    with pytest.raises(ValueError, match="'nheads' is not an option of npformer train; did you mean 'heads'?"):
         make_config({"nheads": 4})
     with pytest.raises(ValueError, match="model: expected one of 'seq2seq', .*, got 'gpt5'"):
         make_config({"model": "gpt5"})
@@ -158,6 +158,36 @@ def test_earlier_field_names_still_load_and_files_are_told_the_new_ones(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")                   # the current names: no warning
         assert make_config({"task": "charlm", "heads": 2, "ff": 48}).heads == 2
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_a_config_file_takes_the_command_line_s_names_and_suggests_as_it_does(tmp_path, suffix):
+    """A config file reads every name the command line does: the field (d_model), its flag's spelling
+    (d-model), and other tools' names for it (nanoGPT's n_embd, eval_interval, device with its
+    values); a misspelt key gets the closest setting, another tool's setting without a counterpart
+    what to use instead, as the flags do."""
+    import json
+    path = tmp_path / f"c{suffix}"
+
+    def write(table: dict) -> None:
+        path.write_text(json.dumps(table) if suffix == ".json" else
+                        "".join(f"{k} = {json.dumps(v)}\n" for k, v in table.items()))
+    write({"n_embd": 32, "n_layer": 2, "eval_interval": 5, "log_interval": 2, "learning_rate": 0.01,
+           "max_iters": 9, "device": "cpu", "batch-size": 3})
+    assert options_from_file(path) == {"d_model": 32, "layers": 2, "eval_every": 5, "log_every": 2, "lr": 0.01,
+                                       "steps": 9, "backend": "numpy", "batch_size": 3}
+    write({"device": "cuda"})
+    assert options_from_file(path) == {"backend": "cupy"}
+    write({"stepz": 3})
+    with pytest.raises(ValueError, match=r"'stepz' is not an option of npformer train; did you mean 'steps'\?"):
+        options_from_file(path)
+    write({"eval_iters": 20})
+    with pytest.raises(ValueError, match="'eval_iters' is not an option of npformer train; npformer train has no "
+                                         "such setting: a validation reads --eval-limit"):
+        options_from_file(path)
+    write({"frobnicate": 1})
+    with pytest.raises(ValueError, match="'frobnicate' is not an option of npformer train; not a setting"):
+        options_from_file(path)
 
 
 def test_a_config_is_frozen_and_replace_checks_the_new_one():

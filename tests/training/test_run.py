@@ -160,11 +160,16 @@ def test_bad_metrics_files_are_named_with_the_line(tmp_path):
         read_metrics(tmp_path)
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n[1, 2]\n')
-    with pytest.raises(RangeError, match="line 2: expected a JSON object with an integer 'step'"):
+    with pytest.raises(RangeError, match="not a metrics file .*; line 2 has no integer 'step'"):
         read_metrics(path)
     path.write_text('{"step": 1}\n{"step": \n')
-    with pytest.raises(RangeError, match="line 2: not a JSON object"):
+    with pytest.raises(RangeError, match="not a metrics file .*; line 2 is not a JSON record"):
         read_metrics(path)
+    config = tmp_path / "config.json"                   # a run's config.json, given to plot by mistake
+    config.write_text('{\n  "steps": 3\n}\n')
+    with pytest.raises(RangeError, match=r"config.json: not a metrics file .*give the run directory or its "
+                                         r"metrics.jsonl\); line 1 is not a JSON record"):
+        read_metrics(config)
 
 
 def test_plot_draws_a_png_of_the_curves(tmp_path):
