@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import npformer
-from npformer.bench import backends, harness, parity, paths, suite
+from npformer.bench import backends, harness, parity, paths, report, suite
 from npformer.bench.backends import Backend
 from npformer.bench.cases import QUICK, op_cases
 from npformer.bench.steps import ModelSpec
@@ -34,7 +34,7 @@ TIMING = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "tokens_per_s", "gflops", 
 ROW_KEYS = {"group", "name", "pass", "shape", "precision", "T", "flash", "backend", "framework", "device", "path",
             "impl", "fast_paths", "parity", "parity_error", "parity_detail", "ms", "q1_ms", "q3_ms", "min_ms", "max_ms",
             "repeats", "warmup", "flops", "tokens", "tokens_per_s", "gflops", "peak_share", "vs_torch", "fast_speedup",
-            "peak_mb", "compile_s"}
+            "peak_mb", "compile_s", "load_1min", "noisy"}
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="parity is checked against PyTorch")
 
 
@@ -105,6 +105,7 @@ def test_json_rows_and_columns(quick_run):
     assert set(result["matmul_peak_gflops"]) == set(backends)
     assert set(meta["flop_counts"]) >= {"linear", "attention", "train_step"}
     assert meta["versions"]["npformer"] == npformer.__version__ and meta["commit"] == suite.source_commit()
+    assert set(meta["load"]) == {"start", "end", "cpus"} and meta["load"]["cpus"] >= 1
     rows = result["rows"]
     for r in rows:
         assert set(r) == ROW_KEYS, set(r) ^ ROW_KEYS
@@ -113,6 +114,7 @@ def test_json_rows_and_columns(quick_run):
         assert r["min_ms"] <= r["q1_ms"] <= r["ms"] <= r["q3_ms"] <= r["max_ms"]
         assert r["repeats"] >= 3 and r["flops"] > 0 and r["tokens"] > 0
         assert r["peak_mb"] is None or r["peak_mb"] >= 0
+        assert r["noisy"] == harness.repeats_disagree(r) and (r["load_1min"] is None or r["load_1min"] >= 0)
         npformer_parity = "pass" if HAS_TORCH else "unchecked"
         assert r["parity"] == ("reference" if r["framework"] == "torch" else npformer_parity)
     got = {(r["name"], r["pass"], r["backend"], r["path"]) for r in rows}
@@ -837,3 +839,28 @@ def test_the_compile_column_reports_its_compile_time_apart(tmp_path):
     assert compiled[0]["compile_s"] > 0 and compiled[0]["ms"] > 0 and compiled[0]["framework"] == "torch-compile"
     assert all(r["compile_s"] is None for r in rows if r["backend"] == "numpy")
     assert "| compile s |" in _one(tmp_path, ".md").read_text()
+
+
+def test_a_busy_machine_and_disagreeing_repeats_are_said_beside_the_results(monkeypatch):
+    """The load average before the run and the usable CPUs are recorded; a run that starts on a
+    machine whose other work leaves fewer idle CPUs than its threads says so in a warning and a
+    note, and so does a row whose repeats disagree (its median marked ~ in the report)."""
+    assert harness.busy_machine(None, 2, 2) is None and harness.busy_machine(0.3, 2, 2) is None
+    assert harness.busy_machine(0.4, 1, 2) is None
+    busy = harness.busy_machine(2.5, 2, 2)
+    assert busy.startswith("busy machine: load average 2.5 before the run, 2 usable CPUs, 2 threads")
+    quiet = dict(ms=10.0, q1_ms=9.5, q3_ms=10.5)
+    assert not harness.repeats_disagree(quiet) and harness.repeats_disagree(dict(ms=10.0, q1_ms=8.0, q3_ms=16.0))
+    monkeypatch.setattr(suite, "load_average", lambda: 7.5)
+    monkeypatch.setattr(suite, "repeats_disagree", lambda timing: True)
+    logs = []
+    result = suite.run_suite([Backend("numpy", 1)], quick=True, parity=False, only={"gelu"}, log=logs.append)
+    notes = result["meta"]["notes"]
+    assert result["meta"]["load"]["start"] == 7.5 and any(n.startswith("busy machine: load average 7.5") for n in notes)
+    assert any(line.startswith("warning: busy machine") for line in logs)
+    assert all(r["noisy"] for r in result["rows"]) and all(r["load_1min"] == 7.5 for r in result["rows"])
+    assert any(n.startswith("repeats disagree (interquartile range over 50% of the median) in 4 of 4 rows: gelu fwd "
+                            "numpy fast, gelu bwd numpy fast")
+               for n in notes)
+    text = report.markdown(result)
+    assert "Load average (1 min): 7.5 before the run" in text and "]~" in text

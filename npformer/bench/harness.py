@@ -4,18 +4,27 @@
   with quartiles and min/max; ``sync`` runs after every call so that GPU work is inside the clock.
 * :func:`host_peak_mb`: the most resident memory calls add, sampled from ``/proc``.
 * :func:`settle`: a pause between libraries so that idle BLAS/OpenMP threads stop spinning.
+* :func:`load_average`, :func:`busy_machine` and :func:`repeats_disagree`: what says a timing may
+  lie, recorded beside every result (a busy machine stretches medians and rounds them to the
+  scheduler's slices; a fast path then reads slower than its reference).
 
 Host-side only: imports numpy and the standard library.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable
 
 import numpy
 
-__all__ = ["summarize", "time_call", "settle", "host_peak_mb", "fix_malloc_thresholds"]
+__all__ = ["summarize", "time_call", "settle", "host_peak_mb", "fix_malloc_thresholds", "load_average",
+           "busy_machine", "repeats_disagree", "SPREAD_LIMIT"]
+
+# a timing's repeats disagree when their interquartile range is above this share of their median
+# (a quiet 2-core machine: under 0.1 for the suite's cases; busy, up to several times the median)
+SPREAD_LIMIT = 0.5
 
 
 def summarize(times_s: list[float]) -> dict:
@@ -50,6 +59,31 @@ def time_call(fn: Callable[[], Any], sync: Callable[[], None], warmup: int, repe
         sync()
         times.append(clock() - t0)
     return {**summarize(times), "warmup": n_warm}
+
+
+def load_average() -> float | None:
+    """The machine's 1-minute load average (runnable processes, this one's threads included), or None
+    where the system does not keep one."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def busy_machine(load: float | None, threads: int, cpus: int) -> str | None:
+    """A warning when other work holds the cores a run of ``threads`` threads on ``cpus`` usable CPUs
+    assumes free: the load measured before the run started (``load``) leaves fewer than ``threads``
+    CPUs idle. None on a machine quiet enough, or where no load average is kept."""
+    if load is None or load + threads <= cpus + 0.5:
+        return None
+    return (f"busy machine: load average {load:.1f} before the run, {cpus} usable CPUs, {threads} "
+            f"thread{'s' if threads != 1 else ''} asked; other processes share the cores and stretch every timing (medians, and ratios "
+            f"against PyTorch, may be off; rerun when quiet, or with --threads 1 under taskset -c N)")
+
+
+def repeats_disagree(timing: dict) -> bool:
+    """Whether a timing's repeats disagree beyond :data:`SPREAD_LIMIT` (interquartile range over the median)."""
+    return timing["q3_ms"] - timing["q1_ms"] > SPREAD_LIMIT * timing["ms"]
 
 
 def settle(seconds: float) -> None:

@@ -51,7 +51,7 @@ def _summary(result, by) -> list[str]:
         def cell(key):
             r = by.get(key[:2] + col)
             return "-" if r is None else FAILED if r["ms"] is None else \
-                f"{r['ms']:.2f} [{r['q1_ms']:.2f}, {r['q3_ms']:.2f}]"
+                f"{r['ms']:.2f} [{r['q1_ms']:.2f}, {r['q3_ms']:.2f}]" + ("~" if r.get("noisy") else "")
         return cell
 
     def field(n, path, name, fmt):
@@ -147,6 +147,11 @@ def markdown(result: dict) -> str:
     if result.get("matmul_peak_gflops_float16"):
         lines.append("Float16 matmul peak (tensor cores, float32 accumulation; the float16 rows' MFU): "
                      + ", ".join(f"{k} {v:.1f}" for k, v in result["matmul_peak_gflops_float16"].items()) + ".")
+    load = meta.get("load")
+    if load:
+        said = lambda v: "unknown" if v is None else f"{v:.1f}"             # noqa: E731
+        lines.append(f"Load average (1 min): {said(load['start'])} before the run, {said(load['end'])} after; "
+                     f"{load['cpus']} usable CPUs. A row marked ~ had repeats that disagree (see the notes).")
     lines += ["MFU: a training step's matmul FLOPs per second over the matmul peak measured above.", ""]
     lines += [f"Note: {n}" for n in meta.get("notes", [])] + [""] * bool(meta.get("notes"))
     lines += _summary(result, by) + [""] + _parity(result) + [""]

@@ -31,7 +31,8 @@ from npformer.backend.host_memory import retain_freed_memory
 from npformer.bench.backends import REFERENCE, UNREGISTERED, Device, device_name, make_backends, reference_backend
 from npformer.bench.cases import (FLASH_TRAIN, FLOPS, FULL, QUICK, fits_memory, flash_sweep_case, flash_train_cases,
                                   op_cases, sweep_case)
-from npformer.bench.harness import fix_malloc_thresholds, settle, time_call
+from npformer.bench.harness import (SPREAD_LIMIT, busy_machine, fix_malloc_thresholds, load_average, repeats_disagree,
+                                    settle, time_call)
 from npformer.bench.parity import RTOL, Parity, check, skipped
 from npformer.bench.paths import KNOWN, PATHS, fast_paths_run, label, switch
 from npformer.bench.report import markdown, write_reports
@@ -49,7 +50,8 @@ DEFAULT_OUT = os.path.join("runs", "bench")      # results meant to be kept are 
 
 GPU_ONLY_REASON = "sizes made for a GPU, minutes a step on a CPU"
 TIMING_KEYS = ("ms", "q1_ms", "q3_ms", "min_ms", "max_ms", "repeats", "warmup")
-MEASURED_KEYS = ("tokens_per_s", "gflops", "peak_share", "peak_mb", "vs_torch", "fast_speedup", "compile_s")
+MEASURED_KEYS = ("tokens_per_s", "gflops", "peak_share", "peak_mb", "vs_torch", "fast_speedup", "compile_s",
+                 "load_1min", "noisy")
 
 
 def _parity_reference(parity: bool, threads: int) -> Device | Parity:
@@ -79,7 +81,8 @@ def _row(case, pas, b, path, parity: Parity, timing: dict | None, ran: list[str]
     if timing is not None:
         sec = timing["ms"] * 1e-3
         row.update(timing, tokens_per_s=case.tokens / sec, gflops=row["flops"] / sec / 1e9,
-                   peak_share=row["flops"] / sec / 1e9 / peak)
+                   peak_share=row["flops"] / sec / 1e9 / peak, load_1min=load_average(),
+                   noisy=repeats_disagree(timing))
     return row
 
 
@@ -104,7 +107,8 @@ def _time(case, b, path, parity, cfg, peak, log) -> list[dict]:
         rows.append(_row(case, pas, b, path, parity, t, ran, peak))
         rows[-1]["compile_s"] = getattr(fn, "compile_s", None)     # a compiling column's first call
         log(f"  {case.name:<18} {pas:<5} {b.name:<17} {path or '':<9} {rows[-1]['impl'] or '?':<13} "
-            f"{t['ms']:9.2f} ms [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]  {rows[-1]['gflops']:7.1f} GFLOP/s")
+            f"{t['ms']:9.2f} ms [{t['q1_ms']:.2f}, {t['q3_ms']:.2f}]  {rows[-1]['gflops']:7.1f} GFLOP/s"
+            + ("  (repeats disagree)" if rows[-1]["noisy"] else ""))
     return rows
 
 
@@ -249,6 +253,11 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
             peaks[precision][b.name] = b.matmul_gflops(cfg["matmul_n"], cfg["budget_s"], cfg["warmup_s"], precision)
             log(f"matmul peak {b.name} {precision}: {peaks[precision][b.name]:.1f} GFLOP/s")
     rows, done, notes = [], [], []                        # done: (case, backend, path) for the memory pass
+    load = {"start": load_average(), "cpus": usable_cpus()}   # before any timing: the others' load
+    busy = busy_machine(load["start"], backends[0].threads if backends else 1, load["cpus"])
+    if busy:
+        log(f"warning: {busy}")
+        notes.append(busy)
     cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) + flash_train_cases()
              if only is None or c.name in only or c.family in only]
     gpu_cases = [c.name for c in cases if c.gpu_only]
@@ -264,8 +273,16 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
             progress.update(note=lambda: "sweep")
     _memory_pass(rows, done, cfg, log)
     _ratios(rows)
+    noisy = [f"{r['name']} {r['pass']} {r['backend']}" + (f" {r['path']}" if r["path"] else "")
+             for r in rows if r["noisy"]]
+    if noisy:
+        notes.append(f"repeats disagree (interquartile range over {SPREAD_LIMIT:.0%} of the median) in "
+                     f"{len(noisy)} of {len(rows)} rows: " + ", ".join(noisy[:8]) + (", ..." if len(noisy) > 8 else "")
+                     + "; their medians are not to be trusted")
+        log(f"warning: {notes[-1]}")
     meta = _meta(backends, quick, cfg, paths, reference)
     meta["notes"] = notes
+    meta["load"] = {**load, "end": load_average()}
     return {"meta": meta, "matmul_peak_gflops": peaks["float32"], "matmul_peak_gflops_float16": peaks["float16"],
             "rows": rows}
 
