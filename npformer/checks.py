@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import Any, Iterator, Sequence
 
-from npformer.backend import get_array_module, is_array, is_cupy_array
+from npformer.backend import get_array_module, is_array, is_cupy_array, is_float_dtype, resolve_dtype
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
@@ -91,7 +91,7 @@ def expect_float(x: Any, name: str) -> None:
     if checked_by_caller():
         return
     expect_array(x, name)
-    if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
+    if not is_float_dtype(x.dtype):
         _not_float(x, name)
 
 
@@ -105,11 +105,11 @@ def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
     only at its first forward, or train wrongly)."""
     from npformer.backend import DEFAULT_DTYPE
     try:
-        resolved = xp.dtype(DEFAULT_DTYPE if dtype is None else dtype)
+        resolved = resolve_dtype(xp, DEFAULT_DTYPE if dtype is None else dtype)
     except TypeError:
         raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {dtype!r}, "
                              f"which {xp.__name__} does not know") from None
-    if resolved.kind != "f" and str(resolved) != "bfloat16":
+    if not is_float_dtype(resolved):
         raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {resolved}")
     return resolved
 
