@@ -26,7 +26,8 @@ dtype (:func:`bfloat16`, the optional extra ``npformer[bfloat16]``): NumPy has n
 and CuPy's dtypes are NumPy's. Its NumPy kind is "V", so a floating dtype is tested with
 :func:`is_float_dtype`, never ``dtype.kind == "f"``.
 """
-from npformer.backend.array_module import (BACKENDS, BFLOAT16_EXTRA, DEFAULT_DTYPE, ENV_VAR, accumulation_dtype,
+from npformer.backend.array_module import (BACKENDS, BFLOAT16_EXTRA, DEFAULT_DTYPE, ENV_VAR, accumulated_sum,
+                                           accumulation_dtype,
                                            backend_name, bfloat16, cupy_available, default_backend,
                                            default_backend_name, default_rng, get_array_module, get_backend,
                                            is_array, is_cupy_array, is_float_dtype, matmul, resolve_dtype, scatter_add,
@@ -43,4 +44,5 @@ __all__ = [
     "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
     "scatter_add", "erf", "accumulation_dtype", "FLOAT32_MATMUL_PRECISIONS", "set_float32_matmul_precision",
     "float32_matmul_precision", "BFLOAT16_EXTRA", "bfloat16", "resolve_dtype", "is_float_dtype", "matmul",
+    "accumulated_sum",
 ]

@@ -24,7 +24,7 @@ __all__ = [
     "get_array_module",
     "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
     "scatter_add", "accumulation_dtype", "BFLOAT16_EXTRA", "bfloat16", "resolve_dtype", "is_float_dtype",
-    "matmul",
+    "matmul", "accumulated_sum",
 ]
 
 
@@ -247,6 +247,13 @@ def accumulation_dtype(dtype: Any) -> Any:
     itself otherwise."""
     dtype = numpy.dtype(dtype)
     return numpy.dtype(numpy.float32) if dtype.itemsize < 4 else dtype
+
+
+def accumulated_sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """``x.sum(axis)`` added up in :func:`accumulation_dtype` and returned in ``x``'s dtype. NumPy and
+    CuPy sum float16 in float32 by themselves; ml_dtypes' bfloat16 sums in bfloat16 (4096 ones make
+    256), so a sum over a batch of 16-bit gradients (a bias's, a position table's) goes through here."""
+    return x.sum(axis=axis, keepdims=keepdims, dtype=accumulation_dtype(x.dtype)).astype(x.dtype, copy=False)
 
 
 # -- bfloat16 ----------------------------------------------------------------------------------------

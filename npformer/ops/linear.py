@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from npformer.backend import matmul
+from npformer.backend import accumulated_sum, matmul
 from npformer.checks import expect_grad, expect_ndim, expect_same_float, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
@@ -77,5 +77,5 @@ def linear_backward(dout, cache: LinearCache):
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
     dx = matmul(dout2, weight).reshape(x.shape)          # (..., C_in)
     dweight = matmul(dout2.T, x2)                        # (C_out, C_in)
-    dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
+    dbias = accumulated_sum(dout2, axis=0) if has_bias else None   # (C_out,)
     return dx, dweight, dbias

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module, matmul
+from npformer.backend import accumulated_sum, get_array_module, matmul
 from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
@@ -168,11 +168,11 @@ def relative_attention_backward(dout, cache: RelativeAttentionCache):
     dk = matmul(ds.swapaxes(-1, -2), q + bias_u[:, None, :])                        # (B, H, Tk, hs)
     # fwd: BD_raw = (q + v) @ rk^T  ->  d(q + v) = dBD_raw @ rk,  drk = sum_B dBD_raw^T @ (q + v)
     dqv = matmul(dbd_raw, rk)                                                       # (B, H, Tq, hs)
-    drk = matmul(dbd_raw.swapaxes(-1, -2), q + bias_v[:, None, :]).sum(axis=0)      # (H, Tk, hs)
+    drk = accumulated_sum(matmul(dbd_raw.swapaxes(-1, -2), q + bias_v[:, None, :]), axis=0)   # (H, Tk, hs)
     # fwd: q + u, q + v (u, v broadcast over B and Tq)  ->  dq = both,  du, dv summed over B and Tq
     dq = dqu + dqv                                                                  # (B, H, Tq, hs)
-    dbias_u = dqu.sum(axis=(0, 2))                                                  # (H, hs)
-    dbias_v = dqv.sum(axis=(0, 2))                                                  # (H, hs)
+    dbias_u = accumulated_sum(dqu, axis=(0, 2))                                     # (H, hs)
+    dbias_v = accumulated_sum(dqv, axis=(0, 2))                                     # (H, hs)
     # fwd: rk = split_heads(r @ W_r^T)  ->  dr = drk2 @ W_r,  dW_r = drk2^T @ r
     drk2 = drk.transpose(1, 0, 2).reshape(tk, h * hs)                               # (Tk, H*hs)
     dr = matmul(drk2, r_weight)                                                     # (Tk, C)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module, matmul
+from npformer.backend import accumulated_sum, get_array_module, matmul
 from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
@@ -98,7 +98,7 @@ def _param_grads(dpre, x, h0, h, has_bias, xp):
     d2 = dpre.reshape(-1, dpre.shape[-1])                            # (B*T, G*H)
     dweight_ih = matmul(d2.T, x.reshape(-1, x.shape[-1]))            # (G*H, I)
     dweight_hh = matmul(d2.T, h_prev.reshape(-1, h_prev.shape[-1]))  # (G*H, H)
-    dbias = d2.sum(axis=0) if has_bias else None                     # (G*H,)
+    dbias = accumulated_sum(d2, axis=0) if has_bias else None        # (G*H,)
     return dweight_ih, dweight_hh, dbias, (None if dbias is None else dbias.copy())
 
 
