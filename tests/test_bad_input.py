@@ -120,7 +120,8 @@ def _without_ml_dtypes(call):
         return call()
 
 
-NO_ML_DTYPES = r'bfloat16 needs the ml_dtypes package, which gives NumPy and CuPy the dtype: pip install "npformer\[bfloat16\]"'
+NO_ML_DTYPES = (r"bfloat16 needs the ml_dtypes package, which gives NumPy and CuPy the dtype: "
+                r'pip install "npformer\[bfloat16\]"')
 
 
 def _gpt_cache_of_batch_two():
@@ -192,7 +193,8 @@ CASES = [
     ("bfloat16 Linear: float16 x", lambda: nn.Linear(4, 3, dtype="bfloat16")(a(2, 4, dtype=np.float16)),
      InputTypeError, "dtype mismatch: x is float16 but weight is bfloat16"),
     ("bfloat16 encoder layer: float16 x", lambda: nn.TransformerEncoderLayer(4, 2, 8, dtype="bfloat16")(
-        a(2, 3, 4, dtype=np.float16)), InputTypeError, "dtype mismatch: query is float16 but in_proj_weight is bfloat16"),
+        a(2, 3, 4, dtype=np.float16)), InputTypeError,
+     "dtype mismatch: query is float16 but in_proj_weight is bfloat16"),
     ("linear: bfloat16 x, float16 weight", lambda: linear.linear_forward(a(2, 4, dtype=bfloat16()),
                                                                          a(5, 4, dtype=np.float16)),
      InputTypeError, "dtype mismatch: x is bfloat16 but weight is float16"),
@@ -202,7 +204,8 @@ CASES = [
      MissingExtraError, NO_ML_DTYPES),
     ("bfloat16 without ml_dtypes: Module.to", lambda: _without_ml_dtypes(lambda: _gpt().to(dtype="bfloat16")),
      MissingExtraError, NO_ML_DTYPES),
-    ("bfloat16 without ml_dtypes: MixedPrecision", lambda: _without_ml_dtypes(lambda: MixedPrecision(_gpt(), "bfloat16")),
+    ("bfloat16 without ml_dtypes: MixedPrecision",
+     lambda: _without_ml_dtypes(lambda: MixedPrecision(_gpt(), "bfloat16")),
      MissingExtraError, NO_ML_DTYPES),
     # values out of range
     ("embedding: id >= V", lambda: embedding.embedding_forward(np.array([[5]]), a(5, 4)), RangeError,

@@ -27,9 +27,9 @@ import pytest
 
 from npformer import kernels
 from npformer.backend import bfloat16, default_rng
-from npformer.ops import activations, attention, batchnorm, cross_entropy, dropout, embedding, feedforward
-from npformer.ops import flash_attention, layernorm, linear, multihead, optim, relative_attention, residual
-from npformer.ops import rnn, softmax
+from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding, feedforward,
+                          flash_attention, layernorm, linear, multihead, optim, relative_attention, residual, rnn,
+                          softmax)
 
 pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install 'npformer[bfloat16]')")
 
@@ -162,7 +162,7 @@ def _relative_attention(a):
 
 
 def _residual(a):
-    s, cache = residual.residual_dropout_forward(a(3, 4, 8), a(3, 4, 8), p=0.25, rng=default_rng(3))
+    s, _ = residual.residual_dropout_forward(a(3, 4, 8), a(3, 4, 8), p=0.25, rng=default_rng(3))
     s2, y, ncache = residual.residual_dropout_layer_norm_forward(a(4, 64, 8), a(4, 64, 8), a(8), a(8), p=0.25,
                                                                   rng=default_rng(4))
     grads = residual.residual_dropout_layer_norm_backward(a(4, 64, 8), a(4, 64, 8), ncache)
