@@ -96,7 +96,7 @@ def expect_float(x: Any, name: str) -> None:
 
 
 def _not_float(x: Any, name: str) -> None:
-    raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64), got {describe(x)}")
+    raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64, bfloat16), got {describe(x)}")
 
 
 def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
@@ -107,10 +107,11 @@ def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
     try:
         resolved = resolve_dtype(xp, DEFAULT_DTYPE if dtype is None else dtype)
     except TypeError:
-        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {dtype!r}, "
-                             f"which {xp.__name__} does not know") from None
+        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64, bfloat16), "
+                             f"got {dtype!r}, which {xp.__name__} does not know") from None
     if not is_float_dtype(resolved):
-        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {resolved}")
+        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64, bfloat16), "
+                             f"got {resolved}")
     return resolved
 
 
