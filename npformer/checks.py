@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from numbers import Integral, Real
 from typing import Any, Iterator, Sequence
 
-from npformer.backend import get_array_module, is_array, is_cupy_array
+from npformer.backend import get_array_module, is_array, is_cupy_array, is_float_dtype, resolve_dtype
 from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
@@ -129,12 +129,12 @@ def expect_float(x: Any, name: str) -> None:
     if checked_by_caller():
         return
     expect_array(x, name)
-    if x.dtype.kind != "f" and str(x.dtype) != "bfloat16":
+    if not is_float_dtype(x.dtype):
         _not_float(x, name)
 
 
 def _not_float(x: Any, name: str) -> None:
-    raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64), got {describe(x)}")
+    raise InputTypeError(f"{name}: expected a floating-point array (float16/32/64, bfloat16), got {describe(x)}")
 
 
 def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
@@ -143,12 +143,13 @@ def float_dtype(xp: Any, dtype: Any, name: str = "dtype") -> Any:
     only at its first forward, or train wrongly)."""
     from npformer.backend import DEFAULT_DTYPE
     try:
-        resolved = xp.dtype(DEFAULT_DTYPE if dtype is None else dtype)
+        resolved = resolve_dtype(xp, DEFAULT_DTYPE if dtype is None else dtype)
     except TypeError:
-        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {dtype!r}, "
-                             f"which {xp.__name__} does not know") from None
-    if resolved.kind != "f" and str(resolved) != "bfloat16":
-        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64), got {resolved}")
+        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64, bfloat16), "
+                             f"got {dtype!r}, which {xp.__name__} does not know") from None
+    if not is_float_dtype(resolved):
+        raise InputTypeError(f"{name}: expected a floating-point dtype (float16, float32, float64, bfloat16), "
+                             f"got {resolved}")
     return resolved
 
 

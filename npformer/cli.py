@@ -261,18 +261,17 @@ def _named_run_directory(config, flags: dict, from_file: dict, config_file: str 
 
 
 def _check_precision(config) -> None:
-    """``--precision bfloat16`` needs a backend with a bfloat16 dtype (NumPy has none, nor CuPy
-    without an extension): refused before the model is built."""
+    """``--precision bfloat16`` needs ml_dtypes (the extra npformer[bfloat16]), which gives NumPy and
+    CuPy the dtype: refused, the flag named, before the model is built."""
     if config.precision != "bfloat16":
         return
-    from npformer.backend import get_backend
-    from npformer.training.amp import low_precision_dtype
+    from npformer.backend import bfloat16
+    from npformer.errors import MissingExtraError
 
     try:
-        low_precision_dtype("bfloat16", get_backend(config.backend))
-    except TypeError:
-        raise RangeError(f"--precision bfloat16: the {config.backend} backend has no bfloat16 dtype (NumPy and "
-                         "CuPy need an extension such as ml_dtypes); use --precision float16") from None
+        bfloat16()
+    except MissingExtraError as exc:
+        raise MissingExtraError(f"--precision bfloat16: {exc}; or use --precision float16") from None
 
 
 def _diverged(trainer, exc: FloatingPointError) -> int:

@@ -49,7 +49,7 @@ import inspect
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple
 
-from npformer.backend import get_array_module
+from npformer.backend import get_array_module, is_float_dtype
 from npformer.checks import inputs_checked
 from npformer.errors import NonFiniteError
 
@@ -233,14 +233,14 @@ def _arrays(values) -> list:
             found.append(v)
         elif isinstance(v, tuple) and hasattr(v, "_fields"):
             found += [f for f in v if hasattr(f, "dtype") and hasattr(f, "shape")]
-    return [a for a in found if a.dtype.kind == "f"]
+    return [a for a in found if is_float_dtype(a.dtype)]
 
 
 def _check_finite(name: str, inputs: tuple, result) -> None:
     outputs = result if isinstance(result, tuple) and not hasattr(result, "_fields") else (result,)
     ins = _arrays(inputs)
     for i, out in enumerate(outputs):
-        if not (hasattr(out, "dtype") and hasattr(out, "shape")) or out.dtype.kind != "f":
+        if not (hasattr(out, "dtype") and hasattr(out, "shape")) or not is_float_dtype(out.dtype):
             continue                                     # a cache, None, an integer array
         xp = get_array_module(out)
         nan, inf = bool(xp.isnan(out).any()), bool(xp.isinf(out).any())

@@ -8,7 +8,7 @@ unchanged and npformer's exported arrays load back into PyTorch:
 
 Anything array-like is accepted: NumPy or CuPy arrays, and tensors (converted through
 ``.detach().cpu().numpy()`` by duck typing, so torch is never imported here; bfloat16 tensors,
-which NumPy cannot hold, become float32, exactly). Every ``torch.nn`` module npformer mirrors
+which NumPy has no dtype of its own for, become float32, exactly). Every ``torch.nn`` module npformer mirrors
 round-trips this way: MultiheadAttention, TransformerEncoderLayer/DecoderLayer,
 TransformerEncoder/Decoder and Transformer (tests/parity/test_torch_layers.py).
 
@@ -21,7 +21,8 @@ Hugging Face model directories (``config.json`` and ``model.safetensors``, or sh
                 "__metadata__": {str: str}}, offsets into the data that follows
     the data    each tensor's bytes, C order, little-endian, back to back
 
-bfloat16 tensors (``BF16``), which NumPy cannot hold, are widened to float32 exactly on reading.
+bfloat16 tensors (``BF16``), which NumPy has no dtype of its own for (ml_dtypes' is optional), are
+widened to float32 exactly on reading.
 """
 from __future__ import annotations
 

@@ -4,20 +4,23 @@ out-of-range ids, non-finite scalars, and every backward's upstream gradient. Ne
 error, never silent acceptance. ``test_tally`` counts the table's cases by outcome (run with -s)."""
 import collections
 import math
+import sys
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from npformer import nn
-from npformer.backend import default_rng
-from npformer.errors import InputTypeError, NpformerError, RangeError, ShapeError
+from npformer.backend import bfloat16, default_rng
+from npformer.errors import InputTypeError, MissingExtraError, NpformerError, RangeError, ShapeError
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
 from npformer.ops import (activations, attention, batchnorm, cross_entropy, dropout, embedding, feedforward,
                           flash_attention, layernorm, linear, multihead, relative_attention, rnn, softmax)
+from npformer.training.amp import DynamicLossScaler, MixedPrecision
 
 F32 = np.float32
 R = np.random.default_rng(0)
@@ -111,6 +114,16 @@ def _bert():
                            intermediate_size=8, max_position_embeddings=6), rng=0)
 
 
+def _without_ml_dtypes(call):
+    """``call()`` as if ml_dtypes were not installed (its import fails)."""
+    with mock.patch.dict(sys.modules, {"ml_dtypes": None}):
+        return call()
+
+
+NO_ML_DTYPES = (r"bfloat16 needs the ml_dtypes package, which gives NumPy and CuPy the dtype: "
+                r'pip install "npformer\[bfloat16\]"')
+
+
 def _gpt_cache_of_batch_two():
     model = _gpt().eval()
     cache = model.new_cache()
@@ -189,6 +202,25 @@ CASES = [
     ("multi_head_attention: padding mask of ints", lambda: multihead.multi_head_attention_forward(
         a(1, 2, 4), a(1, 3, 4), a(1, 3, 4), 2, a(12, 4), None, a(4, 4), None,
         key_padding_mask=np.zeros((1, 3), np.int64)), InputTypeError, "key_padding_mask"),
+    # bfloat16 (ml_dtypes'): a bfloat16 model takes bfloat16 inputs, trains without a loss scaler, and
+    # without ml_dtypes is refused naming the extra
+    ("bfloat16 Linear: float16 x", lambda: nn.Linear(4, 3, dtype="bfloat16")(a(2, 4, dtype=np.float16)),
+     InputTypeError, "dtype mismatch: x is float16 but weight is bfloat16"),
+    ("bfloat16 encoder layer: float16 x", lambda: nn.TransformerEncoderLayer(4, 2, 8, dtype="bfloat16")(
+        a(2, 3, 4, dtype=np.float16)), InputTypeError,
+     "dtype mismatch: query is float16 but in_proj_weight is bfloat16"),
+    ("linear: bfloat16 x, float16 weight", lambda: linear.linear_forward(a(2, 4, dtype=bfloat16()),
+                                                                         a(5, 4, dtype=np.float16)),
+     InputTypeError, "dtype mismatch: x is bfloat16 but weight is float16"),
+    ("MixedPrecision bfloat16 with a loss scaler", lambda: MixedPrecision(_gpt(), "bfloat16", DynamicLossScaler()),
+     RangeError, "scaler: bfloat16 keeps float32's exponent range and trains without loss scaling"),
+    ("bfloat16 without ml_dtypes: Linear", lambda: _without_ml_dtypes(lambda: nn.Linear(4, 3, dtype="bfloat16")),
+     MissingExtraError, NO_ML_DTYPES),
+    ("bfloat16 without ml_dtypes: Module.to", lambda: _without_ml_dtypes(lambda: _gpt().to(dtype="bfloat16")),
+     MissingExtraError, NO_ML_DTYPES),
+    ("bfloat16 without ml_dtypes: MixedPrecision",
+     lambda: _without_ml_dtypes(lambda: MixedPrecision(_gpt(), "bfloat16")),
+     MissingExtraError, NO_ML_DTYPES),
     # values out of range
     ("embedding: id >= V", lambda: embedding.embedding_forward(np.array([[5]]), a(5, 4)), RangeError,
      r"token ids must be in \[0, 5\)"),
@@ -266,7 +298,7 @@ def test_tally():
         except Exception as exc:                         # noqa: BLE001  (what this test must never see)
             outcomes[f"raw {type(exc).__name__} ({label})"] += 1
     print(f"\nbad-input table: {len(CASES)} cases; " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
-    assert set(outcomes) <= {"InputTypeError", "ShapeError", "RangeError"}, outcomes
+    assert set(outcomes) <= {"InputTypeError", "ShapeError", "RangeError", "MissingExtraError"}, outcomes
 
 
 def _dtype_builders() -> dict:
@@ -298,7 +330,7 @@ def _dtype_builders() -> dict:
     }
 
 
-@pytest.mark.parametrize("dtype", ["int32", "complex64", "bool", "bfloat16", object])
+@pytest.mark.parametrize("dtype", ["int32", "complex64", "bool", object])
 def test_a_module_of_a_non_float_dtype_is_refused_when_it_is_built(dtype):
     """Not at its first forward: every module and model that takes a dtype, and Module.to."""
     builders = _dtype_builders()
@@ -310,6 +342,18 @@ def test_a_module_of_a_non_float_dtype_is_refused_when_it_is_built(dtype):
     with pytest.raises(InputTypeError, match="dtype: expected a floating-point dtype"):
         model.to(dtype=dtype)
     assert all(p.data.dtype == np.float32 for p in model.parameters())          # nothing was cast
+
+
+def test_every_module_builds_in_bfloat16_by_its_name_or_ml_dtypes_type():
+    """bfloat16 (ml_dtypes', kind "V") is a floating dtype to every module and model, and Module.to."""
+    pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install 'npformer[bfloat16]')")
+    for name, build in _dtype_builders().items():
+        for dtype in ("bfloat16", bfloat16().type, bfloat16()):
+            model = build(dtype)
+            assert model.dtype == bfloat16() and all(p.dtype == bfloat16() for p in model.parameters()), name
+    model = _gpt()
+    assert model.to(dtype="bfloat16").dtype == bfloat16()
+    assert model.to(dtype="float32").dtype == np.float32
 
 
 def test_every_module_that_takes_a_dtype_is_in_the_dtype_table():

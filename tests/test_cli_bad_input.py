@@ -89,7 +89,6 @@ CASES = [
     *(train("--n-valid", v, names="--n-valid") for v in ("0", "-1")),
     *(train("--label-smoothing", v, names="--label-smoothing") for v in ("-0.1", "1", "1.5", "nan")),
     # -- train: choices and flags that conflict ----------------------------------------------------
-    train("--precision", "bfloat16", names="--precision bfloat16"),        # NumPy has no bfloat16
     train("--precision", "float8", names="--precision"),
     train("--precision", "float16", "--dtype", "float64", names="--dtype"),
     train("--dtype", "float16", names="--dtype"),
@@ -361,6 +360,17 @@ def test_a_bad_invocation_is_one_line_naming_the_flag(paths, argv, names, code, 
     assert len(lines) == 1, err
     assert lines[0].startswith(f"{command}: error: "), lines[0]
     assert names in lines[0], lines[0]
+
+
+def test_precision_bfloat16_without_ml_dtypes_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    """Refused before the run directory is made (ml_dtypes' import made to fail)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)
+    got, _, err = _run(["train", *TINY, "--precision", "bfloat16"])
+    assert got == USAGE and len(err.splitlines()) == 1, err
+    assert err.startswith("npformer train: error: --precision bfloat16: bfloat16 needs the ml_dtypes package"), err
+    assert 'pip install "npformer[bfloat16]"; or use --precision float16' in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_table_covers_every_subcommand():

@@ -81,6 +81,16 @@ def test_gpu_extras_install_binary_cupy_wheels():
     assert ".[gpu]" not in readme
 
 
+def test_bfloat16_is_an_optional_extra():
+    """ml_dtypes (bfloat16) is installed by npformer[bfloat16] and the test extra, never by npformer itself:
+    the message of a bfloat16 asked for without it names the extra (npformer.backend.BFLOAT16_EXTRA)."""
+    from npformer.backend import BFLOAT16_EXTRA
+    extras = {name: value.split() for name, value in CFG["options.extras_require"].items()}
+    assert extras["bfloat16"] == ["ml_dtypes>=0.5"] and "ml_dtypes>=0.5" in extras["test"]
+    assert "ml_dtypes" not in CFG["options"]["install_requires"]
+    assert BFLOAT16_EXTRA == 'pip install "npformer[bfloat16]"'
+
+
 def test_metadata_a_package_index_shows():
     """Classifiers a user filters an index by (licence, Python versions, typed), the type-hint marker
     file (PEP 561) shipped, and tomli where the standard library has no tomllib (--config FILE.toml)."""

@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import numpy
 
-from npformer.errors import BackendMismatchError, BackendUnavailableError, RangeError
+from npformer.errors import BackendMismatchError, BackendUnavailableError, MissingExtraError, RangeError
 
 BACKENDS = ("numpy", "cupy")
 DEFAULT_DTYPE = numpy.float32
@@ -23,7 +23,8 @@ __all__ = [
     "default_backend_name", "set_default_backend", "default_backend", "get_backend", "backend_name",
     "get_array_module",
     "is_cupy_array", "is_array", "cupy_available", "to_numpy", "to_device", "default_rng",
-    "scatter_add", "accumulation_dtype",
+    "scatter_add", "accumulation_dtype", "BFLOAT16_EXTRA", "bfloat16", "resolve_dtype", "is_float_dtype",
+    "matmul", "accumulated_sum",
 ]
 
 
@@ -242,8 +243,56 @@ def scatter_add_fixed_shapes(target: Any, ids: Any, last: Any, running: Any) -> 
 
 
 def accumulation_dtype(dtype: Any) -> Any:
-    """The dtype reductions accumulate in: float32 for 16-bit floats, the dtype itself otherwise."""
+    """The dtype reductions accumulate in: float32 for 16-bit floats (float16, bfloat16), the dtype
+    itself otherwise."""
     dtype = numpy.dtype(dtype)
     return numpy.dtype(numpy.float32) if dtype.itemsize < 4 else dtype
 
 
+def accumulated_sum(x: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    """``x.sum(axis)`` added up in :func:`accumulation_dtype` and returned in ``x``'s dtype. NumPy and
+    CuPy sum float16 in float32 by themselves; ml_dtypes' bfloat16 sums in bfloat16 (4096 ones make
+    256), so a sum over a batch of 16-bit gradients (a bias's, a position table's) goes through here."""
+    return x.sum(axis=axis, keepdims=keepdims, dtype=accumulation_dtype(x.dtype)).astype(x.dtype, copy=False)
+
+
+# -- bfloat16 ----------------------------------------------------------------------------------------
+# NumPy and CuPy have no bfloat16 of their own: ml_dtypes registers one with NumPy (kind "V", 2 bytes),
+# which NumPy computes with in software and CuPy 14 allocates, casts and multiplies (its dtypes are
+# NumPy's). So the dtype is ml_dtypes', on either backend, and ml_dtypes is imported here alone, when
+# bfloat16 is first asked for: npformer imports without it.
+BFLOAT16_EXTRA = 'pip install "npformer[bfloat16]"'
+
+
+def bfloat16() -> numpy.dtype:
+    """The bfloat16 dtype (``numpy.dtype(ml_dtypes.bfloat16)``); MissingExtraError naming the extra
+    when ml_dtypes is not installed."""
+    try:
+        ml_dtypes = importlib.import_module("ml_dtypes")
+    except ImportError:
+        raise MissingExtraError(f"bfloat16 needs the ml_dtypes package, which gives NumPy and CuPy the dtype: "
+                                f"{BFLOAT16_EXTRA}") from None
+    return numpy.dtype(ml_dtypes.bfloat16)
+
+
+def resolve_dtype(xp: ModuleType, dtype: Any) -> Any:
+    """``xp.dtype(dtype)``, with bfloat16 (the name, or ml_dtypes' type) resolved through :func:`bfloat16`."""
+    if str(getattr(dtype, "__name__", dtype)) == "bfloat16":
+        return bfloat16()
+    return xp.dtype(dtype)
+
+
+def is_float_dtype(dtype: Any) -> bool:
+    """True for float16/32/64 and bfloat16 (whose NumPy kind is "V", not "f")."""
+    dtype = numpy.dtype(dtype)
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+
+
+def matmul(a: Any, b: Any) -> Any:
+    """``a @ b`` in the operands' dtype: the product shim bfloat16 needs. NumPy's bfloat16 product
+    (ml_dtypes) sums in float32 and returns the float32 sums; CuPy's (cuBLAS) and PyTorch's round them
+    to bfloat16, and so does this. For every other dtype it is ``a @ b`` itself (no copy)."""
+    out = a @ b
+    return out if out.dtype == a.dtype else out.astype(a.dtype)

@@ -15,7 +15,7 @@ import importlib
 
 import numpy
 
-from npformer.backend.array_module import get_array_module
+from npformer.backend.array_module import get_array_module, is_float_dtype
 # Cody's coefficients: |x| <= 0.46875 (erf), 0.46875 < |x| <= 4 (erfc), |x| > 4 (erfc).
 _A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
       3.20937758913846947e03, 1.85777706184603153e-1)
@@ -52,7 +52,7 @@ def _erfc_scaled_tail(y, erfc_part):
 
 def _erf_numpy(x: numpy.ndarray) -> numpy.ndarray:
     x = numpy.asarray(x)
-    dtype = x.dtype if x.dtype.kind == "f" else numpy.dtype(numpy.float64)
+    dtype = x.dtype if is_float_dtype(x.dtype) else numpy.dtype(numpy.float64)
     xd = x.astype(numpy.float64)   # evaluate in float64, return the input's dtype
     y = numpy.abs(xd)
     out = numpy.empty_like(xd)

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import numpy   # host side only: the candidates fill_mask hands back
 
-from npformer.backend import get_array_module, to_device, to_numpy
+from npformer.backend import accumulated_sum, get_array_module, to_device, to_numpy
 from npformer.checks import non_negative_int, one_of, positive_int, probability, real, token_ids
 from npformer.errors import RangeError, ShapeError, StateDictError
 from npformer.interop import check_directory, load_weights, read_config, save_directory
@@ -91,7 +91,7 @@ class BertEmbeddings(Module):
         de = self.LayerNorm.backward(self.dropout.backward(dout))                # (B, T, C)
         # fwd: e = word[ids] + position[pos] + type[seg]  ->  each table gets de (position: summed over B)
         self.token_type_embeddings.backward(de)
-        self.position_embeddings.backward(de.sum(axis=0))
+        self.position_embeddings.backward(accumulated_sum(de, axis=0))
         self.word_embeddings.backward(de)
 
 

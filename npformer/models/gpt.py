@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from npformer.backend import get_array_module
+from npformer.backend import accumulated_sum, get_array_module
 from npformer.checks import one_of, positive_int, probability, real, token_ids
 from npformer.errors import RangeError, ShapeError
 from npformer.interop import check_directory, load_weights, read_config, save_directory
@@ -154,7 +154,7 @@ class GPT(Module):
             dx = layer.backward(dx)
         # fwd: x_0 = drop(wte[idx] + wpe[pos])  ->  both tables receive drop'(dx) (wpe summed over the batch)
         dx = self.drop.backward(dx)
-        self.wpe.backward(dx.sum(axis=0))
+        self.wpe.backward(accumulated_sum(dx, axis=0))
         self.wte.backward(dx)
 
     def new_cache(self) -> list[KVCache]:

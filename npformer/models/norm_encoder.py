@@ -87,7 +87,8 @@ class NormEncoder(Module):
     def forward(self, ids):
         token_ids(ids, "ids", self.config.vocab_size)
         padding = ids == self.config.pad_id                                       # (B, T)
-        x = self.dropout(self.pos(self.embed(ids) * self.scale))                  # (B, T, C)
+        e = self.embed(ids)                                                       # (B, T, C)
+        x = self.dropout(self.pos(e * e.dtype.type(self.scale)))                  # (B, T, C), the scale in e's dtype
         for layer in self.layers:
             x = layer(x, src_key_padding_mask=padding)
         if self.norm is not None:
@@ -102,4 +103,5 @@ class NormEncoder(Module):
         for layer in reversed(list(self.layers)):
             d = layer.backward(d)
         # fwd: x = drop(E[ids] * s + PE)  ->  dE[ids] += s * drop'(dx)
-        self.embed.backward(self.pos.backward(self.dropout.backward(d)) * self.scale)
+        de = self.pos.backward(self.dropout.backward(d))                          # (B, T, C)
+        self.embed.backward(de * de.dtype.type(self.scale))

@@ -110,11 +110,13 @@ class Seq2Seq(Module):
 
     # -- pieces, also used by decoding -------------------------------------------------------------
     def _embed(self, embed, dropout, ids, offset=0):
-        return dropout(self.pos(embed(ids) * self.scale, offset))                 # (B, T, C)
+        e = embed(ids)                                                            # (B, T, C)
+        return dropout(self.pos(e * e.dtype.type(self.scale), offset))            # (B, T, C), the scale in e's dtype
 
     def _embed_backward(self, embed, dropout, dx):
         # fwd: x = dropout(E[ids] * sqrt(d) + PE)  ->  dE[ids] += sqrt(d) * dropout'(dx)
-        embed.backward(self.pos.backward(dropout.backward(dx)) * self.scale)
+        de = self.pos.backward(dropout.backward(dx))                              # (B, T, C)
+        embed.backward(de * de.dtype.type(self.scale))
 
     def encode(self, src):
         """memory (B, S, C) and the source padding mask (B, S), True = padding."""

@@ -225,7 +225,8 @@ class TransformerXL(Module):
         keep = non_negative_int(self.config.mem_len if mem_len is None else mem_len, "mem_len")
         xp = get_array_module(idx)
         r = self.distances(m + idx.shape[1], xp, self.dtype)                     # (M + T, C)
-        h = self.drop(self.wte(idx) * self.scale)                                 # (B, T, C)
+        e = self.wte(idx)                                                         # (B, T, C)
+        h = self.drop(e * e.dtype.type(self.scale))                               # (B, T, C), the scale in e's dtype
         hids = []
         for i, layer in enumerate(self.layers):
             hids.append(h)
@@ -244,7 +245,8 @@ class TransformerXL(Module):
         for layer in reversed(list(self.layers)):
             dh = layer.backward(dh)
         # fwd: h^0 = drop(E[idx] * sqrt(d))
-        self.wte.backward(self.drop.backward(dh) * self.scale)
+        de = self.drop.backward(dh)                                               # (B, T, C)
+        self.wte.backward(de * de.dtype.type(self.scale))
 
     def generate(self, idx, max_new_tokens: int, *, rng=None, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, mem_len: int | None = None):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from npformer.backend import DEFAULT_DTYPE, get_array_module, get_backend
+from npformer.backend import DEFAULT_DTYPE, accumulated_sum, get_array_module, get_backend
 from npformer.checks import integer, non_negative_int, positive_int
 from npformer.errors import RangeError, ShapeError
 from npformer.nn import init
@@ -123,7 +123,7 @@ class LearnedPositionalEncoding(Module):
     def backward(self, dout):
         offset, t = self._pop()
         xp = get_array_module(dout)
-        d = dout.reshape(-1, t, dout.shape[-1]).sum(axis=0)                      # (T, C)
+        d = accumulated_sum(dout.reshape(-1, t, dout.shape[-1]), axis=0)         # (T, C)
         grad = xp.zeros_like(self.weight.data)                                   # (L, C)
         grad[offset: offset + t] = d
         self.weight.accumulate(grad)                     # fwd: y = x + P[offset:]  ->  dP = sum_B dy

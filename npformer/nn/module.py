@@ -34,7 +34,8 @@ from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
-from npformer.backend import backend_name, default_rng, get_array_module, get_backend, is_cupy_array, to_device
+from npformer.backend import (backend_name, default_rng, get_array_module, get_backend, is_cupy_array, is_float_dtype,
+                              to_device)
 from npformer.checks import describe, float_dtype
 from npformer.errors import ShapeError, StateDictError
 
@@ -347,7 +348,7 @@ class Module:
         for p in self.parameters():
             data = p.data if backend is None else to_device(p.data, backend)
             if dtype is not None:
-                data = data.astype(get_array_module(data).dtype(dtype), copy=False)
+                data = data.astype(dtype, copy=False)
             p.data = data
             p.grad = None
         if self._flat is not None:       # new arrays left the flat buffers: flatten them again
@@ -355,8 +356,8 @@ class Module:
         for mod, name in self._buffer_owners().values():
             v = getattr(mod, name)
             v = v if backend is None else to_device(v, backend)
-            if dtype is not None and v.dtype.kind == "f":
-                v = v.astype(get_array_module(v).dtype(dtype), copy=False)
+            if dtype is not None and is_float_dtype(v.dtype):
+                v = v.astype(dtype, copy=False)
             object.__setattr__(mod, name, v)
         self.clear_saved()
         return self

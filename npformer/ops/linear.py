@@ -4,7 +4,8 @@
     dx = dout @ W,   dW = dout^T x,   db = sum of dout over every leading axis
 
 Leading axes are flattened into one batch axis, so every product is one 2-d matmul of all the rows
-(a 3-d ``x @ W^T`` would be one small product per leading index). C_in = 0 is allowed, as in
+(a 3-d ``x @ W^T`` would be one small product per leading index), through
+:func:`npformer.backend.matmul` (``@`` in the operands' dtype, bfloat16 included). C_in = 0 is allowed, as in
 PyTorch: the product is an empty sum, so ``out = b`` (zeros without a bias) and ``dW`` is empty.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
+from npformer.backend import accumulated_sum, matmul
 from npformer.checks import expect_grad, expect_ndim, expect_same_float, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
@@ -27,7 +29,7 @@ def as_rows(x):
 
 def matmul_last(x, w):
     """``x @ w`` over the last axis of ``x`` (..., K) with ``w`` (K, N), as one 2-d matmul."""
-    return (as_rows(x) @ w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
+    return matmul(as_rows(x), w).reshape(x.shape[:-1] + (w.shape[-1],))   # (..., N)
 
 
 class LinearCache(NamedTuple):
@@ -73,7 +75,7 @@ def linear_backward(dout, cache: LinearCache):
     dout2 = as_rows(dout)                                # (N, C_out)
     x2 = as_rows(x)                                      # (N, C_in)
     # fwd: out = x @ W^T + b  ->  dx = dout @ W,  dW = dout^T @ x,  db = sum_N dout
-    dx = (dout2 @ weight).reshape(x.shape)               # (..., C_in)
-    dweight = dout2.T @ x2                               # (C_out, C_in)
-    dbias = dout2.sum(axis=0) if has_bias else None      # (C_out,)
+    dx = matmul(dout2, weight).reshape(x.shape)          # (..., C_in)
+    dweight = matmul(dout2.T, x2)                        # (C_out, C_in)
+    dbias = accumulated_sum(dout2, axis=0) if has_bias else None   # (C_out,)
     return dx, dweight, dbias

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from numbers import Integral
 
-from npformer.backend import get_array_module, get_backend
+from npformer.backend import get_array_module, get_backend, is_float_dtype, resolve_dtype
 from npformer.checks import describe, expect_bool_or_float, non_negative_int, one_of
 from npformer.errors import BackendMismatchError, InputTypeError, ShapeError
 
@@ -107,7 +107,7 @@ def attention_bias(scores_shape, dtype, *, attn_mask=None, key_padding_mask=None
         raise ShapeError(f"scores_shape: expected 4 lengths (B, H, Tq, Tk), got {scores_shape!r}")
     b, h, tq, tk = map(int, shape)
     xp = get_backend(xp)
-    if xp.dtype(dtype).kind != "f":
+    if not is_float_dtype(resolve_dtype(xp, dtype)):
         raise InputTypeError(f"dtype: expected the scores' floating dtype, got {dtype!r}")
     attn_mask = check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module, is_cupy_array
+from npformer.backend import accumulated_sum, get_array_module, is_cupy_array
 from npformer.checks import describe, expect_ndim, expect_same_float, expect_shape, inputs_checked, positive_int
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
@@ -141,7 +141,7 @@ def _project_out(heads, weights, attn, projections, num_heads, past_key, out_pro
     """Merge the heads, project out, average the weights over heads; returns the op's result."""
     out, out_cache = linear_forward(merge_heads(heads), out_proj_weight, out_proj_bias)   # (B, Tq, E)
     if weights is not None and average_attn_weights:
-        weights = weights.mean(axis=1)                                           # (B, Tq, Tk)
+        weights = accumulated_sum(weights, axis=1) / weights.shape[1]            # (B, Tq, Tk) the mean
     past = 0 if past_key is None else past_key.shape[2]
     return out, weights, MultiHeadCache(projections, attn, out_cache, num_heads, past)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
+from npformer.backend import accumulated_sum, get_array_module, matmul
 from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
@@ -127,10 +127,12 @@ def relative_attention_forward(q, k, v, r, r_weight, bias_u, bias_v, *, attn_mas
     tk = k.shape[2]
     bias = attention_bias((b, h, tq, tk), q.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                           is_causal=True, causal_alignment="bottom_right", xp=xp)   # (.., .., Tq, Tk)
-    rk = (r @ r_weight.T).reshape(tk, h, hs).transpose(1, 0, 2)                     # (H, Tk, hs)
-    # the queries are scaled before the products (a float16 q k^T may overflow where the scaled one fits)
-    ac = ((q + bias_u[:, None, :]) * scale) @ k.swapaxes(-1, -2)                    # (B, H, Tq, Tk) AC * scale
-    bd_raw = ((q + bias_v[:, None, :]) * scale) @ rk.swapaxes(-1, -2)               # (B, H, Tq, Tk) BD_raw * scale
+    rk = matmul(r, r_weight.T).reshape(tk, h, hs).transpose(1, 0, 2)                # (H, Tk, hs)
+    # the queries are scaled before the products (a float16 q k^T may overflow where the scaled one fits),
+    # by the scale in q's dtype (a Python float would make NumPy's bfloat16 float32)
+    sc = xp.asarray(scale, dtype=q.dtype)
+    ac = matmul((q + bias_u[:, None, :]) * sc, k.swapaxes(-1, -2))                  # (B, H, Tq, Tk) AC * scale
+    bd_raw = matmul((q + bias_v[:, None, :]) * sc, rk.swapaxes(-1, -2))             # (B, H, Tq, Tk) BD_raw * scale
     bd, shift = rel_shift_forward(bd_raw)                                           # (B, H, Tq, Tk)
     s = ac + bd                                                                     # (B, H, Tq, Tk)
     s += bias                                                                       # -inf where blocked
@@ -139,7 +141,7 @@ def relative_attention_forward(q, k, v, r, r_weight, bias_u, bias_v, *, attn_mas
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)        # (B, H, Tq, Tk)
     else:
         p_drop, drop = p, DropoutCache.identity(p)
-    out = p_drop @ v                                                                # (B, H, Tq, hv)
+    out = matmul(p_drop, v)                                                         # (B, H, Tq, hv)
     return out, RelativeAttentionCache(q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale)
 
 
@@ -151,28 +153,28 @@ def relative_attention_backward(dout, cache: RelativeAttentionCache):
     h, tk, hs = rk.shape
     p_drop = p if drop.keep is None else p * drop.keep * drop.scale                 # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ values  ->  dP_drop = dout @ values^T,  dvalues = P_drop^T @ dout
-    dv = p_drop.swapaxes(-1, -2) @ dout                                             # (B, H, Tk, hv)
-    dp_drop = dout @ v.swapaxes(-1, -2)                                             # (B, H, Tq, Tk)
+    dv = matmul(p_drop.swapaxes(-1, -2), dout)                                      # (B, H, Tk, hv)
+    dp_drop = matmul(dout, v.swapaxes(-1, -2))                                      # (B, H, Tq, Tk)
     # fwd: P_drop = dropout(P)
     dp = dp_drop if drop.keep is None else dropout_backward(dp_drop, drop)           # (B, H, Tq, Tk)
     # fwd: P = softmax(S)  (0 at blocked keys and fully masked rows)
     ds = softmax_backward(dp, SoftmaxCache(p))                                      # (B, H, Tq, Tk)
     # fwd: S = (AC + BD) * scale + bias  ->  dAC = dBD = dS * scale
-    ds *= scale                                                                     # ds is fresh
+    ds *= get_array_module(ds).asarray(scale, dtype=ds.dtype)                      # ds is fresh
     # fwd: BD = rel_shift(BD_raw)
     dbd_raw = rel_shift_backward(ds, shift)                                         # (B, H, Tq, Tk)
     # fwd: AC = (q + u) @ k^T  ->  d(q + u) = dAC @ k,  dk = dAC^T @ (q + u)
-    dqu = ds @ k                                                                    # (B, H, Tq, hs)
-    dk = ds.swapaxes(-1, -2) @ (q + bias_u[:, None, :])                             # (B, H, Tk, hs)
+    dqu = matmul(ds, k)                                                             # (B, H, Tq, hs)
+    dk = matmul(ds.swapaxes(-1, -2), q + bias_u[:, None, :])                        # (B, H, Tk, hs)
     # fwd: BD_raw = (q + v) @ rk^T  ->  d(q + v) = dBD_raw @ rk,  drk = sum_B dBD_raw^T @ (q + v)
-    dqv = dbd_raw @ rk                                                              # (B, H, Tq, hs)
-    drk = (dbd_raw.swapaxes(-1, -2) @ (q + bias_v[:, None, :])).sum(axis=0)         # (H, Tk, hs)
+    dqv = matmul(dbd_raw, rk)                                                       # (B, H, Tq, hs)
+    drk = accumulated_sum(matmul(dbd_raw.swapaxes(-1, -2), q + bias_v[:, None, :]), axis=0)   # (H, Tk, hs)
     # fwd: q + u, q + v (u, v broadcast over B and Tq)  ->  dq = both,  du, dv summed over B and Tq
     dq = dqu + dqv                                                                  # (B, H, Tq, hs)
-    dbias_u = dqu.sum(axis=(0, 2))                                                  # (H, hs)
-    dbias_v = dqv.sum(axis=(0, 2))                                                  # (H, hs)
+    dbias_u = accumulated_sum(dqu, axis=(0, 2))                                     # (H, hs)
+    dbias_v = accumulated_sum(dqv, axis=(0, 2))                                     # (H, hs)
     # fwd: rk = split_heads(r @ W_r^T)  ->  dr = drk2 @ W_r,  dW_r = drk2^T @ r
     drk2 = drk.transpose(1, 0, 2).reshape(tk, h * hs)                               # (Tk, H*hs)
-    dr = drk2 @ r_weight                                                            # (Tk, C)
-    dr_weight = drk2.T @ r                                                          # (H*hs, C)
+    dr = matmul(drk2, r_weight)                                                     # (Tk, C)
+    dr_weight = matmul(drk2.T, r)                                                   # (H*hs, C)
     return dq, dk, dv, dr, dr_weight, dbias_u, dbias_v

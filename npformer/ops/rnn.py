@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
+from npformer.backend import accumulated_sum, get_array_module, matmul
 from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
@@ -96,9 +96,9 @@ def _param_grads(dpre, x, h0, h, has_bias, xp):
     """dW_ih, dW_hh, db_ih, db_hh from the pre-activation gradients of every step at once."""
     h_prev = xp.concatenate([h0[:, None], h[:, :-1]], axis=1)      # (B, T, H) h_0..h_{T-1}, each step's input
     d2 = dpre.reshape(-1, dpre.shape[-1])                            # (B*T, G*H)
-    dweight_ih = d2.T @ x.reshape(-1, x.shape[-1])                   # (G*H, I)
-    dweight_hh = d2.T @ h_prev.reshape(-1, h_prev.shape[-1])         # (G*H, H)
-    dbias = d2.sum(axis=0) if has_bias else None                     # (G*H,)
+    dweight_ih = matmul(d2.T, x.reshape(-1, x.shape[-1]))            # (G*H, I)
+    dweight_hh = matmul(d2.T, h_prev.reshape(-1, h_prev.shape[-1]))  # (G*H, H)
+    dbias = accumulated_sum(d2, axis=0) if has_bias else None        # (G*H,)
     return dweight_ih, dweight_hh, dbias, (None if dbias is None else dbias.copy())
 
 
@@ -111,7 +111,7 @@ def rnn_forward(x, h0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     w_hh_t = weight_hh.T                                 # (H, H)
     prev = h0
     for s in range(t):
-        a = pre[:, s] + prev @ w_hh_t                    # (B, H)
+        a = pre[:, s] + matmul(prev, w_hh_t)             # (B, H)
         prev = h[:, s] = xp.tanh(a)
     return h, RNNCache(x, h0, weight_ih, weight_hh, h, bias_ih is not None)
 
@@ -132,7 +132,7 @@ def rnn_backward(dout, cache: RNNCache):
         hs = h[:, s]
         da[:, s] = (dout[:, s] + dh_next) * (1 - hs * hs)
         # fwd: a_t = ... + h_{t-1} W_hh^T  ->  dh_{t-1} = da_t W_hh
-        dh_next = da[:, s] @ weight_hh                   # (B, H)
+        dh_next = matmul(da[:, s], weight_hh)            # (B, H)
     # fwd: a_t = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh  ->  all steps at once
     dx = matmul_last(da, weight_ih)                      # (B, T, I)
     dweight_ih, dweight_hh, dbias_ih, dbias_hh = _param_grads(da, x, h0, h, has_bias, xp)
@@ -154,7 +154,7 @@ def lstm_forward(x, h0, c0, weight_ih, weight_hh, bias_ih=None, bias_hh=None):
     w_hh_t = weight_hh.T                                 # (H, 4H)
     h_prev, c_prev = h0, c0
     for s in range(t):
-        z = pre[:, s] + h_prev @ w_hh_t                  # (B, 4H)
+        z = pre[:, s] + matmul(h_prev, w_hh_t)           # (B, 4H)
         gs = gates[:, s]
         gs[:, :2 * hid] = _sigmoid(z[:, :2 * hid], xp)   # i, f
         gs[:, 2 * hid:3 * hid] = xp.tanh(z[:, 2 * hid:3 * hid])                   # g
@@ -199,7 +199,7 @@ def lstm_backward(dout, cache: LSTMCache, dc_n=None):
         d[:, 3 * hid:] = do * o * (1 - o)
         dc_next = dc * f
         # fwd: z_t = ... + h_{t-1} W_hh^T  ->  dh_{t-1} = dz_t W_hh
-        dh_next = d @ weight_hh                          # (B, H)
+        dh_next = matmul(d, weight_hh)                   # (B, H)
     # fwd: z_t = x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh  ->  all steps at once
     dx = matmul_last(dpre, weight_ih)                    # (B, T, I)
     dweight_ih, dweight_hh, dbias_ih, dbias_hh = _param_grads(dpre, x, h0, h, has_bias, xp)

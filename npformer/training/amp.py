@@ -1,5 +1,5 @@
-"""Mixed-precision training: the model computes in float16 (or bfloat16), the optimiser updates float32
-master weights, and a dynamic loss scale keeps small float16 gradients from flushing to zero
+"""Mixed-precision training: the model computes in float16 or bfloat16, the optimiser updates float32
+master weights, and (float16 alone) a dynamic loss scale keeps small gradients from flushing to zero
 (Micikevicius et al. 2018, "Mixed Precision Training"; the rules of ``torch.amp.GradScaler``).
 
 One step (:meth:`MixedPrecision.step` does the part after the backward)::
@@ -14,8 +14,10 @@ Why: float16 has 5 exponent bits (largest 65504, smallest normal 6.1e-5, subnorm
 Gradients of a small model fall below that and vanish; multiplying the loss by S lifts them into
 range, and dividing by S in float32 undoes it exactly (S stays a power of two). An update lr * g of
 1e-6 added to a float16 weight near 1 (spacing 2^-10 there) is rounded away, so the weights the
-optimiser updates are float32. bfloat16 keeps float32's exponent range (scaling is then rarely
-needed; the scaler still catches inf/NaN) but only 8 significant bits.
+optimiser updates are float32. bfloat16 keeps float32's exponent range, so nothing flushes to zero and
+it trains without a loss scaler (as PyTorch's autocast(bfloat16) does, with no GradScaler; asking for
+one is an error), with 8 significant bits (u = 2^-8). Its gradients are those of the loss itself
+(S = 1); non-finite ones mean the run diverged, as in float32: ``step`` raises FloatingPointError.
 
 Recipe (a GPT; the loss is computed in float32 from float32 logits)::
 
@@ -34,11 +36,11 @@ in the same pass as the masters (the master buffer's ``mirror`` is the model's b
 AdamW kernel stores both). The numbers are those of the per-parameter path, which runs for a model
 that is not flattened and inside ``npformer.kernels.disabled()``.
 
-Works on any backend: NumPy float16 runs on the CPU (slowly: NumPy has no float16 BLAS); bfloat16
-only where the backend has the dtype (neither NumPy nor CuPy does without an extension), with an
-InputTypeError (a TypeError) saying so otherwise. A model whose gradients are non-finite at every
-scale never steps (the scale keeps halving, as torch's does); ``scaler.skipped`` counts the skipped
-steps.
+Works on any backend: NumPy float16 runs on the CPU (slowly: NumPy has no float16 BLAS); bfloat16 is
+ml_dtypes' dtype (:func:`npformer.backend.bfloat16`; the extra ``npformer[bfloat16]``, a
+MissingExtraError naming it when absent), which NumPy computes with in software and CuPy on the GPU.
+A float16 model whose gradients are non-finite at every scale never steps (the scale keeps halving,
+as torch's does); ``scaler.skipped`` counts the skipped steps.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ import math
 from collections import OrderedDict
 from typing import Any, Mapping, NamedTuple
 
-from npformer.backend import get_backend, to_device
+from npformer.backend import get_backend, resolve_dtype, to_device
 from npformer.checks import describe, one_of, positive_int, real
 from npformer.dispatch import enabled
 from npformer.errors import InputTypeError, RangeError
@@ -96,30 +98,26 @@ class DynamicLossScaler:
 
 class AmpStep(NamedTuple):
     stepped: bool              # False: inf/NaN gradients, the step was skipped
-    scale: float               # the loss scale the gradients carried
+    scale: float               # the loss scale the gradients carried (1.0 without a scaler: bfloat16)
     grad_norm: float | None    # the unscaled norm before clipping (max_norm given and stepped), else None
 
 
 def low_precision_dtype(dtype, xp):
-    """float16 or bfloat16 of backend ``xp``; InputTypeError naming the backend where bfloat16 is absent.
-
-    bfloat16 counts as present only when the backend module has it (``xp.bfloat16``). NumPy and CuPy
-    have none: an extension such as ml_dtypes can register a bfloat16 *dtype* with NumPy, which
-    then makes ``xp.dtype("bfloat16")`` succeed for both, yet neither computes with it (CuPy cannot
-    allocate it), so a name that merely resolves is not taken as support."""
+    """float16 or bfloat16 of backend ``xp``. Neither NumPy nor CuPy has a bfloat16 of its own (no
+    ``xp.bfloat16``); ml_dtypes' dtype serves both (NumPy computes with it, CuPy 14 allocates, casts
+    and multiplies it), resolved by :func:`npformer.backend.resolve_dtype`: a MissingExtraError
+    naming the extra without ml_dtypes."""
     name = str(getattr(dtype, "__name__", dtype))
     one_of(name, "dtype (mixed precision)", ("float16", "bfloat16"))
-    if name == "bfloat16" and not hasattr(xp, "bfloat16"):
-        raise InputTypeError(f"dtype bfloat16: backend {xp.__name__} has no bfloat16 dtype (an extension "
-                             "such as ml_dtypes can name one but not compute with it); use 'float16'")
-    return xp.dtype(getattr(xp, name))
+    return resolve_dtype(xp, name)
 
 
 class MixedPrecision:
     """Float32 master copies of ``model``'s parameters; the model itself is rounded to ``dtype``.
 
     Build the optimiser over :meth:`named_parameters` (the masters) and call :meth:`step` after each
-    backward; see the module docstring for the whole loop.
+    backward; see the module docstring for the whole loop. float16 takes ``scaler`` (None: a
+    :class:`DynamicLossScaler` of torch's defaults); bfloat16 has none (``scaler`` is None).
     """
 
     def __init__(self, model: Module, dtype: Any = "float16", scaler: DynamicLossScaler | None = None):
@@ -128,7 +126,14 @@ class MixedPrecision:
         self.xp = get_backend(model.backend)
         self.dtype = low_precision_dtype(dtype, self.xp)
         self.model = model
-        self.scaler = scaler if scaler is not None else DynamicLossScaler()
+        if self.dtype.name == "bfloat16":
+            if scaler is not None:
+                raise RangeError("scaler: bfloat16 keeps float32's exponent range and trains without loss "
+                                 f"scaling (as torch.autocast(dtype=torch.bfloat16)); got {describe(scaler)}: "
+                                 "pass scaler=None, or use float16, which needs one")
+            self.scaler = None
+        else:
+            self.scaler = scaler if scaler is not None else DynamicLossScaler()
         self._pairs = [(name, p, Parameter(p.data.astype(self.xp.float32, copy=True), decay=p.decay))
                        for name, p in model.named_parameters()]      # tied parameters appear once
         self._master_of = {id(p): m for _, p, m in self._pairs}
@@ -145,13 +150,17 @@ class MixedPrecision:
 
     def scaled_dloss(self):
         """The upstream gradient of a float32 loss, S, as a 0-d float32 array: the loss's backward
-        takes it in place of 1."""
-        return self.xp.asarray(self.scaler.scale, dtype=self.xp.float32)
+        takes it in place of 1 (and it is 1 without a scaler)."""
+        return self.xp.asarray(self._scale(), dtype=self.xp.float32)
+
+    def _scale(self) -> float:
+        return 1.0 if self.scaler is None else self.scaler.scale
 
     def step(self, optimizer, max_norm: float | None = None) -> AmpStep:
         """Unscale the model's gradients into the masters, skip on inf/NaN, clip to ``max_norm``,
-        step ``optimizer``, round the masters back into the model, and zero every gradient."""
-        xp, scale = self.xp, self.scaler.scale
+        step ``optimizer``, round the masters back into the model, and zero every gradient. Without a
+        scaler (bfloat16) non-finite gradients raise FloatingPointError: there is no scale to lower."""
+        xp, scale = self.xp, self._scale()
         masters = {id(m) for m in self.parameters()}
         foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in masters]
         if foreign:
@@ -184,7 +193,12 @@ class MixedPrecision:
         for _, p, m in self._pairs:
             m.grad = None
         self.model.zero_grad()
-        self.scaler.update(not ok)
+        if self.scaler is None:
+            if not ok:
+                raise FloatingPointError(f"{self.dtype} gradients are not finite and there is no loss scale to "
+                                         "lower (bfloat16 trains without one): the run diverged")
+        else:
+            self.scaler.update(not ok)
         return AmpStep(ok, scale, norm)
 
     def _flat_pairs(self) -> list | None:

@@ -167,7 +167,7 @@ class Trainer:
         meta = {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
                 "model_config": self.model.config.to_dict(), "ranks": self.ranks,
                 "best_valid_loss": self.best_loss if math.isfinite(self.best_loss) else None}
-        if self.amp:
+        if self.amp and self.amp.scaler is not None:       # float16's; bfloat16 has none
             meta["loss_scaler"] = self.amp.scaler.state_dict()
         return meta
 
@@ -222,7 +222,7 @@ class Trainer:
     def load_model_state(self, state, meta: dict) -> None:
         if self.amp:
             self.amp.load_master_state_dict(state)
-            if "loss_scaler" in meta:
+            if "loss_scaler" in meta and self.amp.scaler is not None:
                 self.amp.scaler.load_state_dict(meta["loss_scaler"])
         else:
             self.model.load_state_dict(state)

@@ -3,14 +3,17 @@ import math
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from npformer import backend
-from npformer.backend import (BackendUnavailableError, accumulation_dtype, default_backend_name,
-                              default_rng, erf, get_array_module, get_backend, scatter_add,
-                              to_device, to_numpy)
+from npformer.backend import (BackendUnavailableError, accumulated_sum, accumulation_dtype, bfloat16,
+                              default_backend_name,
+                              default_rng, erf, get_array_module, get_backend, is_float_dtype, matmul,
+                              resolve_dtype, scatter_add, to_device, to_numpy)
+from npformer.errors import MissingExtraError
 from tests.helpers import posing_as_cupy
 
 
@@ -145,6 +148,58 @@ def test_accumulation_dtype():
     assert accumulation_dtype(np.float64) == np.float64
 
 
+def test_bfloat16_is_ml_dtypes_dtype_a_float_accumulated_in_float32():
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install 'npformer[bfloat16]')")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    assert bfloat16() == bf16 and bf16.kind == "V" and bf16.itemsize == 2      # not kind "f": is_float_dtype
+    for name in ("bfloat16", ml_dtypes.bfloat16, bf16):
+        assert resolve_dtype(np, name) == bf16
+    assert resolve_dtype(np, "float16") == np.float16 and resolve_dtype(np, None) == np.float64
+    assert all(is_float_dtype(d) for d in (bf16, np.float16, np.float32, np.float64))
+    assert not any(is_float_dtype(d) for d in (np.int32, np.bool_, np.complex64, np.dtype("V2"), object))
+    assert accumulation_dtype(bf16) == np.float32
+    assert erf(np.asarray([0.5, -2.0], bf16)).dtype == bf16
+
+
+def test_accumulated_sum_adds_16_bit_values_in_float32():
+    """4096 ones down a column: float16 and bfloat16 running sums would stall at 2048 and 256."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install 'npformer[bfloat16]')")
+    for dtype in (np.float16, np.dtype(ml_dtypes.bfloat16)):
+        ones = np.ones((4096, 3), dtype)
+        got = accumulated_sum(ones, axis=0)
+        assert got.dtype == dtype and np.array_equal(got.astype(np.float32), [4096.0] * 3)
+        assert accumulated_sum(ones[:, 0], keepdims=True).shape == (1,)
+    assert float(np.ones(4096, ml_dtypes.bfloat16).sum()) == 256.0        # what ml_dtypes' own sum gives
+    x = np.random.default_rng(0).standard_normal((50, 7)).astype(np.float32)
+    assert np.array_equal(accumulated_sum(x, axis=0), x.sum(axis=0))     # float32: the plain sum, bit for bit
+
+
+def test_matmul_keeps_the_operands_dtype_rounding_numpys_float32_bfloat16_products():
+    """NumPy's bfloat16 product (ml_dtypes) returns its float32 sums; matmul rounds them once, as
+    cuBLAS and PyTorch do. Other dtypes: ``a @ b`` itself."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install 'npformer[bfloat16]')")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 33)).astype(bf16), rng.standard_normal((33, 4)).astype(bf16)
+    assert (a @ b).dtype == np.float32                                  # what NumPy gives
+    got = matmul(a, b)
+    assert got.dtype == bf16
+    np.testing.assert_array_equal(got.astype(np.float32), (a.astype(np.float32) @ b.astype(np.float32)).astype(bf16)
+                                  .astype(np.float32))                  # exact products, float32 sums, one rounding
+    for dtype in (np.float16, np.float32, np.float64):
+        x, y = a.astype(dtype), b.astype(dtype)
+        assert matmul(x, y).dtype == dtype and np.array_equal(matmul(x, y), x @ y)
+
+
+def test_bfloat16_without_ml_dtypes_is_a_missing_extra_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)                 # its import fails
+    with pytest.raises(MissingExtraError, match=r'bfloat16 needs the ml_dtypes package.*"npformer\[bfloat16\]"'):
+        bfloat16()
+    with pytest.raises(ImportError):                                    # MissingExtraError is an ImportError too
+        resolve_dtype(np, "bfloat16")
+    assert resolve_dtype(np, "float16") == np.float16                   # the other dtypes need nothing
+
+
 def test_erf_matches_math_erf_to_float64_precision():
     x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, 0.46875, -0.46875, 4.0, -4.0, 1e-300, 27.0]])
     ref = np.array([math.erf(v) for v in x])
@@ -163,10 +218,26 @@ def test_erf_edges_and_dtypes():
 def test_import_npformer_never_imports_cupy():
     code = ("import sys, npformer, npformer.ops, npformer.tools; "
             "import npformer.cli; "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx', 'torch')); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('cupy', 'cupyx', 'torch', 'ml_dtypes')); "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_npformer_works_without_ml_dtypes_until_bfloat16_is_asked_for():
+    """ml_dtypes is the optional extra npformer[bfloat16]: float16/32/64 models and training need none."""
+    code = ("import sys; sys.modules['ml_dtypes'] = None; import numpy as np; import npformer; "
+            "from npformer.models.gpt import GPT, GPTConfig; from npformer.training.amp import MixedPrecision; "
+            "m = GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, d_model=4), rng=0); "
+            "MixedPrecision(m, 'float16'); print(m(np.zeros((1, 3), int)).dtype)\n"
+            "try:\n    GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, d_model=4), dtype='bfloat16')\n"
+            "except npformer.errors.MissingExtraError as exc:\n    print(exc)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).resolve().parents[2])      # this checkout's npformer
+    assert res.returncode == 0, res.stderr
+    missing = ("bfloat16 needs the ml_dtypes package, which gives NumPy and CuPy the dtype: "
+               'pip install "npformer[bfloat16]"')
+    assert res.stdout.splitlines() == ["float16", missing], res.stdout
 
 
 def test_import_npformer_works_when_cupy_is_broken():

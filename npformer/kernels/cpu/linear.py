@@ -36,6 +36,7 @@ import functools
 
 import numpy
 
+from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, note_blas_product, run_parallel, split
 from npformer.ops.linear import LinearCache, as_rows, check_linear_inputs
@@ -99,8 +100,8 @@ def linear_backward(dout, cache: LinearCache):
         if k < len(outs):
             a, b = outs[k]
             numpy.matmul(d2[:, a:b].T, x2, out=dweight[a:b])
-            if has_bias:
-                d2[:, a:b].sum(axis=0, out=dbias[a:b])
+            if has_bias:             # in float32 for float16, as the reference's accumulated_sum
+                dbias[a:b] = d2[:, a:b].sum(axis=0, dtype=accumulation_dtype(d2.dtype))
 
     if parts == 1:                         # the whole product: one BLAS call, on BLAS's own threads
         part(0)
