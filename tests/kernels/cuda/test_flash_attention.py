@@ -1,6 +1,7 @@
 """The CUDA flash attention kernels against the reference (npformer.ops.flash_attention): outputs, lse
 and gradients over shapes (ragged T, Tq != Tk, head sizes 1..128), every mask kind, both causal
-alignments, fully masked rows and dropout, in float64/32/16; the dropout keep rule position by
+alignments, fully masked rows and dropout, in float64/32/16 and bfloat16 (also against the float32
+reference: compare); the dropout keep rule position by
 position; float64 gradient checks through the kernels; either backward on either forward's cache;
 dispatch, fall-back and bad input; shared memory and entry points; "auto" attention on device arrays.
 
@@ -100,7 +101,22 @@ def compare(fx, q, k, v, dout, kw, dtype, p=0.0, rng_seed=None):
         assert_close(g, r, dtype, scale=scales[what], what=what)
         assert_close(other, r, dtype, scale=scales[what], what=f"reference {what} on the kernel's cache")
         assert_close(other2, r, dtype, scale=scales[what], what=f"kernel {what} on the reference's cache")
+    if dtype == "bfloat16":
+        against_float32(q, k, v, dout, kw, out, grads, scales, p, rng_seed)
     return out, cache, grads
+
+
+def against_float32(q, k, v, dout, kw, out, grads, scales, p, rng_seed):
+    """bfloat16 results against the float32 reference on the same (exactly widened) inputs, rounded once
+    to bfloat16: the kernels compute in float32 and round P and dS to bfloat16 as tensor-core operands,
+    within TOL["bfloat16"] (4 ulp) of the magnitudes in play with the reference's half ulp."""
+    name, f32 = backend_name(q), [a.astype("float32") for a in (q, k, v, dout)]
+    drop = {} if not p else {"dropout_p": p, "rng": default_rng(rng_seed, name)}
+    with disabled():
+        ref, ref_cache = flash_forward(*f32[:3], **kw, **drop)
+        ref_grads = flash_backward(f32[3], ref_cache)
+    for what, got, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        assert_close(got, r.astype(got.dtype), "bfloat16", scale=scales[what], what=f"{what} against float32")
 
 
 @given(b=st.integers(1, 2), h=st.integers(1, 2), tq=LENGTHS, tk=LENGTHS, hs=st.integers(1, 40),
