@@ -595,34 +595,19 @@ __device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v
 // conversions (npf_store) before and in the emulator.
 template <typename T> struct Npf16;
 template <> struct Npf16<unsigned short> {
+    static constexpr bool BF16 = false;
     static __device__ __forceinline__ unsigned short bits(unsigned short h) { return h; }
-    static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
-        npf_mma_16816(d, a, b, c);
-    }
-#if defined(__CUDACC__) && __CUDA_ARCH__ >= 800
-    static __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-#endif
 };
 template <> struct Npf16<npf_bf16> {
+    static constexpr bool BF16 = true;
     static __device__ __forceinline__ unsigned short bits(npf_bf16 h) { return h.bits; }
-    static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
-        npf_mma_16816_bf16(d, a, b, c);
-    }
-#if defined(__CUDACC__) && __CUDA_ARCH__ >= 800
-    static __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-        unsigned r;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-        return r;
-    }
-#endif
 };
 template <typename T> __device__ __forceinline__ unsigned npf_pack2(float lo, float hi) {
 #if defined(__CUDACC__) && __CUDA_ARCH__ >= 800
-    return Npf16<T>::pack2(lo, hi);
+    unsigned r;
+    if (Npf16<T>::BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 #else
     T l, h;
     npf_store(&l, lo);
@@ -660,7 +645,8 @@ template <typename T_> struct NpfHalfOps {      // T_: unsigned short (float16) 
         a[3] = npf_pack2<T>(c[1][2], c[1][3]);
     }
     static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
-        Npf16<T>::mma(d, a, b, c);
+        if (Npf16<T>::BF16) npf_mma_16816_bf16(d, a, b, c);
+        else npf_mma_16816(d, a, b, c);
     }
 };
 

@@ -33,6 +33,7 @@ from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cuda import flash_source, runtime
+from npformer.kernels.cuda import linear as cuda_linear
 from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
 from tests.kernels.cuda import emulator, sources
 
@@ -95,4 +96,7 @@ def fx(request, monkeypatch):
     monkeypatch.setattr(runtime, "compile_module", lambda source, options, name_expressions=(): (
         request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})
+    # NumPy's bfloat16 product (ml_dtypes) is float32, CuPy's bfloat16 (cuBLAS: float32 accumulation, one
+    # rounding): the emulation rounds NumPy's so (a no-op for the other dtypes)
+    monkeypatch.setattr(cuda_linear, "matmul", lambda a, b: (a @ b).astype(a.dtype, copy=False))
     return Backend("emulated", np)
