@@ -532,7 +532,7 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
 // (a row lives in the 4 lanes of a quad: its max and sum are two shuffles), P rounded to the operand type
 // as the A fragments of O += P V. The same arithmetic as npf_fa_forward, with the products on tensor
 // cores (float32 accumulators); masks, causal tiles, dropout and the outputs are its. The operands come
-// through an Ops policy: NpfHalfOps (float16 tiles, m16n8k16, ldmatrix) or NpfTf32Ops (float32 tiles,
+// through an Ops policy: NpfHalfOps<T> (float16 or bfloat16 tiles, m16n8k16, ldmatrix) or NpfTf32Ops (float32 tiles,
 // TF32 m16n8k8: each operand rounded by cvt.rna as it is read, the float32 opt-in).
 #define NPF_FA_TC_BR 64
 
@@ -1142,6 +1142,7 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
                                                   float (&m)[NpfFaDenseTraits<D>::FRAGS][2],
                                                   float (&l)[NpfFaDenseTraits<D>::FRAGS][2]) {
     typedef NpfFaDenseTraits<D> Tr;
+    typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float inf = npf_fa_inf(0.0f);
@@ -1156,15 +1157,15 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
     for (int kd = 0; kd < KD; ++kd) {
         unsigned aq[F][4];                                   // the warp's rows of Q, d block kd
 #pragma unroll
-        for (int f = 0; f < F; ++f) NpfHalfOps<T>::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+        for (int f = 0; f < F; ++f) Ops::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bk[4];                                  // two key blocks of K: each feeds every fragment
-            NpfHalfOps<T>::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                NpfHalfOps<T>::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
-                NpfHalfOps<T>::mma(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
+                Ops::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
+                Ops::mma(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
             }
         }
     }
@@ -1214,15 +1215,15 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
     for (int kb = 0; kb < KB; ++kb) {
         unsigned ap[F][4];                                   // keys 16 kb .. of P as float16 A fragments
 #pragma unroll
-        for (int f = 0; f < F; ++f) NpfHalfOps<T>::a_from_c(ap[f], s[f] + 2 * kb);
+        for (int f = 0; f < F; ++f) Ops::a_from_c(ap[f], s[f] + 2 * kb);
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bv[4];                                  // V rows as B fragments: each feeds every fragment
-            NpfHalfOps<T>::b_cols(bv, Vs, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bv, Vs, LD, kb * 16, dn2 * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                NpfHalfOps<T>::mma(o[f][2 * dn2], ap[f], bv, o[f][2 * dn2]);
-                NpfHalfOps<T>::mma(o[f][2 * dn2 + 1], ap[f], bv + 2, o[f][2 * dn2 + 1]);
+                Ops::mma(o[f][2 * dn2], ap[f], bv, o[f][2 * dn2]);
+                Ops::mma(o[f][2 * dn2 + 1], ap[f], bv + 2, o[f][2 * dn2 + 1]);
             }
         }
     }
@@ -1356,6 +1357,7 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
                                                      const float (&dd)[NpfFaDenseDqTraits<D>::FRAGS][2],
                                                      float (&dq)[NpfFaDenseDqTraits<D>::FRAGS][D / 8][4]) {
     typedef NpfFaDenseDqTraits<D> Tr;
+    typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float s[F][NB][4], dp[F][NB][4];
@@ -1370,20 +1372,20 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
         unsigned aq[F][4], ag[F][4];                         // the warp's rows of Q and of dO, d block kd
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            NpfHalfOps<T>::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
-            NpfHalfOps<T>::a_rows(ag[f], dOs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+            Ops::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+            Ops::a_rows(ag[f], dOs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
         }
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bk[4], bv[4];                           // two key blocks of K and of V
-            NpfHalfOps<T>::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
-            NpfHalfOps<T>::b_rows(bv, Vs, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bv, Vs, LD, nb2 * 16, kd * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                NpfHalfOps<T>::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
-                NpfHalfOps<T>::mma(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
-                NpfHalfOps<T>::mma(dp[f][2 * nb2], ag[f], bv, dp[f][2 * nb2]);
-                NpfHalfOps<T>::mma(dp[f][2 * nb2 + 1], ag[f], bv + 2, dp[f][2 * nb2 + 1]);
+                Ops::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
+                Ops::mma(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
+                Ops::mma(dp[f][2 * nb2], ag[f], bv, dp[f][2 * nb2]);
+                Ops::mma(dp[f][2 * nb2 + 1], ag[f], bv + 2, dp[f][2 * nb2 + 1]);
             }
         }
     }
@@ -1405,15 +1407,15 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
     for (int kb = 0; kb < KB; ++kb) {
         unsigned as[F][4];                                   // keys 16 kb .. of dS as float16 A fragments
 #pragma unroll
-        for (int f = 0; f < F; ++f) NpfHalfOps<T>::a_from_c(as[f], s[f] + 2 * kb);
+        for (int f = 0; f < F; ++f) Ops::a_from_c(as[f], s[f] + 2 * kb);
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bk[4];                                  // K rows, transposed: keys are the k axis here
-            NpfHalfOps<T>::b_cols(bk, Ks, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bk, Ks, LD, kb * 16, dn2 * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                NpfHalfOps<T>::mma(dq[f][2 * dn2], as[f], bk, dq[f][2 * dn2]);
-                NpfHalfOps<T>::mma(dq[f][2 * dn2 + 1], as[f], bk + 2, dq[f][2 * dn2 + 1]);
+                Ops::mma(dq[f][2 * dn2], as[f], bk, dq[f][2 * dn2]);
+                Ops::mma(dq[f][2 * dn2 + 1], as[f], bk + 2, dq[f][2 * dn2 + 1]);
             }
         }
     }
@@ -1500,6 +1502,7 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
                                                        float (&dk)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4],
                                                        float (&dv)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4]) {
     typedef NpfFaDenseDkdvTraits<D> Tr;
+    typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BQ / 8, DN = D / 8, KD = D / 16, KB = Tr::BQ / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float st[F][NB][4], dpt[F][NB][4];                       // rows: the warp's keys; columns: the tile's queries
@@ -1514,20 +1517,20 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
         unsigned ak[F][4], av[F][4];                         // the warp's keys of K and of V, d block kd
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            NpfHalfOps<T>::a_rows(ak[f], Ks, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
-            NpfHalfOps<T>::a_rows(av[f], Vs, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+            Ops::a_rows(ak[f], Ks, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+            Ops::a_rows(av[f], Vs, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
         }
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bq[4], bg[4];                           // Q rows and dO rows as B fragments (n: queries)
-            NpfHalfOps<T>::b_rows(bq, Qs, LD, nb2 * 16, kd * 16, lane);
-            NpfHalfOps<T>::b_rows(bg, dOs, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bq, Qs, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bg, dOs, LD, nb2 * 16, kd * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                NpfHalfOps<T>::mma(st[f][2 * nb2], ak[f], bq, st[f][2 * nb2]);
-                NpfHalfOps<T>::mma(st[f][2 * nb2 + 1], ak[f], bq + 2, st[f][2 * nb2 + 1]);
-                NpfHalfOps<T>::mma(dpt[f][2 * nb2], av[f], bg, dpt[f][2 * nb2]);
-                NpfHalfOps<T>::mma(dpt[f][2 * nb2 + 1], av[f], bg + 2, dpt[f][2 * nb2 + 1]);
+                Ops::mma(st[f][2 * nb2], ak[f], bq, st[f][2 * nb2]);
+                Ops::mma(st[f][2 * nb2 + 1], ak[f], bq + 2, st[f][2 * nb2 + 1]);
+                Ops::mma(dpt[f][2 * nb2], av[f], bg, dpt[f][2 * nb2]);
+                Ops::mma(dpt[f][2 * nb2 + 1], av[f], bg + 2, dpt[f][2 * nb2 + 1]);
             }
         }
     }
@@ -1553,20 +1556,20 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
         unsigned ap[F][4], as[F][4];                         // queries 16 kb .. of P^T and dS^T as A fragments
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            NpfHalfOps<T>::a_from_c(ap[f], st[f] + 2 * kb);
-            NpfHalfOps<T>::a_from_c(as[f], dpt[f] + 2 * kb);
+            Ops::a_from_c(ap[f], st[f] + 2 * kb);
+            Ops::a_from_c(as[f], dpt[f] + 2 * kb);
         }
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bg[4], bq[4];                           // dO and Q rows, transposed (k: queries, n: d)
-            NpfHalfOps<T>::b_cols(bg, dOs, LD, kb * 16, dn2 * 16, lane);
-            NpfHalfOps<T>::b_cols(bq, Qs, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bg, dOs, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bq, Qs, LD, kb * 16, dn2 * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                NpfHalfOps<T>::mma(dv[f][2 * dn2], ap[f], bg, dv[f][2 * dn2]);
-                NpfHalfOps<T>::mma(dv[f][2 * dn2 + 1], ap[f], bg + 2, dv[f][2 * dn2 + 1]);
-                NpfHalfOps<T>::mma(dk[f][2 * dn2], as[f], bq, dk[f][2 * dn2]);
-                NpfHalfOps<T>::mma(dk[f][2 * dn2 + 1], as[f], bq + 2, dk[f][2 * dn2 + 1]);
+                Ops::mma(dv[f][2 * dn2], ap[f], bg, dv[f][2 * dn2]);
+                Ops::mma(dv[f][2 * dn2 + 1], ap[f], bg + 2, dv[f][2 * dn2 + 1]);
+                Ops::mma(dk[f][2 * dn2], as[f], bq, dk[f][2 * dn2]);
+                Ops::mma(dk[f][2 * dn2 + 1], as[f], bq + 2, dk[f][2 * dn2 + 1]);
             }
         }
     }
@@ -1686,7 +1689,8 @@ npf_fa_kernel(const NpfFaParams<typename K::T, typename K::A> p) {
     K::run(p);
 }
 
-// The arithmetic type of a storage type: float for float16 (unsigned short) and float32, double for float64
+// The arithmetic type of a storage type: float for float16 (unsigned short), bfloat16 (npf_bf16) and float32,
+// double for float64
 template <typename T> struct NpfFaAcc { typedef float A; };
 template <> struct NpfFaAcc<double> { typedef double A; };
 
@@ -1754,7 +1758,8 @@ template <typename T_> struct NpfFaPre {
     }
 };
 
-// The tensor-core kernels (sm_80 and later): float16 on NpfHalfOps (m16n8k16), float32 on NpfTf32Ops (TF32
+// The tensor-core kernels (sm_80 and later): float16 and bfloat16 on NpfHalfOps<T> (m16n8k16), float32 on
+// NpfTf32Ops (TF32
 // m16n8k8, under the opt-in). A block takes 64 rows (NpfFaTcWarp); BC keys a tile (dQ; the forward's is its
 // own): 32, 16 for TF32 at D 128 (float32 tiles take twice the bytes); BQ query rows a tile (dK, dV): 32, 16
 // at D 128 (its dK and dV accumulators take D registers a lane).
@@ -1812,7 +1817,7 @@ template <typename T_, int D_> struct NpfFaDkdvTc : NpfFaTc<T_, D_> {
     }
 };
 
-// The dense kernels (float16; no mask, padding or dropout; CAUSAL or not): their traits are above
+// The dense kernels (float16, bfloat16; no mask, padding or dropout; CAUSAL or not): their traits are above
 // (NpfFaDenseTraits, NpfFaDenseDqTraits, NpfFaDenseDkdvTraits), with the measured reasons.
 template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTraits<D_> {
     typedef T_ T;
@@ -1829,7 +1834,8 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTr
     static constexpr int ROWS = NpfFaDenseDqTraits<D_>::BR;
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
-        npf_fa_bwd_dq_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl, p.dql);
+        npf_fa_bwd_dq_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl,
+                                            p.dql);
     }
 };
 template <typename T_, int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDkdvTraits<D_> {
@@ -1838,7 +1844,7 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDk
     static constexpr int ROWS = NpfFaDenseDkdvTraits<D_>::BC;
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
-        npf_fa_bwd_dkdv_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl, p.gl,
-                                          p.dkl, p.dvl);
+        npf_fa_bwd_dkdv_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl,
+                                              p.gl, p.dkl, p.dvl);
     }
 };

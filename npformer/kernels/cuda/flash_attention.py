@@ -31,10 +31,10 @@ from npformer.backend import accumulation_dtype, get_backend, to_numpy
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VARIANT_OF, TENSORS, dtype_name,
-                                                geometry, layout_field, name_expression, params_dtype)
+from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VARIANT_OF, TENSORS, geometry,
+                                                layout_field, name_expression, params_dtype)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
-from npformer.kernels.cuda.source import TYPES
+from npformer.kernels.cuda.source import TYPES, dtype_name
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",

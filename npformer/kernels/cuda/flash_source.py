@@ -3,8 +3,8 @@
 Three kernels and a pre-pass, FlashAttention-2 (Dao 2023, Algorithms 1 and 2) in SIMT arithmetic:
 every tile product is a loop of multiply-adds, in the accumulation type ``A`` (float for float16 and
 float32, double for float64); and the same three on tensor cores (``_tc`` kernels, one template over an
-operand policy: float16 with ``NpfHalfOps``, float32 under the TF32 opt-in with ``NpfTf32Ops``). Each
-maps to lines of the reference, :mod:`npformer.ops.flash_attention` (names below are the reference's):
+operand policy: float16 and bfloat16 with ``NpfHalfOps<T>``, float32 under the TF32 opt-in with
+``NpfTf32Ops``). Each maps to lines of the reference, :mod:`npformer.ops.flash_attention` (names below are the reference's):
 
 ==================================  ===============================================================
 CUDA C                              reference
@@ -105,7 +105,7 @@ import re
 import numpy
 
 from npformer.kernels.cuda.files import read_source
-from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES, cuda_type
+from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES, cuda_type, dtype_name
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
@@ -126,8 +126,7 @@ TC_VARIANT_OF = {"float16": "tc", "bfloat16": "tc", "float32": "tf32"}
 # the grid's x axis (queries; keys for dK, dV) and its dynamic shared memory in bytes: copies of the traits'
 # ROWS and SHARED, which tests/kernels/cuda/test_flash_attention.py compares with the compiled traits (the
 # dense kernels' causal and plain instantiations share theirs, and bfloat16's float16's: _GEOMETRY_STORAGE).
-# The block is THREADS (PRE_THREADS for
-# NpfFaPre, whose ROWS is a block's 8 rows and SHARED 0), also checked.
+# The block is THREADS (PRE_THREADS for NpfFaPre, whose ROWS is a block's 8 rows and SHARED 0), also checked.
 GEOMETRY = {
     # SIMT (BR x BC tiles: 64 x 64 in float up to D 64, else 32 x 32); float16 and float32 compute in float
     "NpfFaFwd<unsigned short, 32>": (64, 49152), "NpfFaFwd<unsigned short, 64>": (64, 73728),
@@ -196,11 +195,6 @@ _TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
 _GEOMETRY_STORAGE = {"npf_bf16": "unsigned short"}
 
 
-def dtype_name(dtype) -> str:
-    """The name TYPES and TC_VARIANT_OF know ``dtype`` by (a dtype, a scalar type, or already a name)."""
-    return dtype if isinstance(dtype, str) and dtype in TYPES else numpy.dtype(dtype).name
-
-
 def kernels(dtype) -> tuple:
     """The kernels ``dtype`` has, by npformer's name: "fwd", "bwd_dq", "bwd_dkdv" (SIMT), "bwd_pre", and the
     tensor-core ones ("fwd_tc", ... for float16 and bfloat16, with the dense "fwd_dense", "fwd_dense_causal", ...;
@@ -242,7 +236,7 @@ def geometry(name: str, dtype, d: int) -> tuple[int, int, int]:
 
 
 def entry_name(kernel: str, dtype, d: int | None = None) -> str:
-    """``npf_fa_<kernel>[_d<D>]_<f16|f32|f64>``: the name tables and reports give kernel ``kernel`` of
+    """``npf_fa_<kernel>[_d<D>]_<f16|bf16|f32|f64>``: the name tables and reports give kernel ``kernel`` of
     ``dtype`` and bucket D (benchmarks/cuda_kernels.py's rows, the occupancy floors)."""
     suffix = cuda_type(dtype)[2]
     return f"npf_fa_{kernel}_{suffix}" if d is None else f"npf_fa_{kernel}_d{d}_{suffix}"

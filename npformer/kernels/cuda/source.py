@@ -23,7 +23,7 @@ from npformer.kernels.cuda.fused_source import FUSED_ENTRY_POINTS, FUSED_KERNELS
 from npformer.kernels.cuda.optim_source import OPTIM_SOURCE
 from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
 
-__all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type",
+__all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type", "dtype_name",
            "MAX_THREADS", "COL_X", "COL_Y"]
 
 
@@ -37,11 +37,15 @@ TYPES = {"float16": ("unsigned short", "float", "f16"), "bfloat16": ("npf_bf16",
          "float32": ("float", "float", "f32"), "float64": ("double", "double", "f64")}
 
 
+def dtype_name(dtype) -> str:
+    """The name :data:`TYPES` knows ``dtype`` by (a dtype, a scalar type, or already a name)."""
+    return dtype if isinstance(dtype, str) and dtype in TYPES else numpy.dtype(dtype).name
+
+
 def cuda_type(dtype) -> tuple[str, str, str] | None:
     """(storage type, arithmetic type, suffix) of ``dtype`` (a dtype, a scalar type or a name) from
     :data:`TYPES`; None for a dtype the kernels do not take."""
-    name = dtype if isinstance(dtype, str) and dtype in TYPES else numpy.dtype(dtype).name
-    return TYPES.get(name)
+    return TYPES.get(dtype_name(dtype))
 
 HALF_CONVERSIONS = read_source("half.cuh")
 

@@ -3,17 +3,16 @@
 The kernel source (npformer.kernels.cuda.source.KERNELS_SOURCE, everything but the two PTX float16
 conversions) is compiled by g++ with a small shim: ``__global__``/``__device__`` vanish,
 ``__shared__`` becomes ``static`` (one block runs at a time), float16 conversions use ``_Float16``
-(round to nearest even, as ``cvt.rn``), and every CUDA thread of a block is a fiber (``ucontext``).
-The fibers run one after another up to each ``__syncthreads``, a legal CUDA schedule with the
+(round to nearest even, as ``cvt.rn``; bfloat16's are prelude.cuh's own C, compiled as they are),
+and every CUDA thread of a block is a fiber (``ucontext``). The fibers run one after another up to each ``__syncthreads``, a legal CUDA schedule with the
 largest skew between threads, so a missing barrier changes results here; a barrier that not every
 thread of the block reaches is reported as an error instead of hanging.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
 and ``npf_mma_16816_bf16`` (m16n8k16, float16 or bfloat16 in, float32 accumulate, the PTX ISA's
-fragment layouts, one for both types; a bfloat16 is decoded bit for bit as the upper half of a float32,
-and its products, 8 by 8 significant bits, are exact in float32 as float16's are, but for a product
-beyond float32's range, which the emulator takes as float32 rounds it: the products are exact
-and added in order, each addition rounded to float32; a GPU's tensor cores add them otherwise, with
+fragment layouts, one for both types; a bfloat16 is decoded bit for bit as the upper half of a float32:
+the products are exact in float32 (11 or 8 significant bits a factor; a bfloat16 product beyond float32's
+range, or below its normals, is rounded as float32 rounds it) and added in order, each addition rounded to float32; a GPU's tensor cores add them otherwise, with
 more bits and truncation by Fasi et al.'s measurements (2021), so the last bits differ and a test
 compares within a stated bound, never bit for bit with a GPU), ``npf_mma_1688_tf32``
 (m16n8k8, TF32 in: an operand's 13 low mantissa bits are not read; ``npf_tf32`` rounds to TF32 as
