@@ -280,7 +280,7 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
 
 def _base(name: str) -> str:
     """An entry point's name without ``npf_``, the dtype suffix and the flash head-size bucket."""
-    return re.sub(r"(_d\d+)?_f(16|32|64)$", "", name.removeprefix("npf_"))
+    return re.sub(r"(_d\d+)?_(f16|bf16|f32|f64)$", "", name.removeprefix("npf_"))
 
 
 def block_threads(name: str) -> int:
@@ -307,7 +307,7 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     from npformer.kernels.cuda import flash_source, runtime
     column = ARCHS.index(arch)
     base = _base(name)
-    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|f32|f64)$",
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|bf16|f32|f64)$",
                  name)
     if m:
         acc = "double" if m.group(4) == "f64" else "float"
@@ -319,7 +319,7 @@ def occupancy_floor(name: str, arch: int) -> float | None:
 def _flash(name: str) -> tuple | None:
     """(kernel, dtype, D) of a flash attention kernel's name (flash_source.entry_name), else None."""
     from npformer.kernels.cuda.source import TYPES
-    m = re.match(r"npf_fa_(\w+?)(?:_d(\d+))?_(f16|f32|f64)$", name)
+    m = re.match(r"npf_fa_(\w+?)(?:_d(\d+))?_(f16|bf16|f32|f64)$", name)
     if not m:
         return None
     dtype = next(dt for dt, (_, _, suffix) in TYPES.items() if suffix == m.group(3))

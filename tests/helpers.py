@@ -45,8 +45,9 @@ def padding_masks(draw, b, tk):
 # Fast path against its reference: they compute in the same precision and differ only in the order
 # of a reduction's additions and in libm's (or the float32 erf fit's) last bits, a few units in the
 # last place of the magnitudes involved (float16 also rounds once where a reference rounds up to
-# three times). So max |fast - reference| <= TOL[dtype] * scale, scale the largest magnitude in play.
-TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3}
+# three times). So max |fast - reference| <= TOL[dtype] * scale, scale the largest magnitude in play:
+# 4 ulp at 1 for the 16-bit types, float16's 2^-10 eps (4e-3) and bfloat16's 2^-8 (2^-6).
+TOL = {"float64": 1e-12, "float32": 1e-5, "float16": 4e-3, "bfloat16": 2.0 ** -6}
 
 
 def assert_close(got, ref, dtype, scale=None, what="", arithmetic=None):

@@ -13,7 +13,7 @@ linear                     the reference's products, also inside a CUDA graph ca
                            bias gradient as one coalesced column sum
 flash attention            forward: a block per query tile and head, online softmax over
                            key tiles; backward: D = rowsum(dO O), a block per key tile (dk,
-                           dv), a block per query tile (dq); float16 from sm_80 on tensor
+                           dv), a block per query tile (dq); float16 and bfloat16 from sm_80 on tensor
                            cores (a warp per 16 rows, warp_source.py's mma.sync and
                            ldmatrix); own module (flash_source.py); heads read and written
                            through their strides (no copies)
@@ -36,7 +36,8 @@ sum of squares             float64 block partials, then their sum (clipping's no
 
 Each function has exactly the contract of the reference op it stands in for (arguments, cache
 NamedTuple, dtypes, edge cases), so either backward accepts either forward's cache. Precision is
-the reference's: float16 is computed in float32 and rounded once at the end, float32 in float32,
+the reference's: float16 and bfloat16 (ml_dtypes' dtype; compute capability 8.0 and later) are computed
+in float32 and rounded once at the end, float32 in float32,
 float64 in float64; only the order of a reduction's additions differs. The kernels (``source.py``)
 are compiled once by NVRTC through ``cupy.RawModule`` on first use. Importing this package never
 imports CuPy; :func:`~npformer.kernels.cuda.runtime.device_floats` says which arrays they take.

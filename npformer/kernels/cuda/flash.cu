@@ -532,7 +532,7 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
 // (a row lives in the 4 lanes of a quad: its max and sum are two shuffles), P rounded to the operand type
 // as the A fragments of O += P V. The same arithmetic as npf_fa_forward, with the products on tensor
 // cores (float32 accumulators); masks, causal tiles, dropout and the outputs are its. The operands come
-// through an Ops policy: NpfHalfOps (float16 tiles, m16n8k16, ldmatrix) or NpfTf32Ops (float32 tiles,
+// through an Ops policy: NpfHalfOps<T> (float16 or bfloat16 tiles, m16n8k16, ldmatrix) or NpfTf32Ops (float32 tiles,
 // TF32 m16n8k8: each operand rounded by cvt.rna as it is read, the float32 opt-in).
 #define NPF_FA_TC_BR 64
 
@@ -557,7 +557,7 @@ __device__ __noinline__ void npf_fa_load_tile(const T* x, int r0, int rows, int 
     }
     for (int e = threadIdx.x; e < N * D; e += NPF_FA_THREADS) {
         int r = e / D, d = e % D;
-        T value = T(0);
+        T value{};
         if (r0 + r < rows && d < width) value = x[(long long)(r0 + r) * stride + d];
         s[r * LD + d] = value;
     }
@@ -588,18 +588,31 @@ __device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v
     npf_fa_load_tile_async<T, BC, D>(v_head, j0, a.Tk, a.hv, v_st, kv + BC * (D + 16 / (int)sizeof(T)));
 }
 
-// Two floats as a float16 pair, lo in the low 16 bits (the A fragment's order): one cvt.rn.f16x2.f32 on
-// sm_80 and later (its first source goes to the upper half), two conversions before and in the emulator
-__device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
+// The two 16-bit operand types of m16n8k16, float16 (unsigned short) and bfloat16 (npf_bf16): the same
+// fragment layouts (the PTX ISA's tables for .f16 and .bf16 are one), each its own mma.sync and its own
+// conversion of two floats to a pair, lo in the low 16 bits (the A fragment's order): one
+// cvt.rn.{f16x2,bf16x2}.f32 on sm_80 and later (its first source goes to the upper half), two
+// conversions (npf_store) before and in the emulator.
+template <typename T> struct Npf16;
+template <> struct Npf16<unsigned short> {
+    static constexpr bool BF16 = false;
+    static __device__ __forceinline__ unsigned short bits(unsigned short h) { return h; }
+};
+template <> struct Npf16<npf_bf16> {
+    static constexpr bool BF16 = true;
+    static __device__ __forceinline__ unsigned short bits(npf_bf16 h) { return h.bits; }
+};
+template <typename T> __device__ __forceinline__ unsigned npf_pack2(float lo, float hi) {
 #if defined(__CUDACC__) && __CUDA_ARCH__ >= 800
     unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    if (Npf16<T>::BF16) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 #else
-    unsigned short l, h;
+    T l, h;
     npf_store(&l, lo);
     npf_store(&h, hi);
-    return (unsigned)l | ((unsigned)h << 16);
+    return (unsigned)Npf16<T>::bits(l) | ((unsigned)Npf16<T>::bits(h) << 16);
 #endif
 }
 
@@ -611,8 +624,8 @@ __device__ __forceinline__ unsigned npf_pack_half2(float lo, float hi) {
 //   a_from_c: the A fragment of keys k0 .. k0 + K - 1 from the C fragments c[0], ... of those keys (the
 //           scores' registers, rounded: P and dS as operands of the second product)
 //   mma: D = A B + C over K
-struct NpfHalfOps {
-    typedef unsigned short T;
+template <typename T_> struct NpfHalfOps {      // T_: unsigned short (float16) or npf_bf16 (bfloat16)
+    typedef T_ T;
     static constexpr int K = 16, PAD = 16 / sizeof(T);  // npf_fa_load_tile's rows: D + 16 bytes
     static __device__ __forceinline__ void a_rows(unsigned* a, const T* X, int LD, int r0, int k0, int lane) {
         npf_ldmatrix_x4(a, X + (r0 + (lane / 8) % 2 * 8 + lane % 8) * LD + k0 + lane / 16 * 8);
@@ -624,15 +637,16 @@ struct NpfHalfOps {
         npf_ldmatrix_x4_trans(b, Y + (k0 + (lane / 8) % 2 * 8 + lane % 8) * LD + n0 + lane / 16 * 8);
     }
     // the C fragments of key blocks 2 ks and 2 ks + 1 are the A fragment's registers (rows g and g + 8,
-    // columns 2 t and 2 t + 1 of each), as float16 pairs
+    // columns 2 t and 2 t + 1 of each), as pairs of T
     static __device__ __forceinline__ void a_from_c(unsigned* a, const float (*c)[4]) {
-        a[0] = npf_pack_half2(c[0][0], c[0][1]);
-        a[1] = npf_pack_half2(c[0][2], c[0][3]);
-        a[2] = npf_pack_half2(c[1][0], c[1][1]);
-        a[3] = npf_pack_half2(c[1][2], c[1][3]);
+        a[0] = npf_pack2<T>(c[0][0], c[0][1]);
+        a[1] = npf_pack2<T>(c[0][2], c[0][3]);
+        a[2] = npf_pack2<T>(c[1][0], c[1][1]);
+        a[3] = npf_pack2<T>(c[1][2], c[1][3]);
     }
     static __device__ __forceinline__ void mma(float* d, const unsigned* a, const unsigned* b, const float* c) {
-        npf_mma_16816(d, a, b, c);
+        if (Npf16<T>::BF16) npf_mma_16816_bf16(d, a, b, c);
+        else npf_mma_16816(d, a, b, c);
     }
 };
 
@@ -1121,13 +1135,14 @@ template <int D_> struct NpfFaDenseTraits {
 
 // One key tile of npf_fa_forward_dense for one warp: S = Q K^T for its rows, (MASKED: the causal
 // and ragged-end masks), the online softmax, O += P V.
-template <int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_dense_tile(const unsigned short* Qs, const unsigned short* Ks,
-                                                  const unsigned short* Vs, int j0, int w0, const NpfFaArgs<float>& a,
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
+                                                  const T* Vs, int j0, int w0, const NpfFaArgs<float>& a,
                                                   float c, float (&o)[NpfFaDenseTraits<D>::FRAGS][D / 8][4],
                                                   float (&m)[NpfFaDenseTraits<D>::FRAGS][2],
                                                   float (&l)[NpfFaDenseTraits<D>::FRAGS][2]) {
     typedef NpfFaDenseTraits<D> Tr;
+    typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float inf = npf_fa_inf(0.0f);
@@ -1142,15 +1157,15 @@ __device__ __forceinline__ void npf_fa_dense_tile(const unsigned short* Qs, cons
     for (int kd = 0; kd < KD; ++kd) {
         unsigned aq[F][4];                                   // the warp's rows of Q, d block kd
 #pragma unroll
-        for (int f = 0; f < F; ++f) NpfHalfOps::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+        for (int f = 0; f < F; ++f) Ops::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bk[4];                                  // two key blocks of K: each feeds every fragment
-            NpfHalfOps::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                npf_mma_16816(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
-                npf_mma_16816(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
+                Ops::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
+                Ops::mma(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
             }
         }
     }
@@ -1200,15 +1215,15 @@ __device__ __forceinline__ void npf_fa_dense_tile(const unsigned short* Qs, cons
     for (int kb = 0; kb < KB; ++kb) {
         unsigned ap[F][4];                                   // keys 16 kb .. of P as float16 A fragments
 #pragma unroll
-        for (int f = 0; f < F; ++f) NpfHalfOps::a_from_c(ap[f], s[f] + 2 * kb);
+        for (int f = 0; f < F; ++f) Ops::a_from_c(ap[f], s[f] + 2 * kb);
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bv[4];                                  // V rows as B fragments: each feeds every fragment
-            NpfHalfOps::b_cols(bv, Vs, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bv, Vs, LD, kb * 16, dn2 * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                npf_mma_16816(o[f][2 * dn2], ap[f], bv, o[f][2 * dn2]);
-                npf_mma_16816(o[f][2 * dn2 + 1], ap[f], bv + 2, o[f][2 * dn2 + 1]);
+                Ops::mma(o[f][2 * dn2], ap[f], bv, o[f][2 * dn2]);
+                Ops::mma(o[f][2 * dn2 + 1], ap[f], bv + 2, o[f][2 * dn2 + 1]);
             }
         }
     }
@@ -1216,13 +1231,13 @@ __device__ __forceinline__ void npf_fa_dense_tile(const unsigned short* Qs, cons
 
 // Key tile kt of a head into its buffer: the next tile's copies are issued first (into the other
 // buffer), then this one's awaited, block-wide; returns the buffer (K, then V)
-template <int D, int BC>
-__device__ __forceinline__ unsigned short* npf_fa_dense_next(int kt, int n_kt, const unsigned short* k_head,
-                                                             const unsigned short* v_head, const NpfFaArgs<float>& a,
-                                                             long long k_st, long long v_st, unsigned short* KVs) {
+template <typename T, int D, int BC>
+__device__ __forceinline__ T* npf_fa_dense_next(int kt, int n_kt, const T* k_head,
+                                                             const T* v_head, const NpfFaArgs<float>& a,
+                                                             long long k_st, long long v_st, T* KVs) {
     constexpr int LD = D + 8;
     if (kt + 1 < n_kt)
-        npf_fa_load_kv_async<unsigned short, BC, D>(k_head, v_head, (kt + 1) * BC, a, k_st, v_st,
+        npf_fa_load_kv_async<T, BC, D>(k_head, v_head, (kt + 1) * BC, a, k_st, v_st,
                                                     KVs + (kt + 1) % 2 * 2 * BC * LD);
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
@@ -1230,11 +1245,10 @@ __device__ __forceinline__ unsigned short* npf_fa_dense_next(int kt, int n_kt, c
     return KVs + kt % 2 * 2 * BC * LD;
 }
 
-template <int D, bool CAUSAL>
-__device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                     unsigned short* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
+template <typename T, int D, bool CAUSAL>
+__device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
+                                     T* out, float* lse, const NpfFaArgs<float>& a, NpfFaLayout ql,
                                      NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout ol) {
-    typedef unsigned short T;
     typedef NpfFaDenseTraits<D> Tr;
     constexpr int F = Tr::FRAGS, BR = Tr::BR, BC = Tr::BC, LD = Tr::LD, DN = D / 8;
     NPF_FA_SHARED(smem, Tr::SHARED);
@@ -1273,13 +1287,13 @@ __device__ void npf_fa_forward_dense(const unsigned short* q, const unsigned sho
         // warps take each tile together: the barriers in npf_fa_dense_next are block-wide)
         int kt = 0;
         for (; kt < masked_from; ++kt) {
-            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
-            npf_fa_dense_tile<D, CAUSAL, false>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
+            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_tile<T, D, CAUSAL, false>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; kt < n_kt; ++kt) {
-            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
-            npf_fa_dense_tile<D, CAUSAL, true>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
+            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_tile<T, D, CAUSAL, true>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
             __syncthreads();
         }
 #pragma unroll
@@ -1335,14 +1349,15 @@ template <int D_> struct NpfFaDenseDkdvTraits {
 
 // One key tile of the dense dQ for one warp: S = Q K^T, dP = dO V^T for its rows, (MASKED: the causal
 // and ragged-end masks), dS = P (dP - D), dQ += dS K. nl: -lse log2 e per row, dd: D per row.
-template <int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_dense_dq_tile(const unsigned short* Qs, const unsigned short* dOs,
-                                                     const unsigned short* Ks, const unsigned short* Vs, int j0, int w0,
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
+                                                     const T* Ks, const T* Vs, int j0, int w0,
                                                      const NpfFaArgs<float>& a, float c,
                                                      const float (&nl)[NpfFaDenseDqTraits<D>::FRAGS][2],
                                                      const float (&dd)[NpfFaDenseDqTraits<D>::FRAGS][2],
                                                      float (&dq)[NpfFaDenseDqTraits<D>::FRAGS][D / 8][4]) {
     typedef NpfFaDenseDqTraits<D> Tr;
+    typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float s[F][NB][4], dp[F][NB][4];
@@ -1357,20 +1372,20 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const unsigned short* Qs, c
         unsigned aq[F][4], ag[F][4];                         // the warp's rows of Q and of dO, d block kd
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            NpfHalfOps::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
-            NpfHalfOps::a_rows(ag[f], dOs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+            Ops::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+            Ops::a_rows(ag[f], dOs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
         }
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bk[4], bv[4];                           // two key blocks of K and of V
-            NpfHalfOps::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
-            NpfHalfOps::b_rows(bv, Vs, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bv, Vs, LD, nb2 * 16, kd * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                npf_mma_16816(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
-                npf_mma_16816(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
-                npf_mma_16816(dp[f][2 * nb2], ag[f], bv, dp[f][2 * nb2]);
-                npf_mma_16816(dp[f][2 * nb2 + 1], ag[f], bv + 2, dp[f][2 * nb2 + 1]);
+                Ops::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
+                Ops::mma(s[f][2 * nb2 + 1], aq[f], bk + 2, s[f][2 * nb2 + 1]);
+                Ops::mma(dp[f][2 * nb2], ag[f], bv, dp[f][2 * nb2]);
+                Ops::mma(dp[f][2 * nb2 + 1], ag[f], bv + 2, dp[f][2 * nb2 + 1]);
             }
         }
     }
@@ -1392,26 +1407,25 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const unsigned short* Qs, c
     for (int kb = 0; kb < KB; ++kb) {
         unsigned as[F][4];                                   // keys 16 kb .. of dS as float16 A fragments
 #pragma unroll
-        for (int f = 0; f < F; ++f) NpfHalfOps::a_from_c(as[f], s[f] + 2 * kb);
+        for (int f = 0; f < F; ++f) Ops::a_from_c(as[f], s[f] + 2 * kb);
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bk[4];                                  // K rows, transposed: keys are the k axis here
-            NpfHalfOps::b_cols(bk, Ks, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bk, Ks, LD, kb * 16, dn2 * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                npf_mma_16816(dq[f][2 * dn2], as[f], bk, dq[f][2 * dn2]);
-                npf_mma_16816(dq[f][2 * dn2 + 1], as[f], bk + 2, dq[f][2 * dn2 + 1]);
+                Ops::mma(dq[f][2 * dn2], as[f], bk, dq[f][2 * dn2]);
+                Ops::mma(dq[f][2 * dn2 + 1], as[f], bk + 2, dq[f][2 * dn2 + 1]);
             }
         }
     }
 }
 
-template <int D, bool CAUSAL>
-__device__ void npf_fa_bwd_dq_dense(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                    const unsigned short* dout, const float* lse, const float* dvec, unsigned short* dq,
+template <typename T, int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dq_dense(const T* q, const T* k, const T* v,
+                                    const T* dout, const float* lse, const float* dvec, T* dq,
                                     const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
                                     NpfFaLayout gl, NpfFaLayout dql) {
-    typedef unsigned short T;
     typedef NpfFaDenseDqTraits<D> Tr;
     constexpr int F = Tr::FRAGS, BR = Tr::BR, BC = Tr::BC, LD = Tr::LD, DN = D / 8;
     NPF_FA_SHARED(smem, Tr::SHARED);
@@ -1451,13 +1465,13 @@ __device__ void npf_fa_bwd_dq_dense(const unsigned short* q, const unsigned shor
         npf_cp_async_commit();
         int kt = 0;
         for (; kt < masked_from; ++kt) {                     // the main loop: no masks
-            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
-            npf_fa_dense_dq_tile<D, CAUSAL, false>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
+            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_dq_tile<T, D, CAUSAL, false>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
             __syncthreads();
         }
         for (; kt < n_kt; ++kt) {
-            const T* Ks = npf_fa_dense_next<D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
-            npf_fa_dense_dq_tile<D, CAUSAL, true>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
+            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            npf_fa_dense_dq_tile<T, D, CAUSAL, true>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
             __syncthreads();
         }
 #pragma unroll
@@ -1480,14 +1494,15 @@ __device__ void npf_fa_bwd_dq_dense(const unsigned short* q, const unsigned shor
 
 // One query tile of the dense dK, dV for one warp: S^T = K Q^T, dP^T = V dO^T for its keys, (MASKED: the
 // causal mask), P^T, dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. lse_s, d_s: the tile's lse and D.
-template <int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_dense_dkdv_tile(const unsigned short* Ks, const unsigned short* Vs,
-                                                       const unsigned short* Qs, const unsigned short* dOs,
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
+                                                       const T* Qs, const T* dOs,
                                                        const float* lse_s, const float* d_s, int i0, int k0,
                                                        const NpfFaArgs<float>& a, float c,
                                                        float (&dk)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4],
                                                        float (&dv)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4]) {
     typedef NpfFaDenseDkdvTraits<D> Tr;
+    typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BQ / 8, DN = D / 8, KD = D / 16, KB = Tr::BQ / 16;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float st[F][NB][4], dpt[F][NB][4];                       // rows: the warp's keys; columns: the tile's queries
@@ -1502,20 +1517,20 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const unsigned short* Ks,
         unsigned ak[F][4], av[F][4];                         // the warp's keys of K and of V, d block kd
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            NpfHalfOps::a_rows(ak[f], Ks, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
-            NpfHalfOps::a_rows(av[f], Vs, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+            Ops::a_rows(ak[f], Ks, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+            Ops::a_rows(av[f], Vs, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
         }
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bq[4], bg[4];                           // Q rows and dO rows as B fragments (n: queries)
-            NpfHalfOps::b_rows(bq, Qs, LD, nb2 * 16, kd * 16, lane);
-            NpfHalfOps::b_rows(bg, dOs, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bq, Qs, LD, nb2 * 16, kd * 16, lane);
+            Ops::b_rows(bg, dOs, LD, nb2 * 16, kd * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                npf_mma_16816(st[f][2 * nb2], ak[f], bq, st[f][2 * nb2]);
-                npf_mma_16816(st[f][2 * nb2 + 1], ak[f], bq + 2, st[f][2 * nb2 + 1]);
-                npf_mma_16816(dpt[f][2 * nb2], av[f], bg, dpt[f][2 * nb2]);
-                npf_mma_16816(dpt[f][2 * nb2 + 1], av[f], bg + 2, dpt[f][2 * nb2 + 1]);
+                Ops::mma(st[f][2 * nb2], ak[f], bq, st[f][2 * nb2]);
+                Ops::mma(st[f][2 * nb2 + 1], ak[f], bq + 2, st[f][2 * nb2 + 1]);
+                Ops::mma(dpt[f][2 * nb2], av[f], bg, dpt[f][2 * nb2]);
+                Ops::mma(dpt[f][2 * nb2 + 1], av[f], bg + 2, dpt[f][2 * nb2 + 1]);
             }
         }
     }
@@ -1541,20 +1556,20 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const unsigned short* Ks,
         unsigned ap[F][4], as[F][4];                         // queries 16 kb .. of P^T and dS^T as A fragments
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            NpfHalfOps::a_from_c(ap[f], st[f] + 2 * kb);
-            NpfHalfOps::a_from_c(as[f], dpt[f] + 2 * kb);
+            Ops::a_from_c(ap[f], st[f] + 2 * kb);
+            Ops::a_from_c(as[f], dpt[f] + 2 * kb);
         }
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bg[4], bq[4];                           // dO and Q rows, transposed (k: queries, n: d)
-            NpfHalfOps::b_cols(bg, dOs, LD, kb * 16, dn2 * 16, lane);
-            NpfHalfOps::b_cols(bq, Qs, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bg, dOs, LD, kb * 16, dn2 * 16, lane);
+            Ops::b_cols(bq, Qs, LD, kb * 16, dn2 * 16, lane);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
-                npf_mma_16816(dv[f][2 * dn2], ap[f], bg, dv[f][2 * dn2]);
-                npf_mma_16816(dv[f][2 * dn2 + 1], ap[f], bg + 2, dv[f][2 * dn2 + 1]);
-                npf_mma_16816(dk[f][2 * dn2], as[f], bq, dk[f][2 * dn2]);
-                npf_mma_16816(dk[f][2 * dn2 + 1], as[f], bq + 2, dk[f][2 * dn2 + 1]);
+                Ops::mma(dv[f][2 * dn2], ap[f], bg, dv[f][2 * dn2]);
+                Ops::mma(dv[f][2 * dn2 + 1], ap[f], bg + 2, dv[f][2 * dn2 + 1]);
+                Ops::mma(dk[f][2 * dn2], as[f], bq, dk[f][2 * dn2]);
+                Ops::mma(dk[f][2 * dn2 + 1], as[f], bq + 2, dk[f][2 * dn2 + 1]);
             }
         }
     }
@@ -1562,16 +1577,16 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const unsigned short* Ks,
 
 // Query tile qt of the dense dK, dV into its buffer ((qt - qt0) % 2, returned): the next tile's copies
 // are issued first (into the other buffer), then this one's awaited, block-wide
-template <int D, int BQ>
-__device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_qt, const unsigned short* q_head,
-                                                         const unsigned short* g_head, const float* lse,
+template <typename T, int D, int BQ>
+__device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_qt, const T* q_head,
+                                                         const T* g_head, const float* lse,
                                                          const float* dvec, long long bh, const NpfFaArgs<float>& a,
-                                                         long long q_st, long long g_st, unsigned short* QGs,
+                                                         long long q_st, long long g_st, T* QGs,
                                                          float* LDs) {
     constexpr int LD = D + 8;
     const int buf = (qt - qt0) % 2;
     if (qt + 1 < n_qt)
-        npf_fa_bwd_query_tile<unsigned short, D, BQ>(q_head, g_head, lse, dvec, bh, (qt + 1) * BQ, a, q_st, g_st,
+        npf_fa_bwd_query_tile<T, D, BQ>(q_head, g_head, lse, dvec, bh, (qt + 1) * BQ, a, q_st, g_st,
                                                      QGs + (1 - buf) * 2 * BQ * LD, LDs + (1 - buf) * 2 * BQ);
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
@@ -1579,13 +1594,12 @@ __device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_
     return buf;
 }
 
-template <int D, bool CAUSAL>
-__device__ void npf_fa_bwd_dkdv_dense(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                                      const unsigned short* dout, const float* lse, const float* dvec,
-                                      unsigned short* dk, unsigned short* dv, const NpfFaArgs<float>& a, NpfFaLayout ql,
+template <typename T, int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
+                                      const T* dout, const float* lse, const float* dvec,
+                                      T* dk, T* dv, const NpfFaArgs<float>& a, NpfFaLayout ql,
                                       NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl,
                                       NpfFaLayout dvl) {
-    typedef unsigned short T;
     typedef NpfFaDenseDkdvTraits<D> Tr;
     constexpr int F = Tr::FRAGS, BC = Tr::BC, BQ = Tr::BQ, LD = Tr::LD, DN = D / 8;
     NPF_FA_SHARED(smem, Tr::SHARED);
@@ -1620,20 +1634,20 @@ __device__ void npf_fa_bwd_dkdv_dense(const unsigned short* q, const unsigned sh
         npf_cp_async_commit();
         int qt = qt0;
         for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
-            const int buf = npf_fa_dense_next_queries<D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
+            const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
                                                               gl.st, QGs, LDs);
             const T* Qs = QGs + buf * 2 * BQ * LD;
             const float* lse_s = LDs + buf * 2 * BQ;
-            npf_fa_dense_dkdv_tile<D, CAUSAL, true>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
+            npf_fa_dense_dkdv_tile<T, D, CAUSAL, true>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
                                                     dka, dva);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; qt < n_qt; ++qt) {                            // the main loop: no masks
-            const int buf = npf_fa_dense_next_queries<D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
+            const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
                                                               gl.st, QGs, LDs);
             const T* Qs = QGs + buf * 2 * BQ * LD;
             const float* lse_s = LDs + buf * 2 * BQ;
-            npf_fa_dense_dkdv_tile<D, CAUSAL, false>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
+            npf_fa_dense_dkdv_tile<T, D, CAUSAL, false>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
                                                      dka, dva);
             __syncthreads();
         }
@@ -1675,7 +1689,8 @@ npf_fa_kernel(const NpfFaParams<typename K::T, typename K::A> p) {
     K::run(p);
 }
 
-// The arithmetic type of a storage type: float for float16 (unsigned short) and float32, double for float64
+// The arithmetic type of a storage type: float for float16 (unsigned short), bfloat16 (npf_bf16) and float32,
+// double for float64
 template <typename T> struct NpfFaAcc { typedef float A; };
 template <> struct NpfFaAcc<double> { typedef double A; };
 
@@ -1743,11 +1758,12 @@ template <typename T_> struct NpfFaPre {
     }
 };
 
-// The tensor-core kernels (sm_80 and later): float16 on NpfHalfOps (m16n8k16), float32 on NpfTf32Ops (TF32
+// The tensor-core kernels (sm_80 and later): float16 and bfloat16 on NpfHalfOps<T> (m16n8k16), float32 on
+// NpfTf32Ops (TF32
 // m16n8k8, under the opt-in). A block takes 64 rows (NpfFaTcWarp); BC keys a tile (dQ; the forward's is its
 // own): 32, 16 for TF32 at D 128 (float32 tiles take twice the bytes); BQ query rows a tile (dK, dV): 32, 16
 // at D 128 (its dK and dV accumulators take D registers a lane).
-template <typename T> struct NpfFaTcOps { typedef NpfHalfOps Ops; };
+template <typename T> struct NpfFaTcOps { typedef NpfHalfOps<T> Ops; };      // float16, bfloat16
 template <> struct NpfFaTcOps<float> { typedef NpfTf32Ops Ops; };
 template <typename T_, int D_> struct NpfFaTc {
     typedef T_ T;
@@ -1801,33 +1817,34 @@ template <typename T_, int D_> struct NpfFaDkdvTc : NpfFaTc<T_, D_> {
     }
 };
 
-// The dense kernels (float16; no mask, padding or dropout; CAUSAL or not): their traits are above
+// The dense kernels (float16, bfloat16; no mask, padding or dropout; CAUSAL or not): their traits are above
 // (NpfFaDenseTraits, NpfFaDenseDqTraits, NpfFaDenseDkdvTraits), with the measured reasons.
-template <int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTraits<D_> {
-    typedef unsigned short T;
+template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTraits<D_> {
+    typedef T_ T;
     typedef float A;
     static constexpr int ROWS = NpfFaDenseTraits<D_>::BR;
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
-        npf_fa_forward_dense<D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+        npf_fa_forward_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
     }
 };
-template <int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {
-    typedef unsigned short T;
+template <typename T_, int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {
+    typedef T_ T;
     typedef float A;
     static constexpr int ROWS = NpfFaDenseDqTraits<D_>::BR;
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
-        npf_fa_bwd_dq_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl, p.dql);
+        npf_fa_bwd_dq_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl,
+                                            p.dql);
     }
 };
-template <int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDkdvTraits<D_> {
-    typedef unsigned short T;
+template <typename T_, int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDkdvTraits<D_> {
+    typedef T_ T;
     typedef float A;
     static constexpr int ROWS = NpfFaDenseDkdvTraits<D_>::BC;
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
-        npf_fa_bwd_dkdv_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl, p.gl,
-                                          p.dkl, p.dvl);
+        npf_fa_bwd_dkdv_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl,
+                                              p.gl, p.dkl, p.dvl);
     }
 };

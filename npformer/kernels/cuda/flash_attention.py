@@ -7,8 +7,9 @@ dq), all recomputing P from the cached lse. The CUDA C and its map to the refere
 checks and messages (its own check functions), the same ``(out, FlashAttentionCache)`` and
 ``(dq, dk, dv)``, so either backward takes either forward's cache; masks of every kind, both
 causal alignments, zeros and lse = +inf for fully masked rows, and dropout masks equal to the
-reference's element by element for one seed. float16 is computed in float32, float32 in float32,
-float64 in float64 (for gradient checks); head sizes up to 128, any Tq and Tk.
+reference's element by element for one seed. float16 and bfloat16 are computed in float32 (bfloat16 from
+compute capability 8.0 on: an InputTypeError below), float32 in float32, float64 in float64 (for gradient
+checks); head sizes up to 128, any Tq and Tk.
 
 ``block_q`` and ``block_k`` are checked and kept in the cache (the reference's backward tiles by
 them), but the kernels use their own tiles (their traits in flash.cu).
@@ -33,7 +34,7 @@ from npformer.kernels.cuda import runtime
 from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VARIANT_OF, TENSORS, geometry,
                                                 layout_field, name_expression, params_dtype)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
-from npformer.kernels.cuda.source import TYPES
+from npformer.kernels.cuda.source import TYPES, dtype_name
 from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
@@ -58,6 +59,7 @@ def _kernel(name: str, dtype, d: int):
     key = ("flash", name, numpy.dtype(dtype), d)
     fn = runtime._cache.get(key)
     if fn is None:
+        runtime.check_capability(dtype)
         fn = flash_module(dtype, d).get_function(name_expression(name, dtype, d))
         shared = geometry(name, dtype, d)[2]
         if shared > _DEFAULT_SHARED:
@@ -67,11 +69,11 @@ def _kernel(name: str, dtype, d: int):
 
 
 def tensor_core_variant(dtype) -> str:
-    """Which kernels ``dtype`` runs: "tc" (float16 on tensor cores: mma.sync m16n8k16, ldmatrix) or
+    """Which kernels ``dtype`` runs: "tc" (float16 or bfloat16 on tensor cores: mma.sync m16n8k16, ldmatrix) or
     "tf32" (float32 on TF32 tensor cores: m16n8k8, while the TF32 opt-in is on,
     :func:`npformer.backend.set_float32_matmul_precision`), each on a GPU of compute capability 8.0 or
     later; "" for the SIMT kernels (float64, float32 without the opt-in, older GPUs)."""
-    variant = TC_VARIANT_OF.get(numpy.dtype(dtype), "")
+    variant = TC_VARIANT_OF.get(dtype_name(dtype), "")
     if not variant or runtime.compute_capability() < 80:
         return ""
     return variant if variant == "tc" or runtime.float32_on_tf32() else ""
@@ -285,17 +287,17 @@ def _causal(masks) -> str:
 
 
 def dense(masks, p: float) -> bool:
-    """Whether the dense kernels run (float16 on tensor cores): no attention mask, no key padding, no
+    """Whether the dense kernels run (float16, bfloat16 on tensor cores): no attention mask, no key padding, no
     dropout; causal or not, any lengths."""
     return masks.attn is None and masks.padding is None and p == 0
 
 
 def _device_masks(*masks) -> bool:
-    return all(m is None or (runtime.is_device_array(m) and (m.dtype == bool or m.dtype in TYPES)) for m in masks)
+    return all(m is None or (runtime.is_device_array(m) and (m.dtype == bool or m.dtype.name in TYPES)) for m in masks)
 
 
 def accepts_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, **options) -> bool:
-    """CuPy arrays of one dtype among float16/32/64, 4-d, head sizes <= 128, masks on the device (bool
+    """CuPy arrays of one dtype among float16/bfloat16/float32/float64, 4-d, head sizes <= 128, masks on the device (bool
     or float); anything else goes to the reference, which also gives the messages for bad input."""
     return (runtime.device_floats(q, k, v) and q.ndim == k.ndim == v.ndim == 4
             and q.shape[-1] <= MAX_HEAD_SIZE and v.shape[-1] <= MAX_HEAD_SIZE

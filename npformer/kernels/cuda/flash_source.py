@@ -3,8 +3,8 @@
 Three kernels and a pre-pass, FlashAttention-2 (Dao 2023, Algorithms 1 and 2) in SIMT arithmetic:
 every tile product is a loop of multiply-adds, in the accumulation type ``A`` (float for float16 and
 float32, double for float64); and the same three on tensor cores (``_tc`` kernels, one template over an
-operand policy: float16 with ``NpfHalfOps``, float32 under the TF32 opt-in with ``NpfTf32Ops``). Each
-maps to lines of the reference, :mod:`npformer.ops.flash_attention` (names below are the reference's):
+operand policy: float16 and bfloat16 with ``NpfHalfOps<T>``, float32 under the TF32 opt-in with
+``NpfTf32Ops``). Each maps to lines of the reference, :mod:`npformer.ops.flash_attention` (names below are the reference's):
 
 ==================================  ===============================================================
 CUDA C                              reference
@@ -79,7 +79,7 @@ views. lse and D stay (B, H, T) contiguous.
 
 Configuration in C++ (flash.cu's last section, FlashAttention-2's ``Flash_fwd_kernel_traits`` and
 ``run_mha_fwd_hdim64`` the model): one ``__global__`` template, ``npf_fa_kernel<K>``, over kernel traits
-K (``NpfFaFwd<T, D>``, ``NpfFaFwdTc<T, D>``, ``NpfFaFwdDense<D, CAUSAL>``, ``NpfFaDq...``,
+K (``NpfFaFwd<T, D>``, ``NpfFaFwdTc<T, D>``, ``NpfFaFwdDense<T, D, CAUSAL>``, ``NpfFaDq...``,
 ``NpfFaDkdv...``, ``NpfFaPre<T>``: tiles, block, launch bounds, shared memory), taking one struct by value
 (``NpfFaParams<T, A>``, filled from Python by field name through :func:`params_dtype`). Python names an
 instantiation (:func:`name_expression`) and CuPy's ``RawModule(name_expressions=...)`` compiles it; no
@@ -105,7 +105,7 @@ import re
 import numpy
 
 from npformer.kernels.cuda.files import read_source
-from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES
+from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES, cuda_type, dtype_name
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 from npformer.ops.flash_attention import SPLITMIX64
 
@@ -117,15 +117,16 @@ THREADS = 128                      # per block of the tile kernels (NPF_FA_THREA
 PRE_THREADS = 256                  # bwd_pre's block (NpfFaPre::THREADS: a warp a row)
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
 MAX_HEAD_SIZE = HEAD_SIZES[-1]
-# Which tensor-core kernels a dtype runs (flash_attention.tensor_core_variant): float16 "tc" (NpfHalfOps),
-# float32 "tf32" under the TF32 opt-in (NpfTf32Ops); both are flash.cu's NpfFa*Tc<T, D> traits.
-TC_VARIANT_OF = {numpy.dtype(numpy.float16): "tc", numpy.dtype(numpy.float32): "tf32"}
+# Which tensor-core kernels a dtype runs, by its name (flash_attention.tensor_core_variant): float16 and
+# bfloat16 "tc" (NpfHalfOps<T>: m16n8k16 .f16 or .bf16), float32 "tf32" under the TF32 opt-in (NpfTf32Ops);
+# all are flash.cu's NpfFa*Tc<T, D> traits.
+TC_VARIANT_OF = {"float16": "tc", "bfloat16": "tc", "float32": "tf32"}
 
 # Launch geometry, the one table of it on the host: per kernel traits (flash.cu), the rows a block takes on
 # the grid's x axis (queries; keys for dK, dV) and its dynamic shared memory in bytes: copies of the traits'
 # ROWS and SHARED, which tests/kernels/cuda/test_flash_attention.py compares with the compiled traits (the
-# dense kernels' causal and plain instantiations share theirs). The block is THREADS (PRE_THREADS for
-# NpfFaPre, whose ROWS is a block's 8 rows and SHARED 0), also checked.
+# dense kernels' causal and plain instantiations share theirs, and bfloat16's float16's: _GEOMETRY_STORAGE).
+# The block is THREADS (PRE_THREADS for NpfFaPre, whose ROWS is a block's 8 rows and SHARED 0), also checked.
 GEOMETRY = {
     # SIMT (BR x BC tiles: 64 x 64 in float up to D 64, else 32 x 32); float16 and float32 compute in float
     "NpfFaFwd<unsigned short, 32>": (64, 49152), "NpfFaFwd<unsigned short, 64>": (64, 73728),
@@ -150,7 +151,7 @@ GEOMETRY = {
     "NpfFaDqTc<float, 32>": (64, 36864), "NpfFaDqTc<float, 64>": (64, 69632), "NpfFaDqTc<float, 128>": (64, 101376),
     "NpfFaDkdvTc<float, 32>": (64, 37376), "NpfFaDkdvTc<float, 64>": (64, 70144),
     "NpfFaDkdvTc<float, 128>": (64, 101632),
-    # the dense kernels (float16): FRAGS 16-row fragments a warp
+    # the dense kernels (float16, bfloat16): FRAGS 16-row fragments a warp
     "NpfFaFwdDense<32>": (128, 30720), "NpfFaFwdDense<64>": (128, 55296), "NpfFaFwdDense<128>": (64, 52224),
     "NpfFaDqDense<32>": (128, 40960), "NpfFaDqDense<64>": (128, 55296), "NpfFaDqDense<128>": (64, 69632),
     "NpfFaDkdvDense<32>": (128, 31232), "NpfFaDkdvDense<64>": (64, 56320), "NpfFaDkdvDense<128>": (64, 70144),
@@ -189,13 +190,16 @@ OCCUPANCY_FLOORS = {
     ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
 }
 _TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
+# bfloat16's tiles take float16's bytes (two a value; the SIMT kernels' are float), so its instantiations
+# share float16's GEOMETRY rows (the test compares every compiled instantiation with its row)
+_GEOMETRY_STORAGE = {"npf_bf16": "unsigned short"}
 
 
 def kernels(dtype) -> tuple:
     """The kernels ``dtype`` has, by npformer's name: "fwd", "bwd_dq", "bwd_dkdv" (SIMT), "bwd_pre", and the
-    tensor-core ones ("fwd_tc", ... for float16, with the dense "fwd_dense", "fwd_dense_causal", ...;
+    tensor-core ones ("fwd_tc", ... for float16 and bfloat16, with the dense "fwd_dense", "fwd_dense_causal", ...;
     "fwd_tf32", ... for float32)."""
-    variant = TC_VARIANT_OF.get(numpy.dtype(dtype))
+    variant = TC_VARIANT_OF.get(dtype_name(dtype))
     names = tuple(_TRAITS) + ("bwd_pre",)
     if variant:
         names += tuple(f"{k}_{variant}" for k in _TRAITS)
@@ -206,16 +210,16 @@ def kernels(dtype) -> tuple:
 
 def _traits(name: str, dtype, d: int) -> tuple[str, str]:
     """(the traits type of kernel ``name``'s instantiation, its key in GEOMETRY)."""
-    storage = TYPES[numpy.dtype(dtype)][0]
+    storage = cuda_type(dtype)[0]
     if name == "bwd_pre":
         return f"NpfFaPre<{storage}>", ""
     base = next(k for k in sorted(_TRAITS, key=len, reverse=True) if name.startswith(k))
     variant = name[len(base) + 1:]
     if variant.startswith("dense"):
         causal = "true" if variant == "dense_causal" else "false"
-        return f"{_TRAITS[base]}Dense<{d}, {causal}>", f"{_TRAITS[base]}Dense<{d}>"
-    traits = f"{_TRAITS[base]}{'Tc' if variant else ''}<{storage}, {d}>"
-    return traits, traits
+        return f"{_TRAITS[base]}Dense<{storage}, {d}, {causal}>", f"{_TRAITS[base]}Dense<{d}>"
+    traits = f"{_TRAITS[base]}{'Tc' if variant else ''}<{{}}, {d}>"
+    return traits.format(storage), traits.format(_GEOMETRY_STORAGE.get(storage, storage))
 
 
 def name_expression(name: str, dtype, d: int) -> str:
@@ -232,9 +236,9 @@ def geometry(name: str, dtype, d: int) -> tuple[int, int, int]:
 
 
 def entry_name(kernel: str, dtype, d: int | None = None) -> str:
-    """``npf_fa_<kernel>[_d<D>]_<f16|f32|f64>``: the name tables and reports give kernel ``kernel`` of
+    """``npf_fa_<kernel>[_d<D>]_<f16|bf16|f32|f64>``: the name tables and reports give kernel ``kernel`` of
     ``dtype`` and bucket D (benchmarks/cuda_kernels.py's rows, the occupancy floors)."""
-    suffix = TYPES[numpy.dtype(dtype)][2]
+    suffix = cuda_type(dtype)[2]
     return f"npf_fa_{kernel}_{suffix}" if d is None else f"npf_fa_{kernel}_d{d}_{suffix}"
 
 
@@ -278,7 +282,7 @@ def _constants(text: str) -> str:
     return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], text)
 
 
-_PAIRS = tuple((numpy.dtype(dtype), d) for dtype in TYPES for d in HEAD_SIZES)
+_PAIRS = tuple((name, d) for name in TYPES for d in HEAD_SIZES)      # dtypes by name (ml_dtypes not imported)
 
 # The flash attention modules' one source (each (dtype, D) module compiles its own instantiations of it).
 FLASH_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(read_source("prelude.cuh") + read_source("flash.cu"))

@@ -67,6 +67,10 @@ extern "C" __global__ void npf_sum_squares_f16(const unsigned short* x, double* 
     __shared__ double buf[NPF_MAX_THREADS];
     npf_sum_squares<unsigned short>(x, part, total, buf);
 }
+extern "C" __global__ void npf_sum_squares_bf16(const npf_bf16* x, double* part, long long total) {
+    __shared__ double buf[NPF_MAX_THREADS];
+    npf_sum_squares<npf_bf16>(x, part, total, buf);
+}
 extern "C" __global__ void npf_sum_squares_f32(const float* x, double* part, long long total) {
     __shared__ double buf[NPF_MAX_THREADS];
     npf_sum_squares<float>(x, part, total, buf);

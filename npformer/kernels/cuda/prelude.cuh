@@ -1,11 +1,38 @@
 // What every npformer CUDA module starts with (source.py and flash_source.py put it first):
 // loads and stores of the storage type T as the arithmetic type A (float16's come from half.cuh,
-// or from the CPU emulator), exp and log in A, a max that keeps a NaN (as numpy's max does), and
-// the grid-stride loop of the elementwise kernels over `total` contiguous elements.
+// or from the CPU emulator; bfloat16's are below), exp and log in A, a max that keeps a NaN (as
+// numpy's max does), and the grid-stride loop of the elementwise kernels over `total` contiguous
+// elements.
 __device__ __forceinline__ float npf_load(float v) { return v; }
 __device__ __forceinline__ double npf_load(double v) { return v; }
 __device__ __forceinline__ void npf_store(float* p, float v) { *p = v; }
 __device__ __forceinline__ void npf_store(double* p, double v) { *p = v; }
+
+// bfloat16: npf_bf16 holds the 16 bits of a __nv_bfloat16 (what a CuPy array of ml_dtypes.bfloat16
+// holds: the upper half of a float32), a type of its own so that loads and stores overload on it (NVRTC
+// compiles without cuda_bf16.h, as half.cuh does for float16). A load widens exactly; a store rounds to
+// nearest even: cvt.rn.bf16.f32 on sm_80 and later, elsewhere (and in the CPU emulator, which compiles
+// this file) the same bits by integer arithmetic, a NaN kept a quiet NaN of its sign.
+struct __align__(2) npf_bf16 { unsigned short bits; };
+__device__ __forceinline__ float npf_bf16_float(unsigned short bits) {
+    union { unsigned u; float f; } v;
+    v.u = (unsigned)bits << 16;
+    return v.f;
+}
+__device__ __forceinline__ unsigned short npf_bf16_bits(float x) {
+#if defined(__CUDACC__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
+    union { float f; unsigned u; } v;
+    v.f = x;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((v.u >> 16) | 0x40u);    // NaN: quiet
+    return (unsigned short)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);        // ties to the even half
+#endif
+}
+__device__ __forceinline__ float npf_load(npf_bf16 h) { return npf_bf16_float(h.bits); }
+__device__ __forceinline__ void npf_store(npf_bf16* p, float v) { p->bits = npf_bf16_bits(v); }
 
 __device__ __forceinline__ float npf_exp(float v) { return expf(v); }
 __device__ __forceinline__ double npf_exp(double v) { return exp(v); }

@@ -12,15 +12,16 @@ import numpy
 
 from npformer.backend import accumulation_dtype, is_cupy_array
 from npformer.errors import InputTypeError, ShapeError
-from npformer.kernels.cuda.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES
+from npformer.kernels.cuda.source import COL_X, COL_Y, CUDA_SOURCE, MAX_THREADS, NVRTC_OPTIONS, TYPES, cuda_type
 
 __all__ = ["Module", "device_floats", "address", "kernel", "launch_rows", "launch_elements", "launch_columns",
-           "shipped_modules", "COMMON_MODULE", "ELEMENT_THREADS"]
+           "shipped_modules", "check_capability", "COMMON_MODULE", "ELEMENT_THREADS", "BFLOAT16_CAPABILITY"]
 
 MAX_GRID = 65535        # blocks per launch axis; the kernels loop over what is left (grid-stride)
 MAX_CHUNKS = 512        # row chunks of a column pass (their partial sums are added at the end)
 ELEMENT_THREADS = 256   # threads per block of the element-wise launches
 COMMON_MODULE = "common"
+BFLOAT16_CAPABILITY = 80    # bfloat16 on the GPU (cvt.rn.bf16.f32, mma.sync .bf16): compute capability 8.0 on
 # The theoretical occupancy (resident warps per SM / 64) each kernel of the common module keeps at
 # its launcher's block size, on (sm_80, sm_90), every dtype: the lowest benchmarks/cuda_kernels.py
 # measured on 2026-11-27 (registers limit the ones under 1.0). tests/kernels/cuda/test_compile.py
@@ -56,8 +57,8 @@ def shipped_modules() -> dict[str, Module]:
 
 
 def flash_module_name(dtype: Any, d: int) -> str:
-    """``flash_<f16|f32|f64>_d<D>``: the name of the flash attention module of ``dtype`` and bucket D."""
-    return f"flash_{TYPES[numpy.dtype(dtype)][2]}_d{d}"
+    """``flash_<f16|bf16|f32|f64>_d<D>``: the name of the flash attention module of ``dtype`` and bucket D."""
+    return f"flash_{cuda_type(dtype)[2]}_d{d}"
 
 
 # Whether an array is one the kernels run on: a CuPy array. A name of its own, not a wrapper (one call
@@ -69,7 +70,7 @@ def device_floats(*arrays: Any, dtype: Any = None) -> bool:
     """Whether the CUDA paths take these arrays (cheap; never imports CuPy).
 
     True when every non-None argument is a non-empty CuPy array, all of one dtype among
-    float16/float32/float64 (and of ``dtype``, when given). Anything else (NumPy arrays, bfloat16,
+    float16/bfloat16/float32/float64 (and of ``dtype``, when given). Anything else (NumPy arrays,
     mixed dtypes, empty arrays, non-arrays) goes to the reference op, which also gives the error
     messages for bad input.
     """
@@ -83,7 +84,7 @@ def device_floats(*arrays: Any, dtype: Any = None) -> bool:
             found = a.dtype
         elif a.dtype != found:
             return False
-    return found is not None and found in TYPES and (dtype is None or numpy.dtype(dtype) == found)
+    return found is not None and found.name in TYPES and (dtype is None or numpy.dtype(dtype) == found)
 
 
 def array_module():
@@ -104,6 +105,17 @@ def float32_on_tf32() -> bool:
     return cupy_float32_on_tf32()
 
 
+def check_capability(dtype: Any) -> None:
+    """InputTypeError for bfloat16 on a GPU below compute capability 8.0 (it has no bfloat16 conversions
+    nor tensor-core products: an A100, H100 or H200 has them); the kernels call it before their first
+    launch of a dtype."""
+    if numpy.dtype(dtype).name == "bfloat16" and compute_capability() < BFLOAT16_CAPABILITY:
+        c = compute_capability()
+        raise InputTypeError(f"bfloat16 arrays on a GPU of compute capability {c // 10}.{c % 10}: the CUDA kernels "
+                             f"take bfloat16 from compute capability {BFLOAT16_CAPABILITY // 10}.0 on (an A100, "
+                             "H100 or H200); use float16 on this GPU")
+
+
 def address(a) -> int:
     """The device address of CuPy array ``a``'s first element (a pointer field of a kernel's params
     struct; the CPU emulation gives a NumPy array's)."""
@@ -121,14 +133,15 @@ _cache: dict = {}
 
 
 def kernel(name: str, dtype: Any):
-    """The entry point ``npf_<name>_<f16|f32|f64>``, looked up once per name and dtype."""
+    """The entry point ``npf_<name>_<f16|bf16|f32|f64>``, looked up once per name and dtype."""
     key = (name, numpy.dtype(dtype))
     fn = _cache.get(key)
     if fn is None:
+        check_capability(key[1])
         if "module" not in _cache:
             module = shipped_modules()[COMMON_MODULE]
             _cache["module"] = compile_module(module.source, module.options)
-        fn = _cache[key] = _cache["module"].get_function(f"npf_{name}_{TYPES[key[1]][2]}")
+        fn = _cache[key] = _cache["module"].get_function(f"npf_{name}_{cuda_type(key[1])[2]}")
     return fn
 
 
@@ -140,8 +153,9 @@ def device_xp(*arrays: Any):
         if not is_device_array(a):
             raise InputTypeError(f"the fused CUDA kernels take CuPy arrays; got {type(a).__module__}."
                             f"{type(a).__name__} (the reference op takes NumPy arrays)")
-        if a.dtype not in TYPES:
-            raise InputTypeError(f"the fused CUDA kernels take float16, float32 or float64 arrays; got {a.dtype}")
+        if a.dtype.name not in TYPES:
+            raise InputTypeError(f"the fused CUDA kernels take float16, bfloat16, float32 or float64 arrays; "
+                                 f"got {a.dtype}")
     return array_module()
 
 

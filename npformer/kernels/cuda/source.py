@@ -1,13 +1,15 @@
 """The CUDA C behind npformer.kernels.cuda: every kernel in one source, compiled once by NVRTC.
 
 Each kernel's formula is in the comment above it. Types: ``T`` is the storage type (``unsigned
-short`` for float16, read and written as its 16 bits; ``float``; ``double``), ``A`` the type the
-arithmetic runs in (``float`` for float16 and float32, ``double`` for float64), as the reference ops'
+short`` for float16, read and written as its 16 bits; ``npf_bf16`` for bfloat16, its 16 bits in a
+struct of their own, prelude.cuh; ``float``; ``double``), ``A`` the type the arithmetic runs in
+(``float`` for float16, bfloat16 and float32, ``double`` for float64), as the reference ops'
 ``accumulation_dtype``. The templates are instantiated per dtype as ``extern "C"`` entry points
-named ``npf_<kernel>_<f16|f32|f64>`` (no C++ name mangling to look up).
+named ``npf_<kernel>_<f16|bf16|f32|f64>`` (no C++ name mangling to look up).
 
 Only :data:`HALF_CONVERSIONS` (two PTX ``cvt`` instructions) is device specific; the rest is plain
-C++ plus CUDA's math functions, which is what lets the tests compile and run it on the CPU
+C++ plus CUDA's math functions (bfloat16's store: ``cvt.rn.bf16.f32`` on sm_80 and later, the same
+bits in C elsewhere), which is what lets the tests compile and run it on the CPU
 (tests/kernels/cuda/emulator.py) where no GPU is present.
 """
 from __future__ import annotations
@@ -21,17 +23,29 @@ from npformer.kernels.cuda.fused_source import FUSED_ENTRY_POINTS, FUSED_KERNELS
 from npformer.kernels.cuda.optim_source import OPTIM_SOURCE
 from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
 
-__all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES",
+__all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type", "dtype_name",
            "MAX_THREADS", "COL_X", "COL_Y"]
 
 
 MAX_THREADS = 256       # threads per block of the row kernels (a power of two)
 COL_X, COL_Y = 32, 8    # the column kernels' block: 32 columns x 8 row lanes
 
-# Storage type, accumulation type and entry-point suffix per dtype.
-TYPES = {numpy.dtype(numpy.float16): ("unsigned short", "float", "f16"),
-         numpy.dtype(numpy.float32): ("float", "float", "f32"),
-         numpy.dtype(numpy.float64): ("double", "double", "f64")}
+# Storage type, accumulation type and entry-point suffix per dtype, by the dtype's name: bfloat16 is
+# ml_dtypes' (numpy.dtype(ml_dtypes.bfloat16), which CuPy allocates), named here so that nothing imports
+# ml_dtypes (an optional extra) before a bfloat16 array exists.
+TYPES = {"float16": ("unsigned short", "float", "f16"), "bfloat16": ("npf_bf16", "float", "bf16"),
+         "float32": ("float", "float", "f32"), "float64": ("double", "double", "f64")}
+
+
+def dtype_name(dtype) -> str:
+    """The name :data:`TYPES` knows ``dtype`` by (a dtype, a scalar type, or already a name)."""
+    return dtype if isinstance(dtype, str) and dtype in TYPES else numpy.dtype(dtype).name
+
+
+def cuda_type(dtype) -> tuple[str, str, str] | None:
+    """(storage type, arithmetic type, suffix) of ``dtype`` (a dtype, a scalar type or a name) from
+    :data:`TYPES`; None for a dtype the kernels do not take."""
+    return TYPES.get(dtype_name(dtype))
 
 HALF_CONVERSIONS = read_source("half.cuh")
 

@@ -6,13 +6,18 @@
 #else
 #define NPF_SM80(instructions) asm volatile("trap;");     // the launchers use these on sm_80 and later only
 #endif
-__device__ __forceinline__ void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const float* c) {
-    NPF_SM80(asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                          "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"
-                          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
-                            "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));)
-}
+// m16n8k16 with 16-bit operands of PTX type TYPE, f16 (npf_mma_16816) or bf16 (npf_mma_16816_bf16): one
+// fragment layout for both, float32 accumulators
+#define NPF_MMA_16816(NAME, TYPE)                                                                          \
+    __device__ __forceinline__ void NAME(float* d, const unsigned* a, const unsigned* b, const float* c) {   \
+        NPF_SM80(asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 "                   \
+                              "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"           \
+                              : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                \
+                              : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),             \
+                                "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));)                                 \
+    }
+NPF_MMA_16816(npf_mma_16816, "f16")
+NPF_MMA_16816(npf_mma_16816_bf16, "bf16")
 __device__ __forceinline__ void npf_mma_1688_tf32(float* d, const unsigned* a, const unsigned* b, const float* c) {
     NPF_SM80(asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
                           "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};"

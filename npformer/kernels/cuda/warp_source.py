@@ -8,6 +8,8 @@ helper                         PTX (sm_80 and later)
 ``npf_mma_16816(d, a, b, c)``  ``mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32``: D (16 x 8,
                                float32) = A (16 x 16, float16) B (16 x 8, float16) + C, one warp,
                                each lane holding its fragment registers (below)
+``npf_mma_16816_bf16``         ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``: the same
+``(d, a, b, c)``               with A and B bfloat16, in the same fragment layouts
 ``npf_mma_1688_tf32``          ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``: D (16 x 8,
 ``(d, a, b, c)``               float32) = A (16 x 8, TF32) B (8 x 8, TF32) + C, one warp
 ``npf_tf32(x)``                ``cvt.rna.tf32.f32``: float32 x rounded to TF32 (10 mantissa bits,
@@ -23,7 +25,8 @@ helper                         PTX (sm_80 and later)
 ``__shfl_xor_sync``            CUDA's own (the emulator provides it): a value from lane ``l ^ m``
 =============================  ===================================================================
 
-Fragment layouts (the PTX ISA's tables for m16n8k16 with .f16 inputs and .f32 accumulators), with
+Fragment layouts (the PTX ISA's tables for m16n8k16 with .f16 or .bf16 inputs, one for both, and .f32
+accumulators), with
 ``g = lane / 4`` and ``t = lane % 4``; a register of two halves holds the lower column (or row) in
 its low 16 bits:
 

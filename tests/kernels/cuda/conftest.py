@@ -8,14 +8,15 @@
 
 Tolerances, stated once: the fused kernels compute in the reference ops' precision and differ from
 them only in the order of a reduction's additions (and, emulated, in libm's exp/erf/tanh against
-NumPy's), a few units in the last place of the magnitudes involved; float16 additionally rounds
-once where the plain op rounds up to three times (e.g. softmax backward: ``dot``, ``dy - dot``,
+NumPy's), a few units in the last place of the magnitudes involved; float16 and bfloat16 additionally
+round once where the plain op rounds up to three times (e.g. softmax backward: ``dot``, ``dy - dot``,
 the product). So ``max |fused - reference| <= TOL[dtype] * scale``, ``scale`` the largest magnitude
 in play (at least 1): 1e-12 for float64, 1e-5 for float32 (about 80 ulp), 4e-3 for float16
-(4 ulp at 1). ``TOL`` and ``assert_close`` live in tests/helpers.py (the CPU fast paths use them too).
+(4 ulp at 1), 2^-6 for bfloat16 (4 ulp at 1: eps 2^-8). ``TOL`` and ``assert_close`` live in tests/helpers.py (the CPU fast paths use them too).
 """
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from dataclasses import dataclass
 from types import ModuleType
@@ -32,10 +33,17 @@ from npformer.kernels.cpu import attention as cpu_attention
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import optim as cpu_optim
 from npformer.kernels.cuda import flash_source, runtime
+from npformer.kernels.cuda import linear as cuda_linear
 from tests.helpers import TOL, assert_close  # noqa: F401  (the tests import them from here)
 from tests.kernels.cuda import emulator, sources
 
-DTYPES = ("float64", "float32", "float16")
+# bfloat16 where ml_dtypes (an optional extra) is installed: importing it names numpy.dtype("bfloat16"), what
+# CuPy allocates; test_bf16_conversions_are_round_to_nearest_even (test_warp_primitives.py) skips, saying so,
+# without it
+BFLOAT16 = importlib.util.find_spec("ml_dtypes") is not None
+if BFLOAT16:
+    importlib.import_module("ml_dtypes")
+DTYPES = ("float64", "float32", "float16") + (("bfloat16",) if BFLOAT16 else ())
 # each emulated by the one flash library
 _FLASH_SOURCES = frozenset({flash_source.FLASH_SOURCE, sources.FLASH_TEST_SOURCE})
 
@@ -88,4 +96,7 @@ def fx(request, monkeypatch):
     monkeypatch.setattr(runtime, "compile_module", lambda source, options, name_expressions=(): (
         request.getfixturevalue("emulated_flash_module") if source in _FLASH_SOURCES else module))
     monkeypatch.setattr(runtime, "_cache", {})
+    # NumPy's bfloat16 product (ml_dtypes) is float32, CuPy's bfloat16 (cuBLAS: float32 accumulation, one
+    # rounding): the emulation rounds NumPy's so (a no-op for the other dtypes)
+    monkeypatch.setattr(cuda_linear, "matmul", lambda a, b: (a @ b).astype(a.dtype, copy=False))
     return Backend("emulated", np)

@@ -3,14 +3,16 @@
 The kernel source (npformer.kernels.cuda.source.KERNELS_SOURCE, everything but the two PTX float16
 conversions) is compiled by g++ with a small shim: ``__global__``/``__device__`` vanish,
 ``__shared__`` becomes ``static`` (one block runs at a time), float16 conversions use ``_Float16``
-(round to nearest even, as ``cvt.rn``), and every CUDA thread of a block is a fiber (``ucontext``).
-The fibers run one after another up to each ``__syncthreads``, a legal CUDA schedule with the
+(round to nearest even, as ``cvt.rn``; bfloat16's are prelude.cuh's own C, compiled as they are),
+and every CUDA thread of a block is a fiber (``ucontext``). The fibers run one after another up to each ``__syncthreads``, a legal CUDA schedule with the
 largest skew between threads, so a missing barrier changes results here; a barrier that not every
 thread of the block reaches is reported as an error instead of hanging.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
-(m16n8k16, float16 in, float32 accumulate, the PTX ISA's fragment layouts: the products are exact
-and added in order, each addition rounded to float32; a GPU's tensor cores add them otherwise, with
+and ``npf_mma_16816_bf16`` (m16n8k16, float16 or bfloat16 in, float32 accumulate, the PTX ISA's
+fragment layouts, one for both types; a bfloat16 is decoded bit for bit as the upper half of a float32:
+the products are exact in float32 (11 or 8 significant bits a factor; a bfloat16 product beyond float32's
+range, or below its normals, is rounded as float32 rounds it) and added in order, each addition rounded to float32; a GPU's tensor cores add them otherwise, with
 more bits and truncation by Fasi et al.'s measurements (2021), so the last bits differ and a test
 compares within a stated bound, never bit for bit with a GPU), ``npf_mma_1688_tf32``
 (m16n8k8, TF32 in: an operand's 13 low mantissa bits are not read; ``npf_tf32`` rounds to TF32 as
@@ -84,7 +86,8 @@ static void __syncthreads() {
 }
 
 // warp collectives: a lane's operands (in), results (out) and the collective it waits at (op)
-enum { NPF_WARP_SHFL_XOR = 1, NPF_WARP_MMA = 2, NPF_WARP_LDSM = 3, NPF_WARP_LDSM_TRANS = 4, NPF_WARP_MMA_TF32 = 5 };
+enum { NPF_WARP_SHFL_XOR = 1, NPF_WARP_MMA = 2, NPF_WARP_LDSM = 3, NPF_WARP_LDSM_TRANS = 4, NPF_WARP_MMA_TF32 = 5,
+       NPF_WARP_MMA_BF16 = 6 };
 struct NpfLane { unsigned in[10]; unsigned out[4]; int op; };
 static std::vector<NpfLane> npf_lanes;
 
@@ -113,7 +116,8 @@ static double __shfl_xor_sync(unsigned, double v, int mask, int = 32) {
 static int __shfl_xor_sync(unsigned, int v, int mask, int = 32) { return (int)npf_shfl_xor_bits((unsigned)v, mask); }
 static unsigned __shfl_xor_sync(unsigned, unsigned v, int mask, int = 32) { return npf_shfl_xor_bits(v, mask); }
 
-// mma.sync (op: NPF_WARP_MMA, m16n8k16 float16; NPF_WARP_MMA_TF32, m16n8k8): 4 A registers, 2 B, 4 C floats
+// mma.sync (op: NPF_WARP_MMA, m16n8k16 float16; NPF_WARP_MMA_BF16, bfloat16; NPF_WARP_MMA_TF32, m16n8k8): 4 A
+// registers, 2 B, 4 C floats
 static void npf_mma(float* d, const unsigned* a, const unsigned* b, const float* c, int op) {
     NpfLane& l = npf_lanes[npf_current];
     for (int i = 0; i < 4; ++i) { l.in[i] = a[i]; std::memcpy(&l.in[6 + i], &c[i], 4); }
@@ -124,6 +128,9 @@ static void npf_mma(float* d, const unsigned* a, const unsigned* b, const float*
 }
 static void npf_mma_16816(float* d, const unsigned* a, const unsigned* b, const float* c) {
     npf_mma(d, a, b, c, NPF_WARP_MMA);
+}
+static void npf_mma_16816_bf16(float* d, const unsigned* a, const unsigned* b, const float* c) {
+    npf_mma(d, a, b, c, NPF_WARP_MMA_BF16);
 }
 static void npf_mma_1688_tf32(float* d, const unsigned* a, const unsigned* b, const float* c) {
     npf_mma(d, a, b, c, NPF_WARP_MMA_TF32);
@@ -154,6 +161,7 @@ static void npf_cp_async_commit() {}
 template <int N> static void npf_cp_async_wait() {}
 
 static float npf_half_bits(unsigned h) { return npf_load((unsigned short)(h & 0xffffu)); }
+static float npf_bf16_value(unsigned h) { unsigned u = (h & 0xffffu) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static float npf_tf32_bits(unsigned b) { b &= 0xffffe000u; float f; std::memcpy(&f, &b, 4); return f; }   // TF32's 19 bits
 
 // The collective ``op`` of the lanes [base, base + count) of one warp (every one waiting at it).
@@ -166,9 +174,10 @@ static void npf_resolve(int op, size_t base, size_t count) {
         }
         return;
     }
-    if (op == NPF_WARP_MMA || op == NPF_WARP_MMA_TF32) {
+    if (op == NPF_WARP_MMA || op == NPF_WARP_MMA_BF16 || op == NPF_WARP_MMA_TF32) {
         // each lane's fragments into A (16 x K), B (K x 8) and C (16 x 8) by the PTX ISA's layouts
         const bool tf32 = op == NPF_WARP_MMA_TF32;
+        float (*const half)(unsigned) = op == NPF_WARP_MMA_BF16 ? npf_bf16_value : npf_half_bits;
         const int K = tf32 ? 8 : 16;
         float A[16][16], B[16][8], C[16][8];
         for (unsigned lane = 0; lane < 32; ++lane) {
@@ -178,8 +187,8 @@ static void npf_resolve(int op, size_t base, size_t count) {
                     A[g + 8 * (i % 2)][t + 4 * (i / 2)] = npf_tf32_bits(L[lane].in[i]);
                 } else {                                     // two halves: (g, 2t, 2t+1), (g+8, ...), (g, 2t+8, ...)
                     unsigned row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
-                    A[row][col] = npf_half_bits(L[lane].in[i]);
-                    A[row][col + 1] = npf_half_bits(L[lane].in[i] >> 16);
+                    A[row][col] = half(L[lane].in[i]);
+                    A[row][col + 1] = half(L[lane].in[i] >> 16);
                 }
                 float cv; std::memcpy(&cv, &L[lane].in[6 + i], 4);
                 C[g + 8 * (i / 2)][2 * t + i % 2] = cv;
@@ -188,8 +197,8 @@ static void npf_resolve(int op, size_t base, size_t count) {
                 if (tf32) {
                     B[t + 4 * i][g] = npf_tf32_bits(L[lane].in[4 + i]);
                 } else {
-                    B[2 * t + 8 * i][g] = npf_half_bits(L[lane].in[4 + i]);
-                    B[2 * t + 8 * i + 1][g] = npf_half_bits(L[lane].in[4 + i] >> 16);
+                    B[2 * t + 8 * i][g] = half(L[lane].in[4 + i]);
+                    B[2 * t + 8 * i + 1][g] = half(L[lane].in[4 + i] >> 16);
                 }
             }
         }
@@ -198,7 +207,7 @@ static void npf_resolve(int op, size_t base, size_t count) {
             for (unsigned i = 0; i < 4; ++i) {
                 unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
                 float acc = C[row][col];
-                for (int k = 0; k < K; ++k) acc += A[row][k] * B[k][col];   // float16, TF32 products: exact in float
+                for (int k = 0; k < K; ++k) acc += A[row][k] * B[k][col];   // 16-bit, TF32 products: exact in float
                 std::memcpy(&L[lane].out[i], &acc, 4);
             }
         }
@@ -312,9 +321,9 @@ template <typename... P> static int npf_param_sizes(void (*)(P...), long long* s
 """
 
 _ENTRY = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(npf_\w+)\(([^)]*)\)')
-_POINTEE = {"unsigned short": np.float16, "float": np.float32, "double": np.float64, "bool": np.bool_,
-            "long long": np.int64, "unsigned long long": np.uint64, "unsigned": np.uint32,
-            "int": np.int32}
+# a pointer parameter's element type -> its array's dtype, by name (bfloat16: ml_dtypes', not imported here)
+_POINTEE = {"unsigned short": "float16", "npf_bf16": "bfloat16", "float": "float32", "double": "float64",
+            "bool": "bool", "long long": "int64", "unsigned long long": "uint64", "unsigned": "uint32", "int": "int32"}
 _SCALAR = {"long long": np.int64, "int": np.int32, "float": np.float32, "double": np.float64}
 _ROW_KERNELS = ("npf_softmax_", "npf_layer_norm_", "npf_add_dropout_ln_", "npf_cross_entropy_")
 _MAX_PARAMS = 64
@@ -398,7 +407,7 @@ class EmulatedKernel:
             if self.params is not None:
                 assert ptr, f"{where}: an array for a {ctype}"
                 assert a.flags.c_contiguous, f"{where}: array is not C-contiguous"
-                assert a.dtype == _POINTEE[ctype], f"{where}: {a.dtype} for a {ctype}*"
+                assert a.dtype.name == _POINTEE[ctype], f"{where}: {a.dtype} for a {ctype}*"
             holder = ctypes.c_void_p(a.ctypes.data)
             return holder, ctypes.addressof(holder)
         if self.params is not None:

@@ -1,5 +1,5 @@
 """The CUDA C only the tests compile, beside the shipped sources it is compiled with: the kernels that
-test each warp primitive (warp_test.cu, after npformer's warp.cuh) and flash attention's test kernels
+test each warp primitive (warp_test.cu, after npformer's warp.cuh and prelude.cuh) and flash attention's test kernels
 (flash_test.cu, after flash.cu, with :data:`FLASH_TEST_KERNELS`: each shipped instantiation's
 ``npf_fa_geometry``). On a GPU each is a module of its own; emulated, the flash test kernels join the
 one flash library (:data:`FLASH_EMULATED_SOURCE`, :data:`FLASH_EMULATED_KERNELS`)."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from npformer.kernels.cuda import flash_source
+from npformer.kernels.cuda.files import read_source
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 
 __all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "FLASH_TEST_SOURCE", "FLASH_TEST_KERNELS",
@@ -15,7 +16,8 @@ __all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "FLASH_TEST_SOURCE",
 
 _HERE = Path(__file__).parent
 
-PRIMITIVES_SOURCE = WARP_PRIMITIVES + (_HERE / "warp_test.cu").read_text(encoding="utf-8")
+# the primitives, the prelude (bfloat16's type and conversions), the test kernels
+PRIMITIVES_SOURCE = WARP_PRIMITIVES + read_source("prelude.cuh") + (_HERE / "warp_test.cu").read_text(encoding="utf-8")
 PRIMITIVES_NVRTC_OPTIONS = ("--fmad=true",)
 
 

@@ -1,11 +1,14 @@
 """NVIDIA's own compiler on every CUDA module npformer ships (benchmarks/cuda_kernels.py), for the
 A100's sm_80 and the H100's sm_90, with the options CuPy compiles them with, and no GPU: no warning,
 no spill and no stack, every launch fits its kernel, every kernel keeps the occupancy it states, and
-the float16 attention kernels (and float32's under the TF32 opt-in) use tensor cores.
+the float16 and bfloat16 attention kernels (and float32's under the TF32 opt-in) use tensor cores,
+bfloat16's through bfloat16 products (HMMA.16816.F32.BF16).
 
 Skipped with the reason where the compiler wheels are absent (CI stage 3 installs them:
 nvidia-cuda-nvrtc-cu12, nvidia-cuda-nvcc-cu12, nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)."""
+import os
 import re
+import subprocess
 
 import pytest
 
@@ -25,9 +28,15 @@ def tools():
 
 
 @pytest.fixture(scope="module")
-def compiled(tools):
+def workdir(tmp_path_factory):
+    """Where the compiled modules stay: ``<module>_<arch>.cubin`` (cuda_kernels.compile_module's names)."""
+    return tmp_path_factory.mktemp("npf_compiled")
+
+
+@pytest.fixture(scope="module")
+def compiled(tools, workdir):
     """``{arch: (kernels, {module: warnings})}``: every shipped module for sm_80 and sm_90 (compiled once)."""
-    return cuda_kernels.compile_all(tools)
+    return cuda_kernels.compile_all(tools, workdir=str(workdir))
 
 
 def test_every_module_compiles_for_both_architectures_without_a_warning(compiled):
@@ -74,17 +83,39 @@ def test_the_float_kernels_flush_float32_denormals_as_their_docstrings_say(tools
     assert "add.rn.f64" in bodies["npf_adam_update_f64"] and not re.search(r"ftz\.f64", bodies["npf_adam_update_f64"])
 
 
-def test_the_float16_attention_kernels_run_on_tensor_cores(compiled):
-    """The kernels float16 takes from sm_80 on (npf_fa_forward_tc, npf_fa_bwd_dq_tc, npf_fa_bwd_dkdv_tc):
-    mma.sync (HMMA) and ldmatrix (LDSM), the forward's row statistics by shuffles and its K and V tiles
-    by cp.async (LDGSTS); the forward at 25% occupancy on sm_90 and the backward at 18.75% but for
-    dK/dV at D = 128 (12.5%: its accumulators)."""
+@pytest.mark.parametrize("suffix", ["f16", "bf16"])
+def test_the_16_bit_attention_kernels_run_on_tensor_cores(compiled, suffix):
+    """The kernels float16 and bfloat16 take from sm_80 on (npf_fa_forward_tc, npf_fa_bwd_dq_tc,
+    npf_fa_bwd_dkdv_tc): mma.sync (HMMA) and ldmatrix (LDSM), the forward's row statistics by shuffles and
+    its K and V tiles by cp.async (LDGSTS); the forward at 25% occupancy on sm_90 and the backward at 18.75%
+    but for dK/dV at D = 128 (12.5%: its accumulators)."""
     kernels, _ = compiled[90]
-    tc = {k.name: k for k in kernels if re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_tc_d\d+_f16$", k.name)}
+    tc = {k.name: k for k in kernels if re.match(rf"npf_fa_(fwd|bwd_dq|bwd_dkdv)_tc_d\d+_{suffix}$", k.name)}
     assert len(tc) == 9 and all(k.mix["HMMA"] > 0 and k.mix["LDSM"] > 0 for k in tc.values()), tc
-    forward = [tc[f"npf_fa_fwd_tc_d{d}_f16"] for d in (32, 64, 128)]
+    forward = [tc[f"npf_fa_fwd_tc_d{d}_{suffix}"] for d in (32, 64, 128)]
     assert all(k.mix["SHFL"] > 0 and k.mix["LDGSTS"] > 0 and k.occupancy >= 0.25 for k in forward), forward
-    assert all(k.occupancy >= 0.1875 for name, k in tc.items() if name != "npf_fa_bwd_dkdv_tc_d128_f16")
+    assert all(k.occupancy >= 0.1875 for name, k in tc.items() if name != f"npf_fa_bwd_dkdv_tc_d128_{suffix}")
+
+
+def test_bfloat16_kernels_are_float16_s_with_bfloat16_products(compiled, tools, workdir):
+    """Every bfloat16 flash kernel on both architectures: each HMMA multiplies bfloat16
+    (HMMA.16816.F32.BF16, none of float16's), and it is float16's kernel otherwise: the same HMMA, LDSM
+    and LDGSTS counts, registers and occupancy (the same tiles, launch bounds and shared memory)."""
+    for arch in cuda_kernels.ARCHS:
+        kernels = {k.name: k for k in compiled[arch][0]}
+        bf16 = [name for name in kernels if name.startswith("npf_fa_") and name.endswith("_bf16")]
+        assert len(bf16) == len([name for name in kernels if name.startswith("npf_fa_") and name.endswith("_f16")])
+        for name in bf16:
+            k, f16 = kernels[name], kernels[name[:-len("bf16")] + "f16"]
+            same = ("HMMA", "LDSM", "LDGSTS")
+            assert [k.mix[op] for op in same] == [f16.mix[op] for op in same], (arch, name, k.mix, f16.mix)
+            assert (k.registers, k.occupancy) == (f16.registers, f16.occupancy), (arch, name)
+        for d in (32, 64, 128):
+            cubin = workdir / f"flash_bf16_d{d}_{arch}.cubin"
+            sass = subprocess.run([tools.cuobjdump, "-sass", str(cubin)], capture_output=True, text=True, check=True,
+                                  env=dict(os.environ, NVDISASM_PATH=os.path.dirname(tools.nvdisasm))).stdout
+            hmma = re.findall(r"\bHMMA\.[\w.]+", sass)
+            assert hmma and set(hmma) == {"HMMA.16816.F32.BF16"}, (arch, d, sorted(set(hmma)))
 
 
 def test_float32_under_tf32_runs_on_tensor_cores(compiled):
@@ -110,7 +141,7 @@ def test_block_sizes_and_floors_are_known_for_every_entry_point():
 
 
 def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, tmp_path):
-    """mma.sync to HMMA (float16 and TF32), ldmatrix to LDSM, cp.async to LDGSTS, the shuffle to SHFL,
+    """mma.sync to HMMA (float16, bfloat16 and TF32), ldmatrix to LDSM, cp.async to LDGSTS, the shuffle to SHFL,
     for both architectures (the test kernels of tests/kernels/cuda/warp_test.cu, a warp each; the
     cp.async one two)."""
     from tests.kernels.cuda.sources import PRIMITIVES_NVRTC_OPTIONS, PRIMITIVES_SOURCE
@@ -122,7 +153,7 @@ def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, t
         assert not warnings and not any(k.spill_stores or k.stack for k in kernels.values()), arch
         mix = {name: k.mix for name, k in kernels.items()}
         assert mix["npf_test_mma"]["HMMA"] >= 1 and mix["npf_test_ldmatrix"]["LDSM"] >= 1, (arch, mix)
-        assert mix["npf_test_mma_tf32"]["HMMA"] >= 1, (arch, mix)
+        assert mix["npf_test_mma_tf32"]["HMMA"] >= 1 and mix["npf_test_mma_bf16"]["HMMA"] >= 1, (arch, mix)
         assert mix["npf_test_cp_async"]["LDGSTS"] >= 1 and mix["npf_test_shfl"]["SHFL"] >= 2, (arch, mix)
 
 
@@ -155,15 +186,15 @@ def test_the_main_loop_is_the_smallest_loop_holding_the_most_hmma():
 
 
 def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compiled):
-    """The common case's float16 kernels (npf_fa_*_dense: no masks, no dropout, causal or not) at head sizes
+    """The common case's float16 and bfloat16 kernels (npf_fa_*_dense: no masks, no dropout, causal or not) at head sizes
     64 and 128: their main loops (the tiles that need no mask) issue at most 6 instructions per mma.sync,
     about what keeps Hopper's tensor cores busy (the _tc kernels: 30 to 94); D 32 has half the products per
     score, and the same softmax work, so it stays above."""
     for arch in cuda_kernels.ARCHS:
         kernels, _ = compiled[arch]
-        dense = {k.name: k for k in kernels if re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_dense(_causal)?_d(64|128)_f16$",
-                                                         k.name)}
-        assert len(dense) == 12, (arch, sorted(dense))
+        dense = {k.name: k for k in kernels
+                 if re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv)_dense(_causal)?_d(64|128)_b?f16$", k.name)}
+        assert len(dense) == 24, (arch, sorted(dense))
         over = {name: round(k.loop["total"] / k.loop["HMMA"], 1) for name, k in dense.items()
                 if k.loop["total"] > 6 * k.loop["HMMA"]}
         assert not over, (arch, over)

@@ -1,6 +1,7 @@
 """The CUDA flash attention kernels against the reference (npformer.ops.flash_attention): outputs, lse
 and gradients over shapes (ragged T, Tq != Tk, head sizes 1..128), every mask kind, both causal
-alignments, fully masked rows and dropout, in float64/32/16; the dropout keep rule position by
+alignments, fully masked rows and dropout, in float64/32/16 and bfloat16 (also against the float32
+reference: compare); the dropout keep rule position by
 position; float64 gradient checks through the kernels; either backward on either forward's cache;
 dispatch, fall-back and bad input; shared memory and entry points; "auto" attention on device arrays.
 
@@ -100,7 +101,22 @@ def compare(fx, q, k, v, dout, kw, dtype, p=0.0, rng_seed=None):
         assert_close(g, r, dtype, scale=scales[what], what=what)
         assert_close(other, r, dtype, scale=scales[what], what=f"reference {what} on the kernel's cache")
         assert_close(other2, r, dtype, scale=scales[what], what=f"kernel {what} on the reference's cache")
+    if dtype == "bfloat16":
+        against_float32(q, k, v, dout, kw, out, grads, scales, p, rng_seed)
     return out, cache, grads
+
+
+def against_float32(q, k, v, dout, kw, out, grads, scales, p, rng_seed):
+    """bfloat16 results against the float32 reference on the same (exactly widened) inputs, rounded once
+    to bfloat16: the kernels compute in float32 and round P and dS to bfloat16 as tensor-core operands,
+    within TOL["bfloat16"] (4 ulp) of the magnitudes in play with the reference's half ulp."""
+    name, f32 = backend_name(q), [a.astype("float32") for a in (q, k, v, dout)]
+    drop = {} if not p else {"dropout_p": p, "rng": default_rng(rng_seed, name)}
+    with disabled():
+        ref, ref_cache = flash_forward(*f32[:3], **kw, **drop)
+        ref_grads = flash_backward(f32[3], ref_cache)
+    for what, got, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
+        assert_close(got, r.astype(got.dtype), "bfloat16", scale=scales[what], what=f"{what} against float32")
 
 
 @given(b=st.integers(1, 2), h=st.integers(1, 2), tq=LENGTHS, tk=LENGTHS, hs=st.integers(1, 40),
@@ -386,14 +402,15 @@ def test_the_params_dtype_is_the_kernels_struct(fx, acc):
 
 
 def test_every_module_names_its_instantiations():
-    """A module per (dtype, D): the SIMT kernels and bwd_pre, float16's and float32's tensor-core ones,
-    float16's dense ones, each npf_fa_kernel<traits>; the source has no extern "C" entry point and every
-    constant filled in; the test kernels are the tests' module only."""
+    """A module per (dtype, D), dtypes by name: the SIMT kernels and bwd_pre, float16's, bfloat16's and
+    float32's tensor-core ones, float16's and bfloat16's dense ones, each npf_fa_kernel<traits>; the source
+    has no extern "C" entry point and every constant filled in; the test kernels are the tests' module only."""
+    assert {dtype for dtype, _ in flash_source.MODULE_KERNELS} == {"float16", "bfloat16", "float32", "float64"}
     for (dtype, d), kernels in flash_source.MODULE_KERNELS.items():
-        variant = {np.float16: "_tc", np.float32: "_tf32"}.get(dtype.type, "")
+        variant = {"float16": "_tc", "bfloat16": "_tc", "float32": "_tf32"}.get(dtype, "")
         tensor_cores = tuple(k + variant for k in ("fwd", "bwd_dq", "bwd_dkdv")) if variant else ()
         dense = tuple(f"{k}_dense{c}" for k in ("fwd", "bwd_dq", "bwd_dkdv") for c in ("", "_causal"))
-        names = ("fwd", "bwd_dq", "bwd_dkdv") + tensor_cores + (dense if dtype == np.float16 else ())
+        names = ("fwd", "bwd_dq", "bwd_dkdv") + tensor_cores + (dense if variant == "_tc" else ())
         want = {flash_source.entry_name(n, dtype, d) for n in names} | {flash_source.entry_name("bwd_pre", dtype)}
         assert set(kernels) == want
         assert all(re.fullmatch(r"npf_fa_kernel<NpfFa\w+<[\w ,]+>>", e) for e in kernels.values()), kernels
@@ -488,22 +505,45 @@ def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch)
         assert names == (tc if runtime.compute_capability() >= 80 else simt + simt) + simt
 
 
-# -- float16's dense kernels: the common case without masks or dropout ------------------------------
+def test_bfloat16_runs_on_tensor_cores_and_needs_compute_capability_8(fx, monkeypatch):
+    """bfloat16 takes float16's kernels (the dense ones without masks and dropout, the _tc ones with them:
+    m16n8k16 .bf16) from compute capability 8.0 on; below it no kernel, fused or flash, takes bfloat16:
+    a clear error (a GPU below 8.0 has no bfloat16 conversions nor products), not the SIMT kernels."""
+    from npformer.kernels.cuda import runtime
+    names = _launched(monkeypatch)
+    q, k, v = qkv(fx.xp, 1, 2, 20, 20, 16, 16, 0, "bfloat16")
+    out, cache = flash_forward(q, k, v, is_causal=True)
+    flash_backward(out, cache)
+    out, cache = flash_forward(q, k, v, is_causal=True, key_padding_mask=fx.xp.asarray(np.array([[False] * 20])))
+    flash_backward(out, cache)
+    assert names == ["fwd_dense_causal", "bwd_dkdv_dense_causal", "bwd_dq_dense_causal", "fwd_tc", "bwd_dkdv_tc",
+                     "bwd_dq_tc"]
+    if fx.name == "emulated":
+        monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
+        monkeypatch.setattr(runtime, "_cache", {})
+        for launch in (lambda: flash_forward(q, k, v), lambda: cuda.softmax_forward(q)):
+            with pytest.raises(TypeError, match=r"bfloat16 arrays on a GPU of compute capability 7\.5: the CUDA "
+                                                r"kernels take bfloat16 from compute capability 8\.0 on"):
+                launch()
+
+
+# -- the dense kernels (float16, bfloat16): the common case without masks or dropout -----------------
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float16", "bfloat16")])
 @pytest.mark.parametrize("hs, tq, tk, alignment", [
     (8, 1, 1, None), (24, 17, 130, "top_left"), (64, 128, 128, "top_left"), (64, 200, 70, "top_left"),
     (64, 130, 200, None), (100, 70, 200, "bottom_right"), (128, 200, 70, "bottom_right"), (32, 257, 96, None),
     (64, 300, 300, "top_left")])
-def test_the_dense_kernels_match_the_reference(fx, monkeypatch, hs, tq, tk, alignment):
+def test_the_dense_kernels_match_the_reference(fx, monkeypatch, hs, tq, tk, alignment, dtype):
     """No attention mask, no padding, no dropout: the dense forward and backward (npf_fa_forward_dense,
     npf_fa_bwd_dkdv_dense, npf_fa_bwd_dq_dense), causal (both alignments: rows before the first key see
     none, zeros and lse +inf) or not, ragged ends of both lengths, every head-size bucket (hs below D:
     zeros padded); out, lse, dq, dk, dv as the reference's (compare: each backward on each forward's
-    cache too), within float16's tolerance of the magnitudes in play."""
+    cache too), within the dtype's tolerance of the magnitudes in play (bfloat16: and the float32 reference's)."""
     names = _launched(monkeypatch)
-    q, k, v = qkv(fx.xp, 2, 3, tq, tk, hs, hs, tq + tk, "float16")
-    dout = randn(fx.xp, (2, 3, tq, hs), 3, "float16")
+    q, k, v = qkv(fx.xp, 2, 3, tq, tk, hs, hs, tq + tk, dtype)
+    dout = randn(fx.xp, (2, 3, tq, hs), 3, dtype)
     kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
-    out, cache, _ = compare(fx, q, k, v, dout, kw, "float16")
+    out, cache, _ = compare(fx, q, k, v, dout, kw, dtype)
     causal = "_causal" if alignment else ""
     assert names[:3] == [f"fwd_dense{causal}", f"bwd_dkdv_dense{causal}", f"bwd_dq_dense{causal}"]
     empty = np.isinf(host(cache.lse))[..., 0]                          # rows that see no key

@@ -10,7 +10,7 @@ from npformer.kernels import cuda, disabled, implementation
 from npformer.kernels.cuda.optim import SQUARES_BLOCKS
 from npformer.ops import optim
 from tests.helpers import host, randn, seeds
-from tests.kernels.cuda.conftest import assert_close
+from tests.kernels.cuda.conftest import DTYPES, assert_close
 
 ADAM_CASES = [dict(weight_decay=0.0, decoupled=False), dict(weight_decay=0.05, decoupled=False),
               dict(weight_decay=0.05, decoupled=True)]
@@ -68,11 +68,11 @@ def test_the_dispatcher_sends_only_what_the_kernel_takes(fx):
         cuda.adam_update(p, g, m, v[:5], **kw)
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 255, 257, 5000])
 @pytest.mark.parametrize("blocks", [SQUARES_BLOCKS, 3])
 def test_sum_of_squares_in_float64(fx, monkeypatch, dtype, n, blocks):
-    """Block partials in double: within float64 rounding of the reference; float16 squares cannot overflow."""
+    """Block partials in double: within float64 rounding of the reference; 16-bit squares cannot overflow."""
     xp = fx.xp
     monkeypatch.setattr(cuda.optim, "SQUARES_BLOCKS", blocks)     # 3 blocks: 5000 > 3 * 256, grid-stride
     x = randn(xp, (n,), n, dtype, scale=300.0)

@@ -14,6 +14,7 @@ from npformer.ops import activations, softmax
 from npformer.kernels.cuda import runtime, source
 from tests.helpers import host, randn
 from tests.kernels.cuda import emulator
+from tests.kernels.cuda.conftest import BFLOAT16
 
 
 def test_importing_the_package_never_imports_cupy():
@@ -39,6 +40,9 @@ def test_device_floats_rules(monkeypatch):
     assert cuda.device_floats(f32) and cuda.device_floats(f16, None) and cuda.device_floats(f32, np.ones(3, np.float32))
     assert cuda.device_floats(f32, dtype="float32") and not cuda.device_floats(f32, dtype="float16")
     assert not cuda.device_floats(f32, f16)                          # mixed dtypes: the reference op decides
+    if BFLOAT16:                                                     # ml_dtypes' bfloat16, by its name
+        bf16 = f32.astype("bfloat16")
+        assert cuda.device_floats(bf16, dtype="bfloat16") and not cuda.device_floats(bf16, f16)
     assert not cuda.device_floats(np.zeros((0, 3), np.float32))      # empty: nothing to launch
     assert not cuda.device_floats(np.zeros(3, np.int64))             # not a float: the reference op raises
     with kernels.disabled("numba"):                                  # (NumPy arrays: the compiled CPU path would come first)
@@ -67,9 +71,9 @@ def test_gelu_constants_are_the_reference_ops():
 def test_every_entry_point_exists_for_every_dtype():
     names = {name for name, _ in emulator._ENTRY.findall(source.CUDA_SOURCE)}
     kernels = {e[0] for e in source._ENTRY_POINTS}
-    optimisers = {"npf_adam_update_f32", "npf_adam_update_f64",        # float16 parameters: the reference
-                  "npf_sum_squares_f16", "npf_sum_squares_f32", "npf_sum_squares_f64"}
-    assert names == {f"npf_{k}_{s}" for k in kernels for s in ("f16", "f32", "f64")} | optimisers
+    optimisers = {"npf_adam_update_f32", "npf_adam_update_f64",        # 16-bit parameters: the reference
+                  "npf_sum_squares_f16", "npf_sum_squares_bf16", "npf_sum_squares_f32", "npf_sum_squares_f64"}
+    assert names == {f"npf_{k}_{s}" for k in kernels for s in ("f16", "bf16", "f32", "f64")} | optimisers
     assert "@" not in source.CUDA_SOURCE                             # every constant substituted
 
 

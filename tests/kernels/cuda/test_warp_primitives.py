@@ -1,6 +1,6 @@
 """The warp-level primitives of tensor-core kernels (npformer.kernels.cuda.warp_source) against NumPy,
-fragment position by position: mma.sync m16n8k16 (float16 in, float32 accumulate) and m16n8k8 (TF32
-in), the TF32 rounding cvt.rna.tf32.f32, ldmatrix x4 and
+fragment position by position: mma.sync m16n8k16 (float16 or bfloat16 in, float32 accumulate) and m16n8k8
+(TF32 in), the TF32 rounding cvt.rna.tf32.f32, bfloat16's conversions (cvt.rn.bf16.f32 on the GPU), ldmatrix x4 and
 its transpose, __shfl_xor_sync on float and double, cp.async through a double buffer. The same tiny
 kernels run on the CPU emulator and, on a GPU, on the device (the GPU check runs this file first, so
 a layout mistake shows before anything built on it)."""
@@ -54,6 +54,50 @@ def test_mma_accumulates_in_float32(device):
     d = to_device(np.zeros((16, 8), np.float32))
     module.get_function("npf_test_mma")((1,), (32,), (to_device(a), to_device(b), to_device(c), d))
     np.testing.assert_array_equal(to_host(d), np.full((16, 8), 1 + 2.0 ** -8, np.float32))
+
+
+NO_ML_DTYPES = "ml_dtypes not installed: it names NumPy's bfloat16 dtype (pip install ml_dtypes)"
+
+
+def _bfloat16():
+    return np.dtype(pytest.importorskip("ml_dtypes", reason=NO_ML_DTYPES).bfloat16)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mma_m16n8k16_bf16_is_a_times_b_plus_c(device, seed):
+    """bfloat16 operands in float16's fragment layouts: values beyond float16's range (2^100) too, exact
+    products (8 significant bits each) and sums of powers of two apart by less than float32 keeps."""
+    module, to_device, to_host = device
+    bf16, r = _bfloat16(), np.random.default_rng(seed)
+    a = (r.integers(-16, 17, (16, 16)) / 8 * 2.0 ** 100).astype(bf16)
+    b = (r.integers(-16, 17, (16, 8)) / 8 * 2.0 ** -90).astype(bf16)
+    c = (r.integers(-64, 65, (16, 8)) / 4 * 2.0 ** 10).astype(np.float32)
+    d = to_device(np.zeros((16, 8), np.float32))
+    module.get_function("npf_test_mma_bf16")((1,), (32,), (to_device(a), to_device(b), to_device(c), d))
+    want = a.astype(np.float32) @ b.astype(np.float32) + c              # exact: small multiples of 2^4
+    np.testing.assert_array_equal(to_host(d), want)
+
+
+def test_bf16_conversions_are_round_to_nearest_even(device):
+    """npf_store to bfloat16 gives ml_dtypes' bits (round to nearest even: ties both ways, the carry into
+    the exponent, overflow to infinity, subnormals, signed zeros), a NaN stays a NaN; npf_load reads each
+    back exactly (the upper half of a float32)."""
+    module, to_device, to_host = device
+    bf16 = _bfloat16()
+    one = np.float32(1.0).view(np.uint32)
+    bits = np.array([one + 0x8000, one + 0x18000, one + 0x7FFF, one + 0x8001, 0x3F7FFFFF, 0x7F7F8000, 0x7F7FFFFF,
+                     0x00008000, 0x00018000, 0x00000001, 0x80000000, 0xBF808000, 0x7F800000, 0xFF800000],
+                    np.uint32)
+    x = np.concatenate([bits.view(np.float32), np.random.default_rng(0).standard_normal(200).astype(np.float32)
+                        * np.float32(2.0) ** np.random.default_rng(1).integers(-140, 120, 200)]).astype(np.float32)
+    x = np.concatenate([x, np.array([np.nan, -np.nan], np.float32)])
+    h, back = to_device(np.zeros(x.size, bf16)), to_device(np.zeros(x.size, np.float32))
+    module.get_function("npf_test_bf16")((1,), (64,), (to_device(x), h, back, np.int32(x.size)))
+    got, want = to_host(h), x.astype(bf16)
+    finite = ~np.isnan(x)
+    np.testing.assert_array_equal(got[finite].view(np.uint16), want[finite].view(np.uint16))
+    assert np.isnan(got[~finite].astype(np.float32)).all()
+    np.testing.assert_array_equal(to_host(back)[finite].view(np.uint32), want[finite].astype(np.float32).view(np.uint32))
 
 
 def _tf32(x):

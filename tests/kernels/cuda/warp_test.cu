@@ -1,20 +1,40 @@
-// The kernels that test each warp primitive (tests/kernels/cuda; the GPU check's primitives stage).
-extern "C" __global__ void npf_test_mma(const unsigned short* A, const unsigned short* B, const float* C, float* D) {
-    // A (16, 16), B (16, 8), C and D (16, 8), row-major
+// m16n8k16 through npf_mma_16816 (float16) or npf_mma_16816_bf16 (bfloat16): T's 16 bits a value, the PTX
+// ISA's fragments built value by value from row-major A (16, 16), B (16, 8), C and D (16, 8)
+template <typename T>
+__device__ void npf_test_mma_16(const T* A, const T* B, const float* C, float* D, bool bf16) {
+    const unsigned short* a16 = reinterpret_cast<const unsigned short*>(A);
+    const unsigned short* b16 = reinterpret_cast<const unsigned short*>(B);
     unsigned lane = threadIdx.x, g = lane / 4, t = lane % 4;
     unsigned a[4], b[2];
     float c[4], d[4];
     for (int i = 0; i < 4; ++i) {
         unsigned row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
-        a[i] = (unsigned)A[row * 16 + col] | ((unsigned)A[row * 16 + col + 1] << 16);
+        a[i] = (unsigned)a16[row * 16 + col] | ((unsigned)a16[row * 16 + col + 1] << 16);
     }
     for (int i = 0; i < 2; ++i) {
         unsigned k = 2 * t + 8 * i;
-        b[i] = (unsigned)B[k * 8 + g] | ((unsigned)B[(k + 1) * 8 + g] << 16);
+        b[i] = (unsigned)b16[k * 8 + g] | ((unsigned)b16[(k + 1) * 8 + g] << 16);
     }
     for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
-    npf_mma_16816(d, a, b, c);
+    if (bf16) npf_mma_16816_bf16(d, a, b, c);
+    else npf_mma_16816(d, a, b, c);
     for (int i = 0; i < 4; ++i) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+}
+
+extern "C" __global__ void npf_test_mma(const unsigned short* A, const unsigned short* B, const float* C, float* D) {
+    npf_test_mma_16(A, B, C, D, false);
+}
+
+extern "C" __global__ void npf_test_mma_bf16(const npf_bf16* A, const npf_bf16* B, const float* C, float* D) {
+    npf_test_mma_16(A, B, C, D, true);
+}
+
+// bfloat16's conversions (prelude.cuh): x rounded to bfloat16 (npf_store), and those values read back (npf_load)
+extern "C" __global__ void npf_test_bf16(const float* x, npf_bf16* h, float* back, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        npf_store(h + i, x[i]);
+        back[i] = npf_load(h[i]);
+    }
 }
 
 extern "C" __global__ void npf_test_mma_tf32(const float* A, const float* B, const float* C, float* D) {
