@@ -144,9 +144,10 @@ def markdown(result: dict) -> str:
              + (f"; commit {meta['commit']}" if meta.get("commit") else "") + ".",
              "Float32 matmul peak (GFLOP/s, same run): "
              + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + "."]
-    if result.get("matmul_peak_gflops_float16"):
-        lines.append("Float16 matmul peak (tensor cores, float32 accumulation; the float16 rows' MFU): "
-                     + ", ".join(f"{k} {v:.1f}" for k, v in result["matmul_peak_gflops_float16"].items()) + ".")
+    for half in ("float16", "bfloat16"):
+        if result.get(f"matmul_peak_gflops_{half}"):
+            lines.append(f"{half.capitalize()} matmul peak (tensor cores, float32 accumulation; the {half} rows' MFU): "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in result[f"matmul_peak_gflops_{half}"].items()) + ".")
     lines += ["MFU: a training step's matmul FLOPs per second over the matmul peak measured above.", ""]
     lines += [f"Note: {n}" for n in meta.get("notes", [])] + [""] * bool(meta.get("notes"))
     lines += _summary(result, by) + [""] + _parity(result) + [""]
