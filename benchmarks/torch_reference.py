@@ -77,10 +77,11 @@ OPS = {"linear": linear, "softmax": softmax, "layer_norm": layer_norm, "gelu": g
        "attention_causal": attention_causal, "ffn": ffn, "cross_entropy": cross_entropy}
 
 
-def _autograd_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=()) -> dict:
-    """``fn(*inputs)`` under autograd; ``bwd``: the gradients of the first ``n_grad`` inputs, then of
-    ``params``, for the same upstream gradient npformer's backward gets."""
-    xs = [b.asarray(h) for h in host_inputs]
+def _autograd_calls(b, fn: Callable, host_inputs: list, n_grad: int, params=(), dtype: str | None = None) -> dict:
+    """``fn(*inputs)`` under autograd, the inputs cast to ``dtype`` on the device when given; ``bwd``:
+    the gradients of the first ``n_grad`` inputs, then of ``params``, for the same upstream gradient
+    npformer's backward gets."""
+    xs = [b.asarray(h, dtype) for h in host_inputs]
     for x in xs[:n_grad]:
         x.requires_grad_(True)
     wrt = xs[:n_grad] + list(params)
@@ -219,8 +220,9 @@ class TorchBackend(ReferenceBackend):
         if self.device == "cuda":
             torch.cuda.synchronize()
 
-    def asarray(self, host: numpy.ndarray):
-        return torch.from_numpy(numpy.array(host, order="C")).to(self.device)       # 0-d stays 0-d
+    def asarray(self, host: numpy.ndarray, dtype: str | None = None):
+        a = torch.from_numpy(numpy.array(host, order="C")).to(self.device)           # 0-d stays 0-d
+        return a if dtype is None else a.to(getattr(torch, dtype))
 
     def to_host(self, a) -> numpy.ndarray:
         return a.detach().cpu().numpy()
@@ -248,8 +250,8 @@ class TorchBackend(ReferenceBackend):
         return (torch.cuda.max_memory_allocated() - base) / 2**20
 
     # -- the cases (npformer.bench.ReferenceBackend says what each returns) --------------------------
-    def op_calls(self, op: str, host_inputs: list, n_grad: int) -> dict:
-        return _autograd_calls(self, OPS[op], host_inputs, n_grad)
+    def op_calls(self, op: str, host_inputs: list, n_grad: int, dtype: str | None = None) -> dict:
+        return _autograd_calls(self, OPS[op], host_inputs, n_grad, dtype=dtype)
 
     def multi_head_calls(self, host_x, num_heads: int, weights: list) -> dict:
         """``nn.MultiheadAttention`` self-attention with the given (in_proj_weight, in_proj_bias,
@@ -279,7 +281,8 @@ class TorchBackend(ReferenceBackend):
     def train_step(self, m, src_ids, tgt_ids, dropout: float, precision: str = "float32") -> Callable[[], Any]:
         """One timed training step: zero the gradients, forward, cross-entropy, backward, AdamW; under
         ``precision="float16"`` the forward and loss under ``torch.autocast(float16)`` and the update
-        through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights)."""
+        through a ``GradScaler`` (PyTorch's mixed-precision recipe; float32 weights); under
+        ``"bfloat16"`` the same autocast in bfloat16 and no scaler (nanoGPT's recipe on an A100 or later)."""
         model = self.prepare(make_model(self, m, src_ids.shape[1], dropout, gpt=self.gpt))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=self.device == "cuda")   # (nanoGPT's)
         src, tgt = self.asarray(src_ids), self.asarray(tgt_ids)
@@ -297,7 +300,9 @@ class TorchBackend(ReferenceBackend):
 
         def step():
             opt.zero_grad(set_to_none=True)
-            _logits_loss(model, m.kind, src, tgt)[1].backward()
+            with torch.autocast(self.device, dtype=torch.bfloat16, enabled=precision == "bfloat16"):
+                loss = _logits_loss(model, m.kind, src, tgt)[1]
+            loss.backward()
             opt.step()
         return step
 

@@ -465,7 +465,7 @@ TINY = ModelSpec("gpt", d=16, H=2, L=1, F=32, V=20)
 def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
     from npformer.bench.steps import MODELS
     gpu = {n for n, m in MODELS.items() if m.gpu}
-    assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "seq2seq-d512"} <= gpu
+    assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16", "seq2seq-d512"} <= gpu
     logs = []
     result = suite.run_suite([Backend("numpy", 1)], quick=True, parity=False, only=gpu, log=logs.append)
     assert result["rows"] == []
@@ -479,22 +479,26 @@ def test_gpu_case_sizes_are_the_issue_s():
     m = MODELS["gpt2-124m"]
     assert (m.d, m.L, m.H, m.V, m.B, m.T) == (768, 12, 12, 50257, 8, 1024)
     assert 6.9e12 < train_flops(m, 8, 1024) < 7.1e12              # "the step is 7.0 TFLOP of matrix products"
-    assert MODELS["gpt2-124m-fp16"].precision == "float16"
+    assert MODELS["gpt2-124m-fp16"].precision == "float16" and MODELS["gpt2-124m-bf16"].precision == "bfloat16"
+    assert {MODELS[n].d for n in ("gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16")} == {768}
     assert (MODELS["seq2seq-d512"].B, MODELS["seq2seq-d512"].T, MODELS["seq2seq-d512"].V) == (16, 128, 8192)
 
 
-def test_mixed_precision_step_builders_run_at_tiny_sizes():
-    """npformer's float16 step (MixedPrecision) and PyTorch's (autocast + GradScaler) on the CPU at a
-    tiny size: each step changes the weights (the GPU rows run the same builders)."""
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_mixed_precision_step_builders_run_at_tiny_sizes(precision):
+    """npformer's 16-bit step (MixedPrecision) and PyTorch's (autocast, with a GradScaler for float16)
+    on the CPU at a tiny size: two steps run (the GPU rows run the same builders)."""
     from npformer.bench.steps import _npformer_step
+    if precision == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="NumPy's bfloat16 comes from ml_dtypes (the bfloat16 extra)")
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
     tgt = src[:, ::-1].copy()
-    step = _npformer_step(Backend("numpy", 1), dataclasses.replace(TINY, precision="float16"), src, tgt)
+    step = _npformer_step(Backend("numpy", 1), dataclasses.replace(TINY, precision=precision), src, tgt)
     step()
     step()
     if HAS_TORCH:
         from benchmarks.torch_reference import TorchBackend
-        torch_step = TorchBackend("cpu", 1).train_step(TINY, src, tgt, 0.0, "float16")
+        torch_step = TorchBackend("cpu", 1).train_step(TINY, src, tgt, 0.0, precision)
         torch_step()
         torch_step()
 
@@ -509,10 +513,11 @@ def test_graph_step_refuses_the_cpu_backend():
 
 
 def test_mixed_precision_parity_is_skipped_with_the_reason():
-    from npformer.bench.steps import FP16_PARITY, model_cases
-    case = next(c for c in model_cases(QUICK, quick=True) if c.name == "gpt2-124m-fp16")
-    p = suite._parity(case, Backend("numpy", 1), Backend("numpy", 1), lambda: {})
-    assert p.status == "skipped" and p.detail == FP16_PARITY
+    from npformer.bench.steps import HALF_PARITY, model_cases
+    for name in ("gpt2-124m-fp16", "gpt2-124m-bf16"):
+        case = next(c for c in model_cases(QUICK, quick=True) if c.name == name)
+        p = suite._parity(case, Backend("numpy", 1), Backend("numpy", 1), lambda: {})
+        assert p.status == "skipped" and p.detail == HALF_PARITY and case.precision in case.shape
 
 
 def test_summary_has_an_mfu_column_for_training_steps(quick_run):
@@ -756,18 +761,18 @@ def test_cpu_profile_gives_pytorchs_matmul_share():
 
 
 def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
-    """The flash cases at training shapes: B H >= 32, T 1024 to 8192, D 64 and 128, causal or not, float16
-    and float32; FLOPs as FlashAttention's tables count them (forward 4 B H T^2 D, halved when causal;
+    """The flash cases at training shapes: B H >= 32, T 1024 to 8192, D 64 and 128, causal or not, float16,
+    bfloat16 and float32; FLOPs as FlashAttention's tables count them (forward 4 B H T^2 D, halved when causal;
     backward 2.5 times); GPU only, so that on the CPU `--only flash-train` skips them by name and says why."""
     from npformer.bench.cases import FLASH_TRAIN, FLASH_TRAIN_SHAPES, flash_train_cases
     cases = flash_train_cases()
-    assert len(cases) == 2 * len(FLASH_TRAIN_SHAPES)
-    for (b, h, t, d, causal), case in zip([s for s in FLASH_TRAIN_SHAPES for _ in range(2)], cases):
+    assert len(cases) == 3 * len(FLASH_TRAIN_SHAPES)
+    for (b, h, t, d, causal), case in zip([s for s in FLASH_TRAIN_SHAPES for _ in range(3)], cases):
         assert b * h >= 32 and 1024 <= t <= 8192 and d in (64, 128) and case.family == FLASH_TRAIN
         forward = 4 * b * h * t * t * d / (1 + causal)
         assert case.flops == {"fwd": forward, "bwd": 2.5 * forward}
         assert case.gpu_only and ("causal" in case.name) == causal and case.precision in case.name
-    assert {c.precision for c in cases} == {"float16", "float32"} and any(not s[4] for s in FLASH_TRAIN_SHAPES)
+    assert {c.precision for c in cases} == {"float16", "bfloat16", "float32"} and any(not s[4] for s in FLASH_TRAIN_SHAPES)
     assert suite.main(["--quick", "--only", "flash-train", "--backends", "numpy", "--paths", "fast", "--skip-parity",
                        "--out", str(Path.cwd() / "ft")]) == 0
     out = capsys.readouterr().out

@@ -49,7 +49,9 @@ class Device:
     def sync(self) -> None:
         """Wait for the device (nothing to wait for on the host)."""
 
-    def asarray(self, host: numpy.ndarray) -> Any:
+    def asarray(self, host: numpy.ndarray, dtype: str | None = None) -> Any:
+        """``host`` on this backend's device, cast there to ``dtype`` (a name: "float16", "bfloat16")
+        when given: a bfloat16 case's inputs travel as float32, which every framework reads."""
         raise NotImplementedError
 
     def to_host(self, a: Any) -> numpy.ndarray:
@@ -77,10 +79,10 @@ class Device:
         return host_peak_mb(fn, min_s)
 
     def matmul_gflops(self, n: int, budget_s: float, warmup_s: float, precision: str = "float32") -> float:
-        """Measured n x n matmul rate in ``precision`` (float32, or float16 on a GPU: tensor cores with
-        float32 accumulation): the peak each row's MFU is a share of."""
+        """Measured n x n matmul rate in ``precision`` (float32, or float16 or bfloat16 on a GPU: tensor
+        cores with float32 accumulation): the peak each row's MFU is a share of."""
         rng = numpy.random.default_rng(0)
-        a, b = (self.asarray(rng.standard_normal((n, n), dtype=numpy.float32).astype(precision)) for _ in range(2))
+        a, b = (self.asarray(rng.standard_normal((n, n), dtype=numpy.float32), precision) for _ in range(2))
         t = time_call(lambda: a @ b, self.sync, 2, 10, budget_s, warmup_s)
         return 2.0 * n ** 3 / (t["ms"] * 1e-3) / 1e9
 
@@ -98,8 +100,10 @@ class Backend(Device):
         if self.device == "cuda":
             self.xp.cuda.get_current_stream().synchronize()
 
-    def asarray(self, host: numpy.ndarray):
-        return self.xp.asarray(host)
+    def asarray(self, host: numpy.ndarray, dtype: str | None = None):
+        from npformer.backend import resolve_dtype
+        a = self.xp.asarray(host)
+        return a if dtype is None else a.astype(resolve_dtype(self.xp, dtype))   # bfloat16: ml_dtypes', named there
 
     def to_host(self, a: Any) -> numpy.ndarray:
         from npformer.backend import to_numpy
@@ -138,9 +142,9 @@ class ReferenceBackend(Device):
     case's host arrays with npformer's argument order and the same fixed upstream gradient
     (``npformer.bench.cases.upstream_gradient``) as npformer's backward:
 
-    * ``op_calls(op, host_inputs, n_grad)``: ``{"fwd", "bwd"}`` calls of ``op`` ("linear",
-      "softmax", "layer_norm", "gelu", "attention", "ffn", "cross_entropy"); ``bwd`` returns the
-      gradients of the first ``n_grad`` inputs;
+    * ``op_calls(op, host_inputs, n_grad, dtype=None)``: ``{"fwd", "bwd"}`` calls of ``op`` ("linear",
+      "softmax", "layer_norm", "gelu", "attention", "ffn", "cross_entropy") on the inputs cast to
+      ``dtype`` on the device when given; ``bwd`` returns the gradients of the first ``n_grad`` inputs;
     * ``multi_head_calls(host_x, num_heads, weights)``: the same for self-attention with the packed
       (in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias); gradients of x, then of those;
     * ``dropout_calls(host_x, p)``: ``{"fwd", "bwd"}``, and ``"_probe"``: (x, y, dy) of the call
@@ -149,10 +153,11 @@ class ReferenceBackend(Device):
       one forward and backward of the model spec ``m`` (``npformer.bench.steps.MODELS``) with
       dropout 0 and npformer's weights ``state`` (loaded by name);
     * ``train_step(m, src_ids, tgt_ids, dropout, precision)``: one timed training step (zero grads,
-      forward, cross-entropy, backward, AdamW lr 3e-4; "float16": the framework's mixed precision).
+      forward, cross-entropy, backward, AdamW lr 3e-4; "float16", "bfloat16": the framework's mixed
+      precision).
     """
 
-    def op_calls(self, op: str, host_inputs: list, n_grad: int) -> dict:
+    def op_calls(self, op: str, host_inputs: list, n_grad: int, dtype: str | None = None) -> dict:
         raise NotImplementedError
 
     def multi_head_calls(self, host_x, num_heads: int, weights: list) -> dict:

@@ -79,20 +79,21 @@ def upstream_gradient(shape) -> numpy.ndarray:
     return host_normal(shape, 9) if shape else numpy.ones((), numpy.float32)
 
 
-def _npformer_calls(module, op: str, host_inputs: list, **kw) -> Callable:
-    """Builder of ``module.<op>_forward`` / ``<op>_backward`` calls (looked up when built)."""
+def _npformer_calls(module, op: str, host_inputs: list, dtype: str | None = None, **kw) -> Callable:
+    """Builder of ``module.<op>_forward`` / ``<op>_backward`` calls (looked up when built), the
+    float32 host inputs cast to ``dtype`` on the device when given."""
     def calls(b):
         fwd, bwd = getattr(module, op + "_forward"), getattr(module, op + "_backward")
-        xs = [b.asarray(h) for h in host_inputs]
+        xs = [b.asarray(h, dtype) for h in host_inputs]
         res = fwd(*xs, **kw)
-        dy = b.asarray(upstream_gradient(res[0].shape).astype(str(res[0].dtype)))   # (float16: the output's)
+        dy = b.asarray(upstream_gradient(res[0].shape), dtype)          # in the inputs' (and output's) dtype
         return {"fwd": lambda: fwd(*xs, **kw), "bwd": lambda: bwd(dy, res[-1])}
     return calls
 
 
-def _reference_calls(op: str, host_inputs: list, n_grad: int) -> Callable:
+def _reference_calls(op: str, host_inputs: list, n_grad: int, dtype: str | None = None) -> Callable:
     """Builder of the reference's ``op``, gradients of the first ``n_grad`` inputs."""
-    return lambda b: b.op_calls(op, host_inputs, n_grad)
+    return lambda b: b.op_calls(op, host_inputs, n_grad, dtype)
 
 
 def _outputs(b, calls: dict, grad_names: tuple) -> dict:
@@ -126,14 +127,14 @@ def _multi_head_calls(host_x, num_heads: int, weights: list) -> Callable:
 
 def _attention_case(name, B, H, T, hs, flash=False, group="op", dtype="float32") -> Case:
     from npformer.ops import attention, flash_attention
-    qkv = [host_normal((B, H, T, hs), s).astype(dtype) for s in (1, 2, 3)]
+    qkv = [host_normal((B, H, T, hs), s) for s in (1, 2, 3)]          # float32, cast on the device
     e = B * H * T * T
     bwd = 10 * e * hs + 6 * e if flash else 8 * e * hs + 4 * e        # flash recomputes S = q k^T and P
     op = (flash_attention, "flash_attention") if flash else (attention, "scaled_dot_product_attention")
     half = dtype == "float16"               # the GPU's case: SDPA's flash kernel beside npformer's tensor cores
     return _op_case(name, f"q,k,v ({B}, {H}, {T}, {hs})" + (", 128x128 tiles" if flash else ""),
                     {"fwd": 4 * e * hs + 5 * e, "bwd": bwd}, B * T, ("dq", "dk", "dv"),
-                    _npformer_calls(*op, qkv), _reference_calls("attention", qkv, 3), group,
+                    _npformer_calls(*op, qkv, dtype), _reference_calls("attention", qkv, 3, dtype), group,
                     dims=(B, H, T, hs), flash=flash, precision=dtype, T=T if group == "sweep" else None,
                     gpu_only=half, parity_skipped="skipped: float16 (tests/kernels/cuda checks the kernels "
                                                   "against the reference)" if half else None)
@@ -243,7 +244,7 @@ FLASH_TRAIN_SHAPES = ((8, 12, 1024, 64, True), (4, 16, 4096, 64, True), (4, 16, 
 FLASH_TRAIN = "flash-train"             # --only's name for them all
 
 
-def flash_train_cases(dtypes=("float16", "float32")) -> list[Case]:
+def flash_train_cases(dtypes=("float16", "bfloat16", "float32")) -> list[Case]:
     """The flash cases at :data:`FLASH_TRAIN_SHAPES`, each in each of ``dtypes`` (float32 runs TF32
     under ``--tf32``), beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike);
     GPU only, parity left to tests/kernels/cuda (its small shapes)."""
@@ -252,15 +253,17 @@ def flash_train_cases(dtypes=("float16", "float32")) -> list[Case]:
     for B, H, T, D, causal in FLASH_TRAIN_SHAPES:
         forward = 4 * B * H * T * T * D / (2 if causal else 1)
         for dtype in dtypes:
-            def qkv(shape=(B, H, T, D), dtype=dtype):        # drawn when a case is built (hundreds of MB)
-                return [host_normal(shape, s).astype(dtype) for s in (1, 2, 3)]
+            def qkv(shape=(B, H, T, D)):                     # drawn when a case is built (hundreds of MB)
+                return [host_normal(shape, s) for s in (1, 2, 3)]             # float32, cast on the device
             name = f"{FLASH_TRAIN} B{B} H{H} T{T} D{D}{' causal' if causal else ''} {dtype}"
             kw = {"is_causal": True} if causal else {}
             op = "attention_causal" if causal else "attention"
             cases.append(_op_case(
                 name, f"q,k,v ({B}, {H}, {T}, {D})", {"fwd": forward, "bwd": 2.5 * forward}, B * T, ("dq", "dk", "dv"),
-                lambda b, qkv=qkv, kw=kw: _npformer_calls(flash_attention, "flash_attention", qkv(), **kw)(b),
-                lambda b, qkv=qkv, op=op: _reference_calls(op, qkv(), 3)(b), family=FLASH_TRAIN, precision=dtype,
+                lambda b, qkv=qkv, kw=kw, dtype=dtype: _npformer_calls(flash_attention, "flash_attention", qkv(),
+                                                                       dtype, **kw)(b),
+                lambda b, qkv=qkv, op=op, dtype=dtype: _reference_calls(op, qkv(), 3, dtype)(b), family=FLASH_TRAIN,
+                precision=dtype,
                 gpu_only=True, parity_skipped="skipped: training shapes (tests/kernels/cuda checks the kernels at "
                                               "small ones)"))
     return cases

@@ -144,9 +144,10 @@ def markdown(result: dict) -> str:
              + (f"; commit {meta['commit']}" if meta.get("commit") else "") + ".",
              "Float32 matmul peak (GFLOP/s, same run): "
              + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()) + "."]
-    if result.get("matmul_peak_gflops_float16"):
-        lines.append("Float16 matmul peak (tensor cores, float32 accumulation; the float16 rows' MFU): "
-                     + ", ".join(f"{k} {v:.1f}" for k, v in result["matmul_peak_gflops_float16"].items()) + ".")
+    for half in ("float16", "bfloat16"):
+        if result.get(f"matmul_peak_gflops_{half}"):
+            lines.append(f"{half.capitalize()} matmul peak (tensor cores, float32 accumulation; the {half} rows' MFU): "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in result[f"matmul_peak_gflops_{half}"].items()) + ".")
     load = meta.get("load")
     if load:
         said = lambda v: "unknown" if v is None else f"{v:.1f}"             # noqa: E731

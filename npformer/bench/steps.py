@@ -1,7 +1,7 @@
 """The training-step cases: one AdamW step of a GPT or an encoder-decoder, npformer beside PyTorch.
 
 A step is: zero the gradients, forward, cross-entropy, backward, AdamW (lr 3e-4), with dropout
-0.1, float32 (or float16 mixed precision: the ``-fp16`` case), no padding tokens; the GPT's targets
+0.1, float32 (or mixed precision: the ``-fp16`` and ``-bf16`` cases), no padding tokens; the GPT's targets
 are its inputs reversed, the seq2seq's source and target are the same ids and their reverse (S = T).
 npformer's GPT step is the trainers': the head and the loss together, in chunks of rows
 (:mod:`npformer.ops.linear_cross_entropy`), so it never holds the (B, T, V) logits.
@@ -46,7 +46,8 @@ class ModelSpec:
     cpu_size: bool = False      # B and T also in quick mode
     gpu: bool = False           # a GPU case, skipped on the CPU
     graph: bool = False         # npformer's forward and backward replayed from one CUDA graph
-    precision: str = "float32"  # "float16": mixed precision (PyTorch under autocast + GradScaler)
+    precision: str = "float32"  # "float16": mixed precision (PyTorch: autocast + GradScaler); "bfloat16"
+                                # (autocast, no scaler)
 
 
 MODELS = {
@@ -63,9 +64,11 @@ MODELS = {
     "gpt2-124m": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True),
     "gpt2-124m-fp16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
                                 precision="float16"),
+    "gpt2-124m-bf16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
+                                precision="bfloat16"),
     "seq2seq-d512": ModelSpec("seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
 }
-FP16_PARITY = ("skipped: mixed precision (float16 model, float32 masters); the float32 case of the same model "
+HALF_PARITY = ("skipped: mixed precision (16-bit model, float32 masters); the float32 case of the same model "
                "is checked")
 
 
@@ -126,8 +129,8 @@ def _npformer_step(b, m: ModelSpec, src_ids, tgt_ids) -> Callable[[], Any]:
     model = _npformer_model(b.name, m, src_ids.shape[1], m.dropout)
     flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
-    if m.precision == "float16":
-        return _npformer_mixed_step(model, MixedPrecision(model, "float16"), m.kind, src, tgt)
+    if m.precision != "float32":                 # bfloat16 without a loss scaler (MixedPrecision's default)
+        return _npformer_mixed_step(model, MixedPrecision(model, m.precision), m.kind, src, tgt)
     opt = AdamW(model.parameters(), lr=3e-4)
     if m.graph:
         return _npformer_graph_step(model, opt, m.kind, src, tgt)
@@ -197,7 +200,7 @@ def model_cases(c: dict, quick: bool = False) -> list[Case]:
         tgt = src[:, ::-1].copy()
         layers = f"{m.L}+{m.L}" if m.kind == "seq2seq" else str(m.L)
         shape = f"B={B} T={T} d={m.d} H={m.H} L={layers} F={m.F} V={m.V}"
-        shape += (", float16 mixed" if m.precision == "float16" else "") + (", CUDA graph" if m.graph else "")
+        shape += (f", {m.precision} mixed" if m.precision != "float32" else "") + (", CUDA graph" if m.graph else "")
 
         def build(b, m=m, src=src, tgt=tgt):
             if b.framework == "npformer":
@@ -206,5 +209,5 @@ def model_cases(c: dict, quick: bool = False) -> list[Case]:
         out.append(Case(name, "model", shape, B * T * (2 if m.kind == "seq2seq" else 1),
                         {"step": train_flops(m, B, T)}, build,
                         lambda b, m=m, src=src, tgt=tgt: _outputs(b, m, src, tgt), kind=m.kind, gpu_only=m.gpu,
-                        precision=m.precision, parity_skipped=FP16_PARITY if m.precision == "float16" else None))
+                        precision=m.precision, parity_skipped=HALF_PARITY if m.precision != "float32" else None))
     return out

@@ -246,9 +246,9 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
     every backend, npformer on each of ``paths`` (the sweep on the first); the JSON-ready result."""
     cfg = QUICK if quick else FULL
     reference = _parity_reference(parity, backends[0].threads if backends else 1)
-    peaks: dict = {"float32": {}, "float16": {}}          # measured here: the MFU's denominators
+    peaks: dict = {"float32": {}, "float16": {}, "bfloat16": {}}   # measured here: the MFU's denominators
     for b in backends:
-        for precision in ("float32", "float16") if b.device == "cuda" else ("float32",):
+        for precision in ("float32", "float16", "bfloat16") if b.device == "cuda" else ("float32",):
             settle(cfg["settle_s"])
             peaks[precision][b.name] = b.matmul_gflops(cfg["matmul_n"], cfg["budget_s"], cfg["warmup_s"], precision)
             log(f"matmul peak {b.name} {precision}: {peaks[precision][b.name]:.1f} GFLOP/s")
@@ -284,6 +284,7 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
     meta["notes"] = notes
     meta["load"] = {**load, "end": load_average()}
     return {"meta": meta, "matmul_peak_gflops": peaks["float32"], "matmul_peak_gflops_float16": peaks["float16"],
+            "matmul_peak_gflops_bfloat16": peaks["bfloat16"],
             "rows": rows}
 
 
