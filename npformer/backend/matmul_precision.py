@@ -109,6 +109,8 @@ def cupy_cublas_compute_type(dtype) -> int:
     ``CUPY_TF32``), mapped as CuPy's ``tensordot_core_v11`` maps it. The products npformer makes
     itself while a CUDA graph is captured (:mod:`npformer.kernels.cuda.gemm`) pass the same, so that
     they compute as CuPy's eager ``a @ b`` does."""
+    if numpy.dtype(dtype).name == "bfloat16":
+        return CUBLAS_COMPUTE_32F                 # cuBLAS's one compute type for bfloat16 products (not TF32)
     linalg = importlib.import_module("cupy._core._routines_linalg")
     chosen = linalg.get_compute_type(dtype)
     if numpy.dtype(dtype) == numpy.float64:

@@ -46,7 +46,7 @@ __all__ = ["matmul", "gemm_arguments", "GemmArguments", "prepare_capture", "Cubl
 WORKSPACE_BYTES = 32 << 20
 # cuBLAS and CUDA enum values (cublas_api.h, library_types.h: a stable ABI)
 _OP_N, _OP_T = 0, 1
-_CUDA_TYPES = {numpy.dtype(numpy.float16): 2, numpy.dtype(numpy.float32): 0, numpy.dtype(numpy.float64): 1}
+_CUDA_TYPES = {"float16": 2, "float32": 0, "float64": 1, "bfloat16": 14}     # dtype name -> cudaDataType_t
 _GEMM_DEFAULT, _GEMM_DEFAULT_TENSOR_OP = -1, 99
 # The cuBLAS functions npformer calls, with their prototypes (cublas_api.h): each returns a status
 _VOID_P, _INT = ctypes.c_void_p, ctypes.c_int
@@ -165,9 +165,9 @@ def _bound_handle(xp, compute: int) -> ctypes.c_void_p:
 
 def _gemm_in_capture(a, b, xp):
     dtype = numpy.dtype(a.dtype)
-    if dtype not in _CUDA_TYPES or b.dtype != dtype:
-        raise TypeError(f"captured matmul: expected two float16/32/64 arrays of one dtype, got {a.dtype} and "
-                        f"{b.dtype}")
+    if dtype.name not in _CUDA_TYPES or b.dtype != dtype:
+        raise TypeError(f"captured matmul: expected two float16/32/64 or bfloat16 arrays of one dtype, got "
+                        f"{a.dtype} and {b.dtype}")
     call = gemm_arguments(a, b)
     out = xp.empty((a.shape[0], b.shape[1]), dtype=dtype)              # (M, N)
     compute = cupy_cublas_compute_type(dtype)
@@ -177,7 +177,7 @@ def _gemm_in_capture(a, b, xp):
     algo = _GEMM_DEFAULT_TENSOR_OP if capability >= 80 or (capability >= 70 and dtype == numpy.float16) \
         else _GEMM_DEFAULT
     handle = _bound_handle(xp, compute)
-    cuda_type = _CUDA_TYPES[dtype]
+    cuda_type = _CUDA_TYPES[dtype.name]
     _check(_state["lib"].cublasGemmEx(
         handle, call.trans_first, call.trans_second, call.m, call.n, call.k, ctypes.byref(one),
         ctypes.c_void_p(_address(call.first)), cuda_type, call.ld_first,

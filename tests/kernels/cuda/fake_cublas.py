@@ -15,7 +15,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-CUDA_TYPES = {2: np.float16, 0: np.float32, 1: np.float64}      # cudaDataType_t -> dtype
+from npformer.backend import resolve_dtype
+
+CUDA_TYPES = {2: "float16", 0: "float32", 1: "float64", 14: "bfloat16"}    # cudaDataType_t -> dtype name
 
 
 def _column_major(address: int, dtype, rows: int, cols: int, ld: int) -> np.ndarray:
@@ -58,7 +60,7 @@ class FakeCublas:
                      beta, c, c_type, ldc, compute, algo):
         self.calls.append(("gemm", handle.value, compute, algo))
         assert a_type == b_type == c_type
-        dtype = CUDA_TYPES[c_type]
+        dtype = resolve_dtype(np, CUDA_TYPES[c_type])         # bfloat16: ml_dtypes'
         op_a = _column_major(a.value, dtype, *((m, k) if transa == 0 else (k, m)), lda)
         op_b = _column_major(b.value, dtype, *((k, n) if transb == 0 else (n, k)), ldb)
         op_a, op_b = (op_a if transa == 0 else op_a.T), (op_b if transb == 0 else op_b.T)

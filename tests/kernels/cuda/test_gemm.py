@@ -93,11 +93,13 @@ def fake(monkeypatch):
     return lib
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
 @pytest.mark.parametrize("a_layout,b_layout", [("c", "c"), ("c", "f"), ("f", "c"), ("strided", "f")])
 def test_a_captured_product_on_a_fake_cublas_is_a_at_b(fake, dtype, a_layout, b_layout):
     """The whole cuBLAS call (handle, stream, workspace, then cublasGemmEx's 19 arguments through
-    ctypes) computes ``a @ b`` into a fresh C-ordered array, of ``a``'s dtype."""
+    ctypes, bfloat16 as CUDA_R_16BF) computes ``a @ b`` into a fresh C-ordered array, of ``a``'s dtype."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes", reason="bfloat16 is ml_dtypes' (the bfloat16 extra)").bfloat16
     xp = fake_cupy()
     r = np.random.default_rng(0)
     a = _laid_out(r.standard_normal((5, 3)).astype(dtype), a_layout)
@@ -106,7 +108,8 @@ def test_a_captured_product_on_a_fake_cublas_is_a_at_b(fake, dtype, a_layout, b_
     out = gemm._gemm_in_capture(a, b, xp)
     assert out.dtype == np.dtype(dtype) and out.shape == (5, 4) and out.flags.c_contiguous
     want = (a.astype(np.float64) @ b.astype(np.float64)).astype(dtype)
-    np.testing.assert_allclose(out, want, rtol=2e-3 if dtype == "float16" else 1e-6)
+    rtol = {"float16": 2e-3, "bfloat16": 2.0 ** -7}.get(np.dtype(dtype).name, 1e-6)   # bfloat16: one ulp
+    np.testing.assert_allclose(out.astype(np.float64), want.astype(np.float64), rtol=rtol)
     compute = CUBLAS_COMPUTE_64F if dtype == "float64" else CUBLAS_COMPUTE_32F
     assert fake.on(own.handle) == [("create",), ("stream", xp.stream), ("workspace", own.workspace.ctypes.data,
                                    gemm.WORKSPACE_BYTES), ("math", 0), ("gemm", compute, 99)]
@@ -206,3 +209,12 @@ def test_a_captured_product_replays_eager_bits(dtype):
         assert got.tobytes() == want.tobytes(), (a.shape, b.shape, a.flags.f_contiguous, b.flags.f_contiguous)
     assert cp.cuda.get_cublas_handle() == cupys and cp.cuda.cublas.getStream(cupys) == cupys_stream
     assert gemm._state["devices"][cp.cuda.Device().id].handle != cupys
+
+
+def test_a_bfloat16_product_computes_in_float32_as_cublas_requires():
+    """cuBLAS multiplies bfloat16 with float32 accumulation only (CUBLAS_COMPUTE_32F, never TF32):
+    the compute type a captured bfloat16 product passes, decided without CuPy."""
+    from npformer.backend import bfloat16
+    from npformer.backend.matmul_precision import cupy_cublas_compute_type
+    pytest.importorskip("ml_dtypes", reason="bfloat16 is ml_dtypes' (the bfloat16 extra)")
+    assert cupy_cublas_compute_type(bfloat16()) == CUBLAS_COMPUTE_32F
