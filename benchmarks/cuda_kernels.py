@@ -290,7 +290,8 @@ def block_threads(name: str) -> int:
     kinds = {entry[0]: entry[3] for entry in source._ENTRY_POINTS}
     threads = {"row": source.MAX_THREADS, "col": source.COL_X * source.COL_Y, "": runtime.ELEMENT_THREADS}
     special = {"cross_entropy_bwd": source.MAX_THREADS,          # launch_rows, no shared buffer
-               "adam_update": runtime.ELEMENT_THREADS, "sum_squares": optim_source.SQUARES_THREADS}
+               "adam_update": runtime.ELEMENT_THREADS, "adam_bf16_copy_update": runtime.ELEMENT_THREADS,
+               "sum_squares": optim_source.SQUARES_THREADS}
     flash = _flash(name)
     if flash:
         return flash_source.geometry(*flash)[0]

@@ -92,7 +92,7 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
         Stage("primitives", 10, 60, pytest + ("tests/kernels/cuda/test_warp_primitives.py",)),
         Stage("kernel-tests", 60, 240, parallel + KERNEL_TESTS, log="gpu_tests.log"),
         Stage("steps", 90, 360, bench + ("--backends", "cupy,torch,torch-layers,torch-compile",
-                                         "--only", "gpt2-124m,gpt2-124m-fp16,gpt2-124m-bf16,gpt-medium,gpt-medium-graph",
+                                         "--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
                                          "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
         Stage("sweep", 45, 240, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),

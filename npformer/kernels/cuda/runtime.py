@@ -32,7 +32,8 @@ OCCUPANCY_FLOORS = {
     "bias_gelu_bwd": (0.75, 0.75), "gelu_fwd": (1.0, 0.625), "gelu_bwd": (1.0, 1.0), "bias_gelu_fwd": (1.0, 1.0),
     "bias_add": (0.75, 1.0), "dropout_fwd": (1.0, 1.0), "dropout_bwd": (1.0, 1.0), "add_dropout_fwd": (1.0, 1.0),
     "add_dropout_ln_fwd": (1.0, 0.75), "add_dropout_ln_bwd": (1.0, 1.0), "cross_entropy_fwd": (1.0, 1.0),
-    "cross_entropy_bwd": (1.0, 1.0), "adam_update": (0.625, 0.625), "sum_squares": (1.0, 1.0),
+    "cross_entropy_bwd": (1.0, 1.0), "adam_update": (0.625, 0.625), "adam_bf16_copy_update": (0.625, 0.625),
+    "sum_squares": (1.0, 1.0),
 }
 
 

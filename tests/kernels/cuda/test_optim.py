@@ -1,17 +1,19 @@
 """The optimiser kernels against the reference ops (npformer.ops.optim): Adam/AdamW's update bit for bit
-(the same operations, no fused multiply-add), with the float16 copy of mixed precision; the float64
+(the same operations, no fused multiply-add), with the float16 or bfloat16 copy of mixed precision; the float64
 sum of squares over one block, many, and beyond the grid (grid-stride); which arrays they take;
 and a flat AdamW step of a whole model through the kernel."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from npformer.backend import resolve_dtype
 from npformer.kernels import cuda, disabled, implementation
 from npformer.kernels.cuda.optim import SQUARES_BLOCKS
 from npformer.ops import optim
 from tests.helpers import host, randn, seeds
 from tests.kernels.cuda.conftest import DTYPES, assert_close
 
+HALVES = [d for d in DTYPES if d in ("float16", "bfloat16")]     # mixed precision's model weights
 ADAM_CASES = [dict(weight_decay=0.0, decoupled=False), dict(weight_decay=0.05, decoupled=False),
               dict(weight_decay=0.05, decoupled=True)]
 
@@ -36,20 +38,24 @@ def test_adam_update_gives_the_reference_bits(fx, dtype, case, n, step, seed):
         np.testing.assert_array_equal(host(a), b, err_msg=name)
 
 
+@pytest.mark.parametrize("half", HALVES)
 @given(n=st.integers(1, 600), seed=seeds)
-def test_the_float16_copy_is_written_in_the_same_pass(fx, n, seed):
-    """Mixed precision: float32 masters updated, the model's float16 weights = the new masters rounded."""
+def test_the_16_bit_copy_is_written_in_the_same_pass(fx, half, n, seed):
+    """Mixed precision: float32 masters updated, the model's float16 or bfloat16 weights = the new
+    masters rounded (to nearest, ties to even), bit for bit with the reference."""
     xp = fx.xp
+    half = resolve_dtype(np, half)
     kw = dict(step=3, lr=3e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, decoupled=True)
     got = [a.copy() for a in _adam_arrays(xp, n, seed, "float32")]
     ref = [host(a).copy() for a in got]
-    copy, copy_ref = xp.zeros(n, xp.float16), np.zeros(n, np.float16)
+    copy, copy_ref = xp.zeros(n, half), np.zeros(n, half)
+    assert implementation(optim.adam_update, *got, param_copy=copy, **kw) == "cuda"
     cuda.adam_update(*got, param_copy=copy, **kw)
     with disabled():
         optim.adam_update(*ref, param_copy=copy_ref, **kw)
     np.testing.assert_array_equal(host(got[0]), ref[0])
-    np.testing.assert_array_equal(host(copy), copy_ref)
-    np.testing.assert_array_equal(host(copy), ref[0].astype(np.float16))
+    np.testing.assert_array_equal(host(copy).view(np.uint16), copy_ref.view(np.uint16))
+    np.testing.assert_array_equal(host(copy).view(np.uint16), ref[0].astype(half).view(np.uint16))
 
 
 def test_the_dispatcher_sends_only_what_the_kernel_takes(fx):
