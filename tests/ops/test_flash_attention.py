@@ -369,8 +369,8 @@ def test_bench_flash_sweep_case_matches_plain():
     b = bench.Backend("numpy", 1)
     cfg = dict(bench.QUICK, d=16, H=2)
     flash, plain = bench.flash_sweep_case(cfg, 40), bench.sweep_case(cfg, 40)
-    assert bench.fits_memory(flash, b) and flash["name"] == "flash attention T=40"
-    f_calls, p_calls = flash["build"](b), plain["build"](b)
+    assert bench.fits_memory(flash, b) and flash.name == "flash attention T=40"
+    f_calls, p_calls = flash.build(b), plain.build(b)
     np.testing.assert_allclose(f_calls["fwd"]()[0], p_calls["fwd"]()[0], rtol=1e-5, atol=1e-6)
     for f, p in zip(f_calls["bwd"](), p_calls["bwd"]()):
         np.testing.assert_allclose(f, p, rtol=1e-4, atol=1e-5)

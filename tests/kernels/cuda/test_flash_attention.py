@@ -21,7 +21,7 @@ from npformer.backend import backend_name, default_rng
 from npformer.errors import RangeError
 from npformer.kernels import cuda, disabled, implementation
 from npformer.kernels.cuda import flash_attention as kernel, flash_source
-from npformer.nn import attention as nn_attention
+from npformer.ops import multihead as multihead_op
 from npformer.nn.attention import MultiheadAttention
 from npformer.ops.attention import scaled_dot_product_attention_forward as sdpa_forward
 from npformer.ops.flash_attention import (FlashAttentionCache, _keep, draw_seed,
@@ -424,7 +424,7 @@ def test_every_module_names_its_instantiations():
 def test_multihead_attention_auto_runs_the_kernel_on_device_arrays(fx, monkeypatch):
     xp = fx.xp
     if fx.name == "emulated":                            # NumPy arrays pose as CuPy's for the module too
-        monkeypatch.setattr(nn_attention, "is_cupy_array", lambda a: isinstance(a, np.ndarray))
+        monkeypatch.setattr(multihead_op, "is_cupy_array", lambda a: isinstance(a, np.ndarray))
     ran = []
     path = flash_forward.fast_paths[0]                   # the dispatcher's own list: restored after
     flash_forward.fast_paths[0] = path._replace(run=lambda *a, **kw: (ran.append(1), path.run(*a, **kw))[1])
@@ -459,7 +459,7 @@ def test_the_benchmarks_flash_sweep_runs_the_kernel(fx):
     from npformer.bench import cases, paths
     b = bench.Backend("numpy" if fx.name == "emulated" else "cupy", 1)
     cfg, t = dict(bench.QUICK, d=16, H=2), 70
-    flash = bench.flash_sweep_case(cfg, t)["build"](b)
+    flash = bench.flash_sweep_case(cfg, t).build(b)
     assert paths.label(paths.fast_paths_run(flash["fwd"])) == "cuda"
     assert paths.fast_paths_run(flash["bwd"]) == ["cuda:flash_attention_backward"]
     out, grads = flash["fwd"]()[0], flash["bwd"]()
@@ -690,7 +690,7 @@ def test_a_gpt_training_step_launches_the_tensor_core_kernels(fx, monkeypatch, d
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     if fx.name == "emulated":                            # NumPy arrays pose as CuPy's for the module too
-        monkeypatch.setattr(nn_attention, "is_cupy_array", lambda a: isinstance(a, np.ndarray))
+        monkeypatch.setattr(multihead_op, "is_cupy_array", lambda a: isinstance(a, np.ndarray))
         monkeypatch.setattr(runtime, "float32_on_tf32", lambda: tf32_on)
     elif runtime.compute_capability() < 80 or runtime.float32_on_tf32() != tf32_on:
         pytest.skip("the GPU's compute capability or TF32 setting is not this case's")
