@@ -101,7 +101,7 @@ def linear_backward(dout, cache: LinearCache):
             a, b = outs[k]
             numpy.matmul(d2[:, a:b].T, x2, out=dweight[a:b])
             if has_bias:             # in float32 for float16, as the reference's accumulated_sum
-                dbias[a:b] = d2[:, a:b].sum(axis=0, dtype=accumulation_dtype(d2.dtype))
+                d2[:, a:b].sum(axis=0, dtype=accumulation_dtype(d2.dtype), out=dbias[a:b])
 
     if parts == 1:                         # the whole product: one BLAS call, on BLAS's own threads
         part(0)

@@ -128,12 +128,8 @@ TC_VARIANT_OF = {"float16": "tc", "bfloat16": "tc", "float32": "tf32"}
 # dense kernels' causal and plain instantiations share theirs, and bfloat16's float16's: _GEOMETRY_STORAGE).
 # The block is THREADS (PRE_THREADS for NpfFaPre, whose ROWS is a block's 8 rows and SHARED 0), also checked.
 GEOMETRY = {
-    # SIMT (BR x BC tiles: 64 x 64 in float up to D 64, else 32 x 32); float16 and float32 compute in float
-    "NpfFaFwd<unsigned short, 32>": (64, 49152), "NpfFaFwd<unsigned short, 64>": (64, 73728),
-    "NpfFaFwd<unsigned short, 128>": (32, 57344), "NpfFaDq<unsigned short, 32>": (64, 54272),
-    "NpfFaDq<unsigned short, 64>": (64, 87040), "NpfFaDq<unsigned short, 128>": (32, 72192),
-    "NpfFaDkdv<unsigned short, 32>": (64, 72192), "NpfFaDkdv<unsigned short, 64>": (64, 104960),
-    "NpfFaDkdv<unsigned short, 128>": (32, 77056),
+    # SIMT (BR x BC tiles: 64 x 64 in float up to D 64, else 32 x 32), by the accumulator's type: float16 and
+    # bfloat16 compute in float and take float's rows (_SIMT_ACCUMULATOR)
     "NpfFaFwd<float, 32>": (64, 49152), "NpfFaFwd<float, 64>": (64, 73728), "NpfFaFwd<float, 128>": (32, 57344),
     "NpfFaDq<float, 32>": (64, 54272), "NpfFaDq<float, 64>": (64, 87040), "NpfFaDq<float, 128>": (32, 72192),
     "NpfFaDkdv<float, 32>": (64, 72192), "NpfFaDkdv<float, 64>": (64, 104960), "NpfFaDkdv<float, 128>": (32, 77056),
@@ -190,9 +186,11 @@ OCCUPANCY_FLOORS = {
     ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
 }
 _TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
-# bfloat16's tiles take float16's bytes (two a value; the SIMT kernels' are float), so its instantiations
-# share float16's GEOMETRY rows (the test compares every compiled instantiation with its row)
+# bfloat16's tensor-core tiles take float16's bytes (two a value), so its instantiations share float16's
+# GEOMETRY rows; the SIMT kernels' tiles are their accumulator's, float for both 16-bit types (the test
+# compares every compiled instantiation with its row)
 _GEOMETRY_STORAGE = {"npf_bf16": "unsigned short"}
+_SIMT_ACCUMULATOR = {"unsigned short": "float", "npf_bf16": "float"}
 
 
 def kernels(dtype) -> tuple:
@@ -219,7 +217,8 @@ def _traits(name: str, dtype, d: int) -> tuple[str, str]:
         causal = "true" if variant == "dense_causal" else "false"
         return f"{_TRAITS[base]}Dense<{storage}, {d}, {causal}>", f"{_TRAITS[base]}Dense<{d}>"
     traits = f"{_TRAITS[base]}{'Tc' if variant else ''}<{{}}, {d}>"
-    return traits.format(storage), traits.format(_GEOMETRY_STORAGE.get(storage, storage))
+    row = _GEOMETRY_STORAGE.get(storage, storage) if variant else _SIMT_ACCUMULATOR.get(storage, storage)
+    return traits.format(storage), traits.format(row)
 
 
 def name_expression(name: str, dtype, d: int) -> str:
