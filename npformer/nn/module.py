@@ -117,7 +117,7 @@ class Parameter:
     def flat(self):
         """Where ``data`` and the gradient live in a flat buffer (a FlatSlot), or None: the slot given
         by :meth:`attach` while ``data`` is still its view (another array assigned to ``data`` takes
-        the parameter out of the buffer). ``data`` is a plain attribute: reading it costs no call."""
+        the parameter out of the buffer)."""
         slot = self._slot
         return slot if slot is not None and self.data is slot.data else None
 
