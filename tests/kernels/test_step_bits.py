@@ -1,12 +1,10 @@
-"""A whole training step on the CPU fast paths gives the same bits however timing cut its work: at
-a given thread count (1 or 2), with the wall-clock window of npformer.kernels.cpu.threads (no
-cutting while BLAS's workers are awake) held open or shut for the whole step, left to the clock
-on a quiet machine, and left to the clock with the machine busy (a CPU hog on every core beside
-the test). The window is decided by the clock, so any difference here would make a result depend
-on timing. (Another thread count is another setting, not timing: BLAS at another thread count may
-add a product's terms in another order, tests/kernels/cpu/test_threads.py.)"""
+"""A whole training step on the CPU fast paths gives the same bits however its element-wise work was
+cut and however busy the machine: at a given thread count (1 or 2), with the element-wise work and
+attention's rows cut for the threads or left whole, on a quiet machine and beside a CPU hog on every
+core (where a worker may be set aside mid-step). Nothing in the fast paths reads the clock, and this
+holds them to it. (Another thread count is another setting: a product cut into more parts is
+computed by other BLAS calls, tests/kernels/cpu/test_threads.py.)"""
 import contextlib
-import math
 import os
 import subprocess
 import sys
@@ -58,6 +56,14 @@ def hog():
     return start
 
 
+def _element_wise_uncut(monkeypatch) -> None:
+    """Every fast path that asks threads_for how many parts to cut its work into is told one."""
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("npformer.kernels") and \
+                getattr(module, "threads_for", None) is threads.threads_for and module is not threads:
+            monkeypatch.setattr(module, "threads_for", lambda work, per_thread: 1)
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["numpy-paths", "numba-paths"])
 def test_a_step_has_the_same_bits_however_its_work_was_cut(monkeypatch, hog, compiled):
     if compiled and not numba_cpu.AVAILABLE:
@@ -68,24 +74,19 @@ def test_a_step_has_the_same_bits_however_its_work_was_cut(monkeypatch, hog, com
         with kernels.disabled("numba") if not compiled else contextlib.nullcontext():
             for count in (1, 2):
                 threads.set_num_threads(count, blas=False)
-                for window in ("open", "shut"):          # open: BLAS awake, nothing is cut
-                    held = math.inf if window == "open" else 0.0     # the window held, whatever products run
-                    monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", held)
-                    monkeypatch.setitem(threads._state, "blas_awake_until", held)
-                    assert threads.blas_awake() == (window == "open")
-                    results[(count, window, "quiet")] = _two_steps()
-                    assert threads.blas_awake() == (window == "open")
-                monkeypatch.undo()
+                results[(count, "cut", "quiet")] = _two_steps()
+                with monkeypatch.context() as m:
+                    _element_wise_uncut(m)
+                    results[(count, "whole", "quiet")] = _two_steps()
                 stop = hog()
                 try:
-                    results[(count, "clock", "busy")] = _two_steps()
+                    results[(count, "cut", "busy")] = _two_steps()
                 finally:
                     stop()
-                results[(count, "clock", "quiet")] = _two_steps()
     finally:
         threads.set_num_threads(before, blas=False)
     for count in (1, 2):
-        want = results[(count, "open", "quiet")]
+        want = results[(count, "cut", "quiet")]
         for key in [k for k in results if k[0] == count]:
             for g, w in zip(results[key], want):
-                assert g.tobytes() == w.tobytes(), f"{key} differs from {(count, 'open', 'quiet')}"
+                assert g.tobytes() == w.tobytes(), f"{key} differs from {(count, 'cut', 'quiet')}"

@@ -72,8 +72,8 @@ def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, sl
 
 def _parallel(groups: list, run_block) -> None:
     """run_block(block) for every block, the groups split in contiguous runs over the threads; the
-    blocks' products on BLAS at one thread however many runs there are (the runs' count follows
-    timing, :func:`~npformer.kernels.cpu.threads.threads_for`, and must not change a bit)."""
+    blocks' products on BLAS at one thread however many runs there are (so the thread count, which
+    sets the runs' count, :func:`~npformer.kernels.cpu.threads.threads_for`, changes no bit)."""
     def run(a: int, b: int) -> None:
         for group in groups[a:b]:
             for block in group:

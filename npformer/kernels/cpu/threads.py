@@ -1,5 +1,4 @@
-"""The CPU fast paths' threads: one pool, BLAS kept to one thread while the pool works, and the
-pool left alone while BLAS's own threads are awake.
+"""The CPU fast paths' threads: one pool, and BLAS kept to one thread while the fast paths use it.
 
 NumPy's ufuncs and its BLAS calls release the GIL, so Python threads can run them on several cores
 at once. Three things decide whether that pays on a small machine:
@@ -8,36 +7,31 @@ at once. Three things decide whether that pays on a small machine:
   through a pair of locks: a hand-off and its return cost 17 to 90 microseconds on the 2-core
   development machine (a VM: waking a sleeping thread is slow there), against 92 and more through
   ``concurrent.futures``;
-* OpenBLAS held to one thread inside a parallel region, so that a matmul run by a pool thread uses
-  that thread alone;
-* OpenBLAS's own workers keep spinning for about 0.1 s (2^28 clock cycles) after every product
-  they ran, on the very cores the pool wants: a pool thread sharing a core with one runs at half
-  speed. Yet for small products BLAS's threads are the faster of the two: a 2048 x 128 x 128
-  product (67 MFLOP) took 0.36-0.39 ms on BLAS's two threads against 0.45-0.49 ms cut in two for
-  the pool. And mixing them (BLAS's threads for some products, the pool for the rest) made a
-  gpt-small step 1.3-1.4x slower.
+* every product the fast paths run is a single-threaded BLAS call (:mod:`npformer.kernels.cpu.linear`
+  cuts a product into one part per thread by its shapes; a product too small to cut runs with BLAS
+  held at one thread too), so BLAS's own workers are never woken;
+* a worker that waits sleeps on its lock, where OpenBLAS's workers spin for about 0.1 s (2^28
+  clock cycles) after each product they ran.
 
-So a training step should use one or the other throughout. The linear layers choose by the layer
-(:mod:`npformer.kernels.cpu.linear`: layers under 256 features on either side, a model with a
-small d_model, give their products to BLAS's threads, wider ones cut theirs for the pool, by the
-shapes alone, so a product is always computed the same way), and every fast path asks
-:func:`threads_for` how many parts to cut its element-wise work into. It answers 1 inside a
-parallel region, and 1 while BLAS's workers are awake: for :data:`BLAS_AWAKE_SECONDS` after a
-product ran on BLAS's own threads (:func:`note_blas_product`).
-A small model (the default ``npformer train``, d_model 128) thus runs its products on BLAS's threads
-and its element-wise work on the calling thread; a large one (the benchmark's gpt-small) cuts
-products and element-wise work alike for the pool, and BLAS's workers stay asleep.
+The last two are what a busy machine decides. With a CPU hog on each of the 2 cores, nanoGPT's CPU
+recipe (``gpt-tiny``, NumPy alone) stepped in 632 ms with its products on BLAS's two threads, 5x the
+124 ms of ``--threads 1``: a product's part waits for a spinning worker the scheduler has set aside
+for the hog. Cut for the pool, whose threads sleep and are woken, it stepped in 99-131 ms, beside
+``--threads 1``'s 97-124 (``benchmarks/busy_machine.py``). On a quiet machine BLAS's threads were
+the faster for such small products (2-9% of that step), which is the price of a default that never
+falls behind one thread.
 
     parts = threads_for(work, per_thread)     # how many parts (1 .. get_num_threads())
     run_parallel([f, g])        # f() on this thread, g() on a pool thread, BLAS at 1 thread; waits
 
 :func:`set_num_threads` sets how many threads the fast paths use, and BLAS's with them (exported as
-``npformer.set_num_threads``); the default is the number of CPUs this process may run on, or fewer
+``npformer.set_num_threads``; BLAS's count then serves the products run outside the fast paths:
+the reference ops, a user's own); the default is the number of CPUs this process may run on, or fewer
 when BLAS was set to fewer threads before (an ``OMP_NUM_THREADS`` a user gave). With 1 every fast
-path runs on the calling thread alone, with BLAS as the
-caller set it. The element-wise fast paths compute each element the same way whichever part holds
-it, so timing may choose their parts without changing a bit; a product's parts never depend on
-timing (BLAS's own threads may add its terms in another order: tested).
+path runs on the calling thread alone, with BLAS as the caller set it. The element-wise fast paths
+compute each element the same way whichever part holds it, and a product's parts follow its shapes
+and the thread count alone, so no result depends on timing (tests/kernels/test_step_bits.py: a whole
+step's bits quiet and beside a CPU hog on every core).
 
 BLAS threads are controlled through ``threadpoolctl`` (a dependency of npformer); where it cannot
 find the BLAS library, regions still run in parallel and BLAS keeps its own setting. The fast paths
@@ -50,15 +44,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from typing import Any, Callable, Iterator, Sequence
 
 from npformer.checks import positive_int
 
 __all__ = ["get_num_threads", "set_num_threads", "usable_cpus", "within_cpus", "run_parallel", "split",
-           "in_parallel_region", "threads_for", "note_blas_product", "blas_awake", "BLAS_AWAKE_SECONDS"]
-
-BLAS_AWAKE_SECONDS = 0.15      # OpenBLAS's workers spin 2^28 cycles (about 0.1 s measured) after a product
+           "in_parallel_region", "threads_for"]
 
 
 def usable_cpus() -> int:
@@ -79,7 +70,7 @@ def within_cpus(n: int, name: str) -> tuple[int, str | None]:
     return cpus, f"{name} {n} is more than the {cpus} CPUs this process may use; using {cpus}"
 
 
-_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None, "blas_awake_until": 0.0}
+_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None}
 _busy = threading.Lock()        # held by the thread whose tasks the workers run
 _local = threading.local()      # .inside: this thread is running a part of a parallel region
 
@@ -112,34 +103,10 @@ def in_parallel_region() -> bool:
 
 def threads_for(work: int, per_thread: int) -> int:
     """How many parts to cut ``work`` into, each at least ``per_thread`` of it: at most the thread
-    count, and 1 inside a parallel region or while BLAS's own workers are awake (:func:`blas_awake`)."""
-    if getattr(_local, "inside", False) or time.monotonic() < _state["blas_awake_until"]:
-        return 1                                        # in a region, or blas_awake() (inlined: a hot path)
-    return max(1, min(_state["threads"] or get_num_threads(), work // max(per_thread, 1)))
-
-
-def blas_awake() -> bool:
-    """True for :data:`BLAS_AWAKE_SECONDS` after :func:`note_blas_product`: BLAS's workers are still
-    spinning on the other cores, so work cut for the pool would share a core with one.
-
-    Why a clock and not the shapes: what it stands for is the state of other threads (BLAS's workers
-    spin after *any* multi-threaded product, the caller's own included), which no shape of the
-    element-wise op at hand shows: the same (B, T, E) bias-add follows a wide layer's pooled product
-    in one model and a narrow layer's BLAS-threaded one in another. The clock only chooses how many
-    parts element-wise work is cut into, and each element is computed the same way in any part, so
-    no result depends on it (tests/kernels/test_step_bits.py: a whole step's bits with the window
-    held open, shut, left to the clock, and left to it on a loaded machine). BLAS_AWAKE_SECONDS is
-    OpenBLAS's own spin time (2^28 cycles, about 0.1 s at 2-3 GHz), not a tuning of one machine."""
-    return time.monotonic() < _state["blas_awake_until"]
-
-
-def note_blas_product() -> None:
-    """Record that a product just ran with BLAS's own threads (when BLAS has more than one)."""
-    blas = _state["blas"]
-    for c in _blas_controllers() if blas is None else blas:
-        if c.num_threads > 1:
-            _state["blas_awake_until"] = time.monotonic() + BLAS_AWAKE_SECONDS
-            return
+    count, and 1 inside a parallel region."""
+    if in_parallel_region():
+        return 1
+    return max(1, min(get_num_threads(), work // max(per_thread, 1)))
 
 
 def _blas_controllers() -> list:
@@ -235,7 +202,7 @@ def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = 
     (BLAS's threads may add a product's terms in another order than one thread)."""
     if len(tasks) <= 1 and not blas_one_thread:          # the common case of a small op: no region
         return [tasks[0]()] if tasks else []
-    if getattr(_local, "inside", False):                  # in_parallel_region()
+    if in_parallel_region():
         return [fn() for fn in tasks]
     if len(tasks) <= 1:
         with _blas_at_one_thread():

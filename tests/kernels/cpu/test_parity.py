@@ -224,7 +224,7 @@ def test_sum_of_squares_in_float64(dtype, shape):
        c_out=st.integers(1, 6), seed=seeds, dtype=st.sampled_from(DTYPES), bias=st.booleans(),
        thread_count=st.integers(1, 3))
 def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count):
-    """Products cut between 1-3 threads (every product split: MIN_PARALLEL_FLOPS and _WIDTH 1) against the reference."""
+    """Products cut between 1-3 threads (every product split: MIN_PARALLEL_FLOPS 1) against the reference."""
     x, dy = randn(np, lead + (c_in,), seed, dtype), randn(np, lead + (c_out,), seed + 1, dtype)
     w = randn(np, (c_out, c_in), seed + 2, dtype)
     b = randn(np, (c_out,), seed + 3, dtype) if bias else None
@@ -234,7 +234,6 @@ def test_linear(lead, c_in, c_out, seed, dtype, bias, thread_count):
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
-            mp.setattr(cpu_linear, "MIN_PARALLEL_WIDTH", 1)
             _pair_case(lambda x: linear.linear_forward(x, w, b), linear.linear_backward, x, dy, dtype, "linear")
     finally:
         threads.set_num_threads(before, blas=False)
@@ -245,7 +244,6 @@ def test_linear_bias_gradient_is_the_reference_bit_for_bit(monkeypatch, thread_c
     """db summed per part of output features, beside that part's dW: the reference's sum, bit for bit,
     for C-ordered and transposed gradients and any thread count."""
     monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
-    monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_WIDTH", 1)
     x, w, b = randn(np, (2, 45, 24), 0, dtype), randn(np, (70, 24), 1, dtype), randn(np, (70,), 2, dtype)
     _, cache = linear.linear_forward(x, w, b)
     for dy in (randn(np, (2, 45, 70), 3, dtype), randn(np, (70, 45, 2), 4, dtype).transpose(2, 1, 0)):
@@ -258,7 +256,6 @@ def test_linear_bias_gradient_is_the_reference_bit_for_bit(monkeypatch, thread_c
 
 def test_gradcheck_through_the_linear_fast_path(monkeypatch):
     monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)                  # cut into parts even here
-    monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_WIDTH", 1)
     inputs = {"x": randn(np, (2, 3, 5), 1), "weight": randn(np, (4, 5), 2), "bias": randn(np, (4,), 3)}
     assert kernels.implementation(linear.linear_forward, *inputs.values()) == "cpu"
     assert_gradcheck(gradcheck(linear.linear_forward, linear.linear_backward, inputs, label="linear (cpu fast path)"))
@@ -270,7 +267,6 @@ def test_linear_parts_cover_the_products_whatever_the_thread_count(monkeypatch):
     x, w, b = randn(np, (3, 37, 40), 0, "float32"), randn(np, (50, 40), 1, "float32"), randn(np, (50,), 2, "float32")
     dy = randn(np, (3, 37, 50), 3, "float32")
     monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_FLOPS", 1)
-    monkeypatch.setattr(cpu_linear, "MIN_PARALLEL_WIDTH", 1)
     with kernels.disabled():
         y_ref, c_ref = linear.linear_forward(x, w, b)
         g_ref = linear.linear_backward(dy, c_ref)

@@ -113,68 +113,111 @@ def two_blas_threads():
         yield
 
 
-def test_the_pool_waits_while_blas_threads_are_awake(monkeypatch, thread_count, two_blas_threads):
-    """After a product on BLAS's own threads, work is not cut for the pool until BLAS_AWAKE_SECONDS
-    have passed (BLAS's workers spin meanwhile); with BLAS at one thread nothing is noted."""
-    thread_count(2)
-    monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
-    assert not threads.blas_awake() and threads.threads_for(100, 1) == 2
-    threads.note_blas_product()
-    assert threads.blas_awake() and threads.threads_for(100, 1) == 1
-    monkeypatch.setitem(threads._state, "blas_awake_until", 0.0)
-    with threadpool_limits(1, user_api="blas"):
-        threads.note_blas_product()
-    assert not threads.blas_awake()
+class _RecordingNumpy:
+    """numpy, with each matmul recording BLAS's thread count at the time (for linear's module)."""
 
+    def __init__(self):
+        self.blas_threads: list[list[int]] = []
 
-def test_a_small_linear_layer_runs_on_blas_threads_and_keeps_element_wise_work_on_this_thread(
-        monkeypatch, thread_count, two_blas_threads):
-    from npformer.kernels.cpu import blocks, linear
-    thread_count(2)
-    monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
-    cut = []
-    monkeypatch.setattr(blocks, "run_parallel", lambda tasks: cut.append(len(tasks)) or [f() for f in tasks])
-    x = np.ones((4 * blocks.MIN_THREAD_ELEMENTS,), np.float32)
-    blocks.blockwise(lambda o, a: np.add(a, 1, out=o), np.empty_like(x), x)
-    assert cut == [2]                                              # BLAS asleep: cut for the pool
-    linear.linear_forward(np.ones((64, 32), np.float32), np.ones((16, 32), np.float32))   # one part
-    assert threads.blas_awake()
-    blocks.blockwise(lambda o, a: np.add(a, 1, out=o), np.empty_like(x), x)
-    assert cut == [2]                                              # awake: on this thread, uncut
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def matmul(self, *args, **kwargs):
+        self.blas_threads.append([c.num_threads for c in threads._blas_controllers()])
+        return np.matmul(*args, **kwargs)
 
 
 @pytest.mark.parametrize("shape", [(300, 64, 96), (1001, 130, 67), (64, 512, 48), (700, 256, 256),
-                                   (500, 128, 512)])    # 65,536 entries, a 128-wide side: narrow
-def test_a_products_parts_depend_on_its_shapes_not_on_timing(monkeypatch, thread_count, two_blas_threads, shape):
-    """BLAS's own threads may add a product's terms in another order than one thread (OpenBLAS cuts K
-    for some shapes), so linear's parts must not follow blas_awake(): its forward and backward are
-    the same bits whether BLAS's workers were just woken or not, at 1 and 2 threads; narrow layers
-    (a side under MIN_PARALLEL_WIDTH features) run as one part, on BLAS's threads, and say so."""
+                                   (500, 128, 512)])
+def test_a_products_parts_follow_its_shapes_and_blas_stays_at_one_thread(monkeypatch, thread_count,
+                                                                         two_blas_threads, shape):
+    """linear's products are cut by their FLOPs and the thread count alone (never by timing), every
+    part a single-threaded BLAS call while the pool has two threads, a product too small to cut
+    included (BLAS's own workers are never woken); with one thread, BLAS as the caller set it."""
     from npformer.kernels.cpu import linear
     n, c_in, c_out = shape
     rng = np.random.default_rng(n)
     x, w = rng.standard_normal((n, c_in), dtype=np.float32), rng.standard_normal((c_out, c_in), dtype=np.float32)
     b, dy = rng.standard_normal(c_out, dtype=np.float32), rng.standard_normal((n, c_out), dtype=np.float32)
     monkeypatch.setattr(linear, "MIN_PARALLEL_FLOPS", 1 << 20)
+    recorder = _RecordingNumpy()
+    monkeypatch.setattr(linear, "numpy", recorder)
     cut = []
     parts_of = linear._parts                                       # each product's number of parts
-    monkeypatch.setattr(linear, "_parts", lambda *args: cut.append(parts_of(*args)) or cut[-1])
-
-    def run():
-        out, cache = linear.linear_forward(x, w, b)
-        return (out, *linear.linear_backward(dy, cache))
+    monkeypatch.setattr(linear, "_parts", lambda flops: cut.append(parts_of(flops)) or cut[-1])
+    results = {}
     for count in (1, 2):
         thread_count(count)
-        monkeypatch.setattr(threads, "BLAS_AWAKE_SECONDS", 60.0)
-        monkeypatch.setitem(threads._state, "blas_awake_until", 0.0)
-        asleep = run()
-        narrow = min(c_in, c_out) < linear.MIN_PARALLEL_WIDTH
-        assert threads.blas_awake() == (narrow or count == 1)        # one part: BLAS's own threads
-        assert cut[-2:] == [1, 1] if narrow or count == 1 else cut[-2:] == [2, 2]
-        threads.note_blas_product()
-        for got, want in zip(run(), asleep):
-            np.testing.assert_array_equal(got, want)
-        assert cut[-2:] == cut[-4:-2]
+        recorder.blas_threads.clear()
+        out, cache = linear.linear_forward(x, w, b)
+        results[count] = (out, *linear.linear_backward(dy, cache))
+        forward, backward = 2 * n * c_in * c_out, 4 * n * c_in * c_out
+        assert cut[-2:] == [max(1, min(count, forward >> 20)), max(1, min(count, backward >> 20))]
+        want = 1 if count == 2 else 2                              # two_blas_threads: the caller's setting
+        assert recorder.blas_threads and all(t == [want] * len(t) for t in recorder.blas_threads)
+    for got, want in zip(results[2], results[1]):                  # cut or whole: the reference's tolerance
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def _cpu_ticks_of_threads_python_did_not_start() -> int:
+    """User + system clock ticks of this process's threads that are not Python threads (BLAS's)."""
+    python_threads = {t.native_id for t in threading.enumerate()}
+    ticks = 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) in python_threads:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()   # from field 3 (state): utime is 14, stime 15
+        except OSError:                                       # the thread ended meanwhile
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's /proc/self/task")
+@pytest.mark.parametrize("compiled", [False, True], ids=["numpy-paths", "numba-paths"])
+def test_a_training_step_never_wakes_blas_workers(thread_count, two_blas_threads, compiled):
+    """A step of a small model (d_model 64, whose products BLAS would thread) at two threads: BLAS's
+    workers, which spin for about 0.1 s each time they are woken, take no CPU time. The control
+    first shows that a product on BLAS's own threads does make them take some."""
+    import contextlib
+    from npformer import kernels
+    from npformer.kernels import numba_cpu
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.nn.flat import flatten_parameters
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    from npformer.training import AdamW, clip_grad_norm
+    if compiled and not numba_cpu.AVAILABLE:
+        pytest.skip("numba not installed: the compiled CPU paths are off")
+    if threads.usable_cpus() < 2:
+        pytest.skip("one CPU: BLAS has no second thread to wake")
+    thread_count(2)
+    a = np.ones((512, 512), np.float32)
+    before = _cpu_ticks_of_threads_python_did_not_start()
+    for _ in range(4):
+        a @ a                                                      # BLAS at two threads: its workers wake
+        time.sleep(0.05)
+    woken = _cpu_ticks_of_threads_python_did_not_start() - before
+    if woken < 3:
+        pytest.skip(f"BLAS's workers took {woken} clock ticks after 4 threaded products: they do not spin here")
+    time.sleep(0.5)                                                # let them fall asleep
+    model = GPT(GPTConfig(vocab_size=96, block_size=64, n_layer=2, n_head=4, d_model=64, dropout=0.1),
+                dtype="float32", backend="numpy", rng=0)
+    flatten_parameters(model)
+    opt = AdamW(model.named_parameters(), lr=1e-3)
+    ids = np.random.default_rng(0).integers(0, 96, (16, 64))
+    with kernels.disabled("numba") if not compiled else contextlib.nullcontext():
+        before = _cpu_ticks_of_threads_python_did_not_start()
+        for _ in range(5):
+            model.zero_grad()
+            loss, cache = cross_entropy_forward(model(ids), ids)
+            model.backward(cross_entropy_backward(np.ones((), np.float32), cache))
+            clip_grad_norm(model.parameters(), 1.0)
+            opt.step()
+        time.sleep(0.05)
+        taken = _cpu_ticks_of_threads_python_did_not_start() - before
+    assert taken <= 1, f"BLAS's workers took {taken} clock ticks in 5 steps (after products: {woken} in 4)"
 
 
 def test_set_num_threads_holds_blas_and_the_pool_together():
