@@ -1,6 +1,19 @@
 import pytest
 
+import math
+
 from npformer.kernels.cpu import dropout as cpu_dropout
+from npformer.kernels.cpu import threads
+
+
+@pytest.fixture(autouse=True)
+def machine_not_busy(monkeypatch):
+    """The fast paths cut their work as the thread count and the shapes say, whatever the load of the
+    machine running the tests (in production a busy machine keeps element-wise work whole:
+    tests/kernels/cpu/test_threads.py tests that rule, tests/kernels/test_step_bits.py that it
+    changes no bit)."""
+    monkeypatch.setitem(threads._state, "busy", False)
+    monkeypatch.setitem(threads._state, "load_checked", math.inf)
 
 
 @pytest.fixture(autouse=True)

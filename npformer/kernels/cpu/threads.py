@@ -3,10 +3,11 @@
 NumPy's ufuncs and its BLAS calls release the GIL, so Python threads can run them on several cores
 at once. Three things decide whether that pays on a small machine:
 
-* one persistent pool (threads are started once, not per call), each worker handed its task
-  through a pair of locks: a hand-off and its return cost 17 to 90 microseconds on the 2-core
-  development machine (a VM: waking a sleeping thread is slow there), against 92 and more through
-  ``concurrent.futures``;
+* one persistent pool (threads are started once, not per call), each worker handed its part
+  through a queue: a hand-off and its return cost 17 to 90 microseconds on the 2-core development
+  machine (a VM: waking a sleeping thread is slow there), against 92 and more through
+  ``concurrent.futures``; a part its worker has not started when the caller is done with its own
+  is run by the caller, so a worker the scheduler has set aside is never waited for;
 * every product the fast paths run is a single-threaded BLAS call (:mod:`npformer.kernels.cpu.linear`
   cuts a product into one part per thread by its shapes; a product too small to cut runs with BLAS
   held at one thread too), so BLAS's own workers are never woken;
@@ -43,13 +44,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import threading
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 from npformer.checks import positive_int
 
 __all__ = ["get_num_threads", "set_num_threads", "usable_cpus", "within_cpus", "run_parallel", "split",
-           "in_parallel_region", "threads_for"]
+           "in_parallel_region", "threads_for", "machine_busy", "BUSY_LOAD_MARGIN", "LOAD_CHECK_SECONDS"]
+
+BUSY_LOAD_MARGIN = 0.5       # runnable threads beyond the CPU count before the machine counts as busy
+LOAD_CHECK_SECONDS = 1.0     # how often the load average is read (it moves over a minute)
 
 
 def usable_cpus() -> int:
@@ -70,7 +76,7 @@ def within_cpus(n: int, name: str) -> tuple[int, str | None]:
     return cpus, f"{name} {n} is more than the {cpus} CPUs this process may use; using {cpus}"
 
 
-_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None}
+_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None, "busy": False, "load_checked": -1e9}
 _busy = threading.Lock()        # held by the thread whose tasks the workers run
 _local = threading.local()      # .inside: this thread is running a part of a parallel region
 
@@ -103,10 +109,34 @@ def in_parallel_region() -> bool:
 
 def threads_for(work: int, per_thread: int) -> int:
     """How many parts to cut ``work`` into, each at least ``per_thread`` of it: at most the thread
-    count, and 1 inside a parallel region."""
-    if in_parallel_region():
+    count, and 1 inside a parallel region or while :func:`machine_busy`."""
+    if in_parallel_region() or machine_busy():
         return 1
     return max(1, min(get_num_threads(), work // max(per_thread, 1)))
+
+
+def machine_busy() -> bool:
+    """True while the machine's 1-minute load average is above its CPU count plus
+    :data:`BUSY_LOAD_MARGIN`: more threads want a CPU than there are, other programs' among them
+    (read at most once every :data:`LOAD_CHECK_SECONDS`; False where there is no load average).
+
+    The element-wise fast paths then keep their work whole on the calling thread. Their parts are
+    chains of short NumPy calls, each of which takes the GIL back when it returns: with a CPU hog on
+    each of the 2 cores, gpt-tiny (NumPy alone, 2 threads) stepped in 204 ms with its element-wise
+    work cut and 127 ms with it whole (one thread: 189); quiet, cut was 6% faster (98 against 104 ms).
+    Only the number of parts follows the load, and each element is computed the same way in any
+    part, so no result does (tests/kernels/test_step_bits.py). The load average counts this
+    process's own running threads too, hence the margin; it lags by up to a minute, and it counts
+    the whole machine's CPUs, not only those this process may use."""
+    now = time.monotonic()
+    if now >= _state["load_checked"] + LOAD_CHECK_SECONDS:
+        _state["load_checked"] = now
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):       # no load average on this platform
+            load = 0.0
+        _state["busy"] = load > (os.cpu_count() or 1) + BUSY_LOAD_MARGIN
+    return _state["busy"]
 
 
 def _blas_controllers() -> list:
@@ -121,39 +151,38 @@ def _blas_controllers() -> list:
     return _state["blas"]
 
 
+class _Part:
+    """One task of a region: whichever thread claims it first (a pool thread, or the caller once its
+    own part is done) runs it; ``done`` is released when a pool thread that claimed it has finished."""
+
+    __slots__ = ("fn", "claim", "done", "outcome")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.claim, self.done = fn, threading.Lock(), threading.Lock()
+        self.done.acquire()
+        self.outcome: tuple = (None, None)
+
+    def run(self) -> None:
+        try:
+            self.outcome = (_run_part(self.fn), None)
+        except BaseException as e:          # handed back to the caller by run_parallel
+            self.outcome = (None, e)
+
+
 class _Worker:
-    """A pool thread that runs one task at a time: ``start(fn)`` hands it over (releasing ``go``,
-    which the thread waits on), ``finish()`` waits for it (``done``) and returns its result or
-    re-raises its exception."""
+    """A pool thread: it takes parts from its queue, runs those it claims, and skips those the
+    caller claimed first (a part it reached too late: the scheduler had set it aside)."""
 
     def __init__(self) -> None:
-        self.go, self.done = threading.Lock(), threading.Lock()
-        self.go.acquire()
-        self.done.acquire()
-        self.task: Callable[[], Any] | None = None
-        self.outcome: tuple = (None, None)
+        self.parts: queue.SimpleQueue = queue.SimpleQueue()
         threading.Thread(target=self._loop, name="npformer-cpu", daemon=True).start()
 
     def _loop(self) -> None:
         while True:
-            self.go.acquire()
-            task, self.task = self.task, None
-            try:
-                self.outcome = (_run_part(task), None)
-            except BaseException as e:      # handed back to the caller by finish()
-                self.outcome = (None, e)
-            self.done.release()
-
-    def start(self, task: Callable[[], Any]) -> None:
-        self.task = task
-        self.go.release()
-
-    def finish(self) -> Any:
-        self.done.acquire()
-        (result, error), self.outcome = self.outcome, (None, None)
-        if error is not None:
-            raise error
-        return result
+            part = self.parts.get()
+            if part.claim.acquire(blocking=False):
+                part.run()
+                part.done.release()
 
 
 def _workers(n: int) -> list:
@@ -194,12 +223,15 @@ def _run_part(fn: Callable[[], Any]) -> Any:
 
 
 def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = False) -> list:
-    """Run every task, the first on this thread and the others on the pool, with BLAS at one thread
-    until all have finished; returns their results in order (an exception in any is re-raised).
-    Inside a part the tasks run one after another on this thread; a single task runs on this
-    thread as it is (BLAS as the caller set it), or with BLAS at one thread if ``blas_one_thread``:
-    for work whose products must be computed the same way however many parts timing cut it into
-    (BLAS's threads may add a product's terms in another order than one thread)."""
+    """Run every task once, the first on this thread and the others on the pool, with BLAS at one
+    thread until all have finished; returns their results in order (an exception in any is re-raised
+    after all have run). A task whose pool thread has not started it when this thread is done with
+    its own runs here instead: a busy machine's scheduler may have set that thread aside, and waiting
+    for it would make the region slower than one thread. Inside a part the tasks run one after
+    another on this thread; a single task runs on this thread as it is (BLAS as the caller set it),
+    or with BLAS at one thread if ``blas_one_thread``: for work whose products must be computed the
+    same way however many parts it is cut into (BLAS's threads may add a product's terms in another
+    order than one thread)."""
     if len(tasks) <= 1 and not blas_one_thread:          # the common case of a small op: no region
         return [tasks[0]()] if tasks else []
     if in_parallel_region():
@@ -211,20 +243,19 @@ def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = 
         return [_run_part(fn) for fn in tasks]
     try:
         with _blas_at_one_thread():
-            started = []
+            parts = [_Part(fn) for fn in tasks[1:]]
+            for worker, part in zip(_workers(len(parts)), parts):
+                worker.parts.put(part)
             try:
-                for worker, fn in zip(_workers(len(tasks) - 1), tasks[1:]):
-                    worker.start(fn)
-                    started.append(worker)
                 results = [_run_part(tasks[0])]
-            finally:
-                outcomes = []
-                for worker in started:           # every part finished before anything is raised
-                    try:
-                        outcomes.append((worker.finish(), None))
-                    except BaseException as e:
-                        outcomes.append((None, e))
-            for result, error in outcomes:
+            finally:                             # every part finished before anything is raised
+                for part in parts:
+                    if part.claim.acquire(blocking=False):
+                        part.run()               # its worker has not started it: run it here
+                    else:
+                        part.done.acquire()      # its worker is running it
+            for part in parts:
+                result, error = part.outcome
                 if error is not None:
                     raise error
                 results.append(result)

@@ -1,5 +1,6 @@
 """The CPU fast paths' thread pool (npformer.kernels.cpu.threads): results in order, every part
 finished before an exception is raised, BLAS restored, concurrent callers and forked children."""
+import math
 import os
 import threading
 import time
@@ -20,7 +21,8 @@ def thread_count():
 
 def test_results_come_back_in_task_order_and_parts_run_on_other_threads(thread_count):
     thread_count(3)
-    names = threads.run_parallel([lambda i=i: (i, threading.current_thread().name) for i in range(3)])
+    first = lambda: (time.sleep(0.2), (0, threading.current_thread().name))[1]   # the workers start meanwhile
+    names = threads.run_parallel([first] + [lambda i=i: (i, threading.current_thread().name) for i in (1, 2)])
     assert [i for i, _ in names] == [0, 1, 2]
     assert names[0][1] == threading.current_thread().name
     assert {n for _, n in names[1:]} == {"npformer-cpu"}
@@ -41,6 +43,26 @@ def test_an_exception_is_raised_after_every_part_has_finished(thread_count):
         threads.run_parallel([fails, slow, slow])
     assert finished == ["slow", "slow"]
     assert threads.run_parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]   # the pool still works
+
+
+def test_a_part_whose_worker_has_not_started_it_runs_on_the_callers_thread(thread_count):
+    """A worker the scheduler set aside (here: still busy with an earlier part) is not waited for:
+    the caller runs the part itself once its own is done, and the worker skips it later."""
+    thread_count(2)
+    worker = threads._workers(1)[0]
+    held, release = threading.Event(), threading.Event()
+    blocker = threads._Part(lambda: (held.set(), release.wait(10)))
+    worker.parts.put(blocker)
+    assert held.wait(10)                                            # the worker is inside the blocker
+    ran = []
+    try:
+        got = threads.run_parallel([lambda: "own", lambda: ran.append(threading.current_thread().name) or "other"])
+        assert got == ["own", "other"] and ran == [threading.current_thread().name]
+    finally:
+        release.set()
+    blocker.done.acquire()                                           # the worker is free again
+    assert threads.run_parallel([lambda: (time.sleep(0.2), 1)[1], lambda: threading.current_thread().name]) == \
+        [1, "npformer-cpu"]                                          # and skipped the part the caller ran
 
 
 def test_blas_threads_are_one_inside_a_region_and_restored_after(thread_count):
@@ -92,6 +114,24 @@ def test_a_forked_child_starts_its_own_workers(thread_count):
         time.sleep(0.01)
     os.kill(pid, 9)
     pytest.fail("run_parallel hung in a forked child")
+
+
+def test_a_busy_machine_keeps_element_wise_work_whole(monkeypatch, thread_count):
+    """machine_busy() reads the 1-minute load average at most once every LOAD_CHECK_SECONDS and says
+    busy above the CPU count plus BUSY_LOAD_MARGIN; threads_for then answers 1."""
+    thread_count(2)
+    cpus = os.cpu_count() or 1
+    loads = [cpus + threads.BUSY_LOAD_MARGIN + 0.1, 0.2]
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (loads[0], 0.0, 0.0))
+    monkeypatch.setitem(threads._state, "load_checked", -math.inf)
+    assert threads.machine_busy() and threads.threads_for(100, 1) == 1
+    loads[0] = loads[1]
+    assert threads.machine_busy()                                  # not read again within the second
+    monkeypatch.setitem(threads._state, "load_checked", -math.inf)
+    assert not threads.machine_busy() and threads.threads_for(100, 1) == 2
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average")))
+    monkeypatch.setitem(threads._state, "load_checked", -math.inf)
+    assert not threads.machine_busy()
 
 
 def test_threads_for_cuts_by_work_and_thread_count_and_not_inside_a_region(thread_count):
