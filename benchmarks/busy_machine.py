@@ -9,9 +9,10 @@ thread count must not make a step slower than ``--threads 1``: a thread that wai
 spinning, or a hand-off that waits for a thread the scheduler has set aside, can make it several
 times slower. The step is the benchmark suite's (``npformer.bench.steps``: forward, cross-entropy,
 backward, AdamW over the flat buffers), built once; each round times it at the default thread
-count and at one thread (``npformer.set_num_threads``), quiet and then beside one busy Python loop
-per CPU this process may use (separate processes), so the four settings see the same drift of the
-machine. Each setting's first two steps after a switch are not timed. Reported: the median ms a
+count and at one thread (``npformer.set_num_threads``), so both see the same drift of the machine:
+rounds on the quiet machine, then rounds beside one busy Python loop per CPU this process may use
+(separate processes), started ``--settle`` seconds before, as a machine busy for a while is. Each
+setting's first two steps after a switch are not timed. Reported: the median ms a
 step with its quartiles, and each setting's ratio to one thread in the same state.
 ``--torch`` times PyTorch's step of the same model the same way (``torch.set_num_threads``);
 ``--no-numba`` runs the NumPy fast paths alone (the README's install). Uses only public calls that
@@ -40,6 +41,7 @@ from npformer.backend.host_memory import retain_freed_memory          # noqa: E4
 from npformer.bench.backends import Backend, device_name             # noqa: E402
 from npformer.bench.steps import MODELS, _npformer_step               # noqa: E402
 from npformer.bench.suite import cpu_model                            # noqa: E402
+from npformer.kernels.cpu import threads                              # noqa: E402
 
 
 @contextlib.contextmanager
@@ -61,13 +63,17 @@ def _quartiles(walls: list[float]) -> tuple[float, float, float]:
 
 
 def measure(steps: dict[str, tuple[Callable[[], None], Callable[[int], None]]], counts: list[int],
-            rounds: int, per_round: int, n_hogs: int) -> dict:
-    """{(library, threads, state): [seconds]} over ``rounds`` rounds, each timing every library at
-    every count, quiet then busy."""
+            rounds: int, per_round: int, n_hogs: int, settle: float) -> tuple[dict, dict]:
+    """({(library, threads, state): [seconds]}, {state: the share of npformer's steps after which
+    npformer judged the machine busy}): quiet first, then with the hogs running, after ``settle``
+    seconds; each round times every library at every count."""
+    judged = getattr(threads, "machine_busy", None)              # (not in commits before 2026-11-29)
     walls: dict[tuple, list[float]] = {}
-    for _ in range(rounds):
-        for state in ("quiet", "busy"):
-            with hogs(n_hogs) if state == "busy" else contextlib.nullcontext():
+    busy: dict[str, list[bool]] = {}
+    for state in ("quiet", "busy"):
+        with hogs(n_hogs) if state == "busy" else contextlib.nullcontext():
+            time.sleep(settle if state == "busy" else 0.0)
+            for _ in range(rounds):
                 for library, (step, set_threads) in steps.items():
                     for n in counts:
                         set_threads(n)
@@ -77,7 +83,9 @@ def measure(steps: dict[str, tuple[Callable[[], None], Callable[[int], None]]], 
                             start = time.perf_counter()
                             step()
                             walls.setdefault((library, n, state), []).append(time.perf_counter() - start)
-    return walls
+                            if library == "npformer" and judged is not None:
+                                busy.setdefault(state, []).append(judged())
+    return walls, {state: sum(b) / len(b) for state, b in busy.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="the default count (npformer's own default)")
     parser.add_argument("--no-numba", action="store_true", help="the NumPy fast paths alone")
     parser.add_argument("--torch", action="store_true", help="PyTorch's step too")
+    parser.add_argument("--settle", type=float, default=5.0,
+                        help="seconds the hogs run before the busy timings")
     parser.add_argument("--out", default=None, help="write <cpu>_<date>_busy-machine.md and .json here")
     args = parser.parse_args(argv)
 
@@ -106,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             from npformer.bench.backends import reference_backend
             step = reference_backend("torch", "cpu", default).train_step(m, ids, ids[:, ::-1].copy(), m.dropout)
             steps["PyTorch"] = (step, torch.set_num_threads)
-        walls = measure(steps, counts, args.rounds, args.steps, len(os.sched_getaffinity(0)))
+        walls, judged = measure(steps, counts, args.rounds, args.steps, len(os.sched_getaffinity(0)), args.settle)
     npformer.set_num_threads(default)
 
     cpu = cpu_model()
@@ -114,7 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# {args.model} (B {B}, T {T}) on a busy machine, {datetime.date.today().isoformat()}", "",
              f"CPU: {cpu['model']} ({', '.join(cpu['vector_extensions'])}), "
              f"{len(os.sched_getaffinity(0))} usable; npformer {paths}; "
-             f"{args.rounds} rounds x {args.steps} steps a setting; busy: one Python busy loop per CPU.", "",
+             f"{args.rounds} rounds x {args.steps} steps a setting; busy: one Python busy loop per CPU, "
+             f"timed after {args.settle:.0f} s. "
+             + ("npformer judged the machine busy after "
+                + ", ".join(f"{100 * share:.0f}% of its {state} steps" for state, share in judged.items())
+                + " (`machine_busy()`: element-wise work kept whole)." if judged else
+                "This npformer has no `machine_busy()` (a commit before 2026-11-29)."), "",
              f"    python benchmarks/busy_machine.py --model {args.model} --rounds {args.rounds} --steps {args.steps}"
              + (" --no-numba" if args.no_numba else "") + (" --torch" if args.torch else ""), "",
              "| library | threads | machine | ms a step (median) | quartiles | against 1 thread, same state |",
@@ -136,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         stem.parent.mkdir(parents=True, exist_ok=True)
         stem.with_suffix(".md").write_text(report)
         stem.with_suffix(".json").write_text(json.dumps({"model": args.model, "cpu": cpu, "paths": paths,
-                                                         "rows": rows}, indent=1))
+                                                         "judged_busy": judged, "rows": rows}, indent=1))
         print(f"wrote {stem}.md and .json")
     return 0
 

@@ -1,7 +1,5 @@
 import pytest
 
-import math
-
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import threads
 
@@ -12,8 +10,7 @@ def machine_not_busy(monkeypatch):
     machine running the tests (in production a busy machine keeps element-wise work whole:
     tests/kernels/cpu/test_threads.py tests that rule, tests/kernels/test_step_bits.py that it
     changes no bit)."""
-    monkeypatch.setitem(threads._state, "busy", False)
-    monkeypatch.setitem(threads._state, "load_checked", math.inf)
+    monkeypatch.setattr(threads, "machine_busy", lambda: False)
 
 
 @pytest.fixture(autouse=True)

@@ -69,7 +69,7 @@ def test_a_step_has_the_same_bits_however_its_work_was_cut(monkeypatch, hog, com
                 threads.set_num_threads(count, blas=False)
                 results[(count, "cut", "quiet")] = _two_steps()
                 with monkeypatch.context() as m:
-                    m.setitem(threads._state, "busy", True)        # machine_busy(): element-wise work whole
+                    m.setattr(threads, "machine_busy", lambda: True)   # element-wise work whole
                     results[(count, "whole", "quiet")] = _two_steps()
                 stop = hog()
                 try:

@@ -51,11 +51,17 @@ from typing import Any, Callable, Iterator, Sequence
 
 from npformer.checks import positive_int
 
-__all__ = ["get_num_threads", "set_num_threads", "usable_cpus", "within_cpus", "run_parallel", "split",
-           "in_parallel_region", "threads_for", "machine_busy", "BUSY_LOAD_MARGIN", "LOAD_CHECK_SECONDS"]
+try:
+    import resource
+except ImportError:                                      # Windows
+    resource = None
 
-BUSY_LOAD_MARGIN = 0.5       # runnable threads beyond the CPU count before the machine counts as busy
-LOAD_CHECK_SECONDS = 1.0     # how often the load average is read (it moves over a minute)
+__all__ = ["get_num_threads", "set_num_threads", "usable_cpus", "within_cpus", "run_parallel", "split",
+           "in_parallel_region", "threads_for", "machine_busy", "BUSY_PREEMPTIONS_PER_SECOND",
+           "BUSY_WINDOW_SECONDS"]
+
+BUSY_PREEMPTIONS_PER_SECOND = 15   # a quiet machine: about 3; a CPU hog beside each core: about 95
+BUSY_WINDOW_SECONDS = 0.25         # how often the count is read (the state holds in between)
 
 
 def usable_cpus() -> int:
@@ -76,9 +82,9 @@ def within_cpus(n: int, name: str) -> tuple[int, str | None]:
     return cpus, f"{name} {n} is more than the {cpus} CPUs this process may use; using {cpus}"
 
 
-_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None, "busy": False, "load_checked": -1e9}
+_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None}
 _busy = threading.Lock()        # held by the thread whose tasks the workers run
-_local = threading.local()      # .inside: this thread is running a part of a parallel region
+_local = threading.local()      # .inside: running a part of a parallel region; .busy, .preemptions: machine_busy()
 
 
 def get_num_threads() -> int:
@@ -116,27 +122,43 @@ def threads_for(work: int, per_thread: int) -> int:
 
 
 def machine_busy() -> bool:
-    """True while the machine's 1-minute load average is above its CPU count plus
-    :data:`BUSY_LOAD_MARGIN`: more threads want a CPU than there are, other programs' among them
-    (read at most once every :data:`LOAD_CHECK_SECONDS`; False where there is no load average).
+    """True while other threads are taking this thread's CPU from it: the scheduler preempted the
+    calling thread more than :data:`BUSY_PREEMPTIONS_PER_SECOND` times a second over the last
+    :data:`BUSY_WINDOW_SECONDS` (its involuntary context switches, ``getrusage(RUSAGE_THREAD)``;
+    False where there is no such count). Measured on the 2-core development VM, a thread running
+    NumPy work was preempted 3 times a second on the quiet machine, 29 beside one CPU hog and 95
+    beside one on each core.
 
     The element-wise fast paths then keep their work whole on the calling thread. Their parts are
-    chains of short NumPy calls, each of which takes the GIL back when it returns: with a CPU hog on
-    each of the 2 cores, gpt-tiny (NumPy alone, 2 threads) stepped in 204 ms with its element-wise
-    work cut and 127 ms with it whole (one thread: 189); quiet, cut was 6% faster (98 against 104 ms).
-    Only the number of parts follows the load, and each element is computed the same way in any
-    part, so no result does (tests/kernels/test_step_bits.py). The load average counts this
-    process's own running threads too, hence the margin; it lags by up to a minute, and it counts
-    the whole machine's CPUs, not only those this process may use."""
+    chains of short NumPy calls, each of which takes the GIL back when it returns, and a thread
+    preempted while holding it stops the other: with a CPU hog on each of the 2 cores, gpt-tiny
+    (NumPy alone, 2 threads) stepped in 204 ms with its element-wise work cut and 127 ms with it
+    whole (one thread: 189); quiet, cut was 6% faster (98 against 104 ms). Only the number of parts
+    follows this, and each element is computed the same way in any part, so no result does
+    (tests/kernels/test_step_bits.py). (The load average, the first signal tried, did not move on
+    that VM with a hog on every core for 40 s.)"""
     now = time.monotonic()
-    if now >= _state["load_checked"] + LOAD_CHECK_SECONDS:
-        _state["load_checked"] = now
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):       # no load average on this platform
-            load = 0.0
-        _state["busy"] = load > (os.cpu_count() or 1) + BUSY_LOAD_MARGIN
-    return _state["busy"]
+    last = getattr(_local, "preemptions", None)           # (time, count) at the window's start
+    if last is not None and now - last[0] < BUSY_WINDOW_SECONDS:
+        return _local.busy
+    count = _preemptions()
+    if count is None:
+        _local.preemptions, _local.busy = (now, 0), False
+        return False
+    if last is not None:
+        _local.busy = (count - last[1]) / (now - last[0]) > BUSY_PREEMPTIONS_PER_SECOND
+    else:
+        _local.busy = False
+    _local.preemptions = (now, count)
+    return _local.busy
+
+
+def _preemptions() -> int | None:
+    """The calling thread's involuntary context switches so far, or None where they are not counted."""
+    try:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
+    except (AttributeError, OSError):                    # not Linux (no resource, or no RUSAGE_THREAD)
+        return None
 
 
 def _blas_controllers() -> list:

@@ -116,22 +116,33 @@ def test_a_forked_child_starts_its_own_workers(thread_count):
     pytest.fail("run_parallel hung in a forked child")
 
 
-def test_a_busy_machine_keeps_element_wise_work_whole(monkeypatch, thread_count):
-    """machine_busy() reads the 1-minute load average at most once every LOAD_CHECK_SECONDS and says
-    busy above the CPU count plus BUSY_LOAD_MARGIN; threads_for then answers 1."""
+def test_a_thread_preempted_often_keeps_element_wise_work_whole(monkeypatch, thread_count):
+    """machine_busy() counts the calling thread's involuntary context switches over windows of
+    BUSY_WINDOW_SECONDS and says busy above BUSY_PREEMPTIONS_PER_SECOND (threads_for then answers 1);
+    where they are not counted, never busy. (The conftest's fixture holds it False elsewhere.)"""
+    monkeypatch.undo()                                             # the real machine_busy
     thread_count(2)
-    cpus = os.cpu_count() or 1
-    loads = [cpus + threads.BUSY_LOAD_MARGIN + 0.1, 0.2]
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (loads[0], 0.0, 0.0))
-    monkeypatch.setitem(threads._state, "load_checked", -math.inf)
-    assert threads.machine_busy() and threads.threads_for(100, 1) == 1
-    loads[0] = loads[1]
-    assert threads.machine_busy()                                  # not read again within the second
-    monkeypatch.setitem(threads._state, "load_checked", -math.inf)
-    assert not threads.machine_busy() and threads.threads_for(100, 1) == 2
-    monkeypatch.setattr(threads.os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average")))
-    monkeypatch.setitem(threads._state, "load_checked", -math.inf)
-    assert not threads.machine_busy()
+    clock, counts = [0.0], [0]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(threads, "_preemptions", lambda: counts[0])
+    monkeypatch.setattr(threads._local, "preemptions", None, raising=False)
+    window, limit = threads.BUSY_WINDOW_SECONDS, threads.BUSY_PREEMPTIONS_PER_SECOND
+
+    def after(seconds, preemptions):
+        clock[0] += seconds
+        counts[0] += preemptions
+        return threads.machine_busy()
+    assert not after(0.0, 0)                                       # the first window starts
+    assert not after(window, int(limit * window) - 1)              # below the rate: quiet
+    assert after(window, int(limit * window * 4))                  # above it: busy
+    assert threads.threads_for(100, 1) == 1
+    assert after(window / 2, 0)                                    # within a window: the state holds
+    assert not after(window, 0) and threads.threads_for(100, 1) == 2
+    monkeypatch.setattr(threads, "_preemptions", lambda: None)
+    assert not after(window, 10 ** 6)
+    if hasattr(threads.resource, "RUSAGE_THREAD"):                 # Linux: counted
+        monkeypatch.undo()
+        assert isinstance(threads._preemptions(), int)
 
 
 def test_threads_for_cuts_by_work_and_thread_count_and_not_inside_a_region(thread_count):
