@@ -40,6 +40,7 @@ class ReluCache(NamedTuple):
 class GeluCache(NamedTuple):
     x: Any
     approximate: str
+    cdf: Any = None  # the forward's y / x (Phi(x), or (1 + tanh(u)) / 2), where a fast path keeps it
 
 
 @dispatched
@@ -78,7 +79,7 @@ def gelu_forward(x, approximate: str = "none"):
 
 @dispatched
 def gelu_backward(dy, cache: GeluCache):
-    x, approximate = cache
+    x, approximate = cache.x, cache.approximate
     expect_grad(dy, "dy", x.shape, x.dtype)
     xp = get_array_module(dy, x)
     xa = x.astype(accumulation_dtype(x.dtype), copy=False)

@@ -44,7 +44,7 @@ def gelu_forward(x, approximate: str = "none"):
 
 def gelu_backward(dy, cache):
     """``dx = dy * gelu'(x)``."""
-    x, approximate = cache
+    x, approximate = cache.x, cache.approximate
     form = _tanh_form(approximate)
     xp = device_xp(dy, x)
     expect_grad(dy, "dy", x.shape, x.dtype)
@@ -152,12 +152,12 @@ def _bias_gelu_grads(dy, h, approximate, drop: DropoutCache):
 
 def bias_gelu_backward(da, cache):
     """Returns ``(dz, dbias)``: ``dz = da * gelu'(h)`` and ``dbias = sum of dz over the rows``."""
-    h, approximate = cache
+    h, approximate = cache.x, cache.approximate
     return _bias_gelu_grads(da, h, approximate, DropoutCache.identity(h))
 
 
 def bias_gelu_dropout_backward(da, act_cache, drop_cache):
     """Returns ``(dz, dbias)`` of ``a = dropout(gelu(z + bias))``: ``da`` times the mask first."""
     # fwd: a' = a * m / (1 - p)  ->  da = da' * m / (1 - p)   (in the same kernel)
-    h, approximate = act_cache
+    h, approximate = act_cache.x, act_cache.approximate
     return _bias_gelu_grads(da, h, approximate, drop_cache)

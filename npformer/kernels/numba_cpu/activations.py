@@ -88,7 +88,7 @@ def gelu_forward(x, approximate: str = "none"):
 
 
 def gelu_backward(dy, cache):
-    x, approximate = cache
+    x, approximate = cache.x, cache.approximate
     expect_grad(dy, "dy", x.shape, x.dtype)
     xf, dyf = x.ravel(), dy.ravel()                      # (n,), (n,) contiguous
     dx = numpy.empty_like(xf)

@@ -1,4 +1,6 @@
 """blockwise: the same bits whatever the block size and thread count; fallbacks; bad input."""
+import time
+
 import numpy as np
 import pytest
 
@@ -127,6 +129,7 @@ def test_threads_only_for_arrays_of_two_thread_runs(monkeypatch, threads):
     def fn(out, x):
         seen.append((threading.current_thread() is threading.main_thread(), x.size))
         out[...] = x
+        time.sleep(0.005)                                # the pool thread has woken before the caller is done
     blockwise(fn, np.empty(199), np.arange(199.0))       # < 2 runs of 100: 20 small blocks, here
     assert all(main for main, _ in seen) and [n for _, n in seen] == [10] * 19 + [9]
     seen.clear()

@@ -346,6 +346,26 @@ def test_erf_float32_is_within_a_few_float32_ulp():
     assert np.array_equal(erf_float32(-x), -got)          # odd, exactly
 
 
+def test_gelu_backward_from_the_kept_cdf():
+    """The forward keeps y / x; the backward from it is the recomputing backward's bits for the erf
+    form, and within 16.4 (measured) of 24 float32 epsilons of the float64 derivative for the tanh
+    form (1 - t^2 as 4 cdf (1 - cdf)), against 10.3 recomputed."""
+    x = np.linspace(-12, 12, 200_001).astype(np.float32)
+    dy = np.ones_like(x)
+    eps = np.finfo(np.float32).eps
+    for form in ("none", "tanh"):
+        _, cache = activations.gelu_forward(x, approximate=form)
+        assert cache.cdf is not None and cache.cdf.shape == x.shape
+        np.testing.assert_array_equal(cache.cdf * x, activations.gelu_forward(x, approximate=form)[0])
+        kept, recomputed = (activations.gelu_backward(dy, c) for c in (cache, cache._replace(cdf=None)))
+        if form == "none":
+            np.testing.assert_array_equal(kept, recomputed)
+        with kernels.disabled():
+            _, c64 = activations.gelu_forward(x.astype(np.float64), approximate=form)
+            exact = activations.gelu_backward(dy.astype(np.float64), c64)
+        assert np.max(np.abs(kept - exact)) <= 24 * eps, form
+
+
 def test_float32_gelu_cdf_is_within_3e_7_and_exact_in_the_tails():
     """The float32 GELU's Phi (the rational erf, no tanh): within 3e-7 of the CDF everywhere, as the
     compiled GELU's; exactly 0 and 1 in the tails (so GELU(-1e30) is 0, not -1e30 times a residue),
