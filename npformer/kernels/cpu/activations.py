@@ -139,18 +139,6 @@ def _gelu_tanh_block(y, x, cdf):
     numpy.multiply(cdf, x, out=y)                        # x/2 (1 + tanh(u))
 
 
-def _gelu_erf_grad_block(d, x, dy):
-    # fwd: y = x Phi(x)  ->  dx = dy * (Phi(x) + x phi(x))
-    _phi_block(d, x)
-    g = x * x
-    g *= -0.5
-    numpy.exp(g, out=g)
-    g *= x
-    g *= INV_SQRT_2PI                                    # x phi(x)
-    d += g
-    d *= dy
-
-
 def _gelu_erf_grad_from_cdf_block(d, x, dy, cdf):
     # fwd: y = x Phi(x)  ->  dx = dy * (Phi(x) + x phi(x)), Phi(x) kept by the forward
     numpy.multiply(x, x, out=d)
@@ -160,6 +148,13 @@ def _gelu_erf_grad_from_cdf_block(d, x, dy, cdf):
     d *= INV_SQRT_2PI                                    # x phi(x)
     d += cdf
     d *= dy
+
+
+def _gelu_erf_grad_block(d, x, dy):
+    # the same, Phi(x) recomputed (a cache from the reference's forward keeps none)
+    cdf = numpy.empty_like(x)
+    _phi_block(cdf, x)
+    _gelu_erf_grad_from_cdf_block(d, x, dy, cdf)
 
 
 def _gelu_tanh_grad_from_cdf_block(d, x, dy, cdf):
