@@ -1,6 +1,6 @@
 """How much a second thread gains on a chain of cheap NumPy ufuncs, by the length of each call.
 
-    python benchmarks/gil_scaling.py [--sizes 16384,65536,131072,262144,1048576] [--threads 2]
+    python benchmarks/gil_scaling.py [--sizes 16384,65536,131072,262144,1048576] [--threads 2] [--elements 3e8]
 
 Each thread runs ``y = x * x; y += 1; y *= x`` (float32, ``out=``: no allocation) over its own
 array, again and again; the same total work runs first on one thread, then split over ``--threads``
@@ -50,11 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="16384,65536,131072,262144,1048576")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--elements", type=float, default=3e8, help="elements a ufunc chain covers, in all")
     args = parser.parse_args(argv)
     print(f"| float32 elements a call | us a call, one thread | speed-up on {args.threads} threads |")
     print("|---|---|---|")
     for size in (int(s) for s in args.sizes.split(",")):
-        us, gain = speed_up(size, args.threads)
+        us, gain = speed_up(size, args.threads, args.elements)
         print(f"| {size:,} | {us:.1f} | {gain:.2f}x |")
     return 0
 

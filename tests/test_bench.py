@@ -720,6 +720,38 @@ def test_cpu_profile_splits_a_small_models_step():
     assert float(timed[-1].split()[0]) > 0
 
 
+def test_busy_machine_times_both_thread_counts_quiet_and_busy(tmp_path):
+    """benchmarks/busy_machine.py: a row per thread count and machine state, each with its ratio to
+    one thread in the same state, written as markdown and JSON; npformer says how often it judged
+    the machine busy."""
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "busy_machine.py"), "--rounds", "1", "--steps", "1",
+                          "--settle", "0", "--threads", "2", "--no-numba", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    (md,), (js,) = sorted(tmp_path.glob("*_busy-machine_numpy-alone.md")), sorted(tmp_path.glob("*.json"))
+    report = json.loads(js.read_text())
+    rows = {(r["threads"], r["state"]): r for r in report["rows"]}
+    assert set(rows) == {(n, state) for n in (1, 2) for state in ("quiet", "busy")}
+    assert all(r["median_ms"] > 0 for r in rows.values())
+    assert rows[(1, "quiet")]["vs_one_thread"] == rows[(1, "busy")]["vs_one_thread"] == 1.0
+    assert set(report["judged_busy"]) == {"quiet", "busy"} and "| npformer | 2 | busy |" in res.stdout
+    assert md.read_text().startswith("# gpt-tiny (B 12, T 64) on a busy machine")
+
+
+def test_gil_scaling_prints_a_row_per_size():
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "gil_scaling.py"), "--sizes", "4096,8192",
+                          "--elements", "3e6"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| 4,096") or line.startswith("| 8,192")]
+    assert len(rows) == 2 and all(line.rstrip(" |").endswith("x") for line in rows)
+
+
 def test_cpu_profile_runs_pytorch_at_npformers_dropout(monkeypatch):
     """PyTorch's step gets the model's own rate (the suite's 0.1 for gpt-small, 0 for gpt-tiny), or
     --dropout's in both libraries: a profile never compares a step with dropout against one without."""

@@ -17,8 +17,8 @@ of blocks per thread (:mod:`npformer.kernels.cpu.threads`: its pool and thread c
 thread meanwhile). NumPy ufuncs release the GIL, so the runs go on side by side, but each ufunc
 takes it back when it returns, and a thread that finds it held sleeps until it is handed over:
 on the 2-core development VM, two threads each running a chain of three float32 ufuncs over their
-own arrays went 1.1-1.2x faster than one at 64K-128K elements a call (10-15 us), 1.55x at 256K
-and 1.78x at 1M (``python benchmarks/gil_scaling.py``). So cache-sized blocks of cheap ufuncs
+own arrays went 1.0-1.4x faster than one at 64K-128K elements a call (10-15 us), 1.2-1.55x at
+256K and 1.6-1.8x at 1M, in two runs (``python benchmarks/gil_scaling.py``). So cache-sized blocks of cheap ufuncs
 gain little from a second thread there; larger blocks would give up the cache. The compiled
 paths (:mod:`npformer.kernels.numba_cpu`) hold no GIL inside a kernel.
 """
