@@ -40,7 +40,7 @@ from npformer import kernels                                          # noqa: E4
 from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend, device_name             # noqa: E402
 from npformer.bench.steps import MODELS, _npformer_step               # noqa: E402
-from npformer.bench.suite import cpu_model                            # noqa: E402
+from npformer.bench.suite import cpu_model, source_commit             # noqa: E402
 from npformer.kernels.cpu import threads                              # noqa: E402
 
 
@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = cpu_model()
     paths = "NumPy fast paths alone" if args.no_numba else "fast paths (numba's too, if installed)"
-    lines = [f"# {args.model} (B {B}, T {T}) on a busy machine, {datetime.date.today().isoformat()}", "",
+    commit = source_commit()
+    lines = [f"# {args.model} (B {B}, T {T}) on a busy machine, {datetime.date.today().isoformat()}"
+             + (f", at {commit}" if commit else ""), "",
              f"CPU: {cpu['model']} ({', '.join(cpu['vector_extensions'])}), "
              f"{len(os.sched_getaffinity(0))} usable; npformer {paths}; "
              f"{args.rounds} rounds x {args.steps} steps a setting; busy: one Python busy loop per CPU, "
