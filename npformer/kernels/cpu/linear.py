@@ -17,8 +17,8 @@ own workers are never woken, since they spin on the cores the pool and other pro
 with the measurements: :mod:`npformer.kernels.cpu.threads`).
 
 Until 2026-11-29 the layers of a model with d_model under 256 (nanoGPT's CPU recipe, the default
-``npformer train``) left their products to BLAS's own threads, 2-9% faster on a quiet machine and 5x
-slower than one thread with a CPU hog on every core.
+``npformer train``) left their products to BLAS's own threads: 2-9% faster on a quiet machine, and
+with a CPU hog on every core slower than one thread (gpt-tiny, NumPy alone: 332 against 171 ms).
 """
 from __future__ import annotations
 

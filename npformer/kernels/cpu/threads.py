@@ -1,7 +1,7 @@
 """The CPU fast paths' threads: one pool, and BLAS kept to one thread while the fast paths use it.
 
 NumPy's ufuncs and its BLAS calls release the GIL, so Python threads can run them on several cores
-at once. Three things decide whether that pays on a small machine:
+at once. Four things decide whether that pays on a small machine:
 
 * one persistent pool (threads are started once, not per call), each worker handed its part
   through a queue: a hand-off and its return cost 17 to 90 microseconds on the 2-core development
@@ -11,16 +11,18 @@ at once. Three things decide whether that pays on a small machine:
 * every product the fast paths run is a single-threaded BLAS call (:mod:`npformer.kernels.cpu.linear`
   cuts a product into one part per thread by its shapes; a product too small to cut runs with BLAS
   held at one thread too), so BLAS's own workers are never woken;
-* a worker that waits sleeps on its lock, where OpenBLAS's workers spin for about 0.1 s (2^28
-  clock cycles) after each product they ran.
+* a worker that waits sleeps on its queue, where OpenBLAS's workers spin for about 0.1 s (2^28
+  clock cycles) after each product they ran;
+* while other programs take the calling thread's CPU from it (:func:`machine_busy`), element-wise
+  work is not cut at all: a thread preempted while it holds the GIL stops the other.
 
-The last two are what a busy machine decides. With a CPU hog on each of the 2 cores, nanoGPT's CPU
-recipe (``gpt-tiny``, NumPy alone) stepped in 632 ms with its products on BLAS's two threads, 5x the
-124 ms of ``--threads 1``: a product's part waits for a spinning worker the scheduler has set aside
-for the hog. Cut for the pool, whose threads sleep and are woken, it stepped in 99-131 ms, beside
-``--threads 1``'s 97-124 (``benchmarks/busy_machine.py``). On a quiet machine BLAS's threads were
-the faster for such small products (2-9% of that step), which is the price of a default that never
-falls behind one thread.
+The last three are what a busy machine decides. With a CPU hog on each of the 2 cores, nanoGPT's
+CPU recipe (``gpt-tiny``, NumPy alone) stepped in 332 ms at 2 threads with its products on BLAS's
+threads, against 171 ms at ``--threads 1``: a product's part waited for a spinning worker the
+scheduler had set aside for the hog. Now it steps in 132 ms at 2 threads, against 161 at 1
+(``python benchmarks/busy_machine.py --no-numba``, 2026-11-29). On a quiet machine BLAS's threads
+were the faster for such small products (2-9% of that step), which is the price of a default that
+never falls behind one thread.
 
     parts = threads_for(work, per_thread)     # how many parts (1 .. get_num_threads())
     run_parallel([f, g])        # f() on this thread, g() on a pool thread, BLAS at 1 thread; waits
