@@ -52,15 +52,21 @@ __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention
            "self_attention_backward_with", "accepts_self_attention_backward"]
 
 
-def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, slice]]]:
+def blocks(b: int, h: int, tq: int, tk: int, parts: int = 1) -> list[list[tuple[slice, slice, slice]]]:
     """The blocks of a (b, h, tq, tk) score array, grouped by head: ``[[(batch, heads, rows), ...], ...]``.
 
     A group is a run of whole batch elements (when one holds at most BLOCK_ELEMENTS scores), a few
     whole heads of one batch element (about BLOCK_ELEMENTS scores), or one head cut into runs of
-    query rows; each block is a contiguous run of the scores in C order."""
+    query rows; each block is a contiguous run of the scores in C order. Runs of batch elements are
+    made a multiple of ``parts`` in number where the batch allows, so that ``parts`` threads get
+    equal shares (gpt-tiny's 12 elements of 16K scores: 4 blocks of 3 for two threads, not 3 of 4,
+    which left one thread a third of the work and the other two thirds)."""
     per_head = tq * tk
     if h * per_head <= BLOCK_ELEMENTS:
         n = max(1, BLOCK_ELEMENTS // max(h * per_head, 1))
+        if parts > 1:
+            runs = -(-b // n)
+            n = max(1, -(-b // (-(-runs // parts) * parts)))
         return [[(slice(i, min(i + n, b)), slice(0, h), slice(0, tq))] for i in range(0, b, n)]
     if per_head <= BLOCK_ELEMENTS:
         n = max(1, BLOCK_ELEMENTS // max(per_head, 1))
@@ -70,15 +76,20 @@ def blocks(b: int, h: int, tq: int, tk: int) -> list[list[tuple[slice, slice, sl
             for i in range(b) for j in range(h)]
 
 
-def _parallel(groups: list, run_block) -> None:
-    """run_block(block) for every block, the groups split in contiguous runs over the threads; the
-    blocks' products on BLAS at one thread however many runs there are (so the thread count, which
-    sets the runs' count, :func:`~npformer.kernels.cpu.threads.threads_for`, changes no bit)."""
+def _parallel(shape: tuple, run_block) -> None:
+    """run_block(block) for every block of a ``shape`` (b, h, tq, tk) score array, the groups split in
+    contiguous runs over the threads; the blocks' products on BLAS at one thread however many runs
+    there are (so the thread count, which sets the runs' count and the batch runs' length,
+    :func:`~npformer.kernels.cpu.threads.threads_for`, changes no bit: every head's products and rows
+    are computed the same way in any block)."""
+    threads = threads_for(shape[0] * shape[1], 1)
+    groups = blocks(*shape, parts=threads)
+
     def run(a: int, b: int) -> None:
         for group in groups[a:b]:
             for block in group:
                 run_block(block)
-    parts = split(len(groups), threads_for(len(groups), 1))
+    parts = split(len(groups), threads)
     run_parallel([lambda a=a, b=b: run(a, b) for a, b in parts], blas_one_thread=True)
 
 
@@ -184,7 +195,7 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
         else:
             numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
 
-    _parallel(blocks(*shape), run_block)
+    _parallel(shape, run_block)
     drop = DropoutCache(keep, keep_s, shape, dtype)      # (None, None: no dropout ran)
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 
@@ -240,6 +251,6 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
             dv_sum[i, heads] += dv_part
             dk_sum[i, heads] += dk_part
 
-    _parallel(blocks(b, h, tq, tk), run_block)
+    _parallel((b, h, tq, tk), run_block)
     if wide:
         dk[...], dv[...] = dk_sum, dv_sum

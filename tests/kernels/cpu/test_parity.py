@@ -6,6 +6,7 @@ same errors for bad input; dropout's mask equal bit for bit. A last test fails w
 is registered without a case here.
 """
 import contextlib
+import itertools
 import math
 
 import numpy as np
@@ -408,10 +409,11 @@ def thread_count():
     threads.set_num_threads(before, blas=False)
 
 
-@pytest.mark.parametrize("tq, tk", [(1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk
+@pytest.mark.parametrize("tq, tk", [(1, 1), (1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_count, tq, tk, dtype):
-    """Blocks of query rows (scores per head > 8) and of several heads, on 1, 2 and 3 threads: the
+    """Blocks of query rows (scores per head > 8), of several heads and of batch elements (1x1: one
+    block of both on one thread, a block each on two), on 1, 2 and 3 threads: the
     reference's outputs and gradients, the same dropout mask bit for bit and the generator left in
     the same state; the results bit for bit the same for every thread count."""
     b, h, hs = 2, 3, 4
@@ -445,8 +447,9 @@ def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_cou
 
 def test_attention_blocks_are_contiguous_runs_in_head_groups():
     from npformer.kernels.cpu.attention import blocks
-    for shape in ((2, 3, 4, 4), (300, 4, 9, 9), (1, 8, 128, 128), (2, 2, 300, 300), (1, 1, 1, 70000)):
-        groups = blocks(*shape)
+    for shape, parts in itertools.product(((2, 3, 4, 4), (300, 4, 9, 9), (1, 8, 128, 128), (2, 2, 300, 300),
+                                           (1, 1, 1, 70000), (12, 4, 64, 64), (5, 4, 64, 64)), (1, 2, 3)):
+        groups = blocks(*shape, parts=parts)
         b, h, tq, tk = shape
         seen = np.zeros(shape, int)
         for group in groups:
@@ -457,6 +460,18 @@ def test_attention_blocks_are_contiguous_runs_in_head_groups():
                 assert np.shares_memory(part, seen) and part.flags.c_contiguous
                 seen[i, heads, rows] += 1
         assert (seen == 1).all()
+
+
+def test_attention_batch_blocks_are_shared_equally_between_threads():
+    """Runs of whole batch elements come in a multiple of the thread count where the batch allows:
+    gpt-tiny's 12 elements of 4 x 64 x 64 scores (4 fit a block) in 3 blocks of 4 on one thread, 4 of 3
+    on two (not 2 + 1 blocks), 3 of 4 on three; 5 elements in 2 blocks of 3 and 2 on two threads."""
+    from npformer.kernels.cpu.attention import blocks
+
+    def runs(b, parts):
+        return [g[0][0].stop - g[0][0].start for g in blocks(b, 4, 64, 64, parts=parts)]
+    assert runs(12, 1) == [4, 4, 4] and runs(12, 2) == [3, 3, 3, 3] and runs(12, 3) == [4, 4, 4]
+    assert runs(5, 2) == [3, 2] and runs(1, 2) == [1] and runs(8, 2) == [4, 4]
 
 
 @pytest.mark.parametrize("n", [2, 10, 64, 130])
