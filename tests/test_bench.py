@@ -752,6 +752,23 @@ def test_gil_scaling_prints_a_row_per_size():
     assert len(rows) == 2 and all(line.rstrip(" |").endswith("x") for line in rows)
 
 
+
+def test_handoff_times_the_region_and_each_product_three_ways():
+    """benchmarks/handoff.py: the empty region's three times (back to back and after an idle pause),
+    and for each of gpt-tiny's four products the pool's cut beside one thread, then BLAS's own threads."""
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "handoff.py"), "--rounds", "4"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    if "one CPU available" in out:
+        return                                  # a one-CPU machine: nothing to cut (said, not failed)
+    assert out.count("pool's task starts") == 2 and out.count("call returns") == 2
+    assert out.count("cut in two on the pool") == 8 and out.count("whole, BLAS's 2 threads") == 4
+    assert all(line.rstrip().endswith("]") for line in out.splitlines() if " us [" in line)
+
 def test_cpu_profile_runs_pytorch_at_npformers_dropout(monkeypatch):
     """PyTorch's step gets the model's own rate (the suite's 0.1 for gpt-small, 0 for gpt-tiny), or
     --dropout's in both libraries: a profile never compares a step with dropout against one without."""
