@@ -17,10 +17,10 @@ function that wrote them, with no call of their own to time.) Calls are counted 
 
 Time per op: each fast path's calls are timed in the step (exclusive of the fast paths they call), so
 the table says where the arithmetic goes: the matrix products are the linear layers' rows (attention's
-own products are inside its rows). ``--torch`` profiles PyTorch's step of the same model
-(``torch.profiler``, self time per ATen op) and prints the share of it spent in matrix products
-(``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``): a step can be no faster than its products, so that
-share bounds what any implementation with the same BLAS speed can reach against PyTorch.
+own products are inside its rows). ``--torch`` times PyTorch's step of the same model, at its batch
+and at one token (its fixed part, as npformer's), profiles it (``torch.profiler``, self time per ATen
+op) and prints the share of it spent in matrix products (``aten::mm``, ``addmm``, ``bmm``,
+``baddbmm``): a step can be no faster than its products, so that share bounds what any implementation with the same BLAS speed can reach against PyTorch.
 Both libraries run the model's dropout rate (the suite's: 0.1 but where a model says its own), or
 ``--dropout P`` in both.
 Like ``npformer train`` and the benchmark suite, it keeps freed memory for reuse
@@ -137,12 +137,14 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
     torch_cpu = reference_backend("torch", "cpu", npformer.get_num_threads())
     step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m.dropout)         # npformer's rate
     step_ms = _median_ms(step, steps)
+    one = numpy.ones((1, 1), dtype=ids.dtype)
+    fixed_ms = _median_ms(torch_cpu.train_step(m, one, one.copy(), m.dropout), steps)   # at one token
     with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
     self_ms = Counter({e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()})
     total = sum(self_ms.values())
-    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": step_ms,
+    return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": step_ms, "fixed_ms": fixed_ms,
             "profiled_ms": total, "matmul_ms": sum(self_ms[k] for k in MATMUL_OPS), "top": self_ms.most_common(10)}
 
 
@@ -185,6 +187,7 @@ def main(argv=None) -> int:
     if args.torch:
         t = torch_profile(args.model, args.steps, args.dropout)
         print(f"PyTorch {t['torch']}, {t['threads']} thread(s): step {t['step_ms']:.1f} ms (median of {args.steps}); "
+              f"at one token {t['fixed_ms']:.1f} ms; "
               f"profiled, {t['profiled_ms']:.1f} ms a step of ATen ops' self time, {t['matmul_ms']:.1f} ms "
               f"({100 * t['matmul_ms'] / t['profiled_ms']:.0f}%) in matrix products ({', '.join(MATMUL_OPS)})")
         for name, ms in t["top"]:

@@ -785,13 +785,15 @@ def test_cpu_profile_runs_pytorch_at_npformers_dropout(monkeypatch):
 
     class Recorder:
         def train_step(self, m, src, tgt, dropout):
-            rates.append((m.dropout, dropout))
+            rates.append((m.dropout, dropout, src.shape))
             return lambda: None
     monkeypatch.setattr(backends, "reference_backend", lambda *args: Recorder())
     for model, given, want in (("gpt-small", None, 0.1), ("gpt-tiny", None, 0.0), ("gpt-small", 0.0, 0.0),
                                ("gpt-tiny", 0.25, 0.25)):
         cpu_profile.torch_profile(model, 1, given)
-        assert rates[-1] == (want, want), model
+        m = cpu_profile.model_spec(model, given)
+        # the step at the model's batch, then at one token (the fixed part), both at the same rate
+        assert rates[-2:] == [(want, want, (m.B or 8, m.T or 128)), (want, want, (1, 1))], model
         assert cpu_profile.model_spec(model, given).dropout == want
 
 
@@ -807,6 +809,7 @@ def test_cpu_profile_gives_pytorchs_matmul_share():
     line = next(s for s in res.stdout.splitlines() if s.startswith("PyTorch"))
     share = float(re.search(r"\((\d+)%\) in matrix products", line).group(1))
     assert 0 < share < 100 and "in matrix products (aten::mm" in line
+    assert float(re.search(r"at one token ([\d.]+) ms", line).group(1)) > 0
 
 
 def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
