@@ -263,7 +263,7 @@ def expect_row_buffer(g: Any, name: str, like: Any) -> None:
     if checked_by_caller():
         return
     expect_grad(g, name, like.shape, like.dtype, what=name[1:] if name.startswith("d") else name)
-    if g.strides[-1] != g.itemsize or min(g.strides, default=0) < 0:
+    if g.size and (g.strides[-1] != g.itemsize or min(g.strides, default=0) < 0):   # (empty: no rows)
         raise ShapeError(f"{name}: expected a contiguous last axis to write rows into (and no negative "
                          f"stride), got strides {g.strides}")
 

@@ -64,9 +64,10 @@ def blocks(b: int, h: int, tq: int, tk: int, parts: int = 1) -> list[list[tuple[
     per_head = tq * tk
     if h * per_head <= BLOCK_ELEMENTS:
         n = max(1, BLOCK_ELEMENTS // max(h * per_head, 1))
-        if parts > 1:
-            runs = -(-b // n)
-            n = max(1, -(-b // (-(-runs // parts) * parts)))
+        if parts > 1 and b > 0:
+            runs = -(-b // n)                            # blocks of n elements
+            runs = -(-runs // parts) * parts             # rounded up to a multiple of the parts
+            n = -(-b // runs)                            # elements a block
         return [[(slice(i, min(i + n, b)), slice(0, h), slice(0, tq))] for i in range(0, b, n)]
     if per_head <= BLOCK_ELEMENTS:
         n = max(1, BLOCK_ELEMENTS // max(per_head, 1))

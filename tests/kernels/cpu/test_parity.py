@@ -462,6 +462,23 @@ def test_attention_blocks_are_contiguous_runs_in_head_groups():
         assert (seen == 1).all()
 
 
+
+@pytest.mark.parametrize("shape", [(0, 4, 64, 32), (2, 0, 5, 4), (2, 3, 0, 4)])
+def test_attention_of_nothing_gives_the_references_empty_results(thread_count, shape):
+    """An empty batch, no heads or no queries: the fast path's outputs and gradients are the
+    reference's empty arrays (NumPy gives an empty array zero strides, which are no rows to write)."""
+    q = np.zeros(shape, np.float32)
+    k = v = np.zeros(shape[:2] + (3, shape[3]), np.float32)
+    for n in (1, 2):
+        thread_count(n)
+        out, _, cache = attention.scaled_dot_product_attention_forward(q, k, v)
+        grads = attention.scaled_dot_product_attention_backward(np.zeros_like(out), cache)
+        with kernels.disabled():
+            ref_out, _, ref_cache = attention.scaled_dot_product_attention_forward(q, k, v)
+            ref_grads = attention.scaled_dot_product_attention_backward(np.zeros_like(ref_out), ref_cache)
+        for got, ref in zip((out, *grads), (ref_out, *ref_grads)):
+            assert got.shape == ref.shape and got.dtype == ref.dtype
+
 def test_attention_batch_blocks_are_shared_equally_between_threads():
     """Runs of whole batch elements come in a multiple of the thread count where the batch allows:
     gpt-tiny's 12 elements of 4 x 64 x 64 scores (4 fit a block) in 3 blocks of 4 on one thread, 4 of 3
