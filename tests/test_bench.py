@@ -764,7 +764,7 @@ def test_handoff_times_the_region_and_each_product_three_ways():
     assert res.returncode == 0, res.stderr
     out = res.stdout
     if "one CPU available" in out:
-        return                                  # a one-CPU machine: nothing to cut (said, not failed)
+        pytest.skip("one CPU: handoff.py has no second thread to measure (it says so and exits 0)")
     assert out.count("pool's task starts") == 2 and out.count("call returns") == 2
     assert out.count("cut in two on the pool") == 8 and out.count("whole, BLAS's 2 threads") == 4
     assert all(line.rstrip().endswith("]") for line in out.splitlines() if " us [" in line)
