@@ -20,7 +20,8 @@ the table says where the arithmetic goes: the matrix products are the linear lay
 own products are inside its rows). ``--torch`` times PyTorch's step of the same model, at its batch
 and at one token (its fixed part, as npformer's), profiles it (``torch.profiler``, self time per ATen
 op) and prints the share of it spent in matrix products (``aten::mm``, ``addmm``, ``bmm``,
-``baddbmm``): a step can be no faster than its products, so that share bounds what any implementation with the same BLAS speed can reach against PyTorch.
+``baddbmm``): a step can be no faster than its products, so that share bounds what any
+implementation with the same BLAS speed can reach against PyTorch.
 Both libraries run the model's dropout rate (the suite's: 0.1 but where a model says its own), or
 ``--dropout P`` in both.
 Like ``npformer train`` and the benchmark suite, it keeps freed memory for reuse

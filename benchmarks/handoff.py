@@ -21,12 +21,14 @@ second core from the pool's thread).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import time
 
 import numpy
+from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,18 +43,20 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):7.0f} us [{q[0]:.0f}, {q[2]:.0f}]"
 
 
+def _mark(starts: dict, name: str) -> None:
+    starts[name] = time.perf_counter()
+
+
 def region(rounds: int, idle_s: float) -> dict:
     """Start of the caller's task, of the pool's, and the return, in us after the call."""
     times: dict[str, list[float]] = {"caller's task starts": [], "pool's task starts": [], "call returns": []}
     for _ in range(rounds):
         if idle_s:
             time.sleep(idle_s)
-        t0 = time.perf_counter()
         starts: dict[str, float] = {}
-
-        def task(name: str):
-            return lambda: starts.setdefault(name, time.perf_counter())
-        threads.run_parallel([task("caller's task starts"), task("pool's task starts")])
+        t0 = time.perf_counter()
+        threads.run_parallel([functools.partial(_mark, starts, "caller's task starts"),
+                              functools.partial(_mark, starts, "pool's task starts")])
         end = time.perf_counter()
         for name, t in starts.items():
             times[name].append(1e6 * (t - t0))
@@ -61,53 +65,50 @@ def region(rounds: int, idle_s: float) -> dict:
 
 
 def product(rounds: int, n: int, c_in: int, c_out: int, blas_threads: bool) -> dict:
-    """The product x @ W^T three ways (``blas_threads``: also on BLAS's own two threads, last)."""
+    """The product x @ W^T: whole on one thread and cut in two on the pool, alternated; with
+    ``blas_threads``, then whole on BLAS's own two threads."""
     rng = numpy.random.default_rng(0)
     x = rng.standard_normal((n, c_in), dtype=numpy.float32)
     w = rng.standard_normal((c_out, c_in), dtype=numpy.float32)
     out = numpy.empty((n, c_out), numpy.float32)
-    half = n // 2
+    halves = ((0, n // 2), (n // 2, n))
     spans: dict[str, list[float]] = {"whole, 1 thread": [], "cut in two on the pool": [],
                                      "  the caller's half": [], "  the pool's half": [],
-                                     "  the pool's half starts": [], "whole, BLAS's 2 threads": []}
-    if not blas_threads:
-        del spans["whole, BLAS's 2 threads"]
-    controller = threads._blas_controllers()
+                                     "  the pool's half starts": []}
 
-    def part(a: int, b: int, log: list):
-        def run():
-            t = time.perf_counter()
-            numpy.matmul(x[a:b], w.T, out=out[a:b])
-            log.append((t, time.perf_counter()))
-        return run
+    def whole() -> None:
+        numpy.matmul(x, w.T, out=out)
 
     def timed(fn) -> float:
+        """us of the second of two calls (the first warms the caches)."""
         fn()
         t = time.perf_counter()
         fn()
         return 1e6 * (time.perf_counter() - t)
 
-    for c in controller:
-        c.set_num_threads(1)
-    for _ in range(rounds):
-        spans["whole, 1 thread"].append(timed(lambda: numpy.matmul(x, w.T, out=out)))
-        logs: tuple[list, list] = ([], [])
-        t0 = [0.0]
+    spent: list[tuple[float, float]] = [(0.0, 0.0), (0.0, 0.0)]     # (start, end) of each half, last call
+    called = [0.0]                                                   # when the last cut was called
 
-        def cut():
-            logs[0].clear(), logs[1].clear()
-            t0[0] = time.perf_counter()
-            threads.run_parallel([part(0, half, logs[0]), part(half, n, logs[1])], blas_one_thread=True)
-        spans["cut in two on the pool"].append(timed(cut))
-        (a0, a1), (b0, b1) = logs[0][0], logs[1][0]
-        spans["  the caller's half"].append(1e6 * (a1 - a0))
-        spans["  the pool's half"].append(1e6 * (b1 - b0))
-        spans["  the pool's half starts"].append(1e6 * (b0 - t0[0]))
-    if blas_threads:
-        for c in controller:
-            c.set_num_threads(2)
+    def half(i: int) -> None:
+        start = time.perf_counter()
+        numpy.matmul(x[slice(*halves[i])], w.T, out=out[slice(*halves[i])])
+        spent[i] = (start, time.perf_counter())
+
+    def cut() -> None:
+        called[0] = time.perf_counter()
+        threads.run_parallel([lambda: half(0), lambda: half(1)], blas_one_thread=True)
+
+    with threadpool_limits(1, user_api="blas"):
         for _ in range(rounds):
-            spans["whole, BLAS's 2 threads"].append(timed(lambda: numpy.matmul(x, w.T, out=out)))
+            spans["whole, 1 thread"].append(timed(whole))
+            spans["cut in two on the pool"].append(timed(cut))
+            (a0, a1), (b0, b1) = spent
+            spans["  the caller's half"].append(1e6 * (a1 - a0))
+            spans["  the pool's half"].append(1e6 * (b1 - b0))
+            spans["  the pool's half starts"].append(1e6 * (b0 - called[0]))
+    if blas_threads:
+        with threadpool_limits(2, user_api="blas"):
+            spans["whole, BLAS's 2 threads"] = [timed(whole) for _ in range(rounds)]
     return spans
 
 

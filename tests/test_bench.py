@@ -752,7 +752,6 @@ def test_gil_scaling_prints_a_row_per_size():
     assert len(rows) == 2 and all(line.rstrip(" |").endswith("x") for line in rows)
 
 
-
 def test_handoff_times_the_region_and_each_product_three_ways():
     """benchmarks/handoff.py: the empty region's three times (back to back and after an idle pause),
     and for each of gpt-tiny's four products the pool's cut beside one thread, then BLAS's own threads."""

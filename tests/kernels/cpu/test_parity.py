@@ -479,6 +479,7 @@ def test_attention_of_nothing_gives_the_references_empty_results(thread_count, s
         for got, ref in zip((out, *grads), (ref_out, *ref_grads)):
             assert got.shape == ref.shape and got.dtype == ref.dtype
 
+
 def test_attention_batch_blocks_are_shared_equally_between_threads():
     """Runs of whole batch elements come in a multiple of the thread count where the batch allows:
     gpt-tiny's 12 elements of 4 x 64 x 64 scores (4 fit a block) in 3 blocks of 4 on one thread, 4 of 3
