@@ -291,6 +291,7 @@ def block_threads(name: str) -> int:
     threads = {"row": source.MAX_THREADS, "col": source.COL_X * source.COL_Y, "": runtime.ELEMENT_THREADS}
     special = {"cross_entropy_bwd": source.MAX_THREADS,          # launch_rows, no shared buffer
                "adam_update": runtime.ELEMENT_THREADS, "adam_bf16_copy_update": runtime.ELEMENT_THREADS,
+               "adam_f16_grad_update": runtime.ELEMENT_THREADS, "adam_bf16_grad_update": runtime.ELEMENT_THREADS,
                "sum_squares": optim_source.SQUARES_THREADS}
     flash = _flash(name)
     if flash:

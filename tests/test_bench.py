@@ -768,6 +768,27 @@ def test_handoff_times_the_region_and_each_product_three_ways():
     assert out.count("cut in two on the pool") == 8 and out.count("whole, BLAS's 2 threads") == 4
     assert all(line.rstrip().endswith("]") for line in out.splitlines() if " us [" in line)
 
+def test_saved_memory_counts_what_each_library_keeps_for_the_backward():
+    """benchmarks/saved_memory.py on gpt-tiny's widths (768 tokens of d 128): npformer's layer norm keeps
+    x-hat in float32 (768 x 128 x 4 bytes = 0.4 MB), its training state is 16 bytes a parameter (no
+    float32 copy of the gradients: the masters read the model's); with PyTorch installed, its side is
+    counted too."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    with_torch = importlib.util.find_spec("torch") is not None
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "saved_memory.py"), "--model", "gpt-tiny",
+                          "--seq", "8"] + ([] if with_torch else ["--no-torch"]),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "| norm1.xhat | float32 | 0.4 |" in out and "| float32 masters | float32 | 4.00 |" in out
+    assert "in all 16.00 bytes a parameter" in out and "masters' gradients" not in out
+    assert ("### PyTorch: kept for the backward" in out) == with_torch
+    assert "### In all, kept for the backward: npformer " in out
+
+
 def test_cpu_profile_runs_pytorch_at_npformers_dropout(monkeypatch):
     """PyTorch's step gets the model's own rate (the suite's 0.1 for gpt-small, 0 for gpt-tiny), or
     --dropout's in both libraries: a profile never compares a step with dropout against one without."""

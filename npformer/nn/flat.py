@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
 from npformer.checks import describe
-from npformer.errors import InputTypeError
+from npformer.errors import InputTypeError, ShapeError
 from npformer.nn.module import Module, Parameter
 
 __all__ = ["ALIGN", "FlatSlot", "FlatBuffer", "FlatParameters", "flatten_parameters", "flat_parameters",
@@ -67,9 +67,11 @@ class FlatBuffer:
 
     ``mirror``: an array of the buffer's size that every optimiser update also writes, rounded to
     its dtype (mixed precision sets it to the float16 model's buffer of the same layout); None by
-    default."""
+    default. ``grad``: a zeroed array of its own, or ``grad`` when given, a 1-d float array of the
+    buffer's size that another buffer of the same layout owns (mixed precision's float32 masters read
+    the 16-bit model's gradients: no float32 copy of them is kept)."""
 
-    def __init__(self, xp: Any, dtype: Any, named: list[tuple[str, Parameter]]):
+    def __init__(self, xp: Any, dtype: Any, named: list[tuple[str, Parameter]], grad: Any = None):
         starts, size = [], 0
         for _, p in named:
             starts.append(size)
@@ -77,7 +79,9 @@ class FlatBuffer:
         self.dtype = xp.dtype(dtype)
         self.size = size
         self.data = xp.zeros(size, dtype=self.dtype)     # (size,)
-        self.grad = xp.zeros(size, dtype=self.dtype)     # (size,)
+        if grad is not None and tuple(grad.shape) != (size,):
+            raise ShapeError(f"flat buffer: a shared gradient must be ({size},), got {describe(grad)}")
+        self.grad = xp.zeros(size, dtype=self.dtype) if grad is None else grad   # (size,)
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.mirror = None
@@ -97,9 +101,12 @@ class FlatParameters:
     """The flat buffers of a list of (name, Parameter) pairs; see the module docstring.
 
     Making one copies every parameter's values into its buffer and attaches the parameter to its
-    slot (``p.data`` becomes the view; any gradient is dropped)."""
+    slot (``p.data`` becomes the view; any gradient is dropped). With ``grads_of`` (another
+    FlatParameters) each buffer's gradient is that one's buffer of the same place and size, shared
+    (mixed precision's masters, whose layout is the model's); a buffer without such a partner gets a
+    gradient of its own."""
 
-    def __init__(self, named_params: Any):
+    def __init__(self, named_params: Any, grads_of: "FlatParameters | None" = None):
         named, seen = [], set()
         for item in named_params:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter)):
@@ -113,9 +120,11 @@ class FlatParameters:
         by_dtype: dict[Any, list] = {}
         for name, p in named:
             by_dtype.setdefault(p.dtype, []).append((name, p))
-        self.buffers = tuple(FlatBuffer(xp, dtype, [e for e in group if e[1].decay] +
-                                        [e for e in group if not e[1].decay])
-                             for dtype, group in by_dtype.items())
+        groups = [[e for e in group if e[1].decay] + [e for e in group if not e[1].decay]
+                  for group in by_dtype.values()]
+        partners = list(grads_of.buffers) if grads_of is not None else []
+        self.buffers = tuple(FlatBuffer(xp, dtype, group, _shared_grad(partners, k, group))
+                             for k, (dtype, group) in enumerate(zip(by_dtype, groups)))
         for b in self.buffers:
             for p, slot in zip(b.params, b.slots):
                 p.attach(slot)
@@ -148,6 +157,17 @@ class FlatParameters:
 
     def __repr__(self) -> str:
         return f"FlatParameters({', '.join(map(repr, self.buffers))})"
+
+
+def _shared_grad(partners: list, k: int, group: list) -> Any:
+    """Partner buffer k's gradient when its parameters have the shapes of ``group`` in order (the same
+    layout), else None (the buffer makes its own)."""
+    if k >= len(partners):
+        return None
+    partner = partners[k]
+    same = len(partner.params) == len(group) and all(q.shape == p.shape and q.decay == p.decay
+                                                     for q, (_, p) in zip(partner.params, group))
+    return partner.grad if same else None
 
 
 def flatten_parameters(module: Module) -> FlatParameters:

@@ -10,6 +10,12 @@
 Sources: the algorithm boxes of torch.optim.Adam/AdamW/SGD; Adam is evaluated in torch's order
 (the bias corrections applied to sqrt(v) and to the step size, not to m and v).
 
+The gradient an update reads is ``g = grad * grad_scale`` (:func:`scaled_grad`), converted to the
+parameter's dtype first: mixed precision's float32 masters step with the model's 16-bit gradients
+and the factor 1 / S (S the loss scale) times the clipping factor, so no float32 copy of the
+gradients is made or kept (torch's fused optimisers take the scale the same way). S is a power of two,
+so ``float32(grad) * (c / S)`` has the bits of ``float32(grad) / S`` then ``* c``: one rounding.
+
 Unlike the other ops these update their arguments in place (``param``, the moments and
 ``param_copy``): an optimiser step rewrites the parameters, and fresh arrays would double the
 memory. They are element-wise, so one call over a flat buffer (:mod:`npformer.nn.flat`) gives
@@ -30,36 +36,55 @@ import math
 from typing import Any
 
 from npformer.backend import get_array_module
-from npformer.checks import expect_float, expect_same_dtype, expect_shape
+from npformer.checks import checked_by_caller, describe, expect_float, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
+from npformer.errors import InputTypeError
 
-__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "add_squares_to_lanes",
+__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "scaled_grad", "add_squares_to_lanes",
            "sum_lanes", "SQUARES_CHUNK", "SQUARES_LANES"]
 
 SQUARES_CHUNK = 1 << 20     # elements converted to float64 at a time by sum_of_squares (8 MB)
 SQUARES_LANES = 64          # the sum's lanes (module docstring); SQUARES_CHUNK is a multiple of it
 
 
-def check_update_arrays(param, **arrays) -> None:
-    """An update's arrays (None: absent) all have the parameter's shape and float dtype."""
+def check_update_arrays(param, grad, **arrays) -> None:
+    """An update's arrays (None: absent) all have the parameter's shape and float dtype; ``grad`` may
+    also be float16 or bfloat16 for a wider parameter (mixed precision's gradients of float32 masters)."""
     expect_float(param, "param")
-    for name, a in arrays.items():
+    for name, a in {"grad": grad, **arrays}.items():
         if a is not None:
             expect_shape(a, name, tuple(param.shape), "(the parameter's shape)")
     expect_same_dtype(param=param, **arrays)
+    if grad.dtype != param.dtype and not checked_by_caller():
+        expect_float(grad, "grad")
+        if not grad.dtype.itemsize == 2 < param.dtype.itemsize:
+            raise InputTypeError(f"grad: expected {param.dtype} (the parameter's), or float16 or bfloat16 for a "
+                                 f"wider parameter, got {describe(grad)}")
+
+
+def scaled_grad(grad, param, grad_scale: float):
+    """``grad * grad_scale`` in the parameter's dtype (``grad`` itself when there is nothing to do)."""
+    if grad.dtype == param.dtype and grad_scale == 1.0:
+        return grad
+    g = grad.astype(param.dtype)                                    # (same as p), fresh
+    if grad_scale != 1.0:
+        g *= grad_scale                                             # rounded once, in p's dtype
+    return g
 
 
 @dispatched
 def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: int, lr: float, beta1: float,
                 beta2: float, eps: float, weight_decay: float = 0.0, decoupled: bool = False,
-                param_copy: Any = None) -> None:
+                param_copy: Any = None, grad_scale: float = 1.0) -> None:
     """One Adam (``decoupled=False``, L2 in the gradient) or AdamW step, in place; ``step`` is t >= 1,
     the number of this update. ``param_copy`` (optional, the parameter's shape, another dtype)
-    receives the new parameter rounded to its dtype: mixed precision's 16-bit model weights."""
-    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    receives the new parameter rounded to its dtype: mixed precision's 16-bit model weights. The
+    gradient is ``grad * grad_scale`` (:func:`scaled_grad`)."""
+    check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
     xp = get_array_module(param, grad, exp_avg, exp_avg_sq)
+    grad = scaled_grad(grad, param, grad_scale)                     # (same as p)
     if weight_decay != 0 and not decoupled:
         grad = param * weight_decay + grad                          # (same as p), Adam: g = g + wd p
     elif weight_decay != 0:
@@ -82,12 +107,15 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
 
 
 def sgd_update(param: Any, grad: Any, momentum_buffer: Any, *, lr: float, momentum: float, dampening: float,
-               nesterov: bool, weight_decay: float, first: bool, param_copy: Any = None) -> None:
+               nesterov: bool, weight_decay: float, first: bool, param_copy: Any = None,
+               grad_scale: float = 1.0) -> None:
     """One SGD step, in place. ``momentum_buffer`` is None when ``momentum`` is 0; on the ``first``
-    step it is overwritten with d (torch's rule), later it is blended."""
-    check_update_arrays(param, grad=grad, momentum_buffer=momentum_buffer)
+    step it is overwritten with d (torch's rule), later it is blended. The gradient is
+    ``grad * grad_scale`` (:func:`scaled_grad`)."""
+    check_update_arrays(param, grad, momentum_buffer=momentum_buffer)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    grad = scaled_grad(grad, param, grad_scale)                     # (same as p)
     d = param * weight_decay + grad if weight_decay != 0 else grad   # (same as p), d = g + wd p
     if momentum != 0:
         buf = momentum_buffer

@@ -6,7 +6,8 @@ One step (:meth:`MixedPrecision.step` does the part after the backward)::
 
     model weights (16-bit) = master weights (float32), rounded     in place, so tied weights stay tied
     loss = L(model(x)) in float32;  backward from dL = S             S: the loss scale; grads hold S * g
-    g = float32(grad) / S;  all finite?  ->  optimiser step on the masters with g, else skip the step
+    all finite?  ->  optimiser step on the masters with g = float32(grad) * c / S, else skip the step
+                     (c: the clipping factor, 1 without clipping; the update applies it as it reads grad)
     scaler: inf/NaN  -> S *= backoff_factor (0.5) and the step is skipped;
             growth_interval finite steps in a row -> S *= growth_factor (2)
 
@@ -29,12 +30,21 @@ Recipe (a GPT; the loss is computed in float32 from float32 logits)::
         model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
         result = amp.step(opt, max_norm=1.0)          # unscale, check, clip, update, round down, zero grads
 
+No float32 copy of the gradients is made: the optimiser steps the masters with the model's 16-bit
+gradients and the factor c / S (``Optimizer.step(grad_scale=...)``), converting and scaling each as
+it reads it, as torch's fused AdamW takes the GradScaler's scale. S is a power of two, so the update
+sees the bits of the float32 gradient divided by S and then clipped; the one sum of squares of the
+16-bit gradients (in float64) is the finite check and, divided by S^2, the clipping norm. So the
+training state is 16 bytes a parameter, not 20 (GPT-2 124M: 498 MB less; ``benchmarks/saved_memory.py``),
+and before the update a step reads the gradients once, where it made four passes (copy, unscale,
+check, the clip's norm; five when it clipped).
+
 Flat buffers (:mod:`npformer.nn.flat`): for a flattened model the masters are flattened too, in
-the model's layout, and a step works on whole buffers: the unscaling is one copy and one scaling
-per buffer, the finite check one sum of squares, and the optimiser writes the rounded model weights
-in the same pass as the masters (the master buffer's ``mirror`` is the model's buffer; on CuPy the
-AdamW kernel stores both). The numbers are those of the per-parameter path, which runs for a model
-that is not flattened and inside ``npformer.kernels.disabled()``.
+the model's layout, their gradient buffer being the model's own, and a step works on whole buffers:
+the check is one sum of squares per buffer, and the optimiser writes the rounded model weights in
+the same pass as the masters (the master buffer's ``mirror`` is the model's buffer; on CuPy the
+AdamW kernel reads the 16-bit gradients and stores both). The numbers are those of the per-parameter
+path, which runs for a model that is not flattened and inside ``npformer.kernels.disabled()``.
 
 Works on any backend: NumPy float16 runs on the CPU (slowly: NumPy has no float16 BLAS); bfloat16 is
 ml_dtypes' dtype (:func:`npformer.backend.bfloat16`; the extra ``npformer[bfloat16]``, a
@@ -55,7 +65,7 @@ from npformer.errors import InputTypeError, RangeError
 from npformer.nn.flat import FlatParameters, flat_parameters
 from npformer.nn.module import Module, Parameter
 from npformer.ops.optim import sum_of_squares
-from npformer.training.optim import clip_grad_norm
+from npformer.training.optim import clip_coefficient
 
 __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]
 
@@ -138,8 +148,10 @@ class MixedPrecision:
                        for name, p in model.named_parameters()]      # tied parameters appear once
         self._master_of = {id(p): m for _, p, m in self._pairs}
         model.to(dtype=self.dtype)                 # a flattened model is flattened again, in 16 bits
-        # masters in the model's flat layout (nn.flat: same shapes, decays and order, same offsets)
-        self._flat = FlatParameters(self.named_parameters()) if flat_parameters(model) is not None else None
+        # masters in the model's flat layout (nn.flat: same shapes, decays and order, same offsets), whose
+        # gradients are the model's buffers
+        model_flat = flat_parameters(model)
+        self._flat = None if model_flat is None else FlatParameters(self.named_parameters(), grads_of=model_flat)
 
     def named_parameters(self):
         """(name, float32 master) pairs, for the optimiser."""
@@ -157,9 +169,10 @@ class MixedPrecision:
         return 1.0 if self.scaler is None else self.scaler.scale
 
     def step(self, optimizer, max_norm: float | None = None) -> AmpStep:
-        """Unscale the model's gradients into the masters, skip on inf/NaN, clip to ``max_norm``,
-        step ``optimizer``, round the masters back into the model, and zero every gradient. Without a
-        scaler (bfloat16) non-finite gradients raise FloatingPointError: there is no scale to lower."""
+        """Check the model's gradients, skip on inf/NaN, step ``optimizer`` on the masters with the
+        gradients unscaled and clipped to ``max_norm`` as it reads them, round the masters back into
+        the model, and zero every gradient. Without a scaler (bfloat16) non-finite gradients raise
+        FloatingPointError: there is no scale to lower."""
         xp, scale = self.xp, self._scale()
         masters = {id(m) for m in self.parameters()}
         foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in masters]
@@ -167,24 +180,28 @@ class MixedPrecision:
             raise ValueError(f"optimizer holds {len(foreign)} parameters that are not this MixedPrecision's "
                              "float32 masters; build it over amp.named_parameters()")
         flat = self._flat_pairs()
+        for _, p, m in self._pairs:              # the masters' gradients are the model's (16-bit, S g)
+            if p.grad is None:
+                m.grad = None
+            else:
+                m.grad = m.flat.grad if flat is not None else p.grad   # flat: the slot's view of the shared buffer
         if flat is not None:
-            ok = self._unscale_flat(flat, scale)
+            grads = [model_buffer.grad for _, model_buffer in flat]
         else:
-            finite = []
-            for _, p, m in self._pairs:
-                # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
-                if p.grad is None:
-                    m.grad = None
-                    continue
-                m.grad = p.grad.astype(xp.float32)                        # (same as p), a fresh copy
-                m.grad *= 1.0 / scale
-                finite.append(xp.isfinite(m.grad).all())
-            ok = bool(xp.stack(finite).all()) if finite else True         # one device -> host sync
+            grads = [m.grad for m in self.parameters() if m.grad is not None]
+        # one sum of squares per buffer (or per gradient), in float64: finite iff every element is
+        squares = float(xp.stack([sum_of_squares(g) for g in grads]).sum()) if grads else 0.0   # one sync
+        ok = math.isfinite(squares)
         norm = None
         if ok:
+            # fwd: the model's loss was multiplied by S  ->  g = grad / S;  clipping: g = c g
+            coef = 1.0
             if max_norm is not None:
-                norm = clip_grad_norm(self.parameters(), max_norm)
-            optimizer.step()                      # flat: also writes the model's weights (the mirror)
+                norm = math.sqrt(squares) / scale                   # the norm of g (S a power of two: exact)
+                coef = clip_coefficient(norm, max_norm)
+            for master_buffer, model_buffer in flat or ():
+                master_buffer.mirror = model_buffer.data            # the optimiser rounds into it
+            optimizer.step(grad_scale=coef / scale)                 # flat: also writes the model's weights
             if flat is None:
                 for _, p, m in self._pairs:
                     p.data[...] = m.data                                  # rounded to the model's dtype, in place
@@ -202,31 +219,19 @@ class MixedPrecision:
         return AmpStep(ok, scale, norm)
 
     def _flat_pairs(self) -> list | None:
-        """[(master buffer, model buffer)] when the masters and the model are both flat in one layout
-        with every model grad in its buffer (and fast paths are on); else None."""
+        """[(master buffer, model buffer)] when the masters and the model are both flat in one layout,
+        the masters' gradient buffers being the model's, with every model grad in its buffer (and fast
+        paths are on); else None."""
         if self._flat is None or not enabled() or flat_parameters(self.model) is None or not self._flat.intact():
             return None
         pairs: dict[int, tuple] = {}
         for _, p, m in self._pairs:
             ps, ms = p.flat, m.flat
             pair = pairs.setdefault(id(ms.buffer), (ms.buffer, ps.buffer))
-            same_layout = (ps.start, ps.stop) == (ms.start, ms.stop) and ps.buffer.size == ms.buffer.size
+            same_layout = (ps.start, ps.stop) == (ms.start, ms.stop) and ms.buffer.grad is ps.buffer.grad
             if not same_layout or pair[1] is not ps.buffer or (p.grad is not None and p.grad is not ps.grad):
                 return None
         return list(pairs.values())
-
-    def _unscale_flat(self, flat: list, scale: float) -> bool:
-        """Master grads = model grads / S, buffer by buffer; whether all are finite (one sync)."""
-        xp, sums = self.xp, []
-        for master, model in flat:
-            # fwd: the model's loss was multiplied by S  ->  g = grad / S, in float32
-            master.grad[...] = model.grad                                 # (size,) float32
-            master.grad *= 1.0 / scale
-            sums.append(sum_of_squares(master.grad))                      # finite iff every element is
-            master.mirror = model.data                                    # the optimiser rounds into it
-        for _, p, m in self._pairs:
-            m.grad = None if p.grad is None else m.flat.grad
-        return math.isfinite(float(xp.stack(sums).sum()))               # one device -> host sync
 
     def master_state_dict(self) -> "OrderedDict[str, Any]":
         """The float32 masters under the model's state_dict names (tied weights under each name)."""

@@ -29,7 +29,7 @@ import math
 from numbers import Real
 from typing import Any
 
-from npformer.backend import backend_name, get_array_module, to_device
+from npformer.backend import backend_name, get_array_module, is_float_dtype, to_device
 from npformer.checks import describe, expect_float, real
 from npformer.dispatch import enabled
 from npformer.errors import InputTypeError
@@ -37,7 +37,7 @@ from npformer.nn.module import Module, Parameter, clear_grads
 from npformer.training.flat_runs import FlatRuns
 from npformer.ops.optim import adam_update, sgd_update, sum_of_squares
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm", "covered_buffers"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm", "clip_coefficient", "covered_buffers"]
 
 INF = math.inf
 # hyperparameter -> (low, high, low excluded, high excluded); a pair (PAIRS) is checked per item
@@ -57,6 +57,12 @@ def _entries(items: Any, where: str) -> list:
         expect_float(p.data, f"{where}: data of parameter {name or len(out)}")
         out.append((name, p))
     return out
+
+
+def _grad_dtype_fits(grad_dtype, dtype) -> bool:
+    """A gradient of ``grad_dtype`` can update a parameter of ``dtype``: the same, or a 16-bit float
+    gradient of a wider parameter (mixed precision's)."""
+    return grad_dtype == dtype or (is_float_dtype(grad_dtype) and grad_dtype.itemsize == 2 < dtype.itemsize)
 
 
 def _mirror_view(p: Parameter) -> Any:
@@ -161,30 +167,39 @@ class Optimizer:
         """Set every parameter's grad to None (and zero their parts of flat gradient buffers)."""
         clear_grads(p for *_, p in self._indexed())
 
-    def step(self) -> None:
+    def step(self, *, grad_scale: float = 1.0) -> None:
         """One update of every parameter whose grad is not None (the others are skipped).
+
+        Each parameter steps with ``p.grad * grad_scale``, in the parameter's dtype; a grad may be
+        float16 or bfloat16 for a wider parameter. Mixed precision (:mod:`npformer.training.amp`) passes
+        its float32 masters the model's 16-bit gradients and the factor 1 / S times the clipping
+        factor, which the update applies as it reads them (as torch's fused optimisers take the
+        scaler's), so no float32 copy of the gradients is made.
 
         Hyperparameters and grads are all checked first, so a bad one leaves every parameter as it was.
         """
+        grad_scale = real(grad_scale, "grad_scale", 0)
         groups = [self._checked(group) for group in self.param_groups]   # may have been edited
         todo = [item for item in self._indexed() if item[3].grad is not None]
         for i, _, name, p in todo:
             get_array_module(p.data, p.grad)     # one backend, or a TypeError naming both
-            if tuple(p.grad.shape) != p.shape or p.grad.dtype != p.dtype:
+            if tuple(p.grad.shape) != p.shape or not _grad_dtype_fits(p.grad.dtype, p.dtype):
                 raise ValueError(f"parameter {name or i}: grad is {describe(p.grad)} but data is "
-                                 f"{describe(p.data)}; they must match in shape and dtype")
+                                 f"{describe(p.data)}; they must match in shape and dtype (or the grad be "
+                                 "float16 or bfloat16, a wider parameter's under mixed precision)")
         for group, checked in zip(self.param_groups, groups):
             group.update(checked)
         runs = self._flat.runs(todo, self.state, self._run_key) if enabled() else None
         if runs is None:
             for i, group, _, p in todo:
-                self._update(p, p.grad, self.state.setdefault(i, {}), group, _mirror_view(p))
+                self._update(p, p.grad, self.state.setdefault(i, {}), group, _mirror_view(p), grad_scale)
             return
         for buffer, start, end, items in runs:
-            self._update_run(buffer, start, end, items)
+            self._update_run(buffer, start, end, items, grad_scale)
 
-    def _update(self, p: Parameter, g: Any, state: dict, group: dict, copy: Any) -> None:
-        """Update one parameter (and write ``copy``, its buffer's mirror, when not None)."""
+    def _update(self, p: Parameter, g: Any, state: dict, group: dict, copy: Any, grad_scale: float) -> None:
+        """Update one parameter with ``g * grad_scale`` (and write ``copy``, its buffer's mirror, when
+        not None)."""
         raise NotImplementedError
 
     # -- flat buffers ------------------------------------------------------------------------------
@@ -192,8 +207,9 @@ class Optimizer:
         """What parameters of one run share (beside their group): the update's per-parameter inputs."""
         raise NotImplementedError
 
-    def _update_run(self, buffer, start: int, end: int, items: list) -> None:
-        """Update elements [start, end) of ``buffer``: the parameters ``items`` [(index, group, p)]."""
+    def _update_run(self, buffer, start: int, end: int, items: list, grad_scale: float) -> None:
+        """Update elements [start, end) of ``buffer``: the parameters ``items`` [(index, group, p)],
+        with ``buffer.grad * grad_scale``."""
         raise NotImplementedError
 
     def _header(self) -> dict[str, Any]:
@@ -288,18 +304,18 @@ class SGD(Optimizer):
     def _sgd_args(self, group):
         return {k: group[k] for k in ("lr", "momentum", "dampening", "nesterov", "weight_decay")}
 
-    def _update(self, p, g, state, group, copy):
+    def _update(self, p, g, state, group, copy, grad_scale):
         first = group["momentum"] != 0 and "momentum_buffer" not in state
         if first:
             state["momentum_buffer"] = get_array_module(p.data).empty_like(p.data)   # (same as p), set to d
         state["step"] = state.get("step", 0) + 1
         sgd_update(p.data, g, state.get("momentum_buffer") if group["momentum"] != 0 else None,
-                   first=first, param_copy=copy, **self._sgd_args(group))            # in place: views stay shared
+                   first=first, param_copy=copy, grad_scale=grad_scale, **self._sgd_args(group))   # in place
 
     def _run_key(self, p, state, group):
         return (state.get("step", 0), "momentum_buffer" in state)
 
-    def _update_run(self, buffer, start, end, items):
+    def _update_run(self, buffer, start, end, items, grad_scale):
         group = items[0][1]
         first = group["momentum"] != 0 and "momentum_buffer" not in self.state.get(items[0][0], {})
         moments = self._flat.moments(self, buffer, start, end, items,
@@ -307,7 +323,8 @@ class SGD(Optimizer):
         for i, _, _ in items:
             self.state[i]["step"] = self.state[i].get("step", 0) + 1
         sgd_update(buffer.data[start:end], buffer.grad[start:end], moments.get("momentum_buffer"), first=first,
-                   param_copy=None if buffer.mirror is None else buffer.mirror[start:end], **self._sgd_args(group))
+                   param_copy=None if buffer.mirror is None else buffer.mirror[start:end], grad_scale=grad_scale,
+                   **self._sgd_args(group))
 
 
 class Adam(Optimizer):
@@ -332,18 +349,18 @@ class Adam(Optimizer):
         return dict(step=step, lr=group["lr"], beta1=b1, beta2=b2, eps=group["eps"], weight_decay=wd,
                     decoupled=self.decoupled)
 
-    def _update(self, p, g, state, group, copy):
+    def _update(self, p, g, state, group, copy, grad_scale):
         xp = get_array_module(p.data)
         if not state:
             state.update(step=0, exp_avg=xp.zeros_like(p.data), exp_avg_sq=xp.zeros_like(p.data))
         state["step"] += 1
-        adam_update(p.data, g, state["exp_avg"], state["exp_avg_sq"], param_copy=copy,
+        adam_update(p.data, g, state["exp_avg"], state["exp_avg_sq"], param_copy=copy, grad_scale=grad_scale,
                     **self._adam_args(p, group, state["step"]))          # in place: views stay shared
 
     def _run_key(self, p, state, group):
         return (state.get("step", 0), self._adam_args(p, group, 1)["weight_decay"])
 
-    def _update_run(self, buffer, start, end, items):
+    def _update_run(self, buffer, start, end, items, grad_scale):
         for i, _, _ in items:
             self.state.setdefault(i, {}).setdefault("step", 0)     # first, as _update orders the state
         moments = self._flat.moments(self, buffer, start, end, items, self.moments)
@@ -351,7 +368,7 @@ class Adam(Optimizer):
             self.state[i]["step"] += 1
         i, group, p = items[0]
         adam_update(buffer.data[start:end], buffer.grad[start:end], moments["exp_avg"], moments["exp_avg_sq"],
-                    param_copy=None if buffer.mirror is None else buffer.mirror[start:end],
+                    param_copy=None if buffer.mirror is None else buffer.mirror[start:end], grad_scale=grad_scale,
                     **self._adam_args(p, group, self.state[i]["step"]))
 
 
@@ -411,8 +428,17 @@ def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6,
             raise FloatingPointError(f"total gradient norm is not finite ({total}); non-finite grads "
                                      f"in parameters {bad}; grads left unchanged")
         return total
-    coef = max_norm / (total + eps)
+    coef = clip_coefficient(total, max_norm, eps)
     if coef < 1.0:
         for g in grads:
             g *= coef
     return total
+
+
+def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
+    """What clipping multiplies the gradients by: ``max_norm / (norm + eps)`` when that is below 1,
+    else 1 (``max_norm`` inf: never clips)."""
+    if not (isinstance(max_norm, Real) and max_norm == INF):
+        max_norm = real(max_norm, "max_norm", 0, what="inf (no clipping) or a number")
+    coef = max_norm / (norm + eps)
+    return coef if coef < 1.0 else 1.0

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from npformer.errors import RangeError
 from npformer.nn.module import Module, Parameter
 from npformer.training import SGD, Adam, AdamW, clip_grad_norm
 from tests.helpers import batch, host, randn, seeds, seq
@@ -307,6 +308,36 @@ def test_grads_are_not_mutated_nor_aliased(xp, factory):
     snapshot = [host(p.data).copy() for p in params]
     opt.step()                                  # nothing has a grad: nothing moves
     assert all(np.array_equal(host(p.data), s) for p, s in zip(params, snapshot))
+
+
+@pytest.mark.parametrize("factory", OPTIMIZERS, ids=["sgd", "adam", "adamw"])
+def test_grad_scale_steps_as_the_scaled_grads_and_leaves_them_as_they_are(xp, factory):
+    """step(grad_scale=c) is step() with every grad multiplied by c first (in the parameter's dtype),
+    and the grads themselves are not changed; a float16 grad steps a float32 parameter as its
+    float32 value would; c must be a finite number >= 0."""
+    scaled, plain = make_params(xp), make_params(xp)
+    half = [Parameter(xp.asarray(host(p.data).astype(np.float32))) for p in make_params(xp)]
+    half_ref = [Parameter(xp.asarray(host(p.data).astype(np.float32))) for p in make_params(xp)]
+    opts = [factory(ps) for ps in (scaled, plain, half, half_ref)]
+    c = 0.37 * 2.0 ** -10
+    for gs in make_grads(SHAPES, 3):
+        for a, b, h, r, g in zip(scaled, plain, half, half_ref, gs):
+            a.grad = xp.asarray(g)
+            b.grad = xp.asarray(g) * c
+            h.grad = xp.asarray(g.astype(np.float16))
+            r.grad = xp.asarray(g.astype(np.float16).astype(np.float32)) * np.float32(c)
+        opts[0].step(grad_scale=c)
+        opts[1].step()
+        opts[2].step(grad_scale=c)
+        opts[3].step()
+        for a, g in zip(scaled, gs):
+            np.testing.assert_array_equal(host(a.grad), g)
+    for pair in ((scaled, plain), (half, half_ref)):
+        for a, b in zip(*pair):
+            np.testing.assert_array_equal(host(a.data), host(b.data))
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(RangeError, match="grad_scale: expected a finite number"):
+            opts[0].step(grad_scale=bad)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

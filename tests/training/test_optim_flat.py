@@ -2,12 +2,15 @@
 parameters step after step (weight decay, clipping, param groups, parameters without a grad, lr
 changes), a few update calls per step, the same state dicts loading either way, mixed precision
 with a skipped step, the reference loop inside kernels.disabled(), and the trainers on the flat path."""
+import math
+
 import numpy as np
 import pytest
 
 from npformer import kernels
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.nn.flat import flat_parameters, flatten_parameters
+from npformer.nn.module import Parameter
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training import SGD, Adam, AdamW, clip_grad_norm
 from npformer.training import amp as amp_module
@@ -216,8 +219,9 @@ def test_mixed_precision_flat_equals_per_parameter_with_a_skipped_step(xp, calls
         np.testing.assert_array_equal(host(a.data), host(b.data))
     for _, p, m in flat[1]._pairs:                                  # the model is its masters, rounded
         np.testing.assert_array_equal(host(p.data), host(m.data).astype(np.float16))
-    # a stepped step: two AdamW runs, the finite check and the clip's norm; the skipped one: the check
-    assert flat_calls["adam_update"] == 5 * 2 and flat_calls["sum_of_squares"] == 6 + 5
+    # a stepped step: two AdamW runs and one sum of squares (the finite check, whose sum is also the clip's
+    # norm); the skipped one: the check
+    assert flat_calls["adam_update"] == 5 * 2 and flat_calls["sum_of_squares"] == 6
     assert flat_parameters(flat[0]) is not None and flat[1]._flat.intact()
     for master_buffer in flat[1]._flat.buffers:
         assert master_buffer.mirror is None                         # set for the step only
@@ -241,3 +245,54 @@ def test_the_trainers_flatten_their_model_and_step_flat(monkeypatch):
         assert seen == [1, 1]                                       # two 1-d runs: decayed weights, the rest
         if precision == "float16":
             assert trainer.amp._flat is not None and trainer.amp._flat.intact()
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["per-parameter", "flat"])
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_mixed_precision_steps_as_if_the_gradients_were_unscaled_and_clipped_in_float32(xp, flat, precision):
+    """The masters step with the model's 16-bit gradients times c / S: the bits of the float32 copy of the
+    gradients divided by S, then clipped (the update as it was before 2026-11-29), which this test makes
+    by hand and steps with the same optimiser rules; the norm is the same float too."""
+    if precision == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 is ml_dtypes' dtype (the bfloat16 extra)")
+    model = GPT(CFG, dtype="float32", backend=_backend(xp), rng=0)
+    if flat:
+        flatten_parameters(model)
+    amp = MixedPrecision(model, precision)
+    opt = AdamW(amp.named_parameters(), lr=1e-2, weight_decay=0.1)
+    hand = [m.data.copy() for m in amp.parameters()]                 # the masters, stepped by hand
+    hand_opt = AdamW([Parameter(h, decay=m.decay) for h, m in zip(hand, amp.parameters())], lr=1e-2, weight_decay=0.1)
+    for step, max_norm in enumerate([0.05, None, 1e6]):             # clipped, not asked, not reached
+        model.manual_seed((0, step))
+        r = np.random.default_rng(step)
+        x, y = xp.asarray(r.integers(0, 11, (4, 8))), xp.asarray(r.integers(0, 11, (4, 8)))
+        logits = model(x)
+        _, cache = cross_entropy_forward(logits.astype(xp.float32), y)
+        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+        S = amp._scale()
+        g32 = [p.grad.astype(xp.float32) * (1.0 / S) for _, p, _ in amp._pairs]   # exact: S a power of two
+        norm = math.sqrt(sum(float((g.astype(xp.float64) ** 2).sum()) for g in g32))
+        for p, g in zip(hand_opt.param_groups[0]["params"], g32):
+            p.grad = g
+        with kernels.disabled():
+            if max_norm is not None:
+                clip_grad_norm(hand_opt.param_groups[0]["params"], max_norm)
+            hand_opt.step()
+        result = amp.step(opt, max_norm=max_norm)
+        assert result.stepped and (result.grad_norm is None) == (max_norm is None)
+        if max_norm is not None:
+            assert result.grad_norm == pytest.approx(norm, rel=1e-12)
+        for m, h in zip(amp.parameters(), hand_opt.param_groups[0]["params"]):
+            np.testing.assert_array_equal(host(m.data), host(h.data))
+
+
+def test_mixed_precision_keeps_no_float32_copy_of_the_gradients(xp):
+    """The flat masters' gradient buffer is the model's 16-bit one: model weights, model gradients and
+    float32 masters are 8 bytes a parameter (AdamW's moments, 8 more, come with its first step)."""
+    model = GPT(CFG, dtype="float32", backend=_backend(xp), rng=0)
+    flatten_parameters(model)
+    amp = MixedPrecision(model, "float16")
+    (master,), (model_buffer,) = amp._flat.buffers, flat_parameters(model).buffers
+    assert master.grad is model_buffer.grad and master.grad.dtype == np.float16
+    held = {id(a): a.nbytes for b in (master, model_buffer) for a in (b.data, b.grad)}
+    assert sum(held.values()) == 8 * master.size

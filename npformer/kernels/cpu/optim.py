@@ -15,7 +15,7 @@ import numpy
 from npformer.checks import expect_float, expect_shape
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, blockwise
-from npformer.ops.optim import SQUARES_LANES, add_squares_to_lanes, check_update_arrays, sum_lanes
+from npformer.ops.optim import SQUARES_LANES, add_squares_to_lanes, check_update_arrays, scaled_grad, sum_lanes
 
 __all__ = ["adam_update", "sum_of_squares", "accepts_adam"]
 
@@ -27,15 +27,17 @@ def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperpa
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
-                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None) -> None:
+                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None,
+                grad_scale: float = 1.0) -> None:
     """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
-    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
     bias2, step_size = math.sqrt(1.0 - beta2 ** step), lr / (1.0 - beta1 ** step)
 
     def block(p, g, m, v, *copy):
+        g = scaled_grad(g, p, grad_scale)                           # g = grad * grad_scale, in p's dtype
         tmp = numpy.empty_like(p)
         if l2:
             g = numpy.add(numpy.multiply(p, weight_decay), g)       # g = p wd + g (a block-sized array)

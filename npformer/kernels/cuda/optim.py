@@ -1,7 +1,7 @@
 """The optimiser as one kernel launch (reference: :mod:`npformer.ops.optim`).
 
-    adam_update:     m, v, p (and the float16 or bfloat16 copy of p, under mixed precision) in one pass over
-                     the arrays: a whole flat buffer (:mod:`npformer.nn.flat`) in one launch, where
+    adam_update:     m, v, p (and the float16 or bfloat16 copy of p, under mixed precision, whose
+                     16-bit gradients it may read with their scale) in one pass over the arrays: a whole flat buffer (:mod:`npformer.nn.flat`) in one launch, where
                      the reference runs a dozen CuPy kernels, and the plain optimiser a dozen per
                      parameter
     sum_of_squares:  sum x^2 in float64 (gradient clipping's norm, mixed precision's finite check):
@@ -32,26 +32,33 @@ __all__ = ["adam_update", "sum_of_squares", "accepts_adam", "SQUARES_BLOCKS"]
 
 SQUARES_BLOCKS = 1024   # most blocks (and partial sums) of one sum_of_squares launch
 _ADAM_DTYPES = (numpy.dtype(numpy.float32), numpy.dtype(numpy.float64))
-# the model weights' dtype -> the entry point that writes them (optim.cu); float16 also without a copy
+# the model weights' dtype -> the entry point that writes them (optim.cu), reading float32 gradients or
+# the model's own 16-bit ones (mixed precision's masters stepping with the model's gradients); float16
+# also without a copy
 _COPY_ENTRIES = {"float16": "adam_update", "bfloat16": "adam_bf16_copy_update"}
+_GRAD_ENTRIES = {"float16": "adam_f16_grad_update", "bfloat16": "adam_bf16_grad_update"}
 
 
 def accepts_adam(param, grad, exp_avg, exp_avg_sq, *, param_copy=None, **hyperparameters) -> bool:
     """C-contiguous CuPy float32/float64 arrays of one dtype; a copy, if any, float16 or bfloat16 of a
-    float32 parameter (mixed precision's masters and model), C-contiguous, of the parameter's shape."""
+    float32 parameter (mixed precision's masters and model), C-contiguous, of the parameter's shape;
+    the gradient of the parameter's dtype, or of the copy's (the model's gradients)."""
     arrays = (param, grad, exp_avg, exp_avg_sq)
-    if not (device_floats(*arrays) and param.dtype in _ADAM_DTYPES
+    if not (device_floats(param, exp_avg, exp_avg_sq) and device_floats(grad) and param.dtype in _ADAM_DTYPES
             and all(a.flags.c_contiguous and a.shape == param.shape for a in arrays)):
         return False
-    return param_copy is None or (device_floats(param_copy) and param_copy.dtype.name in _COPY_ENTRIES
-                                  and param.dtype == numpy.float32 and param_copy.flags.c_contiguous
-                                  and param_copy.shape == param.shape)
+    if param_copy is None:
+        return grad.dtype == param.dtype
+    return (device_floats(param_copy) and param_copy.dtype.name in _COPY_ENTRIES and param.dtype == numpy.float32
+            and param_copy.flags.c_contiguous and param_copy.shape == param.shape
+            and grad.dtype in (param.dtype, param_copy.dtype))
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
-                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None) -> None:
+                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None,
+                grad_scale: float = 1.0) -> None:
     """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
-    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
     xp = device_xp(param, grad, exp_avg, exp_avg_sq, param_copy)
@@ -60,9 +67,13 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     t = param.dtype.type                 # each Python number rounded to the dtype, as NumPy does
     copy = param_copy if param_copy is not None else xp.empty(1, dtype=numpy.float16)   # stand-in, unread
     l2, decoupled_decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
-    entry = "adam_update" if param_copy is None else _COPY_ENTRIES[param_copy.dtype.name]
+    if param_copy is None:
+        entry = "adam_update"
+    else:
+        entries = _GRAD_ENTRIES if grad.dtype != param.dtype else _COPY_ENTRIES
+        entry = entries[param_copy.dtype.name]
     launch_elements(entry, param.dtype, param.size, (
-        param, grad, exp_avg, exp_avg_sq, copy, numpy.int64(param.size),
+        param, grad, exp_avg, exp_avg_sq, copy, numpy.int64(param.size), t(grad_scale),
         t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(weight_decay), t(1.0 - lr * weight_decay),
         t(math.sqrt(1.0 - beta2 ** step)), t(eps), t(lr / (1.0 - beta1 ** step)),
         numpy.int32(l2), numpy.int32(decoupled_decay), numpy.int32(param_copy is not None)))

@@ -33,7 +33,7 @@ OCCUPANCY_FLOORS = {
     "bias_add": (0.75, 1.0), "dropout_fwd": (1.0, 1.0), "dropout_bwd": (1.0, 1.0), "add_dropout_fwd": (1.0, 1.0),
     "add_dropout_ln_fwd": (1.0, 0.75), "add_dropout_ln_bwd": (1.0, 1.0), "cross_entropy_fwd": (1.0, 1.0),
     "cross_entropy_bwd": (1.0, 1.0), "adam_update": (0.625, 0.625), "adam_bf16_copy_update": (0.625, 0.625),
-    "sum_squares": (1.0, 1.0),
+    "adam_f16_grad_update": (0.625, 0.625), "adam_bf16_grad_update": (0.625, 0.625), "sum_squares": (1.0, 1.0),
 }
 
 

@@ -21,10 +21,11 @@ __all__ = ["adam_update", "sum_of_squares"]
 
 
 @njit(nogil=True, error_model="numpy", cache=True)     # no fastmath: the reference's roundings, operation by operation
-def _adam(p, g, m, v, l2, wd, decay, b1, one_minus_b1, b2, one_minus_b2, bias2, eps, step_size, start, stop):
+def _adam(p, g, m, v, scale, l2, wd, decay, b1, one_minus_b1, b2, one_minus_b2, bias2, eps, step_size, start, stop):
     p, g, m, v = p[start:stop], g[start:stop], m[start:stop], v[start:stop]
     for i in range(p.size):
-        gi = p[i] * wd + g[i] if l2 else g[i]
+        gi = g[i] * scale                                   # exact for scale 1
+        gi = p[i] * wd + gi if l2 else gi
         pi = p[i] * decay
         mi = m[i] * b1
         mi = mi + gi * one_minus_b1
@@ -51,13 +52,14 @@ def _squares(x, lanes):
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1: float, beta2: float,
-                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None) -> None:
+                eps: float, weight_decay: float = 0.0, decoupled: bool = False, param_copy=None,
+                grad_scale: float = 1.0) -> None:
     """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
-    check_update_arrays(param, grad=grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     t = param.dtype.type
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]       # (N,) views (C-contiguous)
-    over_rows(_adam, flat[0].size, 1, *flat, l2, t(weight_decay), t(1.0 - lr * weight_decay) if decay else t(1.0),
+    over_rows(_adam, flat[0].size, 1, *flat, t(grad_scale), l2, t(weight_decay), t(1.0 - lr * weight_decay) if decay else t(1.0),
               t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(math.sqrt(1.0 - beta2 ** step)), t(eps),
               t(lr / (1.0 - beta1 ** step)))
 

@@ -14,13 +14,14 @@ import pytest
 from hypothesis import given, strategies as st
 
 from npformer import kernels
-from npformer.backend import default_rng
+from npformer.backend import default_rng, resolve_dtype
 from npformer.kernels.cpu.activations import erf_float32
 from npformer.kernels.cpu import activations as cpu_activations
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import linear as cpu_linear
 from npformer.kernels.cpu import threads
 from npformer.ops import activations, attention, dropout, embedding, layernorm, linear, multihead, optim, softmax
+from npformer.errors import InputTypeError
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,
                            padding_masks, randn, seeds)
@@ -195,6 +196,46 @@ def test_adam_update_blocks_give_the_reference_bits(dtype, case, n):
     for name, a, b in zip(("param", "grad", "exp_avg", "exp_avg_sq", "param_copy"), got, ref):
         np.testing.assert_array_equal(a, b, err_msg=name)
     assert not np.array_equal(got[0], p)                              # it did step
+
+
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+@pytest.mark.parametrize("case", ADAM_CASES, ids=["no-decay", "adam-l2", "adamw"])
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** -12, 0.37 * 2.0 ** -12])
+def test_adam_update_reads_16_bit_gradients_with_their_scale(half, case, scale):
+    """Mixed precision's float32 masters step with the model's 16-bit gradients times grad_scale: the blocks
+    and the reference give the bits of the float32 gradient made first, ``float32(g) * float32(scale)``."""
+    if half == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 is ml_dtypes' dtype (the bfloat16 extra)")
+    half = resolve_dtype(np, half)
+    n = 3 * (1 << 16) + 5
+    p, g, m, v = (randn(np, (n,), s, "float32") for s in range(4))
+    g16 = (g * 4096).astype(half)
+    kw = dict(step=7, lr=3e-3, beta1=0.9, beta2=0.98, eps=1e-6, **case)
+
+    def run(grad, grad_scale, copy_dtype=half):
+        arrays = [a.copy() for a in (p, grad, m, v * v)]
+        copy = np.zeros(n, copy_dtype)
+        optim.adam_update(*arrays, param_copy=copy, grad_scale=grad_scale, **kw)
+        return [arrays[0], arrays[2], arrays[3], copy]
+    got, ref = _both(lambda: run(g16, scale))
+    expected = "cpu" if half == np.float16 else "reference"        # ml_dtypes' bfloat16: the reference's
+    assert kernels.implementation(optim.adam_update, p, g16, m, v, param_copy=np.zeros(n, half), grad_scale=scale,
+                                  **kw) == expected
+    made_first = run(g16.astype(np.float32) * np.float32(scale), 1.0)
+    for name, a, b, c in zip(("param", "exp_avg", "exp_avg_sq", "param_copy"), got, ref, made_first):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=name)
+        np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8), err_msg=name)
+
+
+def test_adam_update_takes_no_other_gradient_dtype_than_16_bits_for_a_wider_parameter():
+    kw = dict(step=1, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8)
+    for path in (contextlib.nullcontext, kernels.disabled):
+        for param, grad in ((np.float32, np.float64), (np.float64, np.float32)):
+            p, m, v = np.ones(3, param), np.zeros(3, param), np.zeros(3, param)
+            with path(), pytest.raises(InputTypeError, match=rf"grad: expected {np.dtype(param)} \(the parameter's\), "
+                                                           "or float16 or bfloat16 for a wider parameter"):
+                optim.adam_update(p, np.ones(3, grad), m, v, **kw)
+            assert np.array_equal(p, np.ones(3, param))
 
 
 def test_adam_update_takes_views_in_place_and_rejects_bad_shapes():

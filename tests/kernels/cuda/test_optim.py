@@ -11,7 +11,7 @@ from npformer.kernels import cuda, disabled, implementation
 from npformer.kernels.cuda.optim import SQUARES_BLOCKS
 from npformer.ops import optim
 from tests.helpers import host, randn, seeds
-from tests.kernels.cuda.conftest import DTYPES, assert_close
+from tests.kernels.cuda.conftest import BFLOAT16, DTYPES, assert_close
 
 HALVES = [d for d in DTYPES if d in ("float16", "bfloat16")]     # mixed precision's model weights
 ADAM_CASES = [dict(weight_decay=0.0, decoupled=False), dict(weight_decay=0.05, decoupled=False),
@@ -58,6 +58,30 @@ def test_the_16_bit_copy_is_written_in_the_same_pass(fx, half, n, seed):
     np.testing.assert_array_equal(host(copy).view(np.uint16), ref[0].astype(half).view(np.uint16))
 
 
+@pytest.mark.parametrize("half", HALVES)
+@pytest.mark.parametrize("case", ADAM_CASES, ids=["no-decay", "adam-l2", "adamw"])
+@given(n=st.integers(1, 600), scale=st.sampled_from([1.0, 2.0 ** -16, 0.37 * 2.0 ** -10]), seed=seeds)
+def test_the_masters_step_with_the_models_16_bit_gradients_and_their_scale(fx, half, case, n, scale, seed):
+    """Mixed precision without a float32 copy of the gradients: the kernel reads the model's float16
+    or bfloat16 gradient and multiplies it by ``grad_scale`` (1 / S times a clipping factor), bit for bit
+    with the reference, which is the float32 gradient made first and scaled."""
+    xp = fx.xp
+    half = resolve_dtype(np, half)
+    kw = dict(step=4, lr=3e-3, beta1=0.9, beta2=0.999, eps=1e-8, **case)
+    got = [a.copy() for a in _adam_arrays(xp, n, seed, "float32")]
+    got[1] = (got[1] * 1000).astype(half)                      # the model's gradient, loss-scaled
+    ref = [host(a).copy() for a in got]
+    copy, copy_ref = xp.zeros(n, half), np.zeros(n, half)
+    assert implementation(optim.adam_update, *got, param_copy=copy, grad_scale=scale, **kw) == "cuda"
+    cuda.adam_update(*got, param_copy=copy, grad_scale=scale, **kw)
+    with disabled():
+        g32 = ref[1].astype(np.float32) * np.float32(scale)
+        optim.adam_update(ref[0], g32, ref[2], ref[3], param_copy=copy_ref, **kw)
+    for name, a, b in zip(("param", "exp_avg", "exp_avg_sq"), (got[0], got[2], got[3]), (ref[0], ref[2], ref[3])):
+        np.testing.assert_array_equal(host(a), b, err_msg=name)
+    np.testing.assert_array_equal(host(copy).view(np.uint16), copy_ref.view(np.uint16))
+
+
 def test_the_dispatcher_sends_only_what_the_kernel_takes(fx):
     xp = fx.xp
     kw = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
@@ -70,6 +94,12 @@ def test_the_dispatcher_sends_only_what_the_kernel_takes(fx):
     assert implementation(optim.adam_update, *strided, **kw) != "cuda"
     wide = [a.astype(xp.float64) for a in (p, g, m, v)]         # a float16 copy only of float32 masters
     assert implementation(optim.adam_update, *wide, param_copy=xp.zeros(12, xp.float16), **kw) != "cuda"
+    g16 = g.astype(xp.float16)                                  # 16-bit gradients: those of the copy's dtype
+    assert implementation(optim.adam_update, p, g16, m, v, param_copy=xp.zeros(12, xp.float16), **kw) == "cuda"
+    assert implementation(optim.adam_update, p, g16, m, v, **kw) != "cuda"
+    if BFLOAT16:
+        assert implementation(optim.adam_update, p, g16, m, v, param_copy=xp.zeros(12, resolve_dtype(np, "bfloat16")),
+                              **kw) != "cuda"
     with pytest.raises(ValueError, match="exp_avg_sq: expected shape"):
         cuda.adam_update(p, g, m, v[:5], **kw)
 

@@ -73,6 +73,7 @@ def test_every_entry_point_exists_for_every_dtype():
     kernels = {e[0] for e in source._ENTRY_POINTS}
     optimisers = {"npf_adam_update_f32", "npf_adam_update_f64",        # 16-bit parameters: the reference
                   "npf_adam_bf16_copy_update_f32",                      # float32 masters, a bfloat16 model
+                  "npf_adam_f16_grad_update_f32", "npf_adam_bf16_grad_update_f32",   # ... reading its gradients
                   "npf_sum_squares_f16", "npf_sum_squares_bf16", "npf_sum_squares_f32", "npf_sum_squares_f64"}
     assert names == {f"npf_{k}_{s}" for k in kernels for s in ("f16", "bf16", "f32", "f64")} | optimisers
     assert "@" not in source.CUDA_SOURCE                             # every constant substituted

@@ -317,11 +317,12 @@ def test_exp32_erf32_and_phi32_accuracy():
 @pytest.mark.parametrize("case", [dict(weight_decay=0.0), dict(weight_decay=0.1, decoupled=True),
                                   dict(weight_decay=0.1, decoupled=False)])
 @pytest.mark.parametrize("n", [1, 1000, 300_001])       # one thread, and a buffer cut between threads
-def test_adam_update_gives_the_reference_bits(dtype, case, n):
+@pytest.mark.parametrize("scale", [1.0, 0.37 * 2.0 ** -12])
+def test_adam_update_gives_the_reference_bits(dtype, case, n, scale):
     rng = np.random.default_rng(n)
     arrays = [rng.standard_normal(n).astype(dtype) for _ in range(3)] + [rng.random(n).astype(dtype)]
     fast, ref = [a.copy() for a in arrays], [a.copy() for a in arrays]
-    hyper = dict(step=3, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, **case)
+    hyper = dict(step=3, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, grad_scale=scale, **case)
     assert kernels.implementation(optim.adam_update, *fast, **hyper) == "numba"
     optim.adam_update(*fast, **hyper)
     with kernels.disabled():
@@ -334,6 +335,7 @@ def test_adam_update_leaves_mixed_precision_copies_and_bad_shapes_to_the_others(
     p, copy = np.ones(4, np.float32), np.ones(4, np.float16)
     hyper = dict(step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8)
     assert kernels.implementation(optim.adam_update, p, p.copy(), p.copy(), p.copy(), param_copy=copy, **hyper) == "cpu"
+    assert kernels.implementation(optim.adam_update, p, p.astype(np.float16), p.copy(), p.copy(), **hyper) == "cpu"
     with pytest.raises(ValueError, match="grad: expected shape"):
         optim.adam_update(p, np.ones(3, np.float32), p.copy(), p.copy(), **hyper)
 
