@@ -223,7 +223,8 @@ def report(m, precision: str, T: int, dropout: float, with_torch: bool) -> str:
         weights = sum(n for (where, _, _), n in fixed.items() if where == "layer")
         out += [f"### {side}: kept for the backward, one layer, growing with the tokens (MB at {tokens} tokens)", "",
                 _table(rows, ("array", "dtype", "MB")), "",
-                f"one layer: {layer / MB:.1f} MB (" + ", ".join(f"{d} {v / MB:.1f}" for d, v in sorted(per_dtype.items()))
+                f"one layer: {layer / MB:.1f} MB ("
+                + ", ".join(f"{d} {v / MB:.1f}" for d, v in sorted(per_dtype.items()))
                 + f"); {m.L} layers: {m.L * layer / MB:.0f} MB. Outside the layers: "
                 + ", ".join(f"{k} {v / MB:.0f} MB" for k, v in sorted(outside.items()))
                 + f". Kept whatever the tokens (16-bit copies of the weights): {weights / MB:.1f} MB a layer", ""]

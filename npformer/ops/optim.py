@@ -40,8 +40,8 @@ from npformer.checks import checked_by_caller, describe, expect_float, expect_sa
 from npformer.dispatch import dispatched
 from npformer.errors import InputTypeError
 
-__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "scaled_grad", "add_squares_to_lanes",
-           "sum_lanes", "SQUARES_CHUNK", "SQUARES_LANES"]
+__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "scaled_grad",
+           "add_squares_to_lanes", "sum_lanes", "SQUARES_CHUNK", "SQUARES_LANES"]
 
 SQUARES_CHUNK = 1 << 20     # elements converted to float64 at a time by sum_of_squares (8 MB)
 SQUARES_LANES = 64          # the sum's lanes (module docstring); SQUARES_CHUNK is a multiple of it

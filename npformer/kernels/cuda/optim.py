@@ -1,9 +1,9 @@
 """The optimiser as one kernel launch (reference: :mod:`npformer.ops.optim`).
 
     adam_update:     m, v, p (and the float16 or bfloat16 copy of p, under mixed precision, whose
-                     16-bit gradients it may read with their scale) in one pass over the arrays: a whole flat buffer (:mod:`npformer.nn.flat`) in one launch, where
-                     the reference runs a dozen CuPy kernels, and the plain optimiser a dozen per
-                     parameter
+                     16-bit gradients it may read with their scale) in one pass over the arrays: a
+                     whole flat buffer (:mod:`npformer.nn.flat`) in one launch, where the reference
+                     runs a dozen CuPy kernels, and the plain optimiser a dozen per parameter
     sum_of_squares:  sum x^2 in float64 (gradient clipping's norm, mixed precision's finite check):
                      one launch of block partial sums (a fixed grid, so a fixed order of additions)
                      and one sum of at most SQUARES_BLOCKS partials

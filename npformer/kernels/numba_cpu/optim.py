@@ -4,7 +4,7 @@
 Adam: each element's parameter, gradient and moments are read once and written once, the
 reference's operations in its order, each constant rounded to the arrays' dtype first and no
 fused multiply-adds, so the bits are the reference's (tested). The buffer is cut into one run per
-thread. Mixed precision's 16-bit ``param_copy`` takes the NumPy fast path.
+thread. Mixed precision's 16-bit ``param_copy`` and gradients take the NumPy fast path.
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     t = param.dtype.type
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]       # (N,) views (C-contiguous)
-    over_rows(_adam, flat[0].size, 1, *flat, t(grad_scale), l2, t(weight_decay), t(1.0 - lr * weight_decay) if decay else t(1.0),
-              t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(math.sqrt(1.0 - beta2 ** step)), t(eps),
+    over_rows(_adam, flat[0].size, 1, *flat, t(grad_scale), l2, t(weight_decay),
+              t(1.0 - lr * weight_decay) if decay else t(1.0), t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(math.sqrt(1.0 - beta2 ** step)), t(eps),
               t(lr / (1.0 - beta1 ** step)))
 
 
