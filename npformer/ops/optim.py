@@ -35,12 +35,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from npformer.backend import get_array_module
+from npformer.backend import get_array_module, is_float_dtype
 from npformer.checks import checked_by_caller, describe, expect_float, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import InputTypeError
 
-__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "scaled_grad",
+__all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "grad_dtype_fits", "scaled_grad",
            "add_squares_to_lanes", "sum_lanes", "SQUARES_CHUNK", "SQUARES_LANES"]
 
 SQUARES_CHUNK = 1 << 20     # elements converted to float64 at a time by sum_of_squares (8 MB)
@@ -57,9 +57,15 @@ def check_update_arrays(param, grad, **arrays) -> None:
     expect_same_dtype(param=param, **arrays)
     if grad.dtype != param.dtype and not checked_by_caller():
         expect_float(grad, "grad")
-        if not grad.dtype.itemsize == 2 < param.dtype.itemsize:
+        if not grad_dtype_fits(grad.dtype, param.dtype):
             raise InputTypeError(f"grad: expected {param.dtype} (the parameter's), or float16 or bfloat16 for a "
                                  f"wider parameter, got {describe(grad)}")
+
+
+def grad_dtype_fits(grad_dtype, dtype) -> bool:
+    """A gradient of ``grad_dtype`` can update a parameter of ``dtype``: the same dtype, or a 16-bit
+    float gradient of a wider parameter (mixed precision's)."""
+    return grad_dtype == dtype or (is_float_dtype(grad_dtype) and grad_dtype.itemsize == 2 < dtype.itemsize)
 
 
 def scaled_grad(grad, param, grad_scale: float):

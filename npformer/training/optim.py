@@ -29,13 +29,13 @@ import math
 from numbers import Real
 from typing import Any
 
-from npformer.backend import backend_name, get_array_module, is_float_dtype, to_device
+from npformer.backend import backend_name, get_array_module, to_device
 from npformer.checks import describe, expect_float, real
 from npformer.dispatch import enabled
 from npformer.errors import InputTypeError
 from npformer.nn.module import Module, Parameter, clear_grads
 from npformer.training.flat_runs import FlatRuns
-from npformer.ops.optim import adam_update, sgd_update, sum_of_squares
+from npformer.ops.optim import adam_update, grad_dtype_fits, sgd_update, sum_of_squares
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm", "clip_coefficient", "covered_buffers"]
 
@@ -57,12 +57,6 @@ def _entries(items: Any, where: str) -> list:
         expect_float(p.data, f"{where}: data of parameter {name or len(out)}")
         out.append((name, p))
     return out
-
-
-def _grad_dtype_fits(grad_dtype, dtype) -> bool:
-    """A gradient of ``grad_dtype`` can update a parameter of ``dtype``: the same, or a 16-bit float
-    gradient of a wider parameter (mixed precision's)."""
-    return grad_dtype == dtype or (is_float_dtype(grad_dtype) and grad_dtype.itemsize == 2 < dtype.itemsize)
 
 
 def _mirror_view(p: Parameter) -> Any:
@@ -183,7 +177,7 @@ class Optimizer:
         todo = [item for item in self._indexed() if item[3].grad is not None]
         for i, _, name, p in todo:
             get_array_module(p.data, p.grad)     # one backend, or a TypeError naming both
-            if tuple(p.grad.shape) != p.shape or not _grad_dtype_fits(p.grad.dtype, p.dtype):
+            if tuple(p.grad.shape) != p.shape or not grad_dtype_fits(p.grad.dtype, p.dtype):
                 raise ValueError(f"parameter {name or i}: grad is {describe(p.grad)} but data is "
                                  f"{describe(p.data)}; they must match in shape and dtype (or the grad be "
                                  "float16 or bfloat16, a wider parameter's under mixed precision)")

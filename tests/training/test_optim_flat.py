@@ -178,22 +178,33 @@ def test_disabled_fast_paths_run_the_per_parameter_loop(xp, calls):
     assert calls["adam_update"] == 2 * 3 * n and calls["sum_of_squares"] == 2 * 3 * n
 
 
-def _amp_run(xp, flat, steps, inf_at=None):
-    """Mixed-precision GPT training (float16 model, float32 masters, clip 1.0); an inf in one gradient
-    at step ``inf_at`` (the step is skipped and the scale halves)."""
+def _amp_model(xp, flat, precision="float16"):
+    """A GPT (flattened or not) under MixedPrecision in ``precision``, and AdamW over its masters."""
     model = GPT(CFG, dtype="float32", backend=_backend(xp), rng=0)
     if flat:
         flatten_parameters(model)
-    amp = MixedPrecision(model, "float16")
-    opt = AdamW(amp.named_parameters(), lr=1e-2, weight_decay=0.1)
+    amp = MixedPrecision(model, precision)
+    return model, amp, AdamW(amp.named_parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def _amp_backward(xp, model, amp, step):
+    """Step ``step``'s seeded batch forward, float32 cross-entropy, and backward from S; returns the loss."""
+    model.manual_seed((0, step))
+    r = np.random.default_rng(step)
+    x, y = xp.asarray(r.integers(0, 11, (4, 8))), xp.asarray(r.integers(0, 11, (4, 8)))
+    logits = model(x)
+    loss, cache = cross_entropy_forward(logits.astype(xp.float32), y)
+    model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+    return loss
+
+
+def _amp_run(xp, flat, steps, inf_at=None):
+    """Mixed-precision GPT training (float16 model, float32 masters, clip 1.0); an inf in one gradient
+    at step ``inf_at`` (the step is skipped and the scale halves)."""
+    model, amp, opt = _amp_model(xp, flat)
     results = []
     for step in range(steps):
-        model.manual_seed((0, step))
-        r = np.random.default_rng(step)
-        x, y = xp.asarray(r.integers(0, 11, (4, 8))), xp.asarray(r.integers(0, 11, (4, 8)))
-        logits = model(x)
-        loss, cache = cross_entropy_forward(logits.astype(xp.float32), y)
-        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+        loss = _amp_backward(xp, model, amp, step)
         if step == inf_at:
             model.wpe.weight.grad[0, 0] = xp.inf
         results.append((float(loss), amp.step(opt, max_norm=1.0)))
@@ -255,43 +266,32 @@ def test_mixed_precision_steps_as_if_the_gradients_were_unscaled_and_clipped_in_
     by hand and steps with the same optimiser rules; the norm is the same float too."""
     if precision == "bfloat16":
         pytest.importorskip("ml_dtypes", reason="bfloat16 is ml_dtypes' dtype (the bfloat16 extra)")
-    model = GPT(CFG, dtype="float32", backend=_backend(xp), rng=0)
-    if flat:
-        flatten_parameters(model)
-    amp = MixedPrecision(model, precision)
-    opt = AdamW(amp.named_parameters(), lr=1e-2, weight_decay=0.1)
-    hand = [m.data.copy() for m in amp.parameters()]                 # the masters, stepped by hand
-    hand_opt = AdamW([Parameter(h, decay=m.decay) for h, m in zip(hand, amp.parameters())], lr=1e-2, weight_decay=0.1)
+    model, amp, opt = _amp_model(xp, flat, precision)
+    hand = [Parameter(m.data.copy(), decay=m.decay) for m in amp.parameters()]   # the masters, stepped by hand
+    hand_opt = AdamW(hand, lr=1e-2, weight_decay=0.1)
     for step, max_norm in enumerate([0.05, None, 1e6]):             # clipped, not asked, not reached
-        model.manual_seed((0, step))
-        r = np.random.default_rng(step)
-        x, y = xp.asarray(r.integers(0, 11, (4, 8))), xp.asarray(r.integers(0, 11, (4, 8)))
-        logits = model(x)
-        _, cache = cross_entropy_forward(logits.astype(xp.float32), y)
-        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+        _amp_backward(xp, model, amp, step)
         S = amp._scale()
         g32 = [p.grad.astype(xp.float32) * (1.0 / S) for _, p, _ in amp._pairs]   # exact: S a power of two
         norm = math.sqrt(sum(float((g.astype(xp.float64) ** 2).sum()) for g in g32))
-        for p, g in zip(hand_opt.param_groups[0]["params"], g32):
+        for p, g in zip(hand, g32):
             p.grad = g
         with kernels.disabled():
             if max_norm is not None:
-                clip_grad_norm(hand_opt.param_groups[0]["params"], max_norm)
+                clip_grad_norm(hand, max_norm)
             hand_opt.step()
         result = amp.step(opt, max_norm=max_norm)
         assert result.stepped and (result.grad_norm is None) == (max_norm is None)
         if max_norm is not None:
             assert result.grad_norm == pytest.approx(norm, rel=1e-12)
-        for m, h in zip(amp.parameters(), hand_opt.param_groups[0]["params"]):
+        for m, h in zip(amp.parameters(), hand):
             np.testing.assert_array_equal(host(m.data), host(h.data))
 
 
 def test_mixed_precision_keeps_no_float32_copy_of_the_gradients(xp):
     """The flat masters' gradient buffer is the model's 16-bit one: model weights, model gradients and
     float32 masters are 8 bytes a parameter (AdamW's moments, 8 more, come with its first step)."""
-    model = GPT(CFG, dtype="float32", backend=_backend(xp), rng=0)
-    flatten_parameters(model)
-    amp = MixedPrecision(model, "float16")
+    model, amp, _ = _amp_model(xp, True)
     (master,), (model_buffer,) = amp._flat.buffers, flat_parameters(model).buffers
     assert master.grad is model_buffer.grad and master.grad.dtype == np.float16
     held = {id(a): a.nbytes for b in (master, model_buffer) for a in (b.data, b.grad)}

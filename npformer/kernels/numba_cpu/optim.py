@@ -60,8 +60,8 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]       # (N,) views (C-contiguous)
     over_rows(_adam, flat[0].size, 1, *flat, t(grad_scale), l2, t(weight_decay),
-              t(1.0 - lr * weight_decay) if decay else t(1.0), t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(math.sqrt(1.0 - beta2 ** step)), t(eps),
-              t(lr / (1.0 - beta1 ** step)))
+              t(1.0 - lr * weight_decay) if decay else t(1.0), t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2),
+              t(math.sqrt(1.0 - beta2 ** step)), t(eps), t(lr / (1.0 - beta1 ** step)))
 
 
 def sum_of_squares(x):
