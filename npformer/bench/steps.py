@@ -96,13 +96,12 @@ def _train_forward_backward(model, kind: str, src, tgt, dloss=1.0) -> None:
     """A training step's forward, mean cross-entropy and backward (gradients accumulate), as the trainers
     run it: a GPT takes its head and loss together in chunks of rows (no (B, T, V) logits)."""
     if kind != "gpt":
-        from npformer.backend import get_array_module
+        from npformer.backend import accumulation_dtype, get_array_module
         from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
         logits = model(src, tgt)                                                  # (B, T, V)
         xp = get_array_module(logits)
-        _, cache = cross_entropy_forward(logits.astype(xp.float32) if logits.dtype.itemsize < 4 else logits, tgt)
-        dlogits = cross_entropy_backward(xp.asarray(dloss, dtype=cache.dtype), cache)
-        model.backward(dlogits.astype(logits.dtype, copy=False))
+        _, cache = cross_entropy_forward(logits, tgt, loss_dtype=accumulation_dtype(logits.dtype))   # () float32
+        model.backward(cross_entropy_backward(xp.asarray(dloss, dtype=cache.loss_dtype), cache))  # (B, T, V)
         return
     model.backward_hidden(model.head.cross_entropy(model.hidden(src), tgt, dloss=dloss).dx)
 

@@ -13,7 +13,11 @@ The cache holds no (..., V) array of its own: it keeps the logits (the caller's 
 row's normaliser, log p = (z - shift) - log_sum, so backward recomputes log p exactly as forward
 computed it and writes dz from it (a fused kernel does the same in one pass over each row).
 ``dloss`` is a 0-d array for mean/sum and of shape ``targets.shape`` for none. 16-bit logits are
-computed (and the loss summed) in float32; loss and ``dlogits`` come back in the logits' dtype.
+computed (and the loss summed) in float32; ``dlogits`` comes back in the logits' dtype, and so does the
+loss unless ``loss_dtype`` asks for the accumulation dtype (float32 for 16-bit logits), as mixed
+precision takes it: the loss is then not rounded to 16 bits, ``dloss`` comes in that dtype, and the
+16-bit logits are read where they are, never copied to float32 (the numbers of the op on a float32
+copy, bit for bit: the copy is exact and every step after it is the same).
 Targets may use any integer dtype; ``ignore_index`` may even be a valid class id (it is then ignored).
 """
 from __future__ import annotations
@@ -24,9 +28,9 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import (class_ids, describe, expect_float, expect_grad, expect_int, expect_rows, integer,
                              one_of, probability)
 from npformer.dispatch import dispatched
-from npformer.errors import ShapeError
+from npformer.errors import RangeError, ShapeError
 
-__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "log_normaliser", "loss_divisor", "reduce_losses",
+__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "loss_dtype_for", "log_normaliser", "loss_divisor", "reduce_losses",
            "cross_entropy_forward", "cross_entropy_backward"]
 
 REDUCTIONS = ("mean", "sum", "none")
@@ -45,13 +49,14 @@ class CrossEntropyCache(NamedTuple):
     valid: Any           # (...) bool, not ignored
     smoothing: float
     reduction: str
-    dtype: Any
+    dtype: Any           # the logits' (and dlogits')
+    loss_dtype: Any      # the loss's (and dloss')
 
 
-def check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing):
-    """The forward's checks (every implementation runs them); returns ``(safe_targets, valid, s)``:
-    the targets as int64 with ignored positions set to 0, where they are not ignored, and the
-    smoothing as a float."""
+def check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing, loss_dtype=None):
+    """The forward's checks (every implementation runs them); returns ``(safe_targets, valid, s,
+    loss_dtype)``: the targets as int64 with ignored positions set to 0, where they are not ignored,
+    the smoothing as a float, and the loss's dtype (:func:`loss_dtype_for`)."""
     expect_float(logits, "logits")
     expect_rows(logits, "logits", "(..., V)")
     expect_int(targets, "targets")
@@ -66,7 +71,20 @@ def check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_s
     t = targets.astype(xp.int64, copy=False)             # (...) unsigned ids compare safely with -100
     valid = t != ignore_index                            # (...)
     class_ids(t, valid, v, ignore_index)
-    return xp.where(valid, t, 0), valid, s               # (...), (...), float
+    return xp.where(valid, t, 0), valid, s, loss_dtype_for(logits.dtype, loss_dtype)   # (...), (...), float, dtype
+
+
+def loss_dtype_for(logits_dtype, loss_dtype):
+    """The loss's dtype: the logits' (``loss_dtype`` None), or ``loss_dtype`` when it is the logits'
+    or their accumulation dtype (float32 for 16-bit logits), in which the loss is computed."""
+    choices = (logits_dtype, accumulation_dtype(logits_dtype))
+    if loss_dtype is None:
+        return logits_dtype
+    for choice in choices:
+        if choice == loss_dtype:
+            return choice
+    raise RangeError(f"loss_dtype: expected None, the logits' dtype {choices[0]} or their accumulation "
+                     f"dtype {choices[1]}, got {loss_dtype!r}")
 
 
 def log_normaliser(za):
@@ -100,9 +118,11 @@ def reduce_losses(nll, valid, reduction: str):
 
 @dispatched
 def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
-                          label_smoothing: float = 0.0):
-    """Returns ``(loss, cache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none."""
-    safe_t, valid, s = check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing)
+                          label_smoothing: float = 0.0, loss_dtype=None):
+    """Returns ``(loss, cache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none, in
+    ``loss_dtype`` (default the logits' dtype; or their accumulation dtype)."""
+    safe_t, valid, s, loss_dt = check_cross_entropy_inputs(logits, targets, reduction, ignore_index,
+                                                           label_smoothing, loss_dtype)
     v = logits.shape[-1]
     xp = get_array_module(logits, targets)
     za = xp.ascontiguousarray(logits.astype(accumulation_dtype(logits.dtype), copy=False))   # (..., V) rows
@@ -117,15 +137,15 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
         nll = -(1.0 - s) * picked - (s / v) * logp.sum(axis=-1)                  # (...)
     nll = xp.where(valid, nll, 0)                        # (...) ignored positions contribute 0
     loss = reduce_losses(nll, valid, reduction)          # () or (...)
-    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, s, reduction, logits.dtype)
-    return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
+    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, s, reduction, logits.dtype, loss_dt)
+    return xp.asarray(loss).astype(loss_dt), cache       # () or (...)
 
 
 @dispatched
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
-    """Returns ``dlogits`` (..., V)."""
-    logits, shift, log_sum, t, valid, s, reduction, dtype = cache
-    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
+    """Returns ``dlogits`` (..., V) in the logits' dtype; ``dloss`` has the loss's dtype."""
+    logits, shift, log_sum, t, valid, s, reduction, dtype, loss_dtype = cache
+    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), loss_dtype,
                 f"the loss of reduction={reduction!r}")
     xp = get_array_module(dloss, logits)
     v = logits.shape[-1]

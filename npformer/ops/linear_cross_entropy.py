@@ -18,8 +18,9 @@ linear in it).
 Each chunk runs the unfused ops, ``linear_forward``, ``cross_entropy_forward`` (reduction sum),
 ``cross_entropy_backward`` with ``dloss / N_valid`` and ``linear_backward``, so their fast paths (the
 CUDA cross-entropy kernels) serve here too, and one chunk gives the unfused step's numbers bit for
-bit. The cross-entropy runs in the accumulation dtype (float32 for 16-bit x: the logits are rounded
-to float32 for the loss, dz back to x's dtype for the products, as mixed precision does unfused);
+bit. The cross-entropy runs in the accumulation dtype (float32 for 16-bit x: its loss in float32,
+``loss_dtype``; dz comes back in x's dtype for the products, as mixed precision does unfused; the
+CUDA kernels read the 16-bit logits and write the 16-bit dz with no float32 copy of either);
 with several chunks dW and db add up in that dtype too, rounded to x's dtype once at the end.
 """
 from __future__ import annotations
@@ -79,8 +80,8 @@ def _chunk(x, weight, bias, targets, dloss, acc, ce_options: dict) -> tuple:
     """One chunk of rows: ``(summed loss, dx, dW, db)``; its logits and their gradient live only in here."""
     z, lin = linear_forward(x, weight, bias)                                      # (n, V) x's dtype
     with values_unchecked():                             # the caller checked every target at once
-        loss, ce = cross_entropy_forward(z.astype(acc, copy=False), targets, reduction="sum", **ce_options)
-    dz = cross_entropy_backward(dloss, ce).astype(x.dtype, copy=False)           # (n, V)
+        loss, ce = cross_entropy_forward(z, targets, reduction="sum", loss_dtype=acc, **ce_options)
+    dz = cross_entropy_backward(dloss, ce)                                        # (n, V) x's dtype
     del z, ce                                            # the logits go before the products are made
     return (loss,) + linear_backward(dz, lin)
 

@@ -20,14 +20,14 @@ it trains without a loss scaler (as PyTorch's autocast(bfloat16) does, with no G
 one is an error), with 8 significant bits (u = 2^-8). Its gradients are those of the loss itself
 (S = 1); non-finite ones mean the run diverged, as in float32: ``step`` raises FloatingPointError.
 
-Recipe (a GPT; the loss is computed in float32 from float32 logits)::
+Recipe (a GPT; the loss is computed in float32 from the float16 logits, with no float32 copy of them)::
 
     amp = MixedPrecision(model, "float16")           # rounds the model's weights, keeps float32 masters
     opt = AdamW(amp.named_parameters(), lr=3e-4)     # the optimiser sees the masters only
     for step in ...:
         logits = model(x)                                            # (B, T, V) float16
-        loss, cache = cross_entropy_forward(logits.astype(xp.float32), y)
-        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
+        loss, cache = cross_entropy_forward(logits, y, loss_dtype=xp.float32)   # () float32
+        model.backward(cross_entropy_backward(amp.scaled_dloss(), cache))       # (B, T, V) float16
         result = amp.step(opt, max_norm=1.0)          # unscale, check, clip, update, round down, zero grads
 
 No float32 copy of the gradients is made: the optimiser steps the masters with the model's 16-bit

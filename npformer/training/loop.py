@@ -174,15 +174,15 @@ class Trainer:
     def cross_entropy(self, logits, targets, **kwargs) -> Loss:
         """The cross-entropy of ``logits`` and its gradient ``dlogits``, to start the backward.
 
-        Under mixed precision the loss is computed from float32 logits and the gradient is that of
-        ``S * loss`` (S the loss scale), rounded to the model's 16-bit dtype; ``amp.step`` divides
-        by S again in float32.
+        Under mixed precision the loss is computed in float32 from the 16-bit logits (``loss_dtype``)
+        and the gradient is that of ``S * loss`` (S the loss scale), rounded to the model's 16-bit
+        dtype; ``amp.step`` divides by S again in float32.
         """
         if self.amp is None:
             loss, cache = cross_entropy_forward(logits, targets, **kwargs)
             return Loss(loss, cross_entropy_backward(self.xp.ones((), dtype=logits.dtype), cache), cache.valid)
-        loss, cache = cross_entropy_forward(logits.astype(self.xp.float32), targets, **kwargs)
-        return Loss(loss, cross_entropy_backward(self.amp.scaled_dloss(), cache).astype(self.amp.dtype), cache.valid)
+        loss, cache = cross_entropy_forward(logits, targets, loss_dtype=self.xp.float32, **kwargs)
+        return Loss(loss, cross_entropy_backward(self.amp.scaled_dloss(), cache), cache.valid)
 
     def head_cross_entropy(self, head, hidden, targets, **kwargs) -> Loss:
         """The cross-entropy of ``head(hidden)`` with ``targets`` and the gradient

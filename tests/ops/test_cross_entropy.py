@@ -1,10 +1,15 @@
 """cross_entropy_forward / cross_entropy_backward: numpy references, gradcheck over all reductions
 with smoothing and ignored targets, ignore_index invariants, mean = sum / count, all-ignored batch,
-extreme and 16-bit logits, dtypes, views, torch oracle, bad input."""
+extreme and 16-bit logits (and their loss in float32, ``loss_dtype``), dtypes, views, torch oracle,
+bad input."""
+import importlib.util
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from npformer.errors import RangeError
+from npformer.kernels import disabled
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import NO_TORCH, assert_gradcheck, batch, host, randn, seeds, seq
@@ -196,6 +201,51 @@ def test_float16_mean_accumulates_in_float32(xp):
     np.testing.assert_allclose(float(loss), np.log(4), rtol=1e-3)
     dz = cross_entropy_backward(xp.ones((), dtype=xp.float16), cache)
     assert dz.dtype == xp.float16 and np.all(np.isfinite(host(dz)))
+
+
+# bfloat16 where ml_dtypes (an optional extra) is installed: importing it names numpy.dtype("bfloat16")
+SIXTEEN_BIT = ["float16"] + (["bfloat16"] if importlib.util.find_spec("ml_dtypes") else [])
+if "bfloat16" in SIXTEEN_BIT:
+    importlib.import_module("ml_dtypes")
+
+
+@given(case=ce_cases(), reduction=st.sampled_from(["mean", "sum", "none"]), smoothing=st.sampled_from([0.0, 0.1]),
+       dtype=st.sampled_from(SIXTEEN_BIT), seed=seeds)
+def test_float32_loss_of_16bit_logits_is_that_of_a_float32_copy(xp, case, reduction, smoothing, dtype, seed):
+    """``loss_dtype=float32`` on 16-bit logits: the loss unrounded and dlogits rounded once to the logits'
+    dtype, bit for bit what the op gives on a float32 copy (the mixed-precision recipe), with no copy:
+    the cache holds the 16-bit logits themselves."""
+    lead, v, t_h = case
+    z = randn(xp, lead + (v,), seed, dtype, scale=3.0)
+    t = xp.asarray(t_h)
+    kw = dict(reduction=reduction, label_smoothing=smoothing)
+    dloss = randn(xp, () if reduction != "none" else lead, seed + 1, "float32", scale=1024.0)
+    with disabled():                                     # the reference on both (a fast path may take float32 only)
+        loss, cache = cross_entropy_forward(z, t, loss_dtype=xp.float32, **kw)
+        want, want_cache = cross_entropy_forward(z.astype(xp.float32), t, **kw)
+        dz, want_dz = cross_entropy_backward(dloss, cache), cross_entropy_backward(dloss, want_cache)
+    assert loss.dtype == xp.float32 and cache.logits is z and cache.loss_dtype == xp.float32
+    np.testing.assert_array_equal(host(loss), host(want))
+    assert dz.dtype == z.dtype
+    np.testing.assert_array_equal(host(dz), host(want_dz.astype(z.dtype)))
+
+
+def test_loss_dtype_is_the_logits_or_their_accumulation_dtype(xp):
+    z, t = randn(xp, (3, 4), 0, "float16"), xp.asarray(np.array([0, 1, 3]))
+    assert cross_entropy_forward(z, t, loss_dtype="float16")[0].dtype == xp.float16
+    for dtype in ("float32", "float64"):                 # float32: the default for float32 logits
+        loss, cache = cross_entropy_forward(z.astype(dtype), t, loss_dtype=dtype)
+        assert loss.dtype == dtype and cache.loss_dtype == dtype
+    for bad in ("float64", "int32", "not a dtype", 4):
+        with pytest.raises(RangeError, match=r"loss_dtype: expected None, the logits' dtype float16 or their "
+                                             r"accumulation dtype float32, got "):
+            cross_entropy_forward(z, t, loss_dtype=bad)
+    with pytest.raises(RangeError, match=r"accumulation dtype float32, got dtype\('float64'\)"):
+        cross_entropy_forward(z.astype(xp.float32), t, loss_dtype=np.dtype("float64"))
+    _, cache = cross_entropy_forward(z, t, loss_dtype="float32")
+    with pytest.raises(TypeError, match=r"dloss: expected the dtype of the loss of reduction='mean', float32, "
+                                        r"got .*float16"):
+        cross_entropy_backward(xp.ones((), dtype=xp.float16), cache)
 
 
 def test_float32_matches_float64_and_inputs_untouched(xp):

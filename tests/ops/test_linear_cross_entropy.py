@@ -1,6 +1,6 @@
 """linear_cross_entropy: gradcheck over hypothesis shapes, chunks, masks and reductions; the unfused
-ops' numbers (bit for bit in one chunk); float16 as mixed precision computes it; the chunk's size;
-the memory it saves; torch; bad input."""
+ops' numbers (bit for bit in one chunk); float16 as mixed precision computes it, with no float32 copy
+of the logits; the chunk's size; the memory it saves; torch; bad input."""
 import json
 
 import numpy as np
@@ -101,6 +101,24 @@ def test_low_precision_as_the_unfused_mixed_step(xp, dtype):
         r = host(r).astype(np.float64)
         ulp = float(np.finfo(dtype).eps) * float(abs(r).max())
         np.testing.assert_allclose(host(g).astype(np.float64), r, rtol=0, atol=4 * ulp)
+
+
+def test_a_chunk_hands_its_16bit_logits_to_the_loss_uncopied(monkeypatch):
+    """No float32 copy of a chunk's logits: the cross-entropy reads them as the head wrote them and
+    returns their gradient in float16 (``loss_dtype``: its loss in float32)."""
+    x, w = randn(np, (6, 8), 0, dtype="float16"), randn(np, (40, 8), 1, dtype="float16")
+    t = np.arange(6) % 40
+    seen = []
+    real = lce_module.cross_entropy_forward
+
+    def spy(z, *args, **kwargs):
+        loss, cache = real(z, *args, **kwargs)
+        seen.append((z.dtype, loss.dtype, cache.logits is z))
+        return loss, cache
+    monkeypatch.setattr(lce_module, "cross_entropy_forward", spy)
+    got = linear_cross_entropy(x, w, t, chunk_rows=4)
+    assert seen == [(np.float16, np.float32, True)] * 2
+    assert got.loss.dtype == np.float32 and got.dx.dtype == got.dweight.dtype == np.float16
 
 
 def test_all_ignored_gives_zero_loss_and_zero_gradients(xp):

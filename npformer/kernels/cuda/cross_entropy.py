@@ -27,9 +27,12 @@ def _smoothing_terms(acc, s: float, v: int):
 
 
 def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
-                          label_smoothing: float = 0.0):
-    """Returns ``(loss, CrossEntropyCache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none."""
-    safe_t, valid, s = check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing)
+                          label_smoothing: float = 0.0, loss_dtype=None):
+    """Returns ``(loss, CrossEntropyCache)``: a 0-d array for mean/sum, shape ``targets.shape`` for none,
+    in ``loss_dtype`` (the logits' dtype, or their accumulation dtype: 16-bit logits are read as
+    they are, with no float32 copy)."""
+    safe_t, valid, s, loss_dt = check_cross_entropy_inputs(logits, targets, reduction, ignore_index,
+                                                           label_smoothing, loss_dtype)
     xp = device_xp(logits)
     rows, v = rows_of(logits)
     acc = accumulation_dtype(logits.dtype)
@@ -44,14 +47,14 @@ def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_in
                     (z, t, ok, nll, shift, log_sum, numpy.int64(rows), numpy.int32(v),
                      *_smoothing_terms(acc, s, v)))
     loss = reduce_losses(nll, valid, reduction)          # () or (...), as the reference
-    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, s, reduction, logits.dtype)
-    return xp.asarray(loss).astype(logits.dtype), cache  # () or (...), in the logits' dtype
+    cache = CrossEntropyCache(logits, shift, log_sum, safe_t, valid, s, reduction, logits.dtype, loss_dt)
+    return xp.asarray(loss).astype(loss_dt), cache       # () or (...)
 
 
 def cross_entropy_backward(dloss, cache):
-    """Returns ``dlogits`` (..., V), written in one pass."""
-    logits, shift, log_sum, t, valid, s, reduction, dtype = cache
-    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
+    """Returns ``dlogits`` (..., V) in the logits' dtype, written in one pass."""
+    logits, shift, log_sum, t, valid, s, reduction, dtype, loss_dtype = cache
+    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), loss_dtype,
                 f"the loss of reduction={reduction!r}")
     xp = device_xp(dloss, logits)
     rows, v = rows_of(logits)

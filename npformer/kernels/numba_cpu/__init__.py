@@ -25,7 +25,8 @@ Each has its reference op's signature and cache type, is registered before the N
 ``tests/kernels/numba_cpu``. ``with npformer.kernels.disabled("numba"):`` runs the NumPy fast
 paths instead. Rows are shared out between :mod:`~npformer.kernels.cpu.threads`' threads (the
 compiled loops release the GIL) in parts that depend only on the shape and thread count.
-Float32 and float64 arrays only (16-bit floats take the NumPy fast paths).
+Float32 and float64 arrays only (16-bit floats take the NumPy fast paths), but for the
+cross-entropy, which reads 16-bit logits through a float32 copy as the reference does.
 
 The loops are compiled on first use and cached on disk beside their modules (numba's
 ``cache=True``: later processes load them in milliseconds). Numba keys that cache on the file of

@@ -5,7 +5,9 @@ Forward, per row: the maximum, ``sum exp(z - max)`` (and ``sum z`` with label sm
 pass, then the row's loss from the target's logit; nothing of size (N, V) is written. Backward, per
 row: ``dz = (p - q) dloss / N_valid`` with ``p = exp((z - shift) - log_sum)`` recomputed as forward
 defined it, written straight into the gradient. Loss reductions are NumPy's sums over the (N,) row
-losses, as the reference.
+losses, as the reference. 16-bit logits (float16, bfloat16) are taken too, through a float32 copy
+made for each pass and dropped after it, as the reference computes them: the cache keeps the 16-bit
+logits, and the gradient is rounded once to their dtype.
 """
 from __future__ import annotations
 
@@ -14,14 +16,21 @@ import math
 import numpy
 from numba import njit
 
-from npformer.backend import accumulation_dtype
+from npformer.backend import accumulation_dtype, is_float_dtype
 from npformer.checks import expect_grad
+from npformer.kernels.numba_cpu import AVAILABLE
 from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
 from npformer.kernels.numba_cpu.softmax import row_max
 from npformer.kernels.numba_cpu.vector_math import FASTMATH, vexp
 from npformer.ops.cross_entropy import CrossEntropyCache, check_cross_entropy_inputs, loss_divisor, reduce_losses
 
-__all__ = ["cross_entropy_forward", "cross_entropy_backward"]
+__all__ = ["accepts", "cross_entropy_forward", "cross_entropy_backward"]
+
+
+def accepts(*arrays) -> bool:
+    """NumPy float arrays, 16-bit ones included (logits; dloss): the loops run in their accumulation
+    dtype, float32 for 16-bit logits, as the reference's arithmetic does."""
+    return AVAILABLE and all(type(a) is numpy.ndarray and is_float_dtype(a.dtype) for a in arrays)
 
 
 @njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)
@@ -62,24 +71,26 @@ def _backward_rows(dz, z, shift, log_sum, targets, scale, smoothing, start, stop
 
 
 def cross_entropy_forward(logits, targets, *, reduction: str = "mean", ignore_index: int = -100,
-                          label_smoothing: float = 0.0):
-    safe_t, valid, s = check_cross_entropy_inputs(logits, targets, reduction, ignore_index, label_smoothing)
+                          label_smoothing: float = 0.0, loss_dtype=None):
+    safe_t, valid, s, loss_dt = check_cross_entropy_inputs(logits, targets, reduction, ignore_index,
+                                                           label_smoothing, loss_dtype)
     v = logits.shape[-1]
-    z = numpy.ascontiguousarray(logits).reshape(-1, v)               # (N, V)
-    n, dt = z.shape[0], logits.dtype
+    dt = accumulation_dtype(logits.dtype)
+    z = numpy.ascontiguousarray(logits, dtype=dt).reshape(-1, v)     # (N, V) (a float32 copy of 16-bit logits)
+    n = z.shape[0]
     nll, shift, log_sum = numpy.empty(n, dt), numpy.empty((n, 1), dt), numpy.empty((n, 1), dt)
     over_rows(_forward_rows, n, v, nll, shift[:, 0], log_sum[:, 0], z, safe_t.reshape(-1), valid.reshape(-1),
               dt.type(s), per_thread=CHEAP)
     lead = logits.shape[:-1]
     loss = reduce_losses(nll.reshape(lead), valid, reduction)          # () or (...)
     cache = CrossEntropyCache(logits, shift.reshape(lead + (1,)), log_sum.reshape(lead + (1,)), safe_t, valid,
-                              s, reduction, dt)
-    return numpy.asarray(loss).astype(dt), cache
+                              s, reduction, logits.dtype, loss_dt)
+    return numpy.asarray(loss).astype(loss_dt), cache
 
 
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
-    logits, shift, log_sum, t, valid, s, reduction, dtype = cache
-    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), dtype,
+    logits, shift, log_sum, t, valid, s, reduction, dtype, loss_dtype = cache
+    expect_grad(dloss, "dloss", tuple(t.shape) if reduction == "none" else (), loss_dtype,
                 f"the loss of reduction={reduction!r}")
     v = logits.shape[-1]
     acc = accumulation_dtype(dtype)
@@ -91,4 +102,5 @@ def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     dz = numpy.empty_like(z)
     over_rows(_backward_rows, n, v, dz, z, shift_rows, log_sum_rows, t.reshape(-1), scale, acc.type(s),
               per_thread=CHEAP)
+    del z                                                            # (a 16-bit run's float32 copy)
     return dz.reshape(logits.shape).astype(dtype, copy=False)

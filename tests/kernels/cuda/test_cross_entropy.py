@@ -1,6 +1,7 @@
 """One-pass cross-entropy against the reference op: loss, row normalisers and dlogits for every
 reduction, label smoothing and ignore_index, masked (-inf) classes, extreme logits; either backward on
-either cache; float64 gradchecks through the kernels; what it allocates; bad targets."""
+either cache; 16-bit logits with a float32 loss; float64 gradchecks through the kernels; what it
+allocates; bad targets."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -73,6 +74,26 @@ def test_masked_classes_and_rows(fx, case, smoothing, dtype, seed):
             flat_m[r, flat_t[r]] = False
     flat_z[flat_m] = -np.inf
     _compare(fx, fx.xp.asarray(z), t_h, dtype, "mean", smoothing, seed)
+
+
+@given(case=cases(), reduction=st.sampled_from(["mean", "sum", "none"]), smoothing=st.sampled_from([0.0, 0.1]),
+       dtype=st.sampled_from([d for d in DTYPES if d in ("float16", "bfloat16")]), seed=seeds)
+def test_float32_loss_of_16bit_logits_reads_them_as_they_are(fx, case, reduction, smoothing, dtype, seed):
+    """``loss_dtype=float32``: the kernels read the 16-bit logits and write the 16-bit gradient, and give
+    bit for bit what they give on a float32 copy (its gradient then rounded), the mixed-precision recipe
+    of the reference op."""
+    lead, v, t_h = case
+    z, t = randn(fx.xp, lead + (v,), seed, dtype, scale=3.0), fx.xp.asarray(t_h)
+    kw = dict(reduction=reduction, label_smoothing=smoothing)
+    loss, cache = cuda.cross_entropy_forward(z, t, loss_dtype="float32", **kw)
+    want, want_cache = cuda.cross_entropy_forward(z.astype("float32"), t, **kw)
+    assert loss.dtype == "float32" and cache.logits is z
+    for got, ref in ((loss, want), (cache.shift, want_cache.shift), (cache.log_sum, want_cache.log_sum)):
+        np.testing.assert_array_equal(host(got), host(ref))
+    dloss = randn(fx.xp, loss.shape, seed + 1, "float32", scale=1024.0)
+    dz = cuda.cross_entropy_backward(dloss, cache)
+    assert dz.dtype == dtype
+    np.testing.assert_array_equal(host(dz), host(cuda.cross_entropy_backward(dloss, want_cache).astype(dtype)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -1,11 +1,14 @@
 """Every numba-compiled CPU fast path (npformer.kernels.numba_cpu) against its reference op.
 
-For each: outputs and gradients in float64 and float32 within ``TOL`` (tests/helpers.py) over
-hypothesis-drawn shapes, -inf masks and ignored targets; either backward on either forward's cache;
+For each: outputs and gradients in float64 and float32 (the cross-entropy's of 16-bit logits too)
+within ``TOL`` (tests/helpers.py) over hypothesis-drawn shapes, -inf masks and ignored targets; either backward on either forward's cache;
 a float64 central-difference gradient check through the compiled path; the reference's errors for
 bad input; the same bits whatever the thread count; NaN and infinities as the reference gives them.
 The last test fails when a compiled path is registered without a case here. Skipped without numba.
 """
+import importlib
+import importlib.util
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -23,6 +26,11 @@ from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck
                            padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32")
+# the cross-entropy takes 16-bit logits too; bfloat16 where ml_dtypes (an optional extra) is installed:
+# importing it names numpy.dtype("bfloat16")
+SIXTEEN_BIT = ("float16",) + (("bfloat16",) if importlib.util.find_spec("ml_dtypes") else ())
+if "bfloat16" in SIXTEEN_BIT:
+    importlib.import_module("ml_dtypes")
 shapes = st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple)
 
 
@@ -168,6 +176,36 @@ def test_dropout_backward_of_transposed_gradients_identities_and_bad_gradients()
             dropout.dropout_backward(bad, cache)
         with kernels.disabled(), pytest.raises(NpformerError, match="dout: expected the"):
             dropout.dropout_backward(bad, cache)
+
+
+@given(lead=shapes, v=st.integers(1, 9), seed=seeds, dtype=st.sampled_from(SIXTEEN_BIT),
+       reduction=st.sampled_from(["mean", "sum", "none"]), smoothing=st.sampled_from([0.0, 0.1]),
+       float32_loss=st.booleans(), data=st.data())
+def test_cross_entropy_of_16bit_logits(lead, v, seed, dtype, reduction, smoothing, float32_loss, data):
+    """16-bit logits, read through a float32 copy: the loss in their dtype or (``loss_dtype``) in float32,
+    the gradient in their dtype; the cache keeps the 16-bit logits themselves."""
+    logits = randn(np, lead + (v,), seed, dtype, scale=3.0)
+    targets = np.asarray(data.draw(st.lists(st.integers(-1, v - 1), min_size=int(np.prod(lead, dtype=int)),
+                                            max_size=int(np.prod(lead, dtype=int))))).reshape(lead)
+    kw = dict(reduction=reduction, ignore_index=-1, label_smoothing=smoothing,
+              loss_dtype="float32" if float32_loss else None)
+    assert kernels.implementation(cross_entropy.cross_entropy_forward, logits, targets, **kw) == "numba"
+    loss, cache = cross_entropy.cross_entropy_forward(logits, targets, **kw)
+    with kernels.disabled():
+        loss_ref, cache_ref = cross_entropy.cross_entropy_forward(logits, targets, **kw)
+    assert loss.dtype == loss_ref.dtype == ("float32" if float32_loss else dtype) and cache.logits is logits
+    assert_close(loss, loss_ref, str(loss.dtype), scale=max(1.0, float(np.abs(loss_ref.astype(np.float64)).sum())),
+                 what="cross-entropy loss")
+    dloss = randn(np, loss.shape, seed + 1, str(loss.dtype)) if reduction == "none" else np.asarray(1.5, loss.dtype)
+    with kernels.disabled():
+        ref = cross_entropy.cross_entropy_backward(dloss, cache_ref)
+        ref_on_fast = cross_entropy.cross_entropy_backward(dloss, cache)
+    for label, g in (("compiled", cross_entropy.cross_entropy_backward(dloss, cache)),
+                     ("compiled on the reference cache", cross_entropy.cross_entropy_backward(dloss, cache_ref)),
+                     ("reference on the compiled cache", ref_on_fast)):
+        assert g.dtype == dtype
+        assert_close(g, ref, dtype, scale=max(1.0, float(np.abs(dloss.astype(np.float64)).max())),
+                     what=f"cross-entropy grad, {label}")
 
 
 def test_cross_entropy_of_masked_logits_and_all_ignored_targets():
