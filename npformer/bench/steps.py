@@ -119,8 +119,8 @@ def _forward_backward(model, kind: str, src, tgt) -> tuple:
 
 def _npformer_step(b, m: ModelSpec, src_ids, tgt_ids) -> Callable[[], Any]:
     """zero_grad, forward, cross-entropy, backward, AdamW over the flat buffers (as the trainers
-    do); under float16 through MixedPrecision (float32 logits for the loss, the scaled gradient,
-    unscale, check, step, round down); with ``graph`` the forward and backward replayed from a CUDA
+    do); under float16 through MixedPrecision (the loss in float32 from the 16-bit logits, the scaled
+    gradient, unscale, check, step, round down); with ``graph`` the forward and backward replayed from a CUDA
     graph and AdamW run after it."""
     from npformer.nn.flat import flatten_parameters
     from npformer.training.amp import MixedPrecision

@@ -128,7 +128,7 @@ def _numba_paths() -> tuple:
         (layernorm.layer_norm_forward, "numba", nb_layernorm.layer_norm_forward,
          takes(floats, "x", "weight", "bias")),
         (layernorm.layer_norm_backward, "numba", nb_layernorm.layer_norm_backward,
-         takes(floats, "dy", "cache.xhat", "cache.weight")),
+         takes(floats, "dy", "cache.x", "cache.weight")),
         (cross_entropy.cross_entropy_forward, "numba", nb_cross_entropy.cross_entropy_forward,
          takes(nb_cross_entropy.accepts, "logits")),
         (cross_entropy.cross_entropy_backward, "numba", nb_cross_entropy.cross_entropy_backward,

@@ -8,7 +8,11 @@ Backward in the closed form (no graph through mean and var), with g = dy * w:
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
     dw = sum over rows of dy * xhat,     db = sum over rows of dy
 
-The cache keeps ``xhat`` and ``rstd``: ``xhat`` costs one array but saves recomputing it.
+The cache keeps the input x itself (not a copy) and each row's mu and rstd, as PyTorch's layer norm
+does; the backward recomputes xhat = (x - mu) * rstd from them, the forward's arithmetic, so the bits
+are the forward's. For 16-bit input that keeps 2 bytes an element where a float32 xhat took 4 (and
+the GPU kernels write no xhat: 4 bytes an element less written, 2 less read). Since x is kept, not
+copied, changing it in place before the backward changes the gradient, as for a linear layer's input.
 A constant row has var = 0, so xhat = 0 and y = b (eps > 0 keeps rstd finite). 16-bit inputs
 are normalised in float32 and rounded back.
 """
@@ -20,15 +24,21 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import expect_grad, expect_rows, expect_same_float, expect_shape, real
 from npformer.dispatch import dispatched
 
-__all__ = ["LayerNormCache", "check_layer_norm_inputs", "check_layer_norm_grad", "layer_norm_forward", "layer_norm_backward"]
+__all__ = ["LayerNormCache", "normalised", "check_layer_norm_inputs", "check_layer_norm_grad", "layer_norm_forward", "layer_norm_backward"]
 
 
 class LayerNormCache(NamedTuple):
-    xhat: Any        # (..., C) normalised input, in the accumulation dtype
-    rstd: Any        # (..., 1)
+    x: Any           # (..., C) the input (not a copy), in its dtype
+    mean: Any        # (..., 1) mu, in the accumulation dtype
+    rstd: Any        # (..., 1) in the accumulation dtype
     weight: Any      # (C,) or None
     has_bias: bool
     dtype: Any       # the input's dtype (gradients are returned in it)
+
+
+def normalised(cache: LayerNormCache):
+    """xhat = (x - mu) * rstd (..., C) in the accumulation dtype, as the forward computed it."""
+    return (cache.x.astype(cache.mean.dtype, copy=False) - cache.mean) * cache.rstd
 
 
 def check_layer_norm_inputs(x, weight, bias, eps) -> None:
@@ -56,19 +66,20 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     y = xhat if weight is None else xhat * weight        # (..., C)
     if bias is not None:
         y = y + bias
-    return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype)
+    return y.astype(x.dtype, copy=False), LayerNormCache(x, mu, rstd, weight, bias is not None, x.dtype)
 
 
 def check_layer_norm_grad(dy, cache: LayerNormCache) -> None:
     """The backward's check: ``dy`` is the gradient of the forward's output."""
-    expect_grad(dy, "dy", cache.xhat.shape, cache.dtype)
+    expect_grad(dy, "dy", cache.x.shape, cache.dtype)
 
 
 @dispatched
 def layer_norm_backward(dy, cache: LayerNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     check_layer_norm_grad(dy, cache)
-    xhat, rstd, weight, has_bias, dtype = cache
+    _, _, rstd, weight, has_bias, dtype = cache
+    xhat = normalised(cache)                             # (..., C) fwd: xhat = (x - mu) * rstd
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
     # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy  (over every row),  dxhat = dy * w

@@ -1,9 +1,11 @@
-"""layer_norm_forward / layer_norm_backward: reference, invariants, gradcheck, extreme rows, bad input."""
+"""layer_norm_forward / layer_norm_backward: reference, invariants, gradcheck, the cache (the input and
+row statistics), extreme rows, bad input."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
+from npformer.kernels import disabled
+from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward, normalised
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
 
@@ -52,6 +54,26 @@ def test_constant_rows_give_the_bias_and_no_nan(xp, dtype):
     np.testing.assert_array_equal(host(y), np.broadcast_to(host(b), (3, 6)))
     dx, dw, db = layer_norm_backward(xp.ones_like(x), cache)
     assert all(np.isfinite(host(g)).all() for g in (dx, dw, db))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_the_cache_is_the_input_and_row_statistics(xp, dtype):
+    """The cache keeps x itself and mu and rstd per row (no (..., C) array of its own, so 2 bytes an
+    element for 16-bit input); the backward's xhat = (x - mu) * rstd is the forward's, bit for bit."""
+    x = randn(xp, (2, 3, 16), 0, dtype, scale=2.0) + xp.asarray(3.0, dtype=dtype)
+    w, b = randn(xp, (16,), 1, dtype), randn(xp, (16,), 2, dtype)
+    with disabled():                                      # the reference's own cache
+        y, cache = layer_norm_forward(x, w, b)
+    acc = xp.float32 if dtype == "float16" else xp.dtype(dtype)
+    assert cache.x is x and cache.mean.shape == cache.rstd.shape == (2, 3, 1)
+    assert cache.mean.dtype == cache.rstd.dtype == acc
+    assert [f for f in cache if getattr(f, "shape", None) == x.shape] == [x]
+    xa = x.astype(acc)                                    # the forward's steps, by hand
+    mu = xa.mean(axis=-1, keepdims=True)
+    rstd = 1.0 / xp.sqrt(((xa - mu) * (xa - mu)).mean(axis=-1, keepdims=True) + 1e-5)
+    xhat = (xa - mu) * rstd
+    np.testing.assert_array_equal(host(normalised(cache)), host(xhat))
+    np.testing.assert_array_equal(host(y), host((xhat * w + b).astype(dtype)))
 
 
 def test_long_rows_float32_match_float64(xp):

@@ -5,7 +5,8 @@ The variance ``sum (x - mu)^2 / C`` and the backward's ``mean(g * xhat)`` are ro
 (``einsum("...c,...c->...")``), which never build the (..., C) product the reference's
 ``(xc * xc).mean(-1)`` allocates, and the row means are ``einsum`` row sums (NumPy's ``mean`` along
 a short last axis pays a reduction call per row: 99 against 40 us for 2048 rows of 128); the
-backward updates its one (..., C) array in place.
+backward recomputes xhat from the cache (:func:`~npformer.ops.layernorm.normalised`, the forward's
+arithmetic) and updates its one other (..., C) array in place.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
-from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
+from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs, normalised
 
 __all__ = ["layer_norm_forward", "layer_norm_backward"]
 
@@ -30,12 +31,13 @@ def layer_norm_forward(x, weight=None, bias=None, eps: float = 1e-5):
     y = xhat * weight if weight is not None else xhat.copy()   # (..., C)
     if bias is not None:
         y += bias
-    return y.astype(x.dtype, copy=False), LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype)
+    return y.astype(x.dtype, copy=False), LayerNormCache(x, mu, rstd, weight, bias is not None, x.dtype)
 
 
 def layer_norm_backward(dy, cache):
-    xhat, rstd, weight, has_bias, dtype = cache
-    expect_grad(dy, "dy", xhat.shape, dtype)
+    _, _, rstd, weight, has_bias, dtype = cache
+    expect_grad(dy, "dy", cache.x.shape, dtype)
+    xhat = normalised(cache)                             # (..., C) fwd: xhat = (x - mu) * rstd
     c = xhat.shape[-1]
     dya = dy.astype(xhat.dtype, copy=False)
     rows = dya.reshape(-1, c)                            # (N, C)

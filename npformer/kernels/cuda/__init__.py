@@ -25,7 +25,7 @@ bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h), and the f
 feed-forward (GELU)        x W1^T, the bias + GELU + dropout kernel, the second linear;
                            backward through the fused bias + GELU backward (own module)
 residual + dropout (+ LN)  s = x + dropout(branch) in one elementwise kernel; with the layer
-                           norm that follows, one block per row (s, mask, y, xhat, rstd);
+                           norm that follows, one block per row (s, mask, y, mu, rstd);
                            backward: dx = ds + LN'(dy), dbranch = dx m in one row pass
 cross-entropy              one block per row, one read of the logits: running max and sum of
                            exponentials, the row's loss; backward writes dlogits directly

@@ -28,11 +28,11 @@ __device__ void npf_add_dropout_fwd(const T* x, const T* br, const float* u, T* 
 
 // Residual add, dropout and layer norm of each row of n values; one block per row.
 //   s = x + branch m  (as npf_add_dropout_fwd; written: the residual stream)
-//   y = LN(s) with w, b optional: mu, var in two passes over s, xhat and rstd kept (as npf_layer_norm_fwd)
+//   y = LN(s) with w, b optional: mu, var in two passes over s, mu and rstd kept (as npf_layer_norm_fwd)
 // Each thread reads back only the entries of s it wrote itself (the same i), so no barrier is needed.
 template <typename T, typename A>
 __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const float* u, const T* w, const T* b, T* s,
-                                       bool* keep, T* y, A* xhat, A* rstd, long long rows, int n, float p, A scale,
+                                       bool* keep, T* y, A* mean, A* rstd, long long rows, int n, float p, A scale,
                                        int drop, A eps, int has_w, int has_b, A* buf) {
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
@@ -57,37 +57,40 @@ __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const float* u, 
         A r = A(1) / npf_sqrt(npf_block_sum(v, buf) / A(n) + eps);
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             A h = (npf_load(s[o + i]) - mu) * r;
-            xhat[o + i] = h;
             A out = has_w ? h * npf_load(w[i]) : h;
             if (has_b) out += npf_load(b[i]);
             npf_store(y + o + i, out);
         }
-        if (threadIdx.x == 0) rstd[row] = r;
+        if (threadIdx.x == 0) {
+            mean[row] = mu;
+            rstd[row] = r;
+        }
     }
 }
 
-// Its backward for each row; one block per row.  g = dy w (w optional),
+// Its backward for each row; one block per row.  g = dy w (w optional), xhat = (s - mu) rstd recomputed,
 //   dsn = rstd (g - mean g - xhat mean(g xhat))   (rounded to T: layer norm's dx)
 //   dx = ds + dsn  (has_ds; rounded to T; the gradient of s, which is also x's),
 //   dbranch = dx m  (drop; m = keep ? scale : 0)
 template <typename T, typename A>
-__device__ void npf_add_dropout_ln_bwd(const T* dy, const T* ds, const A* xhat, const A* rstd, const T* w,
-                                       const bool* keep, A scale, T* dx, T* dbr, long long rows, int n, int has_w,
-                                       int has_ds, int drop, A* buf) {
+__device__ void npf_add_dropout_ln_bwd(const T* dy, const T* ds, const T* s, const A* mean, const A* rstd,
+                                       const T* w, const bool* keep, A scale, T* dx, T* dbr, long long rows, int n,
+                                       int has_w, int has_ds, int drop, A* buf) {
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
+        A mu = mean[row], r = rstd[row];
         A sg = A(0), sgh = A(0);
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             A g = has_w ? npf_load(dy[o + i]) * npf_load(w[i]) : npf_load(dy[o + i]);
             sg += g;
-            sgh += g * xhat[o + i];
+            sgh += g * ((npf_load(s[o + i]) - mu) * r);
         }
         A mean_g = npf_block_sum(sg, buf) / A(n);
         A mean_gh = npf_block_sum(sgh, buf) / A(n);
-        A r = rstd[row];
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             A g = has_w ? npf_load(dy[o + i]) * npf_load(w[i]) : npf_load(dy[o + i]);
-            A d = npf_round<T, A>(((g - mean_g) - xhat[o + i] * mean_gh) * r);
+            A h = (npf_load(s[o + i]) - mu) * r;
+            A d = npf_round<T, A>(((g - mean_g) - h * mean_gh) * r);
             if (has_ds) d = npf_round<T, A>(npf_load(ds[o + i]) + d);
             npf_store(dx + o + i, d);
             npf_store(dbr + o + i, drop ? d * (keep[o + i] ? scale : A(0)) : d);

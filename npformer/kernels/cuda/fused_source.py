@@ -21,12 +21,12 @@ FUSED_ENTRY_POINTS = (
     ("add_dropout_fwd", "const T* x, const T* br, const float* u, T* s, bool* keep, long long total, float p, "
      "A scale, int drop", "npf_add_dropout_fwd<T, A>(x, br, u, s, keep, total, p, scale, drop)", ""),
     ("add_dropout_ln_fwd", "const T* x, const T* br, const float* u, const T* w, const T* b, T* s, bool* keep, "
-     "T* y, A* xhat, A* rstd, long long rows, int n, float p, A scale, int drop, A eps, int has_w, int has_b",
-     "npf_add_dropout_ln_fwd<T, A>(x, br, u, w, b, s, keep, y, xhat, rstd, rows, n, p, scale, drop, eps, "
+     "T* y, A* mean, A* rstd, long long rows, int n, float p, A scale, int drop, A eps, int has_w, int has_b",
+     "npf_add_dropout_ln_fwd<T, A>(x, br, u, w, b, s, keep, y, mean, rstd, rows, n, p, scale, drop, eps, "
      "has_w, has_b, buf)", "row"),
-    ("add_dropout_ln_bwd", "const T* dy, const T* ds, const A* xhat, const A* rstd, const T* w, "
+    ("add_dropout_ln_bwd", "const T* dy, const T* ds, const T* s, const A* mean, const A* rstd, const T* w, "
      "const bool* keep, A scale, T* dx, T* dbr, long long rows, int n, int has_w, int has_ds, int drop",
-     "npf_add_dropout_ln_bwd<T, A>(dy, ds, xhat, rstd, w, keep, scale, dx, dbr, rows, n, has_w, has_ds, drop, "
+     "npf_add_dropout_ln_bwd<T, A>(dy, ds, s, mean, rstd, w, keep, scale, dx, dbr, rows, n, has_w, has_ds, drop, "
      "buf)", "row"),
     ("cross_entropy_fwd", "const T* z, const long long* t, const bool* valid, A* loss, A* shift, A* log_sum, "
      "long long rows, int n, A one_minus_ls, A ls_over_n, int smooth",

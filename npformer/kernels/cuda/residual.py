@@ -1,7 +1,7 @@
 """Residual add + dropout (+ layer norm) as one kernel (reference: :mod:`npformer.ops.residual`).
 
     s = x + branch m  (m = [u >= p] / (1 - p), u the dropout op's draws for one seed)   one elementwise kernel
-    s as above, then y = LN(s)                one block per row: s, the mask, y, xhat, rstd written
+    s as above, then y = LN(s)                one block per row: s, the mask, y, mu, rstd written
     backward: dx = ds + LN'(dy), dbranch = dx m     one block per row; dweight, dbias in the layer-norm
                                                     kernels' column pass
 
@@ -16,7 +16,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.dropout import keep_arguments, keep_draws
-from npformer.kernels.cuda.layernorm import check_cache_dtypes, layer_norm_param_grads
+from npformer.kernels.cuda.layernorm import layer_norm_param_grads, statistics_of
 from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, launch_elements, launch_rows, rows_of
 from npformer.ops import residual
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
@@ -80,28 +80,29 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
-    xhat = xp.empty(x.shape, dtype=acc)                  # (..., C)
+    mean = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
     if rows:
         # s = x + branch * m;  y = LN(s): one block per row
         launch_rows("add_dropout_ln_fwd", x.dtype, rows, n,
-                    (x, branch, u, w, b, s, keep, y, xhat, rstd, numpy.int64(rows), numpy.int32(n),
+                    (x, branch, u, w, b, s, keep, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
                      numpy.float32(p), scale, drop, acc.type(eps), numpy.int32(weight is not None),
                      numpy.int32(bias is not None)))
     return s, y, residual.ResidualNormCache(_cache(keep, p, x, active),
-                                            LayerNormCache(xhat, rstd, weight, bias is not None, x.dtype))
+                                            LayerNormCache(s, mean, rstd, weight, bias is not None, x.dtype))
 
 
 def residual_dropout_layer_norm_backward(ds, dy, cache):
     """Returns ``(dx, dbranch, dweight, dbias)``."""
-    drop, (xhat, rstd, weight, has_bias, dtype) = cache
+    drop, norm = cache
+    _, _, _, weight, has_bias, dtype = norm
     if ds is not None:
-        expect_grad(ds, "ds", xhat.shape, dtype)
-    expect_grad(dy, "dy", xhat.shape, dtype)
+        expect_grad(ds, "ds", norm.x.shape, dtype)
+    expect_grad(dy, "dy", norm.x.shape, dtype)
     xp = device_xp(ds, dy, weight)
-    check_cache_dtypes(xhat, rstd, dtype)
-    rows, n = rows_of(xhat)
-    dy, xhat, rstd = contiguous(xp, dy), contiguous(xp, xhat), contiguous(xp, rstd)
+    s, mean, rstd = statistics_of(xp, norm)
+    rows, n = rows_of(s)
+    dy = contiguous(xp, dy)
     dsc = contiguous(xp, ds) if ds is not None else dy         # stand-ins, never read
     w = contiguous(xp, weight) if weight is not None else dy
     keep, scale, active = keep_arguments(xp, drop, dtype)
@@ -110,6 +111,6 @@ def residual_dropout_layer_norm_backward(ds, dy, cache):
     if rows:
         # fwd: y = LN(s), s = x + dropout(branch)  ->  dx = ds + LN'(dy),  dbranch = dx * m / (1 - p)
         launch_rows("add_dropout_ln_bwd", dtype, rows, n,
-                    (dy, dsc, xhat, rstd, w, keep, scale, dx, dbranch, numpy.int64(rows), numpy.int32(n),
+                    (dy, dsc, s, mean, rstd, w, keep, scale, dx, dbranch, numpy.int64(rows), numpy.int32(n),
                      numpy.int32(weight is not None), numpy.int32(ds is not None), active))
-    return (dx, dbranch, *layer_norm_param_grads(dy, xhat, weight, has_bias, dtype))
+    return (dx, dbranch, *layer_norm_param_grads(dy, (s, mean, rstd), weight, has_bias, dtype))

@@ -26,12 +26,15 @@ BFLOAT16_CAPABILITY = 80    # bfloat16 on the GPU (cvt.rn.bf16.f32, mma.sync .bf
 # its launcher's block size, on (sm_80, sm_90), every dtype: the lowest benchmarks/cuda_kernels.py
 # measured on 2026-11-27 (registers limit the ones under 1.0). tests/kernels/cuda/test_compile.py
 # holds every kernel to it, so a change that costs occupancy is seen; raise a floor when a kernel gains.
+# 2026-11-29, the layer norms keep mu instead of x-hat: their forwards reach 1.0 on sm_90 (no x-hat
+# written), their backwards recompute x-hat and take 34 registers on sm_90 in float64 alone (the
+# gradient checks' dtype; float32 and the 16-bit types 25-30): 0.75 there.
 OCCUPANCY_FLOORS = {
-    "softmax_fwd": (1.0, 1.0), "softmax_bwd": (1.0, 1.0), "layer_norm_fwd": (1.0, 0.75),
-    "layer_norm_bwd": (1.0, 1.0), "ln_param_grads": (1.0, 1.0), "bias_grad": (1.0, 1.0),
+    "softmax_fwd": (1.0, 1.0), "softmax_bwd": (1.0, 1.0), "layer_norm_fwd": (1.0, 1.0),
+    "layer_norm_bwd": (1.0, 0.75), "ln_param_grads": (1.0, 1.0), "bias_grad": (1.0, 1.0),
     "bias_gelu_bwd": (0.75, 0.75), "gelu_fwd": (1.0, 0.625), "gelu_bwd": (1.0, 1.0), "bias_gelu_fwd": (1.0, 1.0),
     "bias_add": (0.75, 1.0), "dropout_fwd": (1.0, 1.0), "dropout_bwd": (1.0, 1.0), "add_dropout_fwd": (1.0, 1.0),
-    "add_dropout_ln_fwd": (1.0, 0.75), "add_dropout_ln_bwd": (1.0, 1.0), "cross_entropy_fwd": (1.0, 1.0),
+    "add_dropout_ln_fwd": (1.0, 1.0), "add_dropout_ln_bwd": (1.0, 0.75), "cross_entropy_fwd": (1.0, 1.0),
     "cross_entropy_bwd": (1.0, 1.0), "adam_update": (0.625, 0.625), "adam_bf16_copy_update": (0.625, 0.625),
     "adam_f16_grad_update": (0.625, 0.625), "adam_bf16_grad_update": (0.625, 0.625), "sum_squares": (1.0, 1.0),
 }

@@ -59,13 +59,14 @@ _ENTRY_POINTS = (
      "npf_softmax_fwd<T, A>(x, y, rows, n, log_out, buf)", "row"),
     ("softmax_bwd", "const T* dy, const T* y, T* dx, long long rows, int n, int log_out",
      "npf_softmax_bwd<T, A>(dy, y, dx, rows, n, log_out, buf)", "row"),
-    ("layer_norm_fwd", "const T* x, const T* w, const T* b, T* y, A* xhat, A* rstd, long long rows, "
+    ("layer_norm_fwd", "const T* x, const T* w, const T* b, T* y, A* mean, A* rstd, long long rows, "
      "int n, A eps, int has_w, int has_b",
-     "npf_layer_norm_fwd<T, A>(x, w, b, y, xhat, rstd, rows, n, eps, has_w, has_b, buf)", "row"),
-    ("layer_norm_bwd", "const T* dy, const A* xhat, const A* rstd, const T* w, T* dx, long long rows, "
-     "int n, int has_w", "npf_layer_norm_bwd<T, A>(dy, xhat, rstd, w, dx, rows, n, has_w, buf)", "row"),
-    ("ln_param_grads", "const T* dy, const A* xhat, A* part_dw, A* part_db, long long rows, int n, "
-     "long long chunk", "npf_ln_param_grads<T, A>(dy, xhat, part_dw, part_db, rows, n, chunk, s1, s2)", "col"),
+     "npf_layer_norm_fwd<T, A>(x, w, b, y, mean, rstd, rows, n, eps, has_w, has_b, buf)", "row"),
+    ("layer_norm_bwd", "const T* dy, const T* x, const A* mean, const A* rstd, const T* w, T* dx, long long rows, "
+     "int n, int has_w", "npf_layer_norm_bwd<T, A>(dy, x, mean, rstd, w, dx, rows, n, has_w, buf)", "row"),
+    ("ln_param_grads", "const T* dy, const T* x, const A* mean, const A* rstd, A* part_dw, A* part_db, "
+     "long long rows, int n, long long chunk",
+     "npf_ln_param_grads<T, A>(dy, x, mean, rstd, part_dw, part_db, rows, n, chunk, s1, s2)", "col"),
     ("bias_grad", "const T* dy, A* part_db, long long rows, int n, long long chunk",
      "npf_bias_grad<T, A>(dy, part_db, rows, n, chunk, s1, s2)", "col"),
     ("bias_gelu_bwd", "const T* dy, const bool* keep, A scale, const T* h, T* dh, A* part_db, long long rows, "

@@ -1,10 +1,11 @@
-"""Fused layer norm against the plain op: values, all three gradients, constant rows, dtypes, layouts."""
+"""Fused layer norm against the plain op: values, the cache (x itself, mu and rstd), all three gradients,
+constant rows, dtypes, layouts."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from npformer.kernels import cuda, disabled
-from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward
+from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward, normalised
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
 from tests.kernels.cuda.conftest import DTYPES, assert_close
@@ -25,7 +26,7 @@ def _scales(dy, w, cache):
     dx = rstd (g - mean g - xhat mean(g xhat)), dw = sum dy xhat, db = sum dy (g = dy w)."""
     c = dy.shape[-1]
     dy = np.abs(host(dy).astype(np.float64)).reshape(-1, c)
-    xhat = np.abs(host(cache.xhat).astype(np.float64)).reshape(-1, c)
+    xhat = np.abs(host(normalised(cache)).astype(np.float64)).reshape(-1, c)
     rstd = np.abs(host(cache.rstd).astype(np.float64)).reshape(-1, 1)
     g = dy * (1 if w is None else np.abs(host(w).astype(np.float64)))
     dx = rstd * (g + g.mean(-1, keepdims=True) + xhat * (g * xhat).mean(-1, keepdims=True))
@@ -38,10 +39,13 @@ def _compare(x, w, b, dy, dtype, eps=1e-5):
         grads_ref = layer_norm_backward(dy, cache_ref)
     y, cache = cuda.layer_norm_forward(x, w, b, eps=eps)
     assert_close(y, y_ref, dtype, what="y")
-    acc = str(cache_ref.xhat.dtype)
-    assert cache.xhat.dtype == acc and cache.rstd.dtype == acc and cache.rstd.shape == cache_ref.rstd.shape
-    assert_close(cache.xhat, cache_ref.xhat, acc, what="xhat")
+    acc = str(cache_ref.rstd.dtype)
+    assert cache.mean.dtype == cache.rstd.dtype == acc and cache.rstd.shape == cache.mean.shape == cache_ref.rstd.shape
+    assert cache.x is x or not x.flags.c_contiguous        # the input itself (a contiguous copy of a view)
+    assert_close(cache.mean, cache_ref.mean, acc, scale=max(1.0, float(np.abs(host(x).astype(np.float64)).max())),
+                 what="mean")
     assert_close(cache.rstd, cache_ref.rstd, acc, what="rstd")
+    assert_close(normalised(cache), normalised(cache_ref), acc, what="xhat")
     scales = _scales(dy, w, cache_ref)
     with disabled():
         plain_on_fused = layer_norm_backward(dy, cache)

@@ -127,8 +127,8 @@ def test_the_emulator_catches_a_missing_or_divergent_barrier(tmp_path, emulated_
     ref = (x - mu) / np.sqrt(var + np.float32(1e-5))
 
     def run(mod):
-        y, xhat, rstd = np.empty_like(x), np.empty_like(x), np.empty((4, 1), np.float32)
-        mod.get_function("npf_layer_norm_fwd_f32")((4,), (64,), (x, x, x, y, xhat, rstd, np.int64(4), np.int32(64),
+        y, mean, rstd = np.empty_like(x), np.empty((4, 1), np.float32), np.empty((4, 1), np.float32)
+        mod.get_function("npf_layer_norm_fwd_f32")((4,), (64,), (x, x, x, y, mean, rstd, np.int64(4), np.int32(64),
                                                                   np.float32(1e-5), np.int32(0), np.int32(0)))
         return y
 
