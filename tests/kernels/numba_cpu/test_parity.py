@@ -18,7 +18,7 @@ pytest.importorskip("numba", reason="numba is not installed (the optional fast e
 from npformer import kernels  # noqa: E402
 from npformer.kernels.cpu import threads  # noqa: E402
 from npformer.kernels.numba_cpu import vector_math  # noqa: E402
-from npformer.backend import default_rng  # noqa: E402
+from npformer.backend import accumulation_dtype, default_rng  # noqa: E402
 from npformer.errors import NpformerError  # noqa: E402
 from npformer.ops import activations, attention, cross_entropy, dropout, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
@@ -65,26 +65,33 @@ def test_layer_norm(shape, seed, dtype, weight, bias):
 
 
 @given(lead=st.lists(st.integers(1, 5), min_size=0, max_size=2).map(tuple), v=st.integers(1, 9), seed=seeds,
-       dtype=st.sampled_from(DTYPES), reduction=st.sampled_from(["mean", "sum", "none"]),
-       smoothing=st.sampled_from([0.0, 0.1]), data=st.data())
-def test_cross_entropy(lead, v, seed, dtype, reduction, smoothing, data):
+       dtype=st.sampled_from(DTYPES + SIXTEEN_BIT), reduction=st.sampled_from(["mean", "sum", "none"]),
+       smoothing=st.sampled_from([0.0, 0.1]), accumulated_loss=st.booleans(), data=st.data())
+def test_cross_entropy(lead, v, seed, dtype, reduction, smoothing, accumulated_loss, data):
+    """16-bit logits too, read through a float32 copy: the loss in their dtype or (``loss_dtype``) in
+    float32, the gradient in their dtype; the cache keeps the logits themselves."""
     logits = randn(np, lead + (v,), seed, dtype, scale=3.0)
     targets = np.asarray(data.draw(st.lists(st.integers(-1, v - 1), min_size=int(np.prod(lead, dtype=int)),
                                             max_size=int(np.prod(lead, dtype=int))))).reshape(lead)
-    kw = dict(reduction=reduction, ignore_index=-1, label_smoothing=smoothing)
+    loss_dtype = accumulation_dtype(logits.dtype) if accumulated_loss else logits.dtype
+    kw = dict(reduction=reduction, ignore_index=-1, label_smoothing=smoothing, loss_dtype=loss_dtype)
     assert kernels.implementation(cross_entropy.cross_entropy_forward, logits, targets, **kw) == "numba"
     loss, cache = cross_entropy.cross_entropy_forward(logits, targets, **kw)
     with kernels.disabled():
         loss_ref, cache_ref = cross_entropy.cross_entropy_forward(logits, targets, **kw)
-    assert_close(loss, loss_ref, dtype, scale=max(1.0, float(np.abs(loss_ref).sum())), what="cross-entropy loss")
-    dloss = randn(np, loss.shape, seed + 1, dtype) if reduction == "none" else np.asarray(1.5, dtype)
+    assert loss.dtype == loss_ref.dtype == loss_dtype and cache.logits is logits
+    assert_close(loss, loss_ref, str(loss_dtype), scale=max(1.0, float(np.abs(loss_ref.astype(np.float64)).sum())),
+                 what="cross-entropy loss")
+    dloss = randn(np, loss.shape, seed + 1, str(loss_dtype)) if reduction == "none" else np.asarray(1.5, loss_dtype)
     with kernels.disabled():
         ref = cross_entropy.cross_entropy_backward(dloss, cache_ref)
         ref_on_fast = cross_entropy.cross_entropy_backward(dloss, cache)
     for label, g in (("compiled", cross_entropy.cross_entropy_backward(dloss, cache)),
                      ("compiled on the reference cache", cross_entropy.cross_entropy_backward(dloss, cache_ref)),
                      ("reference on the compiled cache", ref_on_fast)):
-        assert_close(g, ref, dtype, scale=max(1.0, float(np.abs(dloss).max())), what=f"cross-entropy grad, {label}")
+        assert g.dtype == dtype
+        assert_close(g, ref, dtype, scale=max(1.0, float(np.abs(dloss.astype(np.float64)).max())),
+                     what=f"cross-entropy grad, {label}")
 
 
 @given(b=st.integers(1, 2), h=st.integers(1, 2), tq=st.integers(1, 5), tk=st.integers(1, 6),
@@ -176,36 +183,6 @@ def test_dropout_backward_of_transposed_gradients_identities_and_bad_gradients()
             dropout.dropout_backward(bad, cache)
         with kernels.disabled(), pytest.raises(NpformerError, match="dout: expected the"):
             dropout.dropout_backward(bad, cache)
-
-
-@given(lead=shapes, v=st.integers(1, 9), seed=seeds, dtype=st.sampled_from(SIXTEEN_BIT),
-       reduction=st.sampled_from(["mean", "sum", "none"]), smoothing=st.sampled_from([0.0, 0.1]),
-       float32_loss=st.booleans(), data=st.data())
-def test_cross_entropy_of_16bit_logits(lead, v, seed, dtype, reduction, smoothing, float32_loss, data):
-    """16-bit logits, read through a float32 copy: the loss in their dtype or (``loss_dtype``) in float32,
-    the gradient in their dtype; the cache keeps the 16-bit logits themselves."""
-    logits = randn(np, lead + (v,), seed, dtype, scale=3.0)
-    targets = np.asarray(data.draw(st.lists(st.integers(-1, v - 1), min_size=int(np.prod(lead, dtype=int)),
-                                            max_size=int(np.prod(lead, dtype=int))))).reshape(lead)
-    kw = dict(reduction=reduction, ignore_index=-1, label_smoothing=smoothing,
-              loss_dtype="float32" if float32_loss else None)
-    assert kernels.implementation(cross_entropy.cross_entropy_forward, logits, targets, **kw) == "numba"
-    loss, cache = cross_entropy.cross_entropy_forward(logits, targets, **kw)
-    with kernels.disabled():
-        loss_ref, cache_ref = cross_entropy.cross_entropy_forward(logits, targets, **kw)
-    assert loss.dtype == loss_ref.dtype == ("float32" if float32_loss else dtype) and cache.logits is logits
-    assert_close(loss, loss_ref, str(loss.dtype), scale=max(1.0, float(np.abs(loss_ref.astype(np.float64)).sum())),
-                 what="cross-entropy loss")
-    dloss = randn(np, loss.shape, seed + 1, str(loss.dtype)) if reduction == "none" else np.asarray(1.5, loss.dtype)
-    with kernels.disabled():
-        ref = cross_entropy.cross_entropy_backward(dloss, cache_ref)
-        ref_on_fast = cross_entropy.cross_entropy_backward(dloss, cache)
-    for label, g in (("compiled", cross_entropy.cross_entropy_backward(dloss, cache)),
-                     ("compiled on the reference cache", cross_entropy.cross_entropy_backward(dloss, cache_ref)),
-                     ("reference on the compiled cache", ref_on_fast)):
-        assert g.dtype == dtype
-        assert_close(g, ref, dtype, scale=max(1.0, float(np.abs(dloss.astype(np.float64)).max())),
-                     what=f"cross-entropy grad, {label}")
 
 
 def test_cross_entropy_of_masked_logits_and_all_ignored_targets():
