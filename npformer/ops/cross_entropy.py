@@ -15,9 +15,10 @@ computed it and writes dz from it (a fused kernel does the same in one pass over
 ``dloss`` is a 0-d array for mean/sum and of shape ``targets.shape`` for none. 16-bit logits are
 computed (and the loss summed) in float32; ``dlogits`` comes back in the logits' dtype, and so does the
 loss unless ``loss_dtype`` asks for the accumulation dtype (float32 for 16-bit logits), as mixed
-precision takes it: the loss is then not rounded to 16 bits, ``dloss`` comes in that dtype, and the
-16-bit logits are read where they are, never copied to float32 (the numbers of the op on a float32
-copy, bit for bit: the copy is exact and every step after it is the same).
+precision takes it: the loss is then not rounded to 16 bits and ``dloss`` comes in that dtype. The
+caller then keeps no float32 copy of the logits (the CUDA kernels read the 16-bit ones and write the
+16-bit gradient; this op converts inside, a copy gone when it returns), and the numbers are those of
+the op on a float32 copy, bit for bit: the conversion is exact and every step after it the same.
 Targets may use any integer dtype; ``ignore_index`` may even be a valid class id (it is then ignored).
 """
 from __future__ import annotations
@@ -30,8 +31,8 @@ from npformer.checks import (class_ids, describe, expect_float, expect_grad, exp
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError, ShapeError
 
-__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "loss_dtype_for", "log_normaliser", "loss_divisor", "reduce_losses",
-           "cross_entropy_forward", "cross_entropy_backward"]
+__all__ = ["CrossEntropyCache", "check_cross_entropy_inputs", "loss_dtype_for", "log_normaliser", "loss_divisor",
+           "reduce_losses", "cross_entropy_forward", "cross_entropy_backward"]
 
 REDUCTIONS = ("mean", "sum", "none")
 
