@@ -24,7 +24,8 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import expect_grad, expect_rows, expect_same_float, expect_shape, real
 from npformer.dispatch import dispatched
 
-__all__ = ["LayerNormCache", "normalised", "check_layer_norm_inputs", "check_layer_norm_grad", "layer_norm_forward", "layer_norm_backward"]
+__all__ = ["LayerNormCache", "normalised", "check_layer_norm_inputs", "check_layer_norm_grad", "layer_norm_forward",
+           "layer_norm_backward"]
 
 
 class LayerNormCache(NamedTuple):
@@ -37,8 +38,11 @@ class LayerNormCache(NamedTuple):
 
 
 def normalised(cache: LayerNormCache):
-    """xhat = (x - mu) * rstd (..., C) in the accumulation dtype, as the forward computed it."""
-    return (cache.x.astype(cache.mean.dtype, copy=False) - cache.mean) * cache.rstd
+    """xhat = (x - mu) * rstd (..., C) in the accumulation dtype, as the forward computed it (one
+    fresh array, scaled in place)."""
+    xhat = cache.x.astype(cache.mean.dtype, copy=False) - cache.mean   # (..., C) fresh: x is never written
+    xhat *= cache.rstd
+    return xhat
 
 
 def check_layer_norm_inputs(x, weight, bias, eps) -> None:

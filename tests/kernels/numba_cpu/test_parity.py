@@ -1,10 +1,11 @@
 """Every numba-compiled CPU fast path (npformer.kernels.numba_cpu) against its reference op.
 
 For each: outputs and gradients in float64 and float32 (the cross-entropy's of 16-bit logits too)
-within ``TOL`` (tests/helpers.py) over hypothesis-drawn shapes, -inf masks and ignored targets; either backward on either forward's cache;
-a float64 central-difference gradient check through the compiled path; the reference's errors for
-bad input; the same bits whatever the thread count; NaN and infinities as the reference gives them.
-The last test fails when a compiled path is registered without a case here. Skipped without numba.
+within ``TOL`` (tests/helpers.py) over hypothesis-drawn shapes, -inf masks and ignored targets; either
+backward on either forward's cache; a float64 central-difference gradient check through the compiled
+path; the reference's errors for bad input; the same bits whatever the thread count; NaN and
+infinities as the reference gives them. The last test fails when a compiled path is registered
+without a case here. Skipped without numba.
 """
 import importlib
 import importlib.util
