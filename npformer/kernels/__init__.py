@@ -5,7 +5,7 @@ of each other. A fast path has its reference op's signature and cache type and g
 results (to rounding; parity tests hold each to its reference, outputs and gradients):
 
 * :mod:`npformer.kernels.cpu`: NumPy arrays: element-wise chains over cache-sized blocks, softmax
-  in the score buffer, a float32 erf, dropout masks from raw PCG64 bits;
+  in the score buffer, a float32 erf, dropout masks hashed in small buffers;
 * :mod:`npformer.kernels.numba_cpu`: NumPy float32/float64 arrays, when numba is installed (the
   ``fast`` extra): each op one compiled, vectorised loop over its rows, tried before the NumPy ones;
 * :mod:`npformer.kernels.cuda`: CuPy arrays: fused CUDA kernels, one launch where the reference

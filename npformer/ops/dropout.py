@@ -1,17 +1,27 @@
 """Inverted dropout, as ``torch.nn.functional.dropout``.
 
-    training:   out = x * m / (1 - p),   m_i = [u_i >= p],  u_i ~ U[0, 1) from the Generator passed in
+    training:   out = x * m / (1 - p),   m_n = [u_n >= p],  u_n uniform on [0, 1) for element n
     eval:       out = x
     dx = dout * m / (1 - p)
 
-The mask comes from the ``rng`` passed in (``npformer.backend.default_rng(seed, backend)``; a model
-owns one, :meth:`npformer.nn.Module.manual_seed`), so a fixed seed gives a fixed mask:
-u = ``rng.random(x.shape, dtype=float32)``, drawn in one call. Every implementation draws exactly
-these uniforms, so the masks agree element by element. ``p = 1`` drops everything (output and
-gradient are zero).
+The uniforms come from a counter-based generator, as FlashAttention's and PyTorch's GPU dropout
+draw theirs (Philox there): each call draws one 64-bit ``seed`` from the ``rng`` passed in
+(``npformer.backend.default_rng(seed, backend)``; a model owns one,
+:meth:`npformer.nn.Module.manual_seed`), and element n of x (its flat C-order index) gets
+
+    z_n = splitmix64(seed + n * golden)           (Steele, Lea and Flood 2014; 64-bit arithmetic wraps)
+    u_n = (z_n >> 40) / 2^24                      (its top 24 bits: a float32 uniform's resolution)
+
+so the keep-mask is a function of (seed, n) alone. A fixed seed gives a fixed mask; any part of it
+can be made on its own, in any order (a thread's block, a GPU thread's element, a flash-attention
+tile, the backward recomputing a tile), with no array of draws in memory: a CUDA kernel makes its
+bits where it uses them. Every implementation computes these same bits, so the masks agree element
+by element on every backend; the generator advances by the one seed's draw whatever the size.
+``p = 1`` drops everything (output and gradient are zero) and draws nothing.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from npformer.backend import get_array_module
@@ -19,8 +29,13 @@ from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
-__all__ = ["DropoutCache", "dropout_active", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term",
-           "dropout_backward", "dropout_term_backward"]
+__all__ = ["SPLITMIX64", "DropoutCache", "dropout_active", "draw_seed", "keep_threshold", "keep_bits", "keep_scale",
+           "dropout_mask", "dropout_forward", "dropout_term", "dropout_backward", "dropout_term_backward"]
+
+SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
+_GOLDEN, _MIX1, _MIX2 = SPLITMIX64
+_NEEDS_RNG = ("dropout with p > 0 in training mode needs rng, a backend Generator "
+              "(npformer.backend.default_rng(seed, backend), or a module's generator)")
 
 
 class DropoutCache(NamedTuple):
@@ -48,9 +63,39 @@ def dropout_active(x, p, rng, training) -> bool:
     if not training or p == 0.0:
         return False
     if rng is None:
-        raise RangeError("dropout with p > 0 in training mode needs rng, a backend Generator "
-                         "(npformer.backend.default_rng(seed, backend), or a module's generator)")
+        raise RangeError(_NEEDS_RNG)
     return True
+
+
+def draw_seed(rng, like, xp):
+    """One 64-bit seed from ``rng`` as a () uint64 array on ``like``'s device: two float64 uniforms
+    give its 32-bit halves (a CuPy Generator draws them on the GPU, so no value goes to the host)."""
+    if rng is None:
+        raise RangeError(_NEEDS_RNG)
+    halves = (rng.random((2,), dtype=xp.float64) * 2.0 ** 32).astype(xp.uint64)   # (2,)
+    get_array_module(halves, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
+    return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
+
+
+def keep_threshold(p: float) -> int:
+    """The least top-24-bit value z >> 40 that is kept at rate p: u = (z >> 40) / 2^24 >= p exactly
+    when z >> 40 >= ceil(p 2^24) (p 2^24 is exact in float64); 2^24, nothing kept, for p = 1."""
+    return min(math.ceil(p * 2.0 ** 24), 1 << 24)
+
+
+def keep_bits(seed, n, p: float):
+    """The keep-mask [u_n >= p] of the flat indices ``n`` (a uint64 array) for one ``seed`` (a ()
+    uint64 array of n's backend): splitmix64 of seed + n * golden, kept when its top 24 bits reach
+    :func:`keep_threshold`. (splitmix64's last step, z ^= z >> 31, leaves the top 31 bits as they
+    are, so it is left out.)"""
+    xp = get_array_module(n)
+    u64 = xp.uint64
+    z = n * u64(_GOLDEN) + seed                          # (same as n) uint64 arithmetic wraps
+    z ^= z >> u64(30)
+    z *= u64(_MIX1)
+    z ^= z >> u64(27)
+    z *= u64(_MIX2)
+    return (z >> u64(40)) >= u64(keep_threshold(p))     # (same as n)
 
 
 def keep_scale(p: float, dtype):
@@ -59,14 +104,14 @@ def keep_scale(p: float, dtype):
 
 
 def dropout_mask(x, p: float, rng):
-    """``(keep, scale)`` for ``x``: the keep-mask m = [u >= p] as booleans of x's shape, from
-    ``rng``'s next uniforms (all False for p = 1, drawing nothing), and :func:`keep_scale`."""
+    """``(keep, scale)`` for ``x``: the keep-mask m = [u >= p] as booleans of x's shape, from one seed
+    drawn from ``rng`` (all False for p = 1, drawing nothing), and :func:`keep_scale`."""
     xp = get_array_module(x)
     if p == 1.0:
         return xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
-    u = rng.random(x.shape, dtype=xp.float32)            # (same as x) uniform [0, 1)
-    get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
-    return xp.asarray(u >= p), keep_scale(p, x.dtype)    # (same as x) m (an array for 0-d x too)
+    seed = draw_seed(rng, x, xp)                         # ()
+    n = xp.arange(x.size, dtype=xp.uint64)               # (x.size,) flat indices
+    return keep_bits(seed, n, p).reshape(x.shape), keep_scale(p, x.dtype)   # (same as x) m (an array for 0-d x too)
 
 
 @dispatched

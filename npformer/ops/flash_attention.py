@@ -23,11 +23,11 @@ key block wholly in the future of a query block is skipped, and only tiles that 
 diagonal build a causal bias. A fully masked row ends with l = 0: its output is 0 and its lse is
 +inf, so the recomputed P is exactly 0 there and it passes no gradient.
 
-Dropout: element (b, h, i, j) is kept when a hash of one 64-bit seed drawn from ``rng`` and the
-element's index (splitmix64, a counter-based generator, as FlashAttention uses Philox) is >= p.
-Backward regenerates each tile's mask from the seed, and the mask does not depend on the block
-sizes. The stream differs from the plain op's (which draws the whole mask from ``rng``): with
-dropout on the two ops agree in distribution, not element by element.
+Dropout: the dropout op's counter-based mask (:mod:`npformer.ops.dropout`), one seed drawn from
+``rng`` and element (b, h, i, j) at its flat index ((b H + h) Tq + i) Tk + j, so a tile makes its own
+bits and the backward regenerates them; the mask does not depend on the block sizes. The plain op
+drops its (B, H, Tq, Tk) probabilities with the same op, so for one seed the two drop the same
+entries.
 
 The attention weights are never formed, so ``need_weights=True`` raises; use the plain op for them.
 
@@ -44,16 +44,15 @@ from npformer.ops.attention import check_attention_inputs   # the plain op's inp
 from npformer.checks import expect_grad, one_of, positive_int
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
+from npformer.ops.dropout import draw_seed, keep_bits
 from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
-           "flash_attention_backward", "SPLITMIX64", "check_flash_arguments", "flash_masks", "draw_seed"]
+           "flash_attention_backward", "check_flash_arguments", "flash_masks"]
 
 # The ``attention=`` choices of multi-head attention ("auto": flash on CuPy arrays when no weights are
 # asked for, plain otherwise; npformer.ops.multihead.attend resolves it per call).
 IMPLEMENTATIONS = ("auto", "plain", "flash")
-SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
-_GOLDEN, _MIX1, _MIX2 = SPLITMIX64
 
 
 def check_implementation(attention) -> str:
@@ -110,29 +109,14 @@ def _visible(i1, j0, shift) -> bool:
 
 
 def _keep(seed, p, shape, i0, i1, j0, j1, dtype, xp):
-    """Scaled keep-mask m / (1 - p) of the tile: u = splitmix64(seed + n * golden) / 2^64 >= p for the
-    element's flat index n = ((b H + h) Tq + i) Tk + j, taken in its top 24 bits."""
+    """Scaled keep-mask m / (1 - p) of the tile: the dropout op's mask (:func:`keep_bits`) at the
+    element's flat index n = ((b H + h) Tq + i) Tk + j."""
     b, h, tq, tk = shape
     u64 = xp.uint64
     n = (xp.arange(b * h, dtype=u64).reshape(b, h, 1, 1) * u64(tq * tk)
          + (xp.arange(i0, i1, dtype=u64)[:, None] * u64(tk) + xp.arange(j0, j1, dtype=u64)))  # (B, H, bq, bk)
-    z = n * u64(_GOLDEN) + seed                                                   # uint64 arithmetic wraps
-    z ^= z >> u64(30)
-    z *= u64(_MIX1)
-    z ^= z >> u64(27)
-    z *= u64(_MIX2)
-    z ^= z >> u64(31)
-    keep = (z >> u64(40)).astype(xp.float32) * (2.0 ** -24) >= p                  # (B, H, bq, bk)
+    keep = keep_bits(seed, n, p)                                                  # (B, H, bq, bk)
     return keep.astype(dtype) * (1.0 / (1.0 - p)) if p < 1 else xp.zeros(keep.shape, dtype)
-
-
-def draw_seed(rng, like, xp):
-    if rng is None:
-        raise RangeError("dropout with p > 0 in training mode needs rng, a backend Generator "
-                         "(npformer.backend.default_rng(seed, backend))")
-    halves = (rng.random((2,), dtype=xp.float64) * 2.0 ** 32).astype(xp.uint64)   # (2,)
-    get_array_module(halves, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
-    return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
 
 
 def check_flash_arguments(q, k, v, scale, dropout_p, need_weights, block_q, block_k):

@@ -1,6 +1,5 @@
 import pytest
 
-from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.cpu import threads
 
 
@@ -12,9 +11,3 @@ def machine_not_busy(monkeypatch):
     changes no bit)."""
     monkeypatch.setattr(threads, "machine_busy", lambda: False)
 
-
-@pytest.fixture(autouse=True)
-def small_masks_streamed(monkeypatch):
-    """The dropout fast paths take any even size here, so their parity cases may be small (in
-    production masks under MIN_STREAM_ELEMENTS take the reference: test_small_masks_take_the_reference)."""
-    monkeypatch.setattr(cpu_dropout, "MIN_STREAM_ELEMENTS", 2)

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from npformer.backend import backend_name, default_rng
-from npformer.ops.dropout import dropout_backward, dropout_forward, dropout_term, dropout_term_backward
+from npformer.ops.dropout import (dropout_backward, dropout_forward, dropout_term, dropout_term_backward,
+                                  keep_threshold)
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
 
@@ -90,17 +91,47 @@ def test_dropout_bad_input(xp):
         dropout_forward(xp.ones((2,), dtype=bool), 0.5, rng=default_rng(0))
 
 
+GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB   # written out, not imported
+
+
+def splitmix64(z: int) -> int:
+    """splitmix64's output function (Steele, Lea and Flood 2014) in Python integers, as its authors
+    write it, the last xor-shift included."""
+    z = (z ^ (z >> 30)) * MIX1 % 2 ** 64
+    z = (z ^ (z >> 27)) * MIX2 % 2 ** 64
+    return z ^ (z >> 31)
+
+
+def drawn_seed(rng) -> int:
+    """The seed a dropout draws: two float64 uniforms' top 32 bits, high half first."""
+    hi, lo = (int(u * 2.0 ** 32) for u in rng.random(2))
+    return hi << 32 | lo
+
+
+@pytest.mark.parametrize("p", [1e-9, 1e-7, 0.1, 0.3, 0.5, 0.9, 0.999999, 1 - 2.0 ** -30, 1.0])
+def test_keep_threshold_is_the_exact_comparison(p):
+    """The kernels compare integers, z >> 40 >= keep_threshold(p): for every one of the 2^24 values it
+    is the real-number comparison (z >> 40) / 2^24 >= p (exact in float64)."""
+    u = np.arange(1 << 24, dtype=np.float64) * 2.0 ** -24 >= p
+    assert keep_threshold(p) == (int(np.argmax(u)) if u.any() else 1 << 24)
+
+
 @pytest.mark.parametrize("p", [1e-9, 0.1, 0.3333, 0.5, 0.999999])
 @pytest.mark.parametrize("shape", [(8, 4, 128, 128), (3, 5), (70_001, 2)])
-def test_mask_is_exactly_random_float32_ge_p(shape, p):
-    """The mask from raw PCG64 draws equals [rng.random(float32) >= p], and the generator goes on
-    exactly as after rng.random (odd sizes take the plain path)."""
+def test_mask_is_splitmix64_of_the_seed_and_the_flat_index(shape, p):
+    """Element n is kept when the top 24 bits of splitmix64(seed + n golden), over 2^24, are >= p,
+    the seed being the generator's next two float64 draws; checked in Python integers at 2000
+    indices (the ends included) of masks made by whichever path serves NumPy arrays; the
+    generator then goes on as after those two draws."""
     x = np.ones(shape, dtype=np.float32)
     a, b = default_rng(11, "numpy"), default_rng(11, "numpy")
     out, cache = dropout_forward(x, p, rng=a)
-    keep = b.random(shape, dtype=np.float32) >= p
-    np.testing.assert_array_equal(cache.keep, keep)
-    np.testing.assert_array_equal(out, keep * np.float32(1 / (1 - p)))
+    seed = drawn_seed(b)
+    flat = cache.keep.reshape(-1)
+    for n in {0, x.size - 1, *np.random.default_rng(3).integers(0, x.size, 1998).tolist()}:
+        u = (splitmix64((seed + n * GOLDEN) % 2 ** 64) >> 40) / 2 ** 24
+        assert flat[n] == (u >= p), n
+    np.testing.assert_array_equal(out, cache.keep * np.float32(1 / (1 - p)))
     np.testing.assert_array_equal(a.random(7), b.random(7))
 
 
@@ -109,4 +140,22 @@ def test_mask_with_other_bit_generators():
     for bitgen in (np.random.MT19937, np.random.Philox, np.random.SFC64):
         a, b = np.random.Generator(bitgen(5)), np.random.Generator(bitgen(5))
         _, cache = dropout_forward(x, 0.25, rng=a)
-        np.testing.assert_array_equal(cache.keep, b.random((64, 64), dtype=np.float32) >= 0.25)
+        seed = drawn_seed(b)
+        n = np.arange(x.size)
+        keep = [(splitmix64((seed + int(i) * GOLDEN) % 2 ** 64) >> 40) >= 0.25 * 2 ** 24 for i in n]
+        np.testing.assert_array_equal(cache.keep.reshape(-1), keep)
+
+
+def test_masks_look_independent_across_neighbours_and_calls(xp):
+    """Counter-based bits must not echo their counters: at p = 0.5 over 2^20 elements, neighbours
+    along the flat index, a row apart, and the same element in the next call (the next seed) agree
+    half the time, and each bit position's keep rate is 1 - p (5 standard deviations each)."""
+    name = backend_name(xp)
+    rng = default_rng(7, name)
+    x = xp.ones((1024, 1024), dtype=xp.float32)
+    first, second = (host(dropout_forward(x, 0.5, rng=rng)[1].keep) for _ in range(2))
+    n, sd = first.size, 0.5 / np.sqrt(first.size)
+    for a, b in ((first[:, 1:], first[:, :-1]), (first[1:], first[:-1]), (first, second)):
+        assert abs((a == b).mean() - 0.5) < 5 * sd * np.sqrt(n / a.size)
+    rates = first.reshape(-1, 64).mean(axis=0)            # element n's rate by n % 64
+    assert np.all(np.abs(rates - 0.5) < 5 * 0.5 / np.sqrt(n / 64))

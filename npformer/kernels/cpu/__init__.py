@@ -6,7 +6,7 @@ traffic.
 * :mod:`~npformer.kernels.cpu.softmax`: softmax and log-softmax rows in place, block by block;
 * :mod:`~npformer.kernels.cpu.activations`: GELU as one in-place chain per block, with a float32 erf;
 * :mod:`~npformer.kernels.cpu.layernorm`: row statistics by ``einsum`` (no squared temporary);
-* :mod:`~npformer.kernels.cpu.dropout`: the reference's mask from PCG64's raw bits (no float draws);
+* :mod:`~npformer.kernels.cpu.dropout`: the reference's counter-based mask, hashed in small buffers;
 * :mod:`~npformer.kernels.cpu.embedding`: the backward as one segment sum over the rows sorted by id;
 * :mod:`~npformer.kernels.cpu.attention`: the softmax and its backward in the score buffer itself;
 * :mod:`~npformer.kernels.cpu.optim`: Adam's update and the sum of squares over a flat buffer, block by block.

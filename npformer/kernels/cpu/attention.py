@@ -16,11 +16,9 @@ Threads take contiguous runs of whole heads (a head's query-row blocks stay on o
 and dv sum in a fixed order), with BLAS at one thread each, also when timing leaves a single run
 (:mod:`npformer.kernels.cpu.threads`).
 Each block computes the same products and row operations whichever thread runs it, so the results
-do not depend on the number of threads. The dropout mask is the reference's, drawn as booleans
-before the blocks run, in one part of the generator's stream per thread
-(:class:`~npformer.kernels.cpu.dropout.KeepMask`: a generator per block cost more than its draws);
-where the stream cannot be cut (another generator, an odd number of scores) it is drawn whole, as
-the reference draws it. 16-bit inputs are computed in float32 (scores, softmax, products, the sums
+do not depend on the number of threads. The dropout mask is the reference's, made as booleans
+before the blocks run, one run of it per thread (:class:`~npformer.kernels.cpu.dropout.KeepMask`).
+16-bit inputs are computed in float32 (scores, softmax, products, the sums
 of dk and dv) and rounded where kept or returned, as the reference.
 
 The output is written as (B, Tq, H, hv) in memory (returned as its (B, H, Tq, hv) view), so merging
@@ -39,7 +37,7 @@ from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
-from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep, streamable
+from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
@@ -166,11 +164,11 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
     out = numpy.empty((b, tq, h, hv), dtype).transpose(0, 2, 1, 3)   # (B, H, Tq, hv) view of (B, Tq, H, hv)
     keep = keep_s = None
     if dropout_active(q, dropout_p, rng, training):    # (its errors: no rng)
-        if dropout_p == 1.0 or not streamable(rng, p.size):
-            keep, keep_s = dropout_mask(p, dropout_p, rng)   # drawn whole, as the reference
+        if dropout_p == 1.0:
+            keep, keep_s = dropout_mask(p, dropout_p, rng)   # nothing kept, nothing drawn: the reference's
         else:
             keep, keep_s = numpy.empty(shape, bool), keep_scale(dropout_p, dtype)
-            draw_keep(rows_.keep_mask(rng, p.size, dropout_p), keep)   # in parts side by side
+            draw_keep(rows_.keep_mask(rng, p.size, dropout_p), keep)   # in runs side by side
     weights = numpy.empty(shape, dtype) if need_weights else None
 
     def run_block(block) -> None:

@@ -1,17 +1,16 @@
-"""Dropout's mask for NumPy's default bit generator (PCG64) from its raw bits, in parts drawn side by
-side (reference: :mod:`npformer.ops.dropout`).
+"""Dropout's mask in parts side by side, each made in a small reused buffer (reference:
+:mod:`npformer.ops.dropout`).
 
-Drawing the float32 uniforms is most of dropout's cost. NumPy builds a float32 uniform as
-(b >> 8) * 2^-24 from each 32-bit half b of a 64-bit draw (low half first), so u >= p exactly when
-b >= ceil(p * 2^24) * 2^8: one integer comparison per element skips the float conversion.
-
-The reference draws one uniform per element in C order. Element e comes from 64-bit draw e // 2, so
-the mask of elements [a, b), a even, is the comparison of draws a/2 onwards: a copy of the
-generator advanced by a/2 (``PCG64.advance``, a jump, not a loop) draws it. :class:`KeepMask` hands
-out such parts, to the threads of the dropout here and to the attention kernel's blocks; at the end
-the caller's generator is advanced past all of them. The mask is the reference's bit for bit and the
-generator ends in the same state, whatever the number of parts (tested). Other generators, odd
-sizes, or a PCG64 holding a spare 32-bit half run the reference.
+The mask is a function of (seed, n) alone: splitmix64 of seed + n * golden, kept when its top 24
+bits reach ``keep_threshold(p)``. :class:`KeepMask` draws the seed once and then makes any run of
+elements on its own, in any order, from any thread: the threads of the dropout here, the attention
+kernel's blocks. It runs the reference's arithmetic over :data:`MASK_BLOCK` elements at a time in
+two uint64 buffers kept per thread, where the reference makes several whole-size uint64
+temporaries: 2.4-2.7 ns an element against 3.2-3.8 for the reference's own :func:`keep_bits` called
+block by block, and 34 once glibc's thresholds put each block's temporaries in fresh pages
+(``npformer.bench.harness.fix_malloc_thresholds``; 2M elements, one core of the development VM).
+The mask is the reference's bit for bit, and the caller's generator advances by the one seed's
+draw, whatever the number of parts (tested).
 
 The mask is kept as booleans with the scale 1 / (1 - p) beside it, as the reference keeps it; the
 forward's ``x * keep * scale`` runs block by block, each block right after its mask, over the
@@ -21,7 +20,7 @@ the reference's ``dout * keep * scale`` was faster than any blocking of it measu
 """
 from __future__ import annotations
 
-import math
+import functools
 import threading
 
 import numpy
@@ -29,31 +28,19 @@ import numpy
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
-from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
+from npformer.ops.dropout import (SPLITMIX64, DropoutCache, dropout_active, dropout_mask, draw_seed, keep_scale,
+                                  keep_threshold)
 
-__all__ = ["MIN_STREAM_ELEMENTS", "accepts", "streamable", "apply_keep", "KeepMask", "draw_keep", "forward_with",
-           "dropout_forward"]
+__all__ = ["MASK_BLOCK", "accepts", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
 
-# Below this many elements the reference's one ``rng.random`` call is the faster: this path's fixed
-# cost (the generator's state copied and advanced per part, the mask's parts) is about 40 us, and
-# the two met at 16-24K elements (1024: 60 against 21 us; 16384: 95-109 against 92; 32768: 117-138
-# against 194, numba and NumPy paths, float32, p 0.1, one core of the development VM). The choice
-# follows the size alone, and both give the same bits.
-MIN_STREAM_ELEMENTS = 1 << 14
-
-_scratch = threading.local()        # .pcg64: the thread's generator for KeepMask.draws_from
-
-
-def streamable(rng, size: int) -> bool:
-    """Whether :class:`KeepMask` reproduces ``rng``'s next ``size`` float32 uniforms."""
-    bitgen = getattr(rng, "bit_generator", None)
-    return type(bitgen) is numpy.random.PCG64 and size % 2 == 0 and not bitgen.state["has_uint32"]
+MASK_BLOCK = 1 << 14                # elements a buffer holds: 128 KB of uint64, two per thread in L2
+_GOLDEN, _MIX1, _MIX2 = (numpy.uint64(c) for c in SPLITMIX64)
+_scratch = threading.local()        # .buffers: the thread's two uint64 buffers for KeepMask.stream
 
 
 def accepts(x, rng) -> bool:
-    """A NumPy float array of at least :data:`MIN_STREAM_ELEMENTS`, with a PCG64 generator whose next
-    draws this path reproduces (the dropout op's ``x`` and ``rng``)."""
-    return numpy_floats(x) and x.size >= MIN_STREAM_ELEMENTS and streamable(rng, x.size)
+    """A NumPy float array and a NumPy Generator (the dropout op's ``x`` and ``rng``)."""
+    return numpy_floats(x) and isinstance(rng, numpy.random.Generator)
 
 
 def apply_keep(out, x, keep, scale) -> None:
@@ -62,59 +49,72 @@ def apply_keep(out, x, keep, scale) -> None:
     out *= scale
 
 
+@functools.cache
+def _golden_steps(size: int):
+    """n * golden (mod 2^64) for n = 0 .. size - 1: a block's hash inputs less its first."""
+    return numpy.arange(size, dtype=numpy.uint64) * _GOLDEN
+
+
+def _buffers(size: int) -> tuple:
+    """This thread's two uint64 buffers of at least ``size`` entries (made once, kept)."""
+    buffers = getattr(_scratch, "buffers", None)
+    if buffers is None or buffers[0].size < size:
+        buffers = _scratch.buffers = (numpy.empty(size, numpy.uint64), numpy.empty(size, numpy.uint64))
+    return buffers
+
+
 class KeepMask:
-    """The keep-mask m = [u >= p] of the next ``size`` uniforms of ``rng`` as booleans, written part
+    """The keep-mask m = [u >= p] of ``size`` elements for one seed drawn from ``rng``, written part
     by part.
 
-    ``stream(start)`` (``start`` even) returns a function that writes the mask of the next
-    ``out.size`` elements into the flat, contiguous bool array ``out`` at each call, from element
-    ``start`` on (a subclass may write them another way: the compiled CPU path's does).
-    Parts may be written in any order, from any thread. ``finish()`` advances ``rng`` past the
-    ``size`` uniforms, as drawing them would have.
+    ``stream(start)`` returns a function that writes the mask of the next ``out.size`` elements into
+    the flat, contiguous bool array ``out`` at each call, from element ``start`` on (a subclass may
+    write them another way: the compiled CPU path's does). Parts may be written in any order, from
+    any thread.
     """
 
     def __init__(self, rng, size: int, p: float):
-        # u = (b >> 8) 2^-24 >= float32(p)  <=>  b >= ceil(float32(p) 2^24) 2^8, b a 32-bit half of a draw
-        self.threshold = numpy.uint32(math.ceil(float(numpy.float32(p)) * 2.0 ** 24) << 8)
-        self.bitgen, self.size = rng.bit_generator, size
-        self.state = self.bitgen.state
+        self.seed = int(draw_seed(rng, numpy.empty(0), numpy))
+        self.threshold = numpy.uint64(keep_threshold(p))
+        self.size = size
 
-    def draws_from(self, start: int) -> numpy.random.PCG64:
-        """A copy of the generator advanced to element ``start`` (even): draw ``start // 2`` on. The
-        copy is this thread's scratch generator, given the state anew at each call (making one seeds
-        it, 24 us, more than a small mask's draws): it holds until this thread's next call here."""
-        draws = getattr(_scratch, "pcg64", None)
-        if draws is None:
-            draws = _scratch.pcg64 = numpy.random.PCG64(0)
-        draws.state = self.state
-        draws.advance(start // 2)
-        return draws
+    def first_counter(self, start: int) -> int:
+        """seed + start * golden (mod 2^64): the hash's input at element ``start``."""
+        return (self.seed + start * SPLITMIX64[0]) % (1 << 64)
 
     def stream(self, start: int):
-        draws = self.draws_from(start)
+        position = [start]
 
-        def write(out) -> None:                          # out.size even but for the mask's last part
-            for i in range(0, out.size, BLOCK_ELEMENTS):
-                part = out[i:i + BLOCK_ELEMENTS]
-                halves = draws.random_raw(-(-part.size // 2)).view(numpy.uint32)[:part.size]
-                numpy.greater_equal(halves, self.threshold, out=part)
+        def write(out) -> None:
+            block = MASK_BLOCK
+            z_all, t_all = _buffers(block)
+            for i in range(0, out.size, block):
+                part = out[i:i + block]
+                z, t = z_all[:part.size], t_all[:part.size]
+                # z = seed + n golden for n = position ..., then ops.dropout.keep_bits's mixing, in place
+                numpy.add(_golden_steps(block)[:part.size], numpy.uint64(self.first_counter(position[0])), out=z)
+                numpy.right_shift(z, 30, out=t)
+                z ^= t
+                z *= _MIX1
+                numpy.right_shift(z, 27, out=t)
+                z ^= t
+                z *= _MIX2
+                z >>= numpy.uint64(40)
+                numpy.greater_equal(z, self.threshold, out=part)
+                position[0] += part.size
         return write
-
-    def finish(self) -> None:
-        self.bitgen.advance(self.size // 2)
 
 
 def _parts(size: int) -> list[tuple[int, int]]:
-    """One run of elements per thread (each at least MIN_THREAD_ELEMENTS long), starting at even offsets."""
-    return split(size, threads_for(size, MIN_THREAD_ELEMENTS), multiple=2)
+    """One run of elements per thread (each at least MIN_THREAD_ELEMENTS long)."""
+    return split(size, threads_for(size, MIN_THREAD_ELEMENTS))
 
 
 def draw_keep(mask: KeepMask, keep) -> None:
     """The whole mask into the C-contiguous bool array ``keep`` (``mask.size`` entries), in one
-    part per thread, then ``mask.finish()``."""
+    part per thread."""
     flat = keep.reshape(-1)
     run_parallel([lambda a=a, b=b: mask.stream(a)(flat[a:b]) for a, b in _parts(flat.size)])
-    mask.finish()
 
 
 def forward_with(apply, mask_type: type, x, p: float, rng, training: bool):
@@ -131,15 +131,14 @@ def forward_with(apply, mask_type: type, x, p: float, rng, training: bool):
     out = numpy.empty(x.shape, dtype=x.dtype)            # (same as x)
     flat_x, flat_k, flat_o = x.reshape(-1), keep.reshape(-1), out.reshape(-1)
 
-    def run(a: int, b: int) -> None:                     # elements [a, b), a even
+    def run(a: int, b: int) -> None:                     # elements [a, b)
         write = mask.stream(a)
-        for i in range(a, b, BLOCK_ELEMENTS):            # (blocks of even size)
+        for i in range(a, b, BLOCK_ELEMENTS):
             j = min(i + BLOCK_ELEMENTS, b)
             write(flat_k[i:j])
             apply(flat_o[i:j], flat_x[i:j], flat_k[i:j], scale)
 
     run_parallel([lambda a=a, b=b: run(a, b) for a, b in _parts(x.size)])
-    mask.finish()
     return out, DropoutCache(keep, scale, x.shape, x.dtype)
 
 

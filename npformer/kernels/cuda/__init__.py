@@ -5,9 +5,9 @@ softmax, log-softmax       one block per row (max, sum of exp, write); backward 
 layer norm                 one block per row; backward: a row pass for dx, a column pass
                            for dweight and dbias
 GELU (erf and tanh)        one elementwise kernel forward, one backward
-dropout                    uniforms from the Generator passed in (the reference's mask for
-                           a seed), then one kernel for compare, scale and multiply (the
-                           mask kept as booleans); backward one kernel
+dropout                    one kernel: each element's keep bit hashed from the seed drawn
+                           from the Generator and its index (the reference's mask), then
+                           scale and multiply (the mask kept as booleans); backward one kernel
 linear                     the reference's products, also inside a CUDA graph capture
                            (gemm.py: cuBLAS called directly there, CuPy refuses it); the
                            bias gradient as one coalesced column sum

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import numpy
 
-from npformer.backend import accumulation_dtype
 from npformer.checks import expect_float, expect_grad, expect_same_dtype, expect_shape, one_of
 from npformer.errors import ShapeError
-from npformer.kernels.cuda.dropout import dropout_forward, keep_arguments, keep_draws
+from npformer.kernels.cuda.dropout import dropout_forward, keep_arguments, keep_draws, no_keep_draws
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
 from npformer.ops.activations import APPROXIMATIONS, GeluCache
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
@@ -99,14 +98,14 @@ def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
     h = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     a = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     if rng is not None:
-        u, scale = keep_draws(z, p, rng)                 # the dropout op's draws for a (same shape)
+        seed, keep_min, scale = keep_draws(z, p, rng)    # the dropout op's seed for a (same shape)
         keep = xp.empty(z.shape, dtype=bool)             # (..., F) m
     else:
-        u, scale, keep = xp.empty((1,), dtype=xp.float32), accumulation_dtype(z.dtype).type(1), None
+        (seed, keep_min, scale), keep = no_keep_draws(xp, z.dtype), None
     keep_arg = keep if keep is not None else xp.empty((1,), dtype=bool)   # a stand-in, never read
     if z.size:
         launch_elements("bias_gelu_fwd", z.dtype, z.size,
-                        (z, bias, u, h, a, keep_arg, numpy.int64(z.size), numpy.int32(n), form, numpy.float32(p),
+                        (z, bias, seed, h, a, keep_arg, numpy.int64(z.size), numpy.int32(n), form, keep_min,
                          scale, numpy.int32(rng is not None)))
     return a, h, keep
 

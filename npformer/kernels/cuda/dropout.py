@@ -1,33 +1,40 @@
 """Fused inverted dropout, forward and backward (reference: :mod:`npformer.ops.dropout`).
 
-    u ~ U[0, 1) from the Generator passed in, drawn exactly as the plain op draws it
-    keep = [u >= p],  m = keep / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
+    seed: one 64-bit seed drawn from the Generator passed in, as the plain op draws it (on the GPU)
+    keep_n = splitmix64(seed + n golden) >> 40 >= keep_threshold(p)   (npf_keep, for element n)
+    m = keep / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
     dx = dout m
 
-so one seed gives the plain op's mask bit for bit; the compare, scale and multiply are one kernel
-that writes ``out`` and the cached boolean mask (one byte an entry), and the backward one kernel
+so one seed gives the plain op's mask bit for bit. Each thread hashes its own elements' indices,
+so no array of uniforms is drawn into memory and read back: the forward is one kernel that reads x
+and writes ``out`` and the cached boolean mask (one byte an entry), and the backward one kernel
 where the plain op's ``dout * keep * scale`` runs two.
 """
 from __future__ import annotations
 
 import numpy
 
-from npformer.backend import accumulation_dtype, get_array_module
+from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
-from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
+from npformer.ops.dropout import DropoutCache, dropout_active, draw_seed, keep_scale, keep_threshold
 
-__all__ = ["dropout_forward", "dropout_backward", "keep_draws", "keep_arguments"]
+__all__ = ["dropout_forward", "dropout_backward", "keep_draws", "no_keep_draws", "keep_arguments"]
 
 
-def keep_draws(x, p: float, rng):
+def keep_draws(x, p: float, rng) -> tuple:
     """What a fused kernel needs to drop exactly the entries the reference drops for ``x`` (0 < p < 1):
-    the same uniforms ``u = rng.random(x.shape, float32)`` (contiguous, (same as x)) and the keep
-    scale ``1 / (1 - p)`` rounded to x's dtype, as a scalar of the accumulation type."""
-    xp = device_xp(x)
-    u = rng.random(x.shape, dtype=xp.float32)            # (same as x)
-    get_array_module(x, u)  # a NumPy Generator with CuPy data (or the reverse) raises here
-    return contiguous(xp, u), accumulation_dtype(x.dtype).type(keep_scale(p, x.dtype))
+    ``(seed, keep_min, scale)``, the seed the reference draws from ``rng`` (a () uint64 array on the
+    GPU, read by the kernel: no value goes to the host), ``keep_threshold(p)`` as an int32, and
+    ``1 / (1 - p)`` rounded to x's dtype as a scalar of the accumulation type."""
+    return (draw_seed(rng, x, device_xp(x)), numpy.int32(keep_threshold(p)),
+            accumulation_dtype(x.dtype).type(keep_scale(p, x.dtype)))
+
+
+def no_keep_draws(xp, dtype) -> tuple:
+    """:func:`keep_draws`'s stand-ins for a kernel that drops nothing (its flag ``drop`` 0): a seed
+    never read, 0 and 1."""
+    return xp.empty((1,), dtype=xp.uint64), numpy.int32(0), accumulation_dtype(dtype).type(1)
 
 
 def keep_arguments(xp, cache: DropoutCache, dtype) -> tuple:
@@ -49,14 +56,14 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     if p == 1.0:
         keep, scale = xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
         return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
-    u, scale = keep_draws(x, p, rng)
+    seed, keep_min, scale = keep_draws(x, p, rng)
     x = contiguous(xp, x)
     out = xp.empty(x.shape, dtype=x.dtype)               # (same as x)
     keep = xp.empty(x.shape, dtype=bool)                 # (same as x)
     if x.size:
-        # out = x * [u >= p] / (1 - p), the mask kept for the backward
+        # out = x * m / (1 - p), the mask made in the kernel and kept for the backward
         launch_elements("dropout_fwd", x.dtype, x.size,
-                        (x, u, out, keep, numpy.int64(x.size), numpy.float32(p), scale))
+                        (x, seed, out, keep, numpy.int64(x.size), keep_min, scale))
     return out, DropoutCache(keep, keep_scale(p, x.dtype), x.shape, x.dtype)
 
 

@@ -187,17 +187,18 @@ __device__ void npf_gelu_bwd(const T* dy, const T* x, T* dx, long long total, in
     NPF_FOR_EACH(k, total) npf_store(dx + k, npf_gelu_grad(npf_load(x[k]), tanh_form) * npf_load(dy[k]));
 }
 // h = z + b (b broadcast over the last axis of n values, h rounded to T as the plain linear's
-// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, keep = (u >= p) is
-// written as the mask and the output is a m, m = keep ? scale : 0 (the plain gelu then dropout)
+// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, keep = npf_keep(seed, k)
+// is written as the mask and the output is a m, m = keep ? scale : 0 (the plain gelu then dropout)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const float* u, T* h, T* y, bool* keep, long long total,
-                                  int n, int tanh_form, float p, A scale, int drop) {
+__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const unsigned long long* seed, T* h, T* y, bool* keep,
+                                  long long total, int n, int tanh_form, int keep_min, A scale, int drop) {
+    const unsigned long long s = drop ? *seed : 0ULL;
     NPF_FOR_EACH(k, total) {
-        A hk = npf_round<T, A>(npf_load(z[k]) + npf_load(b[k % n]));
+        const bool kk = drop && npf_keep(s, (unsigned long long)k, keep_min);   // first: its registers are
+        A hk = npf_round<T, A>(npf_load(z[k]) + npf_load(b[k % n]));          // free before gelu's (32 on sm_90)
         npf_store(h + k, hk);
         A a = npf_gelu(hk, tanh_form);
         if (drop) {
-            bool kk = u[k] >= p;
             keep[k] = kk;
             a = npf_round<T, A>(a) * (kk ? scale : A(0));
         }
@@ -208,12 +209,14 @@ template <typename T, typename A>
 __device__ void npf_bias_add(const T* x, const T* b, T* y, long long total, int n) {
     NPF_FOR_EACH(k, total) npf_store(y + k, npf_load(x[k]) + npf_load(b[k % n]));
 }
-// inverted dropout: keep = (u >= p) written as the mask, out = x m, m = keep ? scale : 0
+// inverted dropout: keep = npf_keep(seed, k) written as the mask, out = x m, m = keep ? scale : 0
 // (scale = 1 / (1 - p) rounded to T)
 template <typename T, typename A>
-__device__ void npf_dropout_fwd(const T* x, const float* u, T* y, bool* keep, long long total, float p, A scale) {
+__device__ void npf_dropout_fwd(const T* x, const unsigned long long* seed, T* y, bool* keep, long long total,
+                                int keep_min, A scale) {
+    const unsigned long long s = *seed;
     NPF_FOR_EACH(k, total) {
-        bool kk = u[k] >= p;
+        bool kk = npf_keep(s, (unsigned long long)k, keep_min);
         keep[k] = kk;
         npf_store(y + k, npf_load(x[k]) * (kk ? scale : A(0)));
     }

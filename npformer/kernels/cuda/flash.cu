@@ -71,17 +71,6 @@ __device__ __forceinline__ long long npf_fa_head(const NpfFaLayout& l, long long
     return (bh / H) * l.sb + (bh % H) * l.sh;
 }
 
-// _keep: splitmix64 of seed + n * golden; kept when the top 24 bits >= keep_min
-__device__ __forceinline__ bool npf_fa_keep(unsigned long long seed, unsigned long long n, int keep_min) {
-    unsigned long long z = n * @GOLDEN@ULL + seed;
-    z ^= z >> 30;
-    z *= @MIX1@ULL;
-    z ^= z >> 27;
-    z *= @MIX2@ULL;
-    z ^= z >> 31;
-    return (long long)(z >> 40) >= (long long)keep_min;
-}
-
 // _keep's flat index n of (bh, i, j) is ((bh Tq + i) Tk + j): row i of head bh starts at (bh Tq + i) Tk
 template <typename A>
 __device__ __forceinline__ unsigned long long npf_fa_keep_row(const NpfFaArgs<A>& a, long long bh, int i) {
@@ -93,7 +82,7 @@ __device__ __forceinline__ unsigned long long npf_fa_keep_row(const NpfFaArgs<A>
 template <typename A>
 __device__ __forceinline__ bool npf_fa_kept(const NpfFaArgs<A>& a, unsigned long long seed, unsigned long long keep_row,
                                             int j) {
-    return npf_fa_keep(seed, keep_row + (unsigned long long)j, a.keep_min);
+    return npf_keep(seed, keep_row + (unsigned long long)j, a.keep_min);
 }
 template <typename A>
 __device__ __forceinline__ A npf_fa_keep_value(const NpfFaArgs<A>& a, unsigned long long seed,

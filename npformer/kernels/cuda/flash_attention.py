@@ -23,11 +23,9 @@ self-attention fast path gives the three thirds of one packed (B, T, 3E) gradien
 """
 from __future__ import annotations
 
-import functools
-
 import numpy
 
-from npformer.backend import accumulation_dtype, get_backend, to_numpy
+from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
@@ -35,10 +33,11 @@ from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VA
                                                 layout_field, name_expression, params_dtype)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES, dtype_name
-from npformer.ops.flash_attention import (FlashAttentionCache, check_flash_arguments, draw_seed, flash_masks)
+from npformer.ops.dropout import draw_seed, keep_threshold
+from npformer.ops.flash_attention import FlashAttentionCache, check_flash_arguments, flash_masks
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
-           "accepts_forward", "accepts_backward", "keep_threshold", "head_bucket", "flash_module", "heads_layout",
+           "accepts_forward", "accepts_backward", "head_bucket", "flash_module", "heads_layout",
            "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
@@ -91,21 +90,6 @@ def head_bucket(hs: int, hv: int) -> int:
             return d
     raise RangeError(f"the CUDA flash attention kernel takes head sizes up to {MAX_HEAD_SIZE}, got hs={hs}, "
                      f"hv={hv}; the reference op (npformer.kernels.disabled()) takes any")
-
-
-@functools.lru_cache(maxsize=256)
-def keep_threshold(p: float, backend: str) -> int:
-    """The least top-24-bit value ``z >> 40`` that the reference's ``_keep`` keeps at dropout rate p:
-    its own expression ``float32(z >> 40) * 2^-24 >= p`` on ``backend``'s arrays, evaluated once per
-    (p, backend) around p 2^24 (so the kernel's integer compare keeps exactly the same entries);
-    2^24 (nothing kept) for p >= 1."""
-    xp = get_backend(backend)
-    if p >= 1.0:
-        return 1 << 24
-    k0 = int(p * (1 << 24))
-    candidates = numpy.arange(max(k0 - 2, 0), min(k0 + 3, (1 << 24) - 1) + 1, dtype=numpy.uint64)
-    kept = to_numpy(xp.asarray(candidates).astype(xp.float32) * (2.0 ** -24) >= p)
-    return int(candidates[kept][0]) if kept.any() else 1 << 24
 
 
 def pack_bits(xp, mask):
@@ -173,7 +157,7 @@ def _params(xp, q, k, v, masks, scale, acc, p: float, seed, bits: bool, **tensor
         point("key_end", key_end(xp, masks.padding), args)
     if p > 0:
         point("seed", contiguous(xp, seed), args)
-        args["keep_min"] = keep_threshold(p, xp.__name__.split(".")[0])
+        args["keep_min"] = keep_threshold(p)
         args["keep_scale"] = 1.0 / (1.0 - p) if p < 1 else 0.0                 # _keep's 1 / (1 - p), in A
     b, h, tq, hs = q.shape
     args["bh_count"], args["H"], args["Tq"], args["Tk"] = b * h, h, tq, k.shape[2]

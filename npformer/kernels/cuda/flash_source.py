@@ -9,10 +9,9 @@ operand policy: float16 and bfloat16 with ``NpfHalfOps<T>``, float32 under the T
 ==================================  ===============================================================
 CUDA C                              reference
 ==================================  ===============================================================
-``npf_fa_keep``                     ``_keep``: splitmix64 of ``seed + n * golden``, n the flat index
+``npf_keep`` (prelude.cuh)          ``_keep``: the dropout op's ``keep_bits`` at the flat index
                                     ((b H + h) Tq + i) Tk + j, kept when the top 24 bits reach
-                                    ``keep_min`` (the least value ``_keep``'s ``u >= p`` keeps,
-                                    computed on the host by its own expression)
+                                    ``keep_min`` (``keep_threshold(p)``)
 ``npf_fa_score``                    ``_scores``: ``s = q_i k_j^T``; ``s *= scale``; ``s += attn bias``;
                                     ``s += padding bias``; ``s += -inf`` in the causal future; a
                                     key past Tk (a ragged last tile) is -inf
@@ -100,14 +99,12 @@ instantiations in one library.
 from __future__ import annotations
 
 import functools
-import re
 
 import numpy
 
 from npformer.kernels.cuda.files import read_source
-from npformer.kernels.cuda.source import HALF_CONVERSIONS, TYPES, cuda_type, dtype_name
+from npformer.kernels.cuda.source import HALF_CONVERSIONS, PRELUDE, TYPES, cuda_type, dtype_name
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
-from npformer.ops.flash_attention import SPLITMIX64
 
 __all__ = ["THREADS", "PRE_THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TC_VARIANT_OF", "GEOMETRY", "OCCUPANCY_FLOORS",
            "TENSORS", "params_dtype", "layout_field", "kernels", "name_expression", "entry_name", "geometry",
@@ -275,20 +272,14 @@ def layout_field(tensor: str) -> str:
     return {"out": "ol", "dout": "gl"}.get(tensor, tensor + "l")
 
 
-def _constants(text: str) -> str:
-    golden, mix1, mix2 = SPLITMIX64
-    values = {"GOLDEN": f"0x{golden:016X}", "MIX1": f"0x{mix1:016X}", "MIX2": f"0x{mix2:016X}"}
-    return re.sub(r"@(\w+)@", lambda m: values[m.group(1)], text)
-
-
 _PAIRS = tuple((name, d) for name in TYPES for d in HEAD_SIZES)      # dtypes by name (ml_dtypes not imported)
 
 # The flash attention modules' one source (each (dtype, D) module compiles its own instantiations of it).
-FLASH_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + _constants(read_source("prelude.cuh") + read_source("flash.cu"))
+FLASH_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + PRELUDE + read_source("flash.cu")
 MODULE_KERNELS = {pair: module_kernels(*pair) for pair in _PAIRS}
 # What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions and the warp
 # primitives itself), with every pair's instantiations: one library.
-FLASH_EMULATED_SOURCE = _constants(read_source("prelude.cuh") + read_source("flash.cu"))
+FLASH_EMULATED_SOURCE = PRELUDE + read_source("flash.cu")
 # Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
 # the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
 # reference's matmul anyway, and FMA halves its instruction count.

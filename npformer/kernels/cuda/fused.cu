@@ -10,15 +10,17 @@ inline double npf_inf(double) { return __builtin_huge_val(); }
 #endif
 
 // Residual add and dropout of each element (grid-stride):
-//   d = branch m  (drop = 1: keep = (u >= p) written as the mask, m = keep ? scale : 0; drop = 0: d = branch)
+//   d = branch m  (drop = 1: keep = npf_keep(seed, k) written as the mask, m = keep ? scale : 0;
+//                  drop = 0: d = branch)
 //   s = x + d     (d and s each rounded to T, as the plain dropout then add)
 template <typename T, typename A>
-__device__ void npf_add_dropout_fwd(const T* x, const T* br, const float* u, T* s, bool* keep, long long total,
-                                    float p, A scale, int drop) {
+__device__ void npf_add_dropout_fwd(const T* x, const T* br, const unsigned long long* seed, T* s, bool* keep,
+                                    long long total, int keep_min, A scale, int drop) {
+    const unsigned long long sd = drop ? *seed : 0ULL;
     NPF_FOR_EACH(k, total) {
         A d = npf_load(br[k]);
         if (drop) {
-            bool kk = u[k] >= p;
+            bool kk = npf_keep(sd, (unsigned long long)k, keep_min);
             keep[k] = kk;
             d = npf_round<T, A>(d * (kk ? scale : A(0)));
         }
@@ -31,16 +33,17 @@ __device__ void npf_add_dropout_fwd(const T* x, const T* br, const float* u, T* 
 //   y = LN(s) with w, b optional: mu, var in two passes over s, mu and rstd kept (as npf_layer_norm_fwd)
 // Each thread reads back only the entries of s it wrote itself (the same i), so no barrier is needed.
 template <typename T, typename A>
-__device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const float* u, const T* w, const T* b, T* s,
-                                       bool* keep, T* y, A* mean, A* rstd, long long rows, int n, float p, A scale,
-                                       int drop, A eps, int has_w, int has_b, A* buf) {
+__device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const unsigned long long* seed, const T* w,
+                                       const T* b, T* s, bool* keep, T* y, A* mean, A* rstd, long long rows, int n,
+                                       int keep_min, A scale, int drop, A eps, int has_w, int has_b, A* buf) {
+    const unsigned long long sd = drop ? *seed : 0ULL;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
         A sum = A(0);
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             A d = npf_load(br[o + i]);
             if (drop) {
-                bool kk = u[o + i] >= p;
+                bool kk = npf_keep(sd, (unsigned long long)(o + i), keep_min);
                 keep[o + i] = kk;
                 d = npf_round<T, A>(d * (kk ? scale : A(0)));
             }

@@ -1,8 +1,8 @@
 // What every npformer CUDA module starts with (source.py and flash_source.py put it first):
 // loads and stores of the storage type T as the arithmetic type A (float16's come from half.cuh,
 // or from the CPU emulator; bfloat16's are below), exp and log in A, a max that keeps a NaN (as
-// numpy's max does), and the grid-stride loop of the elementwise kernels over `total` contiguous
-// elements.
+// numpy's max does), the grid-stride loop of the elementwise kernels over `total` contiguous
+// elements, and dropout's keep bit.
 __device__ __forceinline__ float npf_load(float v) { return v; }
 __device__ __forceinline__ double npf_load(double v) { return v; }
 __device__ __forceinline__ void npf_store(float* p, float v) { *p = v; }
@@ -39,6 +39,16 @@ __device__ __forceinline__ double npf_exp(double v) { return exp(v); }
 __device__ __forceinline__ float npf_log(float v) { return logf(v); }
 __device__ __forceinline__ double npf_log(double v) { return log(v); }
 template <typename A> __device__ __forceinline__ A npf_max(A a, A b) { return (a > b || a != a) ? a : b; }
+// Dropout's keep bit of flat index n (npformer.ops.dropout.keep_bits): splitmix64 of seed + n golden,
+// kept when its top 24 bits reach keep_min (keep_threshold(p)); the last xor-shift leaves them as they are
+__device__ __forceinline__ bool npf_keep(unsigned long long seed, unsigned long long n, int keep_min) {
+    unsigned long long z = n * @GOLDEN@ULL + seed;
+    z ^= z >> 30;
+    z *= @MIX1@ULL;
+    z ^= z >> 27;
+    z *= @MIX2@ULL;
+    return (long long)(z >> 40) >= (long long)keep_min;
+}
 #define NPF_FOR_EACH(k, total) \
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < (total); \
          k += (long long)gridDim.x * blockDim.x)

@@ -1,6 +1,6 @@
 """Residual add + dropout (+ layer norm) as one kernel (reference: :mod:`npformer.ops.residual`).
 
-    s = x + branch m  (m = [u >= p] / (1 - p), u the dropout op's draws for one seed)   one elementwise kernel
+    s = x + branch m  (m = keep / (1 - p), the dropout op's mask of one seed)     one elementwise kernel
     s as above, then y = LN(s)                one block per row: s, the mask, y, mu, rstd written
     backward: dx = ds + LN'(dy), dbranch = dx m     one block per row; dweight, dbias in the layer-norm
                                                     kernels' column pass
@@ -15,7 +15,7 @@ import numpy
 
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
-from npformer.kernels.cuda.dropout import keep_arguments, keep_draws
+from npformer.kernels.cuda.dropout import keep_arguments, keep_draws, no_keep_draws
 from npformer.kernels.cuda.layernorm import layer_norm_param_grads, statistics_of
 from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, launch_elements, launch_rows, rows_of
 from npformer.ops import residual
@@ -32,10 +32,10 @@ def accepts_norm_backward(ds, dy, cache) -> bool:
 
 
 def _draws(xp, branch, p, rng, active):
-    """(u, scale, drop flag): the dropout op's uniforms for ``branch``, or stand-ins never read."""
+    """(seed, keep_min, scale, drop flag): the dropout op's seed for ``branch``, or stand-ins never read."""
     if active:
         return (*keep_draws(branch, p, rng), numpy.int32(1))
-    return xp.empty((1,), dtype=xp.float32), accumulation_dtype(branch.dtype).type(1), numpy.int32(0)
+    return (*no_keep_draws(xp, branch.dtype), numpy.int32(0))
 
 
 def _cache(keep, p: float, x, active: bool) -> DropoutCache:
@@ -51,13 +51,13 @@ def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: b
         return residual.residual_dropout_forward.reference(x, branch, p=p, rng=rng, training=training)
     xp = device_xp(x, branch)
     x, branch = contiguous(xp, x), contiguous(xp, branch)
-    u, scale, drop = _draws(xp, branch, p, rng, active)
+    seed, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     if x.size:
         # s = x + branch * m: one kernel
         launch_elements("add_dropout_fwd", x.dtype, x.size,
-                        (x, branch, u, s, keep, numpy.int64(x.size), numpy.float32(p), scale, drop))
+                        (x, branch, seed, s, keep, numpy.int64(x.size), keep_min, scale, drop))
     return s, _cache(keep, p, x, active)
 
 
@@ -76,7 +76,7 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     x, branch = contiguous(xp, x), contiguous(xp, branch)
     w = contiguous(xp, weight) if weight is not None else x   # x stands in for an absent w or b:
     b = contiguous(xp, bias) if bias is not None else x        # never read (has_w, has_b = 0)
-    u, scale, drop = _draws(xp, branch, p, rng, active)
+    seed, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
@@ -85,8 +85,8 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     if rows:
         # s = x + branch * m;  y = LN(s): one block per row
         launch_rows("add_dropout_ln_fwd", x.dtype, rows, n,
-                    (x, branch, u, w, b, s, keep, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
-                     numpy.float32(p), scale, drop, acc.type(eps), numpy.int32(weight is not None),
+                    (x, branch, seed, w, b, s, keep, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
+                     keep_min, scale, drop, acc.type(eps), numpy.int32(weight is not None),
                      numpy.int32(bias is not None)))
     return s, y, residual.ResidualNormCache(_cache(keep, p, x, active),
                                             LayerNormCache(s, mean, rstd, weight, bias is not None, x.dtype))

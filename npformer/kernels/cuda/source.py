@@ -22,8 +22,9 @@ from npformer.kernels.cuda.files import read_source
 from npformer.kernels.cuda.fused_source import FUSED_ENTRY_POINTS, FUSED_KERNELS
 from npformer.kernels.cuda.optim_source import OPTIM_SOURCE
 from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
+from npformer.ops.dropout import SPLITMIX64
 
-__all__ = ["HALF_CONVERSIONS", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type", "dtype_name",
+__all__ = ["HALF_CONVERSIONS", "PRELUDE", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type", "dtype_name",
            "MAX_THREADS", "COL_X", "COL_Y"]
 
 
@@ -48,10 +49,14 @@ def cuda_type(dtype) -> tuple[str, str, str] | None:
     return TYPES.get(dtype_name(dtype))
 
 HALF_CONVERSIONS = read_source("half.cuh")
+# What every module starts with, dropout's hash constants (npformer.ops.dropout.SPLITMIX64) written into
+# its npf_keep as CUDA C literals.
+_SPLITMIX64_LITERALS = {name: f"0x{value:016X}" for name, value in zip(("GOLDEN", "MIX1", "MIX2"), SPLITMIX64)}
+PRELUDE = re.sub(r"@(\w+)@", lambda m: _SPLITMIX64_LITERALS[m.group(1)], read_source("prelude.cuh"))
 
 # The kernels. @NAME@ placeholders are filled from Python (_constants): the block shapes, and the GELU
 # constants as the exact float64 values the reference op uses (rounded to float once, as NumPy does).
-_COMMON = read_source("prelude.cuh") + read_source("elementwise.cu")
+_COMMON = PRELUDE + read_source("elementwise.cu")
 
 # extern "C" entry points, instantiated per dtype: (name, parameters, call, shared memory kind).
 _ENTRY_POINTS = (
@@ -76,13 +81,13 @@ _ENTRY_POINTS = (
      "npf_gelu_fwd<T, A>(x, y, total, tanh_form)", ""),
     ("gelu_bwd", "const T* dy, const T* x, T* dx, long long total, int tanh_form",
      "npf_gelu_bwd<T, A>(dy, x, dx, total, tanh_form)", ""),
-    ("bias_gelu_fwd", "const T* z, const T* b, const float* u, T* h, T* y, bool* keep, long long total, int n, "
-     "int tanh_form, float p, A scale, int drop",
-     "npf_bias_gelu_fwd<T, A>(z, b, u, h, y, keep, total, n, tanh_form, p, scale, drop)", ""),
+    ("bias_gelu_fwd", "const T* z, const T* b, const unsigned long long* seed, T* h, T* y, bool* keep, "
+     "long long total, int n, int tanh_form, int keep_min, A scale, int drop",
+     "npf_bias_gelu_fwd<T, A>(z, b, seed, h, y, keep, total, n, tanh_form, keep_min, scale, drop)", ""),
     ("bias_add", "const T* x, const T* b, T* y, long long total, int n",
      "npf_bias_add<T, A>(x, b, y, total, n)", ""),
-    ("dropout_fwd", "const T* x, const float* u, T* y, bool* keep, long long total, float p, A scale",
-     "npf_dropout_fwd<T, A>(x, u, y, keep, total, p, scale)", ""),
+    ("dropout_fwd", "const T* x, const unsigned long long* seed, T* y, bool* keep, long long total, int keep_min, "
+     "A scale", "npf_dropout_fwd<T, A>(x, seed, y, keep, total, keep_min, scale)", ""),
     ("dropout_bwd", "const T* dy, const bool* keep, T* dx, long long total, A scale",
      "npf_dropout_bwd<T, A>(dy, keep, dx, total, scale)", ""),
 ) + FUSED_ENTRY_POINTS

@@ -12,9 +12,9 @@ its inputs once and writes its outputs once, every intermediate in registers:
   one pass over each row;
 * :mod:`~npformer.kernels.numba_cpu.cross_entropy`: the loss and its gradient, one pass over each
   row of logits each, no (N, V) temporary;
-* :mod:`~npformer.kernels.numba_cpu.pcg64`: NumPy's PCG64 stream drawn, compared and written as a
-  dropout keep-mask in one loop (the masks of the dropout and attention paths here);
-* :mod:`~npformer.kernels.numba_cpu.dropout`: dropout's product ``x * keep * scale``, each way;
+* :mod:`~npformer.kernels.numba_cpu.dropout`: dropout's counter-based keep-mask hashed, compared
+  and written in one loop (the masks of the dropout and attention paths here), and its product
+  ``x * keep * scale``, each way;
 * :mod:`~npformer.kernels.numba_cpu.attention`: the NumPy attention fast path's blocks with these
   softmax loops inside;
 * :mod:`~npformer.kernels.numba_cpu.optim`: Adam's update in one pass over the flat buffers, and the

@@ -1,9 +1,10 @@
 """Dropout's ``x * keep * scale``, forward and backward, as one compiled loop (reference:
 :mod:`npformer.ops.dropout`).
 
-The mask is drawn in the NumPy fast path's parts (:mod:`npformer.kernels.cpu.dropout`: parts of
-the PCG64 stream side by side, the reference's mask bit for bit), each part by the compiled
-generator (:mod:`~npformer.kernels.numba_cpu.pcg64`: draw, compare and write in one loop); NumPy's ``x * keep`` casts the booleans
+The mask is made in the NumPy fast path's parts (:mod:`npformer.kernels.cpu.dropout`: runs of the
+counter-based mask side by side, the reference's bit for bit), each part by one compiled loop that
+hashes, compares and writes an element at a time (:func:`write_keep`, no uint64 buffers); NumPy's
+``x * keep`` casts the booleans
 through a buffer and then scales in a second pass, here both are one loop that reads x and the mask
 once (the backward 0.3-0.9x the reference's time from 256K to 2M elements, a thread per
 :data:`~npformer.kernels.numba_cpu.rows.CHEAP` elements). The product is the reference's exactly: a
@@ -13,28 +14,45 @@ reference and PyTorch). No fast-math: bit for bit.
 from __future__ import annotations
 
 import numpy
-from numba import njit
+from numba import njit, uint64
 
 from npformer.checks import expect_grad
 from npformer.kernels.cpu import dropout as cpu_dropout
 from npformer.kernels.numba_cpu import numba_floats
-from npformer.kernels.numba_cpu.pcg64 import split_state, write_keep
 from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
+from npformer.ops.dropout import SPLITMIX64
 
-__all__ = ["apply_keep", "CompiledKeepMask", "accepts_backward", "dropout_forward", "dropout_backward"]
+__all__ = ["write_keep", "apply_keep", "CompiledKeepMask", "accepts_backward", "dropout_forward", "dropout_backward"]
+
+
+_GOLDEN, _MIX1, _MIX2 = (numpy.uint64(c) for c in SPLITMIX64)
+
+
+@njit(nogil=True, cache=True)
+def write_keep(keep, counter, threshold) -> None:
+    """``keep[i] = splitmix64(counter + i golden) >> 40 >= threshold`` (uint64 arithmetic wraps): the
+    reference's :func:`~npformer.ops.dropout.keep_bits` for the elements whose first hash input is
+    ``counter``."""
+    z0 = uint64(counter)
+    for i in range(keep.size):
+        z = z0 + uint64(i) * _GOLDEN
+        z ^= z >> uint64(30)
+        z *= _MIX1
+        z ^= z >> uint64(27)
+        z *= _MIX2
+        keep[i] = (z >> uint64(40)) >= threshold
 
 
 class CompiledKeepMask(cpu_dropout.KeepMask):
-    """:class:`~npformer.kernels.cpu.dropout.KeepMask` with each part drawn and compared by the
-    compiled PCG64 (the same booleans, the caller's generator advanced the same way)."""
+    """:class:`~npformer.kernels.cpu.dropout.KeepMask` with each part made by :func:`write_keep`
+    (the same booleans, the caller's generator advanced the same way)."""
 
     def stream(self, start: int):
-        hi, lo, inc_hi, inc_lo = split_state(self.draws_from(start))
-        state, threshold = [hi, lo], numpy.uint64(self.threshold)
+        position = [start]
 
-        def write(out) -> None:                          # (numba hands uint64 back as int: re-typed)
-            hi, lo = write_keep(out, state[0], state[1], inc_hi, inc_lo, threshold)
-            state[0], state[1] = numpy.uint64(hi), numpy.uint64(lo)
+        def write(out) -> None:
+            write_keep(out, numpy.uint64(self.first_counter(position[0])), self.threshold)
+            position[0] += out.size
         return write
 
 

@@ -27,7 +27,6 @@ from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck
                            padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32", "float16")
-SHIPPED_MIN_STREAM_ELEMENTS = cpu_dropout.MIN_STREAM_ELEMENTS     # (read before conftest's fixture lowers it)
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
 
 
@@ -75,7 +74,7 @@ def test_layer_norm(shape, seed, dtype, affine):
 
 @given(shape=shapes, seed=seeds, dtype=st.sampled_from(DTYPES), p=st.sampled_from([0.1, 0.5, 0.9, 1.0]))
 def test_dropout_masks_are_the_reference_bit_for_bit(shape, seed, dtype, p):
-    x = randn(np, shape + (2,), seed, dtype)             # an even size: the raw-bits path applies
+    x = randn(np, shape, seed, dtype)
     rng_fast, rng_ref = default_rng(seed, "numpy"), default_rng(seed, "numpy")
     assert kernels.implementation(dropout.dropout_forward, x, p, rng=rng_fast) == "cpu"
     out, cache = dropout.dropout_forward(x, p, rng=rng_fast)
@@ -88,20 +87,13 @@ def test_dropout_masks_are_the_reference_bit_for_bit(shape, seed, dtype, p):
     np.testing.assert_array_equal(rng_fast.random(7), rng_ref.random(7))   # the same draws consumed
 
 
-def test_small_masks_take_the_reference(monkeypatch):
-    """Under MIN_STREAM_ELEMENTS the reference's one draw is the faster (kernels/cpu/dropout.py), at
-    and above it the raw-bits path runs (numba's too: it shares the test): the size alone decides."""
-    monkeypatch.setattr(cpu_dropout, "MIN_STREAM_ELEMENTS", SHIPPED_MIN_STREAM_ELEMENTS)
-    for size, want in ((SHIPPED_MIN_STREAM_ELEMENTS - 2, "reference"), (SHIPPED_MIN_STREAM_ELEMENTS, "cpu")):
-        x = np.zeros(size, np.float32)
-        assert kernels.implementation(dropout.dropout_forward, x, 0.5, rng=default_rng(0, "numpy")) == want
-
-
-def test_dropout_falls_back_where_the_raw_bits_do_not_apply():
-    x = randn(np, (3,), 0, "float32")                    # odd size
-    assert kernels.implementation(dropout.dropout_forward, x, 0.5, rng=default_rng(0, "numpy")) == "reference"
-    mt = np.random.Generator(np.random.MT19937(0))       # another bit generator
-    assert kernels.implementation(dropout.dropout_forward, x[:2], 0.5, rng=mt) == "reference"
+def test_dropout_takes_any_size_and_any_numpy_generator():
+    """The mask is made from one seed, so no size or bit generator needs the reference; without a
+    generator the reference runs and raises its error."""
+    for x, rng in ((np.zeros(3, np.float32), default_rng(0, "numpy")),
+                   (np.zeros(2, np.float32), np.random.Generator(np.random.MT19937(0)))):
+        assert kernels.implementation(dropout.dropout_forward, x, 0.5, rng=rng) == "cpu"
+    assert kernels.implementation(dropout.dropout_forward, np.zeros(2), 0.5, rng=None) == "reference"
 
 
 @given(b=st.integers(1, 2), h=st.integers(1, 2), tq=st.integers(1, 5), tk=st.integers(1, 5),
@@ -435,11 +427,13 @@ def test_erf_float32_edges():
 
 @pytest.fixture
 def tiny_blocks(monkeypatch):
-    """Blocks of 8 scores and thread runs of 8 elements, so small arrays take every cut."""
+    """Blocks of 8 scores, thread runs of 8 elements and mask blocks of 3, so small arrays take every
+    cut."""
     from npformer.kernels.cpu import attention as cpu_attention, dropout as cpu_dropout
     monkeypatch.setattr(cpu_attention, "BLOCK_ELEMENTS", 8)
     monkeypatch.setattr(cpu_dropout, "BLOCK_ELEMENTS", 8)
     monkeypatch.setattr(cpu_dropout, "MIN_THREAD_ELEMENTS", 8)
+    monkeypatch.setattr(cpu_dropout, "MASK_BLOCK", 3)
 
 
 @pytest.fixture
@@ -533,23 +527,20 @@ def test_attention_batch_blocks_are_shared_equally_between_threads():
     assert runs(5, 2) == [3, 2] and runs(1, 2) == [1] and runs(8, 2) == [4, 4]
 
 
-@pytest.mark.parametrize("n", [2, 10, 64, 130])
+@pytest.mark.parametrize("n", [1, 2, 10, 65, 130])
 def test_dropout_parts_on_threads_give_the_reference_mask(tiny_blocks, thread_count, n):
     x = randn(np, (n,), 0, "float32")
     rng_ref = default_rng(1, "numpy")
     with kernels.disabled():
         out_ref, cache_ref = dropout.dropout_forward(x, 0.4, rng=rng_ref)
+    state_ref = rng_ref.bit_generator.state
     for n_threads in (1, 2, 3):
         thread_count(n_threads)
         rng = default_rng(1, "numpy")
         out, cache = dropout.dropout_forward(x, 0.4, rng=rng)
         np.testing.assert_array_equal(cache.keep, cache_ref.keep)
         np.testing.assert_array_equal(out, out_ref)
-        state, state_ref = rng.bit_generator.state, rng_ref.bit_generator.state
-        assert state["state"] == state_ref["state"] and state["has_uint32"] == state_ref["has_uint32"] == 0
-        np.testing.assert_array_equal(rng.random(5, dtype=np.float32), rng_ref.random(5, dtype=np.float32))
-        rng_ref = default_rng(1, "numpy")
-        rng_ref.random((n,), dtype=np.float32)
+        assert rng.bit_generator.state == state_ref      # the one seed's draws, whatever the parts
 
 
 def test_attention_fast_path_peak_memory_is_at_most_the_reference():

@@ -1,6 +1,5 @@
 """The CPU fast paths' thread pool (npformer.kernels.cpu.threads): results in order, every part
 finished before an exception is raised, BLAS restored, concurrent callers and forked children."""
-import math
 import os
 import threading
 import time

@@ -12,7 +12,7 @@ template <typename K> __global__ void npf_fa_geometry(long long* out) {
 
 // _keep (unscaled) for flat indices n = ((bh Tq) + i) Tk + j of a (bh_count, Tq, Tk) block
 extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int keep_min, bool* keep, long long total) {
-    NPF_FOR_EACH(n, total) keep[n] = npf_fa_keep(*seed, (unsigned long long)n, keep_min);
+    NPF_FOR_EACH(n, total) keep[n] = npf_keep(*seed, (unsigned long long)n, keep_min);
 }
 
 // Where each field of NpfFaParams<T, A> is (bytes from its start), in the order of flash_source.params_dtype's

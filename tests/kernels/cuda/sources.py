@@ -9,6 +9,7 @@ from pathlib import Path
 
 from npformer.kernels.cuda import flash_source
 from npformer.kernels.cuda.files import read_source
+from npformer.kernels.cuda.source import PRELUDE
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 
 __all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "FLASH_TEST_SOURCE", "FLASH_TEST_KERNELS",
@@ -17,7 +18,7 @@ __all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "FLASH_TEST_SOURCE",
 _HERE = Path(__file__).parent
 
 # the primitives, the prelude (bfloat16's type and conversions), the test kernels
-PRIMITIVES_SOURCE = WARP_PRIMITIVES + read_source("prelude.cuh") + (_HERE / "warp_test.cu").read_text(encoding="utf-8")
+PRIMITIVES_SOURCE = WARP_PRIMITIVES + PRELUDE + (_HERE / "warp_test.cu").read_text(encoding="utf-8")
 PRIMITIVES_NVRTC_OPTIONS = ("--fmad=true",)
 
 
