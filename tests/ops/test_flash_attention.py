@@ -74,6 +74,24 @@ def test_equals_plain_op_outputs_and_gradients(xp, b, h, hs, hv, tq, tk, bq, bk,
         assert_same(g, r)
 
 
+@given(b=batch, h=heads, hs=head_size, tq=LENGTHS, tk=LENGTHS, bq=BLOCKS, bk=BLOCKS, causal=CAUSAL,
+       kind=MASKS, p=st.sampled_from([0.2, 0.6]), seed=seeds, data=st.data())
+def test_with_dropout_equals_plain_op_for_one_seed(xp, b, h, hs, tq, tk, bq, bk, causal, kind, p, seed, data):
+    """Both drop with the dropout op's counter-based mask at the score's flat index, one seed drawn
+    from the generator: for one seed they drop the same entries, whatever the tiles (outputs and
+    gradients), and leave the generator in the same state."""
+    q, k, v = qkv(xp, b, h, tq, tk, hs, hs, seed)
+    kw = {**draw_masks(data, xp, kind, b, h, tq, tk, seed), **causal_kw(causal), "dropout_p": p}
+    rng_ref, rng = default_rng(seed, backend_name(xp)), default_rng(seed, backend_name(xp))
+    ref, _, ref_cache = sdpa_forward(q, k, v, rng=rng_ref, **kw)
+    out, cache = flash_forward(q, k, v, block_q=bq, block_k=bk, rng=rng, **kw)
+    assert_same(out, ref)
+    dout = randn(xp, out.shape, seed + 3)
+    for g, r in zip(flash_backward(dout, cache), sdpa_backward(dout, ref_cache)):
+        assert_same(g, r)
+    assert_same(rng.random(3), rng_ref.random(3), tol=0)
+
+
 @given(b=st.integers(1, 2), h=st.integers(1, 2), hs=head_size, tq=st.integers(1, 6), tk=st.integers(1, 6),
        bq=st.integers(1, 4), bk=st.integers(1, 4), causal=CAUSAL, kind=MASKS, seed=seeds, data=st.data())
 def test_gradcheck_masks(xp, b, h, hs, tq, tk, bq, bk, causal, kind, seed, data):
