@@ -5,8 +5,8 @@
     dx = dout * m / (1 - p)
 
 The uniforms come from a counter-based generator, as FlashAttention's and PyTorch's GPU dropout
-draw theirs (Philox there): each call draws one 64-bit ``seed`` from the ``rng`` passed in
-(``npformer.backend.default_rng(seed, backend)``; a model owns one,
+draw theirs (Philox there): each call makes one 64-bit ``seed`` of two float64 uniforms drawn from
+the ``rng`` passed in (``npformer.backend.default_rng(seed, backend)``; a model owns one,
 :meth:`npformer.nn.Module.manual_seed`), and element n of x (its flat C-order index) gets
 
     z_n = splitmix64(seed + n * golden)           (Steele, Lea and Flood 2014; 64-bit arithmetic wraps)
@@ -16,7 +16,7 @@ so the keep-mask is a function of (seed, n) alone. A fixed seed gives a fixed ma
 can be made on its own, in any order (a thread's block, a GPU thread's element, a flash-attention
 tile, the backward recomputing a tile), with no array of draws in memory: a CUDA kernel makes its
 bits where it uses them. Every implementation computes these same bits, so the masks agree element
-by element on every backend; the generator advances by the one seed's draw whatever the size.
+by element on every backend; the generator advances by the seed's two draws whatever the size.
 ``p = 1`` drops everything (output and gradient are zero) and draws nothing.
 """
 from __future__ import annotations
@@ -29,8 +29,8 @@ from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
-__all__ = ["SPLITMIX64", "DropoutCache", "dropout_active", "draw_seed", "keep_threshold", "keep_bits", "keep_scale",
-           "dropout_mask", "dropout_forward", "dropout_term", "dropout_backward", "dropout_term_backward"]
+__all__ = ["SPLITMIX64", "DropoutCache", "dropout_active", "seed_draws", "seed_of", "draw_seed", "keep_threshold",
+           "keep_bits", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term", "dropout_backward", "dropout_term_backward"]
 
 SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
 _GOLDEN, _MIX1, _MIX2 = SPLITMIX64
@@ -67,14 +67,26 @@ def dropout_active(x, p, rng, training) -> bool:
     return True
 
 
-def draw_seed(rng, like, xp):
-    """One 64-bit seed from ``rng`` as a () uint64 array on ``like``'s device: two float64 uniforms
-    give its 32-bit halves (a CuPy Generator draws them on the GPU, so no value goes to the host)."""
+def seed_draws(rng, like, xp):
+    """The two float64 uniforms a dropout seed is made of, drawn from ``rng`` on ``like``'s device (a
+    CuPy Generator draws them on the GPU, so no value goes to the host)."""
     if rng is None:
         raise RangeError(_NEEDS_RNG)
-    halves = (rng.random((2,), dtype=xp.float64) * 2.0 ** 32).astype(xp.uint64)   # (2,)
-    get_array_module(halves, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
+    draws = rng.random((2,), dtype=xp.float64)          # (2,)
+    get_array_module(draws, like)   # a NumPy Generator with CuPy data (or the reverse) raises here
+    return draws
+
+
+def seed_of(draws, xp):
+    """The 64-bit seed of :func:`seed_draws`' two uniforms u0, u1 as a () uint64 array: its high and
+    low halves are floor(u0 2^32) and floor(u1 2^32) (exact: the scaling is by a power of two)."""
+    halves = (draws * 2.0 ** 32).astype(xp.uint64)       # (2,)
     return ((halves[:1] << xp.uint64(32)) | halves[1:]).reshape(())                # ()
+
+
+def draw_seed(rng, like, xp):
+    """One 64-bit seed from ``rng`` as a () uint64 array on ``like``'s device."""
+    return seed_of(seed_draws(rng, like, xp), xp)
 
 
 def keep_threshold(p: float) -> int:

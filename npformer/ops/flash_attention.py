@@ -44,7 +44,7 @@ from npformer.ops.attention import check_attention_inputs   # the plain op's inp
 from npformer.checks import expect_grad, one_of, positive_int
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
-from npformer.ops.dropout import draw_seed, keep_bits
+from npformer.ops.dropout import keep_bits, seed_draws, seed_of
 from npformer.ops.masks import check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
@@ -67,7 +67,7 @@ class Masks(NamedTuple):
 
 
 class FlashAttentionCache(NamedTuple):
-    """O(T): no (Tq, Tk) array. P is recomputed tile by tile from lse; dropout masks from seed."""
+    """O(T): no (Tq, Tk) array. P is recomputed tile by tile from lse; dropout masks from the seed."""
 
     q: Any             # (B, H, Tq, hs)
     k: Any             # (B, H, Tk, hs)
@@ -76,7 +76,7 @@ class FlashAttentionCache(NamedTuple):
     lse: Any           # (B, H, Tq, 1) accumulation dtype; +inf on fully masked rows
     masks: Masks
     dropout_p: float   # 0.0 when no dropout ran
-    seed: Any          # () uint64 dropout seed, or None
+    seed_draws: Any    # (2,) float64: the dropout seed's draws (ops.dropout.seed_draws), or None
     scale: float
     block_q: int
     block_k: int
@@ -145,7 +145,8 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     masks = flash_masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
     acc_dt = accumulation_dtype(q.dtype)
     p = float(dropout_p) if training and dropout_p > 0 else 0.0
-    seed = draw_seed(rng, q, xp) if p > 0 else None
+    draws = seed_draws(rng, q, xp) if p > 0 else None                             # (2,)
+    seed = seed_of(draws, xp) if p > 0 else None                                  # ()
     out = xp.empty((b, h, tq, hv), dtype=q.dtype)                                 # (B, H, Tq, hv)
     lse = xp.empty((b, h, tq, 1), dtype=acc_dt)                                   # (B, H, Tq, 1)
     for i0 in range(0, tq, block_q):
@@ -174,15 +175,16 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
         empty = l == 0                                                            # fully masked rows
         out[:, :, i0:i1] = acc / xp.where(empty, 1.0, l)                          # (B, H, bq, hv)
         lse[:, :, i0:i1] = xp.where(empty, xp.inf, m + xp.log(xp.where(empty, 1.0, l)))
-    return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
+    return out, FlashAttentionCache(q, k, v, out, lse, masks, p, draws, scale, block_q, block_k)
 
 
 @dispatched
 def flash_attention_backward(dout, cache: FlashAttentionCache):
     """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv), recomputing every tile of P."""
-    q, k, v, out, lse, masks, p, seed, scale, block_q, block_k = cache
+    q, k, v, out, lse, masks, p, draws, scale, block_q, block_k = cache
     expect_grad(dout, "dout", out.shape, out.dtype)
     xp = get_array_module(dout, q)
+    seed = seed_of(draws, xp) if p > 0 else None                                  # ()
     acc_dt = lse.dtype
     b, h, tq, _ = q.shape
     tk = k.shape[2]

@@ -264,10 +264,10 @@ def test_cache_holds_no_tq_by_tk_array(xp):
     out, cache = flash_forward(q, k, v, key_padding_mask=pad, is_causal=True, dropout_p=0.1,
                                rng=default_rng(0, backend_name(xp)), block_q=16, block_k=16)
     arrays = cache_arrays(cache)
-    assert {a.size for a in arrays} == {q.size, k.size, out.size, b * h * tq, b * tk, 1}   # lse, padding, seed
+    assert {a.size for a in arrays} == {q.size, k.size, out.size, b * h * tq, b * tk, 2}   # lse, padding, seed draws
     assert all(a.size < tq * tk for a in arrays)
     assert sum(a.nbytes for a in arrays) == q.nbytes + k.nbytes + v.nbytes + out.nbytes + cache.lse.nbytes \
-        + pad.nbytes + cache.seed.nbytes
+        + pad.nbytes + cache.seed_draws.nbytes
     _, _, plain = sdpa_forward(q, k, v, key_padding_mask=pad, is_causal=True)
     assert max(a.size for a in cache_arrays(plain)) == b * h * tq * tk       # what the flash cache avoids
 

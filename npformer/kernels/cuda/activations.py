@@ -98,14 +98,14 @@ def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
     h = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     a = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     if rng is not None:
-        seed, keep_min, scale = keep_draws(z, p, rng)    # the dropout op's seed for a (same shape)
+        draws, keep_min, scale = keep_draws(z, p, rng)   # the dropout op's seed draws for a (same shape)
         keep = xp.empty(z.shape, dtype=bool)             # (..., F) m
     else:
-        (seed, keep_min, scale), keep = no_keep_draws(xp, z.dtype), None
+        (draws, keep_min, scale), keep = no_keep_draws(xp, z.dtype), None
     keep_arg = keep if keep is not None else xp.empty((1,), dtype=bool)   # a stand-in, never read
     if z.size:
         launch_elements("bias_gelu_fwd", z.dtype, z.size,
-                        (z, bias, seed, h, a, keep_arg, numpy.int64(z.size), numpy.int32(n), form, keep_min,
+                        (z, bias, draws, h, a, keep_arg, numpy.int64(z.size), numpy.int32(n), form, keep_min,
                          scale, numpy.int32(rng is not None)))
     return a, h, keep
 

@@ -1,6 +1,7 @@
 """Fused inverted dropout, forward and backward (reference: :mod:`npformer.ops.dropout`).
 
-    seed: one 64-bit seed drawn from the Generator passed in, as the plain op draws it (on the GPU)
+    seed: made of two float64 uniforms drawn from the Generator passed in, as the plain op makes it
+          (drawn on the GPU, one launch; the kernel makes the seed of them: npf_seed)
     keep_n = splitmix64(seed + n golden) >> 40 >= keep_threshold(p)   (npf_keep, for element n)
     m = keep / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
     dx = dout m
@@ -17,24 +18,25 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
-from npformer.ops.dropout import DropoutCache, dropout_active, draw_seed, keep_scale, keep_threshold
+from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale, keep_threshold, seed_draws
 
 __all__ = ["dropout_forward", "dropout_backward", "keep_draws", "no_keep_draws", "keep_arguments"]
 
 
 def keep_draws(x, p: float, rng) -> tuple:
     """What a fused kernel needs to drop exactly the entries the reference drops for ``x`` (0 < p < 1):
-    ``(seed, keep_min, scale)``, the seed the reference draws from ``rng`` (a () uint64 array on the
-    GPU, read by the kernel: no value goes to the host), ``keep_threshold(p)`` as an int32, and
-    ``1 / (1 - p)`` rounded to x's dtype as a scalar of the accumulation type."""
-    return (draw_seed(rng, x, device_xp(x)), numpy.int32(keep_threshold(p)),
+    ``(draws, keep_min, scale)``: the two float64 uniforms the reference makes its seed of, drawn from
+    ``rng`` on the GPU (the kernel makes the seed: no value goes to the host, and the draw is the one
+    launch besides the kernel's), ``keep_threshold(p)`` as an int32, and ``1 / (1 - p)`` rounded to
+    x's dtype as a scalar of the accumulation type."""
+    return (seed_draws(rng, x, device_xp(x)), numpy.int32(keep_threshold(p)),
             accumulation_dtype(x.dtype).type(keep_scale(p, x.dtype)))
 
 
 def no_keep_draws(xp, dtype) -> tuple:
-    """:func:`keep_draws`'s stand-ins for a kernel that drops nothing (its flag ``drop`` 0): a seed
+    """:func:`keep_draws`'s stand-ins for a kernel that drops nothing (its flag ``drop`` 0): draws
     never read, 0 and 1."""
-    return xp.empty((1,), dtype=xp.uint64), numpy.int32(0), accumulation_dtype(dtype).type(1)
+    return xp.empty((2,), dtype=xp.float64), numpy.int32(0), accumulation_dtype(dtype).type(1)
 
 
 def keep_arguments(xp, cache: DropoutCache, dtype) -> tuple:
@@ -56,14 +58,14 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     if p == 1.0:
         keep, scale = xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
         return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
-    seed, keep_min, scale = keep_draws(x, p, rng)
+    draws, keep_min, scale = keep_draws(x, p, rng)
     x = contiguous(xp, x)
     out = xp.empty(x.shape, dtype=x.dtype)               # (same as x)
     keep = xp.empty(x.shape, dtype=bool)                 # (same as x)
     if x.size:
         # out = x * m / (1 - p), the mask made in the kernel and kept for the backward
         launch_elements("dropout_fwd", x.dtype, x.size,
-                        (x, seed, out, keep, numpy.int64(x.size), keep_min, scale))
+                        (x, draws, out, keep, numpy.int64(x.size), keep_min, scale))
     return out, DropoutCache(keep, keep_scale(p, x.dtype), x.shape, x.dtype)
 
 

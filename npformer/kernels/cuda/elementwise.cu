@@ -188,11 +188,12 @@ __device__ void npf_gelu_bwd(const T* dy, const T* x, T* dx, long long total, in
 }
 // h = z + b (b broadcast over the last axis of n values, h rounded to T as the plain linear's
 // output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, keep = npf_keep(seed, k)
+// (the seed made of the dropout op's two draws)
 // is written as the mask and the output is a m, m = keep ? scale : 0 (the plain gelu then dropout)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const unsigned long long* seed, T* h, T* y, bool* keep,
+__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const double* draws, T* h, T* y, bool* keep,
                                   long long total, int n, int tanh_form, int keep_min, A scale, int drop) {
-    const unsigned long long s = drop ? *seed : 0ULL;
+    const unsigned long long s = drop ? npf_seed(draws) : 0ULL;
     NPF_FOR_EACH(k, total) {
         const bool kk = drop && npf_keep(s, (unsigned long long)k, keep_min);   // first: its registers are
         A hk = npf_round<T, A>(npf_load(z[k]) + npf_load(b[k % n]));          // free before gelu's (32 on sm_90)
@@ -212,9 +213,9 @@ __device__ void npf_bias_add(const T* x, const T* b, T* y, long long total, int 
 // inverted dropout: keep = npf_keep(seed, k) written as the mask, out = x m, m = keep ? scale : 0
 // (scale = 1 / (1 - p) rounded to T)
 template <typename T, typename A>
-__device__ void npf_dropout_fwd(const T* x, const unsigned long long* seed, T* y, bool* keep, long long total,
+__device__ void npf_dropout_fwd(const T* x, const double* draws, T* y, bool* keep, long long total,
                                 int keep_min, A scale) {
-    const unsigned long long s = *seed;
+    const unsigned long long s = npf_seed(draws);
     NPF_FOR_EACH(k, total) {
         bool kk = npf_keep(s, (unsigned long long)k, keep_min);
         keep[k] = kk;

@@ -43,7 +43,7 @@ template <typename A> struct NpfFaArgs {
     // key_padding_mask (B, Tk), kinds and forms as above, pad_ld elements a row; for bool padding key_end[b]
     // is one past batch b's last key that is not padding (0 if none): key tiles at and past it are skipped
     const bool* pad_b; const unsigned* pad_bits; const A* pad_f; const int* key_end; int pad_ld; int pad_kind;
-    const unsigned long long* seed; int keep_min; A keep_scale;              // dropout (keep_min 0: none), 1 / (1 - p)
+    const double* seed_draws; int keep_min; A keep_scale;                    // dropout (keep_min 0: none), 1 / (1 - p)
     long long bh_count; int H, Tq, Tk, hs, hv; A scale; int causal, shift;   // causal: key j visible to i when j <= i + shift
 };
 
@@ -231,7 +231,7 @@ __device__ void npf_fa_forward(const T* q, const T* k, const T* v, T* out, A* ls
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
-    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const unsigned long long seed = a.keep_min ? npf_seed(a.seed_draws) : 0ULL;
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
@@ -378,7 +378,7 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
     const int j0 = blockIdx.x * BC;
     const int n_qt = (a.Tq + BR - 1) / BR;
-    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const unsigned long long seed = a.keep_min ? npf_seed(a.seed_draws) : 0ULL;
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_qt_head = j0 < npf_fa_key_end(a, bh) ? n_qt : 0;   // keys all padding: zeros
@@ -461,7 +461,7 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt_all = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, a.causal, a.shift);
-    const unsigned long long seed = a.keep_min ? *a.seed : 0ULL;
+    const unsigned long long seed = a.keep_min ? npf_seed(a.seed_draws) : 0ULL;
     const A inf = npf_fa_inf(A(0));
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         const int n_kt = npf_fa_head_key_tiles<BC>(a, bh, n_kt_all);
@@ -696,7 +696,7 @@ template <typename Ops, int D, int N, int NBUF = 2> struct NpfFaTcWarp {
     const int warp, lane, g, t;
     const unsigned long long seed;
     __device__ __forceinline__ explicit NpfFaTcWarp(const NpfFaArgs<float>& a)
-        : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4), seed(a.keep_min ? *a.seed : 0ULL) {}
+        : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4), seed(a.keep_min ? npf_seed(a.seed_draws) : 0ULL) {}
     // the lane's row r (0: g, 1: g + 8) of the warp's 16, counted in the block's 64
     __device__ __forceinline__ int row(int r) const { return warp * 16 + g + 8 * r; }
 };

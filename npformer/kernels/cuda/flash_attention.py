@@ -33,7 +33,7 @@ from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VA
                                                 layout_field, name_expression, params_dtype)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES, dtype_name
-from npformer.ops.dropout import draw_seed, keep_threshold
+from npformer.ops.dropout import keep_threshold, seed_draws
 from npformer.ops.flash_attention import FlashAttentionCache, check_flash_arguments, flash_masks
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
@@ -120,7 +120,7 @@ def key_end(xp, padding):
     return xp.where(visible.any(axis=1), tk - last_from_end, 0).astype(xp.int32)
 
 
-def _params(xp, q, k, v, masks, scale, acc, p: float, seed, bits: bool, **tensors):
+def _params(xp, q, k, v, masks, scale, acc, p: float, draws, bits: bool, **tensors):
     """The kernels' one argument (flash.cu's NpfFaParams, :func:`~npformer.kernels.cuda.flash_source.params_dtype`):
     a 1-element structured array filled field by field, and the arrays it points to that were made here
     (keep them until the launch is issued). ``tensors``: out, dout, dq, dk, dv, lse, dvec as the kernel
@@ -156,7 +156,7 @@ def _params(xp, q, k, v, masks, scale, acc, p: float, seed, bits: bool, **tensor
     if masks.padding is not None and masks.padding.dtype == bool:
         point("key_end", key_end(xp, masks.padding), args)
     if p > 0:
-        point("seed", contiguous(xp, seed), args)
+        point("seed_draws", contiguous(xp, draws), args)
         args["keep_min"] = keep_threshold(p)
         args["keep_scale"] = 1.0 / (1.0 - p) if p < 1 else 0.0                 # _keep's 1 / (1 - p), in A
     b, h, tq, hs = q.shape
@@ -205,18 +205,18 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     masks = flash_masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, causal_alignment, xp)
     acc = accumulation_dtype(q.dtype)
     p = float(dropout_p) if training and dropout_p > 0 else 0.0
-    seed = draw_seed(rng, q, xp) if p > 0 else None
+    draws = seed_draws(rng, q, xp) if p > 0 else None      # (2,) the kernels make the seed of them
     q, k, v = strided_heads(xp, q), strided_heads(xp, k), strided_heads(xp, v)
     out = merged_heads(xp, b, h, tq, hv, q.dtype)                                 # (B, H, Tq, hv) view
     lse = xp.empty((b, h, tq, 1), dtype=acc)                                      # (B, H, Tq, 1)
     if b * h and tq:
         variant = tensor_core_variant(q.dtype)
-        args, _made = _params(xp, q, k, v, masks, scale, acc, p, seed, bool(variant), out=out, lse=lse)
+        args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, lse=lse)
         if variant == "tc" and dense(masks, p):
             _launch("fwd_dense" + _causal(masks), q.dtype, d, tq, b * h, args)
         else:
             _launch("fwd" + (f"_{variant}" if variant else ""), q.dtype, d, tq, b * h, args)
-    return out, FlashAttentionCache(q, k, v, out, lse, masks, p, seed, scale, block_q, block_k)
+    return out, FlashAttentionCache(q, k, v, out, lse, masks, p, draws, scale, block_q, block_k)
 
 
 def flash_attention_backward(dout, cache: FlashAttentionCache):
@@ -237,7 +237,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     """The backward of :func:`flash_attention_backward`, writing into ``dq``, ``dk``, ``dv``: arrays
     of q's, k's and v's shapes and dtype whose last axis is contiguous (views of a larger array
     included: every element is written)."""
-    q, k, v, out, lse, masks, p, seed, scale, _, _ = cache
+    q, k, v, out, lse, masks, p, draws, scale, _, _ = cache
     expect_grad(dout, "dout", out.shape, out.dtype)
     xp = device_xp(dout, q, k, v, out, dq, dk, dv)
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
@@ -252,7 +252,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
         return
     dvec = xp.empty((b, h, tq), dtype=acc)                                        # (B, H, Tq) D = rowsum(dO * O)
     variant = tensor_core_variant(q.dtype)
-    args, _made = _params(xp, q, k, v, masks, scale, acc, p, seed, bool(variant), out=out, dout=dout, dq=dq, dk=dk,
+    args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, dout=dout, dq=dq, dk=dk,
                           dv=dv, lse=lse, dvec=dvec)
     rows = b * h * tq
     if rows:                                                                      # bwd_pre: a warp per row
@@ -295,4 +295,4 @@ def accepts_backward(dout, cache) -> bool:
     return (accepts_forward(cache.q, cache.k, cache.v, attn_mask=cache.masks.attn,
                             key_padding_mask=cache.masks.padding)
             and runtime.device_floats(dout, cache.out, dtype=cache.q.dtype)
-            and runtime.is_device_array(cache.lse) and (cache.seed is None or runtime.is_device_array(cache.seed)))
+            and runtime.is_device_array(cache.lse) and (cache.seed_draws is None or runtime.is_device_array(cache.seed_draws)))

@@ -14,9 +14,9 @@ inline double npf_inf(double) { return __builtin_huge_val(); }
 //                  drop = 0: d = branch)
 //   s = x + d     (d and s each rounded to T, as the plain dropout then add)
 template <typename T, typename A>
-__device__ void npf_add_dropout_fwd(const T* x, const T* br, const unsigned long long* seed, T* s, bool* keep,
+__device__ void npf_add_dropout_fwd(const T* x, const T* br, const double* draws, T* s, bool* keep,
                                     long long total, int keep_min, A scale, int drop) {
-    const unsigned long long sd = drop ? *seed : 0ULL;
+    const unsigned long long sd = drop ? npf_seed(draws) : 0ULL;
     NPF_FOR_EACH(k, total) {
         A d = npf_load(br[k]);
         if (drop) {
@@ -33,10 +33,10 @@ __device__ void npf_add_dropout_fwd(const T* x, const T* br, const unsigned long
 //   y = LN(s) with w, b optional: mu, var in two passes over s, mu and rstd kept (as npf_layer_norm_fwd)
 // Each thread reads back only the entries of s it wrote itself (the same i), so no barrier is needed.
 template <typename T, typename A>
-__device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const unsigned long long* seed, const T* w,
+__device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const double* draws, const T* w,
                                        const T* b, T* s, bool* keep, T* y, A* mean, A* rstd, long long rows, int n,
                                        int keep_min, A scale, int drop, A eps, int has_w, int has_b, A* buf) {
-    const unsigned long long sd = drop ? *seed : 0ULL;
+    const unsigned long long sd = drop ? npf_seed(draws) : 0ULL;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
         A sum = A(0);

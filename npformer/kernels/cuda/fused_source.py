@@ -18,13 +18,13 @@ FUSED_KERNELS = read_source("fused.cu")
 
 # extern "C" entry points: (name, parameters, call, shared memory kind), as in source.py
 FUSED_ENTRY_POINTS = (
-    ("add_dropout_fwd", "const T* x, const T* br, const unsigned long long* seed, T* s, bool* keep, "
+    ("add_dropout_fwd", "const T* x, const T* br, const double* draws, T* s, bool* keep, "
      "long long total, int keep_min, A scale, int drop",
-     "npf_add_dropout_fwd<T, A>(x, br, seed, s, keep, total, keep_min, scale, drop)", ""),
-    ("add_dropout_ln_fwd", "const T* x, const T* br, const unsigned long long* seed, const T* w, const T* b, T* s, "
+     "npf_add_dropout_fwd<T, A>(x, br, draws, s, keep, total, keep_min, scale, drop)", ""),
+    ("add_dropout_ln_fwd", "const T* x, const T* br, const double* draws, const T* w, const T* b, T* s, "
      "bool* keep, T* y, A* mean, A* rstd, long long rows, int n, int keep_min, A scale, int drop, A eps, "
      "int has_w, int has_b",
-     "npf_add_dropout_ln_fwd<T, A>(x, br, seed, w, b, s, keep, y, mean, rstd, rows, n, keep_min, scale, drop, eps, "
+     "npf_add_dropout_ln_fwd<T, A>(x, br, draws, w, b, s, keep, y, mean, rstd, rows, n, keep_min, scale, drop, eps, "
      "has_w, has_b, buf)", "row"),
     ("add_dropout_ln_bwd", "const T* dy, const T* ds, const T* s, const A* mean, const A* rstd, const T* w, "
      "const bool* keep, A scale, T* dx, T* dbr, long long rows, int n, int has_w, int has_ds, int drop",

@@ -39,6 +39,11 @@ __device__ __forceinline__ double npf_exp(double v) { return exp(v); }
 __device__ __forceinline__ float npf_log(float v) { return logf(v); }
 __device__ __forceinline__ double npf_log(double v) { return log(v); }
 template <typename A> __device__ __forceinline__ A npf_max(A a, A b) { return (a > b || a != a) ? a : b; }
+// Dropout's seed from its two float64 draws (npformer.ops.dropout.seed_of): floor(u0 2^32) is the high
+// half, floor(u1 2^32) the low one (a conversion to an integer truncates, as numpy's astype does)
+__device__ __forceinline__ unsigned long long npf_seed(const double* draws) {
+    return ((unsigned long long)(draws[0] * 4294967296.0) << 32) | (unsigned long long)(draws[1] * 4294967296.0);
+}
 // Dropout's keep bit of flat index n (npformer.ops.dropout.keep_bits): splitmix64 of seed + n golden,
 // kept when its top 24 bits reach keep_min (keep_threshold(p)); the last xor-shift leaves them as they are
 __device__ __forceinline__ bool npf_keep(unsigned long long seed, unsigned long long n, int keep_min) {

@@ -32,7 +32,7 @@ def accepts_norm_backward(ds, dy, cache) -> bool:
 
 
 def _draws(xp, branch, p, rng, active):
-    """(seed, keep_min, scale, drop flag): the dropout op's seed for ``branch``, or stand-ins never read."""
+    """(draws, keep_min, scale, drop flag): the dropout op's seed draws for ``branch``, or stand-ins never read."""
     if active:
         return (*keep_draws(branch, p, rng), numpy.int32(1))
     return (*no_keep_draws(xp, branch.dtype), numpy.int32(0))
@@ -51,13 +51,13 @@ def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: b
         return residual.residual_dropout_forward.reference(x, branch, p=p, rng=rng, training=training)
     xp = device_xp(x, branch)
     x, branch = contiguous(xp, x), contiguous(xp, branch)
-    seed, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
+    draws, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     if x.size:
         # s = x + branch * m: one kernel
         launch_elements("add_dropout_fwd", x.dtype, x.size,
-                        (x, branch, seed, s, keep, numpy.int64(x.size), keep_min, scale, drop))
+                        (x, branch, draws, s, keep, numpy.int64(x.size), keep_min, scale, drop))
     return s, _cache(keep, p, x, active)
 
 
@@ -76,7 +76,7 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     x, branch = contiguous(xp, x), contiguous(xp, branch)
     w = contiguous(xp, weight) if weight is not None else x   # x stands in for an absent w or b:
     b = contiguous(xp, bias) if bias is not None else x        # never read (has_w, has_b = 0)
-    seed, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
+    draws, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
@@ -85,7 +85,7 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     if rows:
         # s = x + branch * m;  y = LN(s): one block per row
         launch_rows("add_dropout_ln_fwd", x.dtype, rows, n,
-                    (x, branch, seed, w, b, s, keep, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
+                    (x, branch, draws, w, b, s, keep, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
                      keep_min, scale, drop, acc.type(eps), numpy.int32(weight is not None),
                      numpy.int32(bias is not None)))
     return s, y, residual.ResidualNormCache(_cache(keep, p, x, active),

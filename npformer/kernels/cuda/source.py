@@ -81,13 +81,13 @@ _ENTRY_POINTS = (
      "npf_gelu_fwd<T, A>(x, y, total, tanh_form)", ""),
     ("gelu_bwd", "const T* dy, const T* x, T* dx, long long total, int tanh_form",
      "npf_gelu_bwd<T, A>(dy, x, dx, total, tanh_form)", ""),
-    ("bias_gelu_fwd", "const T* z, const T* b, const unsigned long long* seed, T* h, T* y, bool* keep, "
+    ("bias_gelu_fwd", "const T* z, const T* b, const double* draws, T* h, T* y, bool* keep, "
      "long long total, int n, int tanh_form, int keep_min, A scale, int drop",
-     "npf_bias_gelu_fwd<T, A>(z, b, seed, h, y, keep, total, n, tanh_form, keep_min, scale, drop)", ""),
+     "npf_bias_gelu_fwd<T, A>(z, b, draws, h, y, keep, total, n, tanh_form, keep_min, scale, drop)", ""),
     ("bias_add", "const T* x, const T* b, T* y, long long total, int n",
      "npf_bias_add<T, A>(x, b, y, total, n)", ""),
-    ("dropout_fwd", "const T* x, const unsigned long long* seed, T* y, bool* keep, long long total, int keep_min, "
-     "A scale", "npf_dropout_fwd<T, A>(x, seed, y, keep, total, keep_min, scale)", ""),
+    ("dropout_fwd", "const T* x, const double* draws, T* y, bool* keep, long long total, int keep_min, "
+     "A scale", "npf_dropout_fwd<T, A>(x, draws, y, keep, total, keep_min, scale)", ""),
     ("dropout_bwd", "const T* dy, const bool* keep, T* dx, long long total, A scale",
      "npf_dropout_bwd<T, A>(dy, keep, dx, total, scale)", ""),
 ) + FUSED_ENTRY_POINTS

@@ -10,9 +10,10 @@ template <typename K> __global__ void npf_fa_geometry(long long* out) {
     out[2] = K::SHARED;
 }
 
-// _keep (unscaled) for flat indices n = ((bh Tq) + i) Tk + j of a (bh_count, Tq, Tk) block
-extern "C" __global__ void npf_fa_keep_mask(const unsigned long long* seed, int keep_min, bool* keep, long long total) {
-    NPF_FOR_EACH(n, total) keep[n] = npf_keep(*seed, (unsigned long long)n, keep_min);
+// _keep (unscaled) for flat indices n = ((bh Tq) + i) Tk + j of a (bh_count, Tq, Tk) block, the seed
+// made of its two draws
+extern "C" __global__ void npf_fa_keep_mask(const double* draws, int keep_min, bool* keep, long long total) {
+    NPF_FOR_EACH(n, total) keep[n] = npf_keep(npf_seed(draws), (unsigned long long)n, keep_min);
 }
 
 // Where each field of NpfFaParams<T, A> is (bytes from its start), in the order of flash_source.params_dtype's
@@ -26,7 +27,7 @@ template <typename T, typename A> __device__ void npf_fa_params_layout(long long
         NPF_FA_AT(gl), NPF_FA_AT(dql), NPF_FA_AT(dkl), NPF_FA_AT(dvl),
         NPF_FA_AT(a.mask_b), NPF_FA_AT(a.mask_bits), NPF_FA_AT(a.mask_f), NPF_FA_AT(a.mask_bh), NPF_FA_AT(a.mask_ld),
         NPF_FA_AT(a.mask_kind), NPF_FA_AT(a.pad_b), NPF_FA_AT(a.pad_bits), NPF_FA_AT(a.pad_f), NPF_FA_AT(a.key_end),
-        NPF_FA_AT(a.pad_ld), NPF_FA_AT(a.pad_kind), NPF_FA_AT(a.seed), NPF_FA_AT(a.keep_min), NPF_FA_AT(a.keep_scale),
+        NPF_FA_AT(a.pad_ld), NPF_FA_AT(a.pad_kind), NPF_FA_AT(a.seed_draws), NPF_FA_AT(a.keep_min), NPF_FA_AT(a.keep_scale),
         NPF_FA_AT(a.bh_count), NPF_FA_AT(a.H), NPF_FA_AT(a.Tq), NPF_FA_AT(a.Tk), NPF_FA_AT(a.hs), NPF_FA_AT(a.hv),
         NPF_FA_AT(a.scale), NPF_FA_AT(a.causal), NPF_FA_AT(a.shift), (long long)sizeof(p)};
     if (threadIdx.x == 0 && blockIdx.x == 0)

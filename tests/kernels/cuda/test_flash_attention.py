@@ -24,7 +24,7 @@ from npformer.kernels.cuda import flash_attention as kernel, flash_source
 from npformer.ops import multihead as multihead_op
 from npformer.nn.attention import MultiheadAttention
 from npformer.ops.attention import scaled_dot_product_attention_forward as sdpa_forward
-from npformer.ops.dropout import draw_seed, keep_threshold
+from npformer.ops.dropout import keep_threshold, seed_draws, seed_of
 from npformer.ops.flash_attention import (FlashAttentionCache, _keep, flash_attention_backward as flash_backward,
                                           flash_attention_forward as flash_forward)
 from npformer.tools.gradcheck import gradcheck
@@ -89,7 +89,7 @@ def compare(fx, q, k, v, dout, kw, dtype, p=0.0, rng_seed=None):
     assert_close(out, ref, dtype, scale=scales["out"], what="out")
     assert_close(cache.lse, ref_cache.lse, str(cache.lse.dtype), what="lse")
     if p:
-        np.testing.assert_array_equal(host(cache.seed), host(ref_cache.seed))
+        np.testing.assert_array_equal(host(cache.seed_draws), host(ref_cache.seed_draws))
     assert implementation(flash_backward, dout, cache) == "cuda"
     grads = flash_backward(dout, cache)
     with disabled():
@@ -164,12 +164,12 @@ def _test_module():
 def test_keep_mask_equals_the_references_position_by_position(fx, p):
     xp = fx.xp
     shape = (2, 3, 37, 41)
-    seed = draw_seed(default_rng(11, backend_name(xp)), xp.zeros(1), xp)
+    draws = seed_draws(default_rng(11, backend_name(xp)), xp.zeros(1), xp)     # the kernel makes the seed
     keep = xp.zeros(int(np.prod(shape)), dtype=bool)
     flash_module = _test_module()
-    flash_module.get_function("npf_fa_keep_mask")((64,), (128,), (seed, np.int32(keep_threshold(p)), keep,
+    flash_module.get_function("npf_fa_keep_mask")((64,), (128,), (draws, np.int32(keep_threshold(p)), keep,
                                                                   np.int64(keep.size)))
-    oracle = _keep(seed, p, shape, 0, shape[2], 0, shape[3], np.float64, xp)         # (B, H, Tq, Tk)
+    oracle = _keep(seed_of(draws, xp), p, shape, 0, shape[2], 0, shape[3], np.float64, xp)   # (B, H, Tq, Tk)
     np.testing.assert_array_equal(host(keep).reshape(shape), host(oracle) > 0)
     assert 0 < host(keep).mean() < 1
 
@@ -189,7 +189,7 @@ def test_dropout_drops_the_same_entries_as_the_reference(fx, dtype):
     visible = ~host(xp.asarray(np.arange(tk)[None, :] > np.arange(tq)[:, None] + (tk - tq)))   # (Tq, Tk)
     dropped, ref_dropped = host(out) == 0, host(ref) == 0
     np.testing.assert_array_equal(dropped, ref_dropped)
-    oracle = host(_keep(cache.seed, p, (b, h, tq, tk), 0, tq, 0, tk, np.float64, xp)) == 0
+    oracle = host(_keep(seed_of(cache.seed_draws, xp), p, (b, h, tq, tk), 0, tq, 0, tk, np.float64, xp)) == 0
     np.testing.assert_array_equal(dropped, oracle | ~visible)
     assert 0.3 < dropped[..., visible].mean() < 0.5
     assert_close(out, ref, dtype, scale=1.0 / (1.0 - p))
