@@ -134,7 +134,7 @@ def _numba_paths() -> tuple:
         (cross_entropy.cross_entropy_backward, "numba", nb_cross_entropy.cross_entropy_backward,
          takes(nb_cross_entropy.accepts, "dloss", "cache.logits")),
         (dropout.dropout_forward, "numba", nb_dropout.dropout_forward,
-         takes(lambda x, rng: floats(x) and cpu_dropout.accepts(x, rng), "x", "rng")),
+         takes(lambda x, rng: floats(x) and cpu_dropout.numpy_generator(rng), "x", "rng")),
         (dropout.dropout_backward, "numba", nb_dropout.dropout_backward, nb_dropout.accepts_backward),
         (attention.scaled_dot_product_attention_forward, "numba", nb_attention.scaled_dot_product_attention_forward,
          takes(floats, "q", "k", "v")),

@@ -27,6 +27,7 @@ from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck
                            padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32", "float16")
+SHIPPED_MIN_BLOCKED_ELEMENTS = cpu_dropout.MIN_BLOCKED_ELEMENTS     # (read before conftest's fixture lowers it)
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=3).map(tuple)
 
 
@@ -85,6 +86,15 @@ def test_dropout_masks_are_the_reference_bit_for_bit(shape, seed, dtype, p):
     assert out.dtype == x.dtype and cache.keep.dtype == bool and cache.scale == cache_ref.scale
     assert cache.scale.dtype == x.dtype
     np.testing.assert_array_equal(rng_fast.random(7), rng_ref.random(7))   # the same draws consumed
+
+
+def test_small_masks_take_the_reference(monkeypatch):
+    """Under MIN_BLOCKED_ELEMENTS the reference's whole-array pass is the faster (kernels/cpu/dropout.py),
+    at and above it the blocked path runs: the size alone decides."""
+    monkeypatch.setattr(cpu_dropout, "MIN_BLOCKED_ELEMENTS", SHIPPED_MIN_BLOCKED_ELEMENTS)
+    for size, want in ((SHIPPED_MIN_BLOCKED_ELEMENTS - 1, "reference"), (SHIPPED_MIN_BLOCKED_ELEMENTS, "cpu")):
+        x = np.zeros(size, np.float32)
+        assert kernels.implementation(dropout.dropout_forward, x, 0.5, rng=default_rng(0, "numpy")) == want
 
 
 def test_dropout_takes_any_size_and_any_numpy_generator():
