@@ -31,7 +31,8 @@ from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.ops.dropout import (SPLITMIX64, DropoutCache, dropout_active, dropout_mask, draw_seed, keep_scale,
                                   keep_threshold)
 
-__all__ = ["MIN_BLOCKED_ELEMENTS", "MASK_BLOCK", "numpy_generator", "accepts", "apply_keep", "KeepMask", "draw_keep", "forward_with", "dropout_forward"]
+__all__ = ["MIN_BLOCKED_ELEMENTS", "MASK_BLOCK", "numpy_generator", "accepts", "apply_keep", "KeepMask", "draw_keep",
+           "forward_with", "dropout_forward"]
 
 # Below this many elements the reference's whole-array pass is as fast or faster: this path's fixed
 # cost (the parts, the thread hand-off, the buffers) is about 50 us, and the two met between 16K and

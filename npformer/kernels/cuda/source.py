@@ -24,8 +24,8 @@ from npformer.kernels.cuda.optim_source import OPTIM_SOURCE
 from npformer.ops.activations import INV_SQRT_2, INV_SQRT_2PI, SQRT_2_OVER_PI, TANH_CUBIC
 from npformer.ops.dropout import SPLITMIX64
 
-__all__ = ["HALF_CONVERSIONS", "PRELUDE", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type", "dtype_name",
-           "MAX_THREADS", "COL_X", "COL_Y"]
+__all__ = ["HALF_CONVERSIONS", "PRELUDE", "KERNELS_SOURCE", "CUDA_SOURCE", "NVRTC_OPTIONS", "TYPES", "cuda_type",
+           "dtype_name", "MAX_THREADS", "COL_X", "COL_Y"]
 
 
 MAX_THREADS = 256       # threads per block of the row kernels (a power of two)

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from npformer.kernels.cuda import flash_source
-from npformer.kernels.cuda.files import read_source
 from npformer.kernels.cuda.source import PRELUDE
 from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
 

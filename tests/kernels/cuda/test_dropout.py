@@ -19,12 +19,15 @@ def rng(fx, seed):
 
 @given(shape=shapes, p=st.sampled_from([0.1, 0.5, 0.7, 0.9]), dtype=st.sampled_from(DTYPES), seed=seeds)
 def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, seed):
-    """Both draw rng.random(shape, float32), compare with p in float32, scale by 1/(1-p) rounded to
-    the dtype and multiply once: every value is the same IEEE result."""
+    """Both make the seed of the generator's two draws and keep element n by the top 24 bits of
+    splitmix64(seed + n golden) (the kernel hashing in its threads), scale by 1/(1-p) rounded to the
+    dtype and multiply once: every value is the same IEEE result, and the generator ends the same."""
     x = randn(fx.xp, shape, seed, dtype=dtype, scale=3.0)
+    rng_ref, rng_kernel = rng(fx, seed), rng(fx, seed)
     with disabled():
-        out_ref, cache_ref = dropout_forward(x, p, rng=rng(fx, seed))
-    out, cache = cuda.dropout_forward(x, p, rng=rng(fx, seed))
+        out_ref, cache_ref = dropout_forward(x, p, rng=rng_ref)
+    out, cache = cuda.dropout_forward(x, p, rng=rng_kernel)
+    np.testing.assert_array_equal(host(rng_kernel.random(3)), host(rng_ref.random(3)))
     assert out.dtype == x.dtype and cache.keep.dtype == bool and out.shape == x.shape
     np.testing.assert_array_equal(host(cache.keep), host(cache_ref.keep))
     assert cache.scale == cache_ref.scale and cache.scale.dtype == x.dtype
