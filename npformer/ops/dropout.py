@@ -30,7 +30,8 @@ from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
 __all__ = ["SPLITMIX64", "DropoutCache", "dropout_active", "seed_draws", "seed_of", "draw_seed", "keep_threshold",
-           "keep_bits", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term", "dropout_backward", "dropout_term_backward"]
+           "keep_bits", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term", "dropout_backward",
+           "dropout_term_backward"]
 
 SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
 _GOLDEN, _MIX1, _MIX2 = SPLITMIX64

@@ -168,7 +168,7 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
             keep, keep_s = dropout_mask(p, dropout_p, rng)   # nothing kept, nothing drawn: the reference's
         else:
             keep, keep_s = numpy.empty(shape, bool), keep_scale(dropout_p, dtype)
-            draw_keep(rows_.keep_mask(rng, p.size, dropout_p), keep)   # in runs side by side
+            draw_keep(rows_.keep_mask(rng, dropout_p), keep)   # in runs side by side
     weights = numpy.empty(shape, dtype) if need_weights else None
 
     def run_block(block) -> None:

@@ -9,8 +9,8 @@ two uint64 buffers kept per thread, where the reference makes several whole-size
 temporaries: 2.4-2.7 ns an element against 3.2-3.8 for the reference's own :func:`keep_bits` called
 block by block, and 34 once glibc's thresholds put each block's temporaries in fresh pages
 (``npformer.bench.harness.fix_malloc_thresholds``; 2M elements, one core of the development VM).
-The mask is the reference's bit for bit, and the caller's generator advances by the one seed's
-draw, whatever the number of parts (tested).
+The mask is the reference's bit for bit, and the caller's generator advances by the seed's two
+draws, whatever the number of parts (tested).
 
 The mask is kept as booleans with the scale 1 / (1 - p) beside it, as the reference keeps it; the
 forward's ``x * keep * scale`` runs block by block, each block right after its mask, over the
@@ -77,8 +77,7 @@ def _buffers(size: int) -> tuple:
 
 
 class KeepMask:
-    """The keep-mask m = [u >= p] of ``size`` elements for one seed drawn from ``rng``, written part
-    by part.
+    """The keep-mask m = [u >= p] for one seed drawn from ``rng``, written part by part.
 
     ``stream(start)`` returns a function that writes the mask of the next ``out.size`` elements into
     the flat, contiguous bool array ``out`` at each call, from element ``start`` on (a subclass may
@@ -86,10 +85,9 @@ class KeepMask:
     any thread.
     """
 
-    def __init__(self, rng, size: int, p: float):
+    def __init__(self, rng, p: float):
         self.seed = int(draw_seed(rng, numpy.empty(0), numpy))
         self.threshold = numpy.uint64(keep_threshold(p))
-        self.size = size
 
     def first_counter(self, start: int) -> int:
         """seed + start * golden (mod 2^64): the hash's input at element ``start``."""
@@ -124,8 +122,7 @@ def _parts(size: int) -> list[tuple[int, int]]:
 
 
 def draw_keep(mask: KeepMask, keep) -> None:
-    """The whole mask into the C-contiguous bool array ``keep`` (``mask.size`` entries), in one
-    part per thread."""
+    """The whole mask into the C-contiguous bool array ``keep``, in one part per thread."""
     flat = keep.reshape(-1)
     run_parallel([lambda a=a, b=b: mask.stream(a)(flat[a:b]) for a, b in _parts(flat.size)])
 
@@ -139,7 +136,7 @@ def forward_with(apply, mask_type: type, x, p: float, rng, training: bool):
         keep, scale = dropout_mask(x, p, rng)
         return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
     scale = keep_scale(p, x.dtype)
-    mask = mask_type(rng, x.size, p)
+    mask = mask_type(rng, p)
     keep = numpy.empty(x.shape, dtype=bool)              # (same as x)
     out = numpy.empty(x.shape, dtype=x.dtype)            # (same as x)
     flat_x, flat_k, flat_o = x.reshape(-1), keep.reshape(-1), out.reshape(-1)

@@ -188,8 +188,8 @@ __device__ void npf_gelu_bwd(const T* dy, const T* x, T* dx, long long total, in
 }
 // h = z + b (b broadcast over the last axis of n values, h rounded to T as the plain linear's
 // output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, keep = npf_keep(seed, k)
-// (the seed made of the dropout op's two draws)
-// is written as the mask and the output is a m, m = keep ? scale : 0 (the plain gelu then dropout)
+// (the seed made of the dropout op's two draws) is written as the mask and the output is a m,
+// m = keep ? scale : 0 (the plain gelu then dropout)
 template <typename T, typename A>
 __device__ void npf_bias_gelu_fwd(const T* z, const T* b, const double* draws, T* h, T* y, bool* keep,
                                   long long total, int n, int tanh_form, int keep_min, A scale, int drop) {

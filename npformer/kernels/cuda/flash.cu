@@ -696,7 +696,8 @@ template <typename Ops, int D, int N, int NBUF = 2> struct NpfFaTcWarp {
     const int warp, lane, g, t;
     const unsigned long long seed;
     __device__ __forceinline__ explicit NpfFaTcWarp(const NpfFaArgs<float>& a)
-        : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4), seed(a.keep_min ? npf_seed(a.seed_draws) : 0ULL) {}
+        : warp(threadIdx.x / 32), lane(threadIdx.x % 32), g(lane / 4), t(lane % 4),
+          seed(a.keep_min ? npf_seed(a.seed_draws) : 0ULL) {}
     // the lane's row r (0: g, 1: g + 8) of the warp's 16, counted in the block's 64
     __device__ __forceinline__ int row(int r) const { return warp * 16 + g + 8 * r; }
 };

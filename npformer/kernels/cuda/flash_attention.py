@@ -295,4 +295,5 @@ def accepts_backward(dout, cache) -> bool:
     return (accepts_forward(cache.q, cache.k, cache.v, attn_mask=cache.masks.attn,
                             key_padding_mask=cache.masks.padding)
             and runtime.device_floats(dout, cache.out, dtype=cache.q.dtype)
-            and runtime.is_device_array(cache.lse) and (cache.seed_draws is None or runtime.is_device_array(cache.seed_draws)))
+            and runtime.is_device_array(cache.lse)
+            and (cache.seed_draws is None or runtime.is_device_array(cache.seed_draws)))

@@ -260,8 +260,8 @@ def params_dtype(acc) -> numpy.dtype:
                         ("mask_ld", _I32), ("mask_kind", _I32), ("pad_b", _POINTER), ("pad_bits", _POINTER),
                         ("pad_f", _POINTER), ("key_end", _POINTER), ("pad_ld", _I32), ("pad_kind", _I32),
                         ("seed_draws", _POINTER), ("keep_min", _I32), ("keep_scale", a), ("bh_count", _I64),
-                        ("H", _I32), ("Tq", _I32), ("Tk", _I32), ("hs", _I32), ("hv", _I32), ("scale", a), ("causal", _I32),
-                        ("shift", _I32)], align=True)
+                        ("H", _I32), ("Tq", _I32), ("Tk", _I32), ("hs", _I32), ("hv", _I32), ("scale", a),
+                        ("causal", _I32), ("shift", _I32)], align=True)
     return numpy.dtype([(name, _POINTER) for name in TENSORS + ("lse", "dvec")]
                        + [(layout_field(name), _LAYOUT) for name in TENSORS]
                        + [("a", args)], align=True)

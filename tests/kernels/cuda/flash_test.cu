@@ -27,8 +27,8 @@ template <typename T, typename A> __device__ void npf_fa_params_layout(long long
         NPF_FA_AT(gl), NPF_FA_AT(dql), NPF_FA_AT(dkl), NPF_FA_AT(dvl),
         NPF_FA_AT(a.mask_b), NPF_FA_AT(a.mask_bits), NPF_FA_AT(a.mask_f), NPF_FA_AT(a.mask_bh), NPF_FA_AT(a.mask_ld),
         NPF_FA_AT(a.mask_kind), NPF_FA_AT(a.pad_b), NPF_FA_AT(a.pad_bits), NPF_FA_AT(a.pad_f), NPF_FA_AT(a.key_end),
-        NPF_FA_AT(a.pad_ld), NPF_FA_AT(a.pad_kind), NPF_FA_AT(a.seed_draws), NPF_FA_AT(a.keep_min), NPF_FA_AT(a.keep_scale),
-        NPF_FA_AT(a.bh_count), NPF_FA_AT(a.H), NPF_FA_AT(a.Tq), NPF_FA_AT(a.Tk), NPF_FA_AT(a.hs), NPF_FA_AT(a.hv),
+        NPF_FA_AT(a.pad_ld), NPF_FA_AT(a.pad_kind), NPF_FA_AT(a.seed_draws), NPF_FA_AT(a.keep_min),
+        NPF_FA_AT(a.keep_scale), NPF_FA_AT(a.bh_count), NPF_FA_AT(a.H), NPF_FA_AT(a.Tq), NPF_FA_AT(a.Tk), NPF_FA_AT(a.hs), NPF_FA_AT(a.hv),
         NPF_FA_AT(a.scale), NPF_FA_AT(a.causal), NPF_FA_AT(a.shift), (long long)sizeof(p)};
     if (threadIdx.x == 0 && blockIdx.x == 0)
         for (int i = 0; i < (int)(sizeof(at) / sizeof(at[0])); ++i) out[i] = at[i];
