@@ -12,9 +12,12 @@ an H200, 2026-11-28: 7948 MB against 6762), and for float32 not kept where float
 * Kept for the backward, npformer: the model of ``--model``'s widths with two layers, rounded to
   ``--precision`` by ``MixedPrecision``, runs its forward (``GPT.hidden``: the trainers take the head
   and the loss together in chunks, holding no (B, T, V) logits) on one sequence of ``--seq`` tokens,
-  with the reference ops (``npformer.kernels.disabled()``: the CUDA fast paths keep the same caches,
-  as their docstrings say) and flash attention (what a GPU runs: its cache is O(T)). Every array in
-  every module's cache is counted once (views count their whole base array; the weights not at all).
+  with the reference ops (``npformer.kernels.disabled()``) and flash attention (what a GPU runs: its
+  cache is O(T)), the caches then taken as the CUDA fast paths keep them (the same arrays, as their
+  docstrings say, but for the dropouts of the GELU feed-forward block and of each layer's two residual
+  sums, whose fused kernels keep the mask's seed, two float64 draws, where the reference keeps the mask
+  as booleans: ``_as_the_gpu_keeps``). Every array in every module's cache is counted once (views
+  count their whole base array; the weights not at all).
 * PyTorch: the benchmark suite's nanoGPT-structured model (``benchmarks/torch_reference.GPT``) with the
   same widths, layers and dropouts under ``torch.autocast("cpu", dtype)``, its saved tensors recorded
   by ``torch.autograd.graph.saved_tensors_hooks`` (each storage once; the float32 weights not, their
@@ -73,10 +76,30 @@ def _where(name: str) -> str:
     return "layer" if name.startswith("layers.0") else "outside" if not name.startswith("layers.") else "other layers"
 
 
+def _as_the_gpu_keeps(cache, residual_dropout: bool, p: float):
+    """``cache`` as the CUDA fast paths keep it: a GELU feed-forward block's dropout (fused with bias
+    and GELU) and a layer's residual dropouts (fused with the sum and the layer norm) keep their mask as
+    its seed (``DropoutCache.of_seed``: npformer/kernels/cuda/activations.py, residual.py), where the
+    reference ops run here keep it as booleans; every other cache is the reference's."""
+    from npformer.ops.dropout import DropoutCache
+    from npformer.ops.feedforward import FeedForwardCache
+
+    def seeded(drop):
+        return drop if not drop.dropped else DropoutCache(None, drop.scale, drop.x_shape, drop.x_dtype,
+                                                          numpy.zeros(2), p)
+    if isinstance(cache, FeedForwardCache):
+        return cache._replace(drop=seeded(cache.drop))
+    if residual_dropout and isinstance(cache, DropoutCache):
+        return seeded(cache)
+    return cache
+
+
 def npformer_kept(m, precision: str, T: int, dropout: float) -> Counter:
     """{(where, what, dtype): bytes} kept by npformer's forward for the backward at one sequence of T."""
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.nn.attention import MultiheadAttention
+    from npformer.nn.dropout import Dropout
+    from npformer.nn.transformer import TransformerDecoderLayer, TransformerEncoderLayer
     from npformer.training.amp import MixedPrecision
     model = GPT(GPTConfig(m.V, T, LAYERS, m.H, m.d, m.F, dropout, "gelu", norm_first=True, tie_embeddings=True),
                 dtype=numpy.float32, backend="numpy", rng=0)
@@ -89,8 +112,11 @@ def npformer_kept(m, precision: str, T: int, dropout: float) -> Counter:
     with kernels.disabled():
         model.hidden(idx)
     kept, seen = Counter(), set(weights)
+    layers = [layer for layer in model.modules() if isinstance(layer, (TransformerEncoderLayer, TransformerDecoderLayer))]
+    residual = {id(d) for layer in layers for d in vars(layer).values() if isinstance(d, Dropout)}   # fused_layers.py's
     for name, module in model.named_modules():
         for cache in module._saved:
+            cache = _as_the_gpu_keeps(cache, id(module) in residual, dropout)
             for path, a in _arrays(cache, ""):
                 owner = _owner(a)
                 if id(owner) in seen or owner.nbytes == 0:

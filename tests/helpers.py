@@ -125,6 +125,19 @@ def assert_gradcheck(report):
     assert report.passed, "\n" + str(report)
 
 
+def assert_same_dropout(cache, ref, *, stored: bool | None = None) -> None:
+    """Two dropout caches (npformer.ops.dropout.DropoutCache) drop the same entries with the same scale,
+    whichever form each keeps its mask in; ``stored``: whether ``cache`` must hold the mask's booleans
+    (False: only its seed), when it dropped anything."""
+    from npformer.ops.dropout import keep_mask
+    assert cache.dropped == ref.dropped
+    if ref.dropped:
+        np.testing.assert_array_equal(host(keep_mask(cache)), host(keep_mask(ref)))
+        assert cache.scale == ref.scale
+        if stored is not None:
+            assert (cache.keep is not None) == stored and (cache.draws is None) == stored
+
+
 def host(a):
     return to_numpy(a)
 

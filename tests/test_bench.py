@@ -770,8 +770,9 @@ def test_handoff_times_the_region_and_each_product_three_ways():
 
 def test_saved_memory_counts_what_each_library_keeps_for_the_backward():
     """benchmarks/saved_memory.py on gpt-tiny's widths (768 tokens of d 128): npformer's layer norm keeps
-    x-hat in float32 (768 x 128 x 4 bytes = 0.4 MB), its training state is 16 bytes a parameter (no
-    float32 copy of the gradients: the masters read the model's); with PyTorch installed, its side is
+    its float16 input and per-row statistics (no float32 x-hat), its training state is 16 bytes a parameter (no
+    float32 copy of the gradients: the masters read the model's), and with dropout the fused kernels'
+    masks are counted as a GPU keeps them (their seeds, no booleans); with PyTorch installed, its side is
     counted too."""
     import importlib.util
     import sys
@@ -779,12 +780,13 @@ def test_saved_memory_counts_what_each_library_keeps_for_the_backward():
     root = Path(__file__).resolve().parents[1]
     with_torch = importlib.util.find_spec("torch") is not None
     res = subprocess.run([sys.executable, str(root / "benchmarks" / "saved_memory.py"), "--model", "gpt-tiny",
-                          "--seq", "8"] + ([] if with_torch else ["--no-torch"]),
+                          "--seq", "8", "--dropout", "0.1"] + ([] if with_torch else ["--no-torch"]),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "| norm1.x | float16 | 0.2 |" in out and "| norm1.mean | float32 | 0.0 |" in out   # no float32 xhat
     assert "| float32 masters | float32 | 4.00 |" in out
+    assert ".keep |" not in out and "dropout 0.1" in out   # residual and feed-forward dropouts: their seeds alone
     assert "in all 16.00 bytes a parameter" in out and "masters' gradients" not in out
     assert ("### PyTorch: kept for the backward" in out) == with_torch
     assert "### In all, kept for the backward: npformer " in out

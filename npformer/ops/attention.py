@@ -37,7 +37,7 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import describe, expect_grad, expect_ndim, expect_same_float, probability, real
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
-from npformer.ops.dropout import DropoutCache, dropout_forward
+from npformer.ops.dropout import DropoutCache, dropout_forward, keep_mask
 from npformer.ops.masks import attention_bias
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
 
@@ -102,7 +102,7 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     out = (p_drop.astype(acc, copy=False) @ v.astype(acc, copy=False)).astype(q.dtype, copy=False)   # (B, H, Tq, hv)
     weights = None
     if need_weights:                                     # never the cached P itself: callers may write to it
-        weights = p_drop.copy() if drop.keep is None else p_drop           # (B, H, Tq, Tk)
+        weights = p_drop if drop.dropped else p_drop.copy()           # (B, H, Tq, Tk)
     return out, weights, AttentionCache(q, k, v, p, drop, scale)
 
 
@@ -113,13 +113,14 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
     q, k, v, dout = [a.astype(acc, copy=False) for a in (q, k, v, dout)]
-    p_drop = p if drop.keep is None else p * drop.keep * drop.scale    # (B, H, Tq, Tk), the forward's
+    keep = keep_mask(drop) if drop.dropped else None    # (B, H, Tq, Tk) m
+    p_drop = p if keep is None else p * keep * drop.scale  # (B, H, Tq, Tk), the forward's
     p_drop, p = p_drop.astype(acc, copy=False), p.astype(acc, copy=False)
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)
     dp = dout @ v.swapaxes(-1, -2)                       # (B, H, Tq, Tk) dP_drop
-    if drop.keep is not None:                            # fwd: P_drop = P * m / (1 - p)
-        dp = dp * drop.keep * drop.scale
+    if keep is not None:                                 # fwd: P_drop = P * m / (1 - p)
+        dp = dp * keep * drop.scale
     # fwd: P = softmax(S)  ->  dS = P * (dP - sum_k dP * P)   (0 at masked keys and fully masked rows)
     ds = softmax_backward(dp, SoftmaxCache(p))           # (B, H, Tq, Tk)
     # fwd: S = q @ k^T * scale + bias  ->  dq = dS @ k * scale,  dk = dS^T @ q * scale  (bias is constant)

@@ -18,6 +18,13 @@ tile, the backward recomputing a tile), with no array of draws in memory: a CUDA
 bits where it uses them. Every implementation computes these same bits, so the masks agree element
 by element on every backend; the generator advances by the seed's two draws whatever the size.
 ``p = 1`` drops everything (output and gradient are zero) and draws nothing.
+
+The backward needs the forward's mask, and a cache may hold it in either of two forms
+(:class:`DropoutCache`): the mask itself as booleans (this op and the CPU fast paths: one byte an
+entry, read back faster there than hashed again), or only the seed's two draws, the mask hashed again
+where the backward uses it (the fused CUDA kernels, as FlashAttention recomputes its dropout: at
+GPT-2 124M's shape, B8 T1024, 453 MB of masks a step are never stored). :func:`keep_mask` gives the
+mask of either, so every backward accepts both.
 """
 from __future__ import annotations
 
@@ -30,8 +37,8 @@ from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
 __all__ = ["SPLITMIX64", "DropoutCache", "dropout_active", "seed_draws", "seed_of", "draw_seed", "keep_threshold",
-           "keep_bits", "keep_scale", "dropout_mask", "dropout_forward", "dropout_term", "dropout_backward",
-           "dropout_term_backward"]
+           "keep_bits", "keep_scale", "seed_mask", "dropout_mask", "keep_mask", "dropout_forward", "dropout_term",
+           "dropout_backward", "dropout_term_backward"]
 
 SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
 _GOLDEN, _MIX1, _MIX2 = SPLITMIX64
@@ -40,20 +47,36 @@ _NEEDS_RNG = ("dropout with p > 0 in training mode needs rng, a backend Generato
 
 
 class DropoutCache(NamedTuple):
-    """The keep-mask m as booleans (one byte an entry, a quarter of a float32 mask) and the scale
-    1 / (1 - p) as a scalar of the input's dtype (0 for p = 1, where nothing is kept), or None for
-    both when dropout was the identity; the input's shape and dtype (what the backward's ``dout``
-    must have). ``out = x * keep * scale`` and ``dx = dout * keep * scale``."""
+    """What the backward needs of a dropout: the keep-mask m, stored as booleans in ``keep`` (one byte
+    an entry, a quarter of a float32 mask), or kept as its seed: ``keep`` None, ``draws`` the seed's
+    two float64 uniforms and ``p`` the rate (:func:`keep_mask` remakes the mask; a CUDA kernel hashes
+    it where it uses it); the scale 1 / (1 - p) as a scalar of the input's dtype (0 for p = 1, where
+    nothing is kept); the input's shape and dtype (what the backward's ``dout`` must have). ``keep``,
+    ``scale`` and ``draws`` are all None when dropout was the identity. ``out = x * m * scale`` and
+    ``dx = dout * m * scale``."""
 
-    keep: Any           # bool (same shape as x) or None
-    scale: Any          # x's dtype scalar 1 / (1 - p), or None
+    keep: Any           # bool (same shape as x), or None: kept as its seed, or the identity
+    scale: Any          # x's dtype scalar 1 / (1 - p), or None for the identity
     x_shape: tuple
     x_dtype: Any
+    draws: Any = None   # (2,) float64: the seed's draws when the mask is not stored
+    p: float = 0.0      # the rate, which remakes the mask from the seed
 
     @classmethod
     def identity(cls, x) -> "DropoutCache":
         """The cache of a dropout that dropped nothing (eval mode or p = 0)."""
         return cls(None, None, x.shape, x.dtype)
+
+    @classmethod
+    def of_seed(cls, draws, p: float, x) -> "DropoutCache":
+        """The cache of a dropout of ``x`` at rate p (0 < p < 1) whose mask is kept as the seed made of
+        ``draws`` (:func:`seed_draws`), not stored."""
+        return cls(None, keep_scale(p, x.dtype), x.shape, x.dtype, draws, p)
+
+    @property
+    def dropped(self) -> bool:
+        """Whether the forward dropped anything (False: dropout was the identity)."""
+        return self.scale is not None
 
 
 def dropout_active(x, p, rng, training) -> bool:
@@ -116,15 +139,28 @@ def keep_scale(p: float, dtype):
     return dtype.type(0.0 if p == 1.0 else 1.0 / (1.0 - p))
 
 
+def seed_mask(draws, shape: tuple, p: float):
+    """The keep-mask m = [u >= p] as booleans of ``shape`` for the seed made of ``draws`` (an array
+    for a 0-d shape too)."""
+    xp = get_array_module(draws)
+    n = xp.arange(math.prod(shape), dtype=xp.uint64)     # (size,) flat indices
+    return keep_bits(seed_of(draws, xp), n, p).reshape(shape)   # (shape)
+
+
 def dropout_mask(x, p: float, rng):
     """``(keep, scale)`` for ``x``: the keep-mask m = [u >= p] as booleans of x's shape, from one seed
     drawn from ``rng`` (all False for p = 1, drawing nothing), and :func:`keep_scale`."""
     xp = get_array_module(x)
     if p == 1.0:
         return xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
-    seed = draw_seed(rng, x, xp)                         # ()
-    n = xp.arange(x.size, dtype=xp.uint64)               # (x.size,) flat indices
-    return keep_bits(seed, n, p).reshape(x.shape), keep_scale(p, x.dtype)   # (same as x) m (an array for 0-d x too)
+    return seed_mask(seed_draws(rng, x, xp), x.shape, p), keep_scale(p, x.dtype)   # (same as x) m
+
+
+def keep_mask(cache: DropoutCache):
+    """The keep-mask of a dropout that dropped: its stored booleans, or the mask remade from its seed."""
+    if cache.keep is not None:
+        return cache.keep
+    return seed_mask(cache.draws, cache.x_shape, cache.p)          # (same as x)
 
 
 @dispatched
@@ -150,15 +186,15 @@ def dropout_backward(dout, cache: DropoutCache):
     """``dx = dout * m / (1 - p)`` (a copy of dout when dropout was the identity)."""
     expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
     # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
-    if cache.keep is None:
+    if not cache.dropped:
         return dout.copy()
-    return dout * cache.keep * cache.scale
+    return dout * keep_mask(cache) * cache.scale
 
 
 def dropout_term_backward(dout, cache: DropoutCache):
     """The gradient of a :func:`dropout_term`, which the op's backward only reads: ``dout`` itself (no
     copy) when the dropout was the identity, else :func:`dropout_backward`'s result."""
-    if cache.keep is None:
+    if not cache.dropped:
         expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
         return dout
     return dropout_backward(dout, cache)

@@ -42,7 +42,7 @@ from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
 from npformer.ops.attention import AttentionCache, check_attention_inputs
-from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_scale
+from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_mask, keep_scale
 from npformer.ops.masks import attention_bias
 
 __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "self_attention_backward",
@@ -215,7 +215,7 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         expect_row_buffer(g, name, like)
     b, h, tq, tk = p.shape
-    dtype, keep = q.dtype, drop.keep
+    dtype, keep = q.dtype, (keep_mask(drop) if drop.dropped else None)   # (B, H, Tq, Tk) m
     acc = accumulation_dtype(dtype)                      # 16-bit: the products and dS in float32
     wide = acc != dtype
     scale_t = acc.type(scale)

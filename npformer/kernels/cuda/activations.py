@@ -19,7 +19,7 @@ from npformer.errors import ShapeError
 from npformer.kernels.cuda.dropout import dropout_forward, keep_arguments, keep_draws, no_keep_draws
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_columns, launch_elements, rows_of
 from npformer.ops.activations import APPROXIMATIONS, GeluCache
-from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
+from npformer.ops.dropout import DropoutCache, dropout_active
 
 __all__ = ["gelu_forward", "gelu_backward", "bias_add_forward", "bias_grad",
            "bias_gelu_forward", "bias_gelu_backward", "bias_gelu_dropout_forward", "bias_gelu_dropout_backward"]
@@ -90,7 +90,7 @@ def bias_grad(dout):
 
 
 def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
-    """(a, h, keep-mask or None): one kernel; dropout (0 < p < 1) when ``rng`` is given."""
+    """(a, h, the dropout's seed draws or None): one kernel; dropout (0 < p < 1) when ``rng`` is given."""
     n = _check_bias(z, bias)
     form = _tanh_form(approximate)
     xp = device_xp(z, bias)
@@ -99,15 +99,13 @@ def _bias_gelu(z, bias, approximate, p=0.0, rng=None):
     a = xp.empty(z.shape, dtype=z.dtype)                 # (..., F)
     if rng is not None:
         draws, keep_min, scale = keep_draws(z, p, rng)   # the dropout op's seed draws for a (same shape)
-        keep = xp.empty(z.shape, dtype=bool)             # (..., F) m
     else:
-        (draws, keep_min, scale), keep = no_keep_draws(xp, z.dtype), None
-    keep_arg = keep if keep is not None else xp.empty((1,), dtype=bool)   # a stand-in, never read
+        draws, keep_min, scale = no_keep_draws(xp, z.dtype)
     if z.size:
         launch_elements("bias_gelu_fwd", z.dtype, z.size,
-                        (z, bias, draws, h, a, keep_arg, numpy.int64(z.size), numpy.int32(n), form, keep_min,
+                        (z, bias, draws, h, a, numpy.int64(z.size), numpy.int32(n), form, keep_min,
                          scale, numpy.int32(rng is not None)))
-    return a, h, keep
+    return a, h, (draws if rng is not None else None)
 
 
 def bias_gelu_forward(z, bias, approximate: str = "none"):
@@ -130,8 +128,8 @@ def bias_gelu_dropout_forward(z, bias, approximate: str = "none", p: float = 0.0
         a, act = bias_gelu_forward(z, bias, approximate)
         a, drop = dropout_forward(a, p, rng)
         return a, act, drop
-    a, h, keep = _bias_gelu(z, bias, approximate, p, rng)
-    return a, GeluCache(h, approximate), DropoutCache(keep, keep_scale(p, z.dtype), z.shape, z.dtype)
+    a, h, draws = _bias_gelu(z, bias, approximate, p, rng)
+    return a, GeluCache(h, approximate), DropoutCache.of_seed(draws, p, z)   # the mask hashed again in the backward
 
 
 def _bias_gelu_grads(dy, h, approximate, drop: DropoutCache):
@@ -143,9 +141,10 @@ def _bias_gelu_grads(dy, h, approximate, drop: DropoutCache):
     dz = xp.empty(h.shape, dtype=h.dtype)                # (..., F)
     if not rows:
         return dz, xp.zeros((n,), dtype=h.dtype)
-    keep, scale, active = keep_arguments(xp, drop, h.dtype)
+    keep, draws, keep_min, scale, drop_flag = keep_arguments(xp, drop, h.dtype)
     # fwd: a = gelu(h), h = z + b  ->  dz = da * gelu'(h),  db = sum over rows of dz
-    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, keep, scale, h, dz), (form, active), 1)
+    (part,) = launch_columns(xp, "bias_gelu_bwd", h.dtype, rows, n, (dy, keep, draws, keep_min, scale, h, dz),
+                             (form, drop_flag), 1)
     return dz, part.sum(axis=0).astype(h.dtype)          # (..., F), (F,)
 
 

@@ -10,6 +10,13 @@ so one seed gives the plain op's mask bit for bit. Each thread hashes its own el
 so no array of uniforms is drawn into memory and read back: the forward is one kernel that reads x
 and writes ``out`` and the cached boolean mask (one byte an entry), and the backward one kernel
 where the plain op's ``dout * keep * scale`` runs two.
+
+This op stores its mask, as the plain op does, because the plain attention reads the mask of its
+weights' dropout itself. The fused kernels whose backward is a kernel too (bias + GELU + dropout,
+residual + dropout (+ layer norm)) store none: their caches keep the seed's draws
+(``DropoutCache.of_seed``) and the backward kernels hash each bit again where they use it, one
+splitmix64 an element against a byte written and read back (:func:`keep_arguments` gives a backward
+kernel either form).
 """
 from __future__ import annotations
 
@@ -20,7 +27,11 @@ from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale, keep_threshold, seed_draws
 
-__all__ = ["dropout_forward", "dropout_backward", "keep_draws", "no_keep_draws", "keep_arguments"]
+__all__ = ["dropout_forward", "dropout_backward", "keep_draws", "no_keep_draws", "keep_arguments", "DROP_NONE",
+           "DROP_STORED", "DROP_HASHED"]
+
+# a backward kernel's flag drop: where it finds the keep bits (prelude.cuh's NPF_DROP_*)
+DROP_NONE, DROP_STORED, DROP_HASHED = numpy.int32(0), numpy.int32(1), numpy.int32(2)
 
 
 def keep_draws(x, p: float, rng) -> tuple:
@@ -40,13 +51,20 @@ def no_keep_draws(xp, dtype) -> tuple:
 
 
 def keep_arguments(xp, cache: DropoutCache, dtype) -> tuple:
-    """What a fused backward kernel takes of a dropout's cache: ``(keep, scale, drop)``, the boolean
-    mask (contiguous), the scale as a scalar of the accumulation type and the flag 1; or, when the
-    dropout was the identity, a 1-element stand-in never read, 1 and 0."""
+    """What a backward kernel takes of a dropout's cache: ``(keep, draws, keep_min, scale, drop)``.
+    A stored mask: the booleans (contiguous), draws never read, 0, the scale as a scalar of the
+    accumulation type and :data:`DROP_STORED`; a mask kept as its seed: a stand-in for the booleans,
+    the draws, ``keep_threshold(p)``, the scale and :data:`DROP_HASHED`; the identity: stand-ins, 1 and
+    :data:`DROP_NONE`."""
     acc = accumulation_dtype(dtype)
-    if cache.keep is None:
-        return xp.empty((1,), dtype=bool), acc.type(1), numpy.int32(0)
-    return contiguous(xp, cache.keep), acc.type(cache.scale), numpy.int32(1)
+    unread_keep = xp.empty((1,), dtype=bool)
+    if not cache.dropped:
+        return (unread_keep, *no_keep_draws(xp, dtype)[:2], acc.type(1), DROP_NONE)
+    if cache.keep is not None:
+        return (contiguous(xp, cache.keep), no_keep_draws(xp, dtype)[0], numpy.int32(0), acc.type(cache.scale),
+                DROP_STORED)
+    return (unread_keep, contiguous(xp, cache.draws), numpy.int32(keep_threshold(cache.p)), acc.type(cache.scale),
+            DROP_HASHED)
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
@@ -72,13 +90,14 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
 def dropout_backward(dout, cache: DropoutCache):
     """``dx = dout * keep * scale`` in one kernel (a copy of dout when dropout was the identity)."""
     expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
-    if cache.keep is None:
+    if not cache.dropped:
         return dout.copy()
     xp = device_xp(dout)
     dout = contiguous(xp, dout)
-    keep, scale, _ = keep_arguments(xp, cache, dout.dtype)
+    keep, draws, keep_min, scale, drop = keep_arguments(xp, cache, dout.dtype)
     dx = xp.empty(dout.shape, dtype=dout.dtype)          # (same as x)
     if dout.size:
-        # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
-        launch_elements("dropout_bwd", dout.dtype, dout.size, (dout, keep, dx, numpy.int64(dout.size), scale))
+        # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p), m stored or hashed again
+        launch_elements("dropout_bwd", dout.dtype, dout.size,
+                        (dout, keep, draws, dx, numpy.int64(dout.size), keep_min, scale, drop))
     return dx

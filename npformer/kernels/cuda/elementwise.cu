@@ -187,11 +187,11 @@ __device__ void npf_gelu_bwd(const T* dy, const T* x, T* dx, long long total, in
     NPF_FOR_EACH(k, total) npf_store(dx + k, npf_gelu_grad(npf_load(x[k]), tanh_form) * npf_load(dy[k]));
 }
 // h = z + b (b broadcast over the last axis of n values, h rounded to T as the plain linear's
-// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T, keep = npf_keep(seed, k)
-// (the seed made of the dropout op's two draws) is written as the mask and the output is a m,
-// m = keep ? scale : 0 (the plain gelu then dropout)
+// output is), then a = gelu(h); with dropout (drop = 1) a is rounded to T and the output is a m,
+// m = keep ? scale : 0, keep = npf_keep(seed, k) (the seed made of the dropout op's two draws; the
+// plain gelu then dropout). The mask is not stored: the backward hashes it again.
 template <typename T, typename A>
-__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const double* draws, T* h, T* y, bool* keep,
+__device__ void npf_bias_gelu_fwd(const T* z, const T* b, const double* draws, T* h, T* y,
                                   long long total, int n, int tanh_form, int keep_min, A scale, int drop) {
     const unsigned long long s = drop ? npf_seed(draws) : 0ULL;
     NPF_FOR_EACH(k, total) {
@@ -199,10 +199,7 @@ __device__ void npf_bias_gelu_fwd(const T* z, const T* b, const double* draws, T
         A hk = npf_round<T, A>(npf_load(z[k]) + npf_load(b[k % n]));          // free before gelu's (32 on sm_90)
         npf_store(h + k, hk);
         A a = npf_gelu(hk, tanh_form);
-        if (drop) {
-            keep[k] = kk;
-            a = npf_round<T, A>(a) * (kk ? scale : A(0));
-        }
+        if (drop) a = npf_round<T, A>(a) * (kk ? scale : A(0));
         npf_store(y + k, a);
     }
 }
@@ -222,10 +219,12 @@ __device__ void npf_dropout_fwd(const T* x, const double* draws, T* y, bool* kee
         npf_store(y + k, npf_load(x[k]) * (kk ? scale : A(0)));
     }
 }
-// its backward: dx = dy m
+// its backward: dx = dy m, the keep bits stored or hashed again (drop: NPF_DROP_STORED or _HASHED)
 template <typename T, typename A>
-__device__ void npf_dropout_bwd(const T* dy, const bool* keep, T* dx, long long total, A scale) {
-    NPF_FOR_EACH(k, total) npf_store(dx + k, npf_load(dy[k]) * (keep[k] ? scale : A(0)));
+__device__ void npf_dropout_bwd(const T* dy, const bool* keep, const double* draws, T* dx, long long total,
+                                int keep_min, A scale, int drop) {
+    const unsigned long long s = npf_backward_seed(draws, drop);
+    NPF_FOR_EACH(k, total) npf_store(dx + k, npf_load(dy[k]) * (npf_kept(keep, s, k, keep_min, drop) ? scale : A(0)));
 }
 
 // Column sums over the rows of an (rows, n) array, coalesced: block (NPF_COL_X, NPF_COL_Y) covers
@@ -280,17 +279,22 @@ __device__ void npf_bias_grad(const T* dy, A* part_db, long long rows, int n, lo
     }
     npf_column_partials(db, A(0), 0, part_db, part_db, n, c, s1, s2);
 }
-// bias + GELU backward: with dropout (drop = 1) first da = dy m (m = keep ? scale : 0, rounded to T),
-// else da = dy; dh = da gelu'(h) (written, rounded to T), dbias = sum dh (partials)
+// bias + GELU backward: with dropout (drop: the keep bits stored or hashed again, npf_kept) first
+// da = dy m (m = keep ? scale : 0, rounded to T), else da = dy; dh = da gelu'(h) (written, rounded to
+// T), dbias = sum dh (partials)
 template <typename T, typename A>
-__device__ void npf_bias_gelu_bwd(const T* dy, const bool* keep, A scale, const T* h, T* dh, A* part_db,
-                                  long long rows, int n, long long chunk, int tanh_form, int drop, A* s1, A* s2) {
+__device__ void npf_bias_gelu_bwd(const T* dy, const bool* keep, const double* draws, int keep_min, A scale,
+                                  const T* h, T* dh, A* part_db, long long rows, int n, long long chunk,
+                                  int tanh_form, int drop, A* s1, A* s2) {
     int c = blockIdx.x * NPF_COL_X + threadIdx.x;
+    const unsigned long long s = npf_backward_seed(draws, drop);
     A db = A(0);
     if (c < n) {
         NPF_FOR_CHUNK(r, rows, chunk) {
             long long k = r * n + c;
-            A da = drop ? npf_round<T, A>(npf_load(dy[k]) * (keep[k] ? scale : A(0))) : npf_load(dy[k]);
+            const bool kk = drop && npf_kept(keep, s, k, keep_min, drop);   // first, as in the forward
+            A da = npf_load(dy[k]);
+            if (drop) da = npf_round<T, A>(da * (kk ? scale : A(0)));
             npf_store(dh + k, npf_gelu_grad(npf_load(h[k]), tanh_form) * da);
             db += npf_load(dh[k]);
         }

@@ -10,20 +10,16 @@ inline double npf_inf(double) { return __builtin_huge_val(); }
 #endif
 
 // Residual add and dropout of each element (grid-stride):
-//   d = branch m  (drop = 1: keep = npf_keep(seed, k) written as the mask, m = keep ? scale : 0;
-//                  drop = 0: d = branch)
+//   d = branch m  (drop = 1: m = keep ? scale : 0, keep = npf_keep(seed, k), not stored: the
+//                  backward hashes it again; drop = 0: d = branch)
 //   s = x + d     (d and s each rounded to T, as the plain dropout then add)
 template <typename T, typename A>
-__device__ void npf_add_dropout_fwd(const T* x, const T* br, const double* draws, T* s, bool* keep,
+__device__ void npf_add_dropout_fwd(const T* x, const T* br, const double* draws, T* s,
                                     long long total, int keep_min, A scale, int drop) {
     const unsigned long long sd = drop ? npf_seed(draws) : 0ULL;
     NPF_FOR_EACH(k, total) {
         A d = npf_load(br[k]);
-        if (drop) {
-            bool kk = npf_keep(sd, (unsigned long long)k, keep_min);
-            keep[k] = kk;
-            d = npf_round<T, A>(d * (kk ? scale : A(0)));
-        }
+        if (drop) d = npf_round<T, A>(d * (npf_keep(sd, (unsigned long long)k, keep_min) ? scale : A(0)));
         npf_store(s + k, npf_load(x[k]) + d);
     }
 }
@@ -34,7 +30,7 @@ __device__ void npf_add_dropout_fwd(const T* x, const T* br, const double* draws
 // Each thread reads back only the entries of s it wrote itself (the same i), so no barrier is needed.
 template <typename T, typename A>
 __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const double* draws, const T* w,
-                                       const T* b, T* s, bool* keep, T* y, A* mean, A* rstd, long long rows, int n,
+                                       const T* b, T* s, T* y, A* mean, A* rstd, long long rows, int n,
                                        int keep_min, A scale, int drop, A eps, int has_w, int has_b, A* buf) {
     const unsigned long long sd = drop ? npf_seed(draws) : 0ULL;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -42,11 +38,7 @@ __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const double* dr
         A sum = A(0);
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             A d = npf_load(br[o + i]);
-            if (drop) {
-                bool kk = npf_keep(sd, (unsigned long long)(o + i), keep_min);
-                keep[o + i] = kk;
-                d = npf_round<T, A>(d * (kk ? scale : A(0)));
-            }
+            if (drop) d = npf_round<T, A>(d * (npf_keep(sd, (unsigned long long)(o + i), keep_min) ? scale : A(0)));
             A sv = npf_round<T, A>(npf_load(x[o + i]) + d);
             npf_store(s + o + i, sv);
             sum += sv;
@@ -74,11 +66,13 @@ __device__ void npf_add_dropout_ln_fwd(const T* x, const T* br, const double* dr
 // Its backward for each row; one block per row.  g = dy w (w optional), xhat = (s - mu) rstd recomputed,
 //   dsn = rstd (g - mean g - xhat mean(g xhat))   (rounded to T: layer norm's dx)
 //   dx = ds + dsn  (has_ds; rounded to T; the gradient of s, which is also x's),
-//   dbranch = dx m  (drop; m = keep ? scale : 0)
+//   dbranch = dx m  (drop: the keep bits stored or hashed again, npf_kept; m = keep ? scale : 0)
 template <typename T, typename A>
 __device__ void npf_add_dropout_ln_bwd(const T* dy, const T* ds, const T* s, const A* mean, const A* rstd,
-                                       const T* w, const bool* keep, A scale, T* dx, T* dbr, long long rows, int n,
-                                       int has_w, int has_ds, int drop, A* buf) {
+                                       const T* w, const bool* keep, const double* draws, int keep_min, A scale,
+                                       T* dx, T* dbr, long long rows, int n, int has_w, int has_ds, int drop,
+                                       A* buf) {
+    const unsigned long long sd = npf_backward_seed(draws, drop);
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         long long o = row * n;
         A mu = mean[row], r = rstd[row];
@@ -96,7 +90,7 @@ __device__ void npf_add_dropout_ln_bwd(const T* dy, const T* ds, const T* s, con
             A d = npf_round<T, A>(((g - mean_g) - h * mean_gh) * r);
             if (has_ds) d = npf_round<T, A>(npf_load(ds[o + i]) + d);
             npf_store(dx + o + i, d);
-            npf_store(dbr + o + i, drop ? d * (keep[o + i] ? scale : A(0)) : d);
+            npf_store(dbr + o + i, drop ? d * (npf_kept(keep, sd, o + i, keep_min, drop) ? scale : A(0)) : d);
         }
     }
 }

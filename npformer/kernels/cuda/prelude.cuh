@@ -54,6 +54,19 @@ __device__ __forceinline__ bool npf_keep(unsigned long long seed, unsigned long 
     z *= @MIX2@ULL;
     return (long long)(z >> 40) >= (long long)keep_min;
 }
+// Where a backward finds the forward's keep bits (npformer.ops.dropout.DropoutCache's two forms;
+// npformer.kernels.cuda.dropout.keep_arguments passes them): nothing was dropped, the booleans the
+// forward stored, or the seed, each bit hashed again as the forward hashed it
+#define NPF_DROP_NONE 0
+#define NPF_DROP_STORED 1
+#define NPF_DROP_HASHED 2
+__device__ __forceinline__ bool npf_kept(const bool* keep, unsigned long long seed, long long k, int keep_min,
+                                         int drop) {
+    return drop == NPF_DROP_HASHED ? npf_keep(seed, (unsigned long long)k, keep_min) : keep[k];
+}
+__device__ __forceinline__ unsigned long long npf_backward_seed(const double* draws, int drop) {
+    return drop == NPF_DROP_HASHED ? npf_seed(draws) : 0ULL;
+}
 #define NPF_FOR_EACH(k, total) \
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < (total); \
          k += (long long)gridDim.x * blockDim.x)

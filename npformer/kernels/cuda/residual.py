@@ -1,13 +1,15 @@
 """Residual add + dropout (+ layer norm) as one kernel (reference: :mod:`npformer.ops.residual`).
 
     s = x + branch m  (m = keep / (1 - p), the dropout op's mask of one seed)     one elementwise kernel
-    s as above, then y = LN(s)                one block per row: s, the mask, y, mu, rstd written
+    s as above, then y = LN(s)                one block per row: s, y, mu, rstd written
     backward: dx = ds + LN'(dy), dbranch = dx m     one block per row; dweight, dbias in the layer-norm
                                                     kernels' column pass
 
 The caches are the reference's (``DropoutCache``, ``ResidualNormCache`` of a ``DropoutCache`` and a
-``LayerNormCache``), so either backward takes either forward's cache. ``p = 1`` (nothing drawn,
-everything dropped) runs the reference.
+``LayerNormCache``), so either backward takes either forward's cache. The kernels store no mask: the
+dropout's cache keeps the seed's draws (``DropoutCache.of_seed``), and the backward kernel (or the
+dropout op's backward, for the sum without layer norm) hashes each bit again. ``p = 1`` (nothing
+drawn, everything dropped) runs the reference.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from npformer.kernels.cuda.dropout import keep_arguments, keep_draws, no_keep_dr
 from npformer.kernels.cuda.layernorm import layer_norm_param_grads, statistics_of
 from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, launch_elements, launch_rows, rows_of
 from npformer.ops import residual
-from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale
+from npformer.ops.dropout import DropoutCache, dropout_active
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
 __all__ = ["accepts_norm_backward", "residual_dropout_forward", "residual_dropout_layer_norm_forward",
@@ -38,9 +40,9 @@ def _draws(xp, branch, p, rng, active):
     return (*no_keep_draws(xp, branch.dtype), numpy.int32(0))
 
 
-def _cache(keep, p: float, x, active: bool) -> DropoutCache:
-    """The dropout op's cache for the kernels' mask (the identity's when nothing was dropped)."""
-    return DropoutCache(keep, keep_scale(p, x.dtype), x.shape, x.dtype) if active else DropoutCache.identity(x)
+def _cache(draws, p: float, x, active: bool) -> DropoutCache:
+    """The dropout op's cache of the kernels' mask, kept as its seed (the identity's when nothing was dropped)."""
+    return DropoutCache.of_seed(draws, p, x) if active else DropoutCache.identity(x)
 
 
 def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: bool = True):
@@ -53,12 +55,11 @@ def residual_dropout_forward(x, branch, *, p: float = 0.0, rng=None, training: b
     x, branch = contiguous(xp, x), contiguous(xp, branch)
     draws, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
-    keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     if x.size:
         # s = x + branch * m: one kernel
         launch_elements("add_dropout_fwd", x.dtype, x.size,
-                        (x, branch, draws, s, keep, numpy.int64(x.size), keep_min, scale, drop))
-    return s, _cache(keep, p, x, active)
+                        (x, branch, draws, s, numpy.int64(x.size), keep_min, scale, drop))
+    return s, _cache(draws, p, x, active)
 
 
 def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p: float = 0.0, rng=None,
@@ -78,17 +79,16 @@ def residual_dropout_layer_norm_forward(x, branch, weight=None, bias=None, *, p:
     b = contiguous(xp, bias) if bias is not None else x        # never read (has_w, has_b = 0)
     draws, keep_min, scale, drop = _draws(xp, branch, p, rng, active)
     s = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
-    keep = xp.empty(x.shape if active else (1,), dtype=bool)   # (..., C) m; a stand-in unless active
     y = xp.empty(x.shape, dtype=x.dtype)                 # (..., C)
     mean = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
     rstd = xp.empty(x.shape[:-1] + (1,), dtype=acc)      # (..., 1)
     if rows:
         # s = x + branch * m;  y = LN(s): one block per row
         launch_rows("add_dropout_ln_fwd", x.dtype, rows, n,
-                    (x, branch, draws, w, b, s, keep, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
+                    (x, branch, draws, w, b, s, y, mean, rstd, numpy.int64(rows), numpy.int32(n),
                      keep_min, scale, drop, acc.type(eps), numpy.int32(weight is not None),
                      numpy.int32(bias is not None)))
-    return s, y, residual.ResidualNormCache(_cache(keep, p, x, active),
+    return s, y, residual.ResidualNormCache(_cache(draws, p, x, active),
                                             LayerNormCache(s, mean, rstd, weight, bias is not None, x.dtype))
 
 
@@ -105,12 +105,12 @@ def residual_dropout_layer_norm_backward(ds, dy, cache):
     dy = contiguous(xp, dy)
     dsc = contiguous(xp, ds) if ds is not None else dy         # stand-ins, never read
     w = contiguous(xp, weight) if weight is not None else dy
-    keep, scale, active = keep_arguments(xp, drop, dtype)
+    keep, draws, keep_min, scale, drop_flag = keep_arguments(xp, drop, dtype)
     dx = xp.empty(dy.shape, dtype=dtype)                 # (..., C)
     dbranch = xp.empty(dy.shape, dtype=dtype)            # (..., C)
     if rows:
         # fwd: y = LN(s), s = x + dropout(branch)  ->  dx = ds + LN'(dy),  dbranch = dx * m / (1 - p)
         launch_rows("add_dropout_ln_bwd", dtype, rows, n,
-                    (dy, dsc, s, mean, rstd, w, keep, scale, dx, dbranch, numpy.int64(rows), numpy.int32(n),
-                     numpy.int32(weight is not None), numpy.int32(ds is not None), active))
+                    (dy, dsc, s, mean, rstd, w, keep, draws, keep_min, scale, dx, dbranch, numpy.int64(rows),
+                     numpy.int32(n), numpy.int32(weight is not None), numpy.int32(ds is not None), drop_flag))
     return (dx, dbranch, *layer_norm_param_grads(dy, (s, mean, rstd), weight, has_bias, dtype))

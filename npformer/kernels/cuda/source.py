@@ -74,22 +74,23 @@ _ENTRY_POINTS = (
      "npf_ln_param_grads<T, A>(dy, x, mean, rstd, part_dw, part_db, rows, n, chunk, s1, s2)", "col"),
     ("bias_grad", "const T* dy, A* part_db, long long rows, int n, long long chunk",
      "npf_bias_grad<T, A>(dy, part_db, rows, n, chunk, s1, s2)", "col"),
-    ("bias_gelu_bwd", "const T* dy, const bool* keep, A scale, const T* h, T* dh, A* part_db, long long rows, "
-     "int n, long long chunk, int tanh_form, int drop",
-     "npf_bias_gelu_bwd<T, A>(dy, keep, scale, h, dh, part_db, rows, n, chunk, tanh_form, drop, s1, s2)", "col"),
+    ("bias_gelu_bwd", "const T* dy, const bool* keep, const double* draws, int keep_min, A scale, const T* h, "
+     "T* dh, A* part_db, long long rows, int n, long long chunk, int tanh_form, int drop",
+     "npf_bias_gelu_bwd<T, A>(dy, keep, draws, keep_min, scale, h, dh, part_db, rows, n, chunk, tanh_form, drop, "
+     "s1, s2)", "col"),
     ("gelu_fwd", "const T* x, T* y, long long total, int tanh_form",
      "npf_gelu_fwd<T, A>(x, y, total, tanh_form)", ""),
     ("gelu_bwd", "const T* dy, const T* x, T* dx, long long total, int tanh_form",
      "npf_gelu_bwd<T, A>(dy, x, dx, total, tanh_form)", ""),
-    ("bias_gelu_fwd", "const T* z, const T* b, const double* draws, T* h, T* y, bool* keep, "
+    ("bias_gelu_fwd", "const T* z, const T* b, const double* draws, T* h, T* y, "
      "long long total, int n, int tanh_form, int keep_min, A scale, int drop",
-     "npf_bias_gelu_fwd<T, A>(z, b, draws, h, y, keep, total, n, tanh_form, keep_min, scale, drop)", ""),
+     "npf_bias_gelu_fwd<T, A>(z, b, draws, h, y, total, n, tanh_form, keep_min, scale, drop)", ""),
     ("bias_add", "const T* x, const T* b, T* y, long long total, int n",
      "npf_bias_add<T, A>(x, b, y, total, n)", ""),
     ("dropout_fwd", "const T* x, const double* draws, T* y, bool* keep, long long total, int keep_min, "
      "A scale", "npf_dropout_fwd<T, A>(x, draws, y, keep, total, keep_min, scale)", ""),
-    ("dropout_bwd", "const T* dy, const bool* keep, T* dx, long long total, A scale",
-     "npf_dropout_bwd<T, A>(dy, keep, dx, total, scale)", ""),
+    ("dropout_bwd", "const T* dy, const bool* keep, const double* draws, T* dx, long long total, int keep_min, "
+     "A scale, int drop", "npf_dropout_bwd<T, A>(dy, keep, draws, dx, total, keep_min, scale, drop)", ""),
 ) + FUSED_ENTRY_POINTS
 _SHARED = {"row": "    __shared__ A buf[NPF_MAX_THREADS];\n",
            "col": "    __shared__ A s1[NPF_COL_X * NPF_COL_Y];\n    __shared__ A s2[NPF_COL_X * NPF_COL_Y];\n",

@@ -73,9 +73,9 @@ def apply_keep(out, x, keep, scale) -> None:
 
 
 def accepts_backward(dout, cache) -> bool:
-    """A float32/float64 NumPy gradient and a NumPy keep-mask (or none: the identity's cache)."""
+    """A float32/float64 NumPy gradient and a stored NumPy keep-mask (or the identity's cache)."""
     keep = getattr(cache, "keep", None)
-    return numba_floats(dout) and (keep is None or type(keep) is numpy.ndarray)
+    return numba_floats(dout) and (type(keep) is numpy.ndarray or not getattr(cache, "dropped", True))
 
 
 def dropout_forward(x, p: float, rng=None, training: bool = True):
@@ -84,7 +84,7 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
 
 def dropout_backward(dout, cache):
     expect_grad(dout, "dout", cache.x_shape, cache.x_dtype)
-    if cache.keep is None:
+    if not cache.dropped:
         return dout.copy()
     # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p); one loop, a thread per CHEAP elements
     g = numpy.ascontiguousarray(dout).reshape(-1)        # (n,)

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, strategies as st
 
 from npformer.kernels import cuda, disabled
-from npformer.ops.dropout import dropout_backward, dropout_forward
+from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward, seed_draws
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import assert_gradcheck, assert_same_dropout, host, randn, seeds
 from tests.kernels.cuda.conftest import DTYPES
 
 shapes = st.lists(st.integers(1, 9), min_size=0, max_size=3).map(tuple)
@@ -36,7 +36,13 @@ def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, 
     with disabled():
         dx_ref = host(dropout_backward(dout, cache_ref))
         np.testing.assert_array_equal(host(dropout_backward(dout, cache)), dx_ref)
-    for c in (cache, cache_ref):                       # the fused backward on either forward's cache
+    # the mask kept as its seed (as the fused kernels keep it): remade by the plain op, hashed again
+    # by the kernel
+    seeded = DropoutCache.of_seed(seed_draws(rng(fx, seed), x, fx.xp), p, x)
+    assert_same_dropout(seeded, cache_ref, stored=False)
+    with disabled():
+        np.testing.assert_array_equal(host(dropout_backward(dout, seeded)), dx_ref)
+    for c in (cache, cache_ref, seeded):               # the fused backward on every form of cache
         dx = cuda.dropout_backward(dout, c)
         assert dx.dtype == x.dtype
         np.testing.assert_array_equal(host(dx), dx_ref)

@@ -9,7 +9,7 @@ from npformer.kernels import cuda, disabled, implementation
 from npformer.ops.dropout import dropout_forward
 from npformer.ops.feedforward import feed_forward_backward, feed_forward_forward
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import assert_gradcheck, assert_same_dropout, host, randn, seeds
 from tests.kernels.cuda.conftest import DTYPES, assert_close
 
 forms = st.sampled_from(["gelu", "gelu_tanh"])
@@ -37,10 +37,8 @@ def test_matches_the_reference_op(fx, lead, c, f, act, drop, dtype, seed):
         out_ref, c_ref = feed_forward_forward(x, w1, b1, w2, b2, rng=rng(fx, seed), **kw)
         grads_ref = feed_forward_backward(dout, c_ref)
     out, cache = cuda.feed_forward_forward(x, w1, b1, w2, b2, rng=rng(fx, seed), **kw)
-    assert (cache.drop.keep is None) == (c_ref.drop.keep is None)
-    if cache.drop.keep is not None:               # the dropout op's entries dropped, for one seed
-        np.testing.assert_array_equal(host(cache.drop.keep), host(c_ref.drop.keep))
-        assert cache.drop.scale == c_ref.drop.scale
+    # the dropout op's entries dropped, for one seed; the fused kernel keeps the seed (p = 1 stores zeros)
+    assert_same_dropout(cache.drop, c_ref.drop, stored=p == 1.0)
     np.testing.assert_array_equal(host(cache.act.x), host(c_ref.act.x))   # h = x W1^T + b1, the same roundings
     rows = int(np.prod(lead))
     # |out| <= F max|a'| max|W2| + |b2|, |a'| <= |h| / (1 - p); the gradients are sums of F or rows products
@@ -73,8 +71,7 @@ def test_bias_gelu_dropout_drops_what_the_dropout_op_drops(fx, dtype):
     a, act, drop = cuda.bias_gelu_dropout_forward(z, b, "tanh", 0.25, rng(fx, 9))
     with disabled():
         a_ref, drop_ref = dropout_forward(cuda.bias_gelu_forward(z, b, "tanh")[0], 0.25, rng=rng(fx, 9))
-    np.testing.assert_array_equal(host(drop.keep), host(drop_ref.keep))
-    assert drop.scale == drop_ref.scale
+    assert_same_dropout(drop, drop_ref, stored=False)
     np.testing.assert_array_equal(host(a), host(a_ref))   # gelu rounded, then times the mask: one rounding each
 
 

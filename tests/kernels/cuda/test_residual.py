@@ -10,7 +10,7 @@ from npformer.ops.layernorm import normalised
 from npformer.ops.residual import (residual_dropout_forward, residual_dropout_layer_norm_backward,
                                    residual_dropout_layer_norm_forward)
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, host, randn, seeds
+from tests.helpers import assert_gradcheck, assert_same_dropout, host, randn, seeds
 from tests.kernels.cuda.conftest import DTYPES, assert_close
 
 row_lengths = st.sampled_from([1, 2, 7, 40, 300])
@@ -49,10 +49,7 @@ def test_matches_the_reference_ops(fx, lead, n, drop, affine, with_ds, dtype, se
         s_ref, y_ref, c_ref = residual_dropout_layer_norm_forward(x, br, w, b, rng=rng(fx, seed), **kw)
         grads_ref = residual_dropout_layer_norm_backward(ds, dy, c_ref)
     s, y, cache = cuda.residual_dropout_layer_norm_forward(x, br, w, b, rng=rng(fx, seed), **kw)
-    assert (cache.drop.keep is None) == (c_ref.drop.keep is None)
-    if cache.drop.keep is not None:                # the same entries dropped, the same scale
-        np.testing.assert_array_equal(host(cache.drop.keep), host(c_ref.drop.keep))
-        assert cache.drop.scale == c_ref.drop.scale
+    assert_same_dropout(cache.drop, c_ref.drop, stored=False)   # the same entries and scale; only the seed kept
     np.testing.assert_array_equal(host(s), host(s_ref))  # d = branch m, then x + d: the same roundings
     assert_close(y, y_ref, dtype, what="y")
     acc = str(c_ref.norm.rstd.dtype)
@@ -82,10 +79,7 @@ def test_residual_dropout_is_the_reference_bit_for_bit(fx, shape, drop, dtype, s
         s_ref, c_ref = residual_dropout_forward(x, br, p=p, rng=rng(fx, seed), training=training)
     s, cache = cuda.residual_dropout_forward(x, br, p=p, rng=rng(fx, seed), training=training)
     np.testing.assert_array_equal(host(s), host(s_ref))
-    assert (cache.keep is None) == (c_ref.keep is None)
-    if cache.keep is not None:
-        np.testing.assert_array_equal(host(cache.keep), host(c_ref.keep))
-        assert cache.scale == c_ref.scale
+    assert_same_dropout(cache, c_ref, stored=False)
 
 
 @given(shape=st.tuples(st.integers(1, 3), st.integers(2, 6)), p=st.sampled_from([0.0, 0.3]),
