@@ -112,7 +112,8 @@ def npformer_kept(m, precision: str, T: int, dropout: float) -> Counter:
     with kernels.disabled():
         model.hidden(idx)
     kept, seen = Counter(), set(weights)
-    layers = [layer for layer in model.modules() if isinstance(layer, (TransformerEncoderLayer, TransformerDecoderLayer))]
+    layer_types = (TransformerEncoderLayer, TransformerDecoderLayer)
+    layers = [layer for layer in model.modules() if isinstance(layer, layer_types)]
     residual = {id(d) for layer in layers for d in vars(layer).values() if isinstance(d, Dropout)}   # fused_layers.py's
     for name, module in model.named_modules():
         for cache in module._saved:

@@ -52,7 +52,7 @@ class AttentionCache(NamedTuple):
     k: Any                 # (B, H, Tk, hs)
     v: Any                 # (B, H, Tk, hv)
     p: Any                 # (B, H, Tq, Tk) softmax probabilities, before dropout
-    dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) and scale, or None inside when no dropout ran
+    dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) or its seed, and scale; the identity when none ran
     scale: float
 
 

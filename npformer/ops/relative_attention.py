@@ -90,7 +90,7 @@ class RelativeAttentionCache(NamedTuple):
     bias_u: Any            # (H, hs)
     bias_v: Any            # (H, hs)
     p: Any                 # (B, H, Tq, Tk) softmax probabilities, before dropout
-    dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) and scale, or None inside
+    dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) or its seed, and scale; the identity when none ran
     shift: RelShiftCache
     scale: float
 

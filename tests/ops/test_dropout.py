@@ -1,11 +1,15 @@
-"""dropout: inverted scaling, seeded mask, identity in eval, gradcheck with a fixed mask."""
+"""dropout: inverted scaling, seeded mask, identity in eval, gradcheck with a fixed mask, a mask kept as its seed."""
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
 from npformer.backend import backend_name, default_rng
-from npformer.ops.dropout import (dropout_backward, dropout_forward, dropout_term, dropout_term_backward,
-                                  keep_threshold)
+from npformer.kernels import disabled
+from npformer.ops.attention import scaled_dot_product_attention_backward, scaled_dot_product_attention_forward
+from npformer.ops.dropout import (DropoutCache, dropout_backward, dropout_forward, dropout_term, dropout_term_backward,
+                                  keep_mask, keep_threshold, seed_draws)
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, host, randn, seeds
 
@@ -20,6 +24,46 @@ def test_dropout_gradcheck_with_fixed_mask(xp, shape, p, seed):
         return dropout_forward(x, p, rng=default_rng(seed, name))
 
     assert_gradcheck(gradcheck(forward, dropout_backward, {"x": randn(xp, shape, seed)}, seed=seed))
+
+
+def _seeded(xp, x, p, seed):
+    """The cache of dropout_forward(x, p, default_rng(seed)) with its mask kept as the seed's draws (as
+    the fused CUDA kernels keep it)."""
+    return DropoutCache.of_seed(seed_draws(default_rng(seed, backend_name(xp)), x, xp), p, x)
+
+
+@given(shape=shapes, p=st.sampled_from([0.1, 0.5, 0.9]), seed=seeds)
+def test_a_mask_kept_as_its_seed_is_the_stored_mask(xp, shape, p, seed):
+    """DropoutCache.of_seed keeps the two draws the forward made its seed of, not the booleans:
+    keep_mask remakes the forward's mask, and both backwards give the stored cache's gradient bit for
+    bit; the float64 gradient check holds through the remade mask."""
+    x, dout = randn(xp, shape, seed), randn(xp, shape, seed + 1)
+    _, stored = dropout_forward(x, p, rng=default_rng(seed, backend_name(xp)))
+    seeded = _seeded(xp, x, p, seed)
+    assert seeded.keep is None and seeded.dropped and seeded.scale == stored.scale
+    np.testing.assert_array_equal(host(keep_mask(seeded)), host(stored.keep))
+    assert keep_mask(stored) is stored.keep
+    for backward in (dropout_backward, dropout_term_backward):
+        np.testing.assert_array_equal(host(backward(dout, seeded)), host(backward(dout, stored)))
+
+    def forward(x):   # the stored forward's output, its mask kept as the seed
+        return dropout_forward(x, p, rng=default_rng(seed, backend_name(xp)))[0], _seeded(xp, x, p, seed)
+
+    assert_gradcheck(gradcheck(forward, dropout_backward, {"x": x}, seed=seed))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_attention_backward_takes_a_mask_kept_as_its_seed(xp, fast):
+    """The plain attention's backward (reference, and the CPU fast path) remakes its weights' dropout
+    mask from a cache that keeps only the seed, to the stored cache's gradients bit for bit."""
+    q, k, v, dout = (randn(xp, (2, 3, 5, 4), s) for s in range(4))
+    _, _, cache = scaled_dot_product_attention_forward(q, k, v, is_causal=True, dropout_p=0.3,
+                                                       rng=default_rng(7, backend_name(xp)))
+    seeded = cache._replace(dropout=_seeded(xp, cache.p, 0.3, 7))
+    with contextlib.nullcontext() if fast else disabled():
+        for got, ref in zip(scaled_dot_product_attention_backward(dout, seeded),
+                            scaled_dot_product_attention_backward(dout, cache)):
+            np.testing.assert_array_equal(host(got), host(ref))
 
 
 def test_inverted_scaling_keeps_the_mean(xp):

@@ -7,7 +7,8 @@ layer norm                 one block per row; backward: a row pass for dx, a col
 GELU (erf and tanh)        one elementwise kernel forward, one backward
 dropout                    one kernel: each element's keep bit hashed from the seed drawn
                            from the Generator and its index (the reference's mask), then
-                           scale and multiply (the mask kept as booleans); backward one kernel
+                           scale and multiply (the mask kept as booleans, which the plain
+                           attention reads); backward one kernel (a stored or a hashed mask)
 linear                     the reference's products, also inside a CUDA graph capture
                            (gemm.py: cuBLAS called directly there, CuPy refuses it); the
                            bias gradient as one coalesced column sum
@@ -20,13 +21,14 @@ flash attention            forward: a block per query tile and head, online soft
 self-attention backward    dq, dk, dv written by the flash kernels into the packed (B, T,
                            3E) gradient: no copy to merge heads (multihead.py)
 bias-add, bias + GELU      forward one kernel (h = z + b, a = gelu(h), and the feed-forward
-                           block's dropout); backward one kernel (dz = da gelu'(h) and the
-                           partial sums of dbias)
+                           block's dropout, its mask kept as the seed); backward one kernel
+                           (the mask hashed again, dz = da gelu'(h), partial sums of dbias)
 feed-forward (GELU)        x W1^T, the bias + GELU + dropout kernel, the second linear;
                            backward through the fused bias + GELU backward (own module)
 residual + dropout (+ LN)  s = x + dropout(branch) in one elementwise kernel; with the layer
-                           norm that follows, one block per row (s, mask, y, mu, rstd);
-                           backward: dx = ds + LN'(dy), dbranch = dx m in one row pass
+                           norm that follows, one block per row (s, y, mu, rstd; the mask
+                           kept as the seed); backward: dx = ds + LN'(dy), dbranch = dx m in
+                           one row pass, m hashed again
 cross-entropy              one block per row, one read of the logits: running max and sum of
                            exponentials, the row's loss; backward writes dlogits directly
 Adam / AdamW               one elementwise kernel over a whole flat buffer: m, v, p and, in
