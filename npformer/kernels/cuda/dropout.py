@@ -25,13 +25,15 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
+from npformer.kernels.cuda.source import DROP_FLAGS
 from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale, keep_threshold, seed_draws
 
 __all__ = ["dropout_forward", "dropout_backward", "keep_draws", "no_keep_draws", "keep_arguments", "DROP_NONE",
            "DROP_STORED", "DROP_HASHED"]
 
 # a backward kernel's flag drop: where it finds the keep bits (prelude.cuh's NPF_DROP_*)
-DROP_NONE, DROP_STORED, DROP_HASHED = numpy.int32(0), numpy.int32(1), numpy.int32(2)
+DROP_NONE, DROP_STORED, DROP_HASHED = (numpy.int32(DROP_FLAGS[name]) for name in ("DROP_NONE", "DROP_STORED",
+                                                                                  "DROP_HASHED"))
 
 
 def keep_draws(x, p: float, rng) -> tuple:

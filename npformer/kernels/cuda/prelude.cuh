@@ -55,11 +55,12 @@ __device__ __forceinline__ bool npf_keep(unsigned long long seed, unsigned long 
     return (long long)(z >> 40) >= (long long)keep_min;
 }
 // Where a backward finds the forward's keep bits (npformer.ops.dropout.DropoutCache's two forms;
-// npformer.kernels.cuda.dropout.keep_arguments passes them): nothing was dropped, the booleans the
-// forward stored, or the seed, each bit hashed again as the forward hashed it
-#define NPF_DROP_NONE 0
-#define NPF_DROP_STORED 1
-#define NPF_DROP_HASHED 2
+// npformer.kernels.cuda.dropout.keep_arguments passes them; the values: source.py's DROP_FLAGS):
+// nothing was dropped, the booleans the forward stored, or the seed, each bit hashed again as the
+// forward hashed it
+#define NPF_DROP_NONE @DROP_NONE@
+#define NPF_DROP_STORED @DROP_STORED@
+#define NPF_DROP_HASHED @DROP_HASHED@
 __device__ __forceinline__ bool npf_kept(const bool* keep, unsigned long long seed, long long k, int keep_min,
                                          int drop) {
     return drop == NPF_DROP_HASHED ? npf_keep(seed, (unsigned long long)k, keep_min) : keep[k];

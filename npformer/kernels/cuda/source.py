@@ -49,10 +49,14 @@ def cuda_type(dtype) -> tuple[str, str, str] | None:
     return TYPES.get(dtype_name(dtype))
 
 HALF_CONVERSIONS = read_source("half.cuh")
+# A backward kernel's flag ``drop``: where it finds the forward's keep bits (nothing dropped, the stored
+# booleans, the seed hashed again; npformer.kernels.cuda.dropout.keep_arguments passes them).
+DROP_FLAGS = {"DROP_NONE": 0, "DROP_STORED": 1, "DROP_HASHED": 2}
 # What every module starts with, dropout's hash constants (npformer.ops.dropout.SPLITMIX64) written into
-# its npf_keep as CUDA C literals.
-_SPLITMIX64_LITERALS = {name: f"0x{value:016X}" for name, value in zip(("GOLDEN", "MIX1", "MIX2"), SPLITMIX64)}
-PRELUDE = re.sub(r"@(\w+)@", lambda m: _SPLITMIX64_LITERALS[m.group(1)], read_source("prelude.cuh"))
+# its npf_keep as CUDA C literals, and the flags above as its NPF_DROP_* macros.
+_PRELUDE_LITERALS = {**{name: f"0x{value:016X}" for name, value in zip(("GOLDEN", "MIX1", "MIX2"), SPLITMIX64)},
+                     **{name: str(value) for name, value in DROP_FLAGS.items()}}
+PRELUDE = re.sub(r"@(\w+)@", lambda m: _PRELUDE_LITERALS[m.group(1)], read_source("prelude.cuh"))
 
 # The kernels. @NAME@ placeholders are filled from Python (_constants): the block shapes, and the GELU
 # constants as the exact float64 values the reference op uses (rounded to float once, as NumPy does).
