@@ -4,6 +4,7 @@ traffic.
 * :mod:`~npformer.kernels.cpu.blocks`: element-wise chains run over cache-sized blocks (optionally on
   several threads) instead of full-size temporaries;
 * :mod:`~npformer.kernels.cpu.softmax`: softmax and log-softmax rows in place, block by block;
+* :mod:`~npformer.kernels.cpu.rows`: sums along the last axis as ``einsum`` contractions;
 * :mod:`~npformer.kernels.cpu.activations`: GELU as one in-place chain per block, with a float32 erf;
 * :mod:`~npformer.kernels.cpu.layernorm`: row statistics by ``einsum`` (no squared temporary);
 * :mod:`~npformer.kernels.cpu.dropout`: the reference's counter-based mask, hashed in small buffers;

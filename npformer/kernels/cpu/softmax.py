@@ -4,7 +4,9 @@
 Each row kernel computes whole rows of its output from the same rows of its inputs, writing into
 its output (which may be an input), so :func:`~npformer.kernels.cpu.blocks.blockwise` can run it
 block by block and attention can run it on its own fresh score matrix. 16-bit rows are computed in
-float32 and rounded once, as the reference does.
+float32 and rounded once, as the reference does. Softmax's row sums are
+``einsum`` contractions (:mod:`npformer.kernels.cpu.rows`: cheaper on attention's short rows);
+log-softmax keeps NumPy's pairwise ``sum`` (its rows are a vocabulary long).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad, expect_rows
 from npformer.kernels.cpu.blocks import blockwise
+from npformer.kernels.cpu.rows import row_dot, row_sum
 from npformer.ops.softmax import SoftmaxCache
 
 __all__ = ["softmax_rows", "softmax_grad_rows", "softmax_forward", "softmax_backward",
@@ -29,14 +32,14 @@ def _shift_rows(z, x):
 def softmax_rows(y, x):
     """y = softmax(x) along the last axis (y may be x); a row of -inf gives zeros."""
     numpy.exp(_shift_rows(y, x), out=y)
-    s = y.sum(axis=-1, keepdims=True)                    # (r, 1)
+    s = row_sum(y)                                       # (r, 1)
     y /= numpy.where(s == 0, 1, s)                       # fully masked row: 0 / 1 = 0
     return y
 
 
 def softmax_grad_rows(dx, y, dy):
     """dx = y * (dy - sum(dy * y)) along the last axis (dx may be dy)."""
-    dot = (dy * y).sum(axis=-1, keepdims=True)           # (r, 1)
+    dot = row_dot(dy, y)                                 # (r, 1)
     numpy.subtract(dy, dot, out=dx)
     dx *= y
     return dx
