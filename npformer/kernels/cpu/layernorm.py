@@ -3,8 +3,8 @@
 
 The variance ``sum (x - mu)^2 / C`` and the backward's ``mean(g * xhat)`` are row dot products,
 which never build the (..., C) product the reference's ``(xc * xc).mean(-1)`` allocates, and the row
-means row sums, both ``einsum`` contractions (:mod:`npformer.kernels.cpu.rows`: NumPy's ``mean``
-along a short last axis pays a reduction call per row). The forward's one (..., C) array becomes
+means row sums (:mod:`npformer.kernels.cpu.rows`: ``einsum`` contractions up to rows of 1024, where
+NumPy's ``mean`` along the last axis would pay a reduction call per row). The forward's one (..., C) array becomes
 x - mu, then xhat, then y; the backward recomputes xhat from the cache
 (:func:`~npformer.ops.layernorm.normalised`, the forward's arithmetic) and works in place in it and
 in its one other (..., C) array. A temporary fewer in each direction (the same bits as before

@@ -4,9 +4,9 @@
 Each row kernel computes whole rows of its output from the same rows of its inputs, writing into
 its output (which may be an input), so :func:`~npformer.kernels.cpu.blocks.blockwise` can run it
 block by block and attention can run it on its own fresh score matrix. 16-bit rows are computed in
-float32 and rounded once, as the reference does. Softmax's row sums are
-``einsum`` contractions (:mod:`npformer.kernels.cpu.rows`: cheaper on attention's short rows);
-log-softmax keeps NumPy's pairwise ``sum`` (its rows are a vocabulary long).
+float32 and rounded once, as the reference does. Row sums go through
+:mod:`npformer.kernels.cpu.rows` (``einsum`` on short rows: cheaper on attention's rows of 64;
+NumPy's pairwise ``sum`` on rows a vocabulary long).
 """
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ def softmax_grad_rows(dx, y, dy):
 
 def _log_softmax_rows(z, x):
     _shift_rows(z, x)
-    s = numpy.exp(z).sum(axis=-1, keepdims=True)         # (r, 1)
+    s = row_sum(numpy.exp(z))                            # (r, 1)
     z -= numpy.log(numpy.where(s > 0, s, 1))             # an all -inf row stays -inf
 
 
 def _log_softmax_grad_rows(dx, logy, dy):
-    total = dy.sum(axis=-1, keepdims=True)               # (r, 1)
+    total = row_sum(dy)                                  # (r, 1)
     numpy.exp(logy, out=dx)
     dx *= total
     numpy.subtract(dy, dx, out=dx)
