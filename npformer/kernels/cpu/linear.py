@@ -26,7 +26,7 @@ import functools
 
 import numpy
 
-from npformer.backend import accumulation_dtype
+from npformer.backend import accumulation_dtype, matmul
 from npformer.checks import expect_grad
 from npformer.kernels.cpu.threads import get_num_threads, in_parallel_region, run_parallel, split
 from npformer.ops.linear import LinearCache, as_rows, check_linear_inputs
@@ -44,6 +44,15 @@ def _parts(flops: int) -> int:
     return max(1, min(get_num_threads(), flops // MIN_PARALLEL_FLOPS))
 
 
+def _product(a, b, out) -> None:
+    """out = a @ b, one BLAS call: float16 through :func:`npformer.backend.matmul` (float32 sums
+    rounded once; NumPy's own float16 product has no BLAS), other dtypes straight into ``out``."""
+    if a.dtype == numpy.float16:
+        out[...] = matmul(a, b)
+    else:
+        numpy.matmul(a, b, out=out)
+
+
 def _run(tasks: list) -> None:
     """The parts, on the pool; one part on this thread, with BLAS at one thread if the pool has more."""
     run_parallel(tasks, blas_one_thread=get_num_threads() > 1)
@@ -58,7 +67,7 @@ def linear_forward(x, weight, bias=None):
     w_t = weight.T                                                   # (C_in, C_out) view
 
     def part(a: int, b: int) -> None:
-        numpy.matmul(x2[a:b], w_t, out=out[a:b])
+        _product(x2[a:b], w_t, out[a:b])
         if bias is not None:
             out[a:b] += bias
 
@@ -83,10 +92,10 @@ def linear_backward(dout, cache: LinearCache):
     def part(k: int) -> None:
         if k < len(rows):
             a, b = rows[k]
-            numpy.matmul(d2[a:b], weight, out=dx[a:b])
+            _product(d2[a:b], weight, dx[a:b])
         if k < len(outs):
             a, b = outs[k]
-            numpy.matmul(d2[:, a:b].T, x2, out=dweight[a:b])
+            _product(d2[:, a:b].T, x2, dweight[a:b])
             if has_bias:             # in float32 for float16, as the reference's accumulated_sum
                 d2[:, a:b].sum(axis=0, dtype=accumulation_dtype(d2.dtype), out=dbias[a:b])
 

@@ -305,6 +305,23 @@ def test_gradcheck_through_the_linear_fast_path(monkeypatch):
     assert_gradcheck(gradcheck(linear.linear_forward, linear.linear_backward, inputs, label="linear (cpu fast path)"))
 
 
+def test_float16_linear_is_the_references_float32_products_rounded_once(thread_count):
+    """float16 on one thread: the reference's products (npformer.backend.matmul: float32 BLAS sums,
+    one rounding) bit for bit, forward and backward, never NumPy's float16 product (no BLAS)."""
+    thread_count(1)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 24, 40)).astype(np.float16)
+    w, b = (rng.standard_normal(s).astype(np.float16) * 0.2 for s in ((72, 40), (72,)))
+    dy = rng.standard_normal((4, 24, 72)).astype(np.float16)
+    assert kernels.implementation(linear.linear_forward, x, w, b) == "cpu"
+    (y, cache), (y_ref, _) = _both(lambda: linear.linear_forward(x, w, b))
+    np.testing.assert_array_equal(y, y_ref)
+    grads, grads_ref = _both(lambda: linear.linear_backward(dy, cache))
+    for name, got, want in zip(("dx", "dweight", "dbias"), grads, grads_ref):
+        assert got.dtype == np.float16
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
 def test_linear_parts_cover_the_products_whatever_the_thread_count(monkeypatch):
     """Big enough to be cut (rows and output features), with ragged ends; the same within rounding
     for 1-3 threads, and bit for bit from run to run at one thread count."""
