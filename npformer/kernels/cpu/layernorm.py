@@ -1,15 +1,15 @@
-"""Layer norm for NumPy with row statistics that build no (..., C) temporary, and the backward in
+"""Layer norm for NumPy with row statistics by :mod:`npformer.kernels.cpu.rows`, and the backward in
 place (reference: :mod:`npformer.ops.layernorm`).
 
-The variance ``sum (x - mu)^2 / C`` and the backward's ``mean(g * xhat)`` are row dot products,
-which never build the (..., C) product the reference's ``(xc * xc).mean(-1)`` allocates, and the row
-means are row sums (:mod:`npformer.kernels.cpu.rows`: ``einsum`` contractions on rows up to 1024
-long, where NumPy's ``mean`` along the last axis pays a reduction call per row; its pairwise sum
-on longer rows). The forward's one (..., C) array becomes x - mu, then xhat, then y; the backward
-recomputes xhat from the cache (:func:`~npformer.ops.layernorm.normalised`, the forward's
-arithmetic) and works in place in it and in its one other (..., C) array. That is a temporary fewer
-each way than until 2026-11-30 (the same bits): 3-4% faster at gpt-tiny's (768, 128) and 5-10% at
-(1024, 768) (float32, one pinned thread).
+The variance ``sum (x - mu)^2 / C`` and the backward's ``mean(g * xhat)`` are row dot products and
+the row means row sums: on rows up to 1024 long, ``einsum`` contractions, which never build the
+(..., C) product the reference's ``(xc * xc).mean(-1)`` allocates and pay no reduction call per row
+as NumPy's ``mean`` along the last axis does; on longer rows NumPy's pairwise sums, the more
+accurate there (the product is then built). The forward's one (..., C) array becomes x - mu, then
+xhat, then y; the backward recomputes xhat from the cache (:func:`~npformer.ops.layernorm.normalised`,
+the forward's arithmetic) and works in place in it and in its one other (..., C) array. That is a
+temporary fewer each way than until 2026-11-30 (the same bits): 3-4% faster at gpt-tiny's
+(768, 128) and 5-10% at (1024, 768) (float32, one pinned thread).
 """
 from __future__ import annotations
 
