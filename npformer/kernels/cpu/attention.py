@@ -4,8 +4,9 @@ threads (reference: :mod:`npformer.ops.attention`, the same signature, cache and
 The reference runs each step over all (B, H, Tq, Tk) scores: S, then P, then P_drop, then out, each
 a pass over memory and each matmul a loop of small products. Here the whole chain runs on one block
 at a time: a few heads of one batch element (or, for long sequences, a run of query rows of one
-head; or, for short sequences, several whole batch elements), about 64K scores, which stay in cache
-from the product that makes them to the product that uses them:
+head; or, for short sequences, several whole batch elements), about 64K scores (up to 256K when
+threads share the work: :func:`blocks`), which stay in cache from the product that makes them to
+the product that uses them:
 
     forward, per block:   S = (q * scale) k^T + bias  ->  P = softmax(S) (kept: the cache)
                           ->  P_drop = P * keep * scale  ->  out = P_drop v
@@ -36,7 +37,7 @@ import numpy
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.kernels.cpu import numpy_floats
-from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS
+from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, block_elements
 from npformer.kernels.cpu.dropout import KeepMask, apply_keep, draw_keep
 from npformer.kernels.cpu.softmax import softmax_grad_rows, softmax_rows
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
@@ -53,26 +54,31 @@ __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention
 def blocks(b: int, h: int, tq: int, tk: int, parts: int = 1) -> list[list[tuple[slice, slice, slice]]]:
     """The blocks of a (b, h, tq, tk) score array, grouped by head: ``[[(batch, heads, rows), ...], ...]``.
 
-    A group is a run of whole batch elements (when one holds at most BLOCK_ELEMENTS scores), a few
-    whole heads of one batch element (about BLOCK_ELEMENTS scores), or one head cut into runs of
-    query rows; each block is a contiguous run of the scores in C order. Runs of batch elements are
-    made a multiple of ``parts`` in number where the batch allows, so that ``parts`` threads get
-    equal shares (gpt-tiny's 12 elements of 16K scores: 4 blocks of 3 for two threads, not 3 of 4,
-    which left one thread a third of the work and the other two thirds)."""
+    A group is one head cut into runs of query rows (when a head has more than BLOCK_ELEMENTS
+    scores), a run of whole batch elements (when one holds at most ``size`` scores), or a few whole
+    heads of one batch element (about ``size`` scores). ``size`` is
+    :func:`~npformer.kernels.cpu.blocks.block_elements` of ``parts`` (larger blocks when threads
+    share the work, so that fewer NumPy calls hand the GIL over), but at most a thread's share of
+    all the scores (never under BLOCK_ELEMENTS), so that every thread gets blocks. Each block is a
+    contiguous run of the scores in C order. Runs of batch elements are made a multiple of ``parts`` in number where the
+    batch allows, so that ``parts`` threads get equal shares (gpt-tiny's 12 elements of 16K scores:
+    2 blocks of 6 for two threads). Only whole heads are grouped by ``parts``: a head's runs of rows,
+    over which dk and dv are summed, are the same for any thread count, and so are the results."""
     per_head = tq * tk
-    if h * per_head <= BLOCK_ELEMENTS:
-        n = max(1, BLOCK_ELEMENTS // max(h * per_head, 1))
+    if per_head > BLOCK_ELEMENTS:
+        rows = max(1, BLOCK_ELEMENTS // tk)
+        return [[(slice(i, i + 1), slice(j, j + 1), slice(r, min(r + rows, tq))) for r in range(0, tq, rows)]
+                for i in range(b) for j in range(h)]
+    size = min(block_elements(parts), max(BLOCK_ELEMENTS, -(-b * h * per_head // max(parts, 1))))
+    if h * per_head <= size:
+        n = max(1, size // max(h * per_head, 1))
         if parts > 1 and b > 0:
             runs = -(-b // n)                            # blocks of n elements
             runs = -(-runs // parts) * parts             # rounded up to a multiple of the parts
             n = -(-b // runs)                            # elements a block
         return [[(slice(i, min(i + n, b)), slice(0, h), slice(0, tq))] for i in range(0, b, n)]
-    if per_head <= BLOCK_ELEMENTS:
-        n = max(1, BLOCK_ELEMENTS // max(per_head, 1))
-        return [[(slice(i, i + 1), slice(j, min(j + n, h)), slice(0, tq))] for i in range(b) for j in range(0, h, n)]
-    rows = max(1, BLOCK_ELEMENTS // tk)
-    return [[(slice(i, i + 1), slice(j, j + 1), slice(r, min(r + rows, tq))) for r in range(0, tq, rows)]
-            for i in range(b) for j in range(h)]
+    n = max(1, size // max(per_head, 1))
+    return [[(slice(i, i + 1), slice(j, min(j + n, h)), slice(0, tq))] for i in range(b) for j in range(0, h, n)]
 
 
 def _parallel(shape: tuple, run_block) -> None:

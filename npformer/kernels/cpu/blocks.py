@@ -18,9 +18,14 @@ thread meanwhile). NumPy ufuncs release the GIL, so the runs go on side by side,
 takes it back when it returns, and a thread that finds it held sleeps until it is handed over:
 on the 2-core development VM, two threads each running a chain of three float32 ufuncs over their
 own arrays went 1.0-1.4x faster than one at 64K-128K elements a call (10-15 us), 1.2-1.55x at
-256K and 1.6-1.8x at 1M, in two runs (``python benchmarks/gil_scaling.py``). So cache-sized blocks of cheap ufuncs
-gain little from a second thread there; larger blocks would give up the cache. The compiled
-paths (:mod:`npformer.kernels.numba_cpu`) hold no GIL inside a kernel.
+256K and 1.6-1.8x at 1M, in two runs (``python benchmarks/gil_scaling.py``). So a run cut between
+threads goes in blocks of :data:`THREAD_BLOCK_ELEMENTS` (256K), four times fewer calls and
+hand-overs than cache-sized blocks, at the price of intermediates in L3 rather than L2; one thread
+alone keeps :data:`BLOCK_ELEMENTS` (:func:`block_elements`). Measured on that VM (2026-11-30, two
+threads, float32, ``python benchmarks/thread_blocks.py``): GELU's 768 x 512 forward 1.7-2.0 ->
+1.1-1.2 ms, AdamW over gpt-tiny's 0.8M parameters 2.2-2.4 -> 1.5-1.8 ms; on one thread the block
+size made no difference beyond the VM's spread. The compiled paths
+(:mod:`npformer.kernels.numba_cpu`) hold no GIL inside a kernel.
 """
 from __future__ import annotations
 
@@ -31,10 +36,17 @@ import numpy
 from npformer.errors import ShapeError
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 
-__all__ = ["blockwise", "BLOCK_ELEMENTS", "MIN_THREAD_ELEMENTS"]
+__all__ = ["blockwise", "block_elements", "BLOCK_ELEMENTS", "THREAD_BLOCK_ELEMENTS", "MIN_THREAD_ELEMENTS"]
 
 BLOCK_ELEMENTS = 1 << 16          # 256 KB of float32 per intermediate: several fit in L2
+THREAD_BLOCK_ELEMENTS = 1 << 18   # a block of a run cut between threads: fewer GIL hand-overs
 MIN_THREAD_ELEMENTS = 1 << 17     # a thread's run is at least this long (else the hand-off costs more)
+
+
+def block_elements(threads: int) -> int:
+    """Elements a block holds when its work is cut between ``threads`` threads: :data:`BLOCK_ELEMENTS`
+    on one, :data:`THREAD_BLOCK_ELEMENTS` (or BLOCK_ELEMENTS if that is larger) on several."""
+    return BLOCK_ELEMENTS if threads <= 1 else max(BLOCK_ELEMENTS, THREAD_BLOCK_ELEMENTS)
 
 
 def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = None) -> Any:
@@ -60,8 +72,8 @@ def blockwise(fn: Callable[..., Any], out: Any, *arrays: Any, row: int | None = 
     width = 1 if row is None else max(row, 1)
     flat = [a.reshape(-1, width) if row is not None else a.reshape(-1) for a in (out,) + arrays]
     n_rows = flat[0].shape[0]
-    per_block = max(1, BLOCK_ELEMENTS // width)
     threads = threads_for(out.size, MIN_THREAD_ELEMENTS)
+    per_block = max(1, block_elements(threads) // width)
 
     def run(start: int, stop: int) -> None:
         for i in range(start, stop, per_block):

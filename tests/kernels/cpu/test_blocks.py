@@ -26,6 +26,7 @@ def _row_softmax(out, x):
 def small_blocks(monkeypatch, n):
     """Blocks of n elements, for one thread and for several (so small arrays use threads too)."""
     monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", n)
+    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", n)
     monkeypatch.setattr(blocks, "MIN_THREAD_ELEMENTS", n)
 
 
@@ -36,17 +37,18 @@ def threads():
     set_num_threads(before, blas=False)
 
 
-@pytest.mark.parametrize("block", [64, 1000, 1 << 16])
-def test_results_are_bit_identical_for_any_block_size_and_thread_count(monkeypatch, threads, block):
+@pytest.mark.parametrize("block, thread_block", [(64, 64), (64, 1000), (1000, 1000), (1 << 16, 1 << 18)])
+def test_results_are_bit_identical_for_any_block_size_and_thread_count(monkeypatch, threads, block, thread_block):
     rng = np.random.default_rng(0)
     x, y = (rng.standard_normal((3, 70001)).astype(np.float32) for _ in range(2))   # odd size: a short last block
     whole = np.empty_like(x)
     _chain(whole, x, y)                                  # one pass over the whole arrays
     small_blocks(monkeypatch, block)
+    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", thread_block)
     for n in (1, 2, 3):
         threads(n)
         got = blockwise(_chain, np.empty_like(x), x, y)
-        assert np.array_equal(got, whole), f"block={block} threads={n}"
+        assert np.array_equal(got, whole), f"block={block} thread_block={thread_block} threads={n}"
 
 
 def test_rows_are_kept_whole(monkeypatch, threads):
@@ -119,9 +121,10 @@ def test_nested_calls_run_in_their_own_thread(monkeypatch, threads):
 
 def test_threads_only_for_arrays_of_two_thread_runs(monkeypatch, threads):
     """Below two threads' minimum run everything runs in the calling thread, in the small blocks;
-    from there each thread takes one contiguous run, in the same small blocks."""
+    from there each thread takes one contiguous run, in the threads' larger blocks."""
     import threading
     monkeypatch.setattr(blocks, "BLOCK_ELEMENTS", 10)
+    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", 40)
     monkeypatch.setattr(blocks, "MIN_THREAD_ELEMENTS", 100)
     threads(2)
     seen = []
@@ -134,7 +137,14 @@ def test_threads_only_for_arrays_of_two_thread_runs(monkeypatch, threads):
     assert all(main for main, _ in seen) and [n for _, n in seen] == [10] * 19 + [9]
     seen.clear()
     blockwise(fn, np.empty(200), np.arange(200.0))       # 2 runs of 100, one on a pool thread
-    assert sorted(seen) == [(False, 10)] * 10 + [(True, 10)] * 10
+    assert sorted(seen) == [(False, 20), (False, 40), (False, 40), (True, 20), (True, 40), (True, 40)]
+
+
+def test_block_elements_are_larger_when_threads_share_the_work(monkeypatch):
+    assert blocks.block_elements(1) == blocks.BLOCK_ELEMENTS
+    assert blocks.block_elements(2) == blocks.block_elements(3) == blocks.THREAD_BLOCK_ELEMENTS >= blocks.BLOCK_ELEMENTS
+    monkeypatch.setattr(blocks, "THREAD_BLOCK_ELEMENTS", 8)              # never smaller than one thread's
+    assert blocks.block_elements(2) == blocks.BLOCK_ELEMENTS
 
 
 def test_zero_dimensional_arrays_are_computed_in_place():

@@ -454,10 +454,12 @@ def test_erf_float32_edges():
 
 @pytest.fixture
 def tiny_blocks(monkeypatch):
-    """Blocks of 8 scores, thread runs of 8 elements and mask blocks of 3, so small arrays take every
-    cut."""
-    from npformer.kernels.cpu import attention as cpu_attention, dropout as cpu_dropout
+    """Blocks of 8 scores (16 when threads share the work), thread runs of 8 elements and mask blocks
+    of 3, so small arrays take every cut."""
+    from npformer.kernels.cpu import attention as cpu_attention, blocks as cpu_blocks, dropout as cpu_dropout
     monkeypatch.setattr(cpu_attention, "BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(cpu_blocks, "BLOCK_ELEMENTS", 8)
+    monkeypatch.setattr(cpu_blocks, "THREAD_BLOCK_ELEMENTS", 16)
     monkeypatch.setattr(cpu_dropout, "BLOCK_ELEMENTS", 8)
     monkeypatch.setattr(cpu_dropout, "MIN_THREAD_ELEMENTS", 8)
     monkeypatch.setattr(cpu_dropout, "MASK_BLOCK", 3)
@@ -542,16 +544,32 @@ def test_attention_of_nothing_gives_the_references_empty_results(thread_count, s
             assert got.shape == ref.shape and got.dtype == ref.dtype
 
 
-def test_attention_batch_blocks_are_shared_equally_between_threads():
+def test_attention_batch_blocks_are_shared_equally_between_threads(monkeypatch):
     """Runs of whole batch elements come in a multiple of the thread count where the batch allows:
-    gpt-tiny's 12 elements of 4 x 64 x 64 scores (4 fit a block) in 3 blocks of 4 on one thread, 4 of 3
-    on two (not 2 + 1 blocks), 3 of 4 on three; 5 elements in 2 blocks of 3 and 2 on two threads."""
+    gpt-tiny's 12 elements of 4 x 64 x 64 scores in 3 blocks of 4 on one thread (64K scores a block),
+    on two threads in 2 of 6 (a thread's share, under the threads' 256K), on three in 3 of 4; 5 elements
+    in 2 blocks of 3 and 2 on two threads. With the threads' blocks as small as one thread's, 4 of 3
+    on two (not 2 + 1 blocks)."""
+    from npformer.kernels.cpu import blocks as cpu_blocks
     from npformer.kernels.cpu.attention import blocks
 
     def runs(b, parts):
         return [g[0][0].stop - g[0][0].start for g in blocks(b, 4, 64, 64, parts=parts)]
-    assert runs(12, 1) == [4, 4, 4] and runs(12, 2) == [3, 3, 3, 3] and runs(12, 3) == [4, 4, 4]
+    assert runs(12, 1) == [4, 4, 4] and runs(12, 2) == [6, 6] and runs(12, 3) == [4, 4, 4]
     assert runs(5, 2) == [3, 2] and runs(1, 2) == [1] and runs(8, 2) == [4, 4]
+    monkeypatch.setattr(cpu_blocks, "THREAD_BLOCK_ELEMENTS", cpu_blocks.BLOCK_ELEMENTS)
+    assert runs(12, 2) == [3, 3, 3, 3] and runs(12, 3) == [4, 4, 4]
+
+
+def test_attention_blocks_leave_no_thread_without_work_and_cut_rows_alike_for_any_thread_count():
+    """Larger blocks on several threads, but never fewer groups than threads where the heads allow
+    (one sequence of 8 heads of 128 x 128: 2 groups of 4 heads on two threads), and a head's runs of
+    query rows (over which dk and dv are summed) the same on one thread as on two."""
+    from npformer.kernels.cpu.attention import blocks
+    assert [len(g) for g in blocks(1, 8, 128, 128, parts=2)] == [1, 1]
+    assert [g[0][1] for g in blocks(1, 8, 128, 128, parts=2)] == [slice(0, 4), slice(4, 8)]
+    for b, h, t in ((1, 2, 512), (3, 4, 300), (2, 1, 1024)):
+        assert blocks(b, h, t, t, parts=1) == blocks(b, h, t, t, parts=2) == blocks(b, h, t, t, parts=3)
 
 
 @pytest.mark.parametrize("n", [1, 2, 10, 65, 130])
