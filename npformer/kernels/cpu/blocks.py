@@ -21,11 +21,12 @@ own arrays went 1.0-1.4x faster than one at 64K-128K elements a call (10-15 us),
 256K and 1.6-1.8x at 1M, in two runs (``python benchmarks/gil_scaling.py``). So a run cut between
 threads goes in blocks of :data:`THREAD_BLOCK_ELEMENTS` (256K), four times fewer calls and
 hand-overs than cache-sized blocks, at the price of intermediates in L3 rather than L2; one thread
-alone keeps :data:`BLOCK_ELEMENTS` (:func:`block_elements`). Measured on that VM (2026-11-30, two
-threads, float32, ``python benchmarks/thread_blocks.py``): GELU's 768 x 512 forward 1.7-2.0 ->
-1.1-1.2 ms, AdamW over gpt-tiny's 0.8M parameters 2.2-2.4 -> 1.5-1.8 ms; on one thread the block
-size made no difference beyond the VM's spread. The compiled paths
-(:mod:`npformer.kernels.numba_cpu`) hold no GIL inside a kernel.
+alone keeps :data:`BLOCK_ELEMENTS` (:func:`block_elements`). Measured on that VM (2026-11-30, float32,
+``python benchmarks/thread_blocks.py``, 64K against 256K, medians of 10 alternated rounds): on two
+threads GELU's 768 x 512 forward 1.71 -> 1.12 ms and its 1024 x 2048 forward 8.4 -> 6.0 ms, AdamW
+over gpt-tiny's 0.8M parameters 2.36 -> 1.69 ms (128K and 512K between or level); on one thread
+256K was no faster (that GELU forward 1.75 against 1.86 ms, its backward 0.93 against 1.20). The
+compiled paths (:mod:`npformer.kernels.numba_cpu`) hold no GIL inside a kernel.
 """
 from __future__ import annotations
 
