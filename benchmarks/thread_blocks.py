@@ -57,7 +57,8 @@ def ops(rng) -> dict:
         name = "B{} H{} T{} hs{}".format(*shape)
         out[f"attention forward {name}"] = lambda q=q, k=k, v=v: attention.scaled_dot_product_attention_forward(
             q, k, v, is_causal=True)
-        out[f"attention backward {name}"] = lambda d=dout, c=cache: attention.scaled_dot_product_attention_backward(d, c)
+        out[f"attention backward {name}"] = lambda d=dout, c=cache: (
+            attention.scaled_dot_product_attention_backward(d, c))
     return out
 
 

@@ -2,9 +2,10 @@
 
 Over a whole flat buffer the reference's dozen ufunc calls are a dozen passes over memory and a
 full-size scratch array (on Linux, fresh pages faulted in on every step). Here the same calls run
-on blocks of about 64K elements (:func:`~npformer.kernels.cpu.blocks.blockwise`), each block's
-parameter, gradient, moments and scratch staying in cache through the whole formula. The
-operations are the reference's, in its order and precision, so the bits are the same.
+on blocks of about 64K elements (256K when threads share them:
+:func:`~npformer.kernels.cpu.blocks.blockwise`), each block's parameter, gradient, moments and
+scratch staying in cache through the whole formula. The operations are the reference's, in its
+order and precision, so the bits are the same.
 """
 from __future__ import annotations
 
