@@ -60,10 +60,11 @@ def blocks(b: int, h: int, tq: int, tk: int, parts: int = 1) -> list[list[tuple[
     :func:`~npformer.kernels.cpu.blocks.block_elements` of ``parts`` (larger blocks when threads
     share the work, so that fewer NumPy calls hand the GIL over), but at most a thread's share of
     all the scores (never under BLOCK_ELEMENTS), so that every thread gets blocks. Each block is a
-    contiguous run of the scores in C order. Runs of batch elements are made a multiple of ``parts`` in number where the
-    batch allows, so that ``parts`` threads get equal shares (gpt-tiny's 12 elements of 16K scores:
-    2 blocks of 6 for two threads). Only whole heads are grouped by ``parts``: a head's runs of rows,
-    over which dk and dv are summed, are the same for any thread count, and so are the results."""
+    contiguous run of the scores in C order. Runs of batch elements are made a multiple of
+    ``parts`` in number where the batch allows, so that ``parts`` threads get equal shares
+    (gpt-tiny's 12 elements of 16K scores: 2 blocks of 6 for two threads). Only whole heads are
+    grouped by ``parts``: a head's runs of rows, over which dk and dv are summed, are the same for
+    any thread count, and so are the results."""
     per_head = tq * tk
     if per_head > BLOCK_ELEMENTS:
         rows = max(1, BLOCK_ELEMENTS // tk)
@@ -84,8 +85,8 @@ def blocks(b: int, h: int, tq: int, tk: int, parts: int = 1) -> list[list[tuple[
 def _parallel(shape: tuple, run_block) -> None:
     """run_block(block) for every block of a ``shape`` (b, h, tq, tk) score array, the groups split in
     contiguous runs over the threads; the blocks' products on BLAS at one thread however many runs
-    there are (so the thread count, which sets the runs' count and the batch runs' length,
-    :func:`~npformer.kernels.cpu.threads.threads_for`, changes no bit: every head's products and rows
+    there are (so the thread count, which sets the runs' count and how many whole heads a block
+    holds, :func:`~npformer.kernels.cpu.threads.threads_for`, changes no bit: every head's products and rows
     are computed the same way in any block)."""
     threads = threads_for(shape[0] * shape[1], 1)
     groups = blocks(*shape, parts=threads)
