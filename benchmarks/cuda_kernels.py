@@ -148,7 +148,7 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"NVRTC {what} failed with status {status}")
 
 
-_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_\d+'")
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for 'sm_\d+a?'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
 
@@ -252,7 +252,8 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
     ptx_path, cubin = os.path.join(workdir, f"{name}_{arch}.ptx"), os.path.join(workdir, f"{name}_{arch}.cubin")
     with open(ptx_path, "w") as f:
         f.write(ptx)
-    run = subprocess.run([tools.ptxas, f"-arch=sm_{arch}", "-v", "-o", cubin, ptx_path], capture_output=True,
+    target = re.search(r"^\.target (sm_\w+)", ptx, re.M).group(1)     # sm_90a where the options ask for it
+    run = subprocess.run([tools.ptxas, f"-arch={target}", "-v", "-o", cubin, ptx_path], capture_output=True,
                          text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(f"ptxas failed on {name} for sm_{arch}: {run.stderr}")

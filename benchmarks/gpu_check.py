@@ -12,8 +12,9 @@ H200 (2026-11-28) device, primitives, kernel tests, steps and sweep took about 3
 stage         what                                                                writes
 ============  ==================================================================  ===============
 device        the GPU, driver, CUDA runtime, CuPy, PyTorch (nvidia-smi too)       (summary.txt)
-primitives    the warp primitives (mma.sync, ldmatrix, shuffles, cp.async)        (summary.txt)
-              against their fragment layouts: a layout mistake shows first
+primitives    the warp primitives (mma.sync, ldmatrix, shuffles, cp.async) and,   (summary.txt)
+              on compute capability 9.0, the warpgroup's (wgmma from 128-byte-
+              swizzled tiles), against their layouts: a layout mistake shows first
 kernel-tests  the GPU tests of the CUDA kernels and of training (CUDA graphs)     gpu_tests.log
 steps         training steps on CuPy and PyTorch: GPT-2 124M (float32, float16    steps.md, .json
               mixed precision), gpt-medium eager and from a CUDA graph; PyTorch
@@ -89,7 +90,8 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
     ops = "linear,softmax,layer_norm,gelu,attention,multi_head,ffn,cross_entropy,dropout"
     return [
         Stage("device", 5, 60, device, log=DEVICE_LOG),
-        Stage("primitives", 10, 60, pytest + ("tests/kernels/cuda/test_warp_primitives.py",)),
+        Stage("primitives", 10, 60, pytest + ("tests/kernels/cuda/test_warp_primitives.py",
+                                              "tests/kernels/cuda/test_warpgroup_primitives.py")),
         Stage("kernel-tests", 60, 240, parallel + KERNEL_TESTS, log="gpu_tests.log"),
         Stage("steps", 90, 360, bench + ("--backends", "cupy,torch,torch-layers,torch-compile",
                                          "--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",

@@ -23,6 +23,17 @@ different collectives, or some at a barrier, are an error, as are a collective a
 the warp ended and a matrix instruction in a partial warp. ``cp.async`` is a plain copy (a legal
 schedule: the copy has landed before any wait), its commit and wait do nothing.
 
+Hopper's warpgroup collectives (:mod:`npformer.kernels.cuda.warp_source`, ``warpgroup.cuh``: wgmma's
+fence, mma_async, commit and wait) are resolved once all 128 threads of a warpgroup (warps 4 j to
+4 j + 3) wait at the same one; a warp that reaches one waits for the group's other warps. An issued
+wgmma is computed when a ``wgmma.wait_group`` lets it finish, the latest point CUDA allows: its
+shared-memory tiles are read then (a kernel that overwrites a tile before the wait gets another
+result, as it may on a GPU) and its accumulators written then. The tiles' 128-byte swizzle is applied
+to the host address, so the emulated shared arrays are aligned as on the GPU (``__align__(1024)``).
+A descriptor is the emulator's handle of (tile, lbo, sbo), made by ``npf_wgmma_desc``; a collective
+reached by only some threads of a warpgroup, operands that differ between its threads, and a wgmma
+never waited for are errors.
+
 :class:`EmulatedModule` stands in for ``cupy.RawModule``: ``get_function(name)`` (an ``extern "C"``
 kernel's name, or one of the module's ``name_expressions``, a template's instantiation such as
 ``npf_fa_fwd<NpfFaTcFwd<NpfHalfOps, 64>>``) returns a callable with ``RawKernel``'s signature
@@ -160,6 +171,61 @@ static void npf_cp_async_16_zfill(void* dst, const void* src, int bytes) {
 static void npf_cp_async_commit() {}
 template <int N> static void npf_cp_async_wait() {}
 
+// wgmma (sm_90a): collectives of a warpgroup, the 128 threads of warps 4 j .. 4 j + 3. Each thread posts
+// its part; an issued wgmma runs when a wgmma.wait_group lets it finish (the latest point CUDA allows), so
+// its shared memory is read then and a kernel that overwrites a tile, or reads an accumulator, before the
+// wait gets another result here. A descriptor is the emulator's handle of (tile, lbo, sbo): a host address
+// does not fit its 14-bit field, so a kernel makes every descriptor through npf_wgmma_desc.
+enum { NPF_WG_FENCE = 16, NPF_WG_MMA = 17, NPF_WG_COMMIT = 18, NPF_WG_WAIT = 19 };
+struct NpfWgDesc { const unsigned char* start; unsigned lbo, sbo; };
+struct NpfWgPost { int n, bf16, rs, trans_b, accumulate, wait; unsigned long long a, b; unsigned areg[4]; float* d; };
+struct NpfWgOp { NpfWgPost lane[128]; };
+struct NpfWgState { std::vector<NpfWgOp> open; std::vector<std::vector<NpfWgOp>> committed; };
+static std::vector<NpfWgDesc> npf_wg_descs;
+static std::vector<NpfWgPost> npf_wg_posts;          // one a thread
+static std::vector<NpfWgState> npf_wg;              // one a warpgroup of the running block
+
+static unsigned long long npf_wgmma_desc(const void* tile, unsigned lbo, unsigned sbo) {
+    const unsigned char* start = (const unsigned char*)tile;
+    if ((((size_t)start | lbo | sbo) & 15u) || lbo >= (1u << 18) || sbo >= (1u << 18)) {
+        std::fprintf(stderr, "emulator: a wgmma descriptor needs a 16-byte aligned tile and offsets under 2^18 "
+                     "in multiples of 16, got offset %zu in a 1024-byte line, lbo %u, sbo %u\n",
+                     (size_t)start % 1024, lbo, sbo);
+        npf_error = 3;
+    }
+    for (size_t i = 0; i < npf_wg_descs.size(); ++i) {
+        const NpfWgDesc& e = npf_wg_descs[i];
+        if (e.start == start && e.lbo == lbo && e.sbo == sbo) return i;
+    }
+    npf_wg_descs.push_back({start, lbo, sbo});
+    return npf_wg_descs.size() - 1;
+}
+static void npf_fence_async_shared() {}
+static void npf_wgmma_fence() { npf_warp_wait(NPF_WG_FENCE); }
+static void npf_wgmma_commit() { npf_warp_wait(NPF_WG_COMMIT); }
+template <int N> static void npf_wgmma_wait() { npf_wg_posts[npf_current].wait = N; npf_warp_wait(NPF_WG_WAIT); }
+template <int R> static void npf_wgmma_hold(float*) {}
+template <int R> static void npf_wgmma_hold(unsigned*) {}
+static void npf_wgmma(float* d, const unsigned* a, unsigned long long desc_a, unsigned long long desc_b, int n,
+                      int bf16, int trans_b, int accumulate) {
+    NpfWgPost& p = npf_wg_posts[npf_current];
+    p = NpfWgPost{n, bf16, a != nullptr, trans_b, accumulate != 0, 0, desc_a, desc_b, {0u, 0u, 0u, 0u}, d};
+    for (int i = 0; a != nullptr && i < 4; ++i) p.areg[i] = a[i];
+    npf_warp_wait(NPF_WG_MMA);
+}
+#define NPF_WGMMA_EMULATED(N, SUFFIX, BF16)                                                                     \
+    static void npf_wgmma_m64n##N##k16_ss##SUFFIX(float* d, unsigned long long a, unsigned long long b, int acc) { \
+        npf_wgmma(d, nullptr, a, b, N, BF16, 0, acc);                                                          \
+    }                                                                                                          \
+    template <int TRANS_B>                                                                                     \
+    static void npf_wgmma_m64n##N##k16_rs##SUFFIX(float* d, const unsigned* a, unsigned long long b, int acc) { \
+        npf_wgmma(d, a, 0, b, N, BF16, TRANS_B, acc);                                                          \
+    }
+NPF_WGMMA_EMULATED(64, , 0)
+NPF_WGMMA_EMULATED(64, _bf16, 1)
+NPF_WGMMA_EMULATED(128, , 0)
+NPF_WGMMA_EMULATED(128, _bf16, 1)
+
 static float npf_half_bits(unsigned h) { return npf_load((unsigned short)(h & 0xffffu)); }
 static float npf_bf16_value(unsigned h) { unsigned u = (h & 0xffffu) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 static float npf_tf32_bits(unsigned b) { b &= 0xffffe000u; float f; std::memcpy(&f, &b, 4); return f; }   // TF32's 19 bits
@@ -228,12 +294,171 @@ static void npf_resolve(int op, size_t base, size_t count) {
     }
 }
 
+// A 16-bit operand of a 128-byte-swizzled tile: the PTX ISA's canonical layouts, with (r, k) the row along M
+// or N and the column along K (K-major: rows of 128 bytes, 8-row groups sbo apart), or (k, c) the row along
+// K and the column along N (N-major: 64-value rows of 128 bytes, 8-row groups sbo apart, 64-column groups
+// lbo apart); then the swizzle on the address: its 16-byte chunk (bits 4-6) xor its row in a 1024-byte
+// pattern (bits 7-9).
+static float npf_wg_value(const NpfWgDesc& s, size_t byte, int bf16) {
+    size_t address = (size_t)s.start + byte;
+    address ^= ((address >> 7) & 7u) << 4;
+    unsigned short h; std::memcpy(&h, (const void*)address, 2);
+    return bf16 ? npf_bf16_value(h) : npf_half_bits(h);
+}
+static size_t npf_wg_k_major(const NpfWgDesc& s, unsigned r, unsigned k) {
+    return (r % 8) * 128 + (r / 8) * s.sbo + 2 * k;
+}
+static size_t npf_wg_n_major(const NpfWgDesc& s, unsigned k, unsigned c) {
+    return (k % 8) * 128 + (k / 8) * s.sbo + (c / 64) * s.lbo + 2 * (c % 64);
+}
+
+// D (64 x N) = A (64 x 16) B (16 x N) + D or 0, every thread's accumulators by the PTX ISA's fragments (warp
+// w of the group holds rows 16 w .. 16 w + 15 as mma.sync's m16n8 tiles side by side; A's registers as
+// mma.sync's m16n8k16 A); products exact in float32, added in order (as npf_resolve's mma.sync)
+static int npf_wg_execute(const NpfWgOp& op) {
+    const NpfWgPost& u = op.lane[0];
+    const unsigned N = (unsigned)u.n;
+    if (u.b >= npf_wg_descs.size() || (!u.rs && u.a >= npf_wg_descs.size())) return 0;
+    const NpfWgDesc& db = npf_wg_descs[u.b];
+    if ((!u.trans_b && (size_t)db.start % 128 + 32 > 128) ||
+        (!u.rs && (size_t)npf_wg_descs[u.a].start % 128 + 32 > 128)) return 0;    // K's 32 bytes cross a row
+    std::vector<float> A(64 * 16), B(16 * N);
+    for (unsigned k = 0; k < 16; ++k) {
+        for (unsigned c = 0; c < N; ++c)
+            B[k * N + c] = npf_wg_value(db, u.trans_b ? npf_wg_n_major(db, k, c) : npf_wg_k_major(db, c, k), u.bf16);
+    }
+    for (unsigned thread = 0; thread < 128; ++thread) {
+        unsigned w = thread / 32, g = thread % 32 / 4, t = thread % 4;
+        for (unsigned i = 0; i < 4; ++i) {
+            unsigned row = 16 * w + g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+            if (u.rs) {
+                unsigned r = op.lane[thread].areg[i];
+                A[row * 16 + col] = u.bf16 ? npf_bf16_value(r) : npf_half_bits(r);
+                A[row * 16 + col + 1] = u.bf16 ? npf_bf16_value(r >> 16) : npf_half_bits(r >> 16);
+            } else {
+                const NpfWgDesc& da = npf_wg_descs[u.a];
+                A[row * 16 + col] = npf_wg_value(da, npf_wg_k_major(da, row, col), u.bf16);
+                A[row * 16 + col + 1] = npf_wg_value(da, npf_wg_k_major(da, row, col + 1), u.bf16);
+            }
+        }
+    }
+    for (unsigned thread = 0; thread < 128; ++thread) {
+        unsigned w = thread / 32, g = thread % 32 / 4, t = thread % 4;
+        float* d = op.lane[thread].d;
+        for (unsigned j = 0; j < N / 2; ++j) {
+            unsigned row = 16 * w + g + 8 * (j % 4 / 2), col = 8 * (j / 4) + 2 * t + j % 2;
+            float acc = u.accumulate ? d[j] : 0.0f;
+            for (unsigned k = 0; k < 16; ++k) acc += A[row * 16 + k] * B[k * N + col];
+            d[j] = acc;
+        }
+    }
+    return 1;
+}
+
+// The warpgroup collective op of the threads [base, base + 128), every one waiting at it; 0 when they
+// disagree on what every thread of a warpgroup must give alike, or a wgmma's tiles are not what it reads.
+static int npf_resolve_warpgroup(int op, size_t base) {
+    NpfWgState& state = npf_wg[base / 128];
+    const NpfWgPost* P = &npf_wg_posts[base];
+    for (size_t i = 1; i < 128; ++i) {
+        bool same = true;
+        if (op == NPF_WG_WAIT) same = P[i].wait == P[0].wait;
+        if (op == NPF_WG_MMA) {
+            same = P[i].n == P[0].n && P[i].bf16 == P[0].bf16 && P[i].rs == P[0].rs && P[i].a == P[0].a &&
+                   P[i].b == P[0].b && P[i].trans_b == P[0].trans_b && P[i].accumulate == P[0].accumulate;
+        }
+        if (!same) {
+            std::fprintf(stderr, "emulator: a warpgroup's threads gave different operands to a wgmma collective\n");
+            return 0;
+        }
+    }
+    if (op == NPF_WG_MMA) {
+        state.open.emplace_back();
+        std::memcpy(state.open.back().lane, P, sizeof(NpfWgOp));
+    } else if (op == NPF_WG_COMMIT) {
+        state.committed.push_back(std::move(state.open));
+        state.open.clear();
+    } else if (op == NPF_WG_WAIT) {
+        while (state.committed.size() > (size_t)P[0].wait) {
+            for (const NpfWgOp& mma : state.committed.front()) {
+                if (!npf_wg_execute(mma)) {
+                    std::fprintf(stderr, "emulator: a wgmma's descriptor is not one npf_wgmma_desc made, or its K "
+                                 "columns cross a 128-byte row\n");
+                    return 0;
+                }
+            }
+            state.committed.erase(state.committed.begin());
+        }
+    }
+    return 1;
+}
+
 static void npf_fiber_main() {
     (*npf_body)();
     npf_fibers[npf_current].done = true;      // returning resumes uc_link, the scheduler
 }
 
 // Runs the grid block by block; returns 0, or 1 when a block's threads disagreed on a barrier.
+// Runs the threads [w0, w1) of one warp until each is at a barrier, at its end, or (all 32) at a warpgroup
+// collective, resolving their warp collectives on the way; 2 when they disagree on one.
+static int npf_run_warp(size_t w0, size_t w1, unsigned i, unsigned j) {
+    for (;;) {
+        for (size_t k = w0; k < w1; ++k) {
+            NpfFiber& f = npf_fibers[k];
+            if (f.done || f.at_barrier || f.at_warp) continue;
+            npf_current = k;
+            threadIdx = {f.tx, f.ty, 0};
+            swapcontext(&npf_scheduler, &f.ctx);
+        }
+        size_t live = 0, waiting = 0;
+        int op = 0;
+        bool same = true;
+        for (size_t k = w0; k < w1; ++k) {
+            if (npf_fibers[k].done) continue;
+            ++live;
+            if (!npf_fibers[k].at_warp) continue;
+            ++waiting;
+            if (op == 0) op = npf_lanes[k].op;
+            else same = same && npf_lanes[k].op == op;
+        }
+        if (waiting == 0) return 0;
+        if (waiting != live || !same || live != w1 - w0 || (op != NPF_WARP_SHFL_XOR && live != 32)) {
+            std::fprintf(stderr, "emulator: a warp collective reached by %zu of %zu live lanes of warp "
+                         "%zu of block (%u, %u)%s\n", waiting, live, w0 / 32, i, j,
+                         same ? "" : ", at different collectives");
+            return 2;
+        }
+        if (op >= NPF_WG_FENCE) return 0;            // the warpgroup's other warps decide
+        npf_resolve(op, w0, w1 - w0);
+        for (size_t k = w0; k < w1; ++k) npf_fibers[k].at_warp = false;
+    }
+}
+
+// Resolves every warpgroup whose 128 threads all wait at one warpgroup collective; the number resolved, or
+// -1 when some threads of a warpgroup wait at one and the others are elsewhere (at a barrier, at their end).
+static int npf_resolve_warpgroups(size_t n, unsigned i, unsigned j) {
+    int resolved = 0;
+    for (size_t base = 0; base < n; base += 128) {
+        size_t waiting = 0, end = base + 128 < n ? base + 128 : n;
+        for (size_t k = base; k < end; ++k) {
+            if (npf_fibers[k].at_warp && npf_lanes[k].op >= NPF_WG_FENCE && npf_lanes[k].op == npf_lanes[base].op)
+                ++waiting;
+        }
+        if (waiting == 0) continue;
+        if (waiting != 128) {
+            std::fprintf(stderr, "emulator: a warpgroup collective reached by %zu of the 128 threads of warpgroup %zu "
+                         "of block (%u, %u)\n", waiting, base / 128, i, j);
+            return -1;
+        }
+        if (!npf_resolve_warpgroup(npf_lanes[base].op, base)) return -1;
+        for (size_t k = base; k < end; ++k) npf_fibers[k].at_warp = false;
+        ++resolved;
+    }
+    return resolved;
+}
+
+// Runs the grid block by block; returns 0, or 1 when a block's threads disagreed on a barrier, 2 on a warp
+// collective, 3 on a warpgroup's (or a wgmma issued and never waited for).
 static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, const std::function<void()>& body) {
     gridDim = {gx, gy, 1};
     blockDim = {bx, by, 1};
@@ -241,10 +466,14 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     size_t n = (size_t)bx * by;
     npf_fibers.assign(n, NpfFiber());
     npf_lanes.assign(n, NpfLane());
+    npf_wg_posts.assign(n, NpfWgPost());
+    npf_wg_descs.clear();
+    npf_error = 0;
     if (npf_stacks.size() < n) npf_stacks.resize(n, std::vector<char>(1 << 16));
     for (unsigned j = 0; j < gy; ++j) {
         for (unsigned i = 0; i < gx; ++i) {
             blockIdx = {i, j, 0};
+            npf_wg.assign((n + 127) / 128, NpfWgState());
             for (size_t k = 0; k < n; ++k) {
                 NpfFiber& f = npf_fibers[k];
                 f.tx = (unsigned)(k % bx);
@@ -258,37 +487,14 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
             }
             for (;;) {                        // one round: every live thread runs to a barrier or its end
                 for (size_t k = 0; k < n; ++k) npf_fibers[k].at_barrier = false;
-                for (size_t w0 = 0; w0 < n; w0 += 32) {                       // warp by warp
-                    size_t w1 = w0 + 32 < n ? w0 + 32 : n;
-                    for (;;) {
-                        for (size_t k = w0; k < w1; ++k) {
-                            NpfFiber& f = npf_fibers[k];
-                            if (f.done || f.at_barrier || f.at_warp) continue;
-                            npf_current = k;
-                            threadIdx = {f.tx, f.ty, 0};
-                            swapcontext(&npf_scheduler, &f.ctx);
-                        }
-                        size_t live = 0, waiting = 0;
-                        int op = 0;
-                        bool same = true;
-                        for (size_t k = w0; k < w1; ++k) {
-                            if (npf_fibers[k].done) continue;
-                            ++live;
-                            if (!npf_fibers[k].at_warp) continue;
-                            ++waiting;
-                            if (op == 0) op = npf_lanes[k].op;
-                            else same = same && npf_lanes[k].op == op;
-                        }
-                        if (waiting == 0) break;
-                        if (waiting != live || !same || live != w1 - w0 || (op != NPF_WARP_SHFL_XOR && live != 32)) {
-                            std::fprintf(stderr, "emulator: a warp collective reached by %zu of %zu live lanes of warp "
-                                         "%zu of block (%u, %u)%s\n", waiting, live, w0 / 32, i, j,
-                                         same ? "" : ", at different collectives");
-                            return 2;
-                        }
-                        npf_resolve(op, w0, w1 - w0);
-                        for (size_t k = w0; k < w1; ++k) npf_fibers[k].at_warp = false;
+                for (;;) {                    // warp by warp, then the warpgroups' collectives, while any resolves
+                    for (size_t w0 = 0; w0 < n; w0 += 32) {
+                        int rc = npf_run_warp(w0, w0 + 32 < n ? w0 + 32 : n, i, j);
+                        if (rc) return rc;
                     }
+                    int resolved = npf_resolve_warpgroups(n, i, j);
+                    if (resolved < 0 || npf_error) return 3;
+                    if (resolved == 0) break;
                 }
                 size_t done = 0;
                 for (size_t k = 0; k < n; ++k) done += npf_fibers[k].done;
@@ -297,6 +503,12 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                     std::fprintf(stderr, "emulator: __syncthreads reached by %zu of %zu threads of block (%u, %u)\n",
                                  n - done, n, i, j);
                     return 1;
+                }
+            }
+            for (const NpfWgState& state : npf_wg) {
+                if (!state.open.empty() || !state.committed.empty()) {
+                    std::fprintf(stderr, "emulator: block (%u, %u) ended with a wgmma not waited for\n", i, j);
+                    return 3;
                 }
             }
         }
@@ -435,7 +647,8 @@ class EmulatedKernel:
         if declared is not None:
             declared.value = 0
         rc = self.fn(grid[0], grid[1], block[0], block[1], pointers)
-        assert rc == 0, f"{self.name}: threads of one block disagreed on a __syncthreads or a warp collective (see stderr)"
+        assert rc == 0, (f"{self.name}: threads of one block disagreed on a __syncthreads or a warp(group) "
+                         "collective (see stderr)")
         if declared is not None and declared.value:       # a flash kernel: its shared memory is what the launch gave
             assert declared.value == shared_mem, \
                 f"{self.name}: the kernel carves {declared.value} bytes of shared memory, the launch gives {shared_mem}"

@@ -9,16 +9,27 @@ from pathlib import Path
 
 from npformer.kernels.cuda import flash_source
 from npformer.kernels.cuda.source import PRELUDE
-from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
+from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES, WARPGROUP_NVRTC_OPTIONS, WARPGROUP_PRIMITIVES
 
-__all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "FLASH_TEST_SOURCE", "FLASH_TEST_KERNELS",
-           "FLASH_EMULATED_SOURCE", "FLASH_EMULATED_KERNELS", "geometry_kernel"]
+__all__ = ["PRIMITIVES_SOURCE", "PRIMITIVES_NVRTC_OPTIONS", "WARPGROUP_TEST_SOURCE", "WARPGROUP_TEST_OPTIONS",
+           "WARPGROUP_TEST_KERNELS", "FLASH_TEST_SOURCE", "FLASH_TEST_KERNELS", "FLASH_EMULATED_SOURCE",
+           "FLASH_EMULATED_KERNELS", "geometry_kernel"]
 
 _HERE = Path(__file__).parent
 
 # the primitives, the prelude (bfloat16's type and conversions), the test kernels
 PRIMITIVES_SOURCE = WARP_PRIMITIVES + PRELUDE + (_HERE / "warp_test.cu").read_text(encoding="utf-8")
 PRIMITIVES_NVRTC_OPTIONS = ("--fmad=true",)
+
+# Hopper's warpgroup primitives and their test kernel (warpgroup_test.cu), a module for sm_90a; the kernel
+# is a template, one name expression per shape (N, K), operand source and type
+WARPGROUP_TEST_SOURCE = (WARP_PRIMITIVES + WARPGROUP_PRIMITIVES + PRELUDE
+                         + (_HERE / "warpgroup_test.cu").read_text(encoding="utf-8"))
+WARPGROUP_TEST_OPTIONS = PRIMITIVES_NVRTC_OPTIONS + WARPGROUP_NVRTC_OPTIONS
+WARPGROUP_TEST_KERNELS = tuple(f"npf_test_wgmma<{n}, {k}, {rs}, {trans_b}, {bf16}>"
+                               for n in (64, 128) for k in (16, 64)
+                               for rs, trans_b in (("false", 0), ("true", 0), ("true", 1))
+                               for bf16 in ("false", "true"))
 
 
 def geometry_kernel(expression: str) -> str:

@@ -157,6 +157,35 @@ def test_the_warp_primitives_compile_to_the_instructions_they_stand_for(tools, t
         assert mix["npf_test_cp_async"]["LDGSTS"] >= 1 and mix["npf_test_shfl"]["SHFL"] >= 2, (arch, mix)
 
 
+def test_the_warpgroup_primitives_compile_to_hgmma_for_sm_90a(tools, tmp_path):
+    """wgmma to HGMMA (64x64x16 and 64x128x16, float16 and bfloat16, A from shared memory or registers, B
+    transposed where asked: .tnspB), the fence to WARPGROUP.ARRIVE, the wait to WARPGROUP.DEPBAR, the proxy
+    fence to FENCE.VIEW.ASYNC.S: the test kernels of tests/kernels/cuda/warpgroup_test.cu, one warpgroup
+    each, compiled for sm_90a as the GPU run compiles them, with no warning (ptxas says when it must
+    serialise wgmmas or insert its own arrives), spill or stack."""
+    from tests.kernels.cuda.sources import WARPGROUP_TEST_KERNELS, WARPGROUP_TEST_OPTIONS, WARPGROUP_TEST_SOURCE
+    instances = {expression: expression for expression in WARPGROUP_TEST_KERNELS}
+    kernels, warnings = cuda_kernels.compile_module(tools, "warpgroup", WARPGROUP_TEST_SOURCE, WARPGROUP_TEST_OPTIONS,
+                                                    90, str(tmp_path), dict.fromkeys(instances, 128), instances)
+    assert not warnings and set(kernels) == set(instances)
+    assert not any(k.spill_stores or k.stack for k in kernels.values())
+    sass = subprocess.run([tools.cuobjdump, "-sass", str(tmp_path / "warpgroup_90.cubin")], capture_output=True,
+                          text=True, check=True, env=dict(os.environ, NVDISASM_PATH=os.path.dirname(tools.nvdisasm)))
+    functions = sass.stdout.split("Function : ")[1:]
+    assert len(functions) == len(instances)
+    mangled = re.compile(r"_Z14npf_test_wgmmaILi(\d+)ELi(\d+)ELb(\d)ELi(\d)ELb(\d)E")  # <N, K, RS, TRANS_B, BF16>
+    hgmma = re.compile(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (R\d+, )?gdesc\[UR\d+\](\.tnspB)?")
+    for function in functions:
+        n, k, rs, trans_b, bf16 = mangled.match(function).groups()
+        found = hgmma.findall(function)
+        assert len(found) == int(k) // 16, function[:200]
+        for shape, is_bf16, a_registers, transposed in found:
+            assert (shape, bool(is_bf16), bool(a_registers), bool(transposed)) == (n, bf16 == "1", rs == "1",
+                                                                                    trans_b == "1")
+        opcodes = set(re.findall(r"[A-Z][A-Z.]+[A-Z]", function))
+        assert {"WARPGROUP.ARRIVE", "WARPGROUP.DEPBAR.LE", "FENCE.VIEW.ASYNC.S"} <= opcodes
+
+
 def test_the_main_loop_is_the_smallest_loop_holding_the_most_hmma():
     """benchmarks/cuda_kernels.main_loop on a made-up SASS: an outer loop (over heads) around the tile
     loop, both holding its HMMA, and a load loop without HMMA; the tile loop is counted, by pipe,
