@@ -46,7 +46,7 @@ ARCHS = (80, 90)
 SM_LIMITS = {80: dict(warps=64, blocks=32, registers=65536, shared=167936, block_shared=166912),
              90: dict(warps=64, blocks=32, registers=65536, shared=233472, block_shared=232448)}
 RESERVED_SHARED = 1024           # per block, kept by the system (compute capability 8.0 and later)
-MIX = ("FFMA", "HMMA", "LDGSTS", "LDSM", "SHFL", "BAR")   # SASS opcodes counted (HMMA: tensor cores)
+MIX = ("FFMA", "HMMA", "HGMMA", "LDGSTS", "LDSM", "SHFL", "BAR")   # SASS opcodes counted (HMMA, HGMMA: tensor cores)
 # The issue pipes of the opcodes in a tensor-core kernel's main loop (Volta and later: integer
 # multiply-add issues to the FMA pipe, min/max, compares, selects and moves to the ALU, MUFU and
 # conversions to XU, shared memory to LSU); "other" is the rest (branches, barriers, shuffles, global
@@ -199,9 +199,9 @@ def parse_sass(text: str) -> dict[str, collections.Counter]:
 _LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)\s*([^;]*);")
 
 
-def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
+def sass_functions(text: str) -> dict[str, list[tuple[int, str, str, str]]]:
     """Each function of ``cuobjdump -sass`` as its instructions: (address, opcode without modifiers,
-    operands)."""
+    operands, modifiers)."""
     functions, current = {}, None
     for line in text.splitlines():
         m = re.search(r"Function : (\w+)", line)
@@ -210,32 +210,44 @@ def sass_functions(text: str) -> dict[str, list[tuple[int, str, str]]]:
             continue
         m = _LINE.match(line)
         if m and current is not None:
-            current.append((int(m.group(1), 16), m.group(2), m.group(4).strip()))
+            current.append((int(m.group(1), 16), m.group(2), m.group(4).strip(), m.group(3)))
     return functions
 
 
-def main_loop(instructions: list[tuple[int, str, str]]) -> dict[str, int]:
-    """The main loop of a tensor-core kernel, statically: of the innermost loops holding HMMA (a branch
-    back to an earlier address closes a loop; the loop over heads around the tile loops is not
-    innermost), the one with the most HMMA, the smallest of those (the dense kernels' loop over the
+def _hmma(opcode: str, modifiers: str) -> int:
+    """The warp's m16n8k16 products an instruction stands for: 1 an HMMA, N / 8 a wgmma (HGMMA.64xNx16: a
+    warpgroup's 64 rows, 16 a warp), 0 the rest."""
+    if opcode == "HMMA":
+        return 1
+    m = re.match(r"\.64x(\d+)x16", modifiers) if opcode == "HGMMA" else None
+    return int(m.group(1)) // 8 if m else 0
+
+
+def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
+    """The main loop of a tensor-core kernel, statically: of the innermost loops holding HMMA or HGMMA (a
+    branch back to an earlier address closes a loop; the loop over heads around the tile loops is not
+    innermost), the one with the most tensor work, the smallest of those (the dense kernels' loop over the
     tiles that need no masks, beside the loop over those that do), its instructions counted by pipe
-    (:data:`PIPES`) with "HMMA" and "total" (NOPs left out). Every instruction counts once, whether
-    its branch is taken or not: what the loop body is, not what one pass runs. Empty without an HMMA
-    loop."""
+    (:data:`PIPES`) with "total" (NOPs left out, tensor instructions in) and "HMMA": the warp's m16n8k16
+    products (an HGMMA.64xNx16 counts N / 8, :func:`_hmma`). Every instruction counts once, whether its
+    branch is taken or not: what the loop body is, not what one pass runs. Empty without such a loop."""
     spans = []
-    for address, opcode, operands in instructions:
+    for address, opcode, operands, _ in instructions:
         m = re.match(r"(0x[0-9a-f]+)", operands)
         if opcode == "BRA" and m and int(m.group(1), 16) <= address:
             spans.append((int(m.group(1), 16), address))
-    bodies = {span: [op for a, op, _ in instructions if span[0] <= a <= span[1] and op != "NOP"] for span in spans}
-    hmma = [span for span in spans if "HMMA" in bodies[span]]
-    innermost = [span for span in hmma if not any(o != span and span[0] <= o[0] and o[1] <= span[1] for o in hmma)]
+    bodies = {span: [(op, mods) for a, op, _, mods in instructions if span[0] <= a <= span[1] and op != "NOP"]
+              for span in spans}
+    work = {span: sum(_hmma(*i) for i in body) for span, body in bodies.items()}
+    tensor = [span for span in spans if work[span]]
+    innermost = [span for span in tensor
+                 if not any(o != span and span[0] <= o[0] and o[1] <= span[1] for o in tensor)]
     if not innermost:
         return {}
-    body = min((bodies[span] for span in innermost), key=lambda b: (-b.count("HMMA"), len(b)))
+    span = min(innermost, key=lambda s: (-work[s], len(bodies[s])))
     pipe_of = {op: pipe for pipe, ops in PIPES.items() for op in ops}
-    counts = collections.Counter(pipe_of.get(op, "HMMA" if op == "HMMA" else "other") for op in body)
-    return {"total": len(body), "HMMA": counts["HMMA"], **{p: counts[p] for p in LOOP_COLUMNS}}
+    counts = collections.Counter(pipe_of.get(op, "tensor" if _hmma(op, mods) else "other") for op, mods in bodies[span])
+    return {"total": len(bodies[span]), "HMMA": work[span], **{p: counts[p] for p in LOOP_COLUMNS}}
 
 
 def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int, workdir: str,
@@ -310,8 +322,8 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     from npformer.kernels.cuda import flash_source, runtime
     column = ARCHS.index(arch)
     base = _base(name)
-    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense)?(?:_causal)?(?:_d(\d+))?_(f16|bf16|f32|f64)$",
-                 name)
+    m = re.match(r"npf_fa_(fwd|bwd_dq|bwd_dkdv|bwd_pre)(_tc|_tf32|_dense|_wgmma)?(?:_causal)?(?:_d(\d+))?"
+                 r"_(f16|bf16|f32|f64)$", name)
     if m:
         acc = "double" if m.group(4) == "f64" else "float"
         kernel = {"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv", "bwd_pre": "pre"}[m.group(1)] + (m.group(2) or "")
@@ -353,13 +365,16 @@ def occupancy(k: Kernel, arch: int) -> tuple[float, str]:
 
 
 def compile_all(tools: Tools, archs=ARCHS, workdir: str | None = None) -> dict[int, tuple[list[Kernel], dict]]:
-    """``{arch: (kernels, {module: warnings})}`` over every shipped module."""
+    """``{arch: (kernels, {module: warnings})}`` over every shipped module, each for the architectures it is
+    for (the Hopper modules: sm_90, as sm_90a)."""
     from npformer.kernels.cuda.runtime import shipped_modules
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arch in archs:
             kernels, warnings = [], {}
             for name, module in shipped_modules().items():
+                if arch not in module.archs:
+                    continue
                 found, warned = compile_module(tools, name, module.source, module.options, arch, workdir or tmp,
                                                instances=module.kernels)
                 kernels += list(found.values())

@@ -841,8 +841,9 @@ def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
     backward 2.5 times); GPU only, so that on the CPU `--only flash-train` skips them by name and says why."""
     from npformer.bench.cases import FLASH_TRAIN, FLASH_TRAIN_SHAPES, flash_train_cases
     cases = flash_train_cases()
-    assert len(cases) == 3 * len(FLASH_TRAIN_SHAPES)
-    for (b, h, t, d, causal), case in zip([s for s in FLASH_TRAIN_SHAPES for _ in range(3)], cases):
+    assert len(cases) == 4 * len(FLASH_TRAIN_SHAPES)            # float16, bfloat16, float32; float16 on wgmma
+    assert [c.name.endswith(" float16 wgmma") for c in cases[:4]] == [False, False, False, True]
+    for (b, h, t, d, causal), case in zip([s for s in FLASH_TRAIN_SHAPES for _ in range(4)], cases):
         assert b * h >= 32 and 1024 <= t <= 8192 and d in (64, 128) and case.family == FLASH_TRAIN
         forward = 4 * b * h * t * t * d / (1 + causal)
         assert case.flops == {"fwd": forward, "bwd": 2.5 * forward}

@@ -244,24 +244,48 @@ FLASH_TRAIN_SHAPES = ((8, 12, 1024, 64, True), (4, 16, 4096, 64, True), (4, 16, 
 FLASH_TRAIN = "flash-train"             # --only's name for them all
 
 
+def _on_wgmma(calls: Callable) -> Callable:
+    """``calls`` (a builder of npformer's calls) with the Hopper forward opted in while each runs
+    (flash_attention.use_wgmma): npf_fa_forward_wgmma on a GPU of compute capability 9.0, the dense forward
+    elsewhere."""
+    def opted(fn):
+        def run():
+            from npformer.kernels.cuda.flash_attention import use_wgmma
+            use_wgmma(True)
+            try:
+                return fn()
+            finally:
+                use_wgmma(False)
+        return run
+
+    def built(b):
+        made = opted(lambda: calls(b))()
+        return {key: opted(fn) for key, fn in made.items()}
+    return built
+
+
 def flash_train_cases(dtypes=("float16", "bfloat16", "float32")) -> list[Case]:
     """The flash cases at :data:`FLASH_TRAIN_SHAPES`, each in each of ``dtypes`` (float32 runs TF32
-    under ``--tf32``), beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike);
-    GPU only, parity left to tests/kernels/cuda (its small shapes)."""
+    under ``--tf32``; float16 also with the Hopper forward opted in, "wgmma" in the name: bfloat16's is the
+    same kernel but for its products),
+    beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike); GPU only, parity left to
+    tests/kernels/cuda (its small shapes)."""
     from npformer.ops import flash_attention
     cases = []
     for B, H, T, D, causal in FLASH_TRAIN_SHAPES:
         forward = 4 * B * H * T * T * D / (2 if causal else 1)
-        for dtype in dtypes:
+        for dtype, wgmma in [(dt, False) for dt in dtypes] + [(dt, True) for dt in dtypes if dt == "float16"]:
             def qkv(shape=(B, H, T, D)):                     # drawn when a case is built (hundreds of MB)
                 return [host_normal(shape, s) for s in (1, 2, 3)]             # float32, cast on the device
-            name = f"{FLASH_TRAIN} B{B} H{H} T{T} D{D}{' causal' if causal else ''} {dtype}"
+            name = f"{FLASH_TRAIN} B{B} H{H} T{T} D{D}{' causal' if causal else ''} {dtype}{' wgmma' if wgmma else ''}"
             kw = {"is_causal": True} if causal else {}
             op = "attention_causal" if causal else "attention"
+
+            def ours(b, qkv=qkv, kw=kw, dtype=dtype):
+                return _npformer_calls(flash_attention, "flash_attention", qkv(), dtype, **kw)(b)
             cases.append(_op_case(
                 name, f"q,k,v ({B}, {H}, {T}, {D})", {"fwd": forward, "bwd": 2.5 * forward}, B * T, ("dq", "dk", "dv"),
-                lambda b, qkv=qkv, kw=kw, dtype=dtype: _npformer_calls(flash_attention, "flash_attention", qkv(),
-                                                                       dtype, **kw)(b),
+                _on_wgmma(ours) if wgmma else ours,
                 lambda b, qkv=qkv, op=op, dtype=dtype: _reference_calls(op, qkv(), 3, dtype)(b), family=FLASH_TRAIN,
                 precision=dtype,
                 gpu_only=True, parity_skipped="skipped: training shapes (tests/kernels/cuda checks the kernels at "

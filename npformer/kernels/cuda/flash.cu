@@ -1661,6 +1661,225 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
     }
 }
 
+// ---- the Hopper forward (sm_90a): the dense forward on wgmma, FlashAttention-3's products ----
+// The dense forward's algorithm (no mask, padding or dropout; causal or not; float16 or bfloat16), its tile
+// products on warpgroup MMAs (warpgroup.cuh) instead of mma.sync: a block of WARPGROUPS warpgroups takes 64
+// query rows each, against key tiles of BC keys it shares. Per tile and warpgroup: S = Q K^T as D / 16
+// wgmmas m64nBCk16 with Q and K from shared memory; the masks (the tiles that cross the block's diagonal, or
+// the ragged end), the online softmax with the scale folded into one FFMA per score (exp2), the output
+// rescaled where a row's maximum moved; P rounded to 16 bits in registers, the A operand of O += P V (BC /
+// 16 wgmmas m64nDk16, V from shared memory N-major). A wgmma reads its whole B tile once for the 64 rows
+// (mma.sync re-reads K and V per 16-row fragment through ldmatrix) and runs while the warpgroup goes on, so
+// few instructions are issued per product. Tiles in shared memory are 128-byte swizzled (rows of 64
+// values, a tile of D > 64 in regions of 64 columns: the layouts of warp_source.py), filled by cp.async
+// (16 bytes a copy; element by element where rows are not 16-byte aligned), K and V double-buffered as in
+// the dense forward. Not yet: TMA loads, warp specialization, the overlap of one tile's softmax with the next
+// tile's S (FlashAttention-3's intra-warpgroup pipelining), a backward on wgmma.
+// Traits: 2 warpgroups (128 query rows a block), 128 keys a tile; the accumulators S (64 floats a thread)
+// and O (D / 2) and P's registers (32) hold one block of 256 threads an SM (MIN_BLOCKS 1).
+template <int D_> struct NpfFaWgmmaTraits {
+    static constexpr int D = D_, WARPGROUPS = 2, THREADS = 128 * WARPGROUPS, BR = 64 * WARPGROUPS, BC = 128;
+    static constexpr int MIN_BLOCKS = 1;
+    static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;     // 16-bit values
+    static constexpr int SHARED = 1024 + Q_BYTES + 4 * KV_BYTES;          // 1024: room to align the tiles
+};
+
+// Tiles of N rows of one head's (rows, width) matrix x, each into a 128-byte-swizzled tile of N rows and D
+// columns (regions of 64 columns, N 128-byte rows each), zeros past rows and width: the 16-byte chunk c of
+// row r lands in chunk (c % 8) ^ (r % 8) of its row. By cp.async, so rows start 16-byte aligned and width is a
+// multiple of 8 (flash_attention.wgmma_forward sends other tensors to the dense forward): each thread copies
+// one chunk of every STEP-th row, its source and its place in the tile worked out once a head, not a tile.
+template <typename T, int N, int D, int THREADS> struct NpfFaSwizzledRows {
+    static constexpr int C = D / 8, STEP = THREADS / C;      // 16-byte chunks a row; rows a pass
+    static_assert(THREADS % C == 0 && N % STEP == 0 && STEP % 8 == 0, "whole rows a pass, passes a tile");
+    const T* x;
+    const T* src;                                            // this thread's chunk of row 0
+    long long stride, step;                                  // step: STEP rows
+    int left, offset;                                        // left: rows from this thread's first one
+    bool columns;                                            // its chunk is within width
+    __device__ __forceinline__ NpfFaSwizzledRows(const T* x_, int rows, int width, long long stride_)
+        : x(x_), stride(stride_), step(STEP * stride_) {
+        const int c = threadIdx.x % C, r = threadIdx.x / C;   // r % 8 is the same in every pass
+        columns = c * 8 < width;
+        src = x + (long long)r * stride + c * 8;
+        left = rows - r;
+        offset = (c / 8) * (N * 128) + r * 128 + ((c % 8) ^ (r % 8)) * 16;
+    }
+    // rows [r0, r0 + N) into tile
+    __device__ __forceinline__ void load(int r0, unsigned char* tile) const {
+        const T* from = src + (long long)r0 * stride;
+        unsigned char* to = tile + offset;
+#pragma unroll
+        for (int pass = 0; pass < N / STEP; ++pass) {
+            const bool in = columns && r0 + pass * STEP < left;
+            npf_cp_async_16_zfill(to, in ? from : x, in ? 16 : 0);
+            from += step;
+            to += STEP * 128;
+        }
+    }
+};
+
+// One key tile for one warpgroup (64 rows from w0, its warp's 16 from wr): S = Q K^T, (MASKED: the causal
+// and ragged-end masks), the online softmax, O += P V. Qw: the warpgroup's rows of the Q tile (regions BR
+// rows apart); Ks, Vs: the tile's K and V. Accumulators in wgmma's fragments: s[4 i + e] and o[4 i + e] are
+// row wr + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const unsigned char* Ks,
+                                                  const unsigned char* Vs, int j0, int wr,
+                                                  const NpfFaArgs<float>& a, float c, float (&o)[D / 2],
+                                                  float (&m)[2], float (&l)[2]) {
+    typedef NpfFaWgmmaTraits<D> Tr;
+    constexpr int BR = Tr::BR, BC = Tr::BC;
+    constexpr bool BF16 = Npf16<T>::BF16;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const float inf = npf_fa_inf(0.0f);
+    float s[BC / 2];                                         // S: written whole by the first wgmma
+    npf_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {                    // 16 head columns a step: 32 bytes along a row
+        const int at = kk / 4 * 128, by = kk % 4 * 32;       // (region of 64 columns, bytes into the row)
+        NpfWgmma<BC, BF16>::ss(s, npf_wgmma_desc(Qw + at * BR + by, 16, 1024),
+                               npf_wgmma_desc(Ks + at * BC + by, 16, 1024), kk > 0);
+    }
+    npf_wgmma_commit();
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<BC / 2>(s);
+    if (MASKED)                                              // keys past a row's diagonal or past Tk: -inf
+#pragma unroll
+        for (int j = 0; j < BC / 2; ++j) {
+            const int i = wr + g + 8 * (j % 4 / 2), key = j0 + 8 * (j / 4) + 2 * t + j % 2;
+            if ((CAUSAL && key > i + a.shift) || key >= a.Tk) s[j] = -inf;
+        }
+    float neg[2];                                            // -m_new c, the exponent's offset per row
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float mx = -inf;
+#pragma unroll
+        for (int i = 0; i < BC / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[r], mx);
+        neg[r] = m_new == -inf ? 0.0f : -m_new * c;          // all -inf so far: no inf - inf
+        const float alpha = m_new == m[r] ? 1.0f : exp2f((m[r] - m_new) * c);
+        m[r] = m_new;
+        l[r] *= alpha;
+        if (alpha != 1.0f)                                   // the row's maximum moved
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i) {
+                o[4 * i + 2 * r] *= alpha;
+                o[4 * i + 2 * r + 1] *= alpha;
+            }
+    }
+    unsigned pa[BC / 16][4];                                 // P, 16 keys a step, as wgmma's A registers
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb) {
+        float p[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            p[e] = exp2f(fmaf(s[8 * kb + e], c, neg[e % 4 / 2]));
+            l[e % 4 / 2] += p[e];
+        }
+        pa[kb][0] = npf_pack2<T>(p[0], p[1]);                // row g, keys 2 t, 2 t + 1
+        pa[kb][1] = npf_pack2<T>(p[2], p[3]);                // row g + 8
+        pa[kb][2] = npf_pack2<T>(p[4], p[5]);                // row g, keys 2 t + 8, 2 t + 9
+        pa[kb][3] = npf_pack2<T>(p[6], p[7]);
+    }
+    npf_wgmma_fence();                                       // o and pa were written since the last wgmma
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb)                     // V's rows 16 kb ..: 16 rows of 128 bytes further
+        NpfWgmma<D, BF16>::template rs<1>(o, pa[kb], npf_wgmma_desc(Vs + kb * 16 * 128, BC * 128, 1024), 1);
+    npf_wgmma_commit();
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<D / 2>(o);
+    npf_wgmma_hold<BC / 4>(&pa[0][0]);
+}
+
+// Key tile kt of a head into its buffer, as npf_fa_dense_next: the next tile's copies first (into the other
+// buffer), then this one's (and Q's, with tile 0) awaited and fenced for wgmma's reads, block-wide; returns
+// the buffer (K, then V)
+template <typename T, int D>
+__device__ __forceinline__ const unsigned char* npf_fa_wgmma_next(
+        int kt, int n_kt, const NpfFaSwizzledRows<T, NpfFaWgmmaTraits<D>::BC, D, NpfFaWgmmaTraits<D>::THREADS>& ks,
+        const NpfFaSwizzledRows<T, NpfFaWgmmaTraits<D>::BC, D, NpfFaWgmmaTraits<D>::THREADS>& vs,
+        unsigned char* KVs) {
+    typedef NpfFaWgmmaTraits<D> Tr;
+    if (kt + 1 < n_kt) {
+        unsigned char* next = KVs + (kt + 1) % 2 * 2 * Tr::KV_BYTES;
+        ks.load((kt + 1) * Tr::BC, next);
+        vs.load((kt + 1) * Tr::BC, next + Tr::KV_BYTES);
+    }
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();                                  // this tile's copies have landed
+    npf_fence_async_shared();                                // where wgmma reads them
+    __syncthreads();                                         // (everyone's)
+    return KVs + kt % 2 * 2 * Tr::KV_BYTES;
+}
+
+template <typename T, int D, bool CAUSAL>
+__device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out, float* lse,
+                                     const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                                     NpfFaLayout ol) {
+    typedef NpfFaWgmmaTraits<D> Tr;
+    constexpr int BR = Tr::BR, BC = Tr::BC, THREADS = Tr::THREADS;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    unsigned char* Qs = npf_align_1024(smem);               // (BR, D) swizzled, then 2 x (K, V) of (BC, D)
+    unsigned char* KVs = Qs + Tr::Q_BYTES;
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int wr = i0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);        // this warp's first query row
+    const unsigned char* Qw = Qs + 64 * wg * 128;                       // the warpgroup's 64 rows
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
+    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
+                                       n_kt);                 // as the dense forward's
+    const float c = a.scale * 1.4426950408889634f;           // the scale and log2(e): P = 2^(s c - m c)
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        const NpfFaSwizzledRows<T, BC, D, THREADS> ks(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st);
+        const NpfFaSwizzledRows<T, BC, D, THREADS> vs(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st);
+        NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
+        if (n_kt > 0) {                                      // with Q: tile 0's copies, in flight from here
+            ks.load(0, KVs);
+            vs.load(0, KVs + Tr::KV_BYTES);
+        }
+        npf_cp_async_commit();
+        float o[D / 2], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int j = 0; j < D / 2; ++j) o[j] = 0.0f;
+        // the main loop: tiles every row of the block sees whole; then those that need masks
+        int kt = 0;
+        for (; kt < masked_from; ++kt) {
+            const unsigned char* Ks = npf_fa_wgmma_next<T, D>(kt, n_kt, ks, vs, KVs);
+            npf_fa_wgmma_tile<T, D, CAUSAL, false>(Qw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, o, m, l);
+            __syncthreads();                                 // done with this buffer before it is refilled
+        }
+        for (; kt < n_kt; ++kt) {
+            const unsigned char* Ks = npf_fa_wgmma_next<T, D>(kt, n_kt, ks, vs, KVs);
+            npf_fa_wgmma_tile<T, D, CAUSAL, true>(Qw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, o, m, l);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float sum = l[r];                                // the quad's four parts of the row sum
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            const int i = wr + g + 8 * r;
+            if (i >= a.Tq) continue;
+            const bool empty = sum == 0.0f;                  // a row that sees no key: zeros, lse +inf
+            const float den = empty ? 1.0f : sum;
+            T* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = 8 * j + 2 * t + e;
+                    if (d < a.hv) npf_store(out_row + d, o[4 * j + 2 * r + e] / den);
+                }
+            if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] * a.scale + npf_log(sum);
+        }
+    }
+}
+
 // ---- the kernels: one __global__ template over kernel traits, as FlashAttention-2's Flash_fwd_kernel_traits ----
 // A traits type K is one instantiation: its storage and arithmetic types (T, A), its block (THREADS) and
 // __launch_bounds__'s MIN_BLOCKS (blocks an SM: the compiler keeps each thread to 65536 / (THREADS
@@ -1816,6 +2035,17 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTra
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
         npf_fa_forward_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+// The Hopper forward (sm_90a, a module of its own): float16 and bfloat16 at D 64 and 128, dense, causal or
+// not; traits above (NpfFaWgmmaTraits).
+template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdWgmma : NpfFaWgmmaTraits<D_> {
+    typedef T_ T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaWgmmaTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_forward_wgmma<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
     }
 };
 template <typename T_, int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {

@@ -29,8 +29,8 @@ from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad, expect_row_buffer
 from npformer.errors import RangeError
 from npformer.kernels.cuda import runtime
-from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VARIANT_OF, TENSORS, geometry,
-                                                layout_field, name_expression, params_dtype)
+from npformer.kernels.cuda.flash_source import (HEAD_SIZES, MAX_HEAD_SIZE, TC_VARIANT_OF, TENSORS, WGMMA_HEAD_SIZES,
+                                                geometry, layout_field, name_expression, params_dtype)
 from npformer.kernels.cuda.runtime import MAX_GRID, contiguous, device_xp
 from npformer.kernels.cuda.source import TYPES, dtype_name
 from npformer.ops.dropout import keep_threshold, seed_draws
@@ -38,28 +38,31 @@ from npformer.ops.flash_attention import FlashAttentionCache, check_flash_argume
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense"]
+           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense", "use_wgmma",
+           "wgmma_forward"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
 
-def flash_module(dtype, d: int):
-    """The compiled (dtype, D) module (NVRTC, once per process, on first use; CuPy caches the binary)."""
-    key = ("flash_module", numpy.dtype(dtype), d)
+def flash_module(dtype, d: int, wgmma: bool = False):
+    """The compiled (dtype, D) module, or its Hopper module (``wgmma``; NVRTC, once per process, on first use;
+    CuPy caches the binary)."""
+    key = ("flash_module", numpy.dtype(dtype), d, wgmma)
     if key not in runtime._cache:
-        module = runtime.shipped_modules()[runtime.flash_module_name(dtype, d)]
+        module = runtime.shipped_modules()[runtime.flash_module_name(dtype, d, wgmma)]
         runtime._cache[key] = runtime.compile_module(module.source, module.options, tuple(module.kernels.values()))
     return runtime._cache[key]
 
 
 def _kernel(name: str, dtype, d: int):
-    """Kernel ``name`` ("fwd", "bwd_dq_tc", "fwd_dense_causal", "bwd_pre", ...) of the (dtype, D) module:
-    its instantiation (flash_source.name_expression), with the shared memory it needs opted in."""
+    """Kernel ``name`` ("fwd", "bwd_dq_tc", "fwd_dense_causal", "fwd_wgmma", "bwd_pre", ...) of the (dtype, D)
+    module (the Hopper module's for "_wgmma"): its instantiation (flash_source.name_expression), with the
+    shared memory it needs opted in."""
     key = ("flash", name, numpy.dtype(dtype), d)
     fn = runtime._cache.get(key)
     if fn is None:
         runtime.check_capability(dtype)
-        fn = flash_module(dtype, d).get_function(name_expression(name, dtype, d))
+        fn = flash_module(dtype, d, "_wgmma" in name).get_function(name_expression(name, dtype, d))
         shared = geometry(name, dtype, d)[2]
         if shared > _DEFAULT_SHARED:
             fn.max_dynamic_shared_size_bytes = shared                         # opt in beyond 48 KiB
@@ -76,6 +79,30 @@ def tensor_core_variant(dtype) -> str:
     if not variant or runtime.compute_capability() < 80:
         return ""
     return variant if variant == "tc" or runtime.float32_on_tf32() else ""
+
+
+_WGMMA = {"on": False}
+
+
+def use_wgmma(on: bool) -> None:
+    """Opt in (or out) of the Hopper forward (``npf_fa_forward_wgmma``: the dense forward's tile products on
+    wgmma, sm_90a) for float16 and bfloat16 at head sizes 64 and 128 on a GPU of compute capability 9.0
+    (H100, H200). Off by default: its tests pass on the CPU emulator and its code compiles to HGMMA, but no
+    GPU has run it yet; the GPU check's tests run it, and its bench cases time it beside the mma.sync
+    kernel (``flash-train``). The backward is the same either way (the dense kernels)."""
+    _WGMMA["on"] = bool(on)
+
+
+def wgmma_forward(q, k, v) -> bool:
+    """Whether the dense forward of these (B, H, T, hs) arrays runs on wgmma: opted in (:func:`use_wgmma`),
+    float16 or bfloat16 on tensor cores, head-size bucket 64 or 128, compute capability 9.0, and every row
+    in whole 16-byte chunks, as cp.async copies them (a head size and row stride of multiples of 8 values,
+    16-byte aligned); otherwise the dense forward runs."""
+    if not (_WGMMA["on"] and tensor_core_variant(q.dtype) == "tc" and runtime.compute_capability() == 90):
+        return False
+    if head_bucket(q.shape[3], v.shape[3]) not in WGMMA_HEAD_SIZES:
+        return False
+    return all(a.shape[3] % 8 == 0 and a.strides[2] % 16 == 0 and runtime.address(a) % 16 == 0 for a in (q, k, v))
 
 
 def tensor_cores(dtype) -> bool:
@@ -213,7 +240,8 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
         variant = tensor_core_variant(q.dtype)
         args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, lse=lse)
         if variant == "tc" and dense(masks, p):
-            _launch("fwd_dense" + _causal(masks), q.dtype, d, tq, b * h, args)
+            _launch(("fwd_wgmma" if wgmma_forward(q, k, v) else "fwd_dense") + _causal(masks), q.dtype, d, tq,
+                    b * h, args)
         else:
             _launch("fwd" + (f"_{variant}" if variant else ""), q.dtype, d, tq, b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, draws, scale, block_q, block_k)

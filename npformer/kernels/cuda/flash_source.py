@@ -50,6 +50,11 @@ CUDA C                              reference
                                     two: 3.5 times the forward's work (FlashAttention-2: 2.5, adding
                                     dq with atomics; here dq's own pass recomputes S and dP, so no
                                     result depends on the order blocks finish in)
+``npf_fa_forward_wgmma``            the dense forward (no mask, padding or dropout) on Hopper's
+                                    warpgroup MMAs (sm_90a, opt-in: ``flash_attention.use_wgmma``):
+                                    a warpgroup per 64 query rows, ``S = q k^T`` and ``acc += P v``
+                                    as wgmmas over 128-byte-swizzled tiles in shared memory, the
+                                    online softmax in registers between them
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -104,15 +109,22 @@ import numpy
 
 from npformer.kernels.cuda.files import read_source
 from npformer.kernels.cuda.source import HALF_CONVERSIONS, PRELUDE, TYPES, cuda_type, dtype_name
-from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES
+from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES, WARPGROUP_NVRTC_OPTIONS, WARPGROUP_PRIMITIVES
 
-__all__ = ["THREADS", "PRE_THREADS", "HEAD_SIZES", "MAX_HEAD_SIZE", "TC_VARIANT_OF", "GEOMETRY", "OCCUPANCY_FLOORS",
-           "TENSORS", "params_dtype", "layout_field", "kernels", "name_expression", "entry_name", "geometry",
-           "module_kernels", "MODULE_KERNELS", "FLASH_SOURCE", "FLASH_EMULATED_SOURCE", "FLASH_NVRTC_OPTIONS"]
+__all__ = ["THREADS", "PRE_THREADS", "WGMMA_THREADS", "HEAD_SIZES", "WGMMA_HEAD_SIZES", "WGMMA_DTYPES",
+           "MAX_HEAD_SIZE", "TC_VARIANT_OF", "GEOMETRY", "OCCUPANCY_FLOORS", "TENSORS", "params_dtype", "layout_field",
+           "kernels", "wgmma_kernels", "name_expression", "entry_name", "geometry", "module_kernels",
+           "wgmma_module_kernels", "MODULE_KERNELS", "WGMMA_MODULE_KERNELS", "FLASH_SOURCE", "FLASH_EMULATED_SOURCE",
+           "FLASH_NVRTC_OPTIONS", "FLASH_WGMMA_NVRTC_OPTIONS"]
 
 THREADS = 128                      # per block of the tile kernels (NPF_FA_THREADS: 16 row lanes x 8 column lanes)
 PRE_THREADS = 256                  # bwd_pre's block (NpfFaPre::THREADS: a warp a row)
+WGMMA_THREADS = 256                # the Hopper forward's block (NpfFaWgmmaTraits::THREADS: two warpgroups)
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
+# The Hopper forward (npf_fa_forward_wgmma, sm_90a): float16 and bfloat16 at D 64 and 128, dense, causal or
+# not, in modules of their own (compiled for sm_90a, which runs on compute capability 9.0 only)
+WGMMA_HEAD_SIZES = (64, 128)
+WGMMA_DTYPES = ("float16", "bfloat16")
 MAX_HEAD_SIZE = HEAD_SIZES[-1]
 # Which tensor-core kernels a dtype runs, by its name (flash_attention.tensor_core_variant): float16 and
 # bfloat16 "tc" (NpfHalfOps<T>: m16n8k16 .f16 or .bf16), float32 "tf32" under the TF32 opt-in (NpfTf32Ops);
@@ -148,6 +160,8 @@ GEOMETRY = {
     "NpfFaFwdDense<32>": (128, 30720), "NpfFaFwdDense<64>": (128, 55296), "NpfFaFwdDense<128>": (64, 52224),
     "NpfFaDqDense<32>": (128, 40960), "NpfFaDqDense<64>": (128, 55296), "NpfFaDqDense<128>": (64, 69632),
     "NpfFaDkdvDense<32>": (128, 31232), "NpfFaDkdvDense<64>": (64, 56320), "NpfFaDkdvDense<128>": (64, 70144),
+    # the Hopper forward (WGMMA_THREADS threads): 128 rows, tiles of 128 keys, 1 KiB to align the tiles to
+    "NpfFaFwdWgmma<64>": (128, 82944), "NpfFaFwdWgmma<128>": (128, 164864),
 }
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
@@ -181,6 +195,8 @@ OCCUPANCY_FLOORS = {
     ("dq_dense", "float", 128): (0.125, 0.1875),            # (an A100's shared memory: 2 blocks)
     ("dkdv_dense", "float", 32): (0.125, 0.125), ("dkdv_dense", "float", 64): (0.125, 0.125),
     ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
+    # the Hopper forward, sm_90 only: one block of 8 warps an SM (its launch bounds)
+    ("fwd_wgmma", "float", 64): (0.125, 0.125), ("fwd_wgmma", "float", 128): (0.125, 0.125),
 }
 _TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
 # bfloat16's tensor-core tiles take float16's bytes (two a value), so its instantiations share float16's
@@ -203,6 +219,11 @@ def kernels(dtype) -> tuple:
     return names
 
 
+def wgmma_kernels(dtype) -> tuple:
+    """The Hopper kernels ``dtype`` has: "fwd_wgmma" and "fwd_wgmma_causal" for float16 and bfloat16, else none."""
+    return ("fwd_wgmma", "fwd_wgmma_causal") if dtype_name(dtype) in WGMMA_DTYPES else ()
+
+
 def _traits(name: str, dtype, d: int) -> tuple[str, str]:
     """(the traits type of kernel ``name``'s instantiation, its key in GEOMETRY)."""
     storage = cuda_type(dtype)[0]
@@ -210,9 +231,10 @@ def _traits(name: str, dtype, d: int) -> tuple[str, str]:
         return f"NpfFaPre<{storage}>", ""
     base = next(k for k in sorted(_TRAITS, key=len, reverse=True) if name.startswith(k))
     variant = name[len(base) + 1:]
-    if variant.startswith("dense"):
-        causal = "true" if variant == "dense_causal" else "false"
-        return f"{_TRAITS[base]}Dense<{storage}, {d}, {causal}>", f"{_TRAITS[base]}Dense<{d}>"
+    if variant.startswith(("dense", "wgmma")):
+        kind = variant.split("_")[0].capitalize()
+        causal = "true" if variant.endswith("_causal") else "false"
+        return f"{_TRAITS[base]}{kind}<{storage}, {d}, {causal}>", f"{_TRAITS[base]}{kind}<{d}>"
     traits = f"{_TRAITS[base]}{'Tc' if variant else ''}<{{}}, {d}>"
     row = _GEOMETRY_STORAGE.get(storage, storage) if variant else _SIMT_ACCUMULATOR.get(storage, storage)
     return traits.format(storage), traits.format(row)
@@ -228,7 +250,7 @@ def geometry(name: str, dtype, d: int) -> tuple[int, int, int]:
     """(threads a block, rows a block takes on the grid's x axis, dynamic shared bytes) of kernel ``name``."""
     if name == "bwd_pre":
         return PRE_THREADS, PRE_THREADS // 32, 0
-    return (THREADS,) + GEOMETRY[_traits(name, dtype, d)[1]]
+    return (WGMMA_THREADS if "_wgmma" in name else THREADS,) + GEOMETRY[_traits(name, dtype, d)[1]]
 
 
 def entry_name(kernel: str, dtype, d: int | None = None) -> str:
@@ -241,6 +263,11 @@ def entry_name(kernel: str, dtype, d: int | None = None) -> str:
 def module_kernels(dtype, d: int) -> dict[str, str]:
     """The (dtype, D) module's instantiations: ``{entry_name: name_expression}`` (bwd_pre's without D)."""
     return {entry_name(n, dtype, None if n == "bwd_pre" else d): name_expression(n, dtype, d) for n in kernels(dtype)}
+
+
+def wgmma_module_kernels(dtype, d: int) -> dict[str, str]:
+    """The Hopper (dtype, D) module's instantiations, as :func:`module_kernels`."""
+    return {entry_name(n, dtype, d): name_expression(n, dtype, d) for n in wgmma_kernels(dtype)}
 
 
 _POINTER = numpy.dtype(numpy.uint64)          # a device address
@@ -275,12 +302,15 @@ def layout_field(tensor: str) -> str:
 _PAIRS = tuple((name, d) for name in TYPES for d in HEAD_SIZES)      # dtypes by name (ml_dtypes not imported)
 
 # The flash attention modules' one source (each (dtype, D) module compiles its own instantiations of it).
-FLASH_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + PRELUDE + read_source("flash.cu")
+FLASH_SOURCE = HALF_CONVERSIONS + WARP_PRIMITIVES + WARPGROUP_PRIMITIVES + PRELUDE + read_source("flash.cu")
 MODULE_KERNELS = {pair: module_kernels(*pair) for pair in _PAIRS}
-# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions and the warp
-# primitives itself), with every pair's instantiations: one library.
-FLASH_EMULATED_SOURCE = PRELUDE + read_source("flash.cu")
+WGMMA_MODULE_KERNELS = {(dtype, d): wgmma_module_kernels(dtype, d) for dtype in WGMMA_DTYPES for d in WGMMA_HEAD_SIZES}
+# What the CPU emulator compiles (tests/kernels/cuda/emulator.py gives float16's conversions and the warp and
+# warpgroup primitives itself; warpgroup.cuh's NpfWgmma is written over them), with every pair's
+# instantiations: one library.
+FLASH_EMULATED_SOURCE = WARPGROUP_PRIMITIVES + PRELUDE + read_source("flash.cu")
 # Multiply-adds may fuse here (unlike the common module's element-wise kernels, whose roundings follow
 # the reference's separate CuPy kernels): a tile product is a reduction whose order differs from the
 # reference's matmul anyway, and FMA halves its instruction count.
 FLASH_NVRTC_OPTIONS = ("--fmad=true",)
+FLASH_WGMMA_NVRTC_OPTIONS = FLASH_NVRTC_OPTIONS + WARPGROUP_NVRTC_OPTIONS

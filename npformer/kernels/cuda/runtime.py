@@ -46,26 +46,33 @@ OCCUPANCY_FLOORS = {
 class Module(NamedTuple):
     """One CUDA module: its source, NVRTC options, and the template instantiations it compiles
     (``{name in tables and reports: name expression}``, CuPy's RawModule ``name_expressions``; the
-    ``extern "C"`` kernels of the source need none)."""
+    ``extern "C"`` kernels of the source need none), and the compute capabilities it is compiled for
+    (``benchmarks/cuda_kernels.py`` checks it for those; the Hopper modules, sm_90a: 9.0 only)."""
     source: str
     options: tuple
     kernels: dict
+    archs: tuple = (80, 90)
 
 
 def shipped_modules() -> dict[str, Module]:
     """Every CUDA module npformer compiles, by name: the one list the runtime compiles from and
     ``benchmarks/cuda_kernels.py`` checks with NVIDIA's compiler (CuPy appends its own options:
     ``-ftz=true``, the architecture, ``--device-as-default-execution-space``)."""
-    from npformer.kernels.cuda.flash_source import FLASH_NVRTC_OPTIONS, FLASH_SOURCE, MODULE_KERNELS
+    from npformer.kernels.cuda.flash_source import (FLASH_NVRTC_OPTIONS, FLASH_SOURCE, FLASH_WGMMA_NVRTC_OPTIONS,
+                                                    MODULE_KERNELS, WGMMA_MODULE_KERNELS)
     modules = {COMMON_MODULE: Module(CUDA_SOURCE, NVRTC_OPTIONS, {})}
     for (dtype, d), kernels in MODULE_KERNELS.items():
         modules[flash_module_name(dtype, d)] = Module(FLASH_SOURCE, FLASH_NVRTC_OPTIONS, kernels)
+    for (dtype, d), kernels in WGMMA_MODULE_KERNELS.items():
+        modules[flash_module_name(dtype, d, wgmma=True)] = Module(FLASH_SOURCE, FLASH_WGMMA_NVRTC_OPTIONS, kernels,
+                                                                  (90,))
     return modules
 
 
-def flash_module_name(dtype: Any, d: int) -> str:
-    """``flash_<f16|bf16|f32|f64>_d<D>``: the name of the flash attention module of ``dtype`` and bucket D."""
-    return f"flash_{cuda_type(dtype)[2]}_d{d}"
+def flash_module_name(dtype: Any, d: int, wgmma: bool = False) -> str:
+    """``flash_<f16|bf16|f32|f64>_d<D>``: the name of the flash attention module of ``dtype`` and bucket D
+    (``..._sm90a``: its Hopper kernels, ``wgmma``)."""
+    return f"flash_{cuda_type(dtype)[2]}_d{d}" + ("_sm90a" if wgmma else "")
 
 
 # Whether an array is one the kernels run on: a CuPy array. A name of its own, not a wrapper (one call

@@ -20,6 +20,11 @@ __device__ __forceinline__ unsigned long long npf_wgmma_desc(const void* tile, u
 __device__ __forceinline__ void npf_fence_async_shared() {
     NPF_SM90A(asm volatile("fence.proxy.async.shared::cta;" ::: "memory");)
 }
+// The first 1024-byte boundary of shared memory at or after p (a swizzle pattern's start)
+__device__ __forceinline__ unsigned char* npf_align_1024(unsigned char* p) {
+    const unsigned offset = (unsigned)__cvta_generic_to_shared(p);
+    return p + (1024u - offset % 1024u) % 1024u;
+}
 __device__ __forceinline__ void npf_wgmma_fence() { NPF_SM90A(asm volatile("wgmma.fence.sync.aligned;" ::: "memory");) }
 __device__ __forceinline__ void npf_wgmma_commit() {
     NPF_SM90A(asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");)

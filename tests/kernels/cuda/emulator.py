@@ -201,6 +201,7 @@ static unsigned long long npf_wgmma_desc(const void* tile, unsigned lbo, unsigne
     return npf_wg_descs.size() - 1;
 }
 static void npf_fence_async_shared() {}
+static unsigned char* npf_align_1024(unsigned char* p) { return p + (1024 - (size_t)p % 1024) % 1024; }
 static void npf_wgmma_fence() { npf_warp_wait(NPF_WG_FENCE); }
 static void npf_wgmma_commit() { npf_warp_wait(NPF_WG_COMMIT); }
 template <int N> static void npf_wgmma_wait() { npf_wg_posts[npf_current].wait = N; npf_warp_wait(NPF_WG_WAIT); }

@@ -38,7 +38,8 @@ def geometry_kernel(expression: str) -> str:
 
 
 _FLASH_TESTS = (_HERE / "flash_test.cu").read_text(encoding="utf-8")
-_SHIPPED = tuple(dict.fromkeys(e for kernels in flash_source.MODULE_KERNELS.values() for e in kernels.values()))
+_SHIPPED = tuple(dict.fromkeys(e for modules in (flash_source.MODULE_KERNELS, flash_source.WGMMA_MODULE_KERNELS)
+                               for kernels in modules.values() for e in kernels.values()))
 FLASH_TEST_SOURCE = flash_source.FLASH_SOURCE + "\n" + _FLASH_TESTS
 FLASH_TEST_KERNELS = tuple(geometry_kernel(e) for e in _SHIPPED)
 FLASH_EMULATED_SOURCE = flash_source.FLASH_EMULATED_SOURCE + "\n" + _FLASH_TESTS

@@ -40,8 +40,8 @@ def compiled(tools, workdir):
 
 
 def test_every_module_compiles_for_both_architectures_without_a_warning(compiled):
-    modules = set(runtime.shipped_modules())
     for arch, (kernels, warnings) in compiled.items():
+        modules = {name for name, module in runtime.shipped_modules().items() if arch in module.archs}
         assert set(warnings) == modules
         assert not any(warnings.values()), {m: w for m, w in warnings.items() if w}
         assert {k.module for k in kernels} == modules, arch
@@ -74,7 +74,8 @@ def test_the_float_kernels_flush_float32_denormals_as_their_docstrings_say(tools
     """CuPy appends -ftz=true after npformer's options (NVRTC: the last one wins), so float32
     arithmetic flushes denormals: the optimiser's float32 update uses .ftz instructions, its float64
     arithmetic none (the flush is float32's only), as kernels/cuda/optim.py states."""
-    source, options, _ = runtime.shipped_modules()[runtime.COMMON_MODULE]
+    common = runtime.shipped_modules()[runtime.COMMON_MODULE]
+    source, options = common.source, common.options
     options = tuple(options) + cuda_kernels.CUPY_OPTIONS + ("-arch=compute_90",)
     ptx, _, _ = cuda_kernels.nvrtc_ptx(tools, source, options)
     bodies = dict(re.findall(r"\.entry (npf_adam_update_f\d\d)\((.*?)\n}\n", ptx, re.S))
@@ -95,6 +96,30 @@ def test_the_16_bit_attention_kernels_run_on_tensor_cores(compiled, suffix):
     forward = [tc[f"npf_fa_fwd_tc_d{d}_{suffix}"] for d in (32, 64, 128)]
     assert all(k.mix["SHFL"] > 0 and k.mix["LDGSTS"] > 0 and k.occupancy >= 0.25 for k in forward), forward
     assert all(k.occupancy >= 0.1875 for name, k in tc.items() if name != f"npf_fa_bwd_dkdv_tc_d128_{suffix}")
+
+
+def test_the_hopper_forward_runs_on_wgmma_and_issues_few_instructions_per_product(compiled, tools, workdir):
+    """The Hopper forward (npf_fa_fwd_wgmma[_causal]_d{64,128}_{f16,bf16}, sm_90a modules, on sm_90 only): its
+    tile products are HGMMA (64x128x16 for S, 64xDx16 for O += P V with V transposed; bfloat16's .BF16), no
+    mma.sync; 256 threads at 12.5% occupancy; and its main loop (the tiles without masks) issues at most 5
+    instructions per m16n8k16 a warp's share of the wgmmas stands for (D 64: 4.7, D 128: 3.0 on 2026-11-30;
+    the dense mma.sync kernels: 3.7-5.8 per HMMA, each HMMA a quarter of the issue rate's product)."""
+    assert not any("wgmma" in k.name for k in compiled[80][0])
+    kernels = {k.name: k for k in compiled[90][0] if "_wgmma" in k.name}
+    assert len(kernels) == 8, sorted(kernels)
+    for name, k in kernels.items():
+        d = int(re.search(r"_d(\d+)_", name).group(1))
+        assert k.mix["HGMMA"] == 2 * (d // 16 + 128 // 16) and k.mix["HMMA"] == 0, (name, k.mix)
+        assert k.threads == 256 and k.occupancy == 0.125, (name, k.threads, k.occupancy)
+        assert k.loop["HMMA"] == 128 // 8 * (d // 16) + d // 8 * (128 // 16), (name, k.loop)
+        assert k.loop["total"] <= 5 * k.loop["HMMA"], (name, round(k.loop["total"] / k.loop["HMMA"], 1))
+    for suffix, kind in (("f16", ""), ("bf16", ".BF16")):
+        for d in (64, 128):
+            sass = subprocess.run([tools.cuobjdump, "-sass", str(workdir / f"flash_{suffix}_d{d}_sm90a_90.cubin")],
+                                  capture_output=True, text=True, check=True,
+                                  env=dict(os.environ, NVDISASM_PATH=os.path.dirname(tools.nvdisasm))).stdout
+            shapes = set(re.findall(r"HGMMA\.(64x\d+x16\.F32(?:\.BF16)?) [^;]*?gdesc\[UR\d+\](\.tnspB)?", sass))
+            assert shapes == {(f"64x128x16.F32{kind}", ""), (f"64x{d}x16.F32{kind}", ".tnspB")}, (suffix, d, shapes)
 
 
 def test_bfloat16_kernels_are_float16_s_with_bfloat16_products(compiled, tools, workdir):
@@ -131,11 +156,11 @@ def test_float32_under_tf32_runs_on_tensor_cores(compiled):
 def test_block_sizes_and_floors_are_known_for_every_entry_point():
     """Without the compiler: every kernel of every module (extern "C", or a named instantiation) has a
     launch block size and an occupancy floor, so the table cannot silently miss one."""
-    for name, (source, _, kernels) in runtime.shipped_modules().items():
-        entries = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', source)
-        for entry in entries + list(kernels):
+    for name, module in runtime.shipped_modules().items():
+        entries = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\) )?(\w+)\(', module.source)
+        for entry in entries + list(module.kernels):
             assert cuda_kernels.block_threads(entry) >= 1, entry
-            for arch in cuda_kernels.ARCHS:
+            for arch in module.archs:
                 floor = cuda_kernels.occupancy_floor(entry, arch)
                 assert 0 < floor <= 1, (entry, arch)
 
@@ -189,7 +214,8 @@ def test_the_warpgroup_primitives_compile_to_hgmma_for_sm_90a(tools, tmp_path):
 def test_the_main_loop_is_the_smallest_loop_holding_the_most_hmma():
     """benchmarks/cuda_kernels.main_loop on a made-up SASS: an outer loop (over heads) around the tile
     loop, both holding its HMMA, and a load loop without HMMA; the tile loop is counted, by pipe,
-    its untaken branch's instructions included and NOPs left out. Needs no compiler."""
+    its untaken branch's instructions included and NOPs left out; a wgmma loop's HGMMA.64xNx16 count
+    N / 8 HMMA each (a warp's share of the warpgroup's product). Needs no compiler."""
     sass = """
         Function : npf_made_up
         /*0000*/                   MOV R1, c[0x0][0x28] ;
@@ -208,10 +234,22 @@ def test_the_main_loop_is_the_smallest_loop_holding_the_most_hmma():
         /*00d0*/                   EXIT ;
     """
     (instructions,) = cuda_kernels.sass_functions(sass).values()
-    assert instructions[4] == (0x40, "HMMA", "R8, R12, R16, R8")
+    assert instructions[4] == (0x40, "HMMA", "R8, R12, R16, R8", ".16816.F32")
     assert cuda_kernels.main_loop(instructions) == {"total": 7, "HMMA": 2, "FMA": 1, "ALU": 0, "XU": 1, "LDS": 1,
                                                     "other": 2}
     assert cuda_kernels.main_loop(instructions[:4]) == {}                # a loop, but no HMMA in it
+    wgmma = """
+        Function : npf_made_up_wgmma
+        /*0000*/                   WARPGROUP.ARRIVE ;
+        /*0010*/                   HGMMA.64x128x16.F32 R24, gdesc[UR16], RZ, !UPT ;
+        /*0020*/                   HGMMA.64x64x16.F32 R88, R24, gdesc[UR12].tnspB, R88, gsb0 ;
+        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0040*/                   FMNMX R2, R2, R3, !PT ;
+        /*0050*/               @P0 BRA 0x0 ;
+    """
+    (instructions,) = cuda_kernels.sass_functions(wgmma).values()
+    assert cuda_kernels.main_loop(instructions) == {"total": 6, "HMMA": 16 + 8, "FMA": 0, "ALU": 1, "XU": 0,
+                                                    "LDS": 0, "other": 3}      # (an HGMMA a warp's N / 8 HMMA)
 
 
 def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compiled):

@@ -363,7 +363,7 @@ def test_launch_geometry_is_the_traits(fx):
     kernel fits an A100's 163 KiB a block, and the dense ones two blocks an SM."""
     module = _test_module()
     for (dtype, d), kernels in flash_source.MODULE_KERNELS.items():
-        for name in flash_source.kernels(dtype):
+        for name in flash_source.kernels(dtype) + (flash_source.wgmma_kernels(dtype) if d > 32 else ()):
             got = fx.xp.zeros(3, dtype=np.int64)
             kernel = sources.geometry_kernel(flash_source.name_expression(name, dtype, d))
             module.get_function(kernel)((1,), (1,), (got,))
@@ -402,6 +402,10 @@ def test_every_module_names_its_instantiations():
         want = {flash_source.entry_name(n, dtype, d) for n in names} | {flash_source.entry_name("bwd_pre", dtype)}
         assert set(kernels) == want
         assert all(re.fullmatch(r"npf_fa_kernel<NpfFa\w+<[\w ,]+>>", e) for e in kernels.values()), kernels
+    assert set(flash_source.WGMMA_MODULE_KERNELS) == {(t, d) for t in ("float16", "bfloat16") for d in (64, 128)}
+    for (dtype, d), kernels in flash_source.WGMMA_MODULE_KERNELS.items():           # the Hopper modules
+        assert set(kernels) == {flash_source.entry_name(n, dtype, d) for n in ("fwd_wgmma", "fwd_wgmma_causal")}
+        assert all(re.fullmatch(r"npf_fa_kernel<NpfFaFwdWgmma<[\w ]+, \d+, (true|false)>>", e) for e in kernels.values())
     for text in (flash_source.FLASH_SOURCE, flash_source.FLASH_EMULATED_SOURCE):
         assert "@" not in text and 'extern "C" __global__' not in text and "npf_fa_geometry" not in text
     test_names = re.findall(r'extern "C" __global__ void (npf_\w+)\(', sources.FLASH_TEST_SOURCE)
@@ -513,6 +517,69 @@ def test_bfloat16_runs_on_tensor_cores_and_needs_compute_capability_8(fx, monkey
             with pytest.raises(TypeError, match=r"bfloat16 arrays on a GPU of compute capability 7\.5: the CUDA "
                                                 r"kernels take bfloat16 from compute capability 8\.0 on"):
                 launch()
+
+
+# -- the Hopper forward (wgmma, sm_90a): the dense forward's products on warpgroup MMAs ----------------
+@pytest.fixture
+def wgmma(fx):
+    """fx with the Hopper forward opted in (flash_attention.use_wgmma), on a GPU of compute capability 9.0
+    (emulated: the fixture says 9.0)."""
+    from npformer.kernels.cuda import runtime
+    if fx.name == "cuda" and runtime.compute_capability() != 90:
+        pytest.skip(f"the Hopper forward needs compute capability 9.0, this GPU's is {runtime.compute_capability()}")
+    kernel.use_wgmma(True)
+    yield fx
+    kernel.use_wgmma(False)
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float16", "bfloat16")])
+@pytest.mark.parametrize("hs, tq, tk, alignment", [
+    (64, 1, 1, None), (64, 128, 128, "top_left"), (64, 130, 300, None), (40, 200, 70, "top_left"),
+    (128, 129, 256, "bottom_right"), (72, 300, 100, "bottom_right"), (128, 64, 200, None)])
+def test_the_wgmma_forward_matches_the_reference(wgmma, monkeypatch, hs, tq, tk, alignment, dtype):
+    """npf_fa_forward_wgmma (opted in, compute capability 9.0): out and lse as the reference's, causal (both
+    alignments: rows before the first key see none, zeros and lse +inf) or not, ragged ends of both lengths
+    (128-row blocks, 128-key tiles), both head-size buckets (hs below D: zero columns); the dense backward
+    on its cache. Emulated, the wgmmas run at their waits, so a tile overwritten too early shows."""
+    names = _launched(monkeypatch)
+    q, k, v = qkv(wgmma.xp, 1, 2, tq, tk, hs, hs, tq + 2 * tk, dtype)
+    dout = randn(wgmma.xp, (1, 2, tq, hs), 5, dtype)
+    kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
+    out, cache, _ = compare(wgmma, q, k, v, dout, kw, dtype)
+    causal = "_causal" if alignment else ""
+    assert names[:3] == [f"fwd_wgmma{causal}", f"bwd_dkdv_dense{causal}", f"bwd_dq_dense{causal}"]
+    empty = np.isinf(host(cache.lse))[..., 0]
+    assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
+
+
+def test_the_wgmma_forward_runs_only_where_it_may(wgmma, monkeypatch):
+    """The dense forward instead: opted out; head sizes in the bucket of 32, or not a multiple of 8 values (cp.async
+    copies 16 bytes); a row stride of an odd number of values, or a tensor not 16-byte aligned; another
+    compute capability (emulated); masks or dropout go to the _tc kernel as before."""
+    from npformer.kernels.cuda import runtime
+    names = _launched(monkeypatch)
+    xp = wgmma.xp
+    q, k, v = qkv(xp, 1, 2, 70, 70, 64, 64, 3, "float16")
+
+    def forward(*qkv_, **kw):
+        names.clear()
+        flash_forward(*qkv_, is_causal=True, **kw)
+        return names[0]
+    assert forward(q, k, v) == "fwd_wgmma_causal"
+    assert forward(q[..., :32], k[..., :32], v[..., :32]) == "fwd_dense_causal"     # bucket 32
+    assert forward(q[..., :60], k[..., :60], v[..., :60]) == "fwd_dense_causal"     # 60 values a row
+    wide = randn(xp, (1, 2, 70, 65), 4, "float16")
+    assert forward(wide[..., :64], k, v) == "fwd_dense_causal"                      # rows 65 values apart
+    flat = randn(xp, (1 * 2 * 70 * 64 + 1,), 5, "float16")
+    shifted = flat[1:].reshape(1, 2, 70, 64)                                        # 2 bytes past alignment
+    assert forward(shifted, k, v) == "fwd_dense_causal"
+    assert forward(q, k, v, key_padding_mask=xp.asarray(np.zeros((1, 70), bool))) == "fwd_tc"
+    kernel.use_wgmma(False)
+    assert forward(q, k, v) == "fwd_dense_causal"
+    kernel.use_wgmma(True)
+    if wgmma.name == "emulated":
+        monkeypatch.setattr(runtime, "compute_capability", lambda: 80)
+        assert forward(q, k, v) == "fwd_dense_causal"
 
 
 # -- the dense kernels (float16, bfloat16): the common case without masks or dropout -----------------
