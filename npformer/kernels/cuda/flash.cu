@@ -1672,9 +1672,9 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
 // (mma.sync re-reads K and V per 16-row fragment through ldmatrix) and runs while the warpgroup goes on, so
 // few instructions are issued per product. Tiles in shared memory are 128-byte swizzled (rows of 64
 // values, a tile of D > 64 in regions of 64 columns: the layouts of warp_source.py), filled by cp.async
-// (16 bytes a copy; element by element where rows are not 16-byte aligned), K and V double-buffered as in
-// the dense forward. Not yet: TMA loads, warp specialization, the overlap of one tile's softmax with the next
-// tile's S (FlashAttention-3's intra-warpgroup pipelining), a backward on wgmma.
+// (16 bytes a copy), K and V double-buffered as in the dense forward. Not yet: TMA loads, warp
+// specialization, the overlap of one tile's softmax with the next tile's S (FlashAttention-3's
+// intra-warpgroup pipelining), dK and dV on wgmma (dQ's kernel is below).
 // Traits: 2 warpgroups (128 query rows a block), 128 keys a tile; the accumulators S (64 floats a thread)
 // and O (D / 2) and P's registers (32) hold one block of 256 threads an SM (MIN_BLOCKS 1).
 template <int D_> struct NpfFaWgmmaTraits {
@@ -1687,7 +1687,7 @@ template <int D_> struct NpfFaWgmmaTraits {
 // Tiles of N rows of one head's (rows, width) matrix x, each into a 128-byte-swizzled tile of N rows and D
 // columns (regions of 64 columns, N 128-byte rows each), zeros past rows and width: the 16-byte chunk c of
 // row r lands in chunk (c % 8) ^ (r % 8) of its row. By cp.async, so rows start 16-byte aligned and width is a
-// multiple of 8 (flash_attention.wgmma_forward sends other tensors to the dense forward): each thread copies
+// multiple of 8 (flash_attention.wgmma_applies sends other tensors to the dense kernels): each thread copies
 // one chunk of every STEP-th row, its source and its place in the tile worked out once a head, not a tile.
 template <typename T, int N, int D, int THREADS> struct NpfFaSwizzledRows {
     static constexpr int C = D / 8, STEP = THREADS / C;      // 16-byte chunks a row; rows a pass
@@ -1719,7 +1719,7 @@ template <typename T, int N, int D, int THREADS> struct NpfFaSwizzledRows {
     }
 };
 
-// One key tile for one warpgroup (64 rows from w0, its warp's 16 from wr): S = Q K^T, (MASKED: the causal
+// One key tile for one warpgroup (its 64 rows; its warp's 16 from wr): S = Q K^T, (MASKED: the causal
 // and ragged-end masks), the online softmax, O += P V. Qw: the warpgroup's rows of the Q tile (regions BR
 // rows apart); Ks, Vs: the tile's K and V. Accumulators in wgmma's fragments: s[4 i + e] and o[4 i + e] are
 // row wr + g + 8 (e / 2), column 8 i + 2 t + e % 2.
@@ -1795,24 +1795,24 @@ __device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const
 }
 
 // Key tile kt of a head into its buffer, as npf_fa_dense_next: the next tile's copies first (into the other
-// buffer), then this one's (and Q's, with tile 0) awaited and fenced for wgmma's reads, block-wide; returns
-// the buffer (K, then V)
-template <typename T, int D>
-__device__ __forceinline__ const unsigned char* npf_fa_wgmma_next(
-        int kt, int n_kt, const NpfFaSwizzledRows<T, NpfFaWgmmaTraits<D>::BC, D, NpfFaWgmmaTraits<D>::THREADS>& ks,
-        const NpfFaSwizzledRows<T, NpfFaWgmmaTraits<D>::BC, D, NpfFaWgmmaTraits<D>::THREADS>& vs,
-        unsigned char* KVs) {
-    typedef NpfFaWgmmaTraits<D> Tr;
+// buffer), then this one's (and those issued with tile 0's) awaited and fenced for wgmma's reads,
+// block-wide; returns the buffer (K, then V: tiles of BC rows)
+template <typename T, int D, int BC, int THREADS>
+__device__ __forceinline__ const unsigned char* npf_fa_wgmma_next(int kt, int n_kt,
+                                                                 const NpfFaSwizzledRows<T, BC, D, THREADS>& ks,
+                                                                 const NpfFaSwizzledRows<T, BC, D, THREADS>& vs,
+                                                                 unsigned char* KVs) {
+    constexpr int KV_BYTES = BC * D * 2;
     if (kt + 1 < n_kt) {
-        unsigned char* next = KVs + (kt + 1) % 2 * 2 * Tr::KV_BYTES;
-        ks.load((kt + 1) * Tr::BC, next);
-        vs.load((kt + 1) * Tr::BC, next + Tr::KV_BYTES);
+        unsigned char* next = KVs + (kt + 1) % 2 * 2 * KV_BYTES;
+        ks.load((kt + 1) * BC, next);
+        vs.load((kt + 1) * BC, next + KV_BYTES);
     }
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
     npf_fence_async_shared();                                // where wgmma reads them
     __syncthreads();                                         // (everyone's)
-    return KVs + kt % 2 * 2 * Tr::KV_BYTES;
+    return KVs + kt % 2 * 2 * KV_BYTES;
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -1849,12 +1849,12 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
         // the main loop: tiles every row of the block sees whole; then those that need masks
         int kt = 0;
         for (; kt < masked_from; ++kt) {
-            const unsigned char* Ks = npf_fa_wgmma_next<T, D>(kt, n_kt, ks, vs, KVs);
+            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
             npf_fa_wgmma_tile<T, D, CAUSAL, false>(Qw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, o, m, l);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; kt < n_kt; ++kt) {
-            const unsigned char* Ks = npf_fa_wgmma_next<T, D>(kt, n_kt, ks, vs, KVs);
+            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
             npf_fa_wgmma_tile<T, D, CAUSAL, true>(Qw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, o, m, l);
             __syncthreads();
         }
@@ -1876,6 +1876,141 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
                     if (d < a.hv) npf_store(out_row + d, o[4 * j + 2 * r + e] / den);
                 }
             if (t == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] * a.scale + npf_log(sum);
+        }
+    }
+}
+
+// dQ on wgmma (sm_90a): the dense dQ's algorithm (P recomputed from lse, dS = P (dP - D), the scale once at
+// the end), its products as the Hopper forward's: a warpgroup per 64 query rows, key tiles of BC = 64 keys;
+// S = Q K^T and dP = dO V^T as D / 16 wgmmas each (m64n64k16, all four operands from shared memory, one
+// group), P and dS in registers, dQ += dS K (m64nDk16, K N-major). Q and dO loaded once a head, K and V
+// double-buffered. Traits: 2 warpgroups, 128 rows a block; S, dP (32 floats a thread each), dQ (D / 2)
+// and dS's registers (16): one block of 256 threads an SM.
+template <int D_> struct NpfFaWgmmaDqTraits {
+    static constexpr int D = D_, WARPGROUPS = 2, THREADS = 128 * WARPGROUPS, BR = 64 * WARPGROUPS, BC = 64;
+    static constexpr int MIN_BLOCKS = 1;
+    static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;     // 16-bit values
+    static constexpr int SHARED = 1024 + 2 * Q_BYTES + 4 * KV_BYTES;      // Q, dO; 2 x (K, V)
+};
+
+// One key tile of npf_fa_bwd_dq_wgmma for one warpgroup (its rows as the forward's tile): S, dP, (MASKED: the
+// causal and ragged-end masks), dS, dQ += dS K. nl: -lse log2(e) of the thread's two rows; dd: their D.
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_dq_tile(const unsigned char* Qw, const unsigned char* dOw,
+                                                     const unsigned char* Ks, const unsigned char* Vs, int j0,
+                                                     int wr, const NpfFaArgs<float>& a, float c, const float (&nl)[2],
+                                                     const float (&dd)[2], float (&dq)[D / 2]) {
+    typedef NpfFaWgmmaDqTraits<D> Tr;
+    constexpr int BR = Tr::BR, BC = Tr::BC;
+    constexpr bool BF16 = Npf16<T>::BF16;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float s[BC / 2], dp[BC / 2];                             // written whole by their first wgmmas
+    npf_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {                    // 16 head columns a step
+        const int at = kk / 4 * 128, by = kk % 4 * 32;
+        NpfWgmma<BC, BF16>::ss(s, npf_wgmma_desc(Qw + at * BR + by, 16, 1024),
+                               npf_wgmma_desc(Ks + at * BC + by, 16, 1024), kk > 0);
+        NpfWgmma<BC, BF16>::ss(dp, npf_wgmma_desc(dOw + at * BR + by, 16, 1024),
+                               npf_wgmma_desc(Vs + at * BC + by, 16, 1024), kk > 0);
+    }
+    npf_wgmma_commit();
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<BC / 2>(s);
+    npf_wgmma_hold<BC / 2>(dp);
+    unsigned ds[BC / 16][4];                                 // dS / scale, 16 keys a step, as A registers
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb) {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int j = 8 * kb + e;
+            float x = s[j];
+            if (MASKED) {
+                const int i = wr + g + 8 * (j % 4 / 2), key = j0 + 8 * (j / 4) + 2 * t + j % 2;
+                if ((CAUSAL && key > i + a.shift) || key >= a.Tk) x = -npf_fa_inf(0.0f);
+            }
+            const float p = exp2f(fmaf(x, c, nl[j % 4 / 2]));
+            v[e] = p * (dp[j] - dd[j % 4 / 2]);
+        }
+        ds[kb][0] = npf_pack2<T>(v[0], v[1]);
+        ds[kb][1] = npf_pack2<T>(v[2], v[3]);
+        ds[kb][2] = npf_pack2<T>(v[4], v[5]);
+        ds[kb][3] = npf_pack2<T>(v[6], v[7]);
+    }
+    npf_wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb)                     // K's rows 16 kb ..: the keys are dQ's k axis
+        NpfWgmma<D, BF16>::template rs<1>(dq, ds[kb], npf_wgmma_desc(Ks + kb * 16 * 128, BC * 128, 1024), 1);
+    npf_wgmma_commit();
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<D / 2>(dq);
+    npf_wgmma_hold<BC / 4>(&ds[0][0]);
+}
+
+template <typename T, int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                                    const float* dvec, T* dq, const NpfFaArgs<float>& a, NpfFaLayout ql,
+                                    NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dql) {
+    typedef NpfFaWgmmaDqTraits<D> Tr;
+    constexpr int BR = Tr::BR, BC = Tr::BC, THREADS = Tr::THREADS;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    unsigned char* Qs = npf_align_1024(smem);               // (BR, D) Q, (BR, D) dO, then 2 x (K, V) of (BC, D)
+    unsigned char* dOs = Qs + Tr::Q_BYTES;
+    unsigned char* KVs = dOs + Tr::Q_BYTES;
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int wr = i0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);        // this warp's first query row
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
+    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
+                                       n_kt);                 // as the dense forward's
+    const float c = a.scale * 1.4426950408889634f;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        const NpfFaSwizzledRows<T, BC, D, THREADS> ks(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st);
+        const NpfFaSwizzledRows<T, BC, D, THREADS> vs(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st);
+        NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
+        NpfFaSwizzledRows<T, BR, D, THREADS>(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st).load(i0, dOs);
+        if (n_kt > 0) {                                      // with Q and dO: tile 0's copies
+            ks.load(0, KVs);
+            vs.load(0, KVs + Tr::KV_BYTES);
+        }
+        npf_cp_async_commit();
+        float nl[2], dd[2], dqa[D / 2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = wr + g + 8 * r;
+            nl[r] = i < a.Tq ? -lse[bh * a.Tq + i] * 1.4426950408889634f : -inf;  // rows past Tq: P = 0
+            dd[r] = i < a.Tq ? dvec[bh * a.Tq + i] : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < D / 2; ++j) dqa[j] = 0.0f;
+        const unsigned char* Qw = Qs + 64 * wg * 128;
+        const unsigned char* dOw = dOs + 64 * wg * 128;
+        int kt = 0;
+        for (; kt < masked_from; ++kt) {                     // the main loop: no masks
+            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
+            npf_fa_wgmma_dq_tile<T, D, CAUSAL, false>(Qw, dOw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, nl, dd, dqa);
+            __syncthreads();
+        }
+        for (; kt < n_kt; ++kt) {
+            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
+            npf_fa_wgmma_dq_tile<T, D, CAUSAL, true>(Qw, dOw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, nl, dd, dqa);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int i = wr + g + 8 * r;
+            if (i >= a.Tq) continue;
+            T* dq_row = dq + npf_fa_head(dql, bh, a.H) + i * dql.st;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = 8 * j + 2 * t + e;
+                    if (d < a.hs) npf_store(dq_row + d, dqa[4 * j + 2 * r + e] * a.scale);
+                }
         }
     }
 }
@@ -2037,8 +2172,8 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTra
         npf_fa_forward_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
     }
 };
-// The Hopper forward (sm_90a, a module of its own): float16 and bfloat16 at D 64 and 128, dense, causal or
-// not; traits above (NpfFaWgmmaTraits).
+// The Hopper kernels (sm_90a, modules of their own): the forward and dQ, float16 and bfloat16 at D 64 and 128,
+// dense, causal or not; traits above (NpfFaWgmmaTraits, NpfFaWgmmaDqTraits).
 template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdWgmma : NpfFaWgmmaTraits<D_> {
     typedef T_ T;
     typedef float A;
@@ -2046,6 +2181,16 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdWgmma : NpfFaWgmmaTra
     static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
         const NpfFaArgs<A> a = p.a;
         npf_fa_forward_wgmma<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
+template <typename T_, int D_, bool CAUSAL> struct NpfFaDqWgmma : NpfFaWgmmaDqTraits<D_> {
+    typedef T_ T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaWgmmaDqTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dq_wgmma<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl,
+                                            p.dql);
     }
 };
 template <typename T_, int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {

@@ -39,7 +39,7 @@ from npformer.ops.flash_attention import FlashAttentionCache, check_flash_argume
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "head_bucket", "flash_module", "heads_layout",
            "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense", "use_wgmma",
-           "wgmma_forward"]
+           "wgmma_applies"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -85,24 +85,25 @@ _WGMMA = {"on": False}
 
 
 def use_wgmma(on: bool) -> None:
-    """Opt in (or out) of the Hopper forward (``npf_fa_forward_wgmma``: the dense forward's tile products on
-    wgmma, sm_90a) for float16 and bfloat16 at head sizes 64 and 128 on a GPU of compute capability 9.0
-    (H100, H200). Off by default: its tests pass on the CPU emulator and its code compiles to HGMMA, but no
-    GPU has run it yet; the GPU check's tests run it, and its bench cases time it beside the mma.sync
-    kernel (``flash-train``). The backward is the same either way (the dense kernels)."""
+    """Opt in (or out) of the Hopper kernels (``npf_fa_forward_wgmma``, ``npf_fa_bwd_dq_wgmma``: the dense
+    forward's and dQ's tile products on wgmma, sm_90a) for float16 and bfloat16 at head sizes 64 and 128 on
+    a GPU of compute capability 9.0 (H100, H200). Off by default: their tests pass on the CPU emulator and
+    they compile to HGMMA, but no GPU has run them yet; the GPU check's tests run them, and the bench times
+    them beside the mma.sync kernels (``flash-train``). dK and dV stay the dense kernel's either way."""
     _WGMMA["on"] = bool(on)
 
 
-def wgmma_forward(q, k, v) -> bool:
-    """Whether the dense forward of these (B, H, T, hs) arrays runs on wgmma: opted in (:func:`use_wgmma`),
-    float16 or bfloat16 on tensor cores, head-size bucket 64 or 128, compute capability 9.0, and every row
-    in whole 16-byte chunks, as cp.async copies them (a head size and row stride of multiples of 8 values,
-    16-byte aligned); otherwise the dense forward runs."""
+def wgmma_applies(q, k, v, *more) -> bool:
+    """Whether the Hopper kernels take these (B, H, T, hs) arrays (q, k, v; and dout for dQ): opted in
+    (:func:`use_wgmma`), float16 or bfloat16 on tensor cores, head-size bucket 64 or 128, compute
+    capability 9.0, and every row in whole 16-byte chunks, as cp.async copies them (a head size and row
+    stride of multiples of 8 values, 16-byte aligned); otherwise the dense kernels run."""
     if not (_WGMMA["on"] and tensor_core_variant(q.dtype) == "tc" and runtime.compute_capability() == 90):
         return False
     if head_bucket(q.shape[3], v.shape[3]) not in WGMMA_HEAD_SIZES:
         return False
-    return all(a.shape[3] % 8 == 0 and a.strides[2] % 16 == 0 and runtime.address(a) % 16 == 0 for a in (q, k, v))
+    return all(a.shape[3] % 8 == 0 and a.strides[2] % 16 == 0 and runtime.address(a) % 16 == 0
+               for a in (q, k, v, *more))
 
 
 def tensor_cores(dtype) -> bool:
@@ -240,7 +241,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
         variant = tensor_core_variant(q.dtype)
         args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, lse=lse)
         if variant == "tc" and dense(masks, p):
-            _launch(("fwd_wgmma" if wgmma_forward(q, k, v) else "fwd_dense") + _causal(masks), q.dtype, d, tq,
+            _launch(("fwd_wgmma" if wgmma_applies(q, k, v) else "fwd_dense") + _causal(masks), q.dtype, d, tq,
                     b * h, args)
         else:
             _launch("fwd" + (f"_{variant}" if variant else ""), q.dtype, d, tq, b * h, args)
@@ -286,12 +287,13 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     if rows:                                                                      # bwd_pre: a warp per row
         threads, rows_a_block, _ = geometry("bwd_pre", q.dtype, d)
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // rows_a_block), MAX_GRID)),), (threads,), (args,))
-    suffix = f"_{variant}" if variant else ""
-    if variant == "tc" and dense(masks, p):             # the dense kernels
+    suffix = dq_suffix = f"_{variant}" if variant else ""
+    if variant == "tc" and dense(masks, p):             # the dense kernels; dQ on wgmma where it applies
         suffix = "_dense" + _causal(masks)
+        dq_suffix = ("_wgmma" if wgmma_applies(q, k, v, dout) else "_dense") + _causal(masks)
     _launch("bwd_dkdv" + suffix, q.dtype, d, tk, b * h, args)
     if tq:
-        _launch("bwd_dq" + suffix, q.dtype, d, tq, b * h, args)
+        _launch("bwd_dq" + dq_suffix, q.dtype, d, tq, b * h, args)
 
 
 def _causal(masks) -> str:

@@ -50,11 +50,12 @@ CUDA C                              reference
                                     two: 3.5 times the forward's work (FlashAttention-2: 2.5, adding
                                     dq with atomics; here dq's own pass recomputes S and dP, so no
                                     result depends on the order blocks finish in)
-``npf_fa_forward_wgmma``            the dense forward (no mask, padding or dropout) on Hopper's
-                                    warpgroup MMAs (sm_90a, opt-in: ``flash_attention.use_wgmma``):
-                                    a warpgroup per 64 query rows, ``S = q k^T`` and ``acc += P v``
-                                    as wgmmas over 128-byte-swizzled tiles in shared memory, the
-                                    online softmax in registers between them
+``npf_fa_forward_wgmma``,           the dense forward and dQ (no mask, padding or dropout) on
+``npf_fa_bwd_dq_wgmma``             Hopper's warpgroup MMAs (sm_90a, opt-in:
+                                    ``flash_attention.use_wgmma``): a warpgroup per 64 query rows,
+                                    ``S = q k^T``, ``acc += P v`` (dq: ``S``, ``dP = dO v^T``,
+                                    ``dq += ds k``) as wgmmas over 128-byte-swizzled tiles in shared
+                                    memory, the softmax's (and dS's) element-wise work in registers
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -119,10 +120,10 @@ __all__ = ["THREADS", "PRE_THREADS", "WGMMA_THREADS", "HEAD_SIZES", "WGMMA_HEAD_
 
 THREADS = 128                      # per block of the tile kernels (NPF_FA_THREADS: 16 row lanes x 8 column lanes)
 PRE_THREADS = 256                  # bwd_pre's block (NpfFaPre::THREADS: a warp a row)
-WGMMA_THREADS = 256                # the Hopper forward's block (NpfFaWgmmaTraits::THREADS: two warpgroups)
+WGMMA_THREADS = 256                # the Hopper kernels' block (NpfFaWgmma*Traits::THREADS: two warpgroups)
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
-# The Hopper forward (npf_fa_forward_wgmma, sm_90a): float16 and bfloat16 at D 64 and 128, dense, causal or
-# not, in modules of their own (compiled for sm_90a, which runs on compute capability 9.0 only)
+# The Hopper kernels (npf_fa_forward_wgmma, npf_fa_bwd_dq_wgmma; sm_90a): float16 and bfloat16 at D 64 and 128,
+# dense, causal or not, in modules of their own (compiled for sm_90a, which runs on compute capability 9.0 only)
 WGMMA_HEAD_SIZES = (64, 128)
 WGMMA_DTYPES = ("float16", "bfloat16")
 MAX_HEAD_SIZE = HEAD_SIZES[-1]
@@ -160,8 +161,9 @@ GEOMETRY = {
     "NpfFaFwdDense<32>": (128, 30720), "NpfFaFwdDense<64>": (128, 55296), "NpfFaFwdDense<128>": (64, 52224),
     "NpfFaDqDense<32>": (128, 40960), "NpfFaDqDense<64>": (128, 55296), "NpfFaDqDense<128>": (64, 69632),
     "NpfFaDkdvDense<32>": (128, 31232), "NpfFaDkdvDense<64>": (64, 56320), "NpfFaDkdvDense<128>": (64, 70144),
-    # the Hopper forward (WGMMA_THREADS threads): 128 rows, tiles of 128 keys, 1 KiB to align the tiles to
+    # the Hopper kernels (WGMMA_THREADS threads): 128 rows, tiles of 128 keys (dQ: 64), 1 KiB to align the tiles
     "NpfFaFwdWgmma<64>": (128, 82944), "NpfFaFwdWgmma<128>": (128, 164864),
+    "NpfFaDqWgmma<64>": (128, 66560), "NpfFaDqWgmma<128>": (128, 132096),
 }
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
@@ -195,8 +197,9 @@ OCCUPANCY_FLOORS = {
     ("dq_dense", "float", 128): (0.125, 0.1875),            # (an A100's shared memory: 2 blocks)
     ("dkdv_dense", "float", 32): (0.125, 0.125), ("dkdv_dense", "float", 64): (0.125, 0.125),
     ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
-    # the Hopper forward, sm_90 only: one block of 8 warps an SM (its launch bounds)
+    # the Hopper kernels, sm_90 only: one block of 8 warps an SM (their launch bounds)
     ("fwd_wgmma", "float", 64): (0.125, 0.125), ("fwd_wgmma", "float", 128): (0.125, 0.125),
+    ("dq_wgmma", "float", 64): (0.125, 0.125), ("dq_wgmma", "float", 128): (0.125, 0.125),
 }
 _TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
 # bfloat16's tensor-core tiles take float16's bytes (two a value), so its instantiations share float16's
@@ -220,8 +223,11 @@ def kernels(dtype) -> tuple:
 
 
 def wgmma_kernels(dtype) -> tuple:
-    """The Hopper kernels ``dtype`` has: "fwd_wgmma" and "fwd_wgmma_causal" for float16 and bfloat16, else none."""
-    return ("fwd_wgmma", "fwd_wgmma_causal") if dtype_name(dtype) in WGMMA_DTYPES else ()
+    """The Hopper kernels ``dtype`` has: the forward and dQ ("fwd_wgmma", "bwd_dq_wgmma", each also "_causal")
+    for float16 and bfloat16, else none."""
+    if dtype_name(dtype) not in WGMMA_DTYPES:
+        return ()
+    return tuple(f"{k}_wgmma{causal}" for k in ("fwd", "bwd_dq") for causal in ("", "_causal"))
 
 
 def _traits(name: str, dtype, d: int) -> tuple[str, str]:

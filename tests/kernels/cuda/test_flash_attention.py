@@ -404,8 +404,10 @@ def test_every_module_names_its_instantiations():
         assert all(re.fullmatch(r"npf_fa_kernel<NpfFa\w+<[\w ,]+>>", e) for e in kernels.values()), kernels
     assert set(flash_source.WGMMA_MODULE_KERNELS) == {(t, d) for t in ("float16", "bfloat16") for d in (64, 128)}
     for (dtype, d), kernels in flash_source.WGMMA_MODULE_KERNELS.items():           # the Hopper modules
-        assert set(kernels) == {flash_source.entry_name(n, dtype, d) for n in ("fwd_wgmma", "fwd_wgmma_causal")}
-        assert all(re.fullmatch(r"npf_fa_kernel<NpfFaFwdWgmma<[\w ]+, \d+, (true|false)>>", e) for e in kernels.values())
+        names = tuple(f"{k}_wgmma{c}" for k in ("fwd", "bwd_dq") for c in ("", "_causal"))
+        assert set(kernels) == {flash_source.entry_name(n, dtype, d) for n in names}
+        assert all(re.fullmatch(r"npf_fa_kernel<NpfFa(Fwd|Dq)Wgmma<[\w ]+, \d+, (true|false)>>", e)
+                   for e in kernels.values())
     for text in (flash_source.FLASH_SOURCE, flash_source.FLASH_EMULATED_SOURCE):
         assert "@" not in text and 'extern "C" __global__' not in text and "npf_fa_geometry" not in text
     test_names = re.findall(r'extern "C" __global__ void (npf_\w+)\(', sources.FLASH_TEST_SOURCE)
@@ -536,26 +538,28 @@ def wgmma(fx):
 @pytest.mark.parametrize("hs, tq, tk, alignment", [
     (64, 1, 1, None), (64, 128, 128, "top_left"), (64, 130, 300, None), (40, 200, 70, "top_left"),
     (128, 129, 256, "bottom_right"), (72, 300, 100, "bottom_right"), (128, 64, 200, None)])
-def test_the_wgmma_forward_matches_the_reference(wgmma, monkeypatch, hs, tq, tk, alignment, dtype):
-    """npf_fa_forward_wgmma (opted in, compute capability 9.0): out and lse as the reference's, causal (both
-    alignments: rows before the first key see none, zeros and lse +inf) or not, ragged ends of both lengths
-    (128-row blocks, 128-key tiles), both head-size buckets (hs below D: zero columns); the dense backward
-    on its cache. Emulated, the wgmmas run at their waits, so a tile overwritten too early shows."""
+def test_the_wgmma_kernels_match_the_reference(wgmma, monkeypatch, hs, tq, tk, alignment, dtype):
+    """npf_fa_forward_wgmma and npf_fa_bwd_dq_wgmma (opted in, compute capability 9.0): out, lse and dq as the
+    reference's (dk, dv from the dense kernel), causal (both alignments: rows before the first key see none,
+    zeros and lse +inf) or not, ragged ends of both lengths (128-row blocks, 128-key tiles, dQ's 64), both
+    head-size buckets (hs below D: zero columns); each backward on each forward's cache. Emulated, the
+    wgmmas run at their waits, so a tile overwritten or an accumulator read too early shows."""
     names = _launched(monkeypatch)
     q, k, v = qkv(wgmma.xp, 1, 2, tq, tk, hs, hs, tq + 2 * tk, dtype)
     dout = randn(wgmma.xp, (1, 2, tq, hs), 5, dtype)
     kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
     out, cache, _ = compare(wgmma, q, k, v, dout, kw, dtype)
     causal = "_causal" if alignment else ""
-    assert names[:3] == [f"fwd_wgmma{causal}", f"bwd_dkdv_dense{causal}", f"bwd_dq_dense{causal}"]
+    assert names[:3] == [f"fwd_wgmma{causal}", f"bwd_dkdv_dense{causal}", f"bwd_dq_wgmma{causal}"]
     empty = np.isinf(host(cache.lse))[..., 0]
     assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
 
 
-def test_the_wgmma_forward_runs_only_where_it_may(wgmma, monkeypatch):
-    """The dense forward instead: opted out; head sizes in the bucket of 32, or not a multiple of 8 values (cp.async
-    copies 16 bytes); a row stride of an odd number of values, or a tensor not 16-byte aligned; another
-    compute capability (emulated); masks or dropout go to the _tc kernel as before."""
+def test_the_wgmma_kernels_run_only_where_they_may(wgmma, monkeypatch):
+    """The dense kernels instead: opted out; head sizes in the bucket of 32, or not a multiple of 8 values
+    (cp.async copies 16 bytes); a row stride of an odd number of values, or a tensor not 16-byte aligned
+    (dQ: dout's too); another compute capability (emulated); masks or dropout go to the _tc kernels as
+    before."""
     from npformer.kernels.cuda import runtime
     names = _launched(monkeypatch)
     xp = wgmma.xp
@@ -577,6 +581,13 @@ def test_the_wgmma_forward_runs_only_where_it_may(wgmma, monkeypatch):
     kernel.use_wgmma(False)
     assert forward(q, k, v) == "fwd_dense_causal"
     kernel.use_wgmma(True)
+    out, cache = flash_forward(q, k, v, is_causal=True)
+    names.clear()
+    flash_backward(randn(xp, out.shape, 6, "float16"), cache)
+    assert names == ["bwd_dkdv_dense_causal", "bwd_dq_wgmma_causal"]
+    names.clear()
+    flash_backward(randn(xp, (1, 2, 70, 65), 7, "float16")[..., :64], cache)   # dout's rows 65 values apart
+    assert names == ["bwd_dkdv_dense_causal", "bwd_dq_dense_causal"]
     if wgmma.name == "emulated":
         monkeypatch.setattr(runtime, "compute_capability", lambda: 80)
         assert forward(q, k, v) == "fwd_dense_causal"
