@@ -1674,7 +1674,7 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
 // values, a tile of D > 64 in regions of 64 columns: the layouts of warp_source.py), filled by cp.async
 // (16 bytes a copy), K and V double-buffered as in the dense forward. Not yet: TMA loads, warp
 // specialization, the overlap of one tile's softmax with the next tile's S (FlashAttention-3's
-// intra-warpgroup pipelining), dK and dV on wgmma (dQ's kernel is below).
+// intra-warpgroup pipelining). The backward's two kernels on wgmma follow it.
 // Traits: 2 warpgroups (128 query rows a block), 128 keys a tile; the accumulators S (64 floats a thread)
 // and O (D / 2) and P's registers (32) hold one block of 256 threads an SM (MIN_BLOCKS 1).
 template <int D_> struct NpfFaWgmmaTraits {
@@ -2015,6 +2015,188 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
     }
 }
 
+// dK, dV on wgmma (sm_90a): the dense dK, dV's algorithm, its products as the Hopper forward's: a warpgroup
+// per 64 keys (K and V loaded once a head), query tiles of BQ = 64 (Q, dO, and their lse and D, double-
+// buffered); S^T = K Q^T and dP^T = V dO^T as D / 16 wgmmas each (m64n64k16, from shared memory, one
+// group); P^T and dS^T in registers; dV += P^T dO and dK += dS^T Q (m64nDk16, dO and Q N-major: the queries
+// are their k axis). Traits: 2 warpgroups, 128 keys a block; S^T, dP^T (32 floats a thread each), dK and dV
+// (D / 2 each) and P^T's and dS^T's registers (16 each): one block of 256 threads an SM.
+template <int D_> struct NpfFaWgmmaDkdvTraits {
+    static constexpr int D = D_, WARPGROUPS = 2, THREADS = 128 * WARPGROUPS, BC = 64 * WARPGROUPS, BQ = 64;
+    static constexpr int MIN_BLOCKS = 1;
+    static constexpr int K_BYTES = BC * D * 2, Q_BYTES = BQ * D * 2;      // 16-bit values
+    static constexpr int SHARED = 1024 + 2 * K_BYTES + 4 * Q_BYTES + 4 * BQ * 4;   // K, V; 2 x (Q, dO, lse, D)
+};
+
+// One query tile of npf_fa_bwd_dkdv_wgmma for one warpgroup (its 64 keys; its warp's 16 from kr): S^T,
+// dP^T, (MASKED: the causal mask), P^T, dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. Kw, Vw: the
+// warpgroup's keys (regions BC rows apart); Qs, dOs: the tile's (regions BQ rows apart); lse_s, d_s: its
+// lse and D. The accumulators' columns are the tile's queries: s[4 i + e] is key kr + g + 8 (e / 2),
+// query i0 + 8 i + 2 t + e % 2.
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, const unsigned char* Vw,
+                                                       const unsigned char* Qs, const unsigned char* dOs,
+                                                       const float* lse_s, const float* d_s, int i0, int kr,
+                                                       const NpfFaArgs<float>& a, float c, float (&dk)[D / 2],
+                                                       float (&dv)[D / 2]) {
+    typedef NpfFaWgmmaDkdvTraits<D> Tr;
+    constexpr int BC = Tr::BC, BQ = Tr::BQ;
+    constexpr bool BF16 = Npf16<T>::BF16;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    float st[BQ / 2], dpt[BQ / 2];                           // written whole by their first wgmmas
+    npf_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {                    // 16 head columns a step
+        const int at = kk / 4 * 128, by = kk % 4 * 32;
+        NpfWgmma<BQ, BF16>::ss(st, npf_wgmma_desc(Kw + at * BC + by, 16, 1024),
+                               npf_wgmma_desc(Qs + at * BQ + by, 16, 1024), kk > 0);
+        NpfWgmma<BQ, BF16>::ss(dpt, npf_wgmma_desc(Vw + at * BC + by, 16, 1024),
+                               npf_wgmma_desc(dOs + at * BQ + by, 16, 1024), kk > 0);
+    }
+    npf_wgmma_commit();
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<BQ / 2>(st);
+    npf_wgmma_hold<BQ / 2>(dpt);
+    unsigned ap[BQ / 16][4], as[BQ / 16][4];                 // P^T and dS^T / scale, 16 queries a step
+#pragma unroll
+    for (int kb = 0; kb < BQ / 16; ++kb) {
+        float p[8], ds[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int j = 8 * kb + e, col = 8 * (j / 4) + 2 * t + j % 2;
+            float x = st[j];
+            if (MASKED && CAUSAL && kr + g + 8 * (j % 4 / 2) > i0 + col + a.shift) x = -npf_fa_inf(0.0f);
+            p[e] = exp2f(fmaf(x, c, -lse_s[col] * 1.4426950408889634f));   // queries past Tq: lse +inf, P 0
+            ds[e] = p[e] * (dpt[j] - d_s[col]);
+        }
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            ap[kb][h] = npf_pack2<T>(p[2 * h], p[2 * h + 1]);
+            as[kb][h] = npf_pack2<T>(ds[2 * h], ds[2 * h + 1]);
+        }
+    }
+    npf_wgmma_fence();
+#pragma unroll
+    for (int kb = 0; kb < BQ / 16; ++kb) {                   // dO's and Q's rows 16 kb ..: 16 rows further
+        NpfWgmma<D, BF16>::template rs<1>(dv, ap[kb], npf_wgmma_desc(dOs + kb * 16 * 128, BQ * 128, 1024), 1);
+        NpfWgmma<D, BF16>::template rs<1>(dk, as[kb], npf_wgmma_desc(Qs + kb * 16 * 128, BQ * 128, 1024), 1);
+    }
+    npf_wgmma_commit();
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<D / 2>(dv);
+    npf_wgmma_hold<D / 2>(dk);
+    npf_wgmma_hold<BQ / 4>(&ap[0][0]);
+    npf_wgmma_hold<BQ / 4>(&as[0][0]);
+}
+
+// Query tile qt of npf_fa_bwd_dkdv_wgmma into its buffer ((qt - qt0) % 2, returned), as
+// npf_fa_dense_next_queries: the next tile's Q, dO (cp.async), lse and D first, then this one's awaited
+// and fenced for wgmma's reads, block-wide
+template <typename T, int D>
+__device__ __forceinline__ int npf_fa_wgmma_next_queries(
+        int qt, int qt0, int n_qt,
+        const NpfFaSwizzledRows<T, NpfFaWgmmaDkdvTraits<D>::BQ, D, NpfFaWgmmaDkdvTraits<D>::THREADS>& qs,
+        const NpfFaSwizzledRows<T, NpfFaWgmmaDkdvTraits<D>::BQ, D, NpfFaWgmmaDkdvTraits<D>::THREADS>& gs,
+        const float* lse, const float* dvec, long long bh, const NpfFaArgs<float>& a, unsigned char* QGs,
+        float* LDs) {
+    typedef NpfFaWgmmaDkdvTraits<D> Tr;
+    const int buf = (qt - qt0) % 2;
+    if (qt + 1 < n_qt) {
+        const int i0 = (qt + 1) * Tr::BQ;
+        unsigned char* next = QGs + (1 - buf) * 2 * Tr::Q_BYTES;
+        float* stats = LDs + (1 - buf) * 2 * Tr::BQ;
+        qs.load(i0, next);
+        gs.load(i0, next + Tr::Q_BYTES);
+        for (int e = threadIdx.x; e < Tr::BQ; e += Tr::THREADS) {
+            const bool in = i0 + e < a.Tq;
+            stats[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
+            stats[Tr::BQ + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
+        }
+    }
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();                                  // this tile's copies have landed
+    npf_fence_async_shared();                                // where wgmma reads them
+    __syncthreads();                                         // (everyone's, its lse and D), and K's and V's
+    return buf;
+}
+
+template <typename T, int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const T* dout, const float* lse,
+                                      const float* dvec, T* dk, T* dv, const NpfFaArgs<float>& a, NpfFaLayout ql,
+                                      NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl, NpfFaLayout dkl,
+                                      NpfFaLayout dvl) {
+    typedef NpfFaWgmmaDkdvTraits<D> Tr;
+    constexpr int BC = Tr::BC, BQ = Tr::BQ, THREADS = Tr::THREADS;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    unsigned char* Ks = npf_align_1024(smem);               // (BC, D) K, (BC, D) V, 2 x ((BQ, D) Q, dO)
+    unsigned char* Vs = Ks + Tr::K_BYTES;
+    unsigned char* QGs = Vs + Tr::K_BYTES;
+    float* LDs = reinterpret_cast<float*>(QGs + 4 * Tr::Q_BYTES);      // 2 x ((BQ) lse, (BQ) D)
+    const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int j0 = blockIdx.x * BC, kr = j0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);   // this warp's first key
+    const unsigned char* Kw = Ks + 64 * wg * 128;
+    const unsigned char* Vw = Vs + 64 * wg * 128;
+    const int n_qt = (a.Tq + BQ - 1) / BQ;
+    // as the dense dK, dV: from the first query tile with a row that sees one of the block's keys; the tiles
+    // before the first whose every row sees every key of the block need the causal mask
+    const int qt0 = CAUSAL ? npf_fa_min(npf_fa_max0(j0 - a.shift) / BQ, n_qt) : 0;
+    const int last_key_sees = (npf_fa_max0(j0 + BC - 1 - a.shift) + BQ - 1) / BQ;    // from this tile on, all
+    const int unmasked_from = CAUSAL ? npf_fa_min(npf_fa_max(qt0, last_key_sees), n_qt) : 0;
+    const float c = a.scale * 1.4426950408889634f;
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        NpfFaSwizzledRows<T, BC, D, THREADS>(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st).load(j0, Ks);
+        NpfFaSwizzledRows<T, BC, D, THREADS>(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st).load(j0, Vs);
+        const NpfFaSwizzledRows<T, BQ, D, THREADS> qs(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st);
+        const NpfFaSwizzledRows<T, BQ, D, THREADS> gs(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st);
+        if (qt0 < n_qt) {                                    // with K and V: the first query tile's copies
+            qs.load(qt0 * BQ, QGs);
+            gs.load(qt0 * BQ, QGs + Tr::Q_BYTES);
+            for (int e = threadIdx.x; e < BQ; e += THREADS) {
+                const bool in = qt0 * BQ + e < a.Tq;
+                LDs[e] = in ? lse[bh * a.Tq + qt0 * BQ + e] : npf_fa_inf(0.0f);
+                LDs[BQ + e] = in ? dvec[bh * a.Tq + qt0 * BQ + e] : 0.0f;
+            }
+        }
+        npf_cp_async_commit();
+        float dka[D / 2], dva[D / 2];
+#pragma unroll
+        for (int j = 0; j < D / 2; ++j) dka[j] = dva[j] = 0.0f;
+        int qt = qt0;
+        for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
+            const int buf = npf_fa_wgmma_next_queries<T, D>(qt, qt0, n_qt, qs, gs, lse, dvec, bh, a, QGs, LDs);
+            const unsigned char* Qs = QGs + buf * 2 * Tr::Q_BYTES;
+            const float* lse_s = LDs + buf * 2 * BQ;
+            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, true>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, lse_s, lse_s + BQ, qt * BQ, kr, a,
+                                                       c, dka, dva);
+            __syncthreads();                                 // done with this buffer before it is refilled
+        }
+        for (; qt < n_qt; ++qt) {                            // the main loop: no masks
+            const int buf = npf_fa_wgmma_next_queries<T, D>(qt, qt0, n_qt, qs, gs, lse, dvec, bh, a, QGs, LDs);
+            const unsigned char* Qs = QGs + buf * 2 * Tr::Q_BYTES;
+            const float* lse_s = LDs + buf * 2 * BQ;
+            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, false>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, lse_s, lse_s + BQ, qt * BQ, kr,
+                                                        a, c, dka, dva);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int j = kr + g + 8 * r;
+            if (j >= a.Tk) continue;
+            T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
+            T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int d = 8 * i + 2 * t + e;
+                    if (d < a.hs) npf_store(dk_row + d, dka[4 * i + 2 * r + e] * a.scale);
+                    if (d < a.hv) npf_store(dv_row + d, dva[4 * i + 2 * r + e]);
+                }
+        }
+    }
+}
+
 // ---- the kernels: one __global__ template over kernel traits, as FlashAttention-2's Flash_fwd_kernel_traits ----
 // A traits type K is one instantiation: its storage and arithmetic types (T, A), its block (THREADS) and
 // __launch_bounds__'s MIN_BLOCKS (blocks an SM: the compiler keeps each thread to 65536 / (THREADS
@@ -2172,8 +2354,8 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTra
         npf_fa_forward_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
     }
 };
-// The Hopper kernels (sm_90a, modules of their own): the forward and dQ, float16 and bfloat16 at D 64 and 128,
-// dense, causal or not; traits above (NpfFaWgmmaTraits, NpfFaWgmmaDqTraits).
+// The Hopper kernels (sm_90a, modules of their own): the forward, dQ, dK and dV, float16 and bfloat16 at D 64
+// and 128, dense, causal or not; traits above (NpfFaWgmmaTraits, NpfFaWgmmaDqTraits, NpfFaWgmmaDkdvTraits).
 template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdWgmma : NpfFaWgmmaTraits<D_> {
     typedef T_ T;
     typedef float A;
@@ -2191,6 +2373,16 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaDqWgmma : NpfFaWgmmaDqTr
         const NpfFaArgs<A> a = p.a;
         npf_fa_bwd_dq_wgmma<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl,
                                             p.dql);
+    }
+};
+template <typename T_, int D_, bool CAUSAL> struct NpfFaDkdvWgmma : NpfFaWgmmaDkdvTraits<D_> {
+    typedef T_ T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaWgmmaDkdvTraits<D_>::BC;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dkdv_wgmma<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl,
+                                              p.gl, p.dkl, p.dvl);
     }
 };
 template <typename T_, int D_, bool CAUSAL> struct NpfFaDqDense : NpfFaDenseDqTraits<D_> {

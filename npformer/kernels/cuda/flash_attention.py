@@ -85,16 +85,16 @@ _WGMMA = {"on": False}
 
 
 def use_wgmma(on: bool) -> None:
-    """Opt in (or out) of the Hopper kernels (``npf_fa_forward_wgmma``, ``npf_fa_bwd_dq_wgmma``: the dense
-    forward's and dQ's tile products on wgmma, sm_90a) for float16 and bfloat16 at head sizes 64 and 128 on
-    a GPU of compute capability 9.0 (H100, H200). Off by default: their tests pass on the CPU emulator and
-    they compile to HGMMA, but no GPU has run them yet; the GPU check's tests run them, and the bench times
-    them beside the mma.sync kernels (``flash-train``). dK and dV stay the dense kernel's either way."""
+    """Opt in (or out) of the Hopper kernels (``npf_fa_forward_wgmma``, ``npf_fa_bwd_dq_wgmma``,
+    ``npf_fa_bwd_dkdv_wgmma``: the dense kernels' tile products on wgmma, sm_90a) for float16 and bfloat16 at
+    head sizes 64 and 128 on a GPU of compute capability 9.0 (H100, H200). Off by default: their tests pass
+    on the CPU emulator and they compile to HGMMA, but no GPU has run them yet; the GPU check's tests run
+    them, and the bench times them beside the mma.sync kernels (``flash-train``)."""
     _WGMMA["on"] = bool(on)
 
 
 def wgmma_applies(q, k, v, *more) -> bool:
-    """Whether the Hopper kernels take these (B, H, T, hs) arrays (q, k, v; and dout for dQ): opted in
+    """Whether the Hopper kernels take these (B, H, T, hs) arrays (q, k, v; and dout for the backward): opted in
     (:func:`use_wgmma`), float16 or bfloat16 on tensor cores, head-size bucket 64 or 128, compute
     capability 9.0, and every row in whole 16-byte chunks, as cp.async copies them (a head size and row
     stride of multiples of 8 values, 16-byte aligned); otherwise the dense kernels run."""
@@ -287,13 +287,12 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     if rows:                                                                      # bwd_pre: a warp per row
         threads, rows_a_block, _ = geometry("bwd_pre", q.dtype, d)
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // rows_a_block), MAX_GRID)),), (threads,), (args,))
-    suffix = dq_suffix = f"_{variant}" if variant else ""
-    if variant == "tc" and dense(masks, p):             # the dense kernels; dQ on wgmma where it applies
-        suffix = "_dense" + _causal(masks)
-        dq_suffix = ("_wgmma" if wgmma_applies(q, k, v, dout) else "_dense") + _causal(masks)
+    suffix = f"_{variant}" if variant else ""
+    if variant == "tc" and dense(masks, p):             # the dense kernels, on wgmma where they apply
+        suffix = ("_wgmma" if wgmma_applies(q, k, v, dout) else "_dense") + _causal(masks)
     _launch("bwd_dkdv" + suffix, q.dtype, d, tk, b * h, args)
     if tq:
-        _launch("bwd_dq" + dq_suffix, q.dtype, d, tq, b * h, args)
+        _launch("bwd_dq" + suffix, q.dtype, d, tq, b * h, args)
 
 
 def _causal(masks) -> str:

@@ -50,12 +50,13 @@ CUDA C                              reference
                                     two: 3.5 times the forward's work (FlashAttention-2: 2.5, adding
                                     dq with atomics; here dq's own pass recomputes S and dP, so no
                                     result depends on the order blocks finish in)
-``npf_fa_forward_wgmma``,           the dense forward and dQ (no mask, padding or dropout) on
-``npf_fa_bwd_dq_wgmma``             Hopper's warpgroup MMAs (sm_90a, opt-in:
-                                    ``flash_attention.use_wgmma``): a warpgroup per 64 query rows,
-                                    ``S = q k^T``, ``acc += P v`` (dq: ``S``, ``dP = dO v^T``,
-                                    ``dq += ds k``) as wgmmas over 128-byte-swizzled tiles in shared
-                                    memory, the softmax's (and dS's) element-wise work in registers
+``npf_fa_forward_wgmma``,           the dense kernels (no mask, padding or dropout) on Hopper's
+``npf_fa_bwd_dq_wgmma``,            warpgroup MMAs (sm_90a, opt-in: ``flash_attention.use_wgmma``):
+``npf_fa_bwd_dkdv_wgmma``           a warpgroup per 64 query rows (dk, dv: keys), ``S = q k^T``,
+                                    ``acc += P v`` (dq: ``S``, ``dP = dO v^T``, ``dq += ds k``; dk,
+                                    dv: their transposes, ``dv += P^T dO``, ``dk += ds^T q``) as
+                                    wgmmas over 128-byte-swizzled tiles in shared memory, the
+                                    element-wise work (softmax, dS) in registers
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -122,8 +123,9 @@ THREADS = 128                      # per block of the tile kernels (NPF_FA_THREA
 PRE_THREADS = 256                  # bwd_pre's block (NpfFaPre::THREADS: a warp a row)
 WGMMA_THREADS = 256                # the Hopper kernels' block (NpfFaWgmma*Traits::THREADS: two warpgroups)
 HEAD_SIZES = (32, 64, 128)         # the head-size buckets D (one instantiation each)
-# The Hopper kernels (npf_fa_forward_wgmma, npf_fa_bwd_dq_wgmma; sm_90a): float16 and bfloat16 at D 64 and 128,
-# dense, causal or not, in modules of their own (compiled for sm_90a, which runs on compute capability 9.0 only)
+# The Hopper kernels (npf_fa_forward_wgmma, npf_fa_bwd_dq_wgmma, npf_fa_bwd_dkdv_wgmma; sm_90a): float16 and
+# bfloat16 at D 64 and 128, dense, causal or not, in modules of their own (compiled for sm_90a, which runs on
+# compute capability 9.0 only)
 WGMMA_HEAD_SIZES = (64, 128)
 WGMMA_DTYPES = ("float16", "bfloat16")
 MAX_HEAD_SIZE = HEAD_SIZES[-1]
@@ -161,9 +163,11 @@ GEOMETRY = {
     "NpfFaFwdDense<32>": (128, 30720), "NpfFaFwdDense<64>": (128, 55296), "NpfFaFwdDense<128>": (64, 52224),
     "NpfFaDqDense<32>": (128, 40960), "NpfFaDqDense<64>": (128, 55296), "NpfFaDqDense<128>": (64, 69632),
     "NpfFaDkdvDense<32>": (128, 31232), "NpfFaDkdvDense<64>": (64, 56320), "NpfFaDkdvDense<128>": (64, 70144),
-    # the Hopper kernels (WGMMA_THREADS threads): 128 rows, tiles of 128 keys (dQ: 64), 1 KiB to align the tiles
+    # the Hopper kernels (WGMMA_THREADS threads): 128 rows (dK, dV: keys), tiles of 128 keys (dQ: 64; dK, dV: 64
+    # queries), 1 KiB to align the tiles
     "NpfFaFwdWgmma<64>": (128, 82944), "NpfFaFwdWgmma<128>": (128, 164864),
     "NpfFaDqWgmma<64>": (128, 66560), "NpfFaDqWgmma<128>": (128, 132096),
+    "NpfFaDkdvWgmma<64>": (128, 67584), "NpfFaDkdvWgmma<128>": (128, 133120),
 }
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
@@ -200,6 +204,7 @@ OCCUPANCY_FLOORS = {
     # the Hopper kernels, sm_90 only: one block of 8 warps an SM (their launch bounds)
     ("fwd_wgmma", "float", 64): (0.125, 0.125), ("fwd_wgmma", "float", 128): (0.125, 0.125),
     ("dq_wgmma", "float", 64): (0.125, 0.125), ("dq_wgmma", "float", 128): (0.125, 0.125),
+    ("dkdv_wgmma", "float", 64): (0.125, 0.125), ("dkdv_wgmma", "float", 128): (0.125, 0.125),
 }
 _TRAITS = {"fwd": "NpfFaFwd", "bwd_dq": "NpfFaDq", "bwd_dkdv": "NpfFaDkdv"}
 # bfloat16's tensor-core tiles take float16's bytes (two a value), so its instantiations share float16's
@@ -223,11 +228,11 @@ def kernels(dtype) -> tuple:
 
 
 def wgmma_kernels(dtype) -> tuple:
-    """The Hopper kernels ``dtype`` has: the forward and dQ ("fwd_wgmma", "bwd_dq_wgmma", each also "_causal")
-    for float16 and bfloat16, else none."""
+    """The Hopper kernels ``dtype`` has: "fwd_wgmma", "bwd_dq_wgmma", "bwd_dkdv_wgmma", each also "_causal",
+    for float16 and bfloat16; else none."""
     if dtype_name(dtype) not in WGMMA_DTYPES:
         return ()
-    return tuple(f"{k}_wgmma{causal}" for k in ("fwd", "bwd_dq") for causal in ("", "_causal"))
+    return tuple(f"{k}_wgmma{causal}" for k in _TRAITS for causal in ("", "_causal"))
 
 
 def _traits(name: str, dtype, d: int) -> tuple[str, str]:

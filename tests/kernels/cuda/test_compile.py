@@ -99,21 +99,24 @@ def test_the_16_bit_attention_kernels_run_on_tensor_cores(compiled, suffix):
 
 
 def test_the_hopper_kernels_run_on_wgmma_and_issue_few_instructions_per_product(compiled, tools, workdir):
-    """The Hopper forward and dQ (npf_fa_{fwd,bwd_dq}_wgmma[_causal]_d{64,128}_{f16,bf16}, sm_90a modules, on
+    """The Hopper kernels (npf_fa_{fwd,bwd_dq,bwd_dkdv}_wgmma[_causal]_d{64,128}_{f16,bf16}, sm_90a modules, on
     sm_90 only): their tile products are HGMMA (the forward: 64x128x16 for S, 64xDx16 for O += P V with V
-    transposed; dQ: 64x64x16 for S and dP, 64xDx16 for dQ += dS K; bfloat16's .BF16), no mma.sync; 256
+    transposed; dQ: 64x64x16 for S and dP, 64xDx16 for dQ += dS K; dK, dV: 64x64x16 for S^T and dP^T,
+    64xDx16 for dV += P^T dO and dK += dS^T Q; bfloat16's .BF16), no mma.sync; 256
     threads at 12.5% occupancy; and each main loop (the tiles without masks) issues at most 5 instructions
     per m16n8k16 a warp's share of the wgmmas stands for (the dense mma.sync kernels: 3.7-5.8 per HMMA,
     each HMMA a quarter of the issue rate's product)."""
     assert not any("wgmma" in k.name for k in compiled[80][0])
     kernels = {k.name: k for k in compiled[90][0] if "_wgmma" in k.name}
-    assert len(kernels) == 16, sorted(kernels)
+    assert len(kernels) == 24, sorted(kernels)
     for name, k in kernels.items():
         d = int(re.search(r"_d(\d+)_", name).group(1))
         if name.startswith("npf_fa_fwd"):       # S: d / 16 of 64x128x16; O: 128 / 16 of 64xDx16
             hgmma, hmma = d // 16 + 128 // 16, 128 // 8 * (d // 16) + d // 8 * (128 // 16)
-        else:                                   # S, dP: 2 d / 16 of 64x64x16; dQ: 64 / 16 of 64xDx16
+        elif name.startswith("npf_fa_bwd_dq"):  # S, dP: 2 d / 16 of 64x64x16; dQ: 64 / 16 of 64xDx16
             hgmma, hmma = 2 * (d // 16) + 64 // 16, 2 * 64 // 8 * (d // 16) + d // 8 * (64 // 16)
+        else:                                   # S^T, dP^T: 2 d / 16 of 64x64x16; dV, dK: 2 x 64 / 16 of 64xDx16
+            hgmma, hmma = 2 * (d // 16) + 2 * (64 // 16), 2 * 64 // 8 * (d // 16) + 2 * d // 8 * (64 // 16)
         assert k.mix["HGMMA"] == 2 * hgmma and k.mix["HMMA"] == 0, (name, k.mix)      # (masked tiles' loop too)
         assert k.threads == 256 and k.occupancy == 0.125, (name, k.threads, k.occupancy)
         assert k.loop["HMMA"] == hmma, (name, k.loop)

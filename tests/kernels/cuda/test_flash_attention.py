@@ -404,9 +404,9 @@ def test_every_module_names_its_instantiations():
         assert all(re.fullmatch(r"npf_fa_kernel<NpfFa\w+<[\w ,]+>>", e) for e in kernels.values()), kernels
     assert set(flash_source.WGMMA_MODULE_KERNELS) == {(t, d) for t in ("float16", "bfloat16") for d in (64, 128)}
     for (dtype, d), kernels in flash_source.WGMMA_MODULE_KERNELS.items():           # the Hopper modules
-        names = tuple(f"{k}_wgmma{c}" for k in ("fwd", "bwd_dq") for c in ("", "_causal"))
+        names = tuple(f"{k}_wgmma{c}" for k in ("fwd", "bwd_dq", "bwd_dkdv") for c in ("", "_causal"))
         assert set(kernels) == {flash_source.entry_name(n, dtype, d) for n in names}
-        assert all(re.fullmatch(r"npf_fa_kernel<NpfFa(Fwd|Dq)Wgmma<[\w ]+, \d+, (true|false)>>", e)
+        assert all(re.fullmatch(r"npf_fa_kernel<NpfFa(Fwd|Dq|Dkdv)Wgmma<[\w ]+, \d+, (true|false)>>", e)
                    for e in kernels.values())
     for text in (flash_source.FLASH_SOURCE, flash_source.FLASH_EMULATED_SOURCE):
         assert "@" not in text and 'extern "C" __global__' not in text and "npf_fa_geometry" not in text
@@ -539,18 +539,19 @@ def wgmma(fx):
     (64, 1, 1, None), (64, 128, 128, "top_left"), (64, 130, 300, None), (40, 200, 70, "top_left"),
     (128, 129, 256, "bottom_right"), (72, 300, 100, "bottom_right"), (128, 64, 200, None)])
 def test_the_wgmma_kernels_match_the_reference(wgmma, monkeypatch, hs, tq, tk, alignment, dtype):
-    """npf_fa_forward_wgmma and npf_fa_bwd_dq_wgmma (opted in, compute capability 9.0): out, lse and dq as the
-    reference's (dk, dv from the dense kernel), causal (both alignments: rows before the first key see none,
-    zeros and lse +inf) or not, ragged ends of both lengths (128-row blocks, 128-key tiles, dQ's 64), both
-    head-size buckets (hs below D: zero columns); each backward on each forward's cache. Emulated, the
-    wgmmas run at their waits, so a tile overwritten or an accumulator read too early shows."""
+    """npf_fa_forward_wgmma, npf_fa_bwd_dq_wgmma, npf_fa_bwd_dkdv_wgmma (opted in, compute capability 9.0): out,
+    lse, dq, dk, dv as the reference's, causal (both alignments: rows before the first key see none, zeros
+    and lse +inf) or not, ragged ends of both lengths (blocks of 128 rows or keys, tiles of 128 keys, dQ's of
+    64 keys, dK dV's of 64 queries), both head-size buckets (hs below D: zero columns); each backward on each
+    forward's cache. Emulated, the wgmmas run at their waits, so a tile overwritten or an accumulator read
+    too early shows."""
     names = _launched(monkeypatch)
     q, k, v = qkv(wgmma.xp, 1, 2, tq, tk, hs, hs, tq + 2 * tk, dtype)
     dout = randn(wgmma.xp, (1, 2, tq, hs), 5, dtype)
     kw = {} if alignment is None else {"is_causal": True, "causal_alignment": alignment}
     out, cache, _ = compare(wgmma, q, k, v, dout, kw, dtype)
     causal = "_causal" if alignment else ""
-    assert names[:3] == [f"fwd_wgmma{causal}", f"bwd_dkdv_dense{causal}", f"bwd_dq_wgmma{causal}"]
+    assert names[:3] == [f"fwd_wgmma{causal}", f"bwd_dkdv_wgmma{causal}", f"bwd_dq_wgmma{causal}"]
     empty = np.isinf(host(cache.lse))[..., 0]
     assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
 
@@ -558,8 +559,8 @@ def test_the_wgmma_kernels_match_the_reference(wgmma, monkeypatch, hs, tq, tk, a
 def test_the_wgmma_kernels_run_only_where_they_may(wgmma, monkeypatch):
     """The dense kernels instead: opted out; head sizes in the bucket of 32, or not a multiple of 8 values
     (cp.async copies 16 bytes); a row stride of an odd number of values, or a tensor not 16-byte aligned
-    (dQ: dout's too); another compute capability (emulated); masks or dropout go to the _tc kernels as
-    before."""
+    (the backward: dout's too); another compute capability (emulated); masks or dropout go to the _tc
+    kernels as before."""
     from npformer.kernels.cuda import runtime
     names = _launched(monkeypatch)
     xp = wgmma.xp
@@ -584,7 +585,7 @@ def test_the_wgmma_kernels_run_only_where_they_may(wgmma, monkeypatch):
     out, cache = flash_forward(q, k, v, is_causal=True)
     names.clear()
     flash_backward(randn(xp, out.shape, 6, "float16"), cache)
-    assert names == ["bwd_dkdv_dense_causal", "bwd_dq_wgmma_causal"]
+    assert names == ["bwd_dkdv_wgmma_causal", "bwd_dq_wgmma_causal"]
     names.clear()
     flash_backward(randn(xp, (1, 2, 70, 65), 7, "float16")[..., :64], cache)   # dout's rows 65 values apart
     assert names == ["bwd_dkdv_dense_causal", "bwd_dq_dense_causal"]
