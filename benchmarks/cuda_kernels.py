@@ -388,10 +388,13 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
     from npformer.kernels.cuda.runtime import shipped_modules
     options = {name: " ".join(module.options) for name, module in shipped_modules().items()}
     flash = next(opts for name, opts in options.items() if name != "common")
+    hopper = next(opts for name, opts in options.items() if name.endswith("_sm90a"))
     lines = [f"# npformer's CUDA kernels compiled for sm_{arch}", "",
              f"Made by `{command}` (NVRTC, ptxas and cuobjdump from NVIDIA's wheels; no GPU). NVRTC options: "
-             f"each module's own (common: `{options['common']}`, flash: `{flash}`) "
-             f"then CuPy's `{' '.join(CUPY_OPTIONS)} -arch=compute_{arch}`; ptxas `-arch=sm_{arch}`.", "",
+             f"each module's own (common: `{options['common']}`, flash: `{flash}`"
+             + (f", the Hopper flash modules `*_sm90a`: `{hopper}`" if arch == 90 else "")
+             + f") then CuPy's `{' '.join(CUPY_OPTIONS)} -arch=compute_{arch}`; ptxas `-arch=sm_{arch}`"
+             + (" (sm_90a for the Hopper modules)." if arch == 90 else "."), "",
              "Occupancy: resident warps per SM over 64 at the launcher's block size, and what limits it.", "",
              "| module | kernel | regs | spill st/ld (B) | stack (B) | smem static + dynamic (B) | threads "
              "| occupancy | limited by | floor | " + " | ".join(MIX) + " |",
@@ -409,7 +412,8 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
                   "(main_loop): instructions per HMMA in all and by issue pipe. An mma.sync m16n8k16 keeps "
                   "Hopper's tensor cores busy only when about 5 other instructions or fewer issue per HMMA; "
                   "with time ~ instructions / issue rate, this column predicts a change's effect before a GPU "
-                  "measures it.", "",
+                  "measures it. The `_wgmma` kernels' HMMA are m16n8k16 equivalents: an HGMMA.64xNx16 counts "
+                  "N / 8 (a warp's share of the warpgroup's product), itself in the instructions.", "",
                   "| module | kernel | regs | occupancy | loop instructions | HMMA | per HMMA | "
                   + " | ".join(f"{c} / HMMA" for c in LOOP_COLUMNS) + " |",
                   "|---|---|---|---|---|---|---|" + "---|" * len(LOOP_COLUMNS)]

@@ -1719,6 +1719,19 @@ template <typename T, int N, int D, int THREADS> struct NpfFaSwizzledRows {
     }
 };
 
+// acc = X Y^T over the D head columns for one warpgroup: D / 16 wgmmas m64nNk16 issued (the caller fences,
+// commits and waits), X's 64 rows from Xw (a tile whose regions of 64 columns are XR rows apart), Y's N rows
+// from Y (regions N rows apart), both K-major; 16 columns a step, 32 bytes along the rows
+template <int D, int N, int XR, bool BF16>
+__device__ __forceinline__ void npf_fa_wgmma_rows_dot(float* acc, const unsigned char* Xw, const unsigned char* Y) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const int at = kk / 4 * 128, by = kk % 4 * 32;       // (region of 64 columns, bytes into the row)
+        NpfWgmma<N, BF16>::ss(acc, npf_wgmma_desc(Xw + at * XR + by, 16, 1024),
+                              npf_wgmma_desc(Y + at * N + by, 16, 1024), kk > 0);
+    }
+}
+
 // One key tile for one warpgroup (its 64 rows; its warp's 16 from wr): S = Q K^T, (MASKED: the causal
 // and ragged-end masks), the online softmax, O += P V. Qw: the warpgroup's rows of the Q tile (regions BR
 // rows apart); Ks, Vs: the tile's K and V. Accumulators in wgmma's fragments: s[4 i + e] and o[4 i + e] are
@@ -1735,12 +1748,7 @@ __device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const
     const float inf = npf_fa_inf(0.0f);
     float s[BC / 2];                                         // S: written whole by the first wgmma
     npf_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {                    // 16 head columns a step: 32 bytes along a row
-        const int at = kk / 4 * 128, by = kk % 4 * 32;       // (region of 64 columns, bytes into the row)
-        NpfWgmma<BC, BF16>::ss(s, npf_wgmma_desc(Qw + at * BR + by, 16, 1024),
-                               npf_wgmma_desc(Ks + at * BC + by, 16, 1024), kk > 0);
-    }
+    npf_fa_wgmma_rows_dot<D, BC, BR, BF16>(s, Qw, Ks);
     npf_wgmma_commit();
     npf_wgmma_wait<0>();
     npf_wgmma_hold<BC / 2>(s);
@@ -1906,14 +1914,8 @@ __device__ __forceinline__ void npf_fa_wgmma_dq_tile(const unsigned char* Qw, co
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float s[BC / 2], dp[BC / 2];                             // written whole by their first wgmmas
     npf_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {                    // 16 head columns a step
-        const int at = kk / 4 * 128, by = kk % 4 * 32;
-        NpfWgmma<BC, BF16>::ss(s, npf_wgmma_desc(Qw + at * BR + by, 16, 1024),
-                               npf_wgmma_desc(Ks + at * BC + by, 16, 1024), kk > 0);
-        NpfWgmma<BC, BF16>::ss(dp, npf_wgmma_desc(dOw + at * BR + by, 16, 1024),
-                               npf_wgmma_desc(Vs + at * BC + by, 16, 1024), kk > 0);
-    }
+    npf_fa_wgmma_rows_dot<D, BC, BR, BF16>(s, Qw, Ks);
+    npf_fa_wgmma_rows_dot<D, BC, BR, BF16>(dp, dOw, Vs);
     npf_wgmma_commit();
     npf_wgmma_wait<0>();
     npf_wgmma_hold<BC / 2>(s);
@@ -2045,14 +2047,8 @@ __device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, 
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float st[BQ / 2], dpt[BQ / 2];                           // written whole by their first wgmmas
     npf_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {                    // 16 head columns a step
-        const int at = kk / 4 * 128, by = kk % 4 * 32;
-        NpfWgmma<BQ, BF16>::ss(st, npf_wgmma_desc(Kw + at * BC + by, 16, 1024),
-                               npf_wgmma_desc(Qs + at * BQ + by, 16, 1024), kk > 0);
-        NpfWgmma<BQ, BF16>::ss(dpt, npf_wgmma_desc(Vw + at * BC + by, 16, 1024),
-                               npf_wgmma_desc(dOs + at * BQ + by, 16, 1024), kk > 0);
-    }
+    npf_fa_wgmma_rows_dot<D, BQ, BC, BF16>(st, Kw, Qs);
+    npf_fa_wgmma_rows_dot<D, BQ, BC, BF16>(dpt, Vw, dOs);
     npf_wgmma_commit();
     npf_wgmma_wait<0>();
     npf_wgmma_hold<BQ / 2>(st);

@@ -117,7 +117,8 @@ def test_the_hopper_kernels_run_on_wgmma_and_issue_few_instructions_per_product(
             hgmma, hmma = 2 * (d // 16) + 64 // 16, 2 * 64 // 8 * (d // 16) + d // 8 * (64 // 16)
         else:                                   # S^T, dP^T: 2 d / 16 of 64x64x16; dV, dK: 2 x 64 / 16 of 64xDx16
             hgmma, hmma = 2 * (d // 16) + 2 * (64 // 16), 2 * 64 // 8 * (d // 16) + 2 * d // 8 * (64 // 16)
-        assert k.mix["HGMMA"] == 2 * hgmma and k.mix["HMMA"] == 0, (name, k.mix)      # (masked tiles' loop too)
+        loops = 1 if "dkdv" in name and "causal" not in name else 2    # a loop for the masked tiles too, but
+        assert k.mix["HGMMA"] == loops * hgmma and k.mix["HMMA"] == 0, (name, k.mix)    # dK dV's without causal
         assert k.threads == 256 and k.occupancy == 0.125, (name, k.threads, k.occupancy)
         assert k.loop["HMMA"] == hmma, (name, k.loop)
         assert k.loop["total"] <= 5 * k.loop["HMMA"], (name, round(k.loop["total"] / k.loop["HMMA"], 1))

@@ -95,14 +95,17 @@ __device__ void npf_strict_tiles(unsigned char* a, unsigned char* b) {
     npf_fence_async_shared();
     __syncthreads();
 }
-extern "C" __global__ void npf_strict_overwrite_before_wait(float* out) {
-    __shared__ __align__(1024) unsigned char a[64 * 128];
-    __shared__ __align__(1024) unsigned char b[64 * 128];
-    npf_strict_tiles(a, b);
-    float d[32];
-    npf_wgmma_fence();
-    npf_wgmma_m64n64k16_ss(d, npf_wgmma_desc(a, 16, 1024), npf_wgmma_desc(b, 16, 1024), 0);
+// that wgmma, issued and committed (not waited for) into d
+#define NPF_STRICT_ISSUE(d)                                                                          \
+    __shared__ __align__(1024) unsigned char a[64 * 128];                                            \
+    __shared__ __align__(1024) unsigned char b[64 * 128];                                            \
+    npf_strict_tiles(a, b);                                                                          \
+    float d[32];                                                                                     \
+    npf_wgmma_fence();                                                                               \
+    npf_wgmma_m64n64k16_ss(d, npf_wgmma_desc(a, 16, 1024), npf_wgmma_desc(b, 16, 1024), 0);          \
     npf_wgmma_commit();
+extern "C" __global__ void npf_strict_overwrite_before_wait(float* out) {
+    NPF_STRICT_ISSUE(d)
     for (unsigned i = threadIdx.x; i < 64 * 64; i += blockDim.x) ((unsigned short*)b)[i] = 0;   // too early
     __syncthreads();
     npf_wgmma_wait<0>();
@@ -114,7 +117,7 @@ extern "C" __global__ void npf_strict_three_warps(float* out) {
     __shared__ __align__(1024) unsigned char b[64 * 128];
     npf_strict_tiles(a, b);
     float d[32];
-    if (threadIdx.x < 96) {
+    if (threadIdx.x < 96) {                                   // a warpgroup's 4th warp never comes
         npf_wgmma_fence();
         npf_wgmma_m64n64k16_ss(d, npf_wgmma_desc(a, 16, 1024), npf_wgmma_desc(b, 16, 1024), 0);
         npf_wgmma_commit();
@@ -123,13 +126,7 @@ extern "C" __global__ void npf_strict_three_warps(float* out) {
     }
 }
 extern "C" __global__ void npf_strict_never_waited(float* out) {
-    __shared__ __align__(1024) unsigned char a[64 * 128];
-    __shared__ __align__(1024) unsigned char b[64 * 128];
-    npf_strict_tiles(a, b);
-    float d[32];
-    npf_wgmma_fence();
-    npf_wgmma_m64n64k16_ss(d, npf_wgmma_desc(a, 16, 1024), npf_wgmma_desc(b, 16, 1024), 0);
-    npf_wgmma_commit();
+    NPF_STRICT_ISSUE(d)
     out[threadIdx.x] = 1.0f;
 }
 """
