@@ -246,8 +246,8 @@ FLASH_TRAIN = "flash-train"             # --only's name for them all
 
 def _on_wgmma(calls: Callable) -> Callable:
     """``calls`` (a builder of npformer's calls) with the Hopper kernels opted in while each runs
-    (flash_attention.use_wgmma): the forward and dQ on wgmma on a GPU of compute capability 9.0, the dense
-    kernels elsewhere."""
+    (flash_attention.use_wgmma): the forward and backward on wgmma on a GPU of compute capability 9.0, the
+    dense kernels elsewhere."""
     def opted(fn):
         def run():
             from npformer.kernels.cuda.flash_attention import use_wgmma
@@ -266,10 +266,9 @@ def _on_wgmma(calls: Callable) -> Callable:
 
 def flash_train_cases(dtypes=("float16", "bfloat16", "float32")) -> list[Case]:
     """The flash cases at :data:`FLASH_TRAIN_SHAPES`, each in each of ``dtypes`` (float32 runs TF32
-    under ``--tf32``; float16 also with the Hopper kernels opted in, "wgmma" in the name: bfloat16's are the
-    same kernels but for their products),
-    beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike); GPU only, parity left to
-    tests/kernels/cuda (its small shapes)."""
+    under ``--tf32``), beside the reference's ``scaled_dot_product_attention`` (``is_causal`` alike); float16
+    also with the Hopper kernels opted in ("wgmma" in the name; bfloat16's are the same kernels but for their
+    products). GPU only, parity left to tests/kernels/cuda (its small shapes)."""
     from npformer.ops import flash_attention
     cases = []
     for B, H, T, D, causal in FLASH_TRAIN_SHAPES:
