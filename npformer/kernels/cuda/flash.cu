@@ -205,6 +205,38 @@ __device__ __forceinline__ int npf_fa_key_tiles(int i1, int Tk, int causal, int 
     return last < 0 ? 0 : npf_fa_min(n, last / BC + 1);
 }
 
+// The first key tile of tiles of BC keys that holds a key one of query rows [i0, ...) must not see: past row
+// i0's diagonal (causal), or past Tk (a ragged last tile); the n_kt tiles before it need no masks
+template <int BC>
+__device__ __forceinline__ int npf_fa_masked_from(int i0, int n_kt, bool causal, const NpfFaArgs<float>& a) {
+    return npf_fa_min(causal ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC, n_kt);
+}
+
+// For keys [j0, j0 + BC) over n_qt tiles of BQ query rows: the first tile with a row that sees one of the
+// keys (causal; else 0), and the first from which every row sees every key: the tiles between need the
+// causal mask
+template <int BQ>
+__device__ __forceinline__ int npf_fa_first_query_tile(int j0, int n_qt, bool causal, const NpfFaArgs<float>& a) {
+    return causal ? npf_fa_min(npf_fa_max0(j0 - a.shift) / BQ, n_qt) : 0;
+}
+template <int BC, int BQ>
+__device__ __forceinline__ int npf_fa_unmasked_query_tile(int j0, int qt0, int n_qt, bool causal,
+                                                          const NpfFaArgs<float>& a) {
+    return causal ? npf_fa_min(npf_fa_max(qt0, (npf_fa_max0(j0 + BC - 1 - a.shift) + BQ - 1) / BQ), n_qt) : 0;
+}
+
+// A query tile's lse and D (rows [i0, i0 + BR)) into ld_s (BR lse, then BR D), THREADS threads: rows past Tq
+// get lse +inf, so that P = exp(S - inf) = 0, and D 0
+template <int BR, int THREADS>
+__device__ __forceinline__ void npf_fa_query_stats(const float* lse, const float* dvec, long long bh, int i0,
+                                                   const NpfFaArgs<float>& a, float* ld_s) {
+    for (int e = threadIdx.x; e < BR; e += THREADS) {
+        const bool in = i0 + e < a.Tq;
+        ld_s[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
+        ld_s[BR + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
+    }
+}
+
 // npf_fa_key_tiles for head bh: none at or past its padding's key end (those tiles are all -inf)
 template <int BC, typename A>
 __device__ __forceinline__ int npf_fa_head_key_tiles(const NpfFaArgs<A>& a, long long bh, int n_kt) {
@@ -968,11 +1000,7 @@ __device__ __forceinline__ void npf_fa_bwd_query_tile(const T* q_head, const T* 
                                                       T* qg_s, float* ld_s) {
     npf_fa_load_tile_async<T, BR, D>(q_head, i0, a.Tq, a.hs, q_st, qg_s);
     npf_fa_load_tile_async<T, BR, D>(g_head, i0, a.Tq, a.hv, g_st, qg_s + BR * (D + 16 / (int)sizeof(T)));
-    for (int e = threadIdx.x; e < BR; e += NPF_FA_THREADS) {
-        const bool in = i0 + e < a.Tq;
-        ld_s[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
-        ld_s[BR + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
-    }
+    npf_fa_query_stats<BR, NPF_FA_THREADS>(lse, dvec, bh, i0, a, ld_s);
 }
 
 // dK, dV on tensor cores: a block of 4 warps takes 64 keys (a warp its 16) over the query tiles that
@@ -1251,8 +1279,7 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
     // the block's first tile with a key one of its rows must not see: past its first row's diagonal
     // (causal), or past Tk (a ragged last tile); the tiles before it run without masks (one count for
     // the block: its warps meet the same barriers in the same loop)
-    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
-                                       n_kt);
+    const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;       // the scale and log2(e): P = 2^(s c - m c)
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
@@ -1426,8 +1453,7 @@ __device__ void npf_fa_bwd_dq_dense(const T* q, const T* k, const T* v,
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int w0 = i0 + warp * Tr::WARP_ROWS;
     const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
-    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
-                                       n_kt);                // (as the forward's)
+    const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
@@ -1602,9 +1628,8 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
     const int n_qt = (a.Tq + BQ - 1) / BQ;
     // the query tiles: from the first with a row that sees one of the block's keys; those before the one
     // whose every row sees every key of the block need the causal mask (one count for the block)
-    const int qt0 = CAUSAL ? npf_fa_min(npf_fa_max0(j0 - a.shift) / BQ, n_qt) : 0;
-    const int unmasked_from = CAUSAL ? npf_fa_min(npf_fa_max(qt0, (npf_fa_max0(j0 + BC - 1 - a.shift) + BQ - 1) / BQ), n_qt)
-                                     : 0;
+    const int qt0 = npf_fa_first_query_tile<BQ>(j0, n_qt, CAUSAL, a);
+    const int unmasked_from = npf_fa_unmasked_query_tile<BC, BQ>(j0, qt0, n_qt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();
@@ -1837,8 +1862,7 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
     const int wr = i0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);        // this warp's first query row
     const unsigned char* Qw = Qs + 64 * wg * 128;                       // the warpgroup's 64 rows
     const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
-    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
-                                       n_kt);                 // as the dense forward's
+    const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;           // the scale and log2(e): P = 2^(s c - m c)
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
@@ -1964,8 +1988,7 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int wr = i0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);        // this warp's first query row
     const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
-    const int masked_from = npf_fa_min(CAUSAL ? npf_fa_min(npf_fa_max0(i0 + a.shift + 1) / BC, a.Tk / BC) : a.Tk / BC,
-                                       n_kt);                 // as the dense forward's
+    const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;
     const float inf = npf_fa_inf(0.0f);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
@@ -2103,11 +2126,7 @@ __device__ __forceinline__ int npf_fa_wgmma_next_queries(
         float* stats = LDs + (1 - buf) * 2 * Tr::BQ;
         qs.load(i0, next);
         gs.load(i0, next + Tr::Q_BYTES);
-        for (int e = threadIdx.x; e < Tr::BQ; e += Tr::THREADS) {
-            const bool in = i0 + e < a.Tq;
-            stats[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
-            stats[Tr::BQ + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
-        }
+        npf_fa_query_stats<Tr::BQ, Tr::THREADS>(lse, dvec, bh, i0, a, stats);
     }
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
@@ -2133,11 +2152,8 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
     const unsigned char* Kw = Ks + 64 * wg * 128;
     const unsigned char* Vw = Vs + 64 * wg * 128;
     const int n_qt = (a.Tq + BQ - 1) / BQ;
-    // as the dense dK, dV: from the first query tile with a row that sees one of the block's keys; the tiles
-    // before the first whose every row sees every key of the block need the causal mask
-    const int qt0 = CAUSAL ? npf_fa_min(npf_fa_max0(j0 - a.shift) / BQ, n_qt) : 0;
-    const int last_key_sees = (npf_fa_max0(j0 + BC - 1 - a.shift) + BQ - 1) / BQ;    // from this tile on, all
-    const int unmasked_from = CAUSAL ? npf_fa_min(npf_fa_max(qt0, last_key_sees), n_qt) : 0;
+    const int qt0 = npf_fa_first_query_tile<BQ>(j0, n_qt, CAUSAL, a);
+    const int unmasked_from = npf_fa_unmasked_query_tile<BC, BQ>(j0, qt0, n_qt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();                                     // the previous head's readers are done
@@ -2148,11 +2164,7 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
         if (qt0 < n_qt) {                                    // with K and V: the first query tile's copies
             qs.load(qt0 * BQ, QGs);
             gs.load(qt0 * BQ, QGs + Tr::Q_BYTES);
-            for (int e = threadIdx.x; e < BQ; e += THREADS) {
-                const bool in = qt0 * BQ + e < a.Tq;
-                LDs[e] = in ? lse[bh * a.Tq + qt0 * BQ + e] : npf_fa_inf(0.0f);
-                LDs[BQ + e] = in ? dvec[bh * a.Tq + qt0 * BQ + e] : 0.0f;
-            }
+            npf_fa_query_stats<BQ, THREADS>(lse, dvec, bh, qt0 * BQ, a, LDs);
         }
         npf_cp_async_commit();
         float dka[D / 2], dva[D / 2];
