@@ -1697,11 +1697,13 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
 // (mma.sync re-reads K and V per 16-row fragment through ldmatrix) and runs while the warpgroup goes on, so
 // few instructions are issued per product. Tiles in shared memory are 128-byte swizzled (rows of 64
 // values, a tile of D > 64 in regions of 64 columns: the layouts of warp_source.py), filled by cp.async
-// (16 bytes a copy), K and V double-buffered as in the dense forward. Not yet: TMA loads, warp
-// specialization, the overlap of one tile's softmax with the next tile's S (FlashAttention-3's
-// intra-warpgroup pipelining). The backward's two kernels on wgmma follow it.
+// (16 bytes a copy), K and V double-buffered. FlashAttention-3's intra-warpgroup pipelining: a tile's S is
+// issued with the previous tile's P V behind it, so that P V runs on the tensor cores while the softmax
+// runs on the others (V's copies a tile behind K's). Not yet: TMA loads, warp specialization, ping-pong
+// between the warpgroups. The backward's two kernels on wgmma follow it.
 // Traits: 2 warpgroups (128 query rows a block), 128 keys a tile; the accumulators S (64 floats a thread)
-// and O (D / 2) and P's registers (32) hold one block of 256 threads an SM (MIN_BLOCKS 1).
+// and O (D / 2) and the previous P's registers (32), all live at once, hold one block of 256 threads an SM
+// (MIN_BLOCKS 1).
 template <int D_> struct NpfFaWgmmaTraits {
     static constexpr int D = D_, WARPGROUPS = 2, THREADS = 128 * WARPGROUPS, BR = 64 * WARPGROUPS, BC = 128;
     static constexpr int MIN_BLOCKS = 1;
@@ -1757,33 +1759,35 @@ __device__ __forceinline__ void npf_fa_wgmma_rows_dot(float* acc, const unsigned
     }
 }
 
-// One key tile for one warpgroup (its 64 rows; its warp's 16 from wr): S = Q K^T, (MASKED: the causal
-// and ragged-end masks), the online softmax, O += P V. Qw: the warpgroup's rows of the Q tile (regions BR
-// rows apart); Ks, Vs: the tile's K and V. Accumulators in wgmma's fragments: s[4 i + e] and o[4 i + e] are
-// row wr + g + 8 (e / 2), column 8 i + 2 t + e % 2.
-template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const unsigned char* Ks,
-                                                  const unsigned char* Vs, int j0, int wr,
-                                                  const NpfFaArgs<float>& a, float c, float (&o)[D / 2],
-                                                  float (&m)[2], float (&l)[2]) {
+// The forward's steps for one warpgroup (its 64 rows; its warp's 16 from wr). Accumulators in wgmma's
+// fragments: s[4 i + e] and o[4 i + e] are row wr + g + 8 (e / 2), column 8 i + 2 t + e % 2.
+// S = Q K^T of a key tile, issued and committed (the caller waits). Qw: the warpgroup's rows of the Q tile
+// (regions BR rows apart); Ks: the tile's keys.
+template <typename T, int D>
+__device__ __forceinline__ void npf_fa_wgmma_scores(float (&s)[NpfFaWgmmaTraits<D>::BC / 2], const unsigned char* Qw,
+                                                    const unsigned char* Ks) {
     typedef NpfFaWgmmaTraits<D> Tr;
-    constexpr int BR = Tr::BR, BC = Tr::BC;
-    constexpr bool BF16 = Npf16<T>::BF16;
+    npf_wgmma_fence();
+    npf_fa_wgmma_rows_dot<D, Tr::BC, Tr::BR, Npf16<T>::BF16>(s, Qw, Ks);   // written whole by the first wgmma
+    npf_wgmma_commit();
+}
+
+// The online softmax of key tile j0.., in place: (MASKED: the causal and ragged-end masks), each row's
+// maximum m moved on, l scaled to it and the tile's P added; s becomes P = 2^(s c - m c) (float32), alpha
+// the factor O still needs (1 where the maximum did not move).
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_softmax(float (&s)[NpfFaWgmmaTraits<D>::BC / 2], int j0, int wr,
+                                                     const NpfFaArgs<float>& a, float c, float (&m)[2],
+                                                     float (&l)[2], float (&alpha)[2]) {
+    constexpr int BC = NpfFaWgmmaTraits<D>::BC;
     const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float inf = npf_fa_inf(0.0f);
-    float s[BC / 2];                                         // S: written whole by the first wgmma
-    npf_wgmma_fence();
-    npf_fa_wgmma_rows_dot<D, BC, BR, BF16>(s, Qw, Ks);
-    npf_wgmma_commit();
-    npf_wgmma_wait<0>();
-    npf_wgmma_hold<BC / 2>(s);
     if (MASKED)                                              // keys past a row's diagonal or past Tk: -inf
 #pragma unroll
         for (int j = 0; j < BC / 2; ++j) {
             const int i = wr + g + 8 * (j % 4 / 2), key = j0 + 8 * (j / 4) + 2 * t + j % 2;
             if ((CAUSAL && key > i + a.shift) || key >= a.Tk) s[j] = -inf;
         }
-    float neg[2];                                            // -m_new c, the exponent's offset per row
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float mx = -inf;
@@ -1792,39 +1796,105 @@ __device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m[r], mx);
-        neg[r] = m_new == -inf ? 0.0f : -m_new * c;          // all -inf so far: no inf - inf
-        const float alpha = m_new == m[r] ? 1.0f : exp2f((m[r] - m_new) * c);
+        const float neg = m_new == -inf ? 0.0f : -m_new * c; // the exponent's offset; all -inf so far: no inf - inf
+        alpha[r] = m_new == m[r] ? 1.0f : exp2f((m[r] - m_new) * c);
         m[r] = m_new;
-        l[r] *= alpha;
-        if (alpha != 1.0f)                                   // the row's maximum moved
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BC / 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * i + 2 * r + e];
+                x = exp2f(fmaf(x, c, neg));
+                sum += x;
+            }
+        l[r] = l[r] * alpha[r] + sum;
+    }
+}
+
+// P (float32, as npf_fa_wgmma_softmax leaves it in s) rounded to 16 bits as wgmma's A registers, 16 keys a step
+template <typename T, int BC>
+__device__ __forceinline__ void npf_fa_wgmma_pack(const float (&s)[BC / 2], unsigned (&pa)[BC / 16][4]) {
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb)
+#pragma unroll
+        for (int h = 0; h < 4; ++h)                          // rows g, g + 8 of keys 2 t, 2 t + 1; then 2 t + 8, ..
+            pa[kb][h] = npf_pack2<T>(s[8 * kb + 2 * h], s[8 * kb + 2 * h + 1]);
+}
+
+// O = alpha O + P V of a key tile, issued and committed (the caller waits): the rescale where a row's maximum
+// moved, then BC / 16 wgmmas m64nDk16 with P from the registers pa and V's rows (Vs) N-major
+template <typename T, int D>
+__device__ __forceinline__ void npf_fa_wgmma_add_pv(float (&o)[D / 2], const float (&alpha)[2],
+                                                    const unsigned (&pa)[NpfFaWgmmaTraits<D>::BC / 16][4],
+                                                    const unsigned char* Vs) {
+    constexpr int BC = NpfFaWgmmaTraits<D>::BC;
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+        if (alpha[r] != 1.0f)
 #pragma unroll
             for (int i = 0; i < D / 8; ++i) {
-                o[4 * i + 2 * r] *= alpha;
-                o[4 * i + 2 * r + 1] *= alpha;
+                o[4 * i + 2 * r] *= alpha[r];
+                o[4 * i + 2 * r + 1] *= alpha[r];
             }
-    }
-    unsigned pa[BC / 16][4];                                 // P, 16 keys a step, as wgmma's A registers
-#pragma unroll
-    for (int kb = 0; kb < BC / 16; ++kb) {
-        float p[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            p[e] = exp2f(fmaf(s[8 * kb + e], c, neg[e % 4 / 2]));
-            l[e % 4 / 2] += p[e];
-        }
-        pa[kb][0] = npf_pack2<T>(p[0], p[1]);                // row g, keys 2 t, 2 t + 1
-        pa[kb][1] = npf_pack2<T>(p[2], p[3]);                // row g + 8
-        pa[kb][2] = npf_pack2<T>(p[4], p[5]);                // row g, keys 2 t + 8, 2 t + 9
-        pa[kb][3] = npf_pack2<T>(p[6], p[7]);
-    }
     npf_wgmma_fence();                                       // o and pa were written since the last wgmma
 #pragma unroll
     for (int kb = 0; kb < BC / 16; ++kb)                     // V's rows 16 kb ..: 16 rows of 128 bytes further
-        NpfWgmma<D, BF16>::template rs<1>(o, pa[kb], npf_wgmma_desc(Vs + kb * 16 * 128, BC * 128, 1024), 1);
+        NpfWgmma<D, Npf16<T>::BF16>::template rs<1>(o, pa[kb], npf_wgmma_desc(Vs + kb * 16 * 128, BC * 128, 1024), 1);
     npf_wgmma_commit();
+}
+
+// The first key tile (j0 = 0): S, its softmax, P into pa; O waits for the next tile's step
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_first_tile(const unsigned char* Qw, const unsigned char* Ks, int wr,
+                                                        const NpfFaArgs<float>& a, float c, float (&m)[2],
+                                                        float (&l)[2], float (&alpha)[2],
+                                                        unsigned (&pa)[NpfFaWgmmaTraits<D>::BC / 16][4]) {
+    constexpr int BC = NpfFaWgmmaTraits<D>::BC;
+    float s[BC / 2];
+    npf_fa_wgmma_scores<T, D>(s, Qw, Ks);
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<BC / 2>(s);
+    npf_fa_wgmma_softmax<T, D, CAUSAL, MASKED>(s, 0, wr, a, c, m, l, alpha);
+    npf_fa_wgmma_pack<T, BC>(s, pa);
+}
+
+// Key tile j0.. after the first, FlashAttention-3's intra-warpgroup pipelining: S of this tile issued, then
+// O = alpha O + P V of the tile before (its P in pa, its V in Vp), so the tensor cores run P V while this
+// tile's softmax does; then this tile's P into pa once P V is done with it.
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const unsigned char* Ks,
+                                                  const unsigned char* Vp, int j0, int wr,
+                                                  const NpfFaArgs<float>& a, float c, float (&o)[D / 2],
+                                                  float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                  unsigned (&pa)[NpfFaWgmmaTraits<D>::BC / 16][4]) {
+    constexpr int BC = NpfFaWgmmaTraits<D>::BC;
+    float s[BC / 2];
+    npf_fa_wgmma_scores<T, D>(s, Qw, Ks);
+    npf_fa_wgmma_add_pv<T, D>(o, alpha, pa, Vp);
+    npf_wgmma_wait<1>();                                     // S is done; P V may still run
+    npf_wgmma_hold<BC / 2>(s);
+    npf_fa_wgmma_softmax<T, D, CAUSAL, MASKED>(s, j0, wr, a, c, m, l, alpha);
     npf_wgmma_wait<0>();
     npf_wgmma_hold<D / 2>(o);
     npf_wgmma_hold<BC / 4>(&pa[0][0]);
+    npf_fa_wgmma_pack<T, BC>(s, pa);
+}
+
+// The forward's copies at key tile kt of a head (0 <= kt <= n_kt): K of tile kt + 1 and V of tile kt issued
+// into their buffers (kt % 2; V a tile behind K, as P V is), then K of tile kt and V of tile kt - 1
+// awaited and fenced for wgmma's reads, block-wide
+template <typename T, int D, int BC, int THREADS>
+__device__ __forceinline__ void npf_fa_wgmma_next_kv(int kt, int n_kt, const NpfFaSwizzledRows<T, BC, D, THREADS>& ks,
+                                                     const NpfFaSwizzledRows<T, BC, D, THREADS>& vs,
+                                                     unsigned char* Kb, unsigned char* Vb) {
+    constexpr int KV_BYTES = BC * D * 2;
+    if (kt + 1 < n_kt) ks.load((kt + 1) * BC, Kb + (kt + 1) % 2 * KV_BYTES);
+    if (kt < n_kt) vs.load(kt * BC, Vb + kt % 2 * KV_BYTES);
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();                                  // the copies committed before these have landed
+    npf_fence_async_shared();                                // where wgmma reads them
+    __syncthreads();                                         // (everyone's)
 }
 
 // Key tile kt of a head into its buffer, as npf_fa_dense_next: the next tile's copies first (into the other
@@ -1855,8 +1925,9 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
     typedef NpfFaWgmmaTraits<D> Tr;
     constexpr int BR = Tr::BR, BC = Tr::BC, THREADS = Tr::THREADS;
     NPF_FA_SHARED(smem, Tr::SHARED);
-    unsigned char* Qs = npf_align_1024(smem);               // (BR, D) swizzled, then 2 x (K, V) of (BC, D)
-    unsigned char* KVs = Qs + Tr::Q_BYTES;
+    unsigned char* Qs = npf_align_1024(smem);               // (BR, D) swizzled, then 2 x K, 2 x V of (BC, D)
+    unsigned char* Kb = Qs + Tr::Q_BYTES;
+    unsigned char* Vb = Kb + 2 * Tr::KV_BYTES;
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int wr = i0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);        // this warp's first query row
@@ -1870,25 +1941,36 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
         const NpfFaSwizzledRows<T, BC, D, THREADS> ks(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st);
         const NpfFaSwizzledRows<T, BC, D, THREADS> vs(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st);
         NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
-        if (n_kt > 0) {                                      // with Q: tile 0's copies, in flight from here
-            ks.load(0, KVs);
-            vs.load(0, KVs + Tr::KV_BYTES);
-        }
+        if (n_kt > 0) ks.load(0, Kb);                        // with Q: tile 0's keys, in flight from here
         npf_cp_async_commit();
-        float o[D / 2], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f};
+        float o[D / 2], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f}, alpha[2];
+        unsigned pa[BC / 16][4];                             // the last tile's P, as wgmma's A registers
 #pragma unroll
         for (int j = 0; j < D / 2; ++j) o[j] = 0.0f;
-        // the main loop: tiles every row of the block sees whole; then those that need masks
-        int kt = 0;
-        for (; kt < masked_from; ++kt) {
-            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
-            npf_fa_wgmma_tile<T, D, CAUSAL, false>(Qw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, o, m, l);
-            __syncthreads();                                 // done with this buffer before it is refilled
-        }
-        for (; kt < n_kt; ++kt) {
-            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
-            npf_fa_wgmma_tile<T, D, CAUSAL, true>(Qw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, o, m, l);
-            __syncthreads();
+        if (n_kt > 0) {
+            npf_fa_wgmma_next_kv<T, D, BC, THREADS>(0, n_kt, ks, vs, Kb, Vb);
+            if (masked_from > 0) npf_fa_wgmma_first_tile<T, D, CAUSAL, false>(Qw, Kb, wr, a, c, m, l, alpha, pa);
+            else npf_fa_wgmma_first_tile<T, D, CAUSAL, true>(Qw, Kb, wr, a, c, m, l, alpha, pa);
+            __syncthreads();                                 // done with K's buffer before it is refilled
+            // the main loop: tiles every row of the block sees whole; then those that need masks
+            int kt = 1;
+            for (; kt < masked_from; ++kt) {
+                npf_fa_wgmma_next_kv<T, D, BC, THREADS>(kt, n_kt, ks, vs, Kb, Vb);
+                npf_fa_wgmma_tile<T, D, CAUSAL, false>(Qw, Kb + kt % 2 * Tr::KV_BYTES, Vb + (kt - 1) % 2 * Tr::KV_BYTES,
+                                                       kt * BC, wr, a, c, o, m, l, alpha, pa);
+                __syncthreads();                             // done with these buffers before they are refilled
+            }
+            for (; kt < n_kt; ++kt) {
+                npf_fa_wgmma_next_kv<T, D, BC, THREADS>(kt, n_kt, ks, vs, Kb, Vb);
+                npf_fa_wgmma_tile<T, D, CAUSAL, true>(Qw, Kb + kt % 2 * Tr::KV_BYTES, Vb + (kt - 1) % 2 * Tr::KV_BYTES,
+                                                      kt * BC, wr, a, c, o, m, l, alpha, pa);
+                __syncthreads();
+            }
+            npf_fa_wgmma_next_kv<T, D, BC, THREADS>(n_kt, n_kt, ks, vs, Kb, Vb);    // the last tile's V
+            npf_fa_wgmma_add_pv<T, D>(o, alpha, pa, Vb + (n_kt - 1) % 2 * Tr::KV_BYTES);
+            npf_wgmma_wait<0>();
+            npf_wgmma_hold<D / 2>(o);
+            npf_wgmma_hold<BC / 4>(&pa[0][0]);
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

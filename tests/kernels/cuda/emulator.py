@@ -31,8 +31,9 @@ shared-memory tiles are read then (a kernel that overwrites a tile before the wa
 result, as it may on a GPU) and its accumulators written then. The tiles' 128-byte swizzle is applied
 to the host address, so the emulated shared arrays are aligned as on the GPU (``__align__(1024)``).
 A descriptor is the emulator's handle of (tile, lbo, sbo), made by ``npf_wgmma_desc``; a collective
-reached by only some threads of a warpgroup, operands that differ between its threads, and a wgmma
-never waited for are errors.
+reached by only some threads of a warpgroup, operands that differ between its threads, a wgmma
+never waited for, and a thread that writes a wgmma's accumulators or A registers between its issue and
+its wait (on a GPU the wgmma reads and writes them meanwhile) are errors.
 
 :class:`EmulatedModule` stands in for ``cupy.RawModule``: ``get_function(name)`` (an ``extern "C"``
 kernel's name, or one of the module's ``name_expressions``, a template's instantiation such as
@@ -174,12 +175,22 @@ template <int N> static void npf_cp_async_wait() {}
 // wgmma (sm_90a): collectives of a warpgroup, the 128 threads of warps 4 j .. 4 j + 3. Each thread posts
 // its part; an issued wgmma runs when a wgmma.wait_group lets it finish (the latest point CUDA allows), so
 // its shared memory is read then and a kernel that overwrites a tile, or reads an accumulator, before the
-// wait gets another result here. A descriptor is the emulator's handle of (tile, lbo, sbo): a host address
+// wait gets another result here; a thread that writes its accumulators or A registers before the wait is
+// an error. A descriptor is the emulator's handle of (tile, lbo, sbo): a host address
 // does not fit its 14-bit field, so a kernel makes every descriptor through npf_wgmma_desc.
 enum { NPF_WG_FENCE = 16, NPF_WG_MMA = 17, NPF_WG_COMMIT = 18, NPF_WG_WAIT = 19 };
 struct NpfWgDesc { const unsigned char* start; unsigned lbo, sbo; };
-struct NpfWgPost { int n, bf16, rs, trans_b, accumulate, wait; unsigned long long a, b; unsigned areg[4]; float* d; };
-struct NpfWgOp { NpfWgPost lane[128]; };
+// areg, dreg: the A registers and accumulators as they were at the issue, which the thread may not write
+// before the wait (on a GPU the wgmma reads and writes them meanwhile)
+struct NpfWgPost {
+    int n, bf16, rs, trans_b, accumulate, wait;
+    unsigned long long a, b;
+    const unsigned* aptr;
+    unsigned areg[4];
+    float* d;
+    float dreg[64];
+};
+struct NpfWgOp { NpfWgPost lane[128]; bool first_on_d; };     // first_on_d: no earlier wgmma pending on d
 struct NpfWgState { std::vector<NpfWgOp> open; std::vector<std::vector<NpfWgOp>> committed; };
 static std::vector<NpfWgDesc> npf_wg_descs;
 static std::vector<NpfWgPost> npf_wg_posts;          // one a thread
@@ -210,8 +221,9 @@ template <int R> static void npf_wgmma_hold(unsigned*) {}
 static void npf_wgmma(float* d, const unsigned* a, unsigned long long desc_a, unsigned long long desc_b, int n,
                       int bf16, int trans_b, int accumulate) {
     NpfWgPost& p = npf_wg_posts[npf_current];
-    p = NpfWgPost{n, bf16, a != nullptr, trans_b, accumulate != 0, 0, desc_a, desc_b, {0u, 0u, 0u, 0u}, d};
+    p = NpfWgPost{n, bf16, a != nullptr, trans_b, accumulate != 0, 0, desc_a, desc_b, a, {0u, 0u, 0u, 0u}, d, {}};
     for (int i = 0; a != nullptr && i < 4; ++i) p.areg[i] = a[i];
+    std::memcpy(p.dreg, d, sizeof(float) * n / 2);
     npf_warp_wait(NPF_WG_MMA);
 }
 #define NPF_WGMMA_EMULATED(N, SUFFIX, BF16)                                                                     \
@@ -356,6 +368,16 @@ static int npf_wg_execute(const NpfWgOp& op) {
     return 1;
 }
 
+// Whether every thread left a wgmma's A registers (rs) and, unless an earlier pending wgmma writes them
+// first, its accumulators as they were when it was issued.
+static bool npf_wg_untouched(const NpfWgOp& op) {
+    for (const NpfWgPost& p : op.lane) {
+        if (p.rs && std::memcmp(p.areg, p.aptr, sizeof(p.areg)) != 0) return false;
+        if (op.first_on_d && std::memcmp(p.dreg, p.d, sizeof(float) * p.n / 2) != 0) return false;
+    }
+    return true;
+}
+
 // The warpgroup collective op of the threads [base, base + 128), every one waiting at it; 0 when they
 // disagree on what every thread of a warpgroup must give alike, or a wgmma's tiles are not what it reads.
 static int npf_resolve_warpgroup(int op, size_t base) {
@@ -374,14 +396,24 @@ static int npf_resolve_warpgroup(int op, size_t base) {
         }
     }
     if (op == NPF_WG_MMA) {
+        bool first = true;
+        for (const NpfWgOp& o : state.open) first = first && o.lane[0].d != P[0].d;
+        for (const std::vector<NpfWgOp>& group : state.committed)
+            for (const NpfWgOp& o : group) first = first && o.lane[0].d != P[0].d;
         state.open.emplace_back();
-        std::memcpy(state.open.back().lane, P, sizeof(NpfWgOp));
+        std::memcpy(state.open.back().lane, P, sizeof(state.open.back().lane));
+        state.open.back().first_on_d = first;
     } else if (op == NPF_WG_COMMIT) {
         state.committed.push_back(std::move(state.open));
         state.open.clear();
     } else if (op == NPF_WG_WAIT) {
         while (state.committed.size() > (size_t)P[0].wait) {
             for (const NpfWgOp& mma : state.committed.front()) {
+                if (!npf_wg_untouched(mma)) {
+                    std::fprintf(stderr, "emulator: a thread wrote a wgmma's %s between its issue and its wait\n",
+                                 mma.first_on_d ? "accumulators or A registers" : "A registers");
+                    return 0;
+                }
                 if (!npf_wg_execute(mma)) {
                     std::fprintf(stderr, "emulator: a wgmma's descriptor is not one npf_wgmma_desc made, or its K "
                                  "columns cross a 128-byte row\n");

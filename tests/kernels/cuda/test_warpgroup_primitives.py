@@ -7,8 +7,8 @@ sbo moves values and fails the exact comparison.
 The same test kernel (tests/kernels/cuda/warpgroup_test.cu) runs on the CPU emulator and, on a GPU of
 compute capability 9.0, on the device: the emulator encodes this project's reading of the PTX ISA's
 layouts, so only the device run confirms that reading. The emulator's own strictness (a wgmma runs at
-the wait that lets it finish; a collective that not all 128 threads reach, or a wgmma never waited for,
-is an error) is tested at the end."""
+the wait that lets it finish; a collective that not all 128 threads reach, a wgmma never waited for, or
+its accumulators or A registers written before its wait, is an error) is tested at the end."""
 import shutil
 
 import numpy as np
@@ -125,6 +125,28 @@ extern "C" __global__ void npf_strict_three_warps(float* out) {
         out[threadIdx.x] = d[0];
     }
 }
+extern "C" __global__ void npf_strict_accumulator_written_before_wait(float* out) {
+    NPF_STRICT_ISSUE(d)
+    d[0] = 5.0f;                                              // the wgmma writes d meanwhile
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<32>(d);
+    out[threadIdx.x] = d[0];
+}
+extern "C" __global__ void npf_strict_a_registers_written_before_wait(float* out) {
+    __shared__ __align__(1024) unsigned char a[64 * 128];
+    __shared__ __align__(1024) unsigned char b[64 * 128];
+    npf_strict_tiles(a, b);
+    float d[32];
+    unsigned ra[4] = {0x3c003c00u, 0x3c003c00u, 0x3c003c00u, 0x3c003c00u};   // float16 ones
+    npf_wgmma_fence();
+    npf_wgmma_m64n64k16_rs<0>(d, ra, npf_wgmma_desc(b, 16, 1024), 0);
+    npf_wgmma_commit();
+    ra[2] = 0u;                                               // the wgmma reads ra meanwhile
+    npf_wgmma_wait<0>();
+    npf_wgmma_hold<32>(d);
+    npf_wgmma_hold<4>(ra);
+    out[threadIdx.x] = d[0];
+}
 extern "C" __global__ void npf_strict_never_waited(float* out) {
     NPF_STRICT_ISSUE(d)
     out[threadIdx.x] = 1.0f;
@@ -148,7 +170,11 @@ def test_the_emulator_runs_a_wgmma_at_its_wait(strict):
     np.testing.assert_array_equal(out, np.zeros(128, np.float32))
 
 
-@pytest.mark.parametrize("kernel", ["npf_strict_three_warps", "npf_strict_never_waited"])
-def test_the_emulator_refuses_a_wgmma_that_is_not_a_whole_warpgroups(strict, kernel):
+@pytest.mark.parametrize("kernel", ["npf_strict_three_warps", "npf_strict_never_waited",
+                                    "npf_strict_accumulator_written_before_wait",
+                                    "npf_strict_a_registers_written_before_wait"])
+def test_the_emulator_refuses_a_wgmma_misused(strict, kernel):
+    """A wgmma that not all 128 threads reach or that nothing waits for; a thread that writes the
+    accumulators or A registers of a wgmma in flight (on a GPU the wgmma reads and writes them then)."""
     with pytest.raises(AssertionError, match="disagreed on a __syncthreads or a warp"):
         strict.get_function(kernel)((1,), (128,), (np.zeros(128, np.float32),))
