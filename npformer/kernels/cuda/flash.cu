@@ -226,13 +226,15 @@ __device__ __forceinline__ int npf_fa_unmasked_query_tile(int j0, int qt0, int n
 }
 
 // A query tile's lse and D (rows [i0, i0 + BR)) into ld_s (BR lse, then BR D), THREADS threads: rows past Tq
-// get lse +inf, so that P = exp(S - inf) = 0, and D 0
-template <int BR, int THREADS>
+// get lse +inf, so that P = exp(S - inf) = 0, and D 0. NEG_LOG2: -lse log2(e) instead of lse (-inf past Tq),
+// the offset of P = 2^(S scale log2(e) - lse log2(e)) in a kernel that works in base 2.
+template <int BR, int THREADS, bool NEG_LOG2 = false>
 __device__ __forceinline__ void npf_fa_query_stats(const float* lse, const float* dvec, long long bh, int i0,
                                                    const NpfFaArgs<float>& a, float* ld_s) {
     for (int e = threadIdx.x; e < BR; e += THREADS) {
         const bool in = i0 + e < a.Tq;
-        ld_s[e] = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
+        const float x = in ? lse[bh * a.Tq + i0 + e] : npf_fa_inf(0.0f);
+        ld_s[e] = NEG_LOG2 ? -x * 1.4426950408889634f : x;
         ld_s[BR + e] = in ? dvec[bh * a.Tq + i0 + e] : 0.0f;
     }
 }
@@ -2135,15 +2137,17 @@ template <int D_> struct NpfFaWgmmaDkdvTraits {
     static constexpr int SHARED = 1024 + 2 * K_BYTES + 4 * Q_BYTES + 4 * BQ * 4;   // K, V; 2 x (Q, dO, lse, D)
 };
 
+struct __align__(8) NpfF2 { float x, y; };                 // two floats in one 8-byte load
+
 // One query tile of npf_fa_bwd_dkdv_wgmma for one warpgroup (its 64 keys; its warp's 16 from kr): S^T,
 // dP^T, (MASKED: the causal mask), P^T, dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. Kw, Vw: the
-// warpgroup's keys (regions BC rows apart); Qs, dOs: the tile's (regions BQ rows apart); lse_s, d_s: its
-// lse and D. The accumulators' columns are the tile's queries: s[4 i + e] is key kr + g + 8 (e / 2),
+// warpgroup's keys (regions BC rows apart); Qs, dOs: the tile's (regions BQ rows apart); nl_s, d_s: its
+// -lse log2(e) and D. The accumulators' columns are the tile's queries: s[4 i + e] is key kr + g + 8 (e / 2),
 // query i0 + 8 i + 2 t + e % 2.
 template <typename T, int D, bool CAUSAL, bool MASKED>
 __device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, const unsigned char* Vw,
                                                        const unsigned char* Qs, const unsigned char* dOs,
-                                                       const float* lse_s, const float* d_s, int i0, int kr,
+                                                       const float* nl_s, const float* d_s, int i0, int kr,
                                                        const NpfFaArgs<float>& a, float c, float (&dk)[D / 2],
                                                        float (&dv)[D / 2]) {
     typedef NpfFaWgmmaDkdvTraits<D> Tr;
@@ -2161,14 +2165,20 @@ __device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, 
     unsigned ap[BQ / 16][4], as[BQ / 16][4];                 // P^T and dS^T / scale, 16 queries a step
 #pragma unroll
     for (int kb = 0; kb < BQ / 16; ++kb) {
+        NpfF2 nl[2], dd[2];                                  // this thread's queries 16 kb + 8 h + 2 t, + 1
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            nl[h] = *reinterpret_cast<const NpfF2*>(nl_s + 16 * kb + 8 * h + 2 * t);
+            dd[h] = *reinterpret_cast<const NpfF2*>(d_s + 16 * kb + 8 * h + 2 * t);
+        }
         float p[8], ds[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const int j = 8 * kb + e, col = 8 * (j / 4) + 2 * t + j % 2;
             float x = st[j];
             if (MASKED && CAUSAL && kr + g + 8 * (j % 4 / 2) > i0 + col + a.shift) x = -npf_fa_inf(0.0f);
-            p[e] = exp2f(fmaf(x, c, -lse_s[col] * 1.4426950408889634f));   // queries past Tq: lse +inf, P 0
-            ds[e] = p[e] * (dpt[j] - d_s[col]);
+            p[e] = exp2f(fmaf(x, c, e % 2 ? nl[e / 4].y : nl[e / 4].x));   // queries past Tq: -inf, P 0
+            ds[e] = p[e] * (dpt[j] - (e % 2 ? dd[e / 4].y : dd[e / 4].x));
         }
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
@@ -2208,7 +2218,7 @@ __device__ __forceinline__ int npf_fa_wgmma_next_queries(
         float* stats = LDs + (1 - buf) * 2 * Tr::BQ;
         qs.load(i0, next);
         gs.load(i0, next + Tr::Q_BYTES);
-        npf_fa_query_stats<Tr::BQ, Tr::THREADS>(lse, dvec, bh, i0, a, stats);
+        npf_fa_query_stats<Tr::BQ, Tr::THREADS, true>(lse, dvec, bh, i0, a, stats);
     }
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
@@ -2228,7 +2238,7 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
     unsigned char* Ks = npf_align_1024(smem);               // (BC, D) K, (BC, D) V, 2 x ((BQ, D) Q, dO)
     unsigned char* Vs = Ks + Tr::K_BYTES;
     unsigned char* QGs = Vs + Tr::K_BYTES;
-    float* LDs = reinterpret_cast<float*>(QGs + 4 * Tr::Q_BYTES);      // 2 x ((BQ) lse, (BQ) D)
+    float* LDs = reinterpret_cast<float*>(QGs + 4 * Tr::Q_BYTES);      // 2 x ((BQ) -lse log2(e), (BQ) D)
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int j0 = blockIdx.x * BC, kr = j0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);   // this warp's first key
     const unsigned char* Kw = Ks + 64 * wg * 128;
@@ -2246,7 +2256,7 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
         if (qt0 < n_qt) {                                    // with K and V: the first query tile's copies
             qs.load(qt0 * BQ, QGs);
             gs.load(qt0 * BQ, QGs + Tr::Q_BYTES);
-            npf_fa_query_stats<BQ, THREADS>(lse, dvec, bh, qt0 * BQ, a, LDs);
+            npf_fa_query_stats<BQ, THREADS, true>(lse, dvec, bh, qt0 * BQ, a, LDs);
         }
         npf_cp_async_commit();
         float dka[D / 2], dva[D / 2];
@@ -2256,16 +2266,16 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
         for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
             const int buf = npf_fa_wgmma_next_queries<T, D>(qt, qt0, n_qt, qs, gs, lse, dvec, bh, a, QGs, LDs);
             const unsigned char* Qs = QGs + buf * 2 * Tr::Q_BYTES;
-            const float* lse_s = LDs + buf * 2 * BQ;
-            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, true>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, lse_s, lse_s + BQ, qt * BQ, kr, a,
+            const float* nl_s = LDs + buf * 2 * BQ;
+            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, true>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, nl_s, nl_s + BQ, qt * BQ, kr, a,
                                                        c, dka, dva);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; qt < n_qt; ++qt) {                            // the main loop: no masks
             const int buf = npf_fa_wgmma_next_queries<T, D>(qt, qt0, n_qt, qs, gs, lse, dvec, bh, a, QGs, LDs);
             const unsigned char* Qs = QGs + buf * 2 * Tr::Q_BYTES;
-            const float* lse_s = LDs + buf * 2 * BQ;
-            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, false>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, lse_s, lse_s + BQ, qt * BQ, kr,
+            const float* nl_s = LDs + buf * 2 * BQ;
+            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, false>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, nl_s, nl_s + BQ, qt * BQ, kr,
                                                         a, c, dka, dva);
             __syncthreads();
         }
