@@ -1846,25 +1846,10 @@ __device__ __forceinline__ void npf_fa_wgmma_add_pv(float (&o)[D / 2], const flo
     npf_wgmma_commit();
 }
 
-// The first key tile (j0 = 0): S, its softmax, P into pa; O waits for the next tile's step
-template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_wgmma_first_tile(const unsigned char* Qw, const unsigned char* Ks, int wr,
-                                                        const NpfFaArgs<float>& a, float c, float (&m)[2],
-                                                        float (&l)[2], float (&alpha)[2],
-                                                        unsigned (&pa)[NpfFaWgmmaTraits<D>::BC / 16][4]) {
-    constexpr int BC = NpfFaWgmmaTraits<D>::BC;
-    float s[BC / 2];
-    npf_fa_wgmma_scores<T, D>(s, Qw, Ks);
-    npf_wgmma_wait<0>();
-    npf_wgmma_hold<BC / 2>(s);
-    npf_fa_wgmma_softmax<T, D, CAUSAL, MASKED>(s, 0, wr, a, c, m, l, alpha);
-    npf_fa_wgmma_pack<T, BC>(s, pa);
-}
-
-// Key tile j0.. after the first, FlashAttention-3's intra-warpgroup pipelining: S of this tile issued, then
+// Key tile j0.., FlashAttention-3's intra-warpgroup pipelining: S of this tile issued, then (unless FIRST)
 // O = alpha O + P V of the tile before (its P in pa, its V in Vp), so the tensor cores run P V while this
 // tile's softmax does; then this tile's P into pa once P V is done with it.
-template <typename T, int D, bool CAUSAL, bool MASKED>
+template <typename T, int D, bool CAUSAL, bool MASKED, bool FIRST>
 __device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const unsigned char* Ks,
                                                   const unsigned char* Vp, int j0, int wr,
                                                   const NpfFaArgs<float>& a, float c, float (&o)[D / 2],
@@ -1873,8 +1858,12 @@ __device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const
     constexpr int BC = NpfFaWgmmaTraits<D>::BC;
     float s[BC / 2];
     npf_fa_wgmma_scores<T, D>(s, Qw, Ks);
-    npf_fa_wgmma_add_pv<T, D>(o, alpha, pa, Vp);
-    npf_wgmma_wait<1>();                                     // S is done; P V may still run
+    if (FIRST) {
+        npf_wgmma_wait<0>();
+    } else {
+        npf_fa_wgmma_add_pv<T, D>(o, alpha, pa, Vp);
+        npf_wgmma_wait<1>();                                 // S is done; P V may still run
+    }
     npf_wgmma_hold<BC / 2>(s);
     npf_fa_wgmma_softmax<T, D, CAUSAL, MASKED>(s, j0, wr, a, c, m, l, alpha);
     npf_wgmma_wait<0>();
@@ -1897,27 +1886,6 @@ __device__ __forceinline__ void npf_fa_wgmma_next_kv(int kt, int n_kt, const Npf
     npf_cp_async_wait<1>();                                  // the copies committed before these have landed
     npf_fence_async_shared();                                // where wgmma reads them
     __syncthreads();                                         // (everyone's)
-}
-
-// Key tile kt of a head into its buffer, as npf_fa_dense_next: the next tile's copies first (into the other
-// buffer), then this one's (and those issued with tile 0's) awaited and fenced for wgmma's reads,
-// block-wide; returns the buffer (K, then V: tiles of BC rows)
-template <typename T, int D, int BC, int THREADS>
-__device__ __forceinline__ const unsigned char* npf_fa_wgmma_next(int kt, int n_kt,
-                                                                 const NpfFaSwizzledRows<T, BC, D, THREADS>& ks,
-                                                                 const NpfFaSwizzledRows<T, BC, D, THREADS>& vs,
-                                                                 unsigned char* KVs) {
-    constexpr int KV_BYTES = BC * D * 2;
-    if (kt + 1 < n_kt) {
-        unsigned char* next = KVs + (kt + 1) % 2 * 2 * KV_BYTES;
-        ks.load((kt + 1) * BC, next);
-        vs.load((kt + 1) * BC, next + KV_BYTES);
-    }
-    npf_cp_async_commit();
-    npf_cp_async_wait<1>();                                  // this tile's copies have landed
-    npf_fence_async_shared();                                // where wgmma reads them
-    __syncthreads();                                         // (everyone's)
-    return KVs + kt % 2 * 2 * KV_BYTES;
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -1951,21 +1919,25 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
         for (int j = 0; j < D / 2; ++j) o[j] = 0.0f;
         if (n_kt > 0) {
             npf_fa_wgmma_next_kv<T, D, BC, THREADS>(0, n_kt, ks, vs, Kb, Vb);
-            if (masked_from > 0) npf_fa_wgmma_first_tile<T, D, CAUSAL, false>(Qw, Kb, wr, a, c, m, l, alpha, pa);
-            else npf_fa_wgmma_first_tile<T, D, CAUSAL, true>(Qw, Kb, wr, a, c, m, l, alpha, pa);
+            if (masked_from > 0)                             // the first tile: S, its softmax (P V waits)
+                npf_fa_wgmma_tile<T, D, CAUSAL, false, true>(Qw, Kb, nullptr, 0, wr, a, c, o, m, l, alpha, pa);
+            else
+                npf_fa_wgmma_tile<T, D, CAUSAL, true, true>(Qw, Kb, nullptr, 0, wr, a, c, o, m, l, alpha, pa);
             __syncthreads();                                 // done with K's buffer before it is refilled
             // the main loop: tiles every row of the block sees whole; then those that need masks
             int kt = 1;
             for (; kt < masked_from; ++kt) {
                 npf_fa_wgmma_next_kv<T, D, BC, THREADS>(kt, n_kt, ks, vs, Kb, Vb);
-                npf_fa_wgmma_tile<T, D, CAUSAL, false>(Qw, Kb + kt % 2 * Tr::KV_BYTES, Vb + (kt - 1) % 2 * Tr::KV_BYTES,
-                                                       kt * BC, wr, a, c, o, m, l, alpha, pa);
+                npf_fa_wgmma_tile<T, D, CAUSAL, false, false>(Qw, Kb + kt % 2 * Tr::KV_BYTES,
+                                                              Vb + (kt - 1) % 2 * Tr::KV_BYTES, kt * BC, wr, a, c, o,
+                                                              m, l, alpha, pa);
                 __syncthreads();                             // done with these buffers before they are refilled
             }
             for (; kt < n_kt; ++kt) {
                 npf_fa_wgmma_next_kv<T, D, BC, THREADS>(kt, n_kt, ks, vs, Kb, Vb);
-                npf_fa_wgmma_tile<T, D, CAUSAL, true>(Qw, Kb + kt % 2 * Tr::KV_BYTES, Vb + (kt - 1) % 2 * Tr::KV_BYTES,
-                                                      kt * BC, wr, a, c, o, m, l, alpha, pa);
+                npf_fa_wgmma_tile<T, D, CAUSAL, true, false>(Qw, Kb + kt % 2 * Tr::KV_BYTES,
+                                                             Vb + (kt - 1) % 2 * Tr::KV_BYTES, kt * BC, wr, a, c, o,
+                                                             m, l, alpha, pa);
                 __syncthreads();
             }
             npf_fa_wgmma_next_kv<T, D, BC, THREADS>(n_kt, n_kt, ks, vs, Kb, Vb);    // the last tile's V
@@ -1999,63 +1971,108 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
 // dQ on wgmma (sm_90a): the dense dQ's algorithm (P recomputed from lse, dS = P (dP - D), the scale once at
 // the end), its products as the Hopper forward's: a warpgroup per 64 query rows, key tiles of BC = 64 keys;
 // S = Q K^T and dP = dO V^T as D / 16 wgmmas each (m64n64k16, all four operands from shared memory, one
-// group), P and dS in registers, dQ += dS K (m64nDk16, K N-major). Q and dO loaded once a head, K and V
-// double-buffered. Traits: 2 warpgroups, 128 rows a block; S, dP (32 floats a thread each), dQ (D / 2)
-// and dS's registers (16): one block of 256 threads an SM.
+// group), P and dS in registers, dQ += dS K (m64nDk16, K N-major), pipelined as the forward: a tile's S and
+// dP issued with the previous tile's dQ += dS K behind them, so that the tensor cores run it while this
+// tile's dS is worked out. Q and dO loaded once a head; K in three buffers (a tile's, the previous one's
+// for dQ, the next one's in flight), V in two. Traits: 2 warpgroups, 128 rows a block; S, dP (32 floats
+// a thread each), dQ (D / 2) and the previous dS's registers (16): one block of 256 threads an SM.
 template <int D_> struct NpfFaWgmmaDqTraits {
     static constexpr int D = D_, WARPGROUPS = 2, THREADS = 128 * WARPGROUPS, BR = 64 * WARPGROUPS, BC = 64;
     static constexpr int MIN_BLOCKS = 1;
     static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;     // 16-bit values
-    static constexpr int SHARED = 1024 + 2 * Q_BYTES + 4 * KV_BYTES;      // Q, dO; 2 x (K, V)
+    static constexpr int SHARED = 1024 + 2 * Q_BYTES + 5 * KV_BYTES;      // Q, dO; 3 x K, 2 x V
 };
 
-// One key tile of npf_fa_bwd_dq_wgmma for one warpgroup (its rows as the forward's tile): S, dP, (MASKED: the
-// causal and ragged-end masks), dS, dQ += dS K. nl: -lse log2(e) of the thread's two rows; dd: their D.
-template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_wgmma_dq_tile(const unsigned char* Qw, const unsigned char* dOw,
-                                                     const unsigned char* Ks, const unsigned char* Vs, int j0,
-                                                     int wr, const NpfFaArgs<float>& a, float c, const float (&nl)[2],
-                                                     const float (&dd)[2], float (&dq)[D / 2]) {
+// npf_fa_bwd_dq_wgmma's steps for one warpgroup (its rows as the forward's). S = Q K^T and dP = dO V^T of a
+// key tile, issued and committed (the caller waits).
+template <typename T, int D>
+__device__ __forceinline__ void npf_fa_wgmma_dq_scores(float (&s)[NpfFaWgmmaDqTraits<D>::BC / 2],
+                                                       float (&dp)[NpfFaWgmmaDqTraits<D>::BC / 2],
+                                                       const unsigned char* Qw, const unsigned char* dOw,
+                                                       const unsigned char* Ks, const unsigned char* Vs) {
     typedef NpfFaWgmmaDqTraits<D> Tr;
-    constexpr int BR = Tr::BR, BC = Tr::BC;
-    constexpr bool BF16 = Npf16<T>::BF16;
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    float s[BC / 2], dp[BC / 2];                             // written whole by their first wgmmas
     npf_wgmma_fence();
-    npf_fa_wgmma_rows_dot<D, BC, BR, BF16>(s, Qw, Ks);
-    npf_fa_wgmma_rows_dot<D, BC, BR, BF16>(dp, dOw, Vs);
+    npf_fa_wgmma_rows_dot<D, Tr::BC, Tr::BR, Npf16<T>::BF16>(s, Qw, Ks);   // written whole by their first wgmmas
+    npf_fa_wgmma_rows_dot<D, Tr::BC, Tr::BR, Npf16<T>::BF16>(dp, dOw, Vs);
     npf_wgmma_commit();
-    npf_wgmma_wait<0>();
+}
+
+// dS / scale = P (dP - D) of key tile j0.., in place in s: P recomputed from lse (MASKED: the causal and
+// ragged-end masks). nl: -lse log2(e) of the thread's two rows; dd: their D.
+template <typename T, int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_wgmma_dq_ds(float (&s)[NpfFaWgmmaDqTraits<D>::BC / 2],
+                                                   const float (&dp)[NpfFaWgmmaDqTraits<D>::BC / 2], int j0, int wr,
+                                                   const NpfFaArgs<float>& a, float c, const float (&nl)[2],
+                                                   const float (&dd)[2]) {
+    constexpr int BC = NpfFaWgmmaDqTraits<D>::BC;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < BC / 2; ++j) {
+        float x = s[j];
+        if (MASKED) {
+            const int i = wr + g + 8 * (j % 4 / 2), key = j0 + 8 * (j / 4) + 2 * t + j % 2;
+            if ((CAUSAL && key > i + a.shift) || key >= a.Tk) x = -npf_fa_inf(0.0f);
+        }
+        s[j] = exp2f(fmaf(x, c, nl[j % 4 / 2])) * (dp[j] - dd[j % 4 / 2]);
+    }
+}
+
+// dQ += dS K of a key tile, issued and committed (the caller waits): dS from the registers ds, K's rows
+// (Ks) N-major: the keys are dQ's k axis
+template <typename T, int D>
+__device__ __forceinline__ void npf_fa_wgmma_dq_add(float (&dq)[D / 2],
+                                                    const unsigned (&ds)[NpfFaWgmmaDqTraits<D>::BC / 16][4],
+                                                    const unsigned char* Ks) {
+    constexpr int BC = NpfFaWgmmaDqTraits<D>::BC;
+    npf_wgmma_fence();                                       // ds was written since the last wgmma
+#pragma unroll
+    for (int kb = 0; kb < BC / 16; ++kb)                     // K's rows 16 kb ..
+        NpfWgmma<D, Npf16<T>::BF16>::template rs<1>(dq, ds[kb], npf_wgmma_desc(Ks + kb * 16 * 128, BC * 128, 1024), 1);
+    npf_wgmma_commit();
+}
+
+// Key tile j0.. of npf_fa_bwd_dq_wgmma: its S and dP issued, then (unless FIRST) dQ += dS K of the tile before
+// (its dS in ds, its K in Kp); dS worked out while that runs, then into ds once it is done.
+template <typename T, int D, bool CAUSAL, bool MASKED, bool FIRST>
+__device__ __forceinline__ void npf_fa_wgmma_dq_tile(const unsigned char* Qw, const unsigned char* dOw,
+                                                     const unsigned char* Ks, const unsigned char* Vs,
+                                                     const unsigned char* Kp, int j0, int wr,
+                                                     const NpfFaArgs<float>& a, float c, const float (&nl)[2],
+                                                     const float (&dd)[2], float (&dq)[D / 2],
+                                                     unsigned (&ds)[NpfFaWgmmaDqTraits<D>::BC / 16][4]) {
+    constexpr int BC = NpfFaWgmmaDqTraits<D>::BC;
+    float s[BC / 2], dp[BC / 2];
+    npf_fa_wgmma_dq_scores<T, D>(s, dp, Qw, dOw, Ks, Vs);
+    if (FIRST) {
+        npf_wgmma_wait<0>();
+    } else {
+        npf_fa_wgmma_dq_add<T, D>(dq, ds, Kp);
+        npf_wgmma_wait<1>();                                 // S and dP are done; dQ += dS K may still run
+    }
     npf_wgmma_hold<BC / 2>(s);
     npf_wgmma_hold<BC / 2>(dp);
-    unsigned ds[BC / 16][4];                                 // dS / scale, 16 keys a step, as A registers
-#pragma unroll
-    for (int kb = 0; kb < BC / 16; ++kb) {
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int j = 8 * kb + e;
-            float x = s[j];
-            if (MASKED) {
-                const int i = wr + g + 8 * (j % 4 / 2), key = j0 + 8 * (j / 4) + 2 * t + j % 2;
-                if ((CAUSAL && key > i + a.shift) || key >= a.Tk) x = -npf_fa_inf(0.0f);
-            }
-            const float p = exp2f(fmaf(x, c, nl[j % 4 / 2]));
-            v[e] = p * (dp[j] - dd[j % 4 / 2]);
-        }
-        ds[kb][0] = npf_pack2<T>(v[0], v[1]);
-        ds[kb][1] = npf_pack2<T>(v[2], v[3]);
-        ds[kb][2] = npf_pack2<T>(v[4], v[5]);
-        ds[kb][3] = npf_pack2<T>(v[6], v[7]);
-    }
-    npf_wgmma_fence();
-#pragma unroll
-    for (int kb = 0; kb < BC / 16; ++kb)                     // K's rows 16 kb ..: the keys are dQ's k axis
-        NpfWgmma<D, BF16>::template rs<1>(dq, ds[kb], npf_wgmma_desc(Ks + kb * 16 * 128, BC * 128, 1024), 1);
-    npf_wgmma_commit();
+    npf_fa_wgmma_dq_ds<T, D, CAUSAL, MASKED>(s, dp, j0, wr, a, c, nl, dd);
     npf_wgmma_wait<0>();
     npf_wgmma_hold<D / 2>(dq);
     npf_wgmma_hold<BC / 4>(&ds[0][0]);
+    npf_fa_wgmma_pack<T, BC>(s, ds);
+}
+
+// dQ's copies at key tile kt of a head: K and V of tile kt + 1 issued (K into buffer (kt + 1) % 3, V into
+// (kt + 1) % 2), then those of tile kt awaited and fenced for wgmma's reads, block-wide
+template <typename T, int D, int BC, int THREADS>
+__device__ __forceinline__ void npf_fa_wgmma_dq_next(int kt, int n_kt, const NpfFaSwizzledRows<T, BC, D, THREADS>& ks,
+                                                     const NpfFaSwizzledRows<T, BC, D, THREADS>& vs,
+                                                     unsigned char* Kb, unsigned char* Vb) {
+    constexpr int KV_BYTES = BC * D * 2;
+    if (kt + 1 < n_kt) {
+        ks.load((kt + 1) * BC, Kb + (kt + 1) % 3 * KV_BYTES);
+        vs.load((kt + 1) * BC, Vb + (kt + 1) % 2 * KV_BYTES);
+    }
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();                                  // this tile's copies have landed
+    npf_fence_async_shared();                                // where wgmma reads them
+    __syncthreads();                                         // (everyone's)
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -2065,9 +2082,10 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
     typedef NpfFaWgmmaDqTraits<D> Tr;
     constexpr int BR = Tr::BR, BC = Tr::BC, THREADS = Tr::THREADS;
     NPF_FA_SHARED(smem, Tr::SHARED);
-    unsigned char* Qs = npf_align_1024(smem);               // (BR, D) Q, (BR, D) dO, then 2 x (K, V) of (BC, D)
+    unsigned char* Qs = npf_align_1024(smem);               // (BR, D) Q, (BR, D) dO, then 3 x K, 2 x V of (BC, D)
     unsigned char* dOs = Qs + Tr::Q_BYTES;
-    unsigned char* KVs = dOs + Tr::Q_BYTES;
+    unsigned char* Kb = dOs + Tr::Q_BYTES;
+    unsigned char* Vb = Kb + 3 * Tr::KV_BYTES;
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int wr = i0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);        // this warp's first query row
@@ -2082,11 +2100,12 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
         NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
         NpfFaSwizzledRows<T, BR, D, THREADS>(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st).load(i0, dOs);
         if (n_kt > 0) {                                      // with Q and dO: tile 0's copies
-            ks.load(0, KVs);
-            vs.load(0, KVs + Tr::KV_BYTES);
+            ks.load(0, Kb);
+            vs.load(0, Vb);
         }
         npf_cp_async_commit();
         float nl[2], dd[2], dqa[D / 2];
+        unsigned ds[BC / 16][4];                             // the last tile's dS / scale, as wgmma's A registers
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int i = wr + g + 8 * r;
@@ -2097,16 +2116,34 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
         for (int j = 0; j < D / 2; ++j) dqa[j] = 0.0f;
         const unsigned char* Qw = Qs + 64 * wg * 128;
         const unsigned char* dOw = dOs + 64 * wg * 128;
-        int kt = 0;
-        for (; kt < masked_from; ++kt) {                     // the main loop: no masks
-            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
-            npf_fa_wgmma_dq_tile<T, D, CAUSAL, false>(Qw, dOw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, nl, dd, dqa);
-            __syncthreads();
-        }
-        for (; kt < n_kt; ++kt) {
-            const unsigned char* Ks = npf_fa_wgmma_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, KVs);
-            npf_fa_wgmma_dq_tile<T, D, CAUSAL, true>(Qw, dOw, Ks, Ks + Tr::KV_BYTES, kt * BC, wr, a, c, nl, dd, dqa);
-            __syncthreads();
+        if (n_kt > 0) {
+            npf_fa_wgmma_dq_next<T, D, BC, THREADS>(0, n_kt, ks, vs, Kb, Vb);
+            if (masked_from > 0)                             // the first tile: S, dP, dS (dQ waits for the next)
+                npf_fa_wgmma_dq_tile<T, D, CAUSAL, false, true>(Qw, dOw, Kb, Vb, nullptr, 0, wr, a, c, nl, dd, dqa,
+                                                                ds);
+            else
+                npf_fa_wgmma_dq_tile<T, D, CAUSAL, true, true>(Qw, dOw, Kb, Vb, nullptr, 0, wr, a, c, nl, dd, dqa,
+                                                               ds);
+            __syncthreads();                                 // done with these buffers before they are refilled
+            int kt = 1;
+            for (; kt < masked_from; ++kt) {                 // the main loop: no masks
+                npf_fa_wgmma_dq_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, Kb, Vb);
+                npf_fa_wgmma_dq_tile<T, D, CAUSAL, false, false>(
+                    Qw, dOw, Kb + kt % 3 * Tr::KV_BYTES, Vb + kt % 2 * Tr::KV_BYTES, Kb + (kt - 1) % 3 * Tr::KV_BYTES,
+                    kt * BC, wr, a, c, nl, dd, dqa, ds);
+                __syncthreads();
+            }
+            for (; kt < n_kt; ++kt) {
+                npf_fa_wgmma_dq_next<T, D, BC, THREADS>(kt, n_kt, ks, vs, Kb, Vb);
+                npf_fa_wgmma_dq_tile<T, D, CAUSAL, true, false>(
+                    Qw, dOw, Kb + kt % 3 * Tr::KV_BYTES, Vb + kt % 2 * Tr::KV_BYTES, Kb + (kt - 1) % 3 * Tr::KV_BYTES,
+                    kt * BC, wr, a, c, nl, dd, dqa, ds);
+                __syncthreads();
+            }
+            npf_fa_wgmma_dq_add<T, D>(dqa, ds, Kb + (n_kt - 1) % 3 * Tr::KV_BYTES);     // the last tile's
+            npf_wgmma_wait<0>();
+            npf_wgmma_hold<D / 2>(dqa);
+            npf_wgmma_hold<BC / 4>(&ds[0][0]);
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

@@ -56,7 +56,9 @@ CUDA C                              reference
                                     ``acc += P v`` (dq: ``S``, ``dP = dO v^T``, ``dq += ds k``; dk,
                                     dv: their transposes, ``dv += P^T dO``, ``dk += ds^T q``) as
                                     wgmmas over 128-byte-swizzled tiles in shared memory, the
-                                    element-wise work (softmax, dS) in registers
+                                    element-wise work (softmax, dS) in registers; the forward and dq
+                                    run a tile's element-wise work beside the previous tile's
+                                    ``P v`` (``ds k``)
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -166,7 +168,7 @@ GEOMETRY = {
     # the Hopper kernels (WGMMA_THREADS threads): 128 rows (dK, dV: keys), tiles of 128 keys (dQ: 64; dK, dV: 64
     # queries), 1 KiB to align the tiles
     "NpfFaFwdWgmma<64>": (128, 82944), "NpfFaFwdWgmma<128>": (128, 164864),
-    "NpfFaDqWgmma<64>": (128, 66560), "NpfFaDqWgmma<128>": (128, 132096),
+    "NpfFaDqWgmma<64>": (128, 74752), "NpfFaDqWgmma<128>": (128, 148480),
     "NpfFaDkdvWgmma<64>": (128, 67584), "NpfFaDkdvWgmma<128>": (128, 133120),
 }
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on

@@ -117,6 +117,7 @@ def test_the_hopper_kernels_run_on_wgmma_and_issue_few_instructions_per_product(
             outside = 2 * (d // 16) + 128 // 16     # the first tile's S (masked or not), the last tile's O
         elif name.startswith("npf_fa_bwd_dq"):  # S, dP: 2 d / 16 of 64x64x16; dQ: 64 / 16 of 64xDx16
             hgmma, hmma = 2 * (d // 16) + 64 // 16, 2 * 64 // 8 * (d // 16) + d // 8 * (64 // 16)
+            outside = 2 * 2 * (d // 16) + 64 // 16  # the first tile's S and dP (masked or not), the last tile's dQ
         else:                                   # S^T, dP^T: 2 d / 16 of 64x64x16; dV, dK: 2 x 64 / 16 of 64xDx16
             hgmma, hmma = 2 * (d // 16) + 2 * (64 // 16), 2 * 64 // 8 * (d // 16) + 2 * d // 8 * (64 // 16)
         loops = 1 if "dkdv" in name and "causal" not in name else 2    # a loop for the masked tiles too, but
