@@ -1761,6 +1761,15 @@ __device__ __forceinline__ void npf_fa_wgmma_rows_dot(float* acc, const unsigned
     }
 }
 
+// The copies just issued committed as a group, those committed before it awaited (they have landed),
+// fenced for wgmma's reads, and the same for every thread of the block: the tile they hold is ready
+__device__ __forceinline__ void npf_fa_wgmma_landed() {
+    npf_cp_async_commit();
+    npf_cp_async_wait<1>();
+    npf_fence_async_shared();                                // where wgmma reads them
+    __syncthreads();                                         // (everyone's)
+}
+
 // The forward's steps for one warpgroup (its 64 rows; its warp's 16 from wr). Accumulators in wgmma's
 // fragments: s[4 i + e] and o[4 i + e] are row wr + g + 8 (e / 2), column 8 i + 2 t + e % 2.
 // S = Q K^T of a key tile, issued and committed (the caller waits). Qw: the warpgroup's rows of the Q tile
@@ -1777,7 +1786,7 @@ __device__ __forceinline__ void npf_fa_wgmma_scores(float (&s)[NpfFaWgmmaTraits<
 // The online softmax of key tile j0.., in place: (MASKED: the causal and ragged-end masks), each row's
 // maximum m moved on, l scaled to it and the tile's P added; s becomes P = 2^(s c - m c) (float32), alpha
 // the factor O still needs (1 where the maximum did not move).
-template <typename T, int D, bool CAUSAL, bool MASKED>
+template <int D, bool CAUSAL, bool MASKED>
 __device__ __forceinline__ void npf_fa_wgmma_softmax(float (&s)[NpfFaWgmmaTraits<D>::BC / 2], int j0, int wr,
                                                      const NpfFaArgs<float>& a, float c, float (&m)[2],
                                                      float (&l)[2], float (&alpha)[2]) {
@@ -1865,7 +1874,7 @@ __device__ __forceinline__ void npf_fa_wgmma_tile(const unsigned char* Qw, const
         npf_wgmma_wait<1>();                                 // S is done; P V may still run
     }
     npf_wgmma_hold<BC / 2>(s);
-    npf_fa_wgmma_softmax<T, D, CAUSAL, MASKED>(s, j0, wr, a, c, m, l, alpha);
+    npf_fa_wgmma_softmax<D, CAUSAL, MASKED>(s, j0, wr, a, c, m, l, alpha);
     npf_wgmma_wait<0>();
     npf_wgmma_hold<D / 2>(o);
     npf_wgmma_hold<BC / 4>(&pa[0][0]);
@@ -1882,10 +1891,7 @@ __device__ __forceinline__ void npf_fa_wgmma_next_kv(int kt, int n_kt, const Npf
     constexpr int KV_BYTES = BC * D * 2;
     if (kt + 1 < n_kt) ks.load((kt + 1) * BC, Kb + (kt + 1) % 2 * KV_BYTES);
     if (kt < n_kt) vs.load(kt * BC, Vb + kt % 2 * KV_BYTES);
-    npf_cp_async_commit();
-    npf_cp_async_wait<1>();                                  // the copies committed before these have landed
-    npf_fence_async_shared();                                // where wgmma reads them
-    __syncthreads();                                         // (everyone's)
+    npf_fa_wgmma_landed();
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -1999,7 +2005,7 @@ __device__ __forceinline__ void npf_fa_wgmma_dq_scores(float (&s)[NpfFaWgmmaDqTr
 
 // dS / scale = P (dP - D) of key tile j0.., in place in s: P recomputed from lse (MASKED: the causal and
 // ragged-end masks). nl: -lse log2(e) of the thread's two rows; dd: their D.
-template <typename T, int D, bool CAUSAL, bool MASKED>
+template <int D, bool CAUSAL, bool MASKED>
 __device__ __forceinline__ void npf_fa_wgmma_dq_ds(float (&s)[NpfFaWgmmaDqTraits<D>::BC / 2],
                                                    const float (&dp)[NpfFaWgmmaDqTraits<D>::BC / 2], int j0, int wr,
                                                    const NpfFaArgs<float>& a, float c, const float (&nl)[2],
@@ -2051,7 +2057,7 @@ __device__ __forceinline__ void npf_fa_wgmma_dq_tile(const unsigned char* Qw, co
     }
     npf_wgmma_hold<BC / 2>(s);
     npf_wgmma_hold<BC / 2>(dp);
-    npf_fa_wgmma_dq_ds<T, D, CAUSAL, MASKED>(s, dp, j0, wr, a, c, nl, dd);
+    npf_fa_wgmma_dq_ds<D, CAUSAL, MASKED>(s, dp, j0, wr, a, c, nl, dd);
     npf_wgmma_wait<0>();
     npf_wgmma_hold<D / 2>(dq);
     npf_wgmma_hold<BC / 4>(&ds[0][0]);
@@ -2069,10 +2075,7 @@ __device__ __forceinline__ void npf_fa_wgmma_dq_next(int kt, int n_kt, const Npf
         ks.load((kt + 1) * BC, Kb + (kt + 1) % 3 * KV_BYTES);
         vs.load((kt + 1) * BC, Vb + (kt + 1) % 2 * KV_BYTES);
     }
-    npf_cp_async_commit();
-    npf_cp_async_wait<1>();                                  // this tile's copies have landed
-    npf_fence_async_shared();                                // where wgmma reads them
-    __syncthreads();                                         // (everyone's)
+    npf_fa_wgmma_landed();
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -2257,10 +2260,7 @@ __device__ __forceinline__ int npf_fa_wgmma_next_queries(
         gs.load(i0, next + Tr::Q_BYTES);
         npf_fa_query_stats<Tr::BQ, Tr::THREADS, true>(lse, dvec, bh, i0, a, stats);
     }
-    npf_cp_async_commit();
-    npf_cp_async_wait<1>();                                  // this tile's copies have landed
-    npf_fence_async_shared();                                // where wgmma reads them
-    __syncthreads();                                         // (everyone's, its lse and D), and K's and V's
+    npf_fa_wgmma_landed();                                   // (and its lse and D, and K's and V's)
     return buf;
 }
 
