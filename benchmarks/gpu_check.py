@@ -17,7 +17,8 @@ primitives    the warp primitives (mma.sync, ldmatrix, shuffles, cp.async) and, 
               swizzled tiles), against their layouts: a layout mistake shows first
 kernel-tests  the GPU tests of the CUDA kernels and of training (CUDA graphs)     gpu_tests.log
 steps         training steps on CuPy and PyTorch: GPT-2 124M (float32, float16    steps.md, .json
-              mixed precision), gpt-medium eager and from a CUDA graph; PyTorch
+              mixed precision, eager and from a CUDA graph), gpt-medium eager
+              and from a CUDA graph; PyTorch
               three ways: nanoGPT's structure eager (torch), nn.TransformerEncoder-
               Layer blocks (torch-layers), nanoGPT's under torch.compile (torch-
               compile, the GPT steps; its compile time apart, in the json)
@@ -94,7 +95,8 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
                                               "tests/kernels/cuda/test_warpgroup_primitives.py")),
         Stage("kernel-tests", 60, 240, parallel + KERNEL_TESTS, log="gpu_tests.log"),
         Stage("steps", 90, 360, bench + ("--backends", "cupy,torch,torch-layers,torch-compile",
-                                         "--only", "gpt2-124m,gpt2-124m-fp16,gpt-medium,gpt-medium-graph",
+                                         "--only", "gpt2-124m,gpt2-124m-fp16,gpt2-124m-fp16-graph,gpt-medium,"
+                                         "gpt-medium-graph",
                                          "--out", "{out}/steps"),
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
         Stage("sweep", 45, 240, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),

@@ -465,7 +465,8 @@ TINY = ModelSpec("gpt", d=16, H=2, L=1, F=32, V=20)
 def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
     from npformer.bench.steps import MODELS
     gpu = {n for n, m in MODELS.items() if m.gpu}
-    assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16", "seq2seq-d512"} <= gpu
+    assert {"gpt-medium-graph", "gpt-d768-t512", "gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16",
+            "gpt2-124m-fp16-graph", "seq2seq-d512"} <= gpu
     logs = []
     result = suite.run_suite([Backend("numpy", 1)], quick=True, parity=False, only=gpu, log=logs.append)
     assert result["rows"] == []
@@ -480,7 +481,9 @@ def test_gpu_case_sizes_are_the_issue_s():
     assert (m.d, m.L, m.H, m.V, m.B, m.T) == (768, 12, 12, 50257, 8, 1024)
     assert 6.9e12 < train_flops(m, 8, 1024) < 7.1e12              # "the step is 7.0 TFLOP of matrix products"
     assert MODELS["gpt2-124m-fp16"].precision == "float16" and MODELS["gpt2-124m-bf16"].precision == "bfloat16"
-    assert {MODELS[n].d for n in ("gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16")} == {768}
+    assert {MODELS[n].d for n in ("gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16", "gpt2-124m-fp16-graph")} == {768}
+    graphed = MODELS["gpt2-124m-fp16-graph"]
+    assert graphed.graph and graphed.precision == "float16" and (graphed.B, graphed.T) == (8, 1024)
     assert (MODELS["seq2seq-d512"].B, MODELS["seq2seq-d512"].T, MODELS["seq2seq-d512"].V) == (16, 128, 8192)
 
 
@@ -503,11 +506,13 @@ def test_mixed_precision_step_builders_run_at_tiny_sizes(precision):
         torch_step()
 
 
-def test_graph_step_refuses_the_cpu_backend():
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_graph_step_refuses_the_cpu_backend(precision):
     from npformer.bench.steps import _npformer_step
     from npformer.errors import InputTypeError
     src = np.random.default_rng(0).integers(1, 20, (2, 8))
-    step = _npformer_step(Backend("numpy", 1), dataclasses.replace(TINY, graph=True), src, src[:, ::-1].copy())
+    spec = dataclasses.replace(TINY, graph=True, precision=precision)
+    step = _npformer_step(Backend("numpy", 1), spec, src, src[:, ::-1].copy())
     with pytest.raises(InputTypeError, match="On the NumPy backend there is no graph"):
         step()
 

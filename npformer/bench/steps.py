@@ -66,6 +66,8 @@ MODELS = {
                                 precision="float16"),
     "gpt2-124m-bf16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
                                 precision="bfloat16"),
+    "gpt2-124m-fp16-graph": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
+                                      precision="float16", graph=True),
     "seq2seq-d512": ModelSpec("seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
 }
 HALF_PARITY = ("skipped: mixed precision (16-bit model, float32 masters); the float32 case of the same model "
@@ -129,45 +131,45 @@ def _npformer_step(b, m: ModelSpec, src_ids, tgt_ids) -> Callable[[], Any]:
     flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     src, tgt = b.asarray(src_ids), b.asarray(tgt_ids)
     if m.precision != "float32":                 # bfloat16 without a loss scaler (MixedPrecision's default)
-        return _npformer_mixed_step(model, MixedPrecision(model, m.precision), m.kind, src, tgt)
-    opt = AdamW(model.parameters(), lr=3e-4)
+        amp = MixedPrecision(model, m.precision)
+        opt = AdamW(amp.named_parameters(), lr=3e-4)
+
+        def update():                                # unscale, check, update the masters, round, zero grads
+            amp.step(opt)
+    else:
+        amp, opt = None, AdamW(model.parameters(), lr=3e-4)
+
+        def update():
+            opt.step()
+            model.zero_grad()
     if m.graph:
-        return _npformer_graph_step(model, opt, m.kind, src, tgt)
+        return _npformer_graph_step(model, amp, update, m.kind, src, tgt)
 
-    def step():
-        model.zero_grad()
-        _train_forward_backward(model, m.kind, src, tgt)
-        opt.step()
+    def step():                                      # under mixed precision the gradient is that of S * loss
+        _train_forward_backward(model, m.kind, src, tgt, dloss=1.0 if amp is None else amp.scaled_dloss())
+        update()
     return step
 
 
-def _npformer_mixed_step(model, amp, kind: str, src, tgt) -> Callable[[], Any]:
-    from npformer.training.optim import AdamW
-    opt = AdamW(amp.named_parameters(), lr=3e-4)
-
-    def step():                                      # the loss in float32, its gradient that of S * loss
-        _train_forward_backward(model, kind, src, tgt, dloss=amp.scaled_dloss())
-        amp.step(opt)                                # unscale, check, update the masters, round, zero grads
-    return step
-
-
-def _npformer_graph_step(model, opt, kind: str, src, tgt) -> Callable[[], Any]:
+def _npformer_graph_step(model, amp, update, kind: str, src, tgt) -> Callable[[], Any]:
     """The gradients are made inside the graph (each replay rewrites the arrays the capture allocated),
-    so they are never zeroed between steps: a parameter's first contribution is a copy."""
+    so they are never zeroed between steps: a parameter's first contribution is a copy. Under mixed
+    precision the loss scale is read from ``amp``'s array, refreshed before each call, as the trainer does."""
     from npformer.training.cuda_graph import CudaGraphStep
-    grads = [None]
+    params = list(model.parameters())
 
     def forward_backward(src, tgt):
         model.zero_grad()                            # at the capture: the first accumulate allocates
-        _train_forward_backward(model, kind, src, tgt)
-        return tuple(p.grad for p in model.parameters())
+        _train_forward_backward(model, kind, src, tgt, dloss=1.0 if amp is None else amp.scaled_dloss())
+        return tuple(p.grad for p in params)
     captured = CudaGraphStep(forward_backward, warmup=2)
 
     def step():
-        grads[0] = captured(src, tgt)
-        for p, g in zip(model.parameters(), grads[0]):
+        if amp is not None:
+            amp.scaled_dloss()                       # the scale of this step, into the array the graph reads
+        for p, g in zip(params, captured(src, tgt)):
             p.grad = g                               # the replay's gradients (the capture's arrays)
-        opt.step()
+        update()
     return step
 
 

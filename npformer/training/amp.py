@@ -109,7 +109,7 @@ class DynamicLossScaler:
 class AmpStep(NamedTuple):
     stepped: bool              # False: inf/NaN gradients, the step was skipped
     scale: float               # the loss scale the gradients carried (1.0 without a scaler: bfloat16)
-    grad_norm: float | None    # the unscaled norm before clipping (max_norm given and stepped), else None
+    grad_norm: float | None    # the unscaled norm before clipping (max_norm given; inf or NaN when skipped), else None
 
 
 def low_precision_dtype(dtype, xp):
@@ -152,6 +152,8 @@ class MixedPrecision:
         # gradients are the model's buffers
         model_flat = flat_parameters(model)
         self._flat = None if model_flat is None else FlatParameters(self.named_parameters(), grads_of=model_flat)
+        self._dloss_scale = self._scale()           # what scaled_dloss's array holds
+        self._dloss = self.xp.full((), self._dloss_scale, dtype=self.xp.float32)
 
     def named_parameters(self):
         """(name, float32 master) pairs, for the optimiser."""
@@ -162,8 +164,17 @@ class MixedPrecision:
 
     def scaled_dloss(self):
         """The upstream gradient of a float32 loss, S, as a 0-d float32 array: the loss's backward
-        takes it in place of 1 (and it is 1 without a scaler)."""
-        return self.xp.asarray(self._scale(), dtype=self.xp.float32)
+        takes it in place of 1 (and it is 1 without a scaler).
+
+        It is the same array at every call, S written into it when the scale has changed since the
+        last call. So a backward captured in a CUDA graph reads the scale of the step it replays,
+        provided this is called before each replay (``npformer train --cuda-graph`` does): a
+        graph keeps the arrays its capture read, not the host values they were made from."""
+        scale = self._scale()
+        if scale != self._dloss_scale:
+            self._dloss.fill(scale)                 # outside a capture: the scale changes between steps
+            self._dloss_scale = scale
+        return self._dloss
 
     def _scale(self) -> float:
         return 1.0 if self.scaler is None else self.scaler.scale
@@ -192,13 +203,10 @@ class MixedPrecision:
         # one sum of squares per buffer (or per gradient), in float64: finite iff every element is
         squares = float(xp.stack([sum_of_squares(g) for g in grads]).sum()) if grads else 0.0   # one sync
         ok = math.isfinite(squares)
-        norm = None
+        # fwd: the model's loss was multiplied by S  ->  g = grad / S;  clipping: g = c g
+        norm = None if max_norm is None else math.sqrt(squares) / scale   # the norm of g (S a power of two: exact)
         if ok:
-            # fwd: the model's loss was multiplied by S  ->  g = grad / S;  clipping: g = c g
-            coef = 1.0
-            if max_norm is not None:
-                norm = math.sqrt(squares) / scale                   # the norm of g (S a power of two: exact)
-                coef = clip_coefficient(norm, max_norm)
+            coef = 1.0 if max_norm is None else clip_coefficient(norm, max_norm)
             for master_buffer, model_buffer in flat or ():
                 master_buffer.mirror = model_buffer.data            # the optimiser rounds into it
             optimizer.step(grad_scale=coef / scale)                 # flat: also writes the model's weights

@@ -208,8 +208,9 @@ class TrainConfig:
     tf32: bool = option(False, "float32 matrix products on TF32 tensor cores (CuPy, compute capability >= 8.0): "
                         "faster, inputs rounded to 10 mantissa bits; see npformer.backend.matmul_precision", _SWITCH,
                         off=("--no-tf32", "exact float32 matrix products (the default)"))
-    cuda_graph: bool = option(False, "replay each step's forward and backward from one CUDA graph (CuPy, float32, "
-                              "the GPT models: fixed-size batches); see npformer.training.cuda_graph", _SWITCH,
+    cuda_graph: bool = option(False, "replay each step's forward and backward from one CUDA graph (CuPy, the GPT "
+                              "models: fixed-size batches; any --precision); see npformer.training.cuda_graph",
+                              _SWITCH,
                               off=("--no-cuda-graph", "launch every kernel of a step from Python (the default)"))
 
     def __post_init__(self):
@@ -237,9 +238,6 @@ class TrainConfig:
                              f"{self.backend}")
         if self.cuda_graph and self.backend != "cupy":
             raise RangeError(f"--cuda-graph replays CUDA kernels: it needs --backend cupy, got --backend {self.backend}")
-        if self.cuda_graph and self.precision != "float32":
-            raise RangeError(f"--cuda-graph takes --precision float32, got {self.precision}: mixed precision's loss "
-                             "scale and its skipped steps are decided on the host, step by step")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":

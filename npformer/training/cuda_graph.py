@@ -37,9 +37,13 @@ else allocates from, so the graph's buffers are never handed to other arrays.
 
 NumPy has no graphs: passing NumPy arrays is an InputTypeError saying to call the step itself.
 
-``npformer train --cuda-graph`` (:meth:`npformer.training.loop.Trainer.train_step`, the GPT trainers,
-float32) captures the forward and backward this way; the gradient clipping and AdamW run after each
-replay, and :func:`reseed_in_place` gives each step the dropout stream of (seed, step).
+``npformer train --cuda-graph`` (:meth:`npformer.training.loop.Trainer.train_step`, the GPT trainers)
+captures the forward and backward this way; the gradient clipping and AdamW run after each replay, and
+:func:`reseed_in_place` gives each step the dropout stream of (seed, step). Under mixed precision the
+captured backward starts from the loss scale's device array
+(:meth:`npformer.training.amp.MixedPrecision.scaled_dloss`), which the trainer rewrites before each
+replay when the scale has moved; the finite check, the skipped step and the scaler's update run
+after the replay, on the host, as in an eager step.
 """
 from __future__ import annotations
 

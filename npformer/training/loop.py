@@ -263,8 +263,10 @@ class Trainer:
     def _graph_step(self, step: int) -> StepLoss:
         """Forward and backward replayed from a CUDA graph (:mod:`npformer.training.cuda_graph`), the
         loss read after it; the same losses as the eager step. The dropout stream of (seed, step) is
-        written into the generator the graph draws from, and the gradients are the arrays the
-        capture made, rewritten by every replay (so they are not zeroed between steps)."""
+        written into the generator the graph draws from, the loss scale of mixed precision into the
+        array the captured backward starts from, and the gradients are the arrays the capture made,
+        rewritten by every replay (so they are not zeroed between steps). Mixed precision's check,
+        skip and scale update run after the replay, on the host, as in an eager step."""
         from npformer.training.cuda_graph import CudaGraphStep, reseed_in_place
         params = list(self.model.parameters())     # a list: the capture's closure reads it at every call
         if self._graph is None:
@@ -277,6 +279,8 @@ class Trainer:
         else:                                        # eager warm-up, or the capture: a fresh stream made now
             self.model.manual_seed(self.dropout_seed(step))
             self.model.generator(self.cfg.backend)  # outside the capture (seeding is host work)
+        if self.amp is not None:
+            self.amp.scaled_dloss()                  # this step's loss scale, into the array the graph reads
         x, y = self.batch(step)
         (loss, valid), grads = self._graph(x, y)      # (valid: rewritten in place by every replay)
         for p, g in zip(params, grads):

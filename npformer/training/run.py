@@ -18,7 +18,7 @@ scalar figures (``loss``, and ``exact_match``, ``bits_per_char``, ``accuracy``, 
 (true for the evaluation on the whole held-out set at the end; the periodic ones, and the last one under
 ``--no-final-eval``, read its first ``--eval-limit`` examples or blocks, 300 by default) and ``best``
 (true when it wrote best.npz). A non-finite gradient norm (a step skipped under mixed precision) is
-written as JSON's usual extension, ``Infinity``.
+written as JSON's usual extensions, ``Infinity`` or ``NaN``.
 
 ``--log-to csv`` writes the same records as ``train.csv`` and ``valid.csv`` too, ``--log-to
 tensorboard`` as TensorBoard scalars under ``tensorboard/`` (:data:`SINKS`).

@@ -113,28 +113,52 @@ def test_a_failed_capture_is_a_capture_error_naming_the_host_syncs(monkeypatch):
 # -- the trainer's graph path on the CPU -------------------------------------------------------------
 
 class _GraphOnTheCPU:
-    """A stand-in for CudaGraphStep on NumPy that keeps the rule of a CUDA graph a trainer can get
+    """A stand-in for CudaGraphStep on NumPy that keeps the rules of a CUDA graph a trainer can get
     wrong without a GPU: the step's Python runs at the warm-up calls and the capture only. Every call
     runs the step's array work, but a replay then puts each parameter's ``grad`` back as it was
     before the call (no Python ran) and copies the new outputs into the capture's arrays, which it
-    returns (a replay rewrites the capture's memory)."""
+    returns (a replay rewrites the capture's memory). And what the step's Python computed at the
+    capture is what a replay reads: each ``frozen`` (object, method name) returns at the replays the
+    object it returned at the capture (a value made on the host then is baked into the graph; an array
+    it returned is read again, with what it holds at the replay)."""
 
-    def __init__(self, fn, params, warmup):
+    def __init__(self, fn, params, warmup, frozen=()):
         self.fn, self.params, self.warmup, self.calls, self.outputs = fn, params, warmup, 0, None
+        self.frozen, self.at_capture = frozen, {}
 
     @property
     def captured(self) -> bool:
         return self.outputs is not None
+
+    @contextmanager
+    def _methods(self, replay: bool):
+        """At the capture, record what each frozen method returns; at a replay, return that again."""
+        for obj, name in self.frozen:
+            method = getattr(obj, name)
+
+            def recorded(*args, key=(id(obj), name), method=method, **kwargs):
+                if replay:
+                    return self.at_capture[key]
+                self.at_capture[key] = method(*args, **kwargs)
+                return self.at_capture[key]
+            setattr(obj, name, recorded)
+        try:
+            yield
+        finally:
+            for obj, name in self.frozen:
+                delattr(obj, name)
 
     def __call__(self, *inputs):
         if self.calls < self.warmup:
             self.calls += 1
             return self.fn(*inputs)
         if self.outputs is None:                              # the capture
-            self.outputs = self.fn(*inputs)
+            with self._methods(replay=False):
+                self.outputs = self.fn(*inputs)
             return self.outputs
         before = [(p, p.grad) for p in self.params]
-        (loss, valid), grads = self.fn(*inputs)
+        with self._methods(replay=True):
+            (loss, valid), grads = self.fn(*inputs)
         for p, grad in before:
             p.grad = grad
         (kept_loss, kept_valid), kept_grads = self.outputs
@@ -179,6 +203,48 @@ def test_replayed_steps_train_the_eager_model_on_the_cpu_stand_in(monkeypatch, d
                   if not np.array_equal(p.data, q.data)]
         assert losses[0] == losses[1] and not differ, f"step {step}: losses {losses}, weights that differ: {differ}"
     assert trainers[1]._graph.captured and trainers[1]._graph.calls == 2
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_replayed_mixed_precision_steps_train_the_eager_model_on_the_cpu_stand_in(monkeypatch, precision):
+    """--cuda-graph under mixed precision, with the stand-in: the loss scale the captured backward
+    starts from is read from a device array the trainer rewrites before each replay, so the replays
+    follow the scaler (doubled after each finite step here, halved and the step skipped on an
+    overflow) and give eager's losses, masters and scale step by step. A scale made on the host at
+    the capture (a fresh array per call) would be baked into the graph: the stand-in returns the
+    capture's ``scaled_dloss`` at the replays, and the weights then leave eager's at the first replay
+    after the scale moves."""
+    if precision == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install \"npformer[bfloat16]\")")
+    from npformer.training import cuda_graph
+    from npformer.training.amp import DynamicLossScaler
+    from npformer.training.config import CharLMTrainConfig
+    from npformer.training.registry import make_trainer
+    trainers = []
+    for graph in (False, True):
+        config = CharLMTrainConfig(task="charlm", steps=10, batch_size=4, block_size=16, d_model=32, heads=4,
+                                   layers=2, ff=64, dropout=0.1, precision=precision)
+        trainer = make_trainer(config, log=lambda line: None)
+        if trainer.amp.scaler is not None:   # float16: a scale that moves at every step, both ways
+            trainer.amp.scaler = DynamicLossScaler(init_scale=2.0 ** 12, growth_interval=1)
+        if graph:
+            object.__setattr__(trainer.cfg, "cuda_graph", True)
+            monkeypatch.setattr(cuda_graph, "CudaGraphStep", lambda fn, warmup, t=trainer: _GraphOnTheCPU(
+                fn, list(t.model.parameters()), warmup, frozen=[(t.amp, "scaled_dloss")]))
+            monkeypatch.setattr(cuda_graph, "reseed_in_place", _reseed_numpy_in_place)
+        trainers.append(trainer)
+    scales = []
+    for step in range(1, 11):
+        scales.append(trainers[0].amp.scaler.scale if trainers[0].amp.scaler else 1.0)
+        losses = [t.train_step().loss for t in trainers]
+        masters = [t.model_state() for t in trainers]
+        differ = [n for n in masters[0] if not np.array_equal(masters[0][n], masters[1][n])]
+        states = [t.amp.scaler and t.amp.scaler.state_dict() for t in trainers]
+        assert losses[0] == losses[1] and not differ and states[0] == states[1], (
+            f"step {step}: losses {losses}, masters that differ: {differ}, scalers {states}")
+    assert trainers[1]._graph.captured and trainers[1]._graph.calls == 2
+    if precision == "float16":               # the replays (steps 4-10) ran at several scales, one skipped
+        assert len(set(scales[3:])) > 1 and trainers[0].amp.scaler.skipped >= 1, scales
 
 
 # -- on a GPU ---------------------------------------------------------------------------------------
@@ -234,13 +300,13 @@ def test_a_host_sync_inside_is_a_capture_error_and_shapes_stay_static(cp):
 
 # -- npformer train --cuda-graph --------------------------------------------------------------------
 
-def test_train_config_refuses_the_graph_on_numpy_and_in_mixed_precision():
+def test_train_config_refuses_the_graph_on_numpy_and_takes_every_precision():
     from npformer.training.config import CharLMTrainConfig
     with pytest.raises(RangeError, match="--cuda-graph replays CUDA kernels: it needs --backend cupy, got --backend "
                                          "numpy"):
         CharLMTrainConfig(task="charlm", cuda_graph=True)
-    with pytest.raises(RangeError, match="--cuda-graph takes --precision float32, got float16"):
-        CharLMTrainConfig(task="charlm", backend="cupy", precision="float16", cuda_graph=True)
+    for precision in ("float32", "float16", "bfloat16"):
+        assert CharLMTrainConfig(task="charlm", backend="cupy", precision=precision, cuda_graph=True).cuda_graph
 
 
 def test_trainers_whose_batches_change_shape_refuse_the_graph():
@@ -285,22 +351,32 @@ def test_training_with_the_graph_gives_the_eager_losses(cp):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dropout", [0.0, 0.1])
-def test_graph_and_eager_trainers_keep_the_same_weights_step_by_step(cp, dropout):
+@pytest.mark.parametrize("dropout, precision", [(0.0, "float32"), (0.1, "float32"), (0.1, "float16"),
+                                                (0.1, "bfloat16")])
+def test_graph_and_eager_trainers_keep_the_same_weights_step_by_step(cp, dropout, precision):
     """The same two trainers in lockstep, the weights compared after every step: the failure names the
     first step and the parameters that left eager's values, and dropout 0 against 0.1 tells a replay
     problem from a dropout-stream one (on an H100, 2026-11-27, the losses with dropout 0.1 left eager's
-    at step 5, the second replay)."""
+    at step 5, the second replay). Under float16 the loss scale doubles after every finite step and
+    halves on an overflow, so the replays run at several scales; the masters and the scaler's state
+    are compared too."""
+    if precision == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes (pip install \"npformer[bfloat16]\")")
+    from npformer.training.amp import DynamicLossScaler
     from npformer.training.config import CharLMTrainConfig
     from npformer.training.registry import make_trainer
     trainers = []
     for graph in (False, True):
-        config = CharLMTrainConfig(task="charlm", backend="cupy", steps=8, batch_size=4, block_size=16, d_model=32,
-                                   heads=4, layers=2, ff=64, dropout=dropout, cuda_graph=graph)
-        trainers.append(make_trainer(config, log=lambda line: None))
-    for step in range(1, 9):
+        config = CharLMTrainConfig(task="charlm", backend="cupy", steps=10, batch_size=4, block_size=16, d_model=32,
+                                   heads=4, layers=2, ff=64, dropout=dropout, precision=precision, cuda_graph=graph)
+        trainer = make_trainer(config, log=lambda line: None)
+        if trainer.amp is not None and trainer.amp.scaler is not None:
+            trainer.amp.scaler = DynamicLossScaler(init_scale=2.0 ** 12, growth_interval=1)
+        trainers.append(trainer)
+    for step in range(1, 11):
         losses = [t.train_step().loss for t in trainers]
-        weights = [{n: cp.asnumpy(p.data) for n, p in t.model.named_parameters()} for t in trainers]
+        weights = [{n: cp.asnumpy(v) for n, v in t.model_state().items()} for t in trainers]
         differ = sorted(n for n in weights[0] if not np.array_equal(weights[0][n], weights[1][n]))
-        assert losses[0] == losses[1] and not differ, (f"step {step}: losses {losses}, weights that differ after "
-                                                       f"the step: {differ}")
+        scalers = [t.amp and t.amp.scaler and t.amp.scaler.state_dict() for t in trainers]
+        assert losses[0] == losses[1] and not differ and scalers[0] == scalers[1], (
+            f"step {step}: losses {losses}, weights that differ after the step: {differ}, scalers {scalers}")

@@ -44,6 +44,24 @@ def test_16_bit_training_tracks_float32_training_on_the_same_seed(precision):
         assert half.amp.scaler is None                            # bfloat16 trains without loss scaling
 
 
+def test_a_skipped_float16_step_is_logged_with_a_non_finite_gradient_norm(tmp_path):
+    """A float16 step whose scaled gradients overflow is skipped (the scale halves) and the run goes
+    on: its step result carries the non-finite norm (NaN here: inf - inf in the backward), which
+    metrics.jsonl writes as JSON's usual extension. (Until
+    2026-11-30 the trainer stopped there with a TypeError: the skipped step's norm was None.)"""
+    import json
+
+    from npformer.training.amp import DynamicLossScaler
+    trainer = _trainer(precision="float16", steps=30, log_every=1, out_dir=str(tmp_path / "run"))
+    trainer.amp.scaler = DynamicLossScaler(init_scale=2.0 ** 40)        # overflows float16's gradients
+    trainer.fit()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    norms = [r["grad_norm"] for r in records if r["split"] == "train"]
+    skipped = trainer.amp.scaler.skipped
+    assert 1 <= skipped < 30 and trainer.amp.scaler.scale == 2.0 ** (40 - skipped)
+    assert not any(np.isfinite(norms[:skipped])) and all(np.isfinite(norms[skipped:])), norms
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_16_bit_resume_is_exact_and_checkpoints_keep_float32_masters(tmp_path, precision):
     from npformer.training.checkpoint import load_checkpoint
