@@ -348,8 +348,9 @@ class Trainer:
                 if self.step % c.log_every == 0 or self.step == c.steps:
                     record = self._train_record(window, time.perf_counter() - start)
                     self._record(run, record)
+                    skipped = f" ({record['skipped']} skipped)" if record["skipped"] else ""
                     figures = (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  grad norm "
-                               f"{record['grad_norm']:.3f}  {record['tokens_per_s']:,.0f} tok/s")
+                               f"{record['grad_norm']:.3f}{skipped}  {record['tokens_per_s']:,.0f} tok/s")
                     bar.set_postfix_str(figures, refresh=False)
                     if not tty:
                         log(f"step {self.step:5d}/{c.steps}  {figures}  " + tqdm.format_meter(
@@ -381,9 +382,13 @@ class Trainer:
         return f"  | train loss {sum(losses) / len(losses):.4f} (mean of the last {len(losses)} steps)"
 
     def _train_record(self, window: dict, elapsed: float) -> dict:
+        """The window's training line: the mean loss, the mean gradient norm over the steps whose norm
+        is finite (NaN when none is) and how many were not (``skipped``: mixed precision skips such a
+        step and lowers its loss scale; in float32 the run stops at the next loss, which is not finite)."""
         n = len(window["loss"])
+        finite = [g for g in window["grad_norm"] if math.isfinite(g)]
         return {"split": "train", "step": self.step, "loss": sum(window["loss"]) / n, "lr": self.opt.lr,
-                "grad_norm": sum(window["grad_norm"]) / n,
+                "grad_norm": sum(finite) / len(finite) if finite else math.nan, "skipped": n - len(finite),
                 "tokens_per_s": window["tokens"] / max(window["seconds"], 1e-9), "time_s": round(elapsed, 3)}
 
     def _evaluate(self, run: RunDirectory | None, limit: int | None = None, final: bool = False) -> tuple[dict, str]:

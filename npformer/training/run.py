@@ -17,8 +17,9 @@ the run (or its resumption) started (``time_s``). A validation line holds the st
 scalar figures (``loss``, and ``exact_match``, ``bits_per_char``, ``accuracy``, ... by task), ``final``
 (true for the evaluation on the whole held-out set at the end; the periodic ones, and the last one under
 ``--no-final-eval``, read its first ``--eval-limit`` examples or blocks, 300 by default) and ``best``
-(true when it wrote best.npz). A non-finite gradient norm (a step skipped under mixed precision) is
-written as JSON's usual extensions, ``Infinity`` or ``NaN``.
+(true when it wrote best.npz). A step whose gradients are not finite (float16 mixed precision skips
+it and halves its loss scale) is counted in the training line's ``skipped``, not in its ``grad_norm``
+(``NaN``, JSON's usual extension, when every step of the line was skipped).
 
 ``--log-to csv`` writes the same records as ``train.csv`` and ``valid.csv`` too, ``--log-to
 tensorboard`` as TensorBoard scalars under ``tensorboard/`` (:data:`SINKS`).

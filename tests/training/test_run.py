@@ -23,7 +23,7 @@ from tests.helpers import NO_MATPLOTLIB
 
 SMALL = dict(task="copy", n_train=300, n_valid=40, d_model=16, heads=2, layers=1, ff=32,
              batch_size=16, steps=8, warmup=2, lr=3e-3, eval_every=4, log_every=2, checkpoint_every=4)
-TRAIN_KEYS = {"split", "step", "loss", "lr", "grad_norm", "tokens_per_s", "time_s"}
+TRAIN_KEYS = {"split", "step", "loss", "lr", "grad_norm", "skipped", "tokens_per_s", "time_s"}
 
 
 def _fit(config, lines=None):
