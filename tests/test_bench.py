@@ -898,13 +898,16 @@ def test_the_torch_gpt_is_nanogpt_s_structure_and_computes_the_layers_model():
 
 
 def test_the_layers_and_compile_columns_take_the_gpt_steps_only():
+    """... and not the CUDA graph cases, whose PyTorch side is the same model's as the case without it."""
     pytest.importorskip("torch", reason="the columns are PyTorch's")
     from benchmarks import torch_reference as tr
     from npformer.bench.steps import model_cases
     cases = op_cases(QUICK) + model_cases(QUICK, quick=True)
+    graphs = {c.name for c in cases if c.graph}
+    assert graphs == {"gpt-medium-graph", "gpt2-124m-fp16-graph"}
     for cls in (tr.LayersBackend, tr.CompiledBackend):
         taken = {c.name for c in cases if cls("cpu", 1).takes(c)}
-        assert taken == {c.name for c in cases if c.group == "model" and c.kind == "gpt"}
+        assert taken == {c.name for c in cases if c.group == "model" and c.kind == "gpt"} - graphs
     assert all(tr.TorchBackend("cpu", 1).takes(c) for c in cases)
     assert {tr.LayersBackend("cpu", 1).name, tr.CompiledBackend("cuda", 1).name} == {"torch-layers-cpu",
                                                                                       "torch-compile-cuda"}

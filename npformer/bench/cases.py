@@ -40,6 +40,7 @@ class Case:
     flash: bool = False                 # attention: npformer's flash op (memory linear in T)
     T: int | None = None                # a sweep case's length, its x axis
     kind: str | None = None             # a model case: "gpt" or "seq2seq"
+    graph: bool = False                 # a model case whose npformer step is replayed from a CUDA graph
     family: str | None = None           # a name --only selects with others (flash-train)
 
 FULL = dict(B=8, T=128, d=256, H=8, F=1024, V=512, model_B=8, model_T=128, warmup=2, warmup_s=0.25,

@@ -210,5 +210,6 @@ def model_cases(c: dict, quick: bool = False) -> list[Case]:
         out.append(Case(name, "model", shape, B * T * (2 if m.kind == "seq2seq" else 1),
                         {"step": train_flops(m, B, T)}, build,
                         lambda b, m=m, src=src, tgt=tgt: _outputs(b, m, src, tgt), kind=m.kind, gpu_only=m.gpu,
-                        precision=m.precision, parity_skipped=HALF_PARITY if m.precision != "float32" else None))
+                        precision=m.precision, parity_skipped=HALF_PARITY if m.precision != "float32" else None,
+                        graph=m.graph))
     return out
