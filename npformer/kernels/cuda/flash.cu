@@ -2165,44 +2165,56 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
 }
 
 // dK, dV on wgmma (sm_90a): the dense dK, dV's algorithm, its products as the Hopper forward's: a warpgroup
-// per 64 keys (K and V loaded once a head), query tiles of BQ = 64 (Q, dO, and their lse and D, double-
-// buffered); S^T = K Q^T and dP^T = V dO^T as D / 16 wgmmas each (m64n64k16, from shared memory, one
-// group); P^T and dS^T in registers; dV += P^T dO and dK += dS^T Q (m64nDk16, dO and Q N-major: the queries
-// are their k axis). Traits: 2 warpgroups, 128 keys a block; S^T, dP^T (32 floats a thread each), dK and dV
-// (D / 2 each) and P^T's and dS^T's registers (16 each): one block of 256 threads an SM.
+// per 64 keys (K and V loaded once a head), query tiles of BQ = 64; S^T = K Q^T and dP^T = V dO^T as D / 16
+// wgmmas each (m64n64k16, from shared memory, one group); P^T and dS^T in registers; dV += P^T dO and
+// dK += dS^T Q (m64nDk16, dO and Q N-major: the queries are their k axis). PIPELINED (head size 64), as the
+// forward and dQ: a tile's S^T and dP^T issued with the previous tile's dV and dK products behind them, so
+// that the tensor cores run those while this tile's P^T and dS^T are worked out; Q and dO in three buffers
+// (a tile's, the previous one's for dK and dV, the next one's in flight). At head size 128 a tile's products
+// run one after the other, Q and dO in two buffers: the previous tile's P^T and dS^T beside S^T, dP^T, dK
+// and dV would not fit in a thread's 255 registers (ptxas spilled 28). -lse log2(e) and D in two buffers.
+// Traits: 2 warpgroups, 128 keys a block; S^T, dP^T (32 floats a thread each), dK and dV (D / 2 each), P^T
+// and dS^T as wgmma's A registers (16 each): one block of 256 threads an SM.
 template <int D_> struct NpfFaWgmmaDkdvTraits {
     static constexpr int D = D_, WARPGROUPS = 2, THREADS = 128 * WARPGROUPS, BC = 64 * WARPGROUPS, BQ = 64;
     static constexpr int MIN_BLOCKS = 1;
+    static constexpr bool PIPELINED = D <= 64;
     static constexpr int K_BYTES = BC * D * 2, Q_BYTES = BQ * D * 2;      // 16-bit values
-    static constexpr int SHARED = 1024 + 2 * K_BYTES + 4 * Q_BYTES + 4 * BQ * 4;   // K, V; 2 x (Q, dO, lse, D)
+    static constexpr int Q_BUFFERS = PIPELINED ? 3 : 2;
+    static constexpr int SHARED = 1024 + 2 * K_BYTES + Q_BUFFERS * 2 * Q_BYTES + 4 * BQ * 4;   // K, V; Q, dO; lse, D
 };
 
 struct __align__(8) NpfF2 { float x, y; };                 // two floats in one 8-byte load
 
-// One query tile of npf_fa_bwd_dkdv_wgmma for one warpgroup (its 64 keys; its warp's 16 from kr): S^T,
-// dP^T, (MASKED: the causal mask), P^T, dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. Kw, Vw: the
-// warpgroup's keys (regions BC rows apart); Qs, dOs: the tile's (regions BQ rows apart); nl_s, d_s: its
-// -lse log2(e) and D. The accumulators' columns are the tile's queries: s[4 i + e] is key kr + g + 8 (e / 2),
-// query i0 + 8 i + 2 t + e % 2.
-template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, const unsigned char* Vw,
-                                                       const unsigned char* Qs, const unsigned char* dOs,
-                                                       const float* nl_s, const float* d_s, int i0, int kr,
-                                                       const NpfFaArgs<float>& a, float c, float (&dk)[D / 2],
-                                                       float (&dv)[D / 2]) {
+// npf_fa_bwd_dkdv_wgmma's steps for one warpgroup (its 64 keys; its warp's 16 from kr). The accumulators'
+// columns are the tile's queries: st[4 i + e] is key kr + g + 8 (e / 2), query i0 + 8 i + 2 t + e % 2.
+// S^T = K Q^T and dP^T = V dO^T of a query tile, issued and committed (the caller waits): Kw, Vw the
+// warpgroup's keys (regions BC rows apart), Qs, dOs the tile's (regions BQ rows apart).
+template <typename T, int D>
+__device__ __forceinline__ void npf_fa_wgmma_dkdv_scores(float (&st)[NpfFaWgmmaDkdvTraits<D>::BQ / 2],
+                                                         float (&dpt)[NpfFaWgmmaDkdvTraits<D>::BQ / 2],
+                                                         const unsigned char* Kw, const unsigned char* Vw,
+                                                         const unsigned char* Qs, const unsigned char* dOs) {
     typedef NpfFaWgmmaDkdvTraits<D> Tr;
-    constexpr int BC = Tr::BC, BQ = Tr::BQ;
-    constexpr bool BF16 = Npf16<T>::BF16;
-    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    float st[BQ / 2], dpt[BQ / 2];                           // written whole by their first wgmmas
     npf_wgmma_fence();
-    npf_fa_wgmma_rows_dot<D, BQ, BC, BF16>(st, Kw, Qs);
-    npf_fa_wgmma_rows_dot<D, BQ, BC, BF16>(dpt, Vw, dOs);
+    npf_fa_wgmma_rows_dot<D, Tr::BQ, Tr::BC, Npf16<T>::BF16>(st, Kw, Qs);    // written whole by their first wgmmas
+    npf_fa_wgmma_rows_dot<D, Tr::BQ, Tr::BC, Npf16<T>::BF16>(dpt, Vw, dOs);
     npf_wgmma_commit();
-    npf_wgmma_wait<0>();
-    npf_wgmma_hold<BQ / 2>(st);
-    npf_wgmma_hold<BQ / 2>(dpt);
-    unsigned ap[BQ / 16][4], as[BQ / 16][4];                 // P^T and dS^T / scale, 16 queries a step
+}
+
+// P^T and dS^T / scale = P^T (dP^T - D) of query tile i0.. (MASKED: the causal mask; queries past Tq have
+// -lse = -inf, so P 0): PACK, rounded into wgmma's A registers ap and as, 16 queries a step; else in place
+// in st and dpt (while a wgmma reads ap and as). nl_s, d_s: the tile's -lse log2(e) and D, a thread's two
+// queries read as one pair.
+template <typename T, int D, bool CAUSAL, bool MASKED, bool PACK>
+__device__ __forceinline__ void npf_fa_wgmma_dkdv_ds(float (&st)[NpfFaWgmmaDkdvTraits<D>::BQ / 2],
+                                                     float (&dpt)[NpfFaWgmmaDkdvTraits<D>::BQ / 2],
+                                                     const float* nl_s, const float* d_s, int i0, int kr,
+                                                     const NpfFaArgs<float>& a, float c,
+                                                     unsigned (&ap)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4],
+                                                     unsigned (&as)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4]) {
+    constexpr int BQ = NpfFaWgmmaDkdvTraits<D>::BQ;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int kb = 0; kb < BQ / 16; ++kb) {
         NpfF2 nl[2], dd[2];                                  // this thread's queries 16 kb + 8 h + 2 t, + 1
@@ -2217,22 +2229,49 @@ __device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, 
             const int j = 8 * kb + e, col = 8 * (j / 4) + 2 * t + j % 2;
             float x = st[j];
             if (MASKED && CAUSAL && kr + g + 8 * (j % 4 / 2) > i0 + col + a.shift) x = -npf_fa_inf(0.0f);
-            p[e] = exp2f(fmaf(x, c, e % 2 ? nl[e / 4].y : nl[e / 4].x));   // queries past Tq: -inf, P 0
+            p[e] = exp2f(fmaf(x, c, e % 2 ? nl[e / 4].y : nl[e / 4].x));
             ds[e] = p[e] * (dpt[j] - (e % 2 ? dd[e / 4].y : dd[e / 4].x));
         }
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
-            ap[kb][h] = npf_pack2<T>(p[2 * h], p[2 * h + 1]);
-            as[kb][h] = npf_pack2<T>(ds[2 * h], ds[2 * h + 1]);
+            if (PACK) {
+                ap[kb][h] = npf_pack2<T>(p[2 * h], p[2 * h + 1]);
+                as[kb][h] = npf_pack2<T>(ds[2 * h], ds[2 * h + 1]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    st[8 * kb + 2 * h + e] = p[2 * h + e];
+                    dpt[8 * kb + 2 * h + e] = ds[2 * h + e];
+                }
+            }
         }
     }
-    npf_wgmma_fence();
+}
+
+// dV += P^T dO and dK += dS^T Q of a query tile, issued and committed (the caller waits): P^T and dS^T from
+// the registers ap and as, dO's and Q's rows (dOs, Qs) N-major
+template <typename T, int D>
+__device__ __forceinline__ void npf_fa_wgmma_dkdv_add(float (&dk)[D / 2], float (&dv)[D / 2],
+                                                      const unsigned (&ap)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4],
+                                                      const unsigned (&as)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4],
+                                                      const unsigned char* Qs, const unsigned char* dOs) {
+    constexpr int BQ = NpfFaWgmmaDkdvTraits<D>::BQ;
+    constexpr bool BF16 = Npf16<T>::BF16;
+    npf_wgmma_fence();                                       // ap and as were written since the last wgmma
 #pragma unroll
-    for (int kb = 0; kb < BQ / 16; ++kb) {                   // dO's and Q's rows 16 kb ..: 16 rows further
+    for (int kb = 0; kb < BQ / 16; ++kb) {                   // dO's and Q's rows 16 kb ..
         NpfWgmma<D, BF16>::template rs<1>(dv, ap[kb], npf_wgmma_desc(dOs + kb * 16 * 128, BQ * 128, 1024), 1);
         NpfWgmma<D, BF16>::template rs<1>(dk, as[kb], npf_wgmma_desc(Qs + kb * 16 * 128, BQ * 128, 1024), 1);
     }
     npf_wgmma_commit();
+}
+
+// Waits for the dV and dK products in flight (the registers they read and write are the thread's again)
+template <int D>
+__device__ __forceinline__ void npf_fa_wgmma_dkdv_wait(float (&dk)[D / 2], float (&dv)[D / 2],
+                                                       unsigned (&ap)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4],
+                                                       unsigned (&as)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4]) {
+    constexpr int BQ = NpfFaWgmmaDkdvTraits<D>::BQ;
     npf_wgmma_wait<0>();
     npf_wgmma_hold<D / 2>(dv);
     npf_wgmma_hold<D / 2>(dk);
@@ -2240,28 +2279,82 @@ __device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, 
     npf_wgmma_hold<BQ / 4>(&as[0][0]);
 }
 
-// Query tile qt of npf_fa_bwd_dkdv_wgmma into its buffer ((qt - qt0) % 2, returned), as
-// npf_fa_dense_next_queries: the next tile's Q, dO (cp.async), lse and D first, then this one's awaited
-// and fenced for wgmma's reads, block-wide
+// Query tile i0.. of npf_fa_bwd_dkdv_wgmma: its S^T and dP^T issued, then (PIPELINED, unless FIRST) dV and
+// dK's products of the tile before (its P^T and dS^T in ap and as, its Q and dO in Qp, dOp); P^T and dS^T
+// worked out while those run, then into ap and as once they are done. Not PIPELINED: P^T and dS^T worked
+// out once S^T and dP^T are done, then this tile's dV and dK products, awaited.
+template <typename T, int D, bool CAUSAL, bool MASKED, bool FIRST>
+__device__ __forceinline__ void npf_fa_wgmma_dkdv_tile(const unsigned char* Kw, const unsigned char* Vw,
+                                                       const unsigned char* Qs, const unsigned char* dOs,
+                                                       const unsigned char* Qp, const unsigned char* dOp,
+                                                       const float* nl_s, const float* d_s, int i0, int kr,
+                                                       const NpfFaArgs<float>& a, float c, float (&dk)[D / 2],
+                                                       float (&dv)[D / 2],
+                                                       unsigned (&ap)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4],
+                                                       unsigned (&as)[NpfFaWgmmaDkdvTraits<D>::BQ / 16][4]) {
+    typedef NpfFaWgmmaDkdvTraits<D> Tr;
+    constexpr int BQ = Tr::BQ;
+    float st[BQ / 2], dpt[BQ / 2];
+    npf_fa_wgmma_dkdv_scores<T, D>(st, dpt, Kw, Vw, Qs, dOs);
+    if (FIRST || !Tr::PIPELINED) {
+        npf_wgmma_wait<0>();
+    } else {
+        npf_fa_wgmma_dkdv_add<T, D>(dk, dv, ap, as, Qp, dOp);
+        npf_wgmma_wait<1>();                                 // S^T and dP^T are done; dV and dK may still run
+    }
+    npf_wgmma_hold<BQ / 2>(st);
+    npf_wgmma_hold<BQ / 2>(dpt);
+    npf_fa_wgmma_dkdv_ds<T, D, CAUSAL, MASKED, !Tr::PIPELINED>(st, dpt, nl_s, d_s, i0, kr, a, c, ap, as);
+    if (Tr::PIPELINED) {
+        npf_fa_wgmma_dkdv_wait<D>(dk, dv, ap, as);
+        npf_fa_wgmma_pack<T, BQ>(st, ap);
+        npf_fa_wgmma_pack<T, BQ>(dpt, as);
+    } else {
+        npf_fa_wgmma_dkdv_add<T, D>(dk, dv, ap, as, Qs, dOs);
+        npf_fa_wgmma_dkdv_wait<D>(dk, dv, ap, as);
+    }
+}
+
+// The shared-memory buffers of npf_fa_bwd_dkdv_wgmma's query tiles, by number: the current tile's Q and dO,
+// the previous one's (PIPELINED: read by its dV and dK products) and the next one's (in flight), and two
+// of -lse log2(e) and D. With two Q buffers (not PIPELINED) prev is the one next refills.
+template <int D>
+struct NpfFaDkdvBuffers {
+    typedef NpfFaWgmmaDkdvTraits<D> Tr;
+    unsigned char* qg;                                       // Q_BUFFERS x ((BQ, D) Q, (BQ, D) dO)
+    float* ld;                                               // 2 x ((BQ) -lse log2(e), (BQ) D)
+    int prev = Tr::Q_BUFFERS - 1, cur = 0, next = 1, stat = 0;
+    __device__ __forceinline__ unsigned char* q(int n) const { return qg + n * 2 * Tr::Q_BYTES; }
+    __device__ __forceinline__ unsigned char* dout(int n) const { return q(n) + Tr::Q_BYTES; }
+    __device__ __forceinline__ float* nl(int s) const { return ld + s * 2 * Tr::BQ; }
+    __device__ __forceinline__ float* d(int s) const { return nl(s) + Tr::BQ; }
+    __device__ __forceinline__ void advance() {        // (prev, cur, next) <- (cur, next, prev), or (cur, next, cur)
+        const int p = Tr::Q_BUFFERS == 3 ? prev : cur;
+        prev = cur;
+        cur = next;
+        next = p;
+        stat ^= 1;
+    }
+};
+
+// dK, dV's copies at query tile qt of a head: Q and dO of tile qt + 1 issued into buffer b.next, its
+// -lse log2(e) and D staged into the other stats buffer; then those of tile qt awaited and fenced for
+// wgmma's reads, block-wide
 template <typename T, int D>
-__device__ __forceinline__ int npf_fa_wgmma_next_queries(
-        int qt, int qt0, int n_qt,
+__device__ __forceinline__ void npf_fa_wgmma_next_queries(
+        int qt, int n_qt,
         const NpfFaSwizzledRows<T, NpfFaWgmmaDkdvTraits<D>::BQ, D, NpfFaWgmmaDkdvTraits<D>::THREADS>& qs,
         const NpfFaSwizzledRows<T, NpfFaWgmmaDkdvTraits<D>::BQ, D, NpfFaWgmmaDkdvTraits<D>::THREADS>& gs,
-        const float* lse, const float* dvec, long long bh, const NpfFaArgs<float>& a, unsigned char* QGs,
-        float* LDs) {
+        const float* lse, const float* dvec, long long bh, const NpfFaArgs<float>& a,
+        const NpfFaDkdvBuffers<D>& b) {
     typedef NpfFaWgmmaDkdvTraits<D> Tr;
-    const int buf = (qt - qt0) % 2;
     if (qt + 1 < n_qt) {
         const int i0 = (qt + 1) * Tr::BQ;
-        unsigned char* next = QGs + (1 - buf) * 2 * Tr::Q_BYTES;
-        float* stats = LDs + (1 - buf) * 2 * Tr::BQ;
-        qs.load(i0, next);
-        gs.load(i0, next + Tr::Q_BYTES);
-        npf_fa_query_stats<Tr::BQ, Tr::THREADS, true>(lse, dvec, bh, i0, a, stats);
+        qs.load(i0, b.q(b.next));
+        gs.load(i0, b.dout(b.next));
+        npf_fa_query_stats<Tr::BQ, Tr::THREADS, true>(lse, dvec, bh, i0, a, b.nl(b.stat ^ 1));
     }
     npf_fa_wgmma_landed();                                   // (and its lse and D, and K's and V's)
-    return buf;
 }
 
 template <typename T, int D, bool CAUSAL>
@@ -2272,10 +2365,10 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
     typedef NpfFaWgmmaDkdvTraits<D> Tr;
     constexpr int BC = Tr::BC, BQ = Tr::BQ, THREADS = Tr::THREADS;
     NPF_FA_SHARED(smem, Tr::SHARED);
-    unsigned char* Ks = npf_align_1024(smem);               // (BC, D) K, (BC, D) V, 2 x ((BQ, D) Q, dO)
+    unsigned char* Ks = npf_align_1024(smem);               // (BC, D) K, (BC, D) V, Q_BUFFERS x ((BQ, D) Q, dO)
     unsigned char* Vs = Ks + Tr::K_BYTES;
     unsigned char* QGs = Vs + Tr::K_BYTES;
-    float* LDs = reinterpret_cast<float*>(QGs + 4 * Tr::Q_BYTES);      // 2 x ((BQ) -lse log2(e), (BQ) D)
+    float* LDs = reinterpret_cast<float*>(QGs + Tr::Q_BUFFERS * 2 * Tr::Q_BYTES);   // 2 x ((BQ) -lse log2(e), (BQ) D)
     const int wg = threadIdx.x / 128, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int j0 = blockIdx.x * BC, kr = j0 + 64 * wg + 16 * (threadIdx.x % 128 / 32);   // this warp's first key
     const unsigned char* Kw = Ks + 64 * wg * 128;
@@ -2297,24 +2390,45 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
         }
         npf_cp_async_commit();
         float dka[D / 2], dva[D / 2];
+        unsigned ap[BQ / 16][4], as[BQ / 16][4];             // the last tile's P^T and dS^T / scale (A registers)
 #pragma unroll
         for (int j = 0; j < D / 2; ++j) dka[j] = dva[j] = 0.0f;
+        NpfFaDkdvBuffers<D> b{QGs, LDs};
         int qt = qt0;
+        // PIPELINED: the first tile's S^T, dP^T, P^T and dS^T (its dV and dK products go with the next tile's)
+        if (Tr::PIPELINED && qt < n_qt) {
+            npf_fa_wgmma_next_queries<T, D>(qt, n_qt, qs, gs, lse, dvec, bh, a, b);
+            if (qt < unmasked_from)
+                npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, true, true>(Kw, Vw, b.q(b.cur), b.dout(b.cur), nullptr, nullptr,
+                                                                 b.nl(b.stat), b.d(b.stat), qt * BQ, kr, a, c, dka,
+                                                                 dva, ap, as);
+            else
+                npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, false, true>(Kw, Vw, b.q(b.cur), b.dout(b.cur), nullptr,
+                                                                  nullptr, b.nl(b.stat), b.d(b.stat), qt * BQ, kr, a,
+                                                                  c, dka, dva, ap, as);
+            __syncthreads();                                 // done with these buffers before they are refilled
+            b.advance();
+            ++qt;
+        }
         for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
-            const int buf = npf_fa_wgmma_next_queries<T, D>(qt, qt0, n_qt, qs, gs, lse, dvec, bh, a, QGs, LDs);
-            const unsigned char* Qs = QGs + buf * 2 * Tr::Q_BYTES;
-            const float* nl_s = LDs + buf * 2 * BQ;
-            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, true>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, nl_s, nl_s + BQ, qt * BQ, kr, a,
-                                                       c, dka, dva);
-            __syncthreads();                                 // done with this buffer before it is refilled
+            npf_fa_wgmma_next_queries<T, D>(qt, n_qt, qs, gs, lse, dvec, bh, a, b);
+            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, true, false>(Kw, Vw, b.q(b.cur), b.dout(b.cur), b.q(b.prev),
+                                                              b.dout(b.prev), b.nl(b.stat), b.d(b.stat), qt * BQ,
+                                                              kr, a, c, dka, dva, ap, as);
+            __syncthreads();
+            b.advance();
         }
         for (; qt < n_qt; ++qt) {                            // the main loop: no masks
-            const int buf = npf_fa_wgmma_next_queries<T, D>(qt, qt0, n_qt, qs, gs, lse, dvec, bh, a, QGs, LDs);
-            const unsigned char* Qs = QGs + buf * 2 * Tr::Q_BYTES;
-            const float* nl_s = LDs + buf * 2 * BQ;
-            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, false>(Kw, Vw, Qs, Qs + Tr::Q_BYTES, nl_s, nl_s + BQ, qt * BQ, kr,
-                                                        a, c, dka, dva);
+            npf_fa_wgmma_next_queries<T, D>(qt, n_qt, qs, gs, lse, dvec, bh, a, b);
+            npf_fa_wgmma_dkdv_tile<T, D, CAUSAL, false, false>(Kw, Vw, b.q(b.cur), b.dout(b.cur), b.q(b.prev),
+                                                               b.dout(b.prev), b.nl(b.stat), b.d(b.stat), qt * BQ,
+                                                               kr, a, c, dka, dva, ap, as);
             __syncthreads();
+            b.advance();
+        }
+        if (Tr::PIPELINED && qt0 < n_qt) {                   // the last tile's dV and dK products
+            npf_fa_wgmma_dkdv_add<T, D>(dka, dva, ap, as, b.q(b.prev), b.dout(b.prev));
+            npf_fa_wgmma_dkdv_wait<D>(dka, dva, ap, as);
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {

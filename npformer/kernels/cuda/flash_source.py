@@ -56,9 +56,10 @@ CUDA C                              reference
                                     ``acc += P v`` (dq: ``S``, ``dP = dO v^T``, ``dq += ds k``; dk,
                                     dv: their transposes, ``dv += P^T dO``, ``dk += ds^T q``) as
                                     wgmmas over 128-byte-swizzled tiles in shared memory, the
-                                    element-wise work (softmax, dS) in registers; the forward and dq
-                                    run a tile's element-wise work beside the previous tile's
-                                    ``P v`` (``ds k``)
+                                    element-wise work (softmax, dS) in registers; the forward, dq
+                                    and (head size 64) dk, dv run a tile's element-wise work
+                                    beside the previous tile's ``P v`` (``ds k``; ``P^T dO``,
+                                    ``ds^T q``)
 ==================================  ===============================================================
 
 Layout. A block has 128 threads seen as 16 row lanes x 8 column lanes; a tile product X Y^T of
@@ -169,7 +170,7 @@ GEOMETRY = {
     # queries), 1 KiB to align the tiles
     "NpfFaFwdWgmma<64>": (128, 82944), "NpfFaFwdWgmma<128>": (128, 164864),
     "NpfFaDqWgmma<64>": (128, 74752), "NpfFaDqWgmma<128>": (128, 148480),
-    "NpfFaDkdvWgmma<64>": (128, 67584), "NpfFaDkdvWgmma<128>": (128, 133120),
+    "NpfFaDkdvWgmma<64>": (128, 83968), "NpfFaDkdvWgmma<128>": (128, 133120),
 }
 # The theoretical occupancy (resident warps per SM / 64) each kernel keeps at THREADS threads, on
 # (sm_80, sm_90), float16 and float32 sharing the float row: measured by benchmarks/cuda_kernels.py on
