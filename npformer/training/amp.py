@@ -54,9 +54,12 @@ as torch's does); ``scaler.skipped`` counts the skipped steps.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 from typing import Any, Mapping, NamedTuple
+
+import numpy
 
 from npformer.backend import get_backend, resolve_dtype, to_device
 from npformer.checks import describe, one_of, positive_int, real
@@ -178,6 +181,15 @@ class MixedPrecision:
 
     def _scale(self) -> float:
         return 1.0 if self.scaler is None else self.scaler.scale
+
+    def overflows_expected(self):
+        """A context for a step's forward and backward. Under float16 an overflow of the scaled
+        gradients is the loss scaler's to handle (the step is skipped, the scale halved), so NumPy's
+        warnings about it ("overflow encountered", "invalid value encountered") are off inside; bfloat16,
+        which has no scale to lower, keeps them. (CuPy never warns.)"""
+        if self.scaler is None:
+            return contextlib.nullcontext()
+        return numpy.errstate(over="ignore", invalid="ignore")
 
     def step(self, optimizer, max_norm: float | None = None) -> AmpStep:
         """Check the model's gradients, skip on inf/NaN, step ``optimizer`` on the masters with the

@@ -22,6 +22,7 @@ its ETA; in a log (a pipe, a file, a notebook) one line a record, the ETA format
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import textwrap
@@ -236,11 +237,12 @@ class Trainer:
         """One optimiser step: forward, backward, (data-parallel reduction), clipping, update."""
         c, step = self.cfg, self.step + 1
         self.model.train()
-        if c.cuda_graph:
-            loss, tokens, valid = self._graph_step(step)
-        else:
-            self.model.manual_seed(self.dropout_seed(step))
-            loss, tokens, valid = self.loss_and_backward(step)
+        with self.amp.overflows_expected() if self.amp else contextlib.nullcontext():
+            if c.cuda_graph:
+                loss, tokens, valid = self._graph_step(step)
+            else:
+                self.model.manual_seed(self.dropout_seed(step))
+                loss, tokens, valid = self.loss_and_backward(step)
         if self.data_parallel:     # the global batch's gradients on every rank, its loss and token count
             if valid is None:
                 raise DistributedError(f"the {self.kind} trainer's step gave no targets with its loss: a "

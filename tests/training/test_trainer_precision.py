@@ -44,12 +44,14 @@ def test_16_bit_training_tracks_float32_training_on_the_same_seed(precision):
         assert half.amp.scaler is None                            # bfloat16 trains without loss scaling
 
 
+@pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_a_skipped_float16_step_is_counted_and_the_run_goes_on(tmp_path):
     """float16 steps whose scaled gradients overflow are skipped (the scale halves) and the run goes
     on: each one's step result carries its non-finite norm, and the training lines count them
     (``skipped``) and average the norm over the other steps, so one overflow does not hide the
     window's norm. (Until 2026-11-30 the trainer stopped at the first skipped step with a TypeError:
-    its norm was None; `npformer train --task charlm --precision float16` met one at its defaults.)"""
+    its norm was None; `npformer train --task charlm --precision float16` met one at its defaults.)
+    NumPy's overflow warnings are off in the step (MixedPrecision.overflows_expected): an error here."""
     import json
 
     from npformer.training.amp import DynamicLossScaler
