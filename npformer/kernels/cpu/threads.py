@@ -51,6 +51,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy
+
 from npformer.checks import positive_int
 
 try:
@@ -177,17 +179,21 @@ def _blas_controllers() -> list:
 
 class _Part:
     """One task of a region: whichever thread claims it first (a pool thread, or the caller once its
-    own part is done) runs it; ``done`` is released when a pool thread that claimed it has finished."""
+    own part is done) runs it; ``done`` is released when a pool thread that claimed it has finished.
+    It runs under the caller's NumPy floating-point error handling (``errors``, numpy.geterr()), which
+    is kept per thread: a caller's ``numpy.errstate`` holds for the parts a pool thread runs too."""
 
-    __slots__ = ("fn", "claim", "done", "outcome")
+    __slots__ = ("fn", "errors", "claim", "done", "outcome")
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn, self.claim, self.done = fn, threading.Lock(), threading.Lock()
+    def __init__(self, fn: Callable[[], Any], errors: dict) -> None:
+        self.fn, self.errors, self.claim, self.done = fn, errors, threading.Lock(), threading.Lock()
         self.done.acquire()
         self.outcome: tuple = (None, None)
 
     def run(self) -> None:
         try:
+            if numpy.geterr() != self.errors:
+                numpy.seterr(**self.errors)      # (a pool thread's: it runs npformer's parts alone)
             self.outcome = (_run_part(self.fn), None)
         except BaseException as e:          # handed back to the caller by run_parallel
             self.outcome = (None, e)
@@ -267,7 +273,8 @@ def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = 
         return [_run_part(fn) for fn in tasks]
     try:
         with _blas_at_one_thread():
-            parts = [_Part(fn) for fn in tasks[1:]]
+            errors = numpy.geterr()
+            parts = [_Part(fn, errors) for fn in tasks[1:]]
             for worker, part in zip(_workers(len(parts)), parts):
                 worker.parts.put(part)
             try:

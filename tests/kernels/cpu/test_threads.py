@@ -44,13 +44,30 @@ def test_an_exception_is_raised_after_every_part_has_finished(thread_count):
     assert threads.run_parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]   # the pool still works
 
 
+def test_parts_run_under_the_callers_floating_point_error_handling(thread_count):
+    """NumPy keeps its error handling per thread: a caller's numpy.errstate holds for the parts the
+    pool's threads run too, so a 0/0 raises, warns or stays silent as it would on one thread."""
+    thread_count(3)
+    late = lambda: (time.sleep(0.2), None)[1]          # the caller's part: the workers take theirs
+    zero = lambda: (threading.current_thread().name, np.zeros(2) / np.zeros(2))
+    with np.errstate(invalid="raise"):
+        with pytest.raises(FloatingPointError):
+            threads.run_parallel([late, zero, zero])
+    with np.errstate(invalid="ignore"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            names = [r[0] for r in threads.run_parallel([late, zero, zero])[1:]]
+    assert names == ["npformer-cpu", "npformer-cpu"]
+
+
 def test_a_part_whose_worker_has_not_started_it_runs_on_the_callers_thread(thread_count):
     """A worker the scheduler set aside (here: still busy with an earlier part) is not waited for:
     the caller runs the part itself once its own is done, and the worker skips it later."""
     thread_count(2)
     worker = threads._workers(1)[0]
     held, release = threading.Event(), threading.Event()
-    blocker = threads._Part(lambda: (held.set(), release.wait(10)))
+    blocker = threads._Part(lambda: (held.set(), release.wait(10)), np.geterr())
     worker.parts.put(blocker)
     assert held.wait(10)                                            # the worker is inside the blocker
     ran = []
