@@ -239,6 +239,13 @@ class TrainConfig:
         if self.cuda_graph and self.backend != "cupy":
             raise RangeError(f"--cuda-graph replays CUDA kernels: it needs --backend cupy, got --backend {self.backend}")
 
+    def arithmetic(self) -> str:
+        """Where and in what the model computes, as a run's first lines say it: "numpy float32", or
+        "cupy float16 (mixed precision, float32 masters)"."""
+        if self.precision == "float32":
+            return f"{self.backend} {self.dtype}"
+        return f"{self.backend} {self.precision} (mixed precision, {self.dtype} masters)"
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
         """The config of ``cls`` from a dict such as ``asdict(config)``; keys that are not fields of

@@ -121,7 +121,7 @@ class LMTrainer(Trainer):
                 f"characters, vocabulary {len(self.vocab)}; {self.label} "
                 f"{self.model.num_parameters():,} parameters "
                 f"(d_model={c.d_model}, heads={c.heads}, layers={c.layers}, block={c.block_size}) "
-                f"on {c.backend} {c.dtype}")
+                f"on {c.arithmetic()}")
 
     def report(self, result: dict, quick: bool) -> str:
         what = "valid" if quick else "final validation"

@@ -183,7 +183,7 @@ class MLMTrainer(Trainer):
         return (f"task charlm (masked): {len(self.data.train_ids):,} train / {len(self.data.valid_ids):,} "
                 f"valid characters, vocabulary {len(self.vocab)} + [MASK]; {self.name()} "
                 f"{self.model.num_parameters():,} parameters (d_model={c.d_model}, heads={c.heads}, "
-                f"layers={c.layers}, block={c.block_size}{self.extra()}) on {c.backend} {c.dtype}")
+                f"layers={c.layers}, block={c.block_size}{self.extra()}) on {c.arithmetic()}")
 
     def name(self) -> str:
         return type(self.model).__name__

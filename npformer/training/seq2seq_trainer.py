@@ -108,7 +108,7 @@ class Seq2SeqTrainer(Trainer):
         c = self.cfg
         return (f"task {c.task}: {len(self.task.train)} train / {len(self.task.valid)} valid pairs; "
                 f"Seq2Seq {self.model.num_parameters():,} parameters (d_model={c.d_model}, heads={c.heads}, "
-                f"layers={c.layers}+{c.layers}, ff={c.ff}) on {c.backend} {c.dtype}")
+                f"layers={c.layers}+{c.layers}, ff={c.ff}) on {c.arithmetic()}")
 
     def report(self, result: dict, quick: bool) -> str:
         n = len(result["targets"])

@@ -119,7 +119,7 @@ class XLTrainer(Trainer):
         c = self.cfg
         return (f"task {self.task.describe()}; segments of {self.seg_len} tokens, memory {self.mem_len}; "
                 f"Transformer-XL {self.model.num_parameters():,} parameters (d_model={c.d_model}, "
-                f"heads={c.heads}, layers={c.layers}, ff={c.ff}) on {c.backend} {c.dtype}")
+                f"heads={c.heads}, layers={c.layers}, ff={c.ff}) on {c.arithmetic()}")
 
     def report(self, result: dict, quick: bool) -> str:
         what = "valid" if quick else f"final validation ({len(self.task.valid)} sequences)"

@@ -107,6 +107,9 @@ def test_seq2seq_mlm_albert_and_transformer_xl_trainers_run_in_16_bits(precision
     for t in (s2s, mlm, albert, xl):
         losses = [t.train_step().loss for _ in range(3)]
         assert all(np.isfinite(losses)) and t.model.dtype.name == precision
+        # the run's first lines say what the model computes in, not the masters' dtype alone
+        assert t.describe().endswith(f" on numpy {precision} (mixed precision, float32 masters)")
+    assert _trainer().describe().endswith(" on numpy float32")
 
 
 def test_bad_precision_options_are_clear_errors(capsys):
