@@ -2383,17 +2383,17 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
         NpfFaSwizzledRows<T, BC, D, THREADS>(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st).load(j0, Vs);
         const NpfFaSwizzledRows<T, BQ, D, THREADS> qs(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st);
         const NpfFaSwizzledRows<T, BQ, D, THREADS> gs(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st);
+        NpfFaDkdvBuffers<D> b{QGs, LDs};
         if (qt0 < n_qt) {                                    // with K and V: the first query tile's copies
-            qs.load(qt0 * BQ, QGs);
-            gs.load(qt0 * BQ, QGs + Tr::Q_BYTES);
-            npf_fa_query_stats<BQ, THREADS, true>(lse, dvec, bh, qt0 * BQ, a, LDs);
+            qs.load(qt0 * BQ, b.q(b.cur));
+            gs.load(qt0 * BQ, b.dout(b.cur));
+            npf_fa_query_stats<BQ, THREADS, true>(lse, dvec, bh, qt0 * BQ, a, b.nl(b.stat));
         }
         npf_cp_async_commit();
         float dka[D / 2], dva[D / 2];
         unsigned ap[BQ / 16][4], as[BQ / 16][4];             // the last tile's P^T and dS^T / scale (A registers)
 #pragma unroll
         for (int j = 0; j < D / 2; ++j) dka[j] = dva[j] = 0.0f;
-        NpfFaDkdvBuffers<D> b{QGs, LDs};
         int qt = qt0;
         // PIPELINED: the first tile's S^T, dP^T, P^T and dS^T (its dV and dK products go with the next tile's)
         if (Tr::PIPELINED && qt < n_qt) {
