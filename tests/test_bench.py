@@ -475,6 +475,29 @@ def test_gpu_cases_are_skipped_on_the_cpu_with_the_reason(monkeypatch):
     assert sum("skipped (a GPU case" in line for line in logs) == len(gpu)
 
 
+def test_the_whole_suite_on_the_cpu_names_its_gpu_cases_in_one_line(monkeypatch):
+    """Without --only, the GPU cases a CPU backend skips get one line (the flash cases at training shapes
+    counted, not listed), not a line each: on the CPU they were 27 of `npformer bench --quick`'s lines."""
+    from npformer.bench.cases import FLASH_TRAIN, flash_train_cases
+    from npformer.bench.steps import MODELS
+    flash = flash_train_cases()
+    gpu_models = [c for c in suite.model_cases(suite.QUICK, True) if c.gpu_only]
+    monkeypatch.setattr(suite, "op_cases", lambda cfg: [])
+    monkeypatch.setattr(suite, "model_cases", lambda cfg, quick: gpu_models)
+    monkeypatch.setattr(suite, "flash_train_cases", lambda: flash)
+    monkeypatch.setattr(suite, "_sweep", lambda *a: [])
+    logs = []
+    result = suite.run_suite([Backend("numpy", 1)], quick=True, parity=False, log=logs.append)
+    assert result["rows"] == []
+    said = [line for line in logs if "GPU case" in line]
+    names = ", ".join(c.name for c in gpu_models)
+    assert said == [f"skipped on numpy: the GPU cases {names} and {len(flash)} {FLASH_TRAIN} cases "
+                    f"({suite.GPU_ONLY_REASON}; --only NAME runs one where a GPU is)"]
+    assert {c.name for c in gpu_models} == {n for n, m in MODELS.items() if m.gpu}
+    assert any(n.startswith("GPU cases skipped on the CPU backends") and flash[0].name in n
+               for n in result["meta"]["notes"])          # the report's notes keep every name
+
+
 def test_gpu_case_sizes_are_the_issue_s():
     from npformer.bench.steps import MODELS, train_flops
     m = MODELS["gpt2-124m"]

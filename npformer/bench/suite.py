@@ -22,6 +22,7 @@ import gc
 import os
 import platform
 import subprocess
+from collections import Counter
 from typing import Callable
 
 import numpy
@@ -112,15 +113,17 @@ def _time(case, b, path, parity, cfg, peak, log) -> list[dict]:
     return rows
 
 
-def _measure(case, backends, paths, cfg, peaks, reference, done, log) -> list[dict]:
-    """Parity, then timing, of ``case`` on each backend (npformer: on each path)."""
+def _measure(case, backends, paths, cfg, peaks, reference, done, log, say_gpu_skips: bool = True) -> list[dict]:
+    """Parity, then timing, of ``case`` on each backend (npformer: on each path). A GPU case on a CPU
+    backend is skipped, with a line of its own if ``say_gpu_skips``."""
     rows = []
     expected = functools.cache(lambda: case.outputs(reference))        # once per case, when needed
     for b in backends:
         if not b.takes(case):
             continue
         if case.gpu_only and b.device == "cpu":
-            log(f"  {case.name} {b.name}: skipped (a GPU case: {GPU_ONLY_REASON})")
+            if say_gpu_skips:
+                log(f"  {case.name} {b.name}: skipped (a GPU case: {GPU_ONLY_REASON})")
             continue
         if case.group == "sweep" and not fits_memory(case, b):
             log(f"  {case.name} {b.name}: skipped (predicted memory over the budget)")
@@ -240,6 +243,21 @@ def _meta(backends, quick, cfg, paths, reference) -> dict:
             "config": {k: v for k, v in cfg.items() if k != "budget_s"}, "flop_counts": FLOPS, "notes": []}
 
 
+def _gpu_cases_in_brief(cases) -> str:
+    """The GPU cases among ``cases``, a family (the flash cases at training shapes) as its name and count:
+    "the GPU cases gpt2-124m, seq2seq-d512 and 20 flash-train cases"."""
+    names, families = [], Counter()
+    for c in cases:
+        if c.gpu_only:
+            if c.family:
+                families[c.family] += 1
+            else:
+                names.append(c.name)
+    parts = names + [f"{n} {family} cases" for family, n in families.items()]
+    listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+    return f"the GPU case{'s' if len(names) + sum(families.values()) > 1 else ''} {listed}"
+
+
 def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = True, only=None,
               log: Callable[[str], None] = print) -> dict:
     """Check and time every case (or those named in ``only``; "sweep" for the attention sweep) on
@@ -261,12 +279,17 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
     cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) + flash_train_cases()
              if only is None or c.name in only or c.family in only]
     gpu_cases = [c.name for c in cases if c.gpu_only]
-    if gpu_cases and any(b.device == "cpu" for b in backends):
+    cpus = [b.name for b in backends if b.device == "cpu"]
+    if gpu_cases and cpus:
         notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): {', '.join(gpu_cases)}")
+        if only is None:                                  # one line for them all; a case named by --only has its own
+            log(f"skipped on {', '.join(cpus)}: {_gpu_cases_in_brief(cases)} ({GPU_ONLY_REASON}; "
+                f"--only NAME runs one where a GPU is)")
     sweep = only is None or "sweep" in only
     with Progress(len(cases) + sweep, "bench", unit="case", log=log) as progress:   # (the sweep: one more)
         for case in cases:
-            rows += _measure(case, backends, paths, cfg, peaks, reference, done, progress.write)
+            rows += _measure(case, backends, paths, cfg, peaks, reference, done, progress.write,
+                             say_gpu_skips=only is not None)
             progress.update(note=lambda: case.name)
         if sweep:
             rows += _sweep(cfg, backends, paths[0], peaks, reference, done, progress.write)
