@@ -33,6 +33,19 @@ def _err(capsys, argv):
     return capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model", ["gpt1", "gpt2"])
+def test_generate_gives_as_many_characters_as_asked_and_no_special_token(ck, capsys, model):
+    """A GPT trained 3 steps still spreads its probability over the four specials, which no training
+    text holds: `generate --tokens 300` printed as few as 8 characters when it drew an <eos> (the text
+    ends there), and <pad> or <bos> vanished from it. They are never drawn now, at any seed."""
+    for seed in range(4):
+        capsys.readouterr()
+        assert main(["generate", "--checkpoint", str(ck / f"{model}.npz"), "--prompt", "The ", "--tokens", "300",
+                     "--temperature", "1.5", "--top-p", "1", "--seed", str(seed)]) == 0
+        text = capsys.readouterr().out[:-1]                          # print's newline
+        assert len(text) == 4 + 300 and text.startswith("The ") and "<unk>" not in text
+
+
 def test_translate_with_beam_search(ck, capsys):
     capsys.readouterr()
     assert main(["translate", "--checkpoint", str(ck / "dates.npz"), "--beam", "3", "3 March 1997", "4 July"]) == 0

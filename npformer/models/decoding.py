@@ -173,27 +173,52 @@ def _sampling_args(max_new_tokens, rng, temperature):
     return max_new_tokens
 
 
+def _exclusion(exclude, vocab_size: int) -> list[int]:
+    """``exclude`` (token ids never to sample, or None) checked against a vocabulary of ``vocab_size``:
+    each id in it, and at least one token left."""
+    ids = sorted({int(non_negative_int(i, "exclude: a token id")) for i in (exclude or ())})
+    if ids and ids[-1] >= vocab_size:
+        raise RangeError(f"exclude: token id {ids[-1]} is outside the vocabulary of {vocab_size} "
+                         f"(ids 0..{vocab_size - 1})")
+    if len(ids) == vocab_size:
+        raise RangeError(f"exclude: all {vocab_size} tokens of the vocabulary are excluded; none is left to sample")
+    return ids
+
+
+def _without(logits, ids: list[int]):
+    """``logits`` (B, V) with the tokens ``ids`` made impossible: -inf, in a copy (or as they are)."""
+    if not ids:
+        return logits
+    xp = get_array_module(logits)
+    logits = logits.copy()
+    logits[:, ids] = -xp.inf
+    return logits
+
+
 def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True):
+             top_k: int | None = None, top_p: float | None = None, use_cache: bool = True, exclude=None):
     """Extend ``idx`` (B, T) by ``max_new_tokens`` sampled tokens with a decoder-only model (GPT).
-    With ``use_cache`` the prompt is run once and each new token alone (key/value cache)."""
+    With ``use_cache`` the prompt is run once and each new token alone (key/value cache). The
+    tokens of ``exclude`` (ids) are never drawn: their logits are -inf (the others renormalised)."""
     max_new_tokens = _sampling_args(max_new_tokens, rng, temperature)
+    never = _exclusion(exclude, model.config.vocab_size)
     xp = get_array_module(idx)
     block = model.config.block_size
+
+    def draw(logits):                                                             # (B, V) -> (B,)
+        return sample_next(_without(logits, never), rng, temperature=temperature, top_k=top_k, top_p=top_p)
     with eval_mode(model):
         if use_cache and idx.shape[1] + max_new_tokens <= block:
             cache = model.new_cache()
             logits = model(idx, kv_cache=cache)[:, -1]                            # (B, V)
             for _ in range(max_new_tokens):
-                nxt = sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
-                idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+                idx = xp.concatenate([idx, draw(logits)[:, None].astype(idx.dtype)], axis=1)
                 if len(cache[0]) < block:
                     logits = model(idx[:, -1:], kv_cache=cache)[:, -1]
             return idx
         for _ in range(max_new_tokens):       # no cache, or past the context: a sliding window
             logits = model(idx[:, -block:])[:, -1]
-            nxt = sample_next(logits, rng, temperature=temperature, top_k=top_k, top_p=top_p)
-            idx = xp.concatenate([idx, nxt[:, None].astype(idx.dtype)], axis=1)
+            idx = xp.concatenate([idx, draw(logits)[:, None].astype(idx.dtype)], axis=1)
     return idx
 
 

@@ -162,17 +162,18 @@ class GPT(Module):
         return [KVCache() for _ in self.layers]
 
     def generate(self, idx, max_new_tokens: int, *, rng=None, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, use_cache: bool = True):
+                 top_p: float | None = None, use_cache: bool = True, exclude=None):
         """``idx`` (B, T) followed by ``max_new_tokens`` new tokens: (B, T + max_new_tokens).
 
         Each token is drawn from softmax(logits / temperature), restricted to the ``top_k`` most
         likely and/or the smallest set whose probability reaches ``top_p``; ``temperature=0`` is
         greedy (the arg-max, no generator needed). ``rng`` is the seeded generator that draws them,
         ``npformer.backend.default_rng(seed, model.backend)``: the same seed gives the same tokens.
-        With ``use_cache`` the prompt runs once and each new token alone (key/value cache); past
-        ``block_size`` the context slides. Runs in eval mode under ``no_grad``."""
+        ``exclude``: token ids never drawn (a character model's special tokens, which its training
+        text never holds). With ``use_cache`` the prompt runs once and each new token alone
+        (key/value cache); past ``block_size`` the context slides. Runs in eval mode under ``no_grad``."""
         return generate(self, idx, max_new_tokens, rng, temperature=temperature, top_k=top_k, top_p=top_p,
-                        use_cache=use_cache)
+                        use_cache=use_cache, exclude=exclude)
 
     def save_pretrained(self, path) -> None:
         """Write the model as a Hugging Face directory: ``config.json`` and ``model.safetensors`` in the

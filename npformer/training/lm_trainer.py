@@ -20,7 +20,7 @@ import math
 
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.corpus import SAMPLE_PROMPT, CharLMData, load_corpus
-from npformer.data.vocab import CharVocab
+from npformer.data.vocab import SPECIALS, CharVocab
 from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
@@ -148,9 +148,11 @@ class GPT2Trainer(LMTrainer):
 def sample_text(model: GPT, vocab: CharVocab, prompt: str, n: int, *, seed: int = 0, backend: str = "numpy",
                 temperature: float = 0.8, top_k: int | None = None, top_p: float | None = 0.95) -> str:
     """``prompt`` continued by ``n`` sampled characters (an empty prompt starts from ``<bos>``). A
-    character the model's vocabulary lacks is an error naming it."""
+    character the model's vocabulary lacks is an error naming it. The special tokens are never drawn:
+    the training text holds none, and a drawn ``<eos>`` ended the text early (an untrained model's
+    200 characters could come out as 8), a ``<pad>`` or ``<bos>`` vanished from it."""
     ids = vocab.encode(vocab.check_text(prompt, "prompt")) or [vocab.bos_id]
     idx = to_device([ids], backend)
     out = generate(model, idx, n, default_rng(seed, backend), temperature=temperature, top_k=top_k,
-                   top_p=top_p)
+                   top_p=top_p, exclude=range(len(SPECIALS)))
     return vocab.decode(to_numpy(out)[0].tolist())

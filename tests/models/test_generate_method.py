@@ -51,6 +51,30 @@ def test_gpt_sampling_is_seeded_by_the_generator_passed():
     np.testing.assert_array_equal(one, model.generate(PROMPT, 8, temperature=0))
 
 
+def test_excluded_tokens_are_never_drawn():
+    """``exclude``: those ids never come, sampled or greedy, with the cache or without; the draws of
+    the others are seeded as before (the same generator gives the same tokens)."""
+    model, rng = _gpt(), lambda: default_rng(3, "numpy")
+    free = model.generate(PROMPT, 10, rng=rng(), temperature=2.0)
+    assert np.isin(free[:, 3:], [0, 1, 2, 3]).any()             # an untrained model draws them freely
+    for use_cache in (True, False):
+        out = model.generate(PROMPT, 10, rng=rng(), temperature=2.0, exclude=range(4), use_cache=use_cache)
+        assert not np.isin(out[:, 3:], [0, 1, 2, 3]).any()
+        np.testing.assert_array_equal(out, model.generate(PROMPT, 10, rng=rng(), temperature=2.0,
+                                                          exclude=[3, 2, 1, 0], use_cache=use_cache))
+    greedy = model.generate(PROMPT, 6, temperature=0)
+    first = int(greedy[0, 3])
+    assert model.generate(PROMPT, 6, temperature=0, exclude=[first])[0, 3] != first
+    only = model.generate(PROMPT, 5, rng=rng(), temperature=1.0, exclude=[i for i in range(11) if i != 7])
+    assert (only[:, 3:] == 7).all()
+    with pytest.raises(RangeError, match=r"exclude: token id 11 is outside the vocabulary of 11 \(ids 0..10\)"):
+        model.generate(PROMPT, 2, temperature=0, exclude=[11])
+    with pytest.raises(RangeError, match="exclude: all 11 tokens of the vocabulary are excluded"):
+        model.generate(PROMPT, 2, temperature=0, exclude=range(11))
+    with pytest.raises(RangeError, match="exclude: a token id: expected an int >= 0, got -1"):
+        model.generate(PROMPT, 2, temperature=0, exclude=[-1])
+
+
 def test_generate_names_bad_arguments():
     model = _gpt()
     with pytest.raises(RangeError, match="sampling .temperature > 0. needs a seeded generator"):
