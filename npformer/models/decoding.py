@@ -176,7 +176,7 @@ def _sampling_args(max_new_tokens, rng, temperature):
 def _exclusion(exclude, vocab_size: int) -> list[int]:
     """``exclude`` (token ids never to sample, or None) checked against a vocabulary of ``vocab_size``:
     each id in it, and at least one token left."""
-    ids = sorted({int(non_negative_int(i, "exclude: a token id")) for i in (exclude or ())})
+    ids = sorted({non_negative_int(i, "exclude: a token id") for i in (() if exclude is None else exclude)})
     if ids and ids[-1] >= vocab_size:
         raise RangeError(f"exclude: token id {ids[-1]} is outside the vocabulary of {vocab_size} "
                          f"(ids 0..{vocab_size - 1})")
