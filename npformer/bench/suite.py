@@ -243,19 +243,13 @@ def _meta(backends, quick, cfg, paths, reference) -> dict:
             "config": {k: v for k, v in cfg.items() if k != "budget_s"}, "flop_counts": FLOPS, "notes": []}
 
 
-def _gpu_cases_in_brief(cases) -> str:
-    """The GPU cases among ``cases``, a family (the flash cases at training shapes) as its name and count:
-    "the GPU cases gpt2-124m, seq2seq-d512 and 20 flash-train cases"."""
-    names, families = [], Counter()
-    for c in cases:
-        if c.gpu_only:
-            if c.family:
-                families[c.family] += 1
-            else:
-                names.append(c.name)
-    parts = names + [f"{n} {family} cases" for family, n in families.items()]
+def _gpu_cases_in_brief(gpu_cases) -> str:
+    """``gpu_cases`` by name, a family (the flash cases at training shapes) as its name and count: "the
+    GPU cases gpt2-124m, seq2seq-d512 and 20 flash-train cases"."""
+    families = Counter(c.family for c in gpu_cases if c.family)
+    parts = [c.name for c in gpu_cases if not c.family] + [f"{n} {f} cases" for f, n in families.items()]
     listed = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
-    return f"the GPU case{'s' if len(names) + sum(families.values()) > 1 else ''} {listed}"
+    return f"the GPU case{'s' if len(gpu_cases) > 1 else ''} {listed}"
 
 
 def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = True, only=None,
@@ -278,12 +272,13 @@ def run_suite(backends: list[Device], quick: bool, paths=PATHS, parity: bool = T
         notes.append(busy)
     cases = [c for c in op_cases(cfg) + model_cases(cfg, quick) + flash_train_cases()
              if only is None or c.name in only or c.family in only]
-    gpu_cases = [c.name for c in cases if c.gpu_only]
+    gpu_cases = [c for c in cases if c.gpu_only]
     cpus = [b.name for b in backends if b.device == "cpu"]
     if gpu_cases and cpus:
-        notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): {', '.join(gpu_cases)}")
+        notes.append(f"GPU cases skipped on the CPU backends ({GPU_ONLY_REASON}): "
+                     f"{', '.join(c.name for c in gpu_cases)}")
         if only is None:                                  # one line for them all; a case named by --only has its own
-            log(f"skipped on {', '.join(cpus)}: {_gpu_cases_in_brief(cases)} ({GPU_ONLY_REASON}; "
+            log(f"skipped on {', '.join(cpus)}: {_gpu_cases_in_brief(gpu_cases)} ({GPU_ONLY_REASON}; "
                 f"--only NAME runs one where a GPU is)")
     sweep = only is None or "sweep" in only
     with Progress(len(cases) + sweep, "bench", unit="case", log=log) as progress:   # (the sweep: one more)

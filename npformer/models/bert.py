@@ -31,7 +31,7 @@ from npformer.nn.linear import Linear
 from npformer.nn.module import Module, ModuleList
 from npformer.nn.normalization import LayerNorm
 from npformer.nn.transformer import TransformerEncoderLayer
-from npformer.models.decoding import eval_mode
+from npformer.models.decoding import eval_mode, excluded_ids
 from npformer.ops.feedforward import ACTIVATIONS
 from npformer.ops.softmax import softmax_forward
 
@@ -201,6 +201,7 @@ class EncoderModel(Module):
         position, in row-major order, as host arrays. Runs in eval mode under ``no_grad``."""
         top_k = positive_int(top_k, "top_k")
         token_ids(input_ids, "input_ids", self.config.vocab_size)
+        never = excluded_ids(exclude, self.config.vocab_size)
         xp = get_array_module(input_ids)
         rows, cols = (to_numpy(a) for a in xp.nonzero(input_ids == mask_id))
         if rows.size == 0:
@@ -209,9 +210,9 @@ class EncoderModel(Module):
             hidden, _ = self(input_ids, token_type_ids, key_padding_mask)                # (B, T, C)
             logits = self.mlm_logits(hidden[to_device(rows, self.backend), to_device(cols, self.backend)])  # (N, V)
         logits = to_numpy(logits).astype(numpy.float64)                                  # (N, V)
-        logits[:, list(exclude)] = -numpy.inf
+        logits[:, never] = -numpy.inf
         p, _ = softmax_forward(logits)                                                   # (N, V)
-        best = numpy.argsort(-p, axis=-1, kind="stable")[:, :min(top_k, p.shape[-1] - len(set(exclude)))]
+        best = numpy.argsort(-p, axis=-1, kind="stable")[:, :min(top_k, p.shape[-1] - len(never))]
         return [MaskFill(int(r), int(c), ids, p[i, ids]) for i, (r, c, ids) in enumerate(zip(rows, cols, best))]
 
     def backward(self, dhidden=None, dpooled=None, dmlm_logits=None):

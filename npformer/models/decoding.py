@@ -16,7 +16,7 @@ from npformer.errors import RangeError
 from npformer.nn.module import no_grad
 from npformer.ops.softmax import log_softmax_forward, softmax_forward
 
-__all__ = ["greedy_decode", "beam_search", "eval_mode", "strip_after_eos", "sample_next", "generate",
+__all__ = ["greedy_decode", "beam_search", "eval_mode", "strip_after_eos", "sample_next", "excluded_ids", "generate",
            "generate_with_memory"]
 
 
@@ -173,9 +173,9 @@ def _sampling_args(max_new_tokens, rng, temperature):
     return max_new_tokens
 
 
-def _exclusion(exclude, vocab_size: int) -> list[int]:
-    """``exclude`` (token ids never to sample, or None) checked against a vocabulary of ``vocab_size``:
-    each id in it, and at least one token left."""
+def excluded_ids(exclude, vocab_size: int) -> list[int]:
+    """``exclude`` (token ids never to draw or rank, or None) checked against a vocabulary of
+    ``vocab_size``: each id in it, and at least one token left; sorted, each once."""
     ids = sorted({non_negative_int(i, "exclude: a token id") for i in (() if exclude is None else exclude)})
     if ids and ids[-1] >= vocab_size:
         raise RangeError(f"exclude: token id {ids[-1]} is outside the vocabulary of {vocab_size} "
@@ -201,7 +201,7 @@ def generate(model, idx, max_new_tokens: int, rng, *, temperature: float = 1.0,
     With ``use_cache`` the prompt is run once and each new token alone (key/value cache). The
     tokens of ``exclude`` (ids) are never drawn: their logits are -inf (the others renormalised)."""
     max_new_tokens = _sampling_args(max_new_tokens, rng, temperature)
-    never = _exclusion(exclude, model.config.vocab_size)
+    never = excluded_ids(exclude, model.config.vocab_size)
     xp = get_array_module(idx)
     block = model.config.block_size
 

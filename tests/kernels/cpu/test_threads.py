@@ -3,6 +3,7 @@ finished before an exception is raised, BLAS restored, concurrent callers and fo
 import os
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -54,7 +55,6 @@ def test_parts_run_under_the_callers_floating_point_error_handling(thread_count)
         with pytest.raises(FloatingPointError):
             threads.run_parallel([late, zero, zero])
     with np.errstate(invalid="ignore"):
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             names = [r[0] for r in threads.run_parallel([late, zero, zero])[1:]]
