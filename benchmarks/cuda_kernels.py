@@ -327,6 +327,8 @@ def occupancy_floor(name: str, arch: int) -> float | None:
     if m:
         acc = "double" if m.group(4) == "f64" else "float"
         kernel = {"fwd": "fwd", "bwd_dq": "dq", "bwd_dkdv": "dkdv", "bwd_pre": "pre"}[m.group(1)] + (m.group(2) or "")
+        if m.group(2) == "_dense" and m.group(4) == "f32":                  # float32's dense kernels are SIMT
+            kernel += "_simt"
         return flash_source.OCCUPANCY_FLOORS[kernel, acc, int(m.group(3)) if m.group(3) else None][column]
     return runtime.OCCUPANCY_FLOORS[base][column]
 

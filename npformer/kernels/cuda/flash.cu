@@ -589,17 +589,30 @@ __device__ __noinline__ void npf_fa_load_tile(const T* x, int r0, int rows, int 
 // npf_fa_load_tile through cp.async (16 bytes a copy, zeros past rows and width) where rows are 16-byte
 // aligned and width a multiple of E: the copies land while the block computes (npf_cp_async_wait before
 // the tile is read); elsewhere the synchronous loads
+// A thread copies one 16-byte column chunk c of every PASS-th row (PASS = THREADS / C rows a pass of the
+// block), so its source and destination advance by constants: a copy costs a compare, a select and two
+// adds besides the cp.async (dividing a running index into row and chunk cost about 25 instructions a copy).
 template <typename T, int N, int D>
 __device__ __noinline__ void npf_fa_load_tile_async(const T* x, int r0, int rows, int width, long long stride, T* s) {
-    constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E;
+    constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E, PASS = NPF_FA_THREADS / C;
+    static_assert(NPF_FA_THREADS % C == 0, "a pass of the block covers whole rows");
     if (!(width % E == 0 && stride % E == 0 && ((unsigned long long)(size_t)x & 15) == 0)) {
         npf_fa_load_tile<T, N, D>(x, r0, rows, width, stride, s);
         return;
     }
-    for (int e = threadIdx.x; e < N * C; e += NPF_FA_THREADS) {
-        int r = e / C, c = e % C;
-        const bool in = r0 + r < rows && c * E < width;
-        npf_cp_async_16_zfill(s + r * LD + c * E, in ? x + (long long)(r0 + r) * stride + c * E : x, in ? 16 : 0);
+    const int c = threadIdx.x % C, first = threadIdx.x / C;
+    const bool column = c * E < width;
+    const T* from = x + (long long)(r0 + first) * stride + c * E;
+    T* to = s + first * LD + c * E;
+#pragma unroll
+    for (int pass = 0; pass < (N + PASS - 1) / PASS; ++pass) {
+        const int r = first + pass * PASS;
+        if (N % PASS == 0 || r < N) {
+            const bool in = column && r0 + r < rows;
+            npf_cp_async_16_zfill(to, in ? from : x, in ? 16 : 0);
+        }
+        from += PASS * stride;
+        to += PASS * LD;
     }
 }
 
@@ -1688,6 +1701,412 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
     }
 }
 
+// ---- the dense SIMT kernels (float32): the common case without masks or dropout, on FFMA ----
+// Float32 without the TF32 opt-in is SIMT arithmetic (npf_fa_forward's tile products, npf_fa_dot and
+// npf_fa_acc: 16 row lanes x 8 column lanes, 128 FFMA to 12 16-byte shared loads in their loops). Those
+// kernels carry every feature behind run-time branches; these, one per feature set as the tensor-core dense
+// kernels, keep around the products only what a tile without masks needs: scores scaled into base 2 by one
+// FFMA (P = 2^(S c - m c), c = scale log2(e)), the causal and ragged-end masks in a loop of their own over
+// the tiles that cross the block's diagonal or the last key, a row's max and sum by shuffles among its 8
+// column lanes (consecutive lanes of one warp), tiles copied 16 bytes at a time by cp.async and overlapped
+// with the products (sm_80 and later). Tiles as npf_fa_forward's: BR x BC = 64 x 64 up to D = 64, 32 x 32
+// at D = 128, rows D + 4 floats apart.
+template <int D_> struct NpfFaSimtDenseTraits {
+    static constexpr int D = D_, THREADS = NPF_FA_THREADS, BR = D <= 64 ? 64 : 32, BC = BR, DP = D + 4, CP = BC + 4;
+    static constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC;
+};
+
+// The forward's shared memory: Q (BR, DP), K and V (BC, DP) each, P (BR, CP); one buffer each: K's next
+// tile is copied during this tile's P V, V's during Q K^T (double buffers would hold an A100 to one block).
+// MIN_BLOCKS (benchmarks/cuda_kernels.py, sm_90): 3 up to D 64 (128-168 registers; shared memory allows 3 at D
+// 64: 18.75%, 4 at D 32: 25%), 4 at D 128 (102-106 registers, 25%)
+template <int D_> struct NpfFaSimtDenseFwdTraits : NpfFaSimtDenseTraits<D_> {
+    typedef NpfFaSimtDenseTraits<D_> B;
+    static constexpr int SHARED = ((B::BR + 2 * B::BC) * B::DP + B::BR * B::CP) * 4;
+    static constexpr int MIN_BLOCKS = D_ <= 64 ? 3 : 4;
+};
+
+// One key tile's scores and softmax (npf_fa_forward_simt_dense): S = Q K^T, (MASKED: keys past a row's
+// diagonal or past Tk -inf), the row max m (raw scores) by shuffles, P = 2^(S c - m c) into Ps, the lane's
+// part of each row sum l, and the accumulator rescaled where a row's maximum moved
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_simt_dense_p(const float* Qs, const float* Ks, float* Ps, int i0, int j0,
+                                                    const NpfFaArgs<float>& a, float cs,
+                                                    float (&acc)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC],
+                                                    float (&m)[NpfFaSimtDenseTraits<D>::R],
+                                                    float (&l)[NpfFaSimtDenseTraits<D>::R]) {
+    typedef NpfFaSimtDenseTraits<D> Tr;
+    constexpr int R = Tr::R, C = Tr::C, DC = Tr::DC;
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const float inf = npf_fa_inf(0.0f);
+    float s[R][C];
+    npf_fa_dot<float, R, C, D>(Qs, Ks, s);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = tr + NPF_FA_TR * r;
+        if (MASKED)
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const int j = j0 + tc + NPF_FA_TC * c;
+                if ((CAUSAL && j > i0 + row + a.shift) || j >= a.Tk) s[r][c] = -inf;
+            }
+        float mx = -inf;
+#pragma unroll
+        for (int c = 0; c < C; ++c) mx = fmaxf(mx, s[r][c]);
+#pragma unroll
+        for (int lanes = 1; lanes < NPF_FA_TC; lanes *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, lanes));
+        const float m_new = fmaxf(m[r], mx);
+        const float neg = m_new == -inf ? 0.0f : -m_new * cs;    // all -inf so far: no inf - inf
+        const float alpha = m_new == m[r] ? 1.0f : exp2f((m[r] - m_new) * cs);
+        m[r] = m_new;
+        float sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const float p = exp2f(fmaf(s[r][c], cs, neg));
+            sum += p;
+            Ps[row * Tr::CP + tc + NPF_FA_TC * c] = p;
+        }
+        l[r] = l[r] * alpha + sum;
+        if (alpha != 1.0f)                                   // the row's maximum moved
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc[r][c] *= alpha;
+    }
+}
+
+// One key tile kt of npf_fa_forward_simt_dense: on entry K's copies for it are in flight (V's buffer and P
+// free once every thread is past the first barrier); V's copies are issued, the scores computed, then K's
+// buffer takes the next tile's copies while P V is accumulated
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_simt_dense_fwd_tile(int kt, int n_kt, const float* k_head,
+                                                           const float* v_head, const NpfFaArgs<float>& a,
+                                                           long long k_st, long long v_st, const float* Qs,
+                                                           float* Ks, float* Vs, float* Ps, int i0, float cs,
+                                                           float (&acc)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC],
+                                                           float (&m)[NpfFaSimtDenseTraits<D>::R],
+                                                           float (&l)[NpfFaSimtDenseTraits<D>::R]) {
+    typedef NpfFaSimtDenseTraits<D> Tr;
+    const int j0 = kt * Tr::BC;
+    npf_cp_async_wait<0>();                                  // this tile's K has landed (the thread's copies)
+    __syncthreads();                                         // everyone's; everyone is done with V and P
+    npf_fa_load_tile_async<float, Tr::BC, D>(v_head, j0, a.Tk, a.hv, v_st, Vs);
+    npf_cp_async_commit();
+    npf_fa_simt_dense_p<D, CAUSAL, MASKED>(Qs, Ks, Ps, i0, j0, a, cs, acc, m, l);
+    npf_cp_async_wait<0>();                                  // V has landed
+    __syncthreads();                                         // everyone's, and P; everyone is done with K
+    if (kt + 1 < n_kt) npf_fa_load_tile_async<float, Tr::BC, D>(k_head, j0 + Tr::BC, a.Tk, a.hs, k_st, Ks);
+    npf_cp_async_commit();
+    npf_fa_acc<float, Tr::R, Tr::DC, Tr::BC, Tr::CP, D>(Ps, Vs, acc);
+}
+
+// Forward: block (x: query tile, last first; y: b H + h), as npf_fa_forward; out = acc / l, lse = m scale +
+// log l (a row that sees no key: zeros and +inf)
+template <int D, bool CAUSAL>
+__device__ void npf_fa_forward_simt_dense(const float* q, const float* k, const float* v, float* out, float* lse,
+                                          const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                                          NpfFaLayout ol) {
+    typedef NpfFaSimtDenseFwdTraits<D> Tr;
+    constexpr int R = Tr::R, DC = Tr::DC, BR = Tr::BR, BC = Tr::BC, DP = Tr::DP;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    float* Qs = reinterpret_cast<float*>(smem);          // (BR, DP)
+    float* Ks = Qs + BR * DP;                            // (BC, DP)
+    float* Vs = Ks + BC * DP;                            // (BC, DP)
+    float* Ps = Vs + BC * DP;                            // (BR, CP)
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
+    const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);   // the tiles from it need masks
+    const float cs = a.scale * 1.4426950408889634f;      // the scale and log2(e): P = 2^(s cs - m cs)
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        const float* k_head = k + npf_fa_head(kl, bh, a.H);
+        const float* v_head = v + npf_fa_head(vl, bh, a.H);
+        npf_fa_load_tile<float, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        if (n_kt > 0) npf_fa_load_tile_async<float, BC, D>(k_head, 0, a.Tk, a.hs, kl.st, Ks);
+        npf_cp_async_commit();
+        float m[R], l[R], acc[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            m[r] = -inf;
+            l[r] = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) acc[r][c] = 0.0f;
+        }
+        int kt = 0;
+        for (; kt < masked_from; ++kt)                       // the main loop: no masks
+            npf_fa_simt_dense_fwd_tile<D, CAUSAL, false>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, Qs, Ks, Vs, Ps,
+                                                         i0, cs, acc, m, l);
+        for (; kt < n_kt; ++kt)                              // the tiles across the diagonal or the end
+            npf_fa_simt_dense_fwd_tile<D, CAUSAL, true>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, Qs, Ks, Vs, Ps,
+                                                        i0, cs, acc, m, l);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float sum = l[r];                                // the 8 column lanes' parts of the row sum
+#pragma unroll
+            for (int lanes = 1; lanes < NPF_FA_TC; lanes *= 2) sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
+            const int i = i0 + tr + NPF_FA_TR * r;
+            if (i >= a.Tq) continue;
+            const bool empty = sum == 0.0f;                  // a row that sees no key: zeros, lse +inf
+            const float den = empty ? 1.0f : sum;
+            float* out_row = out + npf_fa_head(ol, bh, a.H) + i * ol.st;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hv) out_row[d] = acc[r][c] / den;
+            }
+            if (tc == 0) lse[bh * a.Tq + i] = empty ? inf : m[r] * a.scale + npf_log(sum);
+        }
+    }
+}
+
+// The dense SIMT backward, dQ then dK and dV, each its own pass as npf_fa_bwd_dq and npf_fa_bwd_dkdv (no
+// two blocks add into one element): P = 2^(S c - lse log2(e)) (one FFMA and an exp2 a score), dS = P (dP -
+// D) with the scale applied to dQ and dK once, at the end; the causal mask (dQ: and the ragged end) only on
+// the tiles that cross the block's diagonal.
+// dQ's shared memory: Q, dO (BR, DP) once per head, K_BUFFERS K and a V (BC, DP), dS (BR, CP). The next key
+// tile's V is copied during this tile's dS K, and so is its K up to D = 64, into K's other buffer; at D = 128
+// K has one buffer (a second held sm_90 to 2 blocks an SM, sm_80 to 1: 89 KiB) and its next tile is copied
+// after dS K, behind a third barrier. MIN_BLOCKS: 2 (sm_90: 168 registers at D 32 and 64, 106 at D 128;
+// shared memory holds D 64 to 2 blocks)
+template <int D_> struct NpfFaSimtDenseDqTraits : NpfFaSimtDenseTraits<D_> {
+    typedef NpfFaSimtDenseTraits<D_> B;
+    static constexpr int K_BUFFERS = D_ <= 64 ? 2 : 1;
+    static constexpr int SHARED = ((2 * B::BR + (K_BUFFERS + 1) * B::BC) * B::DP + B::BR * B::CP) * 4;
+    static constexpr int MIN_BLOCKS = 2;
+};
+
+// One key tile kt of npf_fa_bwd_dq_simt_dense: S = Q K^T, dP = dO V^T, dS into Ss, dq += dS K (nl: the
+// thread's rows' -lse log2(e), -inf past Tq or for a row that sees no key: P = 0 there; dd: their D)
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_simt_dense_dq_tile(int kt, int n_kt, const float* k_head, const float* v_head,
+                                                          const NpfFaArgs<float>& a, long long k_st, long long v_st,
+                                                          const float* Qs, const float* dOs, float* Kb, float* Vs,
+                                                          float* Ss, int i0, float cs,
+                                                          const float (&nl)[NpfFaSimtDenseTraits<D>::R],
+                                                          const float (&dd)[NpfFaSimtDenseTraits<D>::R],
+                                                          float (&dqa)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC]) {
+    typedef NpfFaSimtDenseDqTraits<D> Tr;
+    constexpr int R = Tr::R, C = Tr::C, BC = Tr::BC, KB = Tr::K_BUFFERS;
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int j0 = kt * BC;
+    float* Ks = Kb + kt % KB * BC * Tr::DP;
+    npf_cp_async_wait<0>();                                  // this tile's K and V have landed (the thread's)
+    __syncthreads();                                         // everyone's; everyone is done with dS and the other K
+    float s[R][C], dp[R][C];
+    npf_fa_dot<float, R, C, D>(Qs, Ks, s);
+    npf_fa_dot<float, R, C, D>(dOs, Vs, dp);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = tr + NPF_FA_TR * r;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int j = j0 + tc + NPF_FA_TC * c;
+            float p = exp2f(fmaf(s[r][c], cs, nl[r]));
+            if (MASKED && ((CAUSAL && j > i0 + row + a.shift) || j >= a.Tk)) p = 0.0f;
+            Ss[row * Tr::CP + tc + NPF_FA_TC * c] = p * (dp[r][c] - dd[r]);
+        }
+    }
+    __syncthreads();                                         // dS everyone's; everyone is done with V
+    if (kt + 1 < n_kt) {
+        if (KB == 2)
+            npf_fa_load_tile_async<float, BC, D>(k_head, j0 + BC, a.Tk, a.hs, k_st, Kb + (kt + 1) % KB * BC * Tr::DP);
+        npf_fa_load_tile_async<float, BC, D>(v_head, j0 + BC, a.Tk, a.hv, v_st, Vs);
+    }
+    npf_cp_async_commit();
+    npf_fa_acc<float, R, Tr::DC, BC, Tr::CP, D>(Ss, Ks, dqa);
+    if (KB == 1) {
+        __syncthreads();                                     // everyone is done with K
+        if (kt + 1 < n_kt) npf_fa_load_tile_async<float, BC, D>(k_head, j0 + BC, a.Tk, a.hs, k_st, Kb);
+        npf_cp_async_commit();
+    }
+}
+
+// dQ: block (x: query tile, last first; y: b H + h) over its visible key tiles:  dq_i = scale sum_j dS k_j
+template <int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dq_simt_dense(const float* q, const float* k, const float* v, const float* dout,
+                                         const float* lse, const float* dvec, float* dq, const NpfFaArgs<float>& a,
+                                         NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl, NpfFaLayout gl,
+                                         NpfFaLayout dql) {
+    typedef NpfFaSimtDenseDqTraits<D> Tr;
+    constexpr int R = Tr::R, DC = Tr::DC, BR = Tr::BR, BC = Tr::BC, DP = Tr::DP;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    float* Qs = reinterpret_cast<float*>(smem);          // (BR, DP)
+    float* dOs = Qs + BR * DP;                           // (BR, DP)
+    float* Kb = dOs + BR * DP;                           // K_BUFFERS x (BC, DP)
+    float* Vs = Kb + Tr::K_BUFFERS * BC * DP;            // (BC, DP)
+    float* Ss = Vs + BC * DP;                            // (BR, CP)
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
+    const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
+    const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
+    const float cs = a.scale * 1.4426950408889634f;
+    const float inf = npf_fa_inf(0.0f);
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        const float* k_head = k + npf_fa_head(kl, bh, a.H);
+        const float* v_head = v + npf_fa_head(vl, bh, a.H);
+        npf_fa_load_tile_async<float, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+        npf_fa_load_tile_async<float, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
+        if (n_kt > 0) {
+            npf_fa_load_tile_async<float, BC, D>(k_head, 0, a.Tk, a.hs, kl.st, Kb);
+            npf_fa_load_tile_async<float, BC, D>(v_head, 0, a.Tk, a.hv, vl.st, Vs);
+        }
+        npf_cp_async_commit();
+        float nl[R], dd[R], dqa[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            nl[r] = i < a.Tq ? -lse[bh * a.Tq + i] * 1.4426950408889634f : -inf;
+            dd[r] = i < a.Tq ? dvec[bh * a.Tq + i] : 0.0f;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) dqa[r][c] = 0.0f;
+        }
+        int kt = 0;
+        for (; kt < masked_from; ++kt)                       // the main loop: no masks
+            npf_fa_simt_dense_dq_tile<D, CAUSAL, false>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, Qs, dOs, Kb, Vs,
+                                                        Ss, i0, cs, nl, dd, dqa);
+        for (; kt < n_kt; ++kt)                              // the tiles across the diagonal or the end
+            npf_fa_simt_dense_dq_tile<D, CAUSAL, true>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, Qs, dOs, Kb, Vs,
+                                                       Ss, i0, cs, nl, dd, dqa);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i = i0 + tr + NPF_FA_TR * r;
+            if (i >= a.Tq) continue;
+            float* dq_row = dq + npf_fa_head(dql, bh, a.H) + i * dql.st;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hs) dq_row[d] = dqa[r][c] * a.scale;
+            }
+        }
+    }
+}
+
+// dK, dV's shared memory: K, V (BC, DP) once per head, Q and dO (BR, DP), P^T and dS^T (BC, RP), the query
+// tile's -lse log2(e) and D (2 BR): the next query tile's dO is copied during this tile's dS^T Q, its Q during
+// the next tile's dP^T. MIN_BLOCKS (sm_90): 2 (168 registers at D 32: 18.75%; 238-242 at D 64, 128 at D 128:
+// 12.5%, as npf_fa_bwd_dkdv's)
+template <int D_> struct NpfFaSimtDenseDkdvTraits : NpfFaSimtDenseTraits<D_> {
+    typedef NpfFaSimtDenseTraits<D_> B;
+    static constexpr int RP = B::BR + 4;
+    static constexpr int SHARED = ((2 * B::BC + 2 * B::BR) * B::DP + 2 * B::BC * RP + 2 * B::BR) * 4;
+    static constexpr int MIN_BLOCKS = 2;
+};
+
+// One query tile qt of npf_fa_bwd_dkdv_simt_dense (thread rows keys, columns queries): dP^T = V dO^T, S^T =
+// K Q^T, P^T and dS^T into Pt and St, dv += P^T dO, dk += dS^T Q. On entry dO's copies (and, on a head's
+// first tile, K's and V's) are in one group, Q's in the next; ld_s holds the tile's -lse log2(e) and D.
+template <int D, bool CAUSAL, bool MASKED>
+__device__ __forceinline__ void npf_fa_simt_dense_dkdv_tile(int qt, int n_qt, const float* q_head, const float* g_head,
+                                                            const float* lse, const float* dvec, long long bh,
+                                                            const NpfFaArgs<float>& a, long long q_st, long long g_st,
+                                                            const float* Ks, const float* Vs, float* Qs, float* dOs,
+                                                            float* Pt, float* St, float* ld_s, int j0, float cs,
+                                                            float (&dka)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC],
+                                                            float (&dva)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC]) {
+    typedef NpfFaSimtDenseDkdvTraits<D> Tr;
+    constexpr int R = Tr::R, C = Tr::C, BR = Tr::BR, RP = Tr::RP;
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int i0 = qt * BR;
+    npf_cp_async_wait<1>();                                  // dO has landed (the thread's); Q may be in flight
+    __syncthreads();                                         // everyone's, and ld_s
+    float dpt[R][C];
+    npf_fa_dot<float, R, C, D>(Vs, dOs, dpt);                // dP^T = (dO V^T)^T
+    npf_cp_async_wait<0>();                                  // Q has landed
+    __syncthreads();
+    float st[R][C];
+    npf_fa_dot<float, R, C, D>(Ks, Qs, st);                  // S^T: keys x queries
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int row = tr + NPF_FA_TR * r;
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const int col = tc + NPF_FA_TC * c;
+            float p = exp2f(fmaf(st[r][c], cs, ld_s[col]));
+            if (MASKED && CAUSAL && j0 + row > i0 + col + a.shift) p = 0.0f;
+            Pt[row * RP + col] = p;
+            St[row * RP + col] = p * (dpt[r][c] - ld_s[BR + col]);
+        }
+    }
+    __syncthreads();                                         // P^T and dS^T everyone's
+    npf_fa_acc<float, R, Tr::DC, BR, RP, D>(Pt, dOs, dva);   // dv_j += P^T dO_i
+    __syncthreads();                                         // everyone is done with dO and ld_s
+    if (qt + 1 < n_qt) {
+        npf_fa_load_tile_async<float, BR, D>(g_head, i0 + BR, a.Tq, a.hv, g_st, dOs);
+        npf_fa_query_stats<BR, NPF_FA_THREADS, true>(lse, dvec, bh, i0 + BR, a, ld_s);
+    }
+    npf_cp_async_commit();
+    npf_fa_acc<float, R, Tr::DC, BR, RP, D>(St, Qs, dka);    // dk_j += dS^T q_i
+    __syncthreads();                                         // everyone is done with Q
+    if (qt + 1 < n_qt) npf_fa_load_tile_async<float, BR, D>(q_head, i0 + BR, a.Tq, a.hs, q_st, Qs);
+    npf_cp_async_commit();
+}
+
+// dK, dV: block (x: key tile, y: b H + h) over the query tiles that see the key tile (the causal future's
+// first ones skipped, those across the diagonal masked):  dk_j = scale sum_i dS^T q_i,  dv_j = sum_i P^T dO_i
+template <int D, bool CAUSAL>
+__device__ void npf_fa_bwd_dkdv_simt_dense(const float* q, const float* k, const float* v, const float* dout,
+                                           const float* lse, const float* dvec, float* dk, float* dv,
+                                           const NpfFaArgs<float>& a, NpfFaLayout ql, NpfFaLayout kl, NpfFaLayout vl,
+                                           NpfFaLayout gl, NpfFaLayout dkl, NpfFaLayout dvl) {
+    typedef NpfFaSimtDenseDkdvTraits<D> Tr;
+    constexpr int R = Tr::R, DC = Tr::DC, BR = Tr::BR, BC = Tr::BC, DP = Tr::DP, RP = Tr::RP;
+    NPF_FA_SHARED(smem, Tr::SHARED);
+    float* Ks = reinterpret_cast<float*>(smem);          // (BC, DP)
+    float* Vs = Ks + BC * DP;                            // (BC, DP)
+    float* Qs = Vs + BC * DP;                            // (BR, DP)
+    float* dOs = Qs + BR * DP;                           // (BR, DP)
+    float* Pt = dOs + BR * DP;                           // (BC, RP) P^T
+    float* St = Pt + BC * RP;                            // (BC, RP) dS^T
+    float* ld_s = St + BC * RP;                          // (2 BR) -lse log2(e), D
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int j0 = blockIdx.x * BC;
+    const int n_qt = (a.Tq + BR - 1) / BR;
+    const int qt0 = npf_fa_first_query_tile<BR>(j0, n_qt, CAUSAL, a);
+    const int unmasked_from = npf_fa_unmasked_query_tile<BC, BR>(j0, qt0, n_qt, CAUSAL, a);
+    const float cs = a.scale * 1.4426950408889634f;
+    for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
+        __syncthreads();                                     // the previous head's readers are done
+        const float* q_head = q + npf_fa_head(ql, bh, a.H);
+        const float* g_head = dout + npf_fa_head(gl, bh, a.H);
+        npf_fa_load_tile_async<float, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+        npf_fa_load_tile_async<float, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
+        if (qt0 < n_qt) {
+            npf_fa_load_tile_async<float, BR, D>(g_head, qt0 * BR, a.Tq, a.hv, gl.st, dOs);
+            npf_fa_query_stats<BR, NPF_FA_THREADS, true>(lse, dvec, bh, qt0 * BR, a, ld_s);
+        }
+        npf_cp_async_commit();
+        if (qt0 < n_qt) npf_fa_load_tile_async<float, BR, D>(q_head, qt0 * BR, a.Tq, a.hs, ql.st, Qs);
+        npf_cp_async_commit();
+        float dka[R][DC], dva[R][DC];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int c = 0; c < DC; ++c) dka[r][c] = dva[r][c] = 0.0f;
+        int qt = qt0;
+        for (; qt < unmasked_from; ++qt)                     // the tiles across the diagonal
+            npf_fa_simt_dense_dkdv_tile<D, CAUSAL, true>(qt, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st, gl.st, Ks,
+                                                         Vs, Qs, dOs, Pt, St, ld_s, j0, cs, dka, dva);
+        for (; qt < n_qt; ++qt)                              // the main loop: no masks
+            npf_fa_simt_dense_dkdv_tile<D, CAUSAL, false>(qt, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st, gl.st, Ks,
+                                                          Vs, Qs, dOs, Pt, St, ld_s, j0, cs, dka, dva);
+        if (qt0 >= n_qt) npf_cp_async_wait<0>();             // no tile: K's and V's copies land before the next head's
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int j = j0 + tr + NPF_FA_TR * r;
+            if (j >= a.Tk) continue;
+            float* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
+            float* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
+#pragma unroll
+            for (int c = 0; c < DC; ++c) {
+                const int d = npf_fa_col(tc, c);
+                if (d < a.hs) dk_row[d] = dka[r][c] * a.scale;
+                if (d < a.hv) dv_row[d] = dva[r][c];
+            }
+        }
+    }
+}
+
 // ---- the Hopper forward (sm_90a): the dense forward on wgmma, FlashAttention-3's products ----
 // The dense forward's algorithm (no mask, padding or dropout; causal or not; float16 or bfloat16), its tile
 // products on warpgroup MMAs (warpgroup.cuh) instead of mma.sync: a block of WARPGROUPS warpgroups takes 64
@@ -2605,6 +3024,16 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdDense : NpfFaDenseTra
         npf_fa_forward_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
     }
 };
+// float32's dense kernels are SIMT (no tensor cores without the TF32 opt-in): NpfFaSimtDense*Traits above
+template <int D_, bool CAUSAL> struct NpfFaFwdDense<float, D_, CAUSAL> : NpfFaSimtDenseFwdTraits<D_> {
+    typedef float T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaSimtDenseTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_forward_simt_dense<D_, CAUSAL>(p.q, p.k, p.v, p.out, p.lse, a, p.ql, p.kl, p.vl, p.ol);
+    }
+};
 // The Hopper kernels (sm_90a, modules of their own): the forward, dQ, dK and dV, float16 and bfloat16 at D 64
 // and 128, dense, causal or not; traits above (NpfFaWgmmaTraits, NpfFaWgmmaDqTraits, NpfFaWgmmaDkdvTraits).
 template <typename T_, int D_, bool CAUSAL> struct NpfFaFwdWgmma : NpfFaWgmmaTraits<D_> {
@@ -2654,5 +3083,25 @@ template <typename T_, int D_, bool CAUSAL> struct NpfFaDkdvDense : NpfFaDenseDk
         const NpfFaArgs<A> a = p.a;
         npf_fa_bwd_dkdv_dense<T_, D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl,
                                               p.gl, p.dkl, p.dvl);
+    }
+};
+template <int D_, bool CAUSAL> struct NpfFaDqDense<float, D_, CAUSAL> : NpfFaSimtDenseDqTraits<D_> {
+    typedef float T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaSimtDenseTraits<D_>::BR;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dq_simt_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dq, a, p.ql, p.kl, p.vl, p.gl,
+                                             p.dql);
+    }
+};
+template <int D_, bool CAUSAL> struct NpfFaDkdvDense<float, D_, CAUSAL> : NpfFaSimtDenseDkdvTraits<D_> {
+    typedef float T;
+    typedef float A;
+    static constexpr int ROWS = NpfFaSimtDenseTraits<D_>::BC;
+    static __device__ __forceinline__ void run(const NpfFaParams<T, A> p) {
+        const NpfFaArgs<A> a = p.a;
+        npf_fa_bwd_dkdv_simt_dense<D_, CAUSAL>(p.q, p.k, p.v, p.dout, p.lse, p.dvec, p.dk, p.dv, a, p.ql, p.kl, p.vl,
+                                               p.gl, p.dkl, p.dvl);
     }
 };

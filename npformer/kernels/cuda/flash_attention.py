@@ -38,8 +38,8 @@ from npformer.ops.flash_attention import FlashAttentionCache, check_flash_argume
 
 __all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention_backward_into",
            "accepts_forward", "accepts_backward", "head_bucket", "flash_module", "heads_layout",
-           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense", "use_wgmma",
-           "wgmma_applies"]
+           "merged_heads", "tensor_cores", "tensor_core_variant", "pack_bits", "key_end", "dense", "dense_suffix",
+           "use_wgmma", "wgmma_applies"]
 
 _DEFAULT_SHARED = 48 * 1024     # dynamic shared memory a kernel may use without opting in
 
@@ -240,11 +240,8 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if b * h and tq:
         variant = tensor_core_variant(q.dtype)
         args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, lse=lse)
-        if variant == "tc" and dense(masks, p):
-            _launch(("fwd_wgmma" if wgmma_applies(q, k, v) else "fwd_dense") + _causal(masks), q.dtype, d, tq,
-                    b * h, args)
-        else:
-            _launch("fwd" + (f"_{variant}" if variant else ""), q.dtype, d, tq, b * h, args)
+        _launch("fwd" + (dense_suffix(variant, masks, p, q, k, v) or (f"_{variant}" if variant else "")), q.dtype,
+                d, tq, b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, draws, scale, block_q, block_k)
 
 
@@ -288,8 +285,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
         threads, rows_a_block, _ = geometry("bwd_pre", q.dtype, d)
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // rows_a_block), MAX_GRID)),), (threads,), (args,))
     suffix = f"_{variant}" if variant else ""
-    if variant == "tc" and dense(masks, p):             # the dense kernels, on wgmma where they apply
-        suffix = ("_wgmma" if wgmma_applies(q, k, v, dout) else "_dense") + _causal(masks)
+    suffix = dense_suffix(variant, masks, p, q, k, v, dout) or suffix   # the dense kernels where they apply
     _launch("bwd_dkdv" + suffix, q.dtype, d, tk, b * h, args)
     if tq:
         _launch("bwd_dq" + suffix, q.dtype, d, tq, b * h, args)
@@ -300,9 +296,24 @@ def _causal(masks) -> str:
 
 
 def dense(masks, p: float) -> bool:
-    """Whether the dense kernels run (float16, bfloat16 on tensor cores): no attention mask, no key padding, no
-    dropout; causal or not, any lengths."""
+    """Whether the dense kernels run: no attention mask, no key padding, no dropout; causal or not, any
+    lengths (:func:`dense_suffix` says which)."""
     return masks.attn is None and masks.padding is None and p == 0
+
+
+def dense_suffix(variant: str, masks, p: float, q, k, v, *more) -> str:
+    """The suffix of the dense kernels that take these arrays (``variant``: :func:`tensor_core_variant` of their
+    dtype; ``more``: dout for the backward), "_causal" added where causal: "_wgmma" where
+    :func:`wgmma_applies`, else "_dense" for float16 and bfloat16 on tensor cores and for float32 in SIMT
+    arithmetic (without the TF32 opt-in, compute capability 8.0 or later: their copies are cp.async); "" where
+    the general kernels run (masks, padding or dropout; float64; float32 under TF32; older GPUs)."""
+    if not dense(masks, p):
+        return ""
+    if variant == "tc":
+        return ("_wgmma" if wgmma_applies(q, k, v, *more) else "_dense") + _causal(masks)
+    if not variant and dtype_name(q.dtype) == "float32" and runtime.compute_capability() >= 80:
+        return "_dense" + _causal(masks)
+    return ""
 
 
 def _device_masks(*masks) -> bool:

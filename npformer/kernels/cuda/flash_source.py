@@ -166,6 +166,13 @@ GEOMETRY = {
     "NpfFaFwdDense<32>": (128, 30720), "NpfFaFwdDense<64>": (128, 55296), "NpfFaFwdDense<128>": (64, 52224),
     "NpfFaDqDense<32>": (128, 40960), "NpfFaDqDense<64>": (128, 55296), "NpfFaDqDense<128>": (64, 69632),
     "NpfFaDkdvDense<32>": (128, 31232), "NpfFaDkdvDense<64>": (64, 56320), "NpfFaDkdvDense<128>": (64, 70144),
+    # float32's dense kernels, SIMT: 64 x 64 tiles up to D 64, 32 x 32 at D 128
+    "NpfFaFwdDense<float, 32>": (64, 45056), "NpfFaFwdDense<float, 64>": (64, 69632),
+    "NpfFaFwdDense<float, 128>": (32, 55296),
+    "NpfFaDqDense<float, 32>": (64, 63488), "NpfFaDqDense<float, 64>": (64, 104448),
+    "NpfFaDqDense<float, 128>": (32, 72192),
+    "NpfFaDkdvDense<float, 32>": (64, 72192), "NpfFaDkdvDense<float, 64>": (64, 104960),
+    "NpfFaDkdvDense<float, 128>": (32, 77056),
     # the Hopper kernels (WGMMA_THREADS threads): 128 rows (dK, dV: keys), tiles of 128 keys (dQ: 64; dK, dV: 64
     # queries), 1 KiB to align the tiles
     "NpfFaFwdWgmma<64>": (128, 82944), "NpfFaFwdWgmma<128>": (128, 164864),
@@ -204,6 +211,14 @@ OCCUPANCY_FLOORS = {
     ("dq_dense", "float", 128): (0.125, 0.1875),            # (an A100's shared memory: 2 blocks)
     ("dkdv_dense", "float", 32): (0.125, 0.125), ("dkdv_dense", "float", 64): (0.125, 0.125),
     ("dkdv_dense", "float", 128): (0.125, 0.125),           # (3 blocks an SM spilled the causal ones)
+    # float32's dense kernels (SIMT; "_simt" keeps them apart from the tensor-core dense ones): at least the
+    # general SIMT kernels' occupancy (benchmarks/cuda_kernels.py, 2026-12-01)
+    ("fwd_dense_simt", "float", 32): (0.1875, 0.25), ("fwd_dense_simt", "float", 64): (0.125, 0.1875),
+    ("fwd_dense_simt", "float", 128): (0.125, 0.25),
+    ("dq_dense_simt", "float", 32): (0.125, 0.1875), ("dq_dense_simt", "float", 64): (0.0625, 0.125),
+    ("dq_dense_simt", "float", 128): (0.125, 0.1875),
+    ("dkdv_dense_simt", "float", 32): (0.125, 0.1875), ("dkdv_dense_simt", "float", 64): (0.0625, 0.125),
+    ("dkdv_dense_simt", "float", 128): (0.125, 0.125),
     # the Hopper kernels, sm_90 only: one block of 8 warps an SM (their launch bounds)
     ("fwd_wgmma", "float", 64): (0.125, 0.125), ("fwd_wgmma", "float", 128): (0.125, 0.125),
     ("dq_wgmma", "float", 64): (0.125, 0.125), ("dq_wgmma", "float", 128): (0.125, 0.125),
@@ -227,6 +242,8 @@ def kernels(dtype) -> tuple:
         names += tuple(f"{k}_{variant}" for k in _TRAITS)
     if variant == "tc":
         names += tuple(f"{k}_dense{causal}" for k in _TRAITS for causal in ("", "_causal"))
+    elif variant == "tf32":                     # float32: the dense kernels in SIMT arithmetic
+        names += tuple(f"{k}_dense{causal}" for k in _TRAITS for causal in ("", "_causal"))
     return names
 
 
@@ -248,7 +265,9 @@ def _traits(name: str, dtype, d: int) -> tuple[str, str]:
     if variant.startswith(("dense", "wgmma")):
         kind = variant.split("_")[0].capitalize()
         causal = "true" if variant.endswith("_causal") else "false"
-        return f"{_TRAITS[base]}{kind}<{storage}, {d}, {causal}>", f"{_TRAITS[base]}{kind}<{d}>"
+        row = f"{_TRAITS[base]}{kind}<{d}>" if storage in ("unsigned short", "npf_bf16") else \
+            f"{_TRAITS[base]}{kind}<{storage}, {d}>"        # float32's: SIMT, GEOMETRY rows of their own
+        return f"{_TRAITS[base]}{kind}<{storage}, {d}, {causal}>", row
     traits = f"{_TRAITS[base]}{'Tc' if variant else ''}<{{}}, {d}>"
     row = _GEOMETRY_STORAGE.get(storage, storage) if variant else _SIMT_ACCUMULATOR.get(storage, storage)
     return traits.format(storage), traits.format(row)

@@ -360,7 +360,8 @@ def test_accepts_device_masks_only(fx):
 def test_launch_geometry_is_the_traits(fx):
     """The host's one copy of each instantiation's launch (flash_source.geometry: block, rows a block, shared
     memory, from GEOMETRY) is its traits' in flash.cu (THREADS, ROWS, SHARED), compiled; every shipped
-    kernel fits an A100's 163 KiB a block, and the dense ones two blocks an SM."""
+    kernel fits an A100's 163 KiB a block, and the tensor-core dense ones two blocks an SM (float32's dense
+    kernels, SIMT, are held by their occupancy floors: tests/kernels/cuda/test_compile.py)."""
     module = _test_module()
     for (dtype, d), kernels in flash_source.MODULE_KERNELS.items():
         for name in flash_source.kernels(dtype) + (flash_source.wgmma_kernels(dtype) if d > 32 else ()):
@@ -369,7 +370,8 @@ def test_launch_geometry_is_the_traits(fx):
             module.get_function(kernel)((1,), (1,), (got,))
             assert tuple(host(got)) == flash_source.geometry(name, dtype, d), (name, dtype, d)
     assert max(shared for _, shared in flash_source.GEOMETRY.values()) <= 163 * 1024   # (an H100: 227 KiB)
-    assert all(shared <= 163 * 1024 // 2 for key, (_, shared) in flash_source.GEOMETRY.items() if "Dense" in key)
+    assert all(shared <= 163 * 1024 // 2 for key, (_, shared) in flash_source.GEOMETRY.items()
+               if "Dense<" in key and "float" not in key)
 
 
 def _offsets(dtype) -> list:
@@ -391,14 +393,15 @@ def test_the_params_dtype_is_the_kernels_struct(fx, acc):
 
 def test_every_module_names_its_instantiations():
     """A module per (dtype, D), dtypes by name: the SIMT kernels and bwd_pre, float16's, bfloat16's and
-    float32's tensor-core ones, float16's and bfloat16's dense ones, each npf_fa_kernel<traits>; the source
+    float32's tensor-core ones, the dense ones (float16's and bfloat16's on tensor cores, float32's SIMT) of all
+    three, each npf_fa_kernel<traits>; the source
     has no extern "C" entry point and every constant filled in; the test kernels are the tests' module only."""
     assert {dtype for dtype, _ in flash_source.MODULE_KERNELS} == {"float16", "bfloat16", "float32", "float64"}
     for (dtype, d), kernels in flash_source.MODULE_KERNELS.items():
         variant = {"float16": "_tc", "bfloat16": "_tc", "float32": "_tf32"}.get(dtype, "")
         tensor_cores = tuple(k + variant for k in ("fwd", "bwd_dq", "bwd_dkdv")) if variant else ()
         dense = tuple(f"{k}_dense{c}" for k in ("fwd", "bwd_dq", "bwd_dkdv") for c in ("", "_causal"))
-        names = ("fwd", "bwd_dq", "bwd_dkdv") + tensor_cores + (dense if variant == "_tc" else ())
+        names = ("fwd", "bwd_dq", "bwd_dkdv") + tensor_cores + (dense if variant else ())
         want = {flash_source.entry_name(n, dtype, d) for n in names} | {flash_source.entry_name("bwd_pre", dtype)}
         assert set(kernels) == want
         assert all(re.fullmatch(r"npf_fa_kernel<NpfFa\w+<[\w ,]+>>", e) for e in kernels.values()), kernels
@@ -476,8 +479,8 @@ def _launched(monkeypatch) -> list:
 
 def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch):
     """Float16's forward and backward are the tensor-core kernels on sm_80 and later (the dense forward
-    without masks and dropout, causal or not), the SIMT kernels before; float32 and float64 keep the
-    SIMT kernels."""
+    without masks and dropout, causal or not), the SIMT kernels before; float32 keeps SIMT arithmetic (its
+    dense kernels there, from sm_80: cp.async), as float64 does."""
     from npformer.kernels.cuda import runtime
     names = _launched(monkeypatch)
     q, k, v = qkv(fx.xp, 1, 2, 20, 20, 16, 16, 0, "float16")
@@ -494,9 +497,11 @@ def test_float16_runs_on_tensor_cores_from_compute_capability_8(fx, monkeypatch)
     if fx.name == "emulated":
         monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
         step("float16")
-        assert names == tc + simt + simt
+        assert names == tc + tc[:3] + simt               # float32: the dense kernels, SIMT
+        step("float32")
+        assert names[-3:] == simt                        # (before sm_80: the general ones)
     else:
-        assert names == (tc if runtime.compute_capability() >= 80 else simt + simt) + simt
+        assert names == (tc + tc[:3] if runtime.compute_capability() >= 80 else simt * 3)
 
 
 def test_bfloat16_runs_on_tensor_cores_and_needs_compute_capability_8(fx, monkeypatch):
@@ -594,15 +599,16 @@ def test_the_wgmma_kernels_run_only_where_they_may(wgmma, monkeypatch):
         assert forward(q, k, v) == "fwd_dense_causal"
 
 
-# -- the dense kernels (float16, bfloat16): the common case without masks or dropout -----------------
-@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float16", "bfloat16")])
+# -- the dense kernels (float16, bfloat16 on tensor cores; float32 SIMT): the common case without masks or dropout
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float32", "float16", "bfloat16")])
 @pytest.mark.parametrize("hs, tq, tk, alignment", [
     (8, 1, 1, None), (24, 17, 130, "top_left"), (64, 128, 128, "top_left"), (64, 200, 70, "top_left"),
     (64, 130, 200, None), (100, 70, 200, "bottom_right"), (128, 200, 70, "bottom_right"), (32, 257, 96, None),
-    (64, 300, 300, "top_left")])
+    (64, 300, 300, "top_left"), (30, 33, 40, None), (58, 65, 130, "top_left")])
 def test_the_dense_kernels_match_the_reference(fx, monkeypatch, hs, tq, tk, alignment, dtype):
     """No attention mask, no padding, no dropout: the dense forward and backward (npf_fa_forward_dense,
-    npf_fa_bwd_dkdv_dense, npf_fa_bwd_dq_dense), causal (both alignments: rows before the first key see
+    npf_fa_bwd_dkdv_dense, npf_fa_bwd_dq_dense; float32's npf_fa_forward_simt_dense, npf_fa_bwd_dkdv_simt_dense,
+    npf_fa_bwd_dq_simt_dense), causal (both alignments: rows before the first key see
     none, zeros and lse +inf) or not, ragged ends of both lengths, every head-size bucket (hs below D:
     zeros padded); out, lse, dq, dk, dv as the reference's (compare: each backward on each forward's
     cache too), within the dtype's tolerance of the magnitudes in play (bfloat16: and the float32 reference's)."""
@@ -686,8 +692,9 @@ def test_float32_runs_on_tf32_tensor_cores_only_under_the_opt_in(fx, monkeypatch
         flash_backward(out, cache)
     if fx.name != "emulated" and (runtime.float32_on_tf32() or runtime.compute_capability() < 80):
         pytest.skip("needs a GPU of compute capability 8.0 or later with TF32 off")
-    step()
-    assert names == ["fwd", "bwd_dkdv", "bwd_dq"] and kernel.tensor_core_variant(np.float32) == ""
+    step()                                               # SIMT: the dense kernels (no mask, no dropout)
+    assert names == ["fwd_dense_causal", "bwd_dkdv_dense_causal", "bwd_dq_dense_causal"], names
+    assert kernel.tensor_core_variant(np.float32) == ""
     names.clear()
     if fx.name == "emulated":
         monkeypatch.setattr(runtime, "float32_on_tf32", lambda: True)
@@ -696,7 +703,7 @@ def test_float32_runs_on_tf32_tensor_cores_only_under_the_opt_in(fx, monkeypatch
         set_float32_matmul_precision("tf32", "cupy")
     try:
         step()
-        assert names == ["fwd_tf32", "bwd_dkdv_tf32", "bwd_dq_tf32"], names
+        assert names == ["fwd_tf32", "bwd_dkdv_tf32", "bwd_dq_tf32"], names      # (TF32 has no dense kernels)
         assert kernel.tensor_core_variant(np.float64) == "" and kernel.tensor_core_variant(np.float16) == "tc"
         if fx.name == "emulated":                        # before Ampere: no TF32, the SIMT kernels
             monkeypatch.setattr(runtime, "compute_capability", lambda: 75)
