@@ -4,7 +4,8 @@ GPU time they take, and the top kernels by time (``benchmarks/gpu_check.sh`` run
     python benchmarks/profile_step.py [--model gpt-small|gpt-medium|gpt2-124m] [--batch 8] [--seq 1024]
                                       [--out FILE]
 
-The step is the benchmark suite's (forward, cross-entropy, backward, AdamW; dropout 0.1) on CuPy.
+The step is the benchmark suite's (forward, cross-entropy, backward, AdamW; the model's sizes and dropout from
+``npformer.bench.steps.MODELS``: 0.1, 0 for GPT-2 124M as nanoGPT pretrains it) on CuPy.
 Kernels are counted with PyTorch's profiler, whose CUPTI tracer sees every kernel the process
 launches, CuPy's included; without PyTorch only the wall time is reported. Warm-up steps run first
 (NVRTC compilation and CuPy's kernel cache are not profiled).
@@ -19,24 +20,19 @@ import time
 
 import numpy
 
-SHAPES = {   # d_model, heads, layers, feed-forward, vocabulary
-    "gpt-small": dict(d=256, H=8, L=4, F=1024, V=512),
-    "gpt-medium": dict(d=512, H=8, L=6, F=2048, V=1024),
-    "gpt2-124m": dict(d=768, H=12, L=12, F=3072, V=50257),
-}
+MODELS = ("gpt-small", "gpt-medium", "gpt2-124m")       # the suite's GPT models this profiles
 
 
-def _step(cp, shape: dict, batch: int, seq: int):
+def _step(cp, m, batch: int, seq: int):
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.nn.flat import flatten_parameters
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from npformer.training.optim import AdamW
-    m = shape
-    model = GPT(GPTConfig(m["V"], seq, m["L"], m["H"], m["d"], m["F"], 0.1, "gelu_tanh"), dtype="float32",
+    model = GPT(GPTConfig(m.V, seq, m.L, m.H, m.d, m.F, m.dropout, "gelu_tanh"), dtype="float32",
                 backend="cupy", rng=0)
     flatten_parameters(model)                    # as the trainers do: AdamW over whole runs of one buffer
     opt = AdamW(model.parameters(), lr=3e-4)
-    ids = cp.asarray(numpy.random.default_rng(1).integers(0, m["V"], (batch, seq + 1)))
+    ids = cp.asarray(numpy.random.default_rng(1).integers(0, m.V, (batch, seq + 1)))
     x, y = ids[:, :-1], ids[:, 1:]
 
     def step():
@@ -50,7 +46,8 @@ def _step(cp, shape: dict, batch: int, seq: int):
 def profile(model: str, batch: int, seq: int, warmup: int = 3) -> str:
     from npformer.backend import get_backend
     cp = get_backend("cupy")                         # a clear error where CuPy or a GPU is missing
-    step = _step(cp, SHAPES[model], batch, seq)
+    from npformer.bench.steps import MODELS as SPECS
+    step = _step(cp, SPECS[model], batch, seq)
     for _ in range(warmup):
         step()
     cp.cuda.Device().synchronize()
@@ -58,7 +55,7 @@ def profile(model: str, batch: int, seq: int, warmup: int = 3) -> str:
     step()
     cp.cuda.Device().synchronize()
     wall_ms = (time.perf_counter() - t0) * 1e3
-    lines = [f"npformer training step, {model} B={batch} T={seq}, float32, CuPy {cp.__version__} on "
+    lines = [f"npformer training step, {model} B={batch} T={seq}, dropout {SPECS[model].dropout:g}, float32, CuPy {cp.__version__} on "
              f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", f"wall time {wall_ms:.1f} ms"]
     try:
         import torch
@@ -87,7 +84,7 @@ def profile(model: str, batch: int, seq: int, warmup: int = 3) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="profile_step", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="gpt2-124m", choices=sorted(SHAPES))
+    ap.add_argument("--model", default="gpt2-124m", choices=MODELS)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--out", help="also write the report to this file")

@@ -504,7 +504,9 @@ def test_gpu_case_sizes_are_the_issue_s():
     assert (m.d, m.L, m.H, m.V, m.B, m.T) == (768, 12, 12, 50257, 8, 1024)
     assert 6.9e12 < train_flops(m, 8, 1024) < 7.1e12              # "the step is 7.0 TFLOP of matrix products"
     assert MODELS["gpt2-124m-fp16"].precision == "float16" and MODELS["gpt2-124m-bf16"].precision == "bfloat16"
-    assert {MODELS[n].d for n in ("gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16", "gpt2-124m-fp16-graph")} == {768}
+    gpt2 = ("gpt2-124m", "gpt2-124m-fp16", "gpt2-124m-bf16", "gpt2-124m-fp16-graph")
+    assert {MODELS[n].d for n in gpt2} == {768}
+    assert {MODELS[n].dropout for n in gpt2} == {0.0}             # nanoGPT's GPT-2 pretraining, the anchor's
     graphed = MODELS["gpt2-124m-fp16-graph"]
     assert graphed.graph and graphed.precision == "float16" and (graphed.B, graphed.T) == (8, 1024)
     assert (MODELS["seq2seq-d512"].B, MODELS["seq2seq-d512"].T, MODELS["seq2seq-d512"].V) == (16, 128, 8192)

@@ -61,13 +61,15 @@ MODELS = {
     # suite's small ones); PyTorch eager beside the CUDA graph.
     "gpt-medium-graph": ModelSpec("gpt", d=512, H=8, L=6, F=2048, V=1024, gpu=True, graph=True),
     "gpt-d768-t512": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=8192, B=8, T=512, gpu=True),
-    "gpt2-124m": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True),
-    "gpt2-124m-fp16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
+    # GPT-2 124M as nanoGPT pretrains it (issue 43's anchor, nanoGPT's model.py on the same GPU): dropout 0
+    # (until 2026-12-01 these cases ran dropout 0.1 on both sides, the anchor 0)
+    "gpt2-124m": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, dropout=0.0, gpu=True),
+    "gpt2-124m-fp16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, dropout=0.0, gpu=True,
                                 precision="float16"),
-    "gpt2-124m-bf16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
+    "gpt2-124m-bf16": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, dropout=0.0, gpu=True,
                                 precision="bfloat16"),
-    "gpt2-124m-fp16-graph": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, gpu=True,
-                                      precision="float16", graph=True),
+    "gpt2-124m-fp16-graph": ModelSpec("gpt", d=768, H=12, L=12, F=3072, V=50257, B=8, T=1024, dropout=0.0,
+                                      gpu=True, precision="float16", graph=True),
     "seq2seq-d512": ModelSpec("seq2seq", d=512, H=8, L=6, F=2048, V=8192, B=16, T=128, gpu=True),
 }
 HALF_PARITY = ("skipped: mixed precision (16-bit model, float32 masters); the float32 case of the same model "
