@@ -37,7 +37,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 __all__ = ["CUPY_OPTIONS", "ARCHS", "SM_LIMITS", "MIX", "PIPES", "LOOP_COLUMNS", "Kernel",
-           "Tools", "find_tools", "sass_functions", "main_loop", "compile_module", "compile_all",
+           "Tools", "find_tools", "sass_functions", "main_loop", "simt_tile_loop", "compile_module", "compile_all",
            "block_threads", "dynamic_shared", "occupancy", "occupancy_floor", "report", "main"]
 
 CUPY_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")   # CuPy 14 adds these (and -arch)
@@ -75,6 +75,7 @@ class Kernel:
     threads: int = 0
     mix: dict = field(default_factory=dict)
     loop: dict = field(default_factory=dict)      # the main loop's instructions by pipe (main_loop), HMMA kernels
+    tile: dict = field(default_factory=dict)      # the SIMT flash kernels' tile loop (simt_tile_loop)
     occupancy: float = 0.0
     limit: str = ""
 
@@ -250,6 +251,33 @@ def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
     return {"total": len(bodies[span]), "HMMA": work[span], **{p: counts[p] for p in LOOP_COLUMNS}}
 
 
+def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
+    """The tile loop of a SIMT flash kernel, statically (as :func:`main_loop`: every instruction once, its
+    branch taken or not): of the loops that hold the tile products' loops (loops of at least 64 FFMA and
+    under 200 instructions: npf_fa_dot's, npf_fa_acc's), the innermost, the smallest of those (a dense kernel's
+    loop over the tiles that need no mask). "products": how many product loops it holds, "product": one pass
+    of one (instructions), "rest": its other instructions (the scores, softmax, stores, copies, barriers).
+    Empty without such a loop, or with tensor-core instructions."""
+    if any(_hmma(op, mods) for _, op, _, mods in instructions):
+        return {}
+    spans = []
+    for address, opcode, operands, _ in instructions:
+        m = re.match(r"(0x[0-9a-f]+)", operands)
+        if opcode == "BRA" and m and int(m.group(1), 16) <= address:
+            spans.append((int(m.group(1), 16), address))
+    bodies = {span: [op for a, op, _, _ in instructions if span[0] <= a <= span[1] and op != "NOP"] for span in spans}
+    products = [s for s in spans if len(bodies[s]) < 200 and bodies[s].count("FFMA") >= 64]
+    inside = {s: [p for p in products if s[0] < p[0] and p[1] < s[1]] for s in spans}
+    holding = [s for s in spans if inside[s]]
+    innermost = [s for s in holding if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in holding)]
+    if not innermost:
+        return {}
+    span = min(innermost, key=lambda s: len(bodies[s]))
+    product = sum(len(bodies[p]) for p in inside[span])
+    return {"products": len(inside[span]), "product": product // len(inside[span]),
+            "rest": len(bodies[span]) - product}
+
+
 def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int, workdir: str,
                    threads: dict[str, int] | None = None, instances: dict[str, str] | None = None
                    ) -> tuple[dict[str, Kernel], str]:
@@ -284,6 +312,7 @@ def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: i
     for fn, instructions in sass_functions(sass.stdout).items():
         if named.get(fn, fn) in kernels:
             kernels[named.get(fn, fn)].loop = main_loop(instructions)
+            kernels[named.get(fn, fn)].tile = simt_tile_loop(instructions) if "npf_fa_" in named.get(fn, fn) else {}
     for k in kernels.values():
         k.threads = threads[k.name] if threads is not None else block_threads(k.name)
         k.dynamic_shared = dynamic_shared(k.name)
@@ -424,6 +453,22 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
             lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.occupancy:.1%} | {k.loop['total']} | {h} | "
                          f"{k.loop['total'] / h:.1f} | " + " | ".join(f"{k.loop[c] / h:.1f}" for c in LOOP_COLUMNS)
                          + " |")
+    tiled = [k for k in kernels if k.tile]
+    if tiled:
+        lines += ["", "## The SIMT flash kernels' tile loops", "",
+                  "The loop over key (or query) tiles of the kernels without tensor cores (float32 without TF32, "
+                  "float64, and the 16-bit types before sm_80), statically as above (simt_tile_loop): the tile "
+                  "products' loops (npf_fa_dot, npf_fa_acc; one pass each, run D / 4 or tile / 4 times a tile) and "
+                  "the rest of the loop's body. The general kernels' rest counts every feature's branch once, "
+                  "taken or not; the dense ones (`_dense`: no masks, padding or dropout) hold only what their "
+                  "tiles run. The products' loops are FFMA-dense, so the rest, run once a tile, is the overhead "
+                  "that time ~ instructions / issue rate sees.", "",
+                  "| module | kernel | regs | occupancy | product loops | instructions a pass "
+                  "| rest of the tile loop |",
+                  "|---|---|---|---|---|---|---|"]
+        for k in tiled:
+            lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.occupancy:.1%} | {k.tile['products']} | "
+                         f"{k.tile['product']} | {k.tile['rest']} |")
     return "\n".join(lines) + "\n"
 
 

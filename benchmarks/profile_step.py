@@ -55,8 +55,9 @@ def profile(model: str, batch: int, seq: int, warmup: int = 3) -> str:
     step()
     cp.cuda.Device().synchronize()
     wall_ms = (time.perf_counter() - t0) * 1e3
-    lines = [f"npformer training step, {model} B={batch} T={seq}, dropout {SPECS[model].dropout:g}, float32, CuPy {cp.__version__} on "
-             f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}", f"wall time {wall_ms:.1f} ms"]
+    lines = [f"npformer training step, {model} B={batch} T={seq}, dropout {SPECS[model].dropout:g}, float32, "
+             f"CuPy {cp.__version__} on {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}",
+             f"wall time {wall_ms:.1f} ms"]
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile as torch_profile

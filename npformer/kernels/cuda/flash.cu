@@ -590,8 +590,8 @@ __device__ __noinline__ void npf_fa_load_tile(const T* x, int r0, int rows, int 
 // aligned and width a multiple of E: the copies land while the block computes (npf_cp_async_wait before
 // the tile is read); elsewhere the synchronous loads
 // A thread copies one 16-byte column chunk c of every PASS-th row (PASS = THREADS / C rows a pass of the
-// block), so its source and destination advance by constants: a copy costs a compare, a select and two
-// adds besides the cp.async (dividing a running index into row and chunk cost about 25 instructions a copy).
+// block), so its source and destination advance by constants; a whole tile (every row there, the thread's
+// chunk within the width: the common case) needs no bounds check a copy, only its source address.
 template <typename T, int N, int D>
 __device__ __noinline__ void npf_fa_load_tile_async(const T* x, int r0, int rows, int width, long long stride, T* s) {
     constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E, PASS = NPF_FA_THREADS / C;
@@ -604,6 +604,13 @@ __device__ __noinline__ void npf_fa_load_tile_async(const T* x, int r0, int rows
     const bool column = c * E < width;
     const T* from = x + (long long)(r0 + first) * stride + c * E;
     T* to = s + first * LD + c * E;
+    if (column && r0 + N <= rows) {                      // every row of the tile, the thread's column: no checks
+#pragma unroll
+        for (int pass = 0; pass < (N + PASS - 1) / PASS; ++pass)
+            if (N % PASS == 0 || first + pass * PASS < N)
+                npf_cp_async_16(to + pass * PASS * LD, from + pass * PASS * stride);
+        return;
+    }
 #pragma unroll
     for (int pass = 0; pass < (N + PASS - 1) / PASS; ++pass) {
         const int r = first + pass * PASS;
@@ -1714,6 +1721,8 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
 template <int D_> struct NpfFaSimtDenseTraits {
     static constexpr int D = D_, THREADS = NPF_FA_THREADS, BR = D <= 64 ? 64 : 32, BC = BR, DP = D + 4, CP = BC + 4;
     static constexpr int R = BR / NPF_FA_TR, C = BC / NPF_FA_TC, DC = D / NPF_FA_TC;
+    typedef float Rows[R];                  // a value for each of a thread's rows
+    typedef float Acc[R][DC];               // a thread's accumulator: its rows by its head columns
 };
 
 // The forward's shared memory: Q (BR, DP), K and V (BC, DP) each, P (BR, CP); one buffer each: K's next
@@ -1732,9 +1741,9 @@ template <int D_> struct NpfFaSimtDenseFwdTraits : NpfFaSimtDenseTraits<D_> {
 template <int D, bool CAUSAL, bool MASKED>
 __device__ __forceinline__ void npf_fa_simt_dense_p(const float* Qs, const float* Ks, float* Ps, int i0, int j0,
                                                     const NpfFaArgs<float>& a, float cs,
-                                                    float (&acc)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC],
-                                                    float (&m)[NpfFaSimtDenseTraits<D>::R],
-                                                    float (&l)[NpfFaSimtDenseTraits<D>::R]) {
+                                                    typename NpfFaSimtDenseTraits<D>::Acc& acc,
+                                                    typename NpfFaSimtDenseTraits<D>::Rows& m,
+                                                    typename NpfFaSimtDenseTraits<D>::Rows& l) {
     typedef NpfFaSimtDenseTraits<D> Tr;
     constexpr int R = Tr::R, C = Tr::C, DC = Tr::DC;
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
@@ -1781,9 +1790,9 @@ __device__ __forceinline__ void npf_fa_simt_dense_fwd_tile(int kt, int n_kt, con
                                                            const float* v_head, const NpfFaArgs<float>& a,
                                                            long long k_st, long long v_st, const float* Qs,
                                                            float* Ks, float* Vs, float* Ps, int i0, float cs,
-                                                           float (&acc)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC],
-                                                           float (&m)[NpfFaSimtDenseTraits<D>::R],
-                                                           float (&l)[NpfFaSimtDenseTraits<D>::R]) {
+                                                           typename NpfFaSimtDenseTraits<D>::Acc& acc,
+                                                           typename NpfFaSimtDenseTraits<D>::Rows& m,
+                                                           typename NpfFaSimtDenseTraits<D>::Rows& l) {
     typedef NpfFaSimtDenseTraits<D> Tr;
     const int j0 = kt * Tr::BC;
     npf_cp_async_wait<0>();                                  // this tile's K has landed (the thread's copies)
@@ -1882,9 +1891,9 @@ __device__ __forceinline__ void npf_fa_simt_dense_dq_tile(int kt, int n_kt, cons
                                                           const NpfFaArgs<float>& a, long long k_st, long long v_st,
                                                           const float* Qs, const float* dOs, float* Kb, float* Vs,
                                                           float* Ss, int i0, float cs,
-                                                          const float (&nl)[NpfFaSimtDenseTraits<D>::R],
-                                                          const float (&dd)[NpfFaSimtDenseTraits<D>::R],
-                                                          float (&dqa)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC]) {
+                                                          const typename NpfFaSimtDenseTraits<D>::Rows& nl,
+                                                          const typename NpfFaSimtDenseTraits<D>::Rows& dd,
+                                                          typename NpfFaSimtDenseTraits<D>::Acc& dqa) {
     typedef NpfFaSimtDenseDqTraits<D> Tr;
     constexpr int R = Tr::R, C = Tr::C, BC = Tr::BC, KB = Tr::K_BUFFERS;
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
@@ -2002,8 +2011,8 @@ __device__ __forceinline__ void npf_fa_simt_dense_dkdv_tile(int qt, int n_qt, co
                                                             const NpfFaArgs<float>& a, long long q_st, long long g_st,
                                                             const float* Ks, const float* Vs, float* Qs, float* dOs,
                                                             float* Pt, float* St, float* ld_s, int j0, float cs,
-                                                            float (&dka)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC],
-                                                            float (&dva)[NpfFaSimtDenseTraits<D>::R][NpfFaSimtDenseTraits<D>::DC]) {
+                                                            typename NpfFaSimtDenseTraits<D>::Acc& dka,
+                                                            typename NpfFaSimtDenseTraits<D>::Acc& dva) {
     typedef NpfFaSimtDenseDkdvTraits<D> Tr;
     constexpr int R = Tr::R, C = Tr::C, BR = Tr::BR, RP = Tr::RP;
     const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;

@@ -50,6 +50,13 @@ CUDA C                              reference
                                     two: 3.5 times the forward's work (FlashAttention-2: 2.5, adding
                                     dq with atomics; here dq's own pass recomputes S and dP, so no
                                     result depends on the order blocks finish in)
+``npf_fa_forward_simt_dense``,      float32's dense kernels (no mask, padding or dropout; causal or
+``npf_fa_bwd_dq_simt_dense``,       not; without the TF32 opt-in, sm_80 and later): the SIMT kernels'
+``npf_fa_bwd_dkdv_simt_dense``      tile products and inner step, P in base 2 (``exp2(s c - m c)``,
+                                    dQ and dK scaled once at the end), the masks only on the tiles
+                                    across the diagonal or the ragged end, the forward's row max and
+                                    sum by shuffles, every tile copied by cp.async during the
+                                    products (dQ's next K into a second buffer up to D 64)
 ``npf_fa_forward_wgmma``,           the dense kernels (no mask, padding or dropout) on Hopper's
 ``npf_fa_bwd_dq_wgmma``,            warpgroup MMAs (sm_90a, opt-in: ``flash_attention.use_wgmma``):
 ``npf_fa_bwd_dkdv_wgmma``           a warpgroup per 64 query rows (dk, dv: keys), ``S = q k^T``,
@@ -88,8 +95,9 @@ views. lse and D stay (B, H, T) contiguous.
 
 Configuration in C++ (flash.cu's last section, FlashAttention-2's ``Flash_fwd_kernel_traits`` and
 ``run_mha_fwd_hdim64`` the model): one ``__global__`` template, ``npf_fa_kernel<K>``, over kernel traits
-K (``NpfFaFwd<T, D>``, ``NpfFaFwdTc<T, D>``, ``NpfFaFwdDense<T, D, CAUSAL>``, ``NpfFaDq...``,
-``NpfFaDkdv...``, ``NpfFaPre<T>``: tiles, block, launch bounds, shared memory), taking one struct by value
+K (``NpfFaFwd<T, D>``, ``NpfFaFwdTc<T, D>``, ``NpfFaFwdDense<T, D, CAUSAL>`` (float's: the SIMT dense
+kernels), ``NpfFaDq...``, ``NpfFaDkdv...``, ``NpfFaPre<T>``: tiles, block, launch bounds, shared memory), taking
+one struct by value
 (``NpfFaParams<T, A>``, filled from Python by field name through :func:`params_dtype`). Python names an
 instantiation (:func:`name_expression`) and CuPy's ``RawModule(name_expressions=...)`` compiles it; no
 source text is written here. The host needs two numbers of each instantiation to launch it, the rows a
