@@ -253,11 +253,11 @@ def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
 
 def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
     """The tile loop of a SIMT flash kernel, statically (as :func:`main_loop`: every instruction once, its
-    branch taken or not): of the loops that hold the tile products' loops (loops of at least 64 FFMA and
-    under 200 instructions: npf_fa_dot's, npf_fa_acc's), the innermost, the smallest of those (a dense kernel's
-    loop over the tiles that need no mask). "products": how many product loops it holds, "product": one pass
-    of one (instructions), "rest": its other instructions (the scores, softmax, stores, copies, barriers).
-    Empty without such a loop, or with tensor-core instructions."""
+    branch taken or not): of the loops that hold the tile products' loops (npf_fa_dot's, npf_fa_acc's: loops
+    of under 200 instructions, at least 32 of them and 60% FFMA or DFMA), the innermost, the smallest of
+    those (a dense kernel's loop over the tiles that need no mask). "products": how many product loops it
+    holds, "product": one pass of one (instructions, on average), "rest": its other instructions (the
+    scores, softmax, stores, copies, barriers). Empty without such a loop, or with tensor-core instructions."""
     if any(_hmma(op, mods) for _, op, _, mods in instructions):
         return {}
     spans = []
@@ -266,7 +266,8 @@ def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, i
         if opcode == "BRA" and m and int(m.group(1), 16) <= address:
             spans.append((int(m.group(1), 16), address))
     bodies = {span: [op for a, op, _, _ in instructions if span[0] <= a <= span[1] and op != "NOP"] for span in spans}
-    products = [s for s in spans if len(bodies[s]) < 200 and bodies[s].count("FFMA") >= 64]
+    fma = {s: bodies[s].count("FFMA") + bodies[s].count("DFMA") for s in spans}
+    products = [s for s in spans if len(bodies[s]) < 200 and fma[s] >= max(32, 0.6 * len(bodies[s]))]
     inside = {s: [p for p in products if s[0] < p[0] and p[1] < s[1]] for s in spans}
     holding = [s for s in spans if inside[s]]
     innermost = [s for s in holding if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in holding)]

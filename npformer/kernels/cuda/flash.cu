@@ -176,6 +176,24 @@ __device__ __forceinline__ void npf_fa_dot(const A* X, const A* Y, A (&s)[R][C])
 // runs side by side: (c / 4) 32 + 4 tc + c % 4
 __device__ __forceinline__ int npf_fa_col(int tc, int c) { return (c >> 2) * (4 * NPF_FA_TC) + tc * 4 + (c & 3); }
 
+// A thread's accumulator rows r0 + tr + 16 a (its head columns npf_fa_col(tc, c)) times `scale` into rows of x
+// (`st` values apart): the rows below `rows`, the columns below `width`
+template <typename T, typename A, int R, int DC>
+__device__ __forceinline__ void npf_fa_store_rows(T* x, long long st, int r0, int rows, int width,
+                                                  const A (&acc)[R][DC], A scale) {
+    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int i = r0 + tr + NPF_FA_TR * r;
+        if (i >= rows) continue;
+#pragma unroll
+        for (int c = 0; c < DC; ++c) {
+            const int d = npf_fa_col(tc, c);
+            if (d < width) npf_store(x + i * st + d, acc[r][c] * scale);
+        }
+    }
+}
+
 // acc[a][c] += sum_j P[tr + 16 a][j] W[j][npf_fa_col(tc, c)] over N (P: (.., PS) with row stride PS,
 // W: (N, D + 4))
 template <typename A, int R, int DC, int N, int PS, int D>
@@ -463,19 +481,8 @@ __device__ void npf_fa_bwd_dkdv(const T* q, const T* k, const T* v, const T* dou
             npf_fa_acc<A, R, DC, BR, RP, D>(Pt, dOs, dva);   // dv_j += P_drop^T dO_i
             npf_fa_acc<A, R, DC, BR, RP, D>(St, Qs, dka);    // dk_j += dS^T q_i
         }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int j = j0 + tr + NPF_FA_TR * r;
-            if (j >= a.Tk) continue;
-            T* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
-            T* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
-#pragma unroll
-            for (int c = 0; c < DC; ++c) {
-                const int d = npf_fa_col(tc, c);
-                if (d < a.hs) npf_store(dk_row + d, dka[r][c]);
-                if (d < a.hv) npf_store(dv_row + d, dva[r][c]);
-            }
-        }
+        npf_fa_store_rows(dk + npf_fa_head(dkl, bh, a.H), dkl.st, j0, a.Tk, a.hs, dka, A(1));
+        npf_fa_store_rows(dv + npf_fa_head(dvl, bh, a.H), dvl.st, j0, a.Tk, a.hv, dva, A(1));
     }
 }
 
@@ -536,16 +543,7 @@ __device__ void npf_fa_bwd_dq(const T* q, const T* k, const T* v, const T* dout,
             __syncthreads();
             npf_fa_acc<A, R, DC, BC, CP, D>(Ss, Ks, dqa);    // dq_i += dS k_j
         }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int i = i0 + tr + NPF_FA_TR * r;
-            if (i >= a.Tq) continue;
-#pragma unroll
-            for (int c = 0; c < DC; ++c) {
-                const int d = npf_fa_col(tc, c);
-                if (d < a.hs) npf_store(dq + npf_fa_head(dql, bh, a.H) + i * dql.st + d, dqa[r][c]);
-            }
-        }
+        npf_fa_store_rows(dq + npf_fa_head(dql, bh, a.H), dql.st, i0, a.Tq, a.hs, dqa, A(1));
     }
 }
 
@@ -1944,7 +1942,7 @@ __device__ void npf_fa_bwd_dq_simt_dense(const float* q, const float* k, const f
     float* Kb = dOs + BR * DP;                           // K_BUFFERS x (BC, DP)
     float* Vs = Kb + Tr::K_BUFFERS * BC * DP;            // (BC, DP)
     float* Ss = Vs + BC * DP;                            // (BR, CP)
-    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
+    const int tr = threadIdx.x / NPF_FA_TC;
     const int i0 = ((int)gridDim.x - 1 - (int)blockIdx.x) * BR;
     const int n_kt = npf_fa_key_tiles<BC>(npf_fa_min(i0 + BR, a.Tq), a.Tk, CAUSAL, a.shift);
     const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
@@ -1977,17 +1975,7 @@ __device__ void npf_fa_bwd_dq_simt_dense(const float* q, const float* k, const f
         for (; kt < n_kt; ++kt)                              // the tiles across the diagonal or the end
             npf_fa_simt_dense_dq_tile<D, CAUSAL, true>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, Qs, dOs, Kb, Vs,
                                                        Ss, i0, cs, nl, dd, dqa);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int i = i0 + tr + NPF_FA_TR * r;
-            if (i >= a.Tq) continue;
-            float* dq_row = dq + npf_fa_head(dql, bh, a.H) + i * dql.st;
-#pragma unroll
-            for (int c = 0; c < DC; ++c) {
-                const int d = npf_fa_col(tc, c);
-                if (d < a.hs) dq_row[d] = dqa[r][c] * a.scale;
-            }
-        }
+        npf_fa_store_rows(dq + npf_fa_head(dql, bh, a.H), dql.st, i0, a.Tq, a.hs, dqa, a.scale);
     }
 }
 
@@ -2068,7 +2056,6 @@ __device__ void npf_fa_bwd_dkdv_simt_dense(const float* q, const float* k, const
     float* Pt = dOs + BR * DP;                           // (BC, RP) P^T
     float* St = Pt + BC * RP;                            // (BC, RP) dS^T
     float* ld_s = St + BC * RP;                          // (2 BR) -lse log2(e), D
-    const int tr = threadIdx.x / NPF_FA_TC, tc = threadIdx.x % NPF_FA_TC;
     const int j0 = blockIdx.x * BC;
     const int n_qt = (a.Tq + BR - 1) / BR;
     const int qt0 = npf_fa_first_query_tile<BR>(j0, n_qt, CAUSAL, a);
@@ -2100,19 +2087,8 @@ __device__ void npf_fa_bwd_dkdv_simt_dense(const float* q, const float* k, const
             npf_fa_simt_dense_dkdv_tile<D, CAUSAL, false>(qt, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st, gl.st, Ks,
                                                           Vs, Qs, dOs, Pt, St, ld_s, j0, cs, dka, dva);
         if (qt0 >= n_qt) npf_cp_async_wait<0>();             // no tile: K's and V's copies land before the next head's
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int j = j0 + tr + NPF_FA_TR * r;
-            if (j >= a.Tk) continue;
-            float* dk_row = dk + npf_fa_head(dkl, bh, a.H) + j * dkl.st;
-            float* dv_row = dv + npf_fa_head(dvl, bh, a.H) + j * dvl.st;
-#pragma unroll
-            for (int c = 0; c < DC; ++c) {
-                const int d = npf_fa_col(tc, c);
-                if (d < a.hs) dk_row[d] = dka[r][c] * a.scale;
-                if (d < a.hv) dv_row[d] = dva[r][c];
-            }
-        }
+        npf_fa_store_rows(dk + npf_fa_head(dkl, bh, a.H), dkl.st, j0, a.Tk, a.hs, dka, a.scale);
+        npf_fa_store_rows(dv + npf_fa_head(dvl, bh, a.H), dvl.st, j0, a.Tk, a.hv, dva, 1.0f);
     }
 }
 

@@ -287,9 +287,9 @@ def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compi
 def test_float32_s_dense_kernels_keep_little_besides_their_products(compiled):
     """float32's dense kernels (SIMT: npf_fa_*_simt_dense in flash.cu) at every head size, on both
     architectures: the general SIMT kernels' tile products (the same FFMA loops, as many), their tiles copied
-    by cp.async (LDGSTS), the forward's row statistics by shuffles, and besides the products at most a tenth
-    of the instructions the general kernels' tile loops hold (there every feature's branch counts: sm_90, D 64,
-    344 / 5457 in the forward), under 700 a tile."""
+    by cp.async (LDGSTS), the forward's row statistics by shuffles, and besides the products at most a fifth
+    of the instructions the general kernels' tile loops hold (there every feature's branch counts once: sm_90,
+    D 64, 357 against 5457 in the forward; D 128, where the tiles are 32 x 32, 166 against 1847), under 700."""
     for arch in cuda_kernels.ARCHS:
         kernels = {k.name: k for k in compiled[arch][0]}
         for kind in ("fwd", "bwd_dq", "bwd_dkdv"):
@@ -298,7 +298,7 @@ def test_float32_s_dense_kernels_keep_little_besides_their_products(compiled):
                 for causal in ("", "_causal"):
                     dense = kernels[f"npf_fa_{kind}_dense{causal}_d{d}_f32"]
                     assert dense.tile["products"] == general.tile["products"], (arch, dense.name)
-                    assert dense.tile["rest"] < min(700, general.tile["rest"] / 10), (arch, dense.name, dense.tile)
+                    assert dense.tile["rest"] < min(700, general.tile["rest"] / 5), (arch, dense.name, dense.tile)
                     assert dense.mix["LDGSTS"] > 0 and not dense.mix["HMMA"], (arch, dense.name)
                     assert kind != "fwd" or dense.mix["SHFL"] > 0, (arch, dense.name)
 
