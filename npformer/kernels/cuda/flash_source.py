@@ -96,9 +96,9 @@ views. lse and D stay (B, H, T) contiguous.
 Configuration in C++ (flash.cu's last section, FlashAttention-2's ``Flash_fwd_kernel_traits`` and
 ``run_mha_fwd_hdim64`` the model): one ``__global__`` template, ``npf_fa_kernel<K>``, over kernel traits
 K (``NpfFaFwd<T, D>``, ``NpfFaFwdTc<T, D>``, ``NpfFaFwdDense<T, D, CAUSAL>`` (float's: the SIMT dense
-kernels), ``NpfFaDq...``, ``NpfFaDkdv...``, ``NpfFaPre<T>``: tiles, block, launch bounds, shared memory), taking
-one struct by value
-(``NpfFaParams<T, A>``, filled from Python by field name through :func:`params_dtype`). Python names an
+kernels), ``NpfFaDq...``, ``NpfFaDkdv...``, ``NpfFaPre<T>``: tiles, block, launch bounds, shared memory),
+taking one struct by value (``NpfFaParams<T, A>``, filled from Python by field name through
+:func:`params_dtype`). Python names an
 instantiation (:func:`name_expression`) and CuPy's ``RawModule(name_expressions=...)`` compiles it; no
 source text is written here. The host needs two numbers of each instantiation to launch it, the rows a
 block takes (the grid) and its shared memory: :data:`GEOMETRY` holds them, checked against the
@@ -241,16 +241,14 @@ _SIMT_ACCUMULATOR = {"unsigned short": "float", "npf_bf16": "float"}
 
 
 def kernels(dtype) -> tuple:
-    """The kernels ``dtype`` has, by npformer's name: "fwd", "bwd_dq", "bwd_dkdv" (SIMT), "bwd_pre", and the
-    tensor-core ones ("fwd_tc", ... for float16 and bfloat16, with the dense "fwd_dense", "fwd_dense_causal", ...;
-    "fwd_tf32", ... for float32)."""
+    """The kernels ``dtype`` has, by npformer's name: "fwd", "bwd_dq", "bwd_dkdv" (SIMT), "bwd_pre", the
+    tensor-core ones ("fwd_tc", ... for float16 and bfloat16; "fwd_tf32", ... for float32), and the dense ones
+    ("fwd_dense", "fwd_dense_causal", ...: on tensor cores for float16 and bfloat16, SIMT for float32)."""
     variant = TC_VARIANT_OF.get(dtype_name(dtype))
     names = tuple(_TRAITS) + ("bwd_pre",)
     if variant:
         names += tuple(f"{k}_{variant}" for k in _TRAITS)
-    if variant == "tc":
-        names += tuple(f"{k}_dense{causal}" for k in _TRAITS for causal in ("", "_causal"))
-    elif variant == "tf32":                     # float32: the dense kernels in SIMT arithmetic
+    if variant:                                 # the dense kernels (float32's in SIMT arithmetic)
         names += tuple(f"{k}_dense{causal}" for k in _TRAITS for causal in ("", "_causal"))
     return names
 
