@@ -1952,9 +1952,9 @@ __device__ void npf_fa_bwd_dq_simt_dense(const float* q, const float* k, const f
         __syncthreads();                                     // the previous head's readers are done
         const float* k_head = k + npf_fa_head(kl, bh, a.H);
         const float* v_head = v + npf_fa_head(vl, bh, a.H);
-        npf_fa_load_tile_async<float, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
-        npf_fa_load_tile_async<float, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
-        if (n_kt > 0) {
+        if (n_kt > 0) {                                      // (rows that see no key: dq = 0, no copy left in flight)
+            npf_fa_load_tile_async<float, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
+            npf_fa_load_tile_async<float, BR, D>(dout + npf_fa_head(gl, bh, a.H), i0, a.Tq, a.hv, gl.st, dOs);
             npf_fa_load_tile_async<float, BC, D>(k_head, 0, a.Tk, a.hs, kl.st, Kb);
             npf_fa_load_tile_async<float, BC, D>(v_head, 0, a.Tk, a.hv, vl.st, Vs);
         }
@@ -2065,9 +2065,9 @@ __device__ void npf_fa_bwd_dkdv_simt_dense(const float* q, const float* k, const
         __syncthreads();                                     // the previous head's readers are done
         const float* q_head = q + npf_fa_head(ql, bh, a.H);
         const float* g_head = dout + npf_fa_head(gl, bh, a.H);
-        npf_fa_load_tile_async<float, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
-        npf_fa_load_tile_async<float, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
-        if (qt0 < n_qt) {
+        if (qt0 < n_qt) {                                    // (keys no query sees: dk = dv = 0, no copy)
+            npf_fa_load_tile_async<float, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
+            npf_fa_load_tile_async<float, BC, D>(v + npf_fa_head(vl, bh, a.H), j0, a.Tk, a.hv, vl.st, Vs);
             npf_fa_load_tile_async<float, BR, D>(g_head, qt0 * BR, a.Tq, a.hv, gl.st, dOs);
             npf_fa_query_stats<BR, NPF_FA_THREADS, true>(lse, dvec, bh, qt0 * BR, a, ld_s);
         }
@@ -2086,7 +2086,6 @@ __device__ void npf_fa_bwd_dkdv_simt_dense(const float* q, const float* k, const
         for (; qt < n_qt; ++qt)                              // the main loop: no masks
             npf_fa_simt_dense_dkdv_tile<D, CAUSAL, false>(qt, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st, gl.st, Ks,
                                                           Vs, Qs, dOs, Pt, St, ld_s, j0, cs, dka, dva);
-        if (qt0 >= n_qt) npf_cp_async_wait<0>();             // no tile: K's and V's copies land before the next head's
         npf_fa_store_rows(dk + npf_fa_head(dkl, bh, a.H), dkl.st, j0, a.Tk, a.hs, dka, a.scale);
         npf_fa_store_rows(dv + npf_fa_head(dvl, bh, a.H), dvl.st, j0, a.Tk, a.hv, dva, 1.0f);
     }
