@@ -224,6 +224,23 @@ def _hmma(opcode: str, modifiers: str) -> int:
     return int(m.group(1)) // 8 if m else 0
 
 
+def _loops(instructions: list[tuple[int, str, str, str]]) -> dict[tuple[int, int], list[tuple[str, str]]]:
+    """The loops of a function, statically: each branch back to an earlier address closes one, ``{(first
+    address, branch's address): its instructions as (opcode, modifiers), NOPs left out}``."""
+    spans = []
+    for address, opcode, operands, _ in instructions:
+        m = re.match(r"(0x[0-9a-f]+)", operands)
+        if opcode == "BRA" and m and int(m.group(1), 16) <= address:
+            spans.append((int(m.group(1), 16), address))
+    return {span: [(op, mods) for a, op, _, mods in instructions if span[0] <= a <= span[1] and op != "NOP"]
+            for span in spans}
+
+
+def _innermost(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans that hold none of the others."""
+    return [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
+
+
 def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
     """The main loop of a tensor-core kernel, statically: of the innermost loops holding HMMA or HGMMA (a
     branch back to an earlier address closes a loop; the loop over heads around the tile loops is not
@@ -232,17 +249,9 @@ def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
     (:data:`PIPES`) with "total" (NOPs left out, tensor instructions in) and "HMMA": the warp's m16n8k16
     products (an HGMMA.64xNx16 counts N / 8, :func:`_hmma`). Every instruction counts once, whether its
     branch is taken or not: what the loop body is, not what one pass runs. Empty without such a loop."""
-    spans = []
-    for address, opcode, operands, _ in instructions:
-        m = re.match(r"(0x[0-9a-f]+)", operands)
-        if opcode == "BRA" and m and int(m.group(1), 16) <= address:
-            spans.append((int(m.group(1), 16), address))
-    bodies = {span: [(op, mods) for a, op, _, mods in instructions if span[0] <= a <= span[1] and op != "NOP"]
-              for span in spans}
+    bodies = _loops(instructions)
     work = {span: sum(_hmma(*i) for i in body) for span, body in bodies.items()}
-    tensor = [span for span in spans if work[span]]
-    innermost = [span for span in tensor
-                 if not any(o != span and span[0] <= o[0] and o[1] <= span[1] for o in tensor)]
+    innermost = _innermost([span for span in bodies if work[span]])
     if not innermost:
         return {}
     span = min(innermost, key=lambda s: (-work[s], len(bodies[s])))
@@ -260,17 +269,11 @@ def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, i
     scores, softmax, stores, copies, barriers). Empty without such a loop, or with tensor-core instructions."""
     if any(_hmma(op, mods) for _, op, _, mods in instructions):
         return {}
-    spans = []
-    for address, opcode, operands, _ in instructions:
-        m = re.match(r"(0x[0-9a-f]+)", operands)
-        if opcode == "BRA" and m and int(m.group(1), 16) <= address:
-            spans.append((int(m.group(1), 16), address))
-    bodies = {span: [op for a, op, _, _ in instructions if span[0] <= a <= span[1] and op != "NOP"] for span in spans}
-    fma = {s: bodies[s].count("FFMA") + bodies[s].count("DFMA") for s in spans}
-    products = [s for s in spans if len(bodies[s]) < 200 and fma[s] >= max(32, 0.6 * len(bodies[s]))]
-    inside = {s: [p for p in products if s[0] < p[0] and p[1] < s[1]] for s in spans}
-    holding = [s for s in spans if inside[s]]
-    innermost = [s for s in holding if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in holding)]
+    bodies = {span: [op for op, _ in body] for span, body in _loops(instructions).items()}
+    fma = {s: body.count("FFMA") + body.count("DFMA") for s, body in bodies.items()}
+    products = [s for s, body in bodies.items() if len(body) < 200 and fma[s] >= max(32, 0.6 * len(body))]
+    inside = {s: [p for p in products if s[0] < p[0] and p[1] < s[1]] for s in bodies}
+    innermost = _innermost([s for s in bodies if inside[s]])
     if not innermost:
         return {}
     span = min(innermost, key=lambda s: len(bodies[s]))

@@ -240,8 +240,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if b * h and tq:
         variant = tensor_core_variant(q.dtype)
         args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, lse=lse)
-        _launch("fwd" + (dense_suffix(variant, masks, p, q, k, v) or (f"_{variant}" if variant else "")), q.dtype,
-                d, tq, b * h, args)
+        _launch("fwd" + _kernel_suffix(variant, masks, p, q, k, v), q.dtype, d, tq, b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, draws, scale, block_q, block_k)
 
 
@@ -284,8 +283,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     if rows:                                                                      # bwd_pre: a warp per row
         threads, rows_a_block, _ = geometry("bwd_pre", q.dtype, d)
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // rows_a_block), MAX_GRID)),), (threads,), (args,))
-    suffix = f"_{variant}" if variant else ""
-    suffix = dense_suffix(variant, masks, p, q, k, v, dout) or suffix   # the dense kernels where they apply
+    suffix = _kernel_suffix(variant, masks, p, q, k, v, dout)
     _launch("bwd_dkdv" + suffix, q.dtype, d, tk, b * h, args)
     if tq:
         _launch("bwd_dq" + suffix, q.dtype, d, tq, b * h, args)
@@ -314,6 +312,12 @@ def dense_suffix(variant: str, masks, p: float, q, k, v, *more) -> str:
     if not variant and dtype_name(q.dtype) == "float32" and runtime.compute_capability() >= 80:
         return "_dense" + _causal(masks)
     return ""
+
+
+def _kernel_suffix(variant: str, masks, p: float, q, k, v, *more) -> str:
+    """The suffix of the kernels that take these arrays: the dense kernels' where they apply
+    (:func:`dense_suffix`), else the general kernels' of ``variant`` ("_tc", "_tf32"; "" for SIMT)."""
+    return dense_suffix(variant, masks, p, q, k, v, *more) or (f"_{variant}" if variant else "")
 
 
 def _device_masks(*masks) -> bool:
