@@ -2319,14 +2319,14 @@ __device__ void npf_fa_forward_wgmma(const T* q, const T* k, const T* v, T* out,
         __syncthreads();                                     // the previous head's readers are done
         const NpfFaSwizzledRows<T, BC, D, THREADS> ks(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st);
         const NpfFaSwizzledRows<T, BC, D, THREADS> vs(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st);
-        NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
-        if (n_kt > 0) ks.load(0, Kb);                        // with Q: tile 0's keys, in flight from here
-        npf_cp_async_commit();
         float o[D / 2], m[2] = {-inf, -inf}, l[2] = {0.0f, 0.0f}, alpha[2];
         unsigned pa[BC / 16][4];                             // the last tile's P, as wgmma's A registers
 #pragma unroll
         for (int j = 0; j < D / 2; ++j) o[j] = 0.0f;
-        if (n_kt > 0) {
+        if (n_kt > 0) {                                      // rows that see no key copy nothing (none left in flight)
+            NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
+            ks.load(0, Kb);                                  // with Q: tile 0's keys, in flight from here
+            npf_cp_async_commit();
             npf_fa_wgmma_next_kv<T, D, BC, THREADS>(0, n_kt, ks, vs, Kb, Vb);
             if (masked_from > 0)                             // the first tile: S, its softmax (P V waits)
                 npf_fa_wgmma_tile<T, D, CAUSAL, false, true>(Qw, Kb, nullptr, 0, wr, a, c, o, m, l, alpha, pa);
@@ -2503,13 +2503,13 @@ __device__ void npf_fa_bwd_dq_wgmma(const T* q, const T* k, const T* v, const T*
         __syncthreads();                                     // the previous head's readers are done
         const NpfFaSwizzledRows<T, BC, D, THREADS> ks(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st);
         const NpfFaSwizzledRows<T, BC, D, THREADS> vs(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st);
-        NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
-        NpfFaSwizzledRows<T, BR, D, THREADS>(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st).load(i0, dOs);
-        if (n_kt > 0) {                                      // with Q and dO: tile 0's copies
-            ks.load(0, Kb);
+        if (n_kt > 0) {                                      // rows that see no key copy nothing (none left in flight)
+            NpfFaSwizzledRows<T, BR, D, THREADS>(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st).load(i0, Qs);
+            NpfFaSwizzledRows<T, BR, D, THREADS>(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st).load(i0, dOs);
+            ks.load(0, Kb);                                  // with Q and dO: tile 0's copies
             vs.load(0, Vb);
+            npf_cp_async_commit();
         }
-        npf_cp_async_commit();
         float nl[2], dd[2], dqa[D / 2];
         unsigned ds[BC / 16][4];                             // the last tile's dS / scale, as wgmma's A registers
 #pragma unroll
@@ -2782,17 +2782,18 @@ __device__ void npf_fa_bwd_dkdv_wgmma(const T* q, const T* k, const T* v, const 
     const float c = a.scale * 1.4426950408889634f;
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();                                     // the previous head's readers are done
-        NpfFaSwizzledRows<T, BC, D, THREADS>(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st).load(j0, Ks);
-        NpfFaSwizzledRows<T, BC, D, THREADS>(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st).load(j0, Vs);
         const NpfFaSwizzledRows<T, BQ, D, THREADS> qs(q + npf_fa_head(ql, bh, a.H), a.Tq, a.hs, ql.st);
         const NpfFaSwizzledRows<T, BQ, D, THREADS> gs(dout + npf_fa_head(gl, bh, a.H), a.Tq, a.hv, gl.st);
         NpfFaDkdvBuffers<D> b{QGs, LDs};
-        if (qt0 < n_qt) {                                    // with K and V: the first query tile's copies
+        // K, V and the first query tile's copies; keys that no query sees copy nothing (none left in flight)
+        if (qt0 < n_qt) {
+            NpfFaSwizzledRows<T, BC, D, THREADS>(k + npf_fa_head(kl, bh, a.H), a.Tk, a.hs, kl.st).load(j0, Ks);
+            NpfFaSwizzledRows<T, BC, D, THREADS>(v + npf_fa_head(vl, bh, a.H), a.Tk, a.hv, vl.st).load(j0, Vs);
             qs.load(qt0 * BQ, b.q(b.cur));
             gs.load(qt0 * BQ, b.dout(b.cur));
             npf_fa_query_stats<BQ, THREADS, true>(lse, dvec, bh, qt0 * BQ, a, b.nl(b.stat));
+            npf_cp_async_commit();
         }
-        npf_cp_async_commit();
         float dka[D / 2], dva[D / 2];
         unsigned ap[BQ / 16][4], as[BQ / 16][4];             // the last tile's P^T and dS^T / scale (A registers)
 #pragma unroll

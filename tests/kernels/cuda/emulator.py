@@ -20,8 +20,13 @@ compares within a stated bound, never bit for bit with a GPU), ``npf_mma_1688_tf
 block runs warp by warp, and once every live lane of a warp waits at the same collective the
 scheduler computes the results from all 32 lanes' operands and the lanes go on. Lanes of one warp at
 different collectives, or some at a barrier, are an error, as are a collective after some lanes of
-the warp ended and a matrix instruction in a partial warp. ``cp.async`` is a plain copy (a legal
-schedule: the copy has landed before any wait), its commit and wait do nothing.
+the warp ended and a matrix instruction in a partial warp.
+
+``cp.async`` copies land at the latest point CUDA allows: when a ``cp.async.wait_group`` lets their
+group finish (their source read then too). From the issue to then, their destination reads as 0xff
+bytes (NaN in every float type), where a GPU may show old bytes or new: a read before the wait, or a
+copy issued over a tile that some thread has yet to read (a missing barrier), gives NaN here rather
+than the right values by luck. A copy a thread never waits for is an error.
 
 Hopper's warpgroup collectives (:mod:`npformer.kernels.cuda.warp_source`, ``warpgroup.cuh``: wgmma's
 fence, mma_async, commit and wait) are resolved once all 128 threads of a warpgroup (warps 4 j to
@@ -164,13 +169,35 @@ static void npf_ldmatrix(unsigned* r, const void* row, int op) {
 }
 static void npf_ldmatrix_x4(unsigned* r, const void* row) { npf_ldmatrix(r, row, NPF_WARP_LDSM); }
 static void npf_ldmatrix_x4_trans(unsigned* r, const void* row) { npf_ldmatrix(r, row, NPF_WARP_LDSM_TRANS); }
-static void npf_cp_async_16(void* dst, const void* src) { std::memcpy(dst, src, 16); }
+// cp.async: a thread's copies wait in its open group until a commit closes it, and land when a wait lets
+// their group finish, the latest point CUDA allows (its source read then too; groups finishing at one wait
+// land newest first). Their destination's 16 bytes read 0xff (NaN in every float type) from the issue to
+// the landing: a GPU may show old bytes or new there, and a kernel that reads them, or issues a copy over
+// a tile that other threads have not yet read (a missing barrier), gets NaN here.
+struct NpfCopy { void* dst; const void* src; int bytes; };
+struct NpfCopies { std::vector<NpfCopy> open; std::vector<std::vector<NpfCopy>> committed; };
+static std::vector<NpfCopies> npf_copies;            // one a thread of the running block
 static void npf_cp_async_16_zfill(void* dst, const void* src, int bytes) {
-    if (bytes > 0) std::memcpy(dst, src, (size_t)bytes);
-    std::memset((char*)dst + bytes, 0, (size_t)(16 - bytes));
+    std::memset(dst, 0xff, 16);
+    npf_copies[npf_current].open.push_back({dst, src, bytes});
 }
-static void npf_cp_async_commit() {}
-template <int N> static void npf_cp_async_wait() {}
+static void npf_cp_async_16(void* dst, const void* src) { npf_cp_async_16_zfill(dst, src, 16); }
+static void npf_cp_async_commit() {
+    NpfCopies& c = npf_copies[npf_current];
+    c.committed.push_back(std::move(c.open));
+    c.open.clear();
+}
+template <int N> static void npf_cp_async_wait() {
+    std::vector<std::vector<NpfCopy>>& groups = npf_copies[npf_current].committed;
+    while (groups.size() > (size_t)N) {
+        for (size_t i = groups.front().size(); i-- > 0;) {
+            const NpfCopy& copy = groups.front()[i];
+            if (copy.bytes > 0) std::memcpy(copy.dst, copy.src, (size_t)copy.bytes);
+            std::memset((char*)copy.dst + copy.bytes, 0, (size_t)(16 - copy.bytes));
+        }
+        groups.erase(groups.begin());
+    }
+}
 
 // wgmma (sm_90a): collectives of a warpgroup, the 128 threads of warps 4 j .. 4 j + 3. Each thread posts
 // its part; an issued wgmma runs when a wgmma.wait_group lets it finish (the latest point CUDA allows), so
@@ -431,7 +458,6 @@ static void npf_fiber_main() {
     npf_fibers[npf_current].done = true;      // returning resumes uc_link, the scheduler
 }
 
-// Runs the grid block by block; returns 0, or 1 when a block's threads disagreed on a barrier.
 // Runs the threads [w0, w1) of one warp until each is at a barrier, at its end, or (all 32) at a warpgroup
 // collective, resolving their warp collectives on the way; 2 when they disagree on one.
 static int npf_run_warp(size_t w0, size_t w1, unsigned i, unsigned j) {
@@ -491,7 +517,7 @@ static int npf_resolve_warpgroups(size_t n, unsigned i, unsigned j) {
 }
 
 // Runs the grid block by block; returns 0, or 1 when a block's threads disagreed on a barrier, 2 on a warp
-// collective, 3 on a warpgroup's (or a wgmma issued and never waited for).
+// collective, 3 on a warpgroup's (or a wgmma issued and never waited for), 4 on a cp.async never waited for.
 static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, const std::function<void()>& body) {
     gridDim = {gx, gy, 1};
     blockDim = {bx, by, 1};
@@ -507,6 +533,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
         for (unsigned i = 0; i < gx; ++i) {
             blockIdx = {i, j, 0};
             npf_wg.assign((n + 127) / 128, NpfWgState());
+            npf_copies.assign(n, NpfCopies());
             for (size_t k = 0; k < n; ++k) {
                 NpfFiber& f = npf_fibers[k];
                 f.tx = (unsigned)(k % bx);
@@ -542,6 +569,15 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                 if (!state.open.empty() || !state.committed.empty()) {
                     std::fprintf(stderr, "emulator: block (%u, %u) ended with a wgmma not waited for\n", i, j);
                     return 3;
+                }
+            }
+            for (size_t k = 0; k < n; ++k) {
+                bool pending = !npf_copies[k].open.empty();
+                for (const std::vector<NpfCopy>& group : npf_copies[k].committed) pending = pending || !group.empty();
+                if (pending) {
+                    std::fprintf(stderr, "emulator: thread %zu of block (%u, %u) ended with a cp.async not waited "
+                                 "for\n", k, i, j);
+                    return 4;
                 }
             }
         }
@@ -680,6 +716,7 @@ class EmulatedKernel:
         if declared is not None:
             declared.value = 0
         rc = self.fn(grid[0], grid[1], block[0], block[1], pointers)
+        assert rc != 4, f"{self.name}: a thread ended with a cp.async copy it never waited for (see stderr)"
         assert rc == 0, (f"{self.name}: threads of one block disagreed on a __syncthreads or a warp(group) "
                          "collective (see stderr)")
         if declared is not None and declared.value:       # a flash kernel: its shared memory is what the launch gave

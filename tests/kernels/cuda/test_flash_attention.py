@@ -542,14 +542,15 @@ def wgmma(fx):
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float16", "bfloat16")])
 @pytest.mark.parametrize("hs, tq, tk, alignment", [
     (64, 1, 1, None), (64, 128, 128, "top_left"), (64, 130, 300, None), (40, 200, 70, "top_left"),
-    (128, 129, 256, "bottom_right"), (72, 300, 100, "bottom_right"), (128, 64, 200, None)])
+    (128, 129, 256, "bottom_right"), (72, 300, 100, "bottom_right"), (128, 64, 200, None), (64, 70, 260, "top_left")])
 def test_the_wgmma_kernels_match_the_reference(wgmma, monkeypatch, hs, tq, tk, alignment, dtype):
     """npf_fa_forward_wgmma, npf_fa_bwd_dq_wgmma, npf_fa_bwd_dkdv_wgmma (opted in, compute capability 9.0): out,
     lse, dq, dk, dv as the reference's, causal (both alignments: rows before the first key see none, zeros
-    and lse +inf) or not, ragged ends of both lengths (blocks of 128 rows or keys, tiles of 128 keys, dQ's of
-    64 keys, dK dV's of 64 queries), both head-size buckets (hs below D: zero columns); each backward on each
-    forward's cache. Emulated, the wgmmas run at their waits, so a tile overwritten or an accumulator read
-    too early shows."""
+    and lse +inf; keys past Tq under top_left, which no query sees: zeros in dK, dV) or not, ragged ends of
+    both lengths (blocks of 128 rows or keys, tiles of 128 keys, dQ's of 64 keys, dK dV's of 64 queries), both
+    head-size buckets (hs below D: zero columns); each backward on each forward's cache. Emulated, the wgmmas
+    run at their waits and the cp.async copies land at theirs, so a tile overwritten or an accumulator read
+    too early shows, as does a block that leaves a copy in flight (rows that see no key)."""
     names = _launched(monkeypatch)
     q, k, v = qkv(wgmma.xp, 1, 2, tq, tk, hs, hs, tq + 2 * tk, dtype)
     dout = randn(wgmma.xp, (1, 2, tq, hs), 5, dtype)

@@ -215,3 +215,72 @@ def test_the_emulator_refuses_a_collective_that_not_every_lane_reaches(tmp_path,
     module = emulator.EmulatedModule(emulator.build(tmp_path, _DIVERGENT), _DIVERGENT)
     with pytest.raises(AssertionError, match="disagreed on a __syncthreads or a warp"):
         module.get_function(kernel)((1,), (32,), (np.zeros(32, np.float32),))
+
+
+_RACY_COPIES = r"""
+extern "C" __global__ void npf_test_read_before_the_wait(const float* src, float* dst) {
+    // reads its chunk between the copy's issue and its wait: a race on a GPU
+    __shared__ __align__(16) float buf[32 * 4];
+    npf_cp_async_16(&buf[threadIdx.x * 4], src + threadIdx.x * 4);
+    npf_cp_async_commit();
+    for (int i = 0; i < 4; ++i) dst[threadIdx.x * 4 + i] = buf[threadIdx.x * 4 + i];
+    npf_cp_async_wait<0>();
+}
+extern "C" __global__ void npf_test_copy_over_a_tile_being_read(const float* src, float* dst, int barrier) {
+    // each thread reads its neighbour's chunk of the first copy, then copies the second over its own chunk:
+    // without the barrier between, a thread may overwrite a chunk its neighbour has yet to read
+    __shared__ __align__(16) float buf[32 * 4];
+    unsigned next = (threadIdx.x + 1) % 32;
+    npf_cp_async_16(&buf[threadIdx.x * 4], src + threadIdx.x * 4);
+    npf_cp_async_commit();
+    npf_cp_async_wait<0>();
+    __syncthreads();
+    for (int i = 0; i < 4; ++i) dst[threadIdx.x * 4 + i] = buf[next * 4 + i];
+    if (barrier) __syncthreads();
+    npf_cp_async_16(&buf[threadIdx.x * 4], src + 128 + threadIdx.x * 4);   // in flight past the next barrier,
+    npf_cp_async_commit();                                                  // as a pipeline's next tile
+    __syncthreads();
+    npf_cp_async_wait<0>();
+}
+extern "C" __global__ void npf_test_copy_never_waited_for(const float* src) {
+    __shared__ __align__(16) float buf[32 * 4];
+    npf_cp_async_16(&buf[threadIdx.x * 4], src + threadIdx.x * 4);
+    npf_cp_async_commit();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def racy_copies(tmp_path_factory):
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    return emulator.EmulatedModule(emulator.build(tmp_path_factory.mktemp("npf_racy"), _RACY_COPIES), _RACY_COPIES)
+
+
+def test_the_emulator_shows_a_cp_async_destination_read_before_its_wait_as_nan(racy_copies):
+    """A GPU may show the old bytes or the new there; the emulator shows neither, so the race cannot pass."""
+    dst = np.zeros(128, np.float32)
+    racy_copies.get_function("npf_test_read_before_the_wait")((1,), (32,), (np.ones(128, np.float32), dst))
+    assert np.isnan(dst).all()
+
+
+@pytest.mark.parametrize("barrier", [1, 0])
+def test_the_emulator_shows_a_copy_issued_over_a_tile_not_yet_read(racy_copies, barrier):
+    """With the barrier every thread reads its neighbour's first chunk; without it the last thread's neighbour
+    (thread 0, which runs first) has already issued its second copy over that chunk."""
+    src = np.arange(256, dtype=np.float32)
+    dst = np.zeros(128, np.float32)
+    racy_copies.get_function("npf_test_copy_over_a_tile_being_read")((1,), (32,), (src, dst, np.int32(barrier)))
+    want = np.roll(src[:128].reshape(32, 4), -1, axis=0)
+    if barrier:
+        np.testing.assert_array_equal(dst.reshape(32, 4), want)
+    else:
+        np.testing.assert_array_equal(dst.reshape(32, 4)[:31], want[:31])
+        assert np.isnan(dst.reshape(32, 4)[31]).all()
+
+
+def test_the_emulator_refuses_a_cp_async_never_waited_for(racy_copies):
+    with pytest.raises(AssertionError, match="cp.async copy it never waited for"):
+        racy_copies.get_function("npf_test_copy_never_waited_for")((1,), (32,), (np.ones(128, np.float32),))
+
