@@ -11,9 +11,13 @@ __device__ __forceinline__ float npf_fa_inf(float) { return __int_as_float(0x7f8
 __device__ __forceinline__ double npf_fa_inf(double) { return __longlong_as_double(0x7ff0000000000000LL); }
 #else
 // the CPU emulator runs one block at a time: a static buffer of the kernel's size is its shared memory
-// (its size kept where the emulator checks it against the launch's dynamic shared memory)
+// (its size kept where the emulator checks it against the launch's dynamic shared memory), filled with
+// 0xff bytes at each block's start
 extern "C" { long long npf_fa_shared_declared = 0; }
-#define NPF_FA_SHARED(name, bytes) alignas(16) static unsigned char name[bytes]; npf_fa_shared_declared = (bytes)
+#define NPF_FA_SHARED(name, bytes)                                                                           \
+    alignas(16) static unsigned char name[bytes];                                                          \
+    npf_fa_shared_declared = (bytes);                                                                      \
+    npf_shared_at_block_start(name, bytes)
 inline float npf_fa_inf(float) { return __builtin_huge_valf(); }
 inline double npf_fa_inf(double) { return __builtin_huge_val(); }
 #endif

@@ -4,17 +4,22 @@ The kernel source (npformer.kernels.cuda.source.KERNELS_SOURCE, everything but t
 conversions) is compiled by g++ with a small shim: ``__global__``/``__device__`` vanish,
 ``__shared__`` becomes ``static`` (one block runs at a time), float16 conversions use ``_Float16``
 (round to nearest even, as ``cvt.rn``; bfloat16's are prelude.cuh's own C, compiled as they are),
-and every CUDA thread of a block is a fiber (``ucontext``). The fibers run one after another up to each ``__syncthreads``, a legal CUDA schedule with the
-largest skew between threads, so a missing barrier changes results here; a barrier that not every
-thread of the block reaches is reported as an error instead of hanging.
+and every CUDA thread of a block is a fiber (``ucontext``). The fibers run one after another up to
+each ``__syncthreads``, a legal CUDA schedule with the largest skew between threads, so a missing
+barrier changes results here; a barrier that not every thread of the block reaches is reported as an
+error instead of hanging. They run in the threads' order, or last first within
+:func:`reversed_schedule`, which shows a race the forward order hides. A flash kernel's shared memory
+(``NPF_FA_SHARED``) holds 0xff bytes (NaN in every float type) at each block's start, where a GPU's
+holds what an earlier block left: a read of bytes the block never wrote gives NaN, not zeros by luck.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
 and ``npf_mma_16816_bf16`` (m16n8k16, float16 or bfloat16 in, float32 accumulate, the PTX ISA's
 fragment layouts, one for both types; a bfloat16 is decoded bit for bit as the upper half of a float32:
-the products are exact in float32 (11 or 8 significant bits a factor; a bfloat16 product beyond float32's
-range, or below its normals, is rounded as float32 rounds it) and added in order, each addition rounded to float32; a GPU's tensor cores add them otherwise, with
-more bits and truncation by Fasi et al.'s measurements (2021), so the last bits differ and a test
-compares within a stated bound, never bit for bit with a GPU), ``npf_mma_1688_tf32``
+the products are exact in float32 (11 or 8 significant bits a factor; a bfloat16 product beyond
+float32's range, or below its normals, is rounded as float32 rounds it) and added in order, each
+addition rounded to float32; a GPU's tensor cores add them otherwise, with more bits and truncation by
+Fasi et al.'s measurements (2021), so the last bits differ and a test compares within a stated bound,
+never bit for bit with a GPU), ``npf_mma_1688_tf32``
 (m16n8k8, TF32 in: an operand's 13 low mantissa bits are not read; ``npf_tf32`` rounds to TF32 as
 ``cvt.rna`` does) and ``npf_ldmatrix_x4`` (``_trans``). A lane posts its operands and waits; the
 block runs warp by warp, and once every live lane of a warp waits at the same collective the
@@ -53,6 +58,7 @@ element type and every scalar of the parameter's exact type.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import re
@@ -95,6 +101,23 @@ static std::vector<std::vector<char>> npf_stacks;
 static size_t npf_current;
 static const std::function<void()>* npf_body;
 static int npf_error;
+// 1: warps and the lanes of each run last first (the threads' order reversed), so that a race the forward
+// order hides (a thread reading what a later one writes before a barrier) shows; set by reversed_schedule
+extern "C" { int npf_reversed = 0; }
+
+// A flash kernel's shared memory (NPF_FA_SHARED, a static buffer here) reads 0xff bytes (NaN in every float
+// type) at each block's start, where a GPU's holds what an earlier block left: a kernel that reads bytes it
+// never wrote (a tile's padding, rows past the end it did not zero) gets NaN, not the zeros or the earlier
+// block's values by luck. Every thread of the block calls it at the kernel's start; the first one fills.
+static unsigned long long npf_block_serial;          // counts the blocks run
+static void npf_shared_at_block_start(unsigned char* smem, size_t bytes) {
+    static const unsigned char* filled;
+    static unsigned long long filled_in;
+    if (filled == smem && filled_in == npf_block_serial) return;
+    std::memset(smem, 0xff, bytes);
+    filled = smem;
+    filled_in = npf_block_serial;
+}
 
 static void __syncthreads() {
     NpfFiber& f = npf_fibers[npf_current];
@@ -462,7 +485,8 @@ static void npf_fiber_main() {
 // collective, resolving their warp collectives on the way; 2 when they disagree on one.
 static int npf_run_warp(size_t w0, size_t w1, unsigned i, unsigned j) {
     for (;;) {
-        for (size_t k = w0; k < w1; ++k) {
+        for (size_t lane = 0; lane < w1 - w0; ++lane) {
+            const size_t k = npf_reversed ? w1 - 1 - lane : w0 + lane;
             NpfFiber& f = npf_fibers[k];
             if (f.done || f.at_barrier || f.at_warp) continue;
             npf_current = k;
@@ -532,6 +556,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     for (unsigned j = 0; j < gy; ++j) {
         for (unsigned i = 0; i < gx; ++i) {
             blockIdx = {i, j, 0};
+            ++npf_block_serial;
             npf_wg.assign((n + 127) / 128, NpfWgState());
             npf_copies.assign(n, NpfCopies());
             for (size_t k = 0; k < n; ++k) {
@@ -548,7 +573,8 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
             for (;;) {                        // one round: every live thread runs to a barrier or its end
                 for (size_t k = 0; k < n; ++k) npf_fibers[k].at_barrier = false;
                 for (;;) {                    // warp by warp, then the warpgroups' collectives, while any resolves
-                    for (size_t w0 = 0; w0 < n; w0 += 32) {
+                    for (size_t w = 0; w < n; w += 32) {
+                        const size_t w0 = npf_reversed ? (n - 1) / 32 * 32 - w : w;
                         int rc = npf_run_warp(w0, w0 + 32 < n ? w0 + 32 : n, i, j);
                         if (rc) return rc;
                     }
@@ -655,6 +681,19 @@ def build(directory: Path, kernels_source: str = KERNELS_SOURCE, name_expression
         if res.returncode != 0:
             raise RuntimeError(f"g++ failed on the emulated kernels:\n{res.stderr[-4000:]}")
     return lib
+
+
+@contextlib.contextmanager
+def reversed_schedule(module: "EmulatedModule"):
+    """Within it, ``module``'s kernels run their warps, and each warp's lanes, last first: a kernel whose
+    results depend on its threads' order (a missing barrier, a race between lanes) gives others than in
+    the forward order, which every other test runs."""
+    flag = ctypes.c_int.in_dll(module.lib, "npf_reversed")
+    flag.value = 1
+    try:
+        yield module
+    finally:
+        flag.value = 0
 
 
 def _shared_declared(lib):

@@ -29,7 +29,7 @@ from npformer.ops.flash_attention import (FlashAttentionCache, _keep, flash_atte
                                           flash_attention_forward as flash_forward)
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import assert_gradcheck, assert_scores_beyond_float16, host, randn, seeds
-from tests.kernels.cuda import sources
+from tests.kernels.cuda import emulator, sources
 from tests.kernels.cuda.conftest import DTYPES, assert_close
 from tests.ops.test_flash_attention import CAUSAL, causal_kw, draw_masks
 from tests.ops.test_flash_attention import test_bad_input as reference_bad_input_cases
@@ -537,6 +537,50 @@ def wgmma(fx):
     kernel.use_wgmma(True)
     yield fx
     kernel.use_wgmma(False)
+
+
+@pytest.mark.parametrize("dtype, hs, tq, tk, kind, fwd", [
+    ("float64", 40, 70, 50, "mask+dropout", "fwd"), ("float32", 64, 70, 130, "padding", "fwd"),
+    ("float32", 64, 70, 130, "top_left", "fwd_dense_causal"), ("float32", 64, 70, 130, "padding+tf32", "fwd_tf32"),
+    ("float16", 64, 70, 130, "padding+dropout", "fwd_tc"), ("float16", 64, 200, 70, "top_left", "fwd_dense_causal"),
+    ("float16", 128, 130, 200, "none", "fwd_dense"),
+    ("float16", 64, 130, 200, "bottom_right+wgmma", "fwd_wgmma_causal"),
+    ("float16", 128, 70, 260, "top_left+wgmma", "fwd_wgmma_causal")])
+def test_the_kernels_results_do_not_depend_on_their_threads_order(fx, request, monkeypatch, dtype, hs, tq, tk, kind,
+                                                                   fwd):
+    """Emulated: each kind of kernel (SIMT general and dense, TF32, float16 general, dense and Hopper) run
+    again with its warps, and each warp's lanes, last first (emulator.reversed_schedule) gives out, lse, dq,
+    dk, dv bit for bit as in the threads' order, so no result hangs on a race the forward order hides (a
+    thread reading before a barrier what a later thread writes). The kernels have no atomics: their sums'
+    order is fixed."""
+    if fx.name != "emulated":
+        pytest.skip("the emulator's schedules; a GPU keeps its own")
+    from npformer.kernels.cuda import runtime
+    if "tf32" in kind:
+        monkeypatch.setattr(runtime, "float32_on_tf32", lambda: True)
+    if "wgmma" in kind:
+        kernel.use_wgmma(True)
+        request.addfinalizer(lambda: kernel.use_wgmma(False))
+    names = _launched(monkeypatch)
+    xp, r = fx.xp, np.random.default_rng(tq + tk)
+    q, k, v = qkv(xp, 2, 2, tq, tk, hs, hs, tq + tk, dtype)
+    dout = randn(xp, (2, 2, tq, hs), 4, dtype)
+    kw = {"is_causal": True, "causal_alignment": kind.split("+")[0]} if kind.startswith(("top", "bottom")) else {}
+    if kind.startswith("mask"):
+        kw["attn_mask"] = xp.asarray(r.random((tq, tk)) < 0.3)
+    if kind.startswith("padding"):
+        kw["key_padding_mask"] = xp.asarray(r.random((2, tk)) < 0.2)
+
+    def run():
+        drop = {"dropout_p": 0.2, "rng": default_rng(7, backend_name(xp))} if "dropout" in kind else {}
+        out, cache = flash_forward(q, k, v, **kw, **drop)
+        return [np.ascontiguousarray(host(a)) for a in (out, cache.lse, *flash_backward(dout, cache))]
+    first = run()
+    assert names[0] == fwd and not any(np.isnan(a.astype(np.float64)).any() for a in first), names
+    with emulator.reversed_schedule(request.getfixturevalue("emulated_flash_module")):
+        again = run()
+    for what, a, b in zip(("out", "lse", "dq", "dk", "dv"), first, again):
+        np.testing.assert_array_equal(b.view(np.uint8), a.view(np.uint8), err_msg=what)
 
 
 @pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float16", "bfloat16")])

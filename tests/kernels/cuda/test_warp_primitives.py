@@ -4,6 +4,8 @@ fragment position by position: mma.sync m16n8k16 (float16 or bfloat16 in, float3
 its transpose, __shfl_xor_sync on float and double, cp.async through a double buffer. The same tiny
 kernels run on the CPU emulator and, on a GPU, on the device (the GPU check runs this file first, so
 a layout mistake shows before anything built on it)."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -265,22 +267,49 @@ def test_the_emulator_shows_a_cp_async_destination_read_before_its_wait_as_nan(r
     assert np.isnan(dst).all()
 
 
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("barrier", [1, 0])
-def test_the_emulator_shows_a_copy_issued_over_a_tile_not_yet_read(racy_copies, barrier):
+def test_the_emulator_shows_a_copy_issued_over_a_tile_not_yet_read(racy_copies, barrier, reverse):
     """With the barrier every thread reads its neighbour's first chunk; without it the last thread's neighbour
-    (thread 0, which runs first) has already issued its second copy over that chunk."""
+    (thread 0, which runs first) has already issued its second copy over that chunk; with the threads run
+    last first (emulator.reversed_schedule), every thread's neighbour but thread 31's has."""
     src = np.arange(256, dtype=np.float32)
     dst = np.zeros(128, np.float32)
-    racy_copies.get_function("npf_test_copy_over_a_tile_being_read")((1,), (32,), (src, dst, np.int32(barrier)))
-    want = np.roll(src[:128].reshape(32, 4), -1, axis=0)
-    if barrier:
-        np.testing.assert_array_equal(dst.reshape(32, 4), want)
-    else:
-        np.testing.assert_array_equal(dst.reshape(32, 4)[:31], want[:31])
-        assert np.isnan(dst.reshape(32, 4)[31]).all()
+    with emulator.reversed_schedule(racy_copies) if reverse else contextlib.nullcontext():
+        racy_copies.get_function("npf_test_copy_over_a_tile_being_read")((1,), (32,), (src, dst, np.int32(barrier)))
+    got, want = dst.reshape(32, 4), np.roll(src[:128].reshape(32, 4), -1, axis=0)
+    lanes = np.arange(32)
+    raced = (lanes < 31 if reverse else lanes == 31) & (not barrier)
+    np.testing.assert_array_equal(got[~raced], want[~raced])
+    assert np.isnan(got[raced]).all()
 
 
 def test_the_emulator_refuses_a_cp_async_never_waited_for(racy_copies):
     with pytest.raises(AssertionError, match="cp.async copy it never waited for"):
         racy_copies.get_function("npf_test_copy_never_waited_for")((1,), (32,), (np.ones(128, np.float32),))
 
+
+_LEFTOVER_SHARED = r"""
+extern "C" __global__ void npf_test_shared_left_by_the_last_block(float* out) {
+    // block 0 writes its shared memory, block 1 reads it without writing (what a GPU leaves there is undefined)
+    alignas(16) static unsigned char smem[32 * 4];
+    npf_shared_at_block_start(smem, sizeof(smem));
+    float* buf = reinterpret_cast<float*>(smem);
+    if (blockIdx.x == 0) buf[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[blockIdx.x * 32 + threadIdx.x] = buf[threadIdx.x];
+}
+"""
+
+
+def test_the_emulator_starts_each_block_with_nan_in_a_flash_kernels_shared_memory(tmp_path):
+    """As NPF_FA_SHARED does for every flash kernel: a block reads only what it wrote, never the zeros of a
+    fresh static buffer or an earlier block's values."""
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    module = emulator.EmulatedModule(emulator.build(tmp_path, _LEFTOVER_SHARED), _LEFTOVER_SHARED)
+    out = np.zeros(64, np.float32)
+    module.get_function("npf_test_shared_left_by_the_last_block")((2,), (32,), (out,))
+    np.testing.assert_array_equal(out[:32], 1.0)
+    assert np.isnan(out[32:]).all()
