@@ -8,9 +8,10 @@ and every CUDA thread of a block is a fiber (``ucontext``). The fibers run one a
 each ``__syncthreads``, a legal CUDA schedule with the largest skew between threads, so a missing
 barrier changes results here; a barrier that not every thread of the block reaches is reported as an
 error instead of hanging. They run in the threads' order, or last first within
-:func:`reversed_schedule`, which shows a race the forward order hides. A flash kernel's shared memory
-(``NPF_FA_SHARED``) holds 0xff bytes (NaN in every float type) at each block's start, where a GPU's
-holds what an earlier block left: a read of bytes the block never wrote gives NaN, not zeros by luck.
+:func:`reversed_schedule`, which shows a race the forward order hides. Shared memory (every
+``__shared__`` variable, and a flash kernel's ``NPF_FA_SHARED`` buffer) holds 0xff bytes (NaN in every
+float type) at each block's start, where a GPU's holds what an earlier block left: a read of bytes the
+block never wrote gives NaN, not zeros by luck.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
 and ``npf_mma_16816_bf16`` (m16n8k16, float16 or bfloat16 in, float32 accumulate, the PTX ISA's
@@ -83,7 +84,7 @@ SHIM = r"""
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static __attribute__((section("npf_shared")))   // every one filled at a block's start
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
 #define __noinline__ __attribute__((noinline))
@@ -105,11 +106,17 @@ static int npf_error;
 // order hides (a thread reading what a later one writes before a barrier) shows; set by reversed_schedule
 extern "C" { int npf_reversed = 0; }
 
-// A flash kernel's shared memory (NPF_FA_SHARED, a static buffer here) reads 0xff bytes (NaN in every float
-// type) at each block's start, where a GPU's holds what an earlier block left: a kernel that reads bytes it
-// never wrote (a tile's padding, rows past the end it did not zero) gets NaN, not the zeros or the earlier
-// block's values by luck. Every thread of the block calls it at the kernel's start; the first one fills.
+// Shared memory holds 0xff bytes (NaN in every float type) at each block's start, where a GPU's holds what
+// an earlier block left: a kernel that reads bytes it never wrote (a tile's padding, rows past the end it did
+// not zero) gets NaN, not zeros or an earlier block's values by luck. The __shared__ variables are in section
+// npf_shared (the linker marks its ends), filled by the scheduler; a flash kernel's NPF_FA_SHARED buffer, a
+// static array of the kernel's, by npf_shared_at_block_start, which every thread of the block calls at the
+// kernel's start (the first one fills).
 static unsigned long long npf_block_serial;          // counts the blocks run
+extern "C" unsigned char __start_npf_shared[] __attribute__((weak)), __stop_npf_shared[] __attribute__((weak));
+static void npf_shared_variables_at_block_start() {
+    if (__start_npf_shared != nullptr) std::memset(__start_npf_shared, 0xff, __stop_npf_shared - __start_npf_shared);
+}
 static void npf_shared_at_block_start(unsigned char* smem, size_t bytes) {
     static const unsigned char* filled;
     static unsigned long long filled_in;
@@ -557,6 +564,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
         for (unsigned i = 0; i < gx; ++i) {
             blockIdx = {i, j, 0};
             ++npf_block_serial;
+            npf_shared_variables_at_block_start();
             npf_wg.assign((n + 127) / 128, NpfWgState());
             npf_copies.assign(n, NpfCopies());
             for (size_t k = 0; k < n; ++k) {

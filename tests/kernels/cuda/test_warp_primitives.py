@@ -292,6 +292,13 @@ def test_the_emulator_refuses_a_cp_async_never_waited_for(racy_copies):
 _LEFTOVER_SHARED = r"""
 extern "C" __global__ void npf_test_shared_left_by_the_last_block(float* out) {
     // block 0 writes its shared memory, block 1 reads it without writing (what a GPU leaves there is undefined)
+    __shared__ float buf[32];
+    if (blockIdx.x == 0) buf[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[blockIdx.x * 32 + threadIdx.x] = buf[threadIdx.x];
+}
+extern "C" __global__ void npf_test_flash_shared_left_by_the_last_block(float* out) {
+    // the same through the flash kernels' shared memory (NPF_FA_SHARED: a static buffer, filled by this call)
     alignas(16) static unsigned char smem[32 * 4];
     npf_shared_at_block_start(smem, sizeof(smem));
     float* buf = reinterpret_cast<float*>(smem);
@@ -302,14 +309,17 @@ extern "C" __global__ void npf_test_shared_left_by_the_last_block(float* out) {
 """
 
 
-def test_the_emulator_starts_each_block_with_nan_in_a_flash_kernels_shared_memory(tmp_path):
-    """As NPF_FA_SHARED does for every flash kernel: a block reads only what it wrote, never the zeros of a
-    fresh static buffer or an earlier block's values."""
+@pytest.mark.parametrize("kernel", ["npf_test_shared_left_by_the_last_block",
+                                    "npf_test_flash_shared_left_by_the_last_block"])
+def test_the_emulator_starts_each_block_with_nan_in_shared_memory(tmp_path, kernel):
+    """A block reads only what it wrote, never the zeros of a fresh static variable or an earlier block's
+    values: every __shared__ variable, and a flash kernel's NPF_FA_SHARED buffer, holds 0xff bytes at each
+    block's start."""
     import shutil
     if shutil.which("g++") is None:
         pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
     module = emulator.EmulatedModule(emulator.build(tmp_path, _LEFTOVER_SHARED), _LEFTOVER_SHARED)
     out = np.zeros(64, np.float32)
-    module.get_function("npf_test_shared_left_by_the_last_block")((2,), (32,), (out,))
+    module.get_function(kernel)((2,), (32,), (out,))
     np.testing.assert_array_equal(out[:32], 1.0)
     assert np.isnan(out[32:]).all()

@@ -1,6 +1,7 @@
 """The reference ops reach the CUDA paths through the dispatcher (on CuPy arrays; here the CPU emulation
 makes NumPy arrays count as device arrays): every registered op, and a whole GPT or encoder-decoder
-training step's gradients, equal the reference path (``npformer.kernels.disabled()``); and the layers,
+training step's gradients, equal the reference path (``npformer.kernels.disabled()``); emulated, a GPT
+step with its optimiser gives the same bits with the kernels' threads run last first; and the layers,
 models and training loss call the fused blocks' reference ops (a NumPy test, no emulator)."""
 import numpy as np
 import pytest
@@ -225,3 +226,45 @@ def test_the_layers_and_the_training_loss_call_the_fused_ops(called, norm_first)
     assert called.count("residual_dropout_layer_norm_forward") == (3 if norm_first else 5)
     assert called.count("residual_dropout_layer_norm_backward") == (3 if norm_first else 5)
     assert called.count("feed_forward_forward") == called.count("feed_forward_backward") == 2
+
+
+def test_a_training_step_gives_the_same_bits_with_its_threads_reversed(fx, request, seen):
+    """Emulated: a float32 GPT step (dropout, GELU, layer norms, the attention softmax, cross-entropy, the
+    gradient norm and AdamW: the fused kernels on the way) run again with each block's warps, and each warp's
+    lanes, last first (emulator.reversed_schedule) gives the loss, the norm, every gradient and every updated
+    weight bit for bit, so no kernel's result hangs on the order its threads run in, which a GPU does not
+    keep (the flash kernels: test_flash_attention's test of their threads' order)."""
+    if fx.name != "emulated":
+        pytest.skip("the emulator's schedules; a GPU keeps its own")
+    import contextlib
+    from npformer.models.gpt import GPT, GPTConfig
+    from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
+    from npformer.training.optim import AdamW, clip_grad_norm
+    from tests.kernels.cuda import emulator
+    idx = np.random.default_rng(0).integers(0, 11, (2, 7))
+    tgt = np.random.default_rng(1).integers(0, 11, (2, 7))
+
+    def step():
+        model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=16, dropout=0.1,
+                              activation="gelu"), dtype="float32", backend="numpy", rng=0)
+        model.manual_seed(3)
+        loss, cache = cross_entropy_forward(model(idx), tgt)
+        model.backward(cross_entropy_backward(np.ones((), np.float32), cache))
+        norm = clip_grad_norm(model.parameters(), 0.5)
+        params = list(model.parameters())
+        grads = [p.grad.copy() for p in params]
+        AdamW(params, lr=1e-2).step()
+        return [np.asarray(loss), np.asarray(norm)] + grads + [p.data for p in params]
+    first = step()
+    assert {"adam_update", "sum_of_squares", "cross_entropy_forward", "cross_entropy_backward", "dropout_forward",
+            "feed_forward_forward", "feed_forward_backward", "layer_norm_forward", "layer_norm_backward",
+            "residual_dropout_layer_norm_forward", "residual_dropout_layer_norm_backward", "softmax_forward",
+            "softmax_backward"} <= set(seen)
+    with contextlib.ExitStack() as stack:
+        for module in ("emulated_module", "emulated_flash_module"):
+            stack.enter_context(emulator.reversed_schedule(request.getfixturevalue(module)))
+        again = step()
+    assert len(first) == len(again) > 2 and all(np.isfinite(a).all() for a in first)
+    for a, b in zip(first, again):
+        bits = [np.ascontiguousarray(x).view(np.uint8) for x in (a, b)]
+        np.testing.assert_array_equal(bits[1], bits[0])
