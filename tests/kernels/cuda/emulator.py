@@ -32,7 +32,8 @@ the warp ended and a matrix instruction in a partial warp.
 group finish (their source read then too). From the issue to then, their destination reads as 0xff
 bytes (NaN in every float type), where a GPU may show old bytes or new: a read before the wait, or a
 copy issued over a tile that some thread has yet to read (a missing barrier), gives NaN here rather
-than the right values by luck. A copy a thread never waits for is an error.
+than the right values by luck. A copy a thread never waits for, or whose destination some thread
+writes before it lands, is an error.
 
 Hopper's warpgroup collectives (:mod:`npformer.kernels.cuda.warp_source`, ``warpgroup.cuh``: wgmma's
 fence, mma_async, commit and wait) are resolved once all 128 threads of a warpgroup (warps 4 j to
@@ -203,7 +204,8 @@ static void npf_ldmatrix_x4_trans(unsigned* r, const void* row) { npf_ldmatrix(r
 // their group finish, the latest point CUDA allows (its source read then too; groups finishing at one wait
 // land newest first). Their destination's 16 bytes read 0xff (NaN in every float type) from the issue to
 // the landing: a GPU may show old bytes or new there, and a kernel that reads them, or issues a copy over
-// a tile that other threads have not yet read (a missing barrier), gets NaN here.
+// a tile that other threads have not yet read (a missing barrier), gets NaN here; a destination no longer
+// all 0xff when its copy lands was written meanwhile, an error.
 struct NpfCopy { void* dst; const void* src; int bytes; };
 struct NpfCopies { std::vector<NpfCopy> open; std::vector<std::vector<NpfCopy>> committed; };
 static std::vector<NpfCopies> npf_copies;            // one a thread of the running block
@@ -217,11 +219,20 @@ static void npf_cp_async_commit() {
     c.committed.push_back(std::move(c.open));
     c.open.clear();
 }
+static bool npf_copy_race;                          // a copy's destination was written before it landed
 template <int N> static void npf_cp_async_wait() {
     std::vector<std::vector<NpfCopy>>& groups = npf_copies[npf_current].committed;
     while (groups.size() > (size_t)N) {
         for (size_t i = groups.front().size(); i-- > 0;) {
             const NpfCopy& copy = groups.front()[i];
+            const unsigned char* bytes = (const unsigned char*)copy.dst;
+            bool untouched = true;
+            for (int b = 0; b < 16; ++b) untouched = untouched && bytes[b] == 0xff;
+            if (!untouched && !npf_copy_race) {
+                std::fprintf(stderr, "emulator: a thread wrote a cp.async copy's destination between its issue "
+                             "and its wait (thread %zu's copy)\n", npf_current);
+                npf_copy_race = true;
+            }
             if (copy.bytes > 0) std::memcpy(copy.dst, copy.src, (size_t)copy.bytes);
             std::memset((char*)copy.dst + copy.bytes, 0, (size_t)(16 - copy.bytes));
         }
@@ -548,7 +559,8 @@ static int npf_resolve_warpgroups(size_t n, unsigned i, unsigned j) {
 }
 
 // Runs the grid block by block; returns 0, or 1 when a block's threads disagreed on a barrier, 2 on a warp
-// collective, 3 on a warpgroup's (or a wgmma issued and never waited for), 4 on a cp.async never waited for.
+// collective, 3 on a warpgroup's (or a wgmma issued and never waited for), 4 on a cp.async never waited for
+// or whose destination was written before its wait.
 static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, const std::function<void()>& body) {
     gridDim = {gx, gy, 1};
     blockDim = {bx, by, 1};
@@ -559,6 +571,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     npf_wg_posts.assign(n, NpfWgPost());
     npf_wg_descs.clear();
     npf_error = 0;
+    npf_copy_race = false;
     if (npf_stacks.size() < n) npf_stacks.resize(n, std::vector<char>(1 << 16));
     for (unsigned j = 0; j < gy; ++j) {
         for (unsigned i = 0; i < gx; ++i) {
@@ -586,6 +599,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                         int rc = npf_run_warp(w0, w0 + 32 < n ? w0 + 32 : n, i, j);
                         if (rc) return rc;
                     }
+                    if (npf_copy_race) return 4;
                     int resolved = npf_resolve_warpgroups(n, i, j);
                     if (resolved < 0 || npf_error) return 3;
                     if (resolved == 0) break;
@@ -763,7 +777,8 @@ class EmulatedKernel:
         if declared is not None:
             declared.value = 0
         rc = self.fn(grid[0], grid[1], block[0], block[1], pointers)
-        assert rc != 4, f"{self.name}: a thread ended with a cp.async copy it never waited for (see stderr)"
+        assert rc != 4, (f"{self.name}: a thread ended with a cp.async copy it never waited for, or a copy's "
+                         "destination was written before its wait (see stderr)")
         assert rc == 0, (f"{self.name}: threads of one block disagreed on a __syncthreads or a warp(group) "
                          "collective (see stderr)")
         if declared is not None and declared.value:       # a flash kernel: its shared memory is what the launch gave

@@ -323,3 +323,26 @@ def test_the_emulator_starts_each_block_with_nan_in_shared_memory(tmp_path, kern
     module.get_function(kernel)((2,), (32,), (out,))
     np.testing.assert_array_equal(out[:32], 1.0)
     assert np.isnan(out[32:]).all()
+
+
+_WRITTEN_IN_FLIGHT = r"""
+extern "C" __global__ void npf_test_write_before_the_wait(const float* src, float* dst) {
+    // writes its chunk between the copy's issue and its wait: a race on a GPU (which bytes stay is undefined)
+    __shared__ __align__(16) float buf[32 * 4];
+    npf_cp_async_16(&buf[threadIdx.x * 4], src + threadIdx.x * 4);
+    npf_cp_async_commit();
+    buf[threadIdx.x * 4] = 0.0f;
+    npf_cp_async_wait<0>();
+    dst[threadIdx.x] = buf[threadIdx.x * 4];
+}
+"""
+
+
+def test_the_emulator_refuses_a_write_to_a_cp_async_destination_before_its_wait(tmp_path):
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    module = emulator.EmulatedModule(emulator.build(tmp_path, _WRITTEN_IN_FLIGHT), _WRITTEN_IN_FLIGHT)
+    with pytest.raises(AssertionError, match="destination was written before its wait"):
+        module.get_function("npf_test_write_before_the_wait")((1,), (32,), (np.ones(128, np.float32),
+                                                                            np.zeros(32, np.float32)))
