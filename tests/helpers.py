@@ -142,6 +142,13 @@ def host(a):
     return to_numpy(a)
 
 
+def assert_same_bits(got, want, what: str = "") -> None:
+    """got and want hold the same bytes (host copies of either backend's arrays; NaN payloads and the sign
+    of zero included), where equal values would not do."""
+    bits = [np.ascontiguousarray(host(x)).view(np.uint8) for x in (got, want)]
+    np.testing.assert_array_equal(bits[0], bits[1], err_msg=what)
+
+
 def assert_packed_self_attention(path: str, dtype, p: float, seed: int = 0, b: int = 2, t: int = 7, h: int = 3,
                                  hs: int = 4):
     """Self-attention on NumPy through the CPU fast path ``path`` ("cpu" or "numba"): the attention's

@@ -24,7 +24,7 @@ from npformer.ops import activations, attention, dropout, embedding, layernorm, 
 from npformer.errors import InputTypeError
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,
-                           padding_masks, randn, seeds)
+                           assert_same_bits, padding_masks, randn, seeds)
 
 DTYPES = ("float64", "float32", "float16")
 SHIPPED_MIN_BLOCKED_ELEMENTS = cpu_dropout.MIN_BLOCKED_ELEMENTS     # (read before conftest's fixture lowers it)
@@ -225,8 +225,8 @@ def test_adam_update_reads_16_bit_gradients_with_their_scale(half, case, scale):
                                   **kw) == expected
     made_first = run(g16.astype(np.float32) * np.float32(scale), 1.0)
     for name, a, b, c in zip(("param", "exp_avg", "exp_avg_sq", "param_copy"), got, ref, made_first):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8), err_msg=name)
-        np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8), err_msg=name)
+        assert_same_bits(a, b, name)
+        assert_same_bits(a, c, name)
 
 
 def test_adam_update_takes_no_other_gradient_dtype_than_16_bits_for_a_wider_parameter():

@@ -17,7 +17,6 @@ in play (at least 1): 1e-12 for float64, 1e-5 for float32 (about 80 ulp), 4e-3 f
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -56,20 +55,15 @@ class Backend:
 
 @pytest.fixture(scope="session")
 def emulated_module(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    return emulator.EmulatedModule(emulator.build(tmp_path_factory.mktemp("npf_emulator")))
+    return emulator.emulated_module(tmp_path_factory.mktemp("npf_emulator"))
 
 
 @pytest.fixture(scope="session")
 def emulated_flash_module(tmp_path_factory):
     """Every flash attention instantiation and test kernel (on a GPU, one NVRTC module per dtype and
     head-size bucket, and the tests' own)."""
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    path = emulator.build(tmp_path_factory.mktemp("npf_flash_emulator"), sources.FLASH_EMULATED_SOURCE,
-                          sources.FLASH_EMULATED_KERNELS)
-    return emulator.EmulatedModule(path, sources.FLASH_EMULATED_SOURCE, sources.FLASH_EMULATED_KERNELS)
+    return emulator.emulated_module(tmp_path_factory.mktemp("npf_flash_emulator"), sources.FLASH_EMULATED_SOURCE,
+                                    sources.FLASH_EMULATED_KERNELS)
 
 
 @pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -64,10 +64,12 @@ import contextlib
 import ctypes
 import hashlib
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from npformer.kernels.cuda.source import KERNELS_SOURCE, MAX_THREADS
 
@@ -703,6 +705,13 @@ def build(directory: Path, kernels_source: str = KERNELS_SOURCE, name_expression
         if res.returncode != 0:
             raise RuntimeError(f"g++ failed on the emulated kernels:\n{res.stderr[-4000:]}")
     return lib
+
+
+def emulated_module(directory: Path, kernels_source: str = KERNELS_SOURCE, name_expressions=()) -> "EmulatedModule":
+    """:func:`build` and :class:`EmulatedModule` together, for a test: skipped, saying why, without g++."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
+    return EmulatedModule(build(directory, kernels_source, name_expressions), kernels_source, name_expressions)
 
 
 @contextlib.contextmanager

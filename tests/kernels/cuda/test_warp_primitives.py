@@ -23,11 +23,8 @@ def device(request, tmp_path_factory):
             pytest.skip("CuPy is not installed or no CUDA device is visible")
         cp = get_backend("cupy")
         return runtime.compile_module(PRIMITIVES_SOURCE, PRIMITIVES_NVRTC_OPTIONS), cp.asarray, cp.asnumpy
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    lib = emulator.build(tmp_path_factory.mktemp("npf_primitives"), PRIMITIVES_SOURCE)
-    return emulator.EmulatedModule(lib, PRIMITIVES_SOURCE), np.asarray, np.asarray
+    module = emulator.emulated_module(tmp_path_factory.mktemp("npf_primitives"), PRIMITIVES_SOURCE)
+    return module, np.asarray, np.asarray
 
 
 def _halves(rng, shape):
@@ -211,10 +208,7 @@ extern "C" __global__ void npf_test_barrier_beside_a_shuffle(float* x) {
 @pytest.mark.parametrize("kernel", ["npf_test_half_warp_shuffles", "npf_test_barrier_beside_a_shuffle"])
 def test_the_emulator_refuses_a_collective_that_not_every_lane_reaches(tmp_path, kernel):
     """CUDA leaves these undefined (or hangs); the emulator says so instead of inventing a result."""
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    module = emulator.EmulatedModule(emulator.build(tmp_path, _DIVERGENT), _DIVERGENT)
+    module = emulator.emulated_module(tmp_path, _DIVERGENT)
     with pytest.raises(AssertionError, match="disagreed on a __syncthreads or a warp"):
         module.get_function(kernel)((1,), (32,), (np.zeros(32, np.float32),))
 
@@ -254,10 +248,7 @@ extern "C" __global__ void npf_test_copy_never_waited_for(const float* src) {
 
 @pytest.fixture(scope="module")
 def racy_copies(tmp_path_factory):
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    return emulator.EmulatedModule(emulator.build(tmp_path_factory.mktemp("npf_racy"), _RACY_COPIES), _RACY_COPIES)
+    return emulator.emulated_module(tmp_path_factory.mktemp("npf_racy"), _RACY_COPIES)
 
 
 def test_the_emulator_shows_a_cp_async_destination_read_before_its_wait_as_nan(racy_copies):
@@ -315,10 +306,7 @@ def test_the_emulator_starts_each_block_with_nan_in_shared_memory(tmp_path, kern
     """A block reads only what it wrote, never the zeros of a fresh static variable or an earlier block's
     values: every __shared__ variable, and a flash kernel's NPF_FA_SHARED buffer, holds 0xff bytes at each
     block's start."""
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    module = emulator.EmulatedModule(emulator.build(tmp_path, _LEFTOVER_SHARED), _LEFTOVER_SHARED)
+    module = emulator.emulated_module(tmp_path, _LEFTOVER_SHARED)
     out = np.zeros(64, np.float32)
     module.get_function(kernel)((2,), (32,), (out,))
     np.testing.assert_array_equal(out[:32], 1.0)
@@ -339,10 +327,7 @@ extern "C" __global__ void npf_test_write_before_the_wait(const float* src, floa
 
 
 def test_the_emulator_refuses_a_write_to_a_cp_async_destination_before_its_wait(tmp_path):
-    import shutil
-    if shutil.which("g++") is None:
-        pytest.skip("g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation")
-    module = emulator.EmulatedModule(emulator.build(tmp_path, _WRITTEN_IN_FLIGHT), _WRITTEN_IN_FLIGHT)
+    module = emulator.emulated_module(tmp_path, _WRITTEN_IN_FLIGHT)
     with pytest.raises(AssertionError, match="destination was written before its wait"):
         module.get_function("npf_test_write_before_the_wait")((1,), (32,), (np.ones(128, np.float32),
                                                                             np.zeros(32, np.float32)))

@@ -9,7 +9,6 @@ compute capability 9.0, on the device: the emulator encodes this project's readi
 layouts, so only the device run confirms that reading. The emulator's own strictness (a wgmma runs at
 the wait that lets it finish; a collective that not all 128 threads reach, a wgmma never waited for, or
 its accumulators or A registers written before its wait, is an error) is tested at the end."""
-import shutil
 
 import numpy as np
 import pytest
@@ -21,7 +20,6 @@ from npformer.kernels.cuda.warp_source import WARP_PRIMITIVES, WARPGROUP_PRIMITI
 from tests.kernels.cuda import emulator
 from tests.kernels.cuda.sources import WARPGROUP_TEST_KERNELS, WARPGROUP_TEST_OPTIONS, WARPGROUP_TEST_SOURCE
 
-NO_GXX = "g++ is not installed: it compiles the kernels' CUDA C for the CPU emulation"
 NO_ML_DTYPES = "ml_dtypes not installed: it names NumPy's bfloat16 dtype (pip install ml_dtypes)"
 
 
@@ -37,10 +35,8 @@ def device(request, tmp_path_factory):
             pytest.skip(f"wgmma needs compute capability 9.0 (sm_90a); this GPU's is {capability}")
         return (runtime.compile_module(WARPGROUP_TEST_SOURCE, WARPGROUP_TEST_OPTIONS, WARPGROUP_TEST_KERNELS),
                 cp.asarray, cp.asnumpy)
-    if shutil.which("g++") is None:
-        pytest.skip(NO_GXX)
-    lib = emulator.build(tmp_path_factory.mktemp("npf_warpgroup"), WARPGROUP_TEST_SOURCE, WARPGROUP_TEST_KERNELS)
-    return emulator.EmulatedModule(lib, WARPGROUP_TEST_SOURCE, WARPGROUP_TEST_KERNELS), np.asarray, np.asarray
+    return (emulator.emulated_module(tmp_path_factory.mktemp("npf_warpgroup"), WARPGROUP_TEST_SOURCE,
+                                     WARPGROUP_TEST_KERNELS), np.asarray, np.asarray)
 
 
 def _dtype(bf16: bool):
@@ -156,10 +152,8 @@ extern "C" __global__ void npf_strict_never_waited(float* out) {
 
 @pytest.fixture(scope="module")
 def strict(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip(NO_GXX)
-    source = WARP_PRIMITIVES + WARPGROUP_PRIMITIVES + PRELUDE + _STRICT
-    return emulator.EmulatedModule(emulator.build(tmp_path_factory.mktemp("npf_strict"), source), source)
+    return emulator.emulated_module(tmp_path_factory.mktemp("npf_strict"),
+                                    WARP_PRIMITIVES + WARPGROUP_PRIMITIVES + PRELUDE + _STRICT)
 
 
 def test_the_emulator_runs_a_wgmma_at_its_wait(strict):

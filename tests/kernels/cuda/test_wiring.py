@@ -3,6 +3,8 @@ makes NumPy arrays count as device arrays): every registered op, and a whole GPT
 training step's gradients, equal the reference path (``npformer.kernels.disabled()``); emulated, a GPT
 step with its optimiser gives the same bits with the kernels' threads run last first; and the layers,
 models and training loss call the fused blocks' reference ops (a NumPy test, no emulator)."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,8 @@ from npformer.dispatch import FastPath
 from npformer.kernels import FAST_PATHS, disabled
 from npformer.ops import (activations, attention, cross_entropy, dropout, feedforward, flash_attention, layernorm,
                           linear, multihead, optim, residual, softmax)
-from tests.helpers import host, randn
+from tests.helpers import assert_same_bits, host, randn
+from tests.kernels.cuda import emulator
 from tests.kernels.cuda.conftest import assert_close
 
 
@@ -236,11 +239,9 @@ def test_a_training_step_gives_the_same_bits_with_its_threads_reversed(fx, reque
     keep (the flash kernels: test_flash_attention's test of their threads' order)."""
     if fx.name != "emulated":
         pytest.skip("the emulator's schedules; a GPU keeps its own")
-    import contextlib
     from npformer.models.gpt import GPT, GPTConfig
     from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
     from npformer.training.optim import AdamW, clip_grad_norm
-    from tests.kernels.cuda import emulator
     idx = np.random.default_rng(0).integers(0, 11, (2, 7))
     tgt = np.random.default_rng(1).integers(0, 11, (2, 7))
 
@@ -266,5 +267,4 @@ def test_a_training_step_gives_the_same_bits_with_its_threads_reversed(fx, reque
         again = step()
     assert len(first) == len(again) > 2 and all(np.isfinite(a).all() for a in first)
     for a, b in zip(first, again):
-        bits = [np.ascontiguousarray(x).view(np.uint8) for x in (a, b)]
-        np.testing.assert_array_equal(bits[1], bits[0])
+        assert_same_bits(b, a)
