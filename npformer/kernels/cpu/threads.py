@@ -45,6 +45,7 @@ caller that arrives while the pool is busy runs its tasks one after another on i
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import queue
 import threading
@@ -52,6 +53,7 @@ import time
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy
+from numpy.lib import NumpyVersion
 
 from npformer.checks import positive_int
 
@@ -66,6 +68,7 @@ __all__ = ["get_num_threads", "set_num_threads", "usable_cpus", "within_cpus", "
 
 BUSY_PREEMPTIONS_PER_SECOND = 15   # a quiet machine: about 3; a CPU hog beside each core: about 95
 BUSY_WINDOW_SECONDS = 0.25         # how often the count is read (the state holds in between)
+_ERRSTATE_IN_CONTEXT = NumpyVersion(numpy.__version__) >= "2.0.0"   # numpy.errstate in a context variable
 
 
 def usable_cpus() -> int:
@@ -86,7 +89,7 @@ def within_cpus(n: int, name: str) -> tuple[int, str | None]:
     return cpus, f"{name} {n} is more than the {cpus} CPUs this process may use; using {cpus}"
 
 
-_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None}
+_state: dict[str, Any] = {"threads": None, "workers": [], "blas": None, "switches": None}
 _busy = threading.Lock()        # held by the thread whose tasks the workers run
 _local = threading.local()      # .inside: running a part of a parallel region; .busy, .preemptions: machine_busy()
 
@@ -177,24 +180,51 @@ def _blas_controllers() -> list:
     return _state["blas"]
 
 
+def _blas_switches() -> list[tuple[Callable[[], int], Callable[[int], Any]]]:
+    """(get, set) of each BLAS library's thread count, found once: OpenBLAS's own C functions where
+    threadpoolctl can name them, its methods otherwise. The functions are what threadpoolctl calls
+    for an OpenBLAS on its own threads, without its lookup of the symbol on every call (on the
+    development VM a region's read, lower and restore took 20 us through threadpoolctl and 5 us
+    direct; a gpt-tiny step on 2 threads makes about 40 regions)."""
+    if _state["switches"] is None:
+        switches = []
+        for c in _blas_controllers():
+            get = put = None
+            if c.internal_api == "openblas" and getattr(c, "threading_layer", None) == "pthreads":
+                try:                         # threadpoolctl's symbol lookup (its naming of every OpenBLAS build)
+                    get, put = c._get_symbol("openblas_get_num_threads"), c._get_symbol("openblas_set_num_threads")
+                except Exception:
+                    get = put = None
+            if get is None or put is None:
+                get, put = (lambda c=c: c.num_threads), c.set_num_threads
+            switches.append((get, put))
+        _state["switches"] = switches
+    return _state["switches"]
+
+
 class _Part:
     """One task of a region: whichever thread claims it first (a pool thread, or the caller once its
     own part is done) runs it; ``done`` is released when a pool thread that claimed it has finished.
-    It runs under the caller's NumPy floating-point error handling (``errors``, numpy.geterr()), which
-    is kept per thread: a caller's ``numpy.errstate`` holds for the parts a pool thread runs too."""
+    It runs in a copy of the caller's context (:func:`contextvars.copy_context`), where NumPy from
+    2.0 on keeps its floating-point error handling; under an older NumPy, which keeps it per thread,
+    with the caller's ``numpy.geterr()`` set on the thread that runs it. Either way a caller's
+    ``numpy.errstate`` holds for the parts a pool thread runs too. (``numpy.geterr`` costs several
+    microseconds a call, the context's copy a fraction of one.)"""
 
-    __slots__ = ("fn", "errors", "claim", "done", "outcome")
+    __slots__ = ("fn", "context", "errors", "claim", "done", "outcome")
 
-    def __init__(self, fn: Callable[[], Any], errors: dict) -> None:
-        self.fn, self.errors, self.claim, self.done = fn, errors, threading.Lock(), threading.Lock()
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.context = fn, contextvars.copy_context()
+        self.errors = None if _ERRSTATE_IN_CONTEXT else numpy.geterr()
+        self.claim, self.done = threading.Lock(), threading.Lock()
         self.done.acquire()
         self.outcome: tuple = (None, None)
 
     def run(self) -> None:
         try:
-            if numpy.geterr() != self.errors:
+            if self.errors is not None and numpy.geterr() != self.errors:
                 numpy.seterr(**self.errors)      # (a pool thread's: it runs npformer's parts alone)
-            self.outcome = (_run_part(self.fn), None)
+            self.outcome = (self.context.run(_run_part, self.fn), None)
         except BaseException as e:          # handed back to the caller by run_parallel
             self.outcome = (None, e)
 
@@ -273,8 +303,7 @@ def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = 
         return [_run_part(fn) for fn in tasks]
     try:
         with _blas_at_one_thread():
-            errors = numpy.geterr()
-            parts = [_Part(fn, errors) for fn in tasks[1:]]
+            parts = [_Part(fn) for fn in tasks[1:]]
             for worker, part in zip(_workers(len(parts)), parts):
                 worker.parts.put(part)
             try:
@@ -298,12 +327,14 @@ def run_parallel(tasks: Sequence[Callable[[], Any]], *, blas_one_thread: bool = 
 @contextlib.contextmanager
 def _blas_at_one_thread() -> Iterator[None]:
     """BLAS held to one thread inside the block, its setting restored after."""
-    blas = _blas_controllers()
-    before = [c.num_threads for c in blas]
+    switches = _blas_switches()
+    before = [get() for get, _ in switches]
     try:
-        for c in blas:
-            c.set_num_threads(1)
+        for (_, put), n in zip(switches, before):
+            if n != 1:
+                put(1)
         yield
     finally:
-        for c, n in zip(blas, before):
-            c.set_num_threads(n)
+        for (_, put), n in zip(switches, before):
+            if n != 1:
+                put(n)

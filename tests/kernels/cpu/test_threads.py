@@ -45,9 +45,14 @@ def test_an_exception_is_raised_after_every_part_has_finished(thread_count):
     assert threads.run_parallel([lambda: 1, lambda: 2, lambda: 3]) == [1, 2, 3]   # the pool still works
 
 
-def test_parts_run_under_the_callers_floating_point_error_handling(thread_count):
-    """NumPy keeps its error handling per thread: a caller's numpy.errstate holds for the parts the
-    pool's threads run too, so a 0/0 raises, warns or stays silent as it would on one thread."""
+@pytest.mark.parametrize("in_context", [True, False], ids=["numpy>=2 context", "numpy<2 geterr"])
+def test_parts_run_under_the_callers_floating_point_error_handling(monkeypatch, thread_count, in_context):
+    """A caller's numpy.errstate holds for the parts the pool's threads run too, so a 0/0 raises,
+    warns or stays silent as it would on one thread: carried in the caller's context (NumPy 2) or
+    set from its numpy.geterr() (older NumPy's per-thread state; here both carry it)."""
+    if in_context and not threads._ERRSTATE_IN_CONTEXT:
+        pytest.skip("this NumPy keeps numpy.errstate per thread, not in a context variable")
+    monkeypatch.setattr(threads, "_ERRSTATE_IN_CONTEXT", in_context)
     thread_count(3)
     late = lambda: (time.sleep(0.2), None)[1]          # the caller's part: the workers take theirs
     zero = lambda: (threading.current_thread().name, np.zeros(2) / np.zeros(2))
@@ -67,7 +72,7 @@ def test_a_part_whose_worker_has_not_started_it_runs_on_the_callers_thread(threa
     thread_count(2)
     worker = threads._workers(1)[0]
     held, release = threading.Event(), threading.Event()
-    blocker = threads._Part(lambda: (held.set(), release.wait(10)), np.geterr())
+    blocker = threads._Part(lambda: (held.set(), release.wait(10)))
     worker.parts.put(blocker)
     assert held.wait(10)                                            # the worker is inside the blocker
     ran = []
