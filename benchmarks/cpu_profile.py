@@ -24,6 +24,9 @@ op) and prints the share of it spent in matrix products (``aten::mm``, ``addmm``
 implementation with the same BLAS speed can reach against PyTorch.
 Both libraries run the model's dropout rate (the suite's: 0.1 but where a model says its own), or
 ``--dropout P`` in both.
+The pool's regions (on more than one thread): how many a step, and how their time divides between
+setting up (until the calling thread starts its own part), the caller's own part, and waiting
+after it for the pool's parts (:func:`timed_regions`): what the second core costs in hand-offs.
 Like ``npformer train`` and the benchmark suite, it keeps freed memory for reuse
 (:func:`npformer.backend.host_memory.retain_freed_memory`), so no step pays page faults.
 """
@@ -35,6 +38,7 @@ import dataclasses
 import os
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from typing import Callable
@@ -45,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import npformer                                                       # noqa: E402
 from npformer import dispatch, kernels                                # noqa: E402
+from npformer.kernels.cpu import threads                              # noqa: E402
 from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend                          # noqa: E402
 from npformer.bench.steps import MODELS, _npformer_step  # noqa: E402
@@ -70,18 +75,22 @@ def _step_ms(m, B: int, T: int, steps: int) -> tuple[float, Callable[[], None]]:
 
 
 @contextlib.contextmanager
-def timed_fast_paths(total: Counter):
+def timed_fast_paths(total: Counter, running: list | None = None):
     """Inside the block, every fast path's run adds its seconds to ``total[op/path]``, less the time
-    of the fast paths it calls itself (each second counted once)."""
+    of the fast paths it calls itself (each second counted once); ``running``, when given, holds the
+    names of those running on the calling thread, innermost last."""
     stack: list[float] = []
+    names = running if running is not None else []
 
     def timed(name: str, run: Callable) -> Callable:
         def run_timed(*args, **kwargs):
             start = time.perf_counter()
             stack.append(0.0)
+            names.append(name)
             try:
                 return run(*args, **kwargs)
             finally:
+                names.pop()
                 seconds, inner = time.perf_counter() - start, stack.pop()
                 total[name] += seconds - inner
                 if stack:
@@ -99,6 +108,64 @@ def timed_fast_paths(total: Counter):
             op.fast_paths[:] = saved[name]
 
 
+@contextlib.contextmanager
+def timed_regions(total: Counter, running: list | None = None):
+    """Inside the block, each region of the CPU pool (``threads.run_parallel`` with more than one
+    part) adds to ``total``: "regions", and the seconds of "region" (from BLAS's switch to one
+    thread until every part has finished), "before" (until the calling thread starts its own part:
+    the switch, the hand-off to the pool), "own" (the caller's part) and "after" (the caller
+    waiting for the pool's parts, or running those the pool had not started: "stolen" counts
+    them); with ``running`` (:func:`timed_fast_paths`' names) the same again under "name/field" for
+    the fast path that made the region. It wraps the module's own helpers, which ``run_parallel``
+    looks up at each call."""
+    state: dict = {}
+    blas_at_one, run_part, part_class = threads._blas_at_one_thread, threads._run_part, threads._Part
+
+    @contextlib.contextmanager
+    def region():
+        outer = dict(state)
+        state.update(start=time.perf_counter(), parts=0, caller=threading.get_ident(), own=None,
+                     op=running[-1] if running else None)
+        try:
+            with blas_at_one():
+                yield
+        finally:
+            if state["parts"] and state["own"] is not None:
+                now = time.perf_counter()
+                times = {"regions": 1, "region": now - state["start"], "before": state["own"][0] - state["start"],
+                         "own": state["own"][1] - state["own"][0], "after": now - state["own"][1]}
+                for field, value in times.items():
+                    total[field] += value
+                    if state["op"]:
+                        total[f"{state['op']}/{field}"] += value
+            state.clear()
+            state.update(outer)
+
+    def counted_part(fn):
+        if state:
+            state["parts"] += 1
+        return part_class(fn)
+
+    def timed_run_part(fn):
+        mine = bool(state) and threading.get_ident() == state["caller"]
+        if not mine:
+            return run_part(fn)
+        if state["own"] is not None:
+            total["stolen"] += 1
+            return run_part(fn)
+        start = time.perf_counter()
+        try:
+            return run_part(fn)
+        finally:
+            state["own"] = (start, time.perf_counter())
+
+    threads._blas_at_one_thread, threads._run_part, threads._Part = region, timed_run_part, counted_part
+    try:
+        yield total
+    finally:
+        threads._blas_at_one_thread, threads._run_part, threads._Part = blas_at_one, run_part, part_class
+
+
 def model_spec(model: str, dropout: float | None = None):
     """The suite's spec of ``model`` (a ModelSpec), with ``dropout`` in place of its own rate when given."""
     return MODELS[model] if dropout is None else dataclasses.replace(MODELS[model], dropout=dropout)
@@ -111,7 +178,8 @@ def profile(model: str, steps: int, dropout: float | None = None) -> dict:
     fixed, _ = _step_ms(m, 1, 1, steps)
     calls = count_calls(step)
     ops = Counter({name: n for name, n in calls.items() if name.startswith("ops/") and name.split(":")[1][0] != "_"})
-    with timed_fast_paths(Counter()) as seconds:
+    running: list = []
+    with timed_fast_paths(Counter(), running) as seconds, timed_regions(Counter(), running) as regions:
         for _ in range(steps):
             step()
     op_ms = [(name, 1e3 * s / steps) for name, s in seconds.most_common()]
@@ -119,7 +187,7 @@ def profile(model: str, steps: int, dropout: float | None = None) -> dict:
             "shape": f"B={B} T={T} d={m.d} H={m.H} L={m.L} F={m.F} V={m.V}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,
             "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14),
-            "op_ms": op_ms}
+            "op_ms": op_ms, "regions": {k: v / steps for k, v in regions.items()}}
 
 
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
@@ -185,6 +253,17 @@ def main(argv=None) -> int:
         for name, ms in r["op_ms"]:
             print(f"    {ms:7.2f} ms  {name}")
         print(f"    {sum(ms for _, ms in r['op_ms']):7.2f} ms  in all")
+    g = r["regions"]
+    if g.get("regions"):
+        print(f"  the pool's regions a step: {g['regions']:.0f}, {1e3 * g['region']:.2f} ms in all: "
+              f"{1e3 * g['before']:.2f} ms before the calling thread starts its own part, "
+              f"{1e3 * g['own']:.2f} ms in it, {1e3 * g['after']:.2f} ms after it (waiting for the pool's parts, "
+              f"or running the {g.get('stolen', 0):.1f} a step the pool had not started); per region, in us:")
+        ops = sorted({k.rsplit("/", 1)[0] for k in g if "/" in k}, key=lambda op: -g[f"{op}/regions"])
+        for op in ops:
+            n = g[f"{op}/regions"]
+            print(f"    {n:4.0f} a step  {op + ':':48s} {1e6 * g[f'{op}/region'] / n:6.0f} in all, "
+                  + ", ".join(f"{1e6 * g[f'{op}/{field}'] / n:.0f} {field}" for field in ("before", "own", "after")))
     if args.torch:
         t = torch_profile(args.model, args.steps, args.dropout)
         print(f"PyTorch {t['torch']}, {t['threads']} thread(s): step {t['step_ms']:.1f} ms (median of {args.steps}); "

@@ -978,3 +978,27 @@ def test_a_busy_machine_and_disagreeing_repeats_are_said_beside_the_results(monk
                for n in notes)
     text = report.markdown(result)
     assert "Load average (1 min): 7.5 before the run" in text and "]~" in text
+
+
+def test_cpu_profile_times_the_pools_regions():
+    """timed_regions: a region of the pool adds its count and its time, split into the set-up, the
+    calling thread's own part and the wait after it, in all and under the fast path running; a
+    single task adds nothing; the pool's helpers are its own again after the block."""
+    import time
+    from collections import Counter
+    from benchmarks import cpu_profile
+    from npformer.kernels.cpu import threads
+    before = (threads.get_num_threads(), threads._blas_at_one_thread, threads._run_part, threads._Part)
+    threads.set_num_threads(2, blas=False)
+    try:
+        running = ["gelu_forward (cpu)"]                                 # as timed_fast_paths names it
+        with cpu_profile.timed_regions(Counter(), running) as total:
+            threads.run_parallel([lambda: time.sleep(0.02), lambda: time.sleep(0.06)])
+            threads.run_parallel([lambda: time.sleep(0.01)], blas_one_thread=True)
+        assert total["regions"] == total["gelu_forward (cpu)/regions"] == 1
+        assert total["gelu_forward (cpu)/after"] == total["after"]
+        assert 0.015 < total["own"] < 0.05 and total["after"] > 0.02       # it waited for the longer part
+        assert abs(total["before"] + total["own"] + total["after"] - total["region"]) < 1e-9
+        assert (threads._blas_at_one_thread, threads._run_part, threads._Part) == before[1:]
+    finally:
+        threads.set_num_threads(before[0], blas=False)
