@@ -11,7 +11,10 @@ error instead of hanging. They run in the threads' order, or last first within
 :func:`reversed_schedule`, which shows a race the forward order hides. Shared memory (every
 ``__shared__`` variable, and a flash kernel's ``NPF_FA_SHARED`` buffer) holds 0xff bytes (NaN in every
 float type) at each block's start, where a GPU's holds what an earlier block left: a read of bytes the
-block never wrote gives NaN, not zeros by luck.
+block never wrote gives NaN, not zeros by luck. Likewise a thread's local variables (a GPU's
+registers) start as 0xfe bytes (g++'s ``-ftrivial-auto-var-init=pattern``, GCC 12 or later: -1.7e38
+as a float), so an accumulator array the kernel forgets to zero does not start from a fiber's stale
+stack; a scalar read before its first write is undefined in C++ too, and the compiler may fold it.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
 and ``npf_mma_16816_bf16`` (m16n8k16, float16 or bfloat16 in, float32 accumulate, the PTX ISA's
@@ -62,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import re
 import shutil
@@ -692,15 +696,25 @@ def _trampolines(kernels) -> str:
     return "\n".join(text)
 
 
+@functools.lru_cache(maxsize=None)
+def locals_pattern() -> tuple[str, ...]:
+    """g++'s option that starts every local variable as 0xfe bytes, where this g++ has it (GCC 12 on)."""
+    flag = "-ftrivial-auto-var-init=pattern"
+    probe = subprocess.run(["g++", flag, "-x", "c++", "-fsyntax-only", "-"], input="", capture_output=True, text=True)
+    return (flag,) if probe.returncode == 0 else ()
+
+
 def build(directory: Path, kernels_source: str = KERNELS_SOURCE, name_expressions=()) -> Path:
     """Compiles the kernels with the shim into a shared library in ``directory`` (cached by hash): every
     ``extern "C"`` kernel of the source and each of ``name_expressions`` (as CuPy's RawModule takes them)."""
     source = SHIM + kernels_source + "\n" + _trampolines(_kernels(kernels_source, name_expressions))
-    lib = Path(directory) / f"npf_emulated_{hashlib.sha256(source.encode()).hexdigest()[:16]}.so"
+    options = ["-std=c++17", "-O1", "-ffp-contract=off", *locals_pattern(), "-shared", "-fPIC"]
+    key = hashlib.sha256((" ".join(options) + "\n" + source).encode()).hexdigest()[:16]
+    lib = Path(directory) / f"npf_emulated_{key}.so"
     if not lib.exists():
         src = lib.with_suffix(".cpp")
         src.write_text(source)
-        cmd = ["g++", "-std=c++17", "-O1", "-ffp-contract=off", "-shared", "-fPIC", "-o", str(lib), str(src)]
+        cmd = ["g++", *options, "-o", str(lib), str(src)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"g++ failed on the emulated kernels:\n{res.stderr[-4000:]}")

@@ -331,3 +331,32 @@ def test_the_emulator_refuses_a_write_to_a_cp_async_destination_before_its_wait(
     with pytest.raises(AssertionError, match="destination was written before its wait"):
         module.get_function("npf_test_write_before_the_wait")((1,), (32,), (np.ones(128, np.float32),
                                                                             np.zeros(32, np.float32)))
+
+
+_UNINITIALISED_LOCALS = r"""
+extern "C" __global__ void npf_test_accumulator_never_zeroed(const float* x, float* out, int zeroed) {
+    // a register accumulator that the kernel forgets to zero: what it starts from is undefined on a GPU
+    float acc[4];
+    if (zeroed)
+        for (int i = 0; i < 4; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < 4; ++i) acc[i] += x[threadIdx.x * 4 + i];
+    for (int i = 0; i < 4; ++i) out[threadIdx.x * 4 + i] = acc[i];
+}
+"""
+
+
+def test_the_emulator_starts_a_threads_local_arrays_with_a_pattern_not_zeros(tmp_path):
+    """The kernels' local variables are compiled with -ftrivial-auto-var-init=pattern: an accumulator never
+    zeroed starts from 0xfe bytes (-1.7e38 as a float), not from the zeros or the previous thread's values a
+    fiber's stack may hold, so the forgotten initialisation cannot pass."""
+    module = emulator.emulated_module(tmp_path, _UNINITIALISED_LOCALS)
+    if not emulator.locals_pattern():
+        pytest.skip("this g++ has no -ftrivial-auto-var-init=pattern (GCC 12 or later has it)")
+    x = np.arange(128, dtype=np.float32)
+    for zeroed in (1, 0):
+        out = np.zeros(128, np.float32)
+        module.get_function("npf_test_accumulator_never_zeroed")((1,), (32,), (x, out, np.int32(zeroed)))
+        if zeroed:
+            np.testing.assert_array_equal(out, x)
+        else:
+            assert (out < -1e38).all()
