@@ -2,7 +2,8 @@
 
 * ``emulated``: the kernels' CUDA C compiled by g++ and run on NumPy arrays (tests/kernels/cuda/
   emulator.py), with the CUDA package's array module and kernel loader swapped for the test (so
-  NumPy arrays count as device arrays: the dispatcher sends them to the CUDA paths); the flash
+  NumPy arrays count as device arrays: the dispatcher sends them to the CUDA paths) and
+  ``numpy.empty`` giving 0xff bytes (NaN), as CuPy's pool gives an earlier array's bytes; the flash
   attention module is built apart, on first use;
 * ``cuda``: the real thing, marked ``gpu`` and skipped when CuPy or a device is absent.
 
@@ -84,6 +85,7 @@ def fx(request, monkeypatch):
         monkeypatch.setattr(home, "numpy_floats", lambda *arrays: False)
     monkeypatch.setattr(numba_cpu, "AVAILABLE", False)                # nor the compiled CPU paths' (numba installed)
     monkeypatch.setattr(runtime, "array_module", lambda: np)
+    monkeypatch.setattr(np, "empty", emulator.stale_empty)            # as CuPy's pool: old bytes (here NaN), not zeros
     monkeypatch.setattr(runtime, "address", lambda a: a.ctypes.data)
     monkeypatch.setattr(runtime, "compute_capability", lambda: 90)     # an H100: float16 on tensor cores
     monkeypatch.setattr(runtime, "float32_on_tf32", lambda: False)     # float32 exact unless a test opts in

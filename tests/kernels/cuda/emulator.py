@@ -15,6 +15,8 @@ block never wrote gives NaN, not zeros by luck. Likewise a thread's local variab
 registers) start as 0xfe bytes (g++'s ``-ftrivial-auto-var-init=pattern``, GCC 12 or later: -1.7e38
 as a float), so an accumulator array the kernel forgets to zero does not start from a fiber's stale
 stack; a scalar read before its first write is undefined in C++ too, and the compiler may fold it.
+And the tests' ``numpy.empty`` (:func:`stale_empty`, what the CUDA wrappers allocate their outputs
+with here) gives 0xff bytes, as CuPy's pool gives an earlier array's: an element no thread writes is NaN.
 
 Warp collectives (:mod:`npformer.kernels.cuda.warp_source`): ``__shfl_xor_sync``, ``npf_mma_16816``
 and ``npf_mma_16816_bf16`` (m16n8k16, float16 or bfloat16 in, float32 accumulate, the PTX ISA's
@@ -694,6 +696,19 @@ def _trampolines(kernels) -> str:
                     f"void** args) {{\n    return {launch};\n}}\n"
                     f'extern "C" int npf_sizes_{i}(long long* sizes) {{ return npf_param_sizes(&{name}, sizes); }}\n')
     return "\n".join(text)
+
+
+_NUMPY_EMPTY = np.empty
+
+
+def stale_empty(shape, dtype=float, order="C", **kwargs):
+    """``numpy.empty`` for the emulated tests, where NumPy stands in for CuPy (the CUDA wrappers allocate
+    their outputs through it): an array of 0xff bytes (NaN in every float type). CuPy's memory pool hands
+    out blocks that still hold an earlier array's bytes, so a kernel that leaves part of its output
+    unwritten fails here as it could on a GPU, instead of finding the zeros of fresh host pages."""
+    out = _NUMPY_EMPTY(shape, dtype=dtype, order=order, **kwargs)
+    out.reshape(-1, order="A").view(np.uint8).fill(0xFF)
+    return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -360,3 +360,14 @@ def test_the_emulator_starts_a_threads_local_arrays_with_a_pattern_not_zeros(tmp
             np.testing.assert_array_equal(out, x)
         else:
             assert (out < -1e38).all()
+
+
+def test_the_emulated_cuda_paths_allocate_arrays_holding_old_bytes(fx):
+    """Under the emulation the CUDA wrappers' outputs (NumPy's empty standing in for CuPy's) start as 0xff
+    bytes, NaN in every float type, as a block from CuPy's pool holds an earlier array's bytes: an output
+    element a kernel never writes shows as NaN (or 0xff), not as the zero a fresh host page holds."""
+    if fx.name != "emulated":
+        pytest.skip("on a GPU what CuPy's pool hands out is whatever an earlier array left")
+    xp = runtime.array_module()
+    assert np.isnan(xp.empty((64, 3), dtype=np.float32)).all() and np.isnan(xp.empty((), dtype=np.float64))
+    assert (xp.empty(5, dtype=bool).view(np.uint8) == 0xFF).all()
