@@ -8,7 +8,7 @@ and every CUDA thread of a block is a fiber (``ucontext``). The fibers run one a
 each ``__syncthreads``, a legal CUDA schedule with the largest skew between threads, so a missing
 barrier changes results here; a barrier that not every thread of the block reaches is reported as an
 error instead of hanging. They run in the threads' order, or last first within
-:func:`reversed_schedule`, which shows a race the forward order hides. Shared memory (every
+:func:`reversed_schedule` (the blocks too), which shows a race the forward order hides. Shared memory (every
 ``__shared__`` variable, and a flash kernel's ``NPF_FA_SHARED`` buffer) holds 0xff bytes (NaN in every
 float type) at each block's start, where a GPU's holds what an earlier block left: a read of bytes the
 block never wrote gives NaN, not zeros by luck. Likewise a thread's local variables (a GPU's
@@ -111,8 +111,9 @@ static std::vector<std::vector<char>> npf_stacks;
 static size_t npf_current;
 static const std::function<void()>* npf_body;
 static int npf_error;
-// 1: warps and the lanes of each run last first (the threads' order reversed), so that a race the forward
-// order hides (a thread reading what a later one writes before a barrier) shows; set by reversed_schedule
+// 1: blocks, warps and the lanes of each run last first (the threads' order reversed), so that a race the
+// forward order hides (a thread reading what a later one writes before a barrier, a block reading what a later
+// block writes) shows; set by reversed_schedule
 extern "C" { int npf_reversed = 0; }
 
 // Shared memory holds 0xff bytes (NaN in every float type) at each block's start, where a GPU's holds what
@@ -581,8 +582,9 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     npf_error = 0;
     npf_copy_race = false;
     if (npf_stacks.size() < n) npf_stacks.resize(n, std::vector<char>(1 << 16));
-    for (unsigned j = 0; j < gy; ++j) {
-        for (unsigned i = 0; i < gx; ++i) {
+    for (unsigned jj = 0; jj < gy; ++jj) {
+        for (unsigned ii = 0; ii < gx; ++ii) {
+            const unsigned i = npf_reversed ? gx - 1 - ii : ii, j = npf_reversed ? gy - 1 - jj : jj;
             blockIdx = {i, j, 0};
             ++npf_block_serial;
             npf_shared_variables_at_block_start();
@@ -745,9 +747,10 @@ def emulated_module(directory: Path, kernels_source: str = KERNELS_SOURCE, name_
 
 @contextlib.contextmanager
 def reversed_schedule(module: "EmulatedModule"):
-    """Within it, ``module``'s kernels run their warps, and each warp's lanes, last first: a kernel whose
-    results depend on its threads' order (a missing barrier, a race between lanes) gives others than in
-    the forward order, which every other test runs."""
+    """Within it, ``module``'s kernels run their blocks, each block's warps and each warp's lanes last
+    first: a kernel whose results depend on its threads' order (a missing barrier, a race between lanes,
+    a block reading what another block writes) gives others than in the forward order, which every
+    other test runs."""
     flag = ctypes.c_int.in_dll(module.lib, "npf_reversed")
     flag.value = 1
     try:

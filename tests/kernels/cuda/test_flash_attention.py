@@ -549,7 +549,7 @@ def wgmma(fx):
 def test_the_kernels_results_do_not_depend_on_their_threads_order(fx, request, monkeypatch, dtype, hs, tq, tk, kind,
                                                                    fwd):
     """Emulated: each kind of kernel (SIMT general and dense, TF32, float16 general, dense and Hopper) run
-    again with its warps, and each warp's lanes, last first (emulator.reversed_schedule) gives out, lse, dq,
+    again with its blocks, warps and each warp's lanes last first (emulator.reversed_schedule) gives out, lse, dq,
     dk, dv bit for bit as in the threads' order, so no result hangs on a race the forward order hides (a
     thread reading before a barrier what a later thread writes). The kernels have no atomics: their sums'
     order is fixed."""

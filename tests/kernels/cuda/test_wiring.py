@@ -233,8 +233,8 @@ def test_the_layers_and_the_training_loss_call_the_fused_ops(called, norm_first)
 
 def test_a_training_step_gives_the_same_bits_with_its_threads_reversed(fx, request, seen):
     """Emulated: a float32 GPT step (dropout, GELU, layer norms, the attention softmax, cross-entropy, the
-    gradient norm and AdamW: the fused kernels on the way) run again with each block's warps, and each warp's
-    lanes, last first (emulator.reversed_schedule) gives the loss, the norm, every gradient and every updated
+    gradient norm and AdamW: the fused kernels on the way) run again with its blocks, each block's warps and
+    each warp's lanes last first (emulator.reversed_schedule) gives the loss, the norm, every gradient and every updated
     weight bit for bit, so no kernel's result hangs on the order its threads run in, which a GPU does not
     keep (the flash kernels: test_flash_attention's test of their threads' order)."""
     if fx.name != "emulated":
