@@ -1002,3 +1002,29 @@ def test_cpu_profile_times_the_pools_regions():
         assert (threads._blas_at_one_thread, threads._run_part, threads._Part) == before[1:]
     finally:
         threads.set_num_threads(before[0], blas=False)
+
+
+def test_blas_products_times_each_library_and_refuses_one_without_sgemm():
+    """benchmarks/blas_products.py: a row per library and thread count (NumPy's, and PyTorch's when
+    installed, with the ratio to it), every cell three products; a --cblas library that exports no
+    cblas_sgemm is refused with the name of what was expected."""
+    import ctypes.util
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "blas_products.py"
+    res = subprocess.run([sys.executable, str(script), "--threads", "1", "--rounds", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| NumPy") or line.startswith("| PyTorch")]
+    assert rows and rows[0].startswith("| NumPy ") and "| 1 |" in rows[0]
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert all(len(c.split(" / ")) == 3 for c in cells[2:7]), row
+    if any(r.startswith("| PyTorch") for r in rows):
+        assert rows[1].rstrip(" |").endswith("1.00x") and rows[0].rstrip(" |").endswith("x")
+    libc = ctypes.util.find_library("c")
+    if libc is None:
+        pytest.skip("no C library found to offer as a --cblas library without sgemm")
+    res = subprocess.run([sys.executable, str(script), "--rounds", "2", "--cblas", libc],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode != 0 and "expected a library exporting one of cblas_sgemm" in res.stderr
