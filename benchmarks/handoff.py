@@ -16,7 +16,9 @@ Three measurements, each the median (and the quartiles) over ``--rounds``, on tw
 
 The first two ways are alternated in one process, for every shape; then all three again, BLAS's own
 threads after the others (its workers keep spinning for a while after each call, and would take the
-second core from the pool's thread).
+second core from the pool's thread), with a pause after them before the next shape: without it, the
+next shape's cut on the pool met those workers and ran slower than one thread (the Intel VM,
+2026-12-02: 553-843 us against 405-497 in the first pass).
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import npformer                                                       # noqa: E402
 from npformer.kernels.cpu import threads                              # noqa: E402
 
+BLAS_SPIN_SECONDS = 0.3   # OpenBLAS's workers spin for about 0.1 s after a call before they sleep
 SHAPES = ((768, 128, 384), (768, 128, 128), (768, 128, 512), (768, 512, 128))   # (rows, in, out)
 
 
@@ -109,6 +112,7 @@ def product(rounds: int, n: int, c_in: int, c_out: int, blas_threads: bool) -> d
     if blas_threads:
         with threadpool_limits(2, user_api="blas"):
             spans["whole, BLAS's 2 threads"] = [timed(whole) for _ in range(rounds)]
+        time.sleep(BLAS_SPIN_SECONDS)        # the next shape's pool cut must not meet BLAS's spinning workers
     return spans
 
 
