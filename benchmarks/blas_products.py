@@ -40,6 +40,7 @@ from threadpoolctl import ThreadpoolController
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from npformer.bench.harness import time_call                           # noqa: E402
 from npformer.bench.steps import MODELS                                 # noqa: E402
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
@@ -172,15 +173,9 @@ class CBlas:
         return limited(self.filepath, n)
 
 
-def time_us(fn, calls: int = 20) -> float:
-    for _ in range(5):
-        fn()
-    walls = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(walls)
+def time_us(fn) -> float:
+    """The median of 20 calls after 5 untimed ones (the suite's clock), in microseconds."""
+    return 1e3 * time_call(fn, lambda: None, warmup=5, repeats=20, budget_s=1.0)["ms"]
 
 
 def check(lib, operands: list[Operands]) -> float:
