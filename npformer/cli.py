@@ -60,9 +60,9 @@ from pathlib import Path
 from npformer.backend import BACKENDS
 from npformer.checks import non_negative_int, positive_int, real
 from npformer.data.corpus import SAMPLE_PROMPT
-from npformer.errors import NpformerError, RangeError
+from npformer.errors import DistributedError, NpformerError, RangeError
 from npformer.files import check_output_dir, remove_files, staged_directory
-from npformer.launcher import launcher_rank
+from npformer.launcher import launched_by_mpi, launcher_rank
 from npformer.study import EXPERIMENTS
 from npformer.training.config import (CONFIGS, FIELDS, MODELS, SYNONYMS, choices, config_from_dict, flag,
                                       make_config, models_with, options_from_file, synonym_value, unknown_setting)
@@ -206,10 +206,14 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from npformer.distributed.local import local_world
+    from npformer.kernels.cpu.threads import usable_cpus
     from npformer.training.registry import make_trainer
 
     from_file = options_from_file(args.config) if args.config else {}    # --config FILE, then the flags
     flags = {name: value for name, value in vars(args).items() if name in FIELDS and value is not None}
+    if local_world() is not None and "threads" not in {**from_file, **flags}:
+        flags["threads"] = max(1, usable_cpus() // local_world()[1])    # a rank of --processes N: its share
     given = {**from_file, **flags}
     source = None
     if args.resume:
@@ -223,6 +227,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     earlier = check_run_target(config, _named_run_directory(config, flags, from_file, args.config),
                                resumed_from=source, overwrite=args.overwrite)
     _check_precision(config)
+    if args.processes is not None and local_world() is None and _processes(args, config) > 1:
+        from npformer.distributed import run_processes
+        return run_processes(main, args.argv, args.processes)   # this command again, in each rank's process
     if config.backend == "numpy":
         from npformer.backend.host_memory import retain_freed_memory
         retain_freed_memory()                     # each step's arrays reuse the last step's pages
@@ -248,6 +255,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         mark = "ok " if pred == tgt else "ERR"
         print(f"  {mark} {src!r:40} -> {pred!r}" + ("" if pred == tgt else f" (expected {tgt!r})"))
     return 0
+
+
+def _processes(args: argparse.Namespace, config) -> int:
+    """``--processes N`` checked before any process starts (a mistake is reported once): N CPU
+    processes of this machine, one rank each (:mod:`npformer.distributed.local`); 1 is a plain run."""
+    from npformer.kernels.cpu.threads import usable_cpus
+
+    n = positive_int(args.processes, "--processes")
+    if launched_by_mpi():
+        raise DistributedError("--processes starts its own processes; under mpirun, give the number of "
+                               "processes to mpirun -n instead")
+    if config.backend != "numpy":
+        raise DistributedError(f"--processes trains on CPU processes (--backend numpy), got --backend "
+                               f"{config.backend}; on GPUs use mpirun -n N npformer train --backend cupy")
+    cpus = usable_cpus()
+    if n > cpus:
+        raise RangeError(f"--processes {n} is more than the {cpus} CPUs this process may use")
+    return n
 
 
 def _named_run_directory(config, flags: dict, from_file: dict, config_file: str | None) -> str:
@@ -555,6 +580,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "run directory's config.json, metrics and checkpoints, an existing --checkpoint file): they are "
                    "removed when the run starts; without it such a run directory or file is an error, never replaced")
     t.add_argument("--reference", action="store_true", help=REFERENCE_HELP)
+    t.add_argument("--processes", type=int, metavar="N", help="train data-parallel on N processes of this "
+                   "machine (CPU, no MPI needed), as mpirun -n N npformer train does: each takes its rows of the "
+                   "global batch, on CPUs / N threads unless --threads says; on a small model 2 processes use 2 "
+                   "cores better than one process on 2 threads")
     t.add_synonyms(TRAIN_ALIASES)
     t.set_defaults(func=cmd_train)
 
@@ -686,6 +715,7 @@ def _run_command(argv: list[str]) -> int:
         args = experiment_parser(argv[1]).parse_args(argv[2:])
     else:
         args = build_parser().parse_args(argv)
+    args.argv = argv                  # npformer train --processes N runs it again in each process
     prog = "npformer " + args.command + (f" {args.study}" if args.command == "study" else "")
     try:
         if args.command != "train" and isinstance(getattr(args, "checkpoint", None), str):

@@ -6,7 +6,8 @@ optimiser step and the weights stay equal. ``mpirun -n N npformer train ...`` do
 :class:`DataParallel` does it in a loop of your own. The layers, bottom-up:
 
     communicator     the interface: rank, size, all_reduce, broadcast, barrier
-    mpi, nccl        its two implementations: MPI through mpi4py (NumPy arrays), NCCL through CuPy
+    mpi, nccl        its implementations: MPI through mpi4py (NumPy arrays), NCCL through CuPy,
+    local            and shared memory between the processes of npformer train --processes N
     buckets          gradients packed into a few contiguous buffers, one collective each
     sampler          this rank's rows of the global batch
     data_parallel    DataParallel: checks the ranks agree, broadcasts the weights, reduces gradients
@@ -18,11 +19,12 @@ from npformer.distributed.buckets import DEFAULT_BUCKET_BYTES, Bucket, Buckets, 
 from npformer.distributed.communicator import REDUCE_OPS, Communicator
 from npformer.distributed.data_parallel import DataParallel, ReducedStep, check_same_config, gather_rows
 from npformer.distributed.launch import launched_by_mpi, world_communicator
+from npformer.distributed.local import LocalCommunicator, run_processes
 from npformer.distributed.mpi import MPICommunicator, import_mpi
 from npformer.distributed.nccl import NCCLCommunicator, import_nccl, nccl_world
 from npformer.distributed.sampler import shard_rows, take_shard
 
-__all__ = ["Communicator", "REDUCE_OPS", "MPICommunicator", "NCCLCommunicator", "import_mpi", "import_nccl",
-           "nccl_world", "DataParallel", "ReducedStep", "check_same_config", "gather_rows", "Bucket", "Buckets",
-           "plan_buckets", "pack", "unpack", "DEFAULT_BUCKET_BYTES", "shard_rows", "take_shard",
+__all__ = ["Communicator", "REDUCE_OPS", "MPICommunicator", "LocalCommunicator", "run_processes", "NCCLCommunicator",
+           "import_mpi", "import_nccl", "nccl_world", "DataParallel", "ReducedStep", "check_same_config", "gather_rows",
+           "Bucket", "Buckets", "plan_buckets", "pack", "unpack", "DEFAULT_BUCKET_BYTES", "shard_rows", "take_shard",
            "launched_by_mpi", "world_communicator"]

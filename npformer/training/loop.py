@@ -214,7 +214,8 @@ class Trainer:
         saved = int(meta.get("ranks", 1))
         if saved != self.ranks:
             raise DistributedError(f"{path} was written by a run on {saved} rank(s); resume it on {saved} "
-                                   f"(mpirun -n {saved}), not {self.ranks}, so it continues exactly")
+                                   f"(--processes {saved} or mpirun -n {saved}), not {self.ranks}, so it continues "
+                                   "exactly")
 
     def model_state(self) -> dict:
         """The weights a checkpoint keeps: the float32 masters under mixed precision."""

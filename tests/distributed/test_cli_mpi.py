@@ -76,7 +76,8 @@ def test_a_two_rank_checkpoint_does_not_resume_in_one_process(runs, capsys, tmp_
     path = tmp_path / "c.npz"
     shutil.copy(runs[0] / "first.npz", path)
     assert main(["train", *XL, "--steps", "6", "--checkpoint", str(path), "--resume"]) == 2
-    assert ("was written by a run on 2 rank(s); resume it on 2 (mpirun -n 2), not 1, so it continues exactly"
+    assert ("was written by a run on 2 rank(s); resume it on 2 (--processes 2 or mpirun -n 2), not 1, so it "
+            "continues exactly"
             in capsys.readouterr().err)
 
 
