@@ -18,7 +18,10 @@ wait at a barrier, and every rank reduces the slots in rank order (slot 0, then 
 array, so every rank gets the same bits, whatever the timing; a second barrier keeps the slots until
 every rank has read them. A broadcast is the root's slot read by the others, between the same two
 barriers. A rank that stops breaks the barrier (:func:`run_processes` aborts it), and the others'
-next collective raises a DistributedError instead of waiting for ever.
+next collective raises a DistributedError instead of waiting for ever. Ctrl-C reaches every process
+of the terminal's group, ranks and launcher alike, and each stops as a plain run does. A launcher
+killed outright (SIGKILL) cannot stop its ranks: they run on to their end, or wait at their next
+collective if one of them died too.
 
 Host-side code: it moves arrays between processes and never computes a gradient.
 """
