@@ -134,8 +134,9 @@ def _rank_main(command: Callable[[list[str]], int], argv: list[str], rank: int, 
 
 def run_processes(command: Callable[[list[str]], int], argv: list[str], n: int) -> int:
     """Run ``command(argv)`` (``npformer.cli.main``: a module-level function, which a spawned process
-    imports by name) in ``n`` new processes, ranks 0 .. n - 1 of one data-parallel run, and wait for them. When one fails the barrier is broken, so the others stop at their next
-    collective (terminated after :data:`STOP_GRACE_S` if they do not). Returns rank 0's exit status,
+    imports by name) in ``n`` new processes, ranks 0 .. n - 1 of one data-parallel run, and wait for
+    them. When one fails the barrier is broken, so the others stop at their next collective
+    (terminated after :data:`STOP_GRACE_S` if they do not). Returns rank 0's exit status,
     or the first failing rank's when rank 0 succeeded; 130 after Ctrl-C (which every process of the
     terminal's group receives: each stops as a plain run does)."""
     ctx = multiprocessing.get_context("spawn")           # no fork: BLAS and the pool have threads by now
