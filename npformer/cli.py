@@ -212,8 +212,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from_file = options_from_file(args.config) if args.config else {}    # --config FILE, then the flags
     flags = {name: value for name, value in vars(args).items() if name in FIELDS and value is not None}
-    if local_world() is not None and "threads" not in {**from_file, **flags}:
-        flags["threads"] = max(1, usable_cpus() // local_world()[1])    # a rank of --processes N: its share
+    world = local_world()                         # (rank, size) in a process of --processes N
+    if world is not None and "threads" not in {**from_file, **flags}:
+        flags["threads"] = max(1, usable_cpus() // world[1])    # a rank's share of the CPUs
     given = {**from_file, **flags}
     source = None
     if args.resume:
@@ -227,7 +228,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     earlier = check_run_target(config, _named_run_directory(config, flags, from_file, args.config),
                                resumed_from=source, overwrite=args.overwrite)
     _check_precision(config)
-    if args.processes is not None and local_world() is None and _processes(args, config) > 1:
+    if args.processes is not None and world is None and _processes(args, config) > 1:
         from npformer.distributed import run_processes
         return run_processes(main, args.argv, args.processes)   # this command again, in each rank's process
     if config.backend == "numpy":

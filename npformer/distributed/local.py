@@ -159,8 +159,7 @@ def run_processes(command: Callable[[list[str]], int], argv: list[str], n: int) 
                         barrier.abort()                  # the others' next collective raises
                     failed.append(procs.index(p))
     except KeyboardInterrupt:
-        _stop(procs)
-        return 130
+        return 130                                       # (after the ranks stop, below)
     finally:
         _stop(procs)
         block.close()
