@@ -21,7 +21,9 @@ own products are inside its rows). ``--torch`` times PyTorch's step of the same 
 and at one token (its fixed part, as npformer's), profiles it (``torch.profiler``, self time per ATen
 op) and prints the share of it spent in matrix products (``aten::mm``, ``addmm``, ``bmm``,
 ``baddbmm``): a step can be no faster than its products, so that share bounds what any
-implementation with the same BLAS speed can reach against PyTorch.
+implementation with the same BLAS speed can reach against PyTorch. npformer's own products are timed
+in the step too (:func:`timed_products`), so the last line compares what each library spends outside
+its matrix products: the part of the step that is npformer's own work, not BLAS's.
 Both libraries run the model's dropout rate (the suite's: 0.1 but where a model says its own), or
 ``--dropout P`` in both.
 The pool's regions (on more than one thread): how many a step, and how their time divides between
@@ -166,6 +168,44 @@ def timed_regions(total: Counter, running: list | None = None):
         threads._blas_at_one_thread, threads._run_part, threads._Part = blas_at_one, run_part, part_class
 
 
+@contextlib.contextmanager
+def timed_products(total: Counter):
+    """Inside the block, the linear layers' matrix products (each BLAS call of the CPU fast path,
+    :func:`npformer.kernels.cpu.linear._product`, and the reference's ``matmul`` in
+    :mod:`npformer.ops.linear`; the head's included) add to ``total``: "calls", and "seconds", the
+    wall time during which at least one of them runs on any thread, so two threads' halves of one
+    product count once. They are timed where the step runs them, on the operands the step has just
+    written or read, which is what a step pays for them (a product timed alone, its operands in the
+    cache, takes less). Attention's own products stay in its rows: PyTorch's fused attention keeps
+    them out of its ``aten::mm`` too."""
+    from npformer.kernels.cpu import linear as fast_linear
+    from npformer.ops import linear as reference_linear
+    lock, state = threading.Lock(), {"running": 0, "since": 0.0}
+
+    def timed(product: Callable) -> Callable:
+        def run_timed(*args, **kwargs):
+            with lock:
+                if not state["running"]:
+                    state["since"] = time.perf_counter()
+                state["running"] += 1
+            try:
+                return product(*args, **kwargs)
+            finally:
+                with lock:
+                    state["running"] -= 1
+                    total["calls"] += 1
+                    if not state["running"]:
+                        total["seconds"] += time.perf_counter() - state["since"]
+        return run_timed
+
+    saved = fast_linear._product, reference_linear.matmul
+    fast_linear._product, reference_linear.matmul = timed(saved[0]), timed(saved[1])
+    try:
+        yield total
+    finally:
+        fast_linear._product, reference_linear.matmul = saved
+
+
 def model_spec(model: str, dropout: float | None = None):
     """The suite's spec of ``model`` (a ModelSpec), with ``dropout`` in place of its own rate when given."""
     return MODELS[model] if dropout is None else dataclasses.replace(MODELS[model], dropout=dropout)
@@ -178,6 +218,9 @@ def profile(model: str, steps: int, dropout: float | None = None) -> dict:
     fixed, _ = _step_ms(m, 1, 1, steps)
     calls = count_calls(step)
     ops = Counter({name: n for name, n in calls.items() if name.startswith("ops/") and name.split(":")[1][0] != "_"})
+    with timed_products(Counter()) as products:                      # a pass of its own: no other timers
+        for _ in range(steps):
+            step()
     running: list = []
     with timed_fast_paths(Counter(), running) as seconds, timed_regions(Counter(), running) as regions:
         for _ in range(steps):
@@ -186,6 +229,7 @@ def profile(model: str, steps: int, dropout: float | None = None) -> dict:
     return {"model": model, "dropout": m.dropout,
             "shape": f"B={B} T={T} d={m.d} H={m.H} L={m.L} F={m.F} V={m.V}",
             "threads": npformer.get_num_threads(), "step_ms": full, "fixed_ms": fixed,
+            "products_ms": 1e3 * products["seconds"] / steps, "product_calls": products["calls"] / steps,
             "python_calls": sum(calls.values()), "top": calls.most_common(12), "op_calls": ops.most_common(14),
             "op_ms": op_ms, "regions": {k: v / steps for k, v in regions.items()}}
 
@@ -212,9 +256,10 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
         for _ in range(steps):
             step()
     self_ms = Counter({e.key: e.self_cpu_time_total / 1e3 / steps for e in prof.key_averages()})
-    total = sum(self_ms.values())
+    total, matmul_ms = sum(self_ms.values()), sum(self_ms[k] for k in MATMUL_OPS)
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": step_ms, "fixed_ms": fixed_ms,
-            "profiled_ms": total, "matmul_ms": sum(self_ms[k] for k in MATMUL_OPS), "top": self_ms.most_common(10)}
+            "profiled_ms": total, "matmul_ms": matmul_ms, "top": self_ms.most_common(10),
+            "outside_ms": step_ms - matmul_ms}
 
 
 def main(argv=None) -> int:
@@ -242,6 +287,9 @@ def main(argv=None) -> int:
     print(f"  step {r['step_ms']:.1f} ms (median of {args.steps}); at one token {r['fixed_ms']:.1f} ms: the fixed part "
           f"{100 * r['fixed_ms'] / r['step_ms']:.0f}%, the batch's arithmetic {r['step_ms'] - r['fixed_ms']:.1f} ms; "
           f"{r['python_calls']} calls into npformer a step")
+    print(f"  matrix products (the linear layers' BLAS calls, the head's included; wall time while any runs): "
+          f"{r['products_ms']:.1f} ms a step in {r['product_calls']:.0f} calls; outside them "
+          f"{r['step_ms'] - r['products_ms']:.1f} ms")
     print("  most called npformer functions a step:")
     for name, n in r["top"]:
         print(f"    {n:5d}  {name}")
@@ -272,6 +320,9 @@ def main(argv=None) -> int:
               f"({100 * t['matmul_ms'] / t['profiled_ms']:.0f}%) in matrix products ({', '.join(MATMUL_OPS)})")
         for name, ms in t["top"]:
             print(f"    {ms:7.2f} ms  {name}")
+        ours = r["step_ms"] - r["products_ms"]
+        print(f"Outside the matrix products (the step less their time): npformer {ours:.1f} ms, PyTorch "
+              f"{t['outside_ms']:.1f} ms (its step less their profiled self time): {ours / t['outside_ms']:.2f}x")
     return 0
 
 

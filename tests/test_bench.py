@@ -748,6 +748,35 @@ def test_cpu_profile_splits_a_small_models_step():
     timed = res.stdout.split("time in each fast path a step")[1].splitlines()[1:]
     assert any("linear_backward (" in line for line in timed) and timed[-1].endswith("in all")
     assert float(timed[-1].split()[0]) > 0
+    products = next(line for line in res.stdout.splitlines() if line.startswith("  matrix products ("))
+    step, in_products, calls = (float(v) for v in re.search(r"step ([\d.]+) ms", res.stdout).groups()
+                                + re.search(r"([\d.]+) ms a step in (\d+) calls", products).groups())
+    assert 0 < in_products < step and calls == 51     # gpt-tiny: 4 layers x 12 products (3 a linear), the head's 3
+
+
+def test_cpu_profile_times_the_products_once_however_many_threads_run_them(monkeypatch):
+    """timed_products: the wall time while any product runs, so two threads' halves of a product count
+    once; every call counted, the fast path's and the reference's; both are their own again after."""
+    import threading
+    import time
+    from collections import Counter
+    from benchmarks import cpu_profile
+    from npformer.kernels.cpu import linear as fast_linear
+    from npformer.ops import linear as reference_linear
+    monkeypatch.setattr(fast_linear, "_product", lambda a, b, out: time.sleep(0.05))
+    before = (fast_linear._product, reference_linear.matmul)
+    with cpu_profile.timed_products(Counter()) as total:
+        halves = [threading.Thread(target=fast_linear._product, args=(None, None, None)) for _ in range(2)]
+        start = time.perf_counter()
+        for half in halves:
+            half.start()
+        for half in halves:
+            half.join()
+        wall = time.perf_counter() - start
+        product = reference_linear.matmul(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32))
+    assert total["calls"] == 3 and (product == 3).all()
+    assert 0.05 <= total["seconds"] <= wall + 0.01            # the two halves' 0.1 s of sleep, 0.05 s of wall time
+    assert (fast_linear._product, reference_linear.matmul) == before
 
 
 def test_busy_machine_times_both_thread_counts_quiet_and_busy(tmp_path):
@@ -863,6 +892,9 @@ def test_cpu_profile_gives_pytorchs_matmul_share():
     share = float(re.search(r"\((\d+)%\) in matrix products", line).group(1))
     assert 0 < share < 100 and "in matrix products (aten::mm" in line
     assert float(re.search(r"at one token ([\d.]+) ms", line).group(1)) > 0
+    ours, theirs, ratio = re.search(r"^Outside the matrix products \(the step less their time\): npformer ([\d.]+) ms, "
+                                    r"PyTorch ([\d.]+) ms .*: ([\d.]+)x$", res.stdout, re.M).groups()
+    assert float(ours) > 0 and float(theirs) > 0 and abs(float(ratio) - float(ours) / float(theirs)) < 0.01
 
 
 def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
