@@ -11,7 +11,8 @@ the NumPy fast paths chain (layer norm, softmax, GELU, AdamW); its second operan
 * a column: (N, 1), one value a row (a row statistic: layer norm's mean and 1/std, softmax's
   maximum and sum);
 
-and, beside them, the row maximum (N, C) -> (N, 1), softmax's first pass. NumPy runs a broadcast
+and, beside them, the row maximum (N, C) -> (N, 1), softmax's first pass, and ``exp`` (flat, one
+transcendental function: softmax's second pass; its cost differs most between CPUs). NumPy runs a broadcast
 pass as one inner loop per row: at C = 128 that is 768 loops of 128 elements, each with its own
 set-up. PyTorch's element-wise kernels (TensorIterator) are timed on the same arrays, one thread,
 when it is installed. Medians of ``--repeats`` calls after warm-up; the operands are ones, so the
@@ -27,7 +28,7 @@ from typing import Callable
 
 import numpy
 
-CASES = ("flat", "a row vector (C,)", "a column (N, 1)", "row maximum")
+CASES = ("flat", "a row vector (C,)", "a column (N, 1)", "row maximum", "exp")
 
 
 def _median_us(fn: Callable[[], object], repeats: int) -> float:
@@ -45,11 +46,12 @@ def numpy_passes(n: int, c: int) -> dict[str, Callable[[], object]]:
     y, z = numpy.ones((n, c), numpy.float32), numpy.ones((n, c), numpy.float32)
     w, r = numpy.ones(c, numpy.float32), numpy.ones((n, 1), numpy.float32)
     x = numpy.random.default_rng(0).standard_normal((n, c), dtype=numpy.float32)
-    m = numpy.empty((n, 1), numpy.float32)
+    m, e = numpy.empty((n, 1), numpy.float32), numpy.empty((n, c), numpy.float32)
     return {"flat": lambda: numpy.multiply(y, z, out=y),
             "a row vector (C,)": lambda: numpy.multiply(y, w, out=y),
             "a column (N, 1)": lambda: numpy.multiply(y, r, out=y),
-            "row maximum": lambda: numpy.max(x, axis=-1, keepdims=True, out=m)}
+            "row maximum": lambda: numpy.max(x, axis=-1, keepdims=True, out=m),
+            "exp": lambda: numpy.exp(x, out=e)}
 
 
 def torch_passes(n: int, c: int) -> dict[str, Callable[[], object]]:
@@ -57,10 +59,12 @@ def torch_passes(n: int, c: int) -> dict[str, Callable[[], object]]:
     y, z = torch.ones((n, c)), torch.ones((n, c))
     w, r = torch.ones(c), torch.ones((n, 1))
     x = torch.from_numpy(numpy.random.default_rng(0).standard_normal((n, c), dtype=numpy.float32))
+    e = torch.empty((n, c))
     return {"flat": lambda: y.mul_(z),
             "a row vector (C,)": lambda: y.mul_(w),
             "a column (N, 1)": lambda: y.mul_(r),
-            "row maximum": lambda: torch.amax(x, dim=-1, keepdim=True)}
+            "row maximum": lambda: torch.amax(x, dim=-1, keepdim=True),
+            "exp": lambda: torch.exp(x, out=e)}
 
 
 def measure(shapes: list[tuple[int, int]], repeats: int, with_torch: bool) -> list[dict]:
@@ -80,7 +84,7 @@ def measure(shapes: list[tuple[int, int]], repeats: int, with_torch: bool) -> li
 
 def markdown(rows: list[dict]) -> str:
     with_torch = rows[0]["torch_us"] is not None
-    head = "| shape | second operand | NumPy us | NumPy ns an element | NumPy / its flat pass |"
+    head = "| shape | pass (its second operand) | NumPy us | NumPy ns an element | NumPy / its flat pass |"
     rule = "|---|---|---|---|---|"
     if with_torch:
         head += " PyTorch us | NumPy / PyTorch |"

@@ -1063,8 +1063,8 @@ def test_blas_products_times_each_library_and_refuses_one_without_sgemm():
 
 
 def test_element_passes_gives_each_operands_pass_beside_numpys_flat_one():
-    """benchmarks/element_passes.py: a row per shape and second operand (flat, a row vector, a column,
-    the row maximum), each with NumPy's time, its time an element and its ratio to NumPy's flat pass
+    """benchmarks/element_passes.py: a row per shape and pass (flat, a row vector, a column, the row
+    maximum, exp), each with NumPy's time, its time an element and its ratio to NumPy's flat pass
     (1.00x for the flat pass itself); PyTorch's column where it is installed and not refused; a bad
     shape is refused with what was expected."""
     root = Path(__file__).resolve().parents[1]
@@ -1075,9 +1075,9 @@ def test_element_passes_gives_each_operands_pass_beside_numpys_flat_one():
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
         rows = [line for line in res.stdout.splitlines() if line.startswith(("| 64 x 32 |", "| 16 x 8 |"))]
-        assert len(rows) == 8 and ("NumPy / PyTorch" in res.stdout) == torch_column
+        assert len(rows) == 10 and ("NumPy / PyTorch" in res.stdout) == torch_column
         cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
-        assert [c[1] for c in cells[:4]] == ["flat", "a row vector (C,)", "a column (N, 1)", "row maximum"]
+        assert [c[1] for c in cells[:5]] == ["flat", "a row vector (C,)", "a column (N, 1)", "row maximum", "exp"]
         assert cells[0][4] == "1.00x" and all(float(c[2]) > 0 for c in cells)
         assert all(len(c) == (7 if torch_column else 5) for c in cells)
     bad = subprocess.run([sys.executable, script, "--shapes", "64by32"], capture_output=True, text=True, timeout=60)
