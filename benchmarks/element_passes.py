@@ -15,31 +15,27 @@ and, beside them, the row maximum (N, C) -> (N, 1), softmax's first pass, and ``
 transcendental function: softmax's second pass; its cost differs most between CPUs). NumPy runs a broadcast
 pass as one inner loop per row: at C = 128 that is 768 loops of 128 elements, each with its own
 set-up. PyTorch's element-wise kernels (TensorIterator) are timed on the same arrays, one thread,
-when it is installed. Medians of ``--repeats`` calls after warm-up; the operands are ones, so the
-in-place products never leave the normal range (no subnormals to slow a repeat).
+when it is installed. Medians of ``--repeats`` calls after warm-up (the suite's
+:func:`npformer.bench.harness.time_call`), the widest interquartile range printed under the table;
+the operands are ones, so the in-place products never leave the normal range (no subnormals to slow
+a repeat).
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
-import time
 from typing import Callable
 
 import numpy
 
+from npformer.bench.harness import time_call
+
 CASES = ("flat", "a row vector (C,)", "a column (N, 1)", "row maximum", "exp")
 
 
-def _median_us(fn: Callable[[], object], repeats: int) -> float:
-    for _ in range(max(3, repeats // 10)):
-        fn()
-    walls = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        walls.append(time.perf_counter() - start)
-    return 1e6 * statistics.median(walls)
+def _timed(fn: Callable[[], object], repeats: int) -> dict:
+    """time_call's summary of ``repeats`` calls after a tenth as many (at least 3) untimed."""
+    return time_call(fn, lambda: None, warmup=max(3, repeats // 10), repeats=repeats, budget_s=60.0)
 
 
 def numpy_passes(n: int, c: int) -> dict[str, Callable[[], object]]:
@@ -68,7 +64,8 @@ def torch_passes(n: int, c: int) -> dict[str, Callable[[], object]]:
 
 
 def measure(shapes: list[tuple[int, int]], repeats: int, with_torch: bool) -> list[dict]:
-    """A row per shape and case: microseconds a call for NumPy (and PyTorch)."""
+    """A row per shape and case: microseconds a call for NumPy (and PyTorch), the median and the
+    interquartile range's share of it ("numpy_iqr", "torch_iqr")."""
     if with_torch:
         import torch
         torch.set_num_threads(1)
@@ -77,8 +74,12 @@ def measure(shapes: list[tuple[int, int]], repeats: int, with_torch: bool) -> li
         ours = numpy_passes(n, c)
         theirs = torch_passes(n, c) if with_torch else {}
         for case in CASES:
-            rows.append({"shape": (n, c), "case": case, "numpy_us": _median_us(ours[case], repeats),
-                         "torch_us": _median_us(theirs[case], repeats) if with_torch else None})
+            row = {"shape": (n, c), "case": case, "torch_us": None, "torch_iqr": None}
+            for name, passes in (("numpy", ours), ("torch", theirs)):
+                if case in passes:
+                    t = _timed(passes[case], repeats)
+                    row[f"{name}_us"], row[f"{name}_iqr"] = 1e3 * t["ms"], (t["q3_ms"] - t["q1_ms"]) / t["ms"]
+            rows.append(row)
     return rows
 
 
@@ -98,6 +99,10 @@ def markdown(rows: list[dict]) -> str:
         if with_torch:
             line += f" {r['torch_us']:.1f} | {r['numpy_us'] / r['torch_us']:.2f}x |"
         lines.append(line)
+    iqr, who, (n, c), case = max(((row[f"{name}_iqr"], label, row["shape"], row["case"]) for row in rows
+                                  for name, label in (("numpy", "NumPy"), ("torch", "PyTorch"))
+                                  if row[f"{name}_iqr"] is not None), key=lambda spread: spread[0])
+    lines.append(f"\nWidest interquartile range: {100 * iqr:.0f}% of its median ({who}, {n} x {c}, {case}).")
     return "\n".join(lines)
 
 
