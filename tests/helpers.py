@@ -190,6 +190,70 @@ def assert_packed_self_attention(path: str, dtype, p: float, seed: int = 0, b: i
         assert_close(g, r, dtype, what=f"{name} on the reference cache")
 
 
+def assert_blocked_attention(path: str, set_threads, tq: int, tk: int, dtype, alignment: str):
+    """Attention on the CPU fast path ``path`` ("cpu" or "numba") in the tiny_blocks fixture's blocks:
+    of query rows (scores per head > 8), of several heads and of batch elements (1x1: one block of both
+    on one thread, a block each on two), causal in ``alignment`` with a padded key and dropout, on 1, 2
+    and 3 threads (``set_threads``, the thread_count fixture): the reference's outputs and gradients,
+    the same dropout mask bit for bit and the generator left in the same state; the results bit for
+    bit the same for every thread count."""
+    from npformer import kernels
+    from npformer.backend import default_rng
+    from npformer.ops import attention
+    b, h, hs = 2, 3, 4
+    q, k, v = (randn(np, (b, h, t, hs), i, dtype) for i, t in enumerate((tq, tk, tk)))
+    dout = randn(np, (b, h, tq, hs), 3, dtype)
+    pad = np.zeros((b, tk), bool)
+    pad[1, -1] = True
+    kw = dict(key_padding_mask=pad, is_causal=True, causal_alignment=alignment, dropout_p=0.3, need_weights=True)
+    assert kernels.implementation(attention.scaled_dot_product_attention_forward, q, k, v, **kw) == path
+
+    def run():
+        rng = default_rng(5, "numpy")
+        out, weights, cache = attention.scaled_dot_product_attention_forward(q, k, v, rng=rng, **kw)
+        grads = attention.scaled_dot_product_attention_backward(dout, cache)
+        return (out, weights, *grads), cache.dropout.keep, rng.random(3)
+    with kernels.disabled():
+        ref, ref_mask, ref_next = run()
+    results = []
+    for n in (1, 2, 3):
+        set_threads(n)
+        got, mask, nxt = run()
+        np.testing.assert_array_equal(mask, ref_mask)
+        np.testing.assert_array_equal(nxt, ref_next)
+        for name, g, r in zip(("out", "weights", "dq", "dk", "dv"), got, ref):
+            assert_close(g, r, dtype, what=f"attention {name}, {n} threads")
+        results.append(got)
+    for other in results[1:]:
+        for g, r in zip(other, results[0]):
+            np.testing.assert_array_equal(g, r)
+
+
+def assert_future_keys_unread(path: str, dtype):
+    """Causal attention on the CPU fast path ``path`` never reads the keys and values in the future of
+    every query (top-left, Tq 3 of Tk 7: keys 3 to 6): set to NaN, they change no bit of the outputs
+    and gradients, and their dk and dv are 0. (The reference's full products would spread the NaN: a
+    masked score is NaN + -inf.)"""
+    from npformer import kernels
+    from npformer.ops import attention
+    b, h, tq, tk, hs = 2, 3, 3, 7, 4
+    q, k, v = (randn(np, (b, h, t, hs), i, dtype) for i, t in enumerate((tq, tk, tk)))
+    dout = randn(np, (b, h, tq, hs), 3, dtype)
+    poisoned_k, poisoned_v = k.copy(), v.copy()
+    poisoned_k[:, :, tq:] = poisoned_v[:, :, tq:] = np.nan
+    assert kernels.implementation(attention.scaled_dot_product_attention_forward, q, k, v, is_causal=True) == path
+
+    def run(k, v):
+        out, weights, cache = attention.scaled_dot_product_attention_forward(q, k, v, is_causal=True,
+                                                                             need_weights=True)
+        return (out, weights, *attention.scaled_dot_product_attention_backward(dout, cache))
+    got, want = run(poisoned_k, poisoned_v), run(k, v)
+    for name, g, w in zip(("out", "weights", "dq", "dk", "dv"), got, want):
+        assert_same_bits(g, w, what=f"attention {name}")
+    for g in got[3:]:
+        assert not g[:, :, tq:].any()
+
+
 def posing_as_cupy(monkeypatch, a):
     """``a`` (a NumPy array) viewed as an array of a fake ``cupy`` module put in ``sys.modules`` for
     the test: a NumPy subclass that npformer's backend checks take for a CuPy array."""

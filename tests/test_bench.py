@@ -1082,3 +1082,24 @@ def test_element_passes_gives_each_operands_pass_beside_numpys_flat_one():
         assert all(len(c) == (7 if torch_column else 5) for c in cells)
     bad = subprocess.run([sys.executable, script, "--shapes", "64by32"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected shapes NxC such as 768x128, got '64by32'" in bad.stderr
+
+
+def test_causal_attention_times_is_causal_beside_the_same_mask_given_and_pytorch():
+    """benchmarks/causal_attention.py: a row per length with the masked and the is_causal times, their
+    ratio (the script checks that both give the same results), and PyTorch's causal attention where it is
+    installed and not refused; T = 300 has blocks of query rows, so is_causal computes fewer keys there;
+    bad lengths are refused with what was expected."""
+    root = Path(__file__).resolve().parents[1]
+    script = str(root / "benchmarks" / "causal_attention.py")
+    with_torch = importlib.util.find_spec("torch") is not None
+    for extra, torch_column in (([], with_torch), (["--no-torch", "--no-numba"], False)):
+        res = subprocess.run([sys.executable, script, "--lengths", "8,300", "--heads", "2", "--head-size", "4",
+                              "--repeats", "3"] + extra, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        rows = [line for line in res.stdout.splitlines() if line.startswith(("| 8 |", "| 300 |"))]
+        cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+        assert [c[0] for c in cells] == ["8", "300"] and all(len(c) == (6 if torch_column else 4) for c in cells)
+        assert all(c[3].endswith("x") and float(c[3][:-1]) > 0 for c in cells)
+        assert ("PyTorch SDPA is_causal" in res.stdout) == torch_column
+    bad = subprocess.run([sys.executable, script, "--lengths", "64,x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "expected lengths T >= 1 such as 64,512, got '64,x'" in bad.stderr

@@ -38,7 +38,7 @@ from npformer.checks import describe, expect_grad, expect_ndim, expect_same_floa
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.dropout import DropoutCache, dropout_forward, keep_mask
-from npformer.ops.masks import attention_bias
+from npformer.ops.masks import attention_bias, causal_shift
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
 
 __all__ = ["AttentionCache", "check_attention_inputs", "scaled_dot_product_attention_forward",
@@ -54,6 +54,7 @@ class AttentionCache(NamedTuple):
     p: Any                 # (B, H, Tq, Tk) softmax probabilities, before dropout
     dropout: DropoutCache  # keep-mask (B, H, Tq, Tk) or its seed, and scale; the identity when none ran
     scale: float
+    causal_shift: int | None = None   # is_causal: query i attends no key j > i + causal_shift (P is 0 there)
 
 
 def check_attention_inputs(q, k, v, scale, dropout_p) -> float:
@@ -103,13 +104,14 @@ def scaled_dot_product_attention_forward(q, k, v, *, attn_mask=None, key_padding
     weights = None
     if need_weights:                                     # never the cached P itself: callers may write to it
         weights = p_drop if drop.dropped else p_drop.copy()           # (B, H, Tq, Tk)
-    return out, weights, AttentionCache(q, k, v, p, drop, scale)
+    shift = causal_shift(q.shape[2], k.shape[2], causal_alignment) if is_causal else None
+    return out, weights, AttentionCache(q, k, v, p, drop, scale, shift)
 
 
 @dispatched
 def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     """Returns ``(dq, dk, dv)`` for ``dout`` (B, H, Tq, hv)."""
-    q, k, v, p, drop, scale = cache
+    q, k, v, p, drop, scale, _ = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
     q, k, v, dout = [a.astype(acc, copy=False) for a in (q, k, v, dout)]

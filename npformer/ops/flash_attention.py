@@ -45,7 +45,7 @@ from npformer.checks import expect_grad, one_of, positive_int
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 from npformer.ops.dropout import keep_bits, seed_draws, seed_of
-from npformer.ops.masks import check_masks, mask_bias
+from npformer.ops.masks import causal_shift, check_masks, mask_bias
 
 __all__ = ["IMPLEMENTATIONS", "check_implementation", "FlashAttentionCache", "flash_attention_forward",
            "flash_attention_backward", "check_flash_arguments", "flash_masks"]
@@ -85,7 +85,7 @@ class FlashAttentionCache(NamedTuple):
 def flash_masks(b, h, tq, tk, attn_mask, key_padding_mask, is_causal, alignment, xp) -> Masks:
     """Checked by :func:`npformer.ops.masks.check_masks`, as the plain attention's are."""
     attn_mask = check_masks((b, h, tq, tk), attn_mask, key_padding_mask, is_causal, alignment, xp)
-    shift = None if not is_causal else 0 if alignment == "top_left" else tk - tq
+    shift = causal_shift(tq, tk, alignment) if is_causal else None
     return Masks(attn_mask, key_padding_mask, shift)
 
 

@@ -33,13 +33,18 @@ from npformer.backend import get_array_module, get_backend, is_float_dtype, reso
 from npformer.checks import describe, expect_bool_or_float, non_negative_int, one_of
 from npformer.errors import BackendMismatchError, InputTypeError, ShapeError
 
-__all__ = ["ALIGNMENTS", "causal_mask", "check_masks", "mask_bias", "attention_bias"]
+__all__ = ["ALIGNMENTS", "causal_shift", "causal_mask", "check_masks", "mask_bias", "attention_bias"]
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
 
 def _check_alignment(alignment) -> None:
     one_of(alignment, "causal alignment", ALIGNMENTS)
+
+
+def causal_shift(tq: int, tk: int, alignment: str) -> int:
+    """The causal mask's shift: query i may attend keys j <= i + shift (0 top-left, Tk - Tq bottom-right)."""
+    return 0 if alignment == "top_left" else tk - tq
 
 
 def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp="numpy"):
@@ -53,8 +58,7 @@ def causal_mask(tq: int, tk: int, *, alignment: str = "top_left", xp="numpy"):
     non_negative_int(tk, "tk")
     _check_alignment(alignment)
     xp = get_backend(xp)
-    shift = 0 if alignment == "top_left" else tk - tq
-    return xp.arange(tk)[None, :] > xp.arange(tq)[:, None] + shift                  # (Tq, Tk)
+    return xp.arange(tk)[None, :] > xp.arange(tq)[:, None] + causal_shift(tq, tk, alignment)   # (Tq, Tk)
 
 
 def mask_bias(mask, dtype, xp):

@@ -44,10 +44,10 @@ from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.kernels.multihead import packed_cache, packed_self_attention_backward
 from npformer.ops.attention import AttentionCache, check_attention_inputs
 from npformer.ops.dropout import DropoutCache, dropout_active, dropout_mask, keep_mask, keep_scale
-from npformer.ops.masks import attention_bias
+from npformer.ops.masks import attention_bias, causal_shift
 
 __all__ = ["scaled_dot_product_attention_forward", "scaled_dot_product_attention_backward", "self_attention_backward",
-           "blocks", "RowKernels", "attention_forward", "attention_backward", "attention_backward_into",
+           "blocks", "keys_seen", "RowKernels", "attention_forward", "attention_backward", "attention_backward_into",
            "self_attention_backward_with", "accepts_self_attention_backward"]
 
 
@@ -82,6 +82,15 @@ def blocks(b: int, h: int, tq: int, tk: int, parts: int = 1) -> list[list[tuple[
     return [[(slice(i, i + 1), slice(j, min(j + n, h)), slice(0, tq))] for i in range(b) for j in range(0, h, n)]
 
 
+def keys_seen(rows: slice, tk: int, shift: int | None) -> slice:
+    """The keys a block of query ``rows`` may attend, ``slice(0, n)``: all ``tk`` without a causal mask;
+    with one of ``shift`` (:func:`~npformer.ops.masks.causal_shift`: query i attends no key j > i + shift),
+    those below ``rows.stop + shift``, the block's last row's. The block computes its scores, softmax and
+    products over these n keys alone (FlashAttention's rule: no work on tiles wholly in the future);
+    its P beyond them is 0, as the mask makes it."""
+    return slice(0, tk if shift is None else min(tk, max(0, rows.stop + shift)))
+
+
 def _parallel(shape: tuple, run_block) -> None:
     """run_block(block) for every block of a ``shape`` (b, h, tq, tk) score array, the groups split in
     contiguous runs over the threads; the blocks' products on BLAS at one thread however many runs
@@ -100,7 +109,8 @@ def _parallel(shape: tuple, run_block) -> None:
 
 
 class RowKernels(NamedTuple):
-    """The row operations a block runs, in place on contiguous (b', h', r, Tk) blocks:
+    """The row operations a block runs, in place on (b', h', r, n) blocks, contiguous but for a causal
+    block's rows (n of Tk keys, :func:`keys_seen`):
     ``softmax(s)`` (P into S's buffer), ``softmax_grad(dp, p)`` (dS into dP's buffer) and
     ``apply_keep(out, x, keep, scale)`` (dropout's ``out = x * keep * scale``; out may be x); and
     ``keep_mask``, the :class:`~npformer.kernels.cpu.dropout.KeepMask` (sub)class that draws the mask."""
@@ -177,33 +187,42 @@ def attention_forward(rows_: RowKernels, q, k, v, attn_mask, key_padding_mask, i
             keep, keep_s = numpy.empty(shape, bool), keep_scale(dropout_p, dtype)
             draw_keep(rows_.keep_mask(rng, dropout_p), keep)   # in runs side by side
     weights = numpy.empty(shape, dtype) if need_weights else None
+    shift = causal_shift(tq, tk, causal_alignment) if is_causal else None
 
     def run_block(block) -> None:
         i, heads, rows = block
-        qb, kb = q[i, heads, rows].astype(acc, copy=False), k[i, heads].astype(acc, copy=False)
-        s = p[i, heads, rows] if not wide else numpy.empty(p[i, heads, rows].shape, acc)   # (b', h', r, Tk)
+        keys = keys_seen(rows, tk, shift)                # the rest lie in every row's future: P = 0 there
+        if keys.stop < tk:
+            p[i, heads, rows, keys.stop:] = 0
+            if weights is not None:
+                weights[i, heads, rows, keys.stop:] = 0
+            if keys.stop == 0:                           # no row sees a key: out = 0, as for a fully masked row
+                out[i, heads, rows] = 0
+                return
+        qb, kb = q[i, heads, rows].astype(acc, copy=False), k[i, heads, keys].astype(acc, copy=False)
+        s = p[i, heads, rows, keys] if not wide else numpy.empty(p[i, heads, rows, keys].shape, acc)   # (b', h', r, n)
         numpy.matmul(qb * scale_t, kb.swapaxes(-1, -2), out=s)
         if bias is not None:
-            s += bias[i, heads, rows]                    # -inf where blocked
+            s += bias[i, heads, rows, keys]              # -inf where blocked
         rows_.softmax(s)                                 # P, an all -inf row -> 0
         if wide:
-            p[i, heads, rows] = s                        # P rounded to the inputs' dtype (the cache)
-            s = p[i, heads, rows]
+            p[i, heads, rows, keys] = s                  # P rounded to the inputs' dtype (the cache)
+            s = p[i, heads, rows, keys]
         p_drop = s
         if keep is not None:
-            m = keep[i, heads, rows]
-            p_drop = weights[i, heads, rows] if weights is not None else numpy.empty(s.shape, dtype)
-            rows_.apply_keep(p_drop, s, m, keep_s)       # (b', h', r, Tk) P * m / (1 - p)
+            m = keep[i, heads, rows, keys]
+            p_drop = weights[i, heads, rows, keys] if weights is not None else numpy.empty(s.shape, dtype)
+            rows_.apply_keep(p_drop, s, m, keep_s)       # (b', h', r, n) P * m / (1 - p)
         elif weights is not None:
-            weights[i, heads, rows] = p_drop
+            weights[i, heads, rows, keys] = p_drop
         if wide:
-            out[i, heads, rows] = numpy.matmul(p_drop.astype(acc), v[i, heads].astype(acc))
+            out[i, heads, rows] = numpy.matmul(p_drop.astype(acc), v[i, heads, keys].astype(acc))
         else:
-            numpy.matmul(p_drop, v[i, heads], out=out[i, heads, rows])
+            numpy.matmul(p_drop, v[i, heads, keys], out=out[i, heads, rows])
 
     _parallel(shape, run_block)
     drop = DropoutCache(keep, keep_s, shape, dtype)      # (None, None: no dropout ran)
-    return out, weights, AttentionCache(q, k, v, p, drop, scale)
+    return out, weights, AttentionCache(q, k, v, p, drop, scale, shift)
 
 
 def attention_backward(rows_: RowKernels, dout, cache):
@@ -217,7 +236,7 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
     """The backward with the row operations ``rows_``, writing into ``dq``, ``dk``, ``dv``: NumPy
     arrays of q's, k's and v's shapes and dtype with a contiguous last axis (views of a larger
     array included: every element is written)."""
-    q, k, v, p, drop, scale = cache
+    q, k, v, p, drop, scale, shift = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     for name, g, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
         expect_row_buffer(g, name, like)
@@ -231,19 +250,24 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
 
     def run_block(block) -> None:
         i, heads, rows = block
-        first = rows.start == 0                          # dk, dv: written by a head's first block, then summed
-        p_c = p[i, heads, rows]                          # (b', h', r, Tk)
+        keys = keys_seen(rows, tk, shift)                # P = 0 beyond: no gradient reaches those keys
+        if rows.start == 0:                              # a head's first block: its keys are the fewest
+            dv_sum[i, heads, keys.stop:], dk_sum[i, heads, keys.stop:] = 0, 0
+        if keys.stop == 0:
+            dq[i, heads, rows] = 0
+            return
+        p_c = p[i, heads, rows, keys]                    # (b', h', r, n)
         p_drop = p_c
         if keep is not None:
             p_drop = numpy.empty(p_c.shape, dtype)
-            rows_.apply_keep(p_drop, p_c, keep[i, heads, rows], drop.scale)
+            rows_.apply_keep(p_drop, p_c, keep[i, heads, rows, keys], drop.scale)
         g = dout[i, heads, rows].astype(acc, copy=False)                # (b', h', r, hv)
-        vb, kb = v[i, heads].astype(acc, copy=False), k[i, heads].astype(acc, copy=False)
+        vb, kb = v[i, heads, keys].astype(acc, copy=False), k[i, heads, keys].astype(acc, copy=False)
         # fwd: out = P_drop @ v  ->  dv = P_drop^T @ dout,  dP_drop = dout @ v^T
         dv_part = numpy.matmul(p_drop.astype(acc, copy=False).swapaxes(-1, -2), g)
-        dp = numpy.matmul(g, vb.swapaxes(-1, -2))                        # (b', h', r, Tk), fresh
+        dp = numpy.matmul(g, vb.swapaxes(-1, -2))                        # (b', h', r, n), fresh
         if keep is not None:                             # fwd: P_drop = P * m / (1 - p)
-            rows_.apply_keep(dp, dp, keep[i, heads, rows], drop.scale)
+            rows_.apply_keep(dp, dp, keep[i, heads, rows, keys], drop.scale)
         ds = rows_.softmax_grad(dp, p_c.astype(acc, copy=False))        # fwd: P = softmax(S), in dp's buffer
         ds *= scale_t                                    # fwd: S = (q * scale) k^T + bias
         if wide:
@@ -251,11 +275,11 @@ def attention_backward_into(rows_: RowKernels, dout, cache, dq, dk, dv) -> None:
         else:
             numpy.matmul(ds, kb, out=dq[i, heads, rows])
         dk_part = numpy.matmul(ds.swapaxes(-1, -2), q[i, heads, rows].astype(acc, copy=False))
-        if first:
-            dv_sum[i, heads], dk_sum[i, heads] = dv_part, dk_part
+        if rows.start == 0:
+            dv_sum[i, heads, keys], dk_sum[i, heads, keys] = dv_part, dk_part
         else:
-            dv_sum[i, heads] += dv_part
-            dk_sum[i, heads] += dk_part
+            dv_sum[i, heads, keys] += dv_part
+            dk_sum[i, heads, keys] += dk_part
 
     _parallel((b, h, tq, tk), run_block)
     if wide:

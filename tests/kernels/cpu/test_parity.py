@@ -23,8 +23,9 @@ from npformer.kernels.cpu import threads
 from npformer.ops import activations, attention, dropout, embedding, layernorm, linear, multihead, optim, softmax
 from npformer.errors import InputTypeError
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,
-                           assert_same_bits, padding_masks, randn, seeds)
+from tests.helpers import (assert_blocked_attention, assert_close, assert_fast_path_pair, assert_future_keys_unread,
+                           assert_gradcheck, assert_packed_self_attention, assert_same_bits, padding_masks, randn,
+                           seeds)
 
 DTYPES = ("float64", "float32", "float16")
 SHIPPED_MIN_BLOCKED_ELEMENTS = cpu_dropout.MIN_BLOCKED_ELEMENTS     # (read before conftest's fixture lowers it)
@@ -452,61 +453,52 @@ def test_erf_float32_edges():
 
 # -- the threaded, blocked attention and dropout: cut points, threads and the streamed mask -----------
 
-@pytest.fixture
-def tiny_blocks(monkeypatch):
-    """Blocks of 8 scores (16 when threads share the work), thread runs of 8 elements and mask blocks
-    of 3, so small arrays take every cut."""
-    from npformer.kernels.cpu import attention as cpu_attention, blocks as cpu_blocks, dropout as cpu_dropout
-    monkeypatch.setattr(cpu_attention, "BLOCK_ELEMENTS", 8)
-    monkeypatch.setattr(cpu_blocks, "BLOCK_ELEMENTS", 8)
-    monkeypatch.setattr(cpu_blocks, "THREAD_BLOCK_ELEMENTS", 16)
-    monkeypatch.setattr(cpu_dropout, "BLOCK_ELEMENTS", 8)
-    monkeypatch.setattr(cpu_dropout, "MIN_THREAD_ELEMENTS", 8)
-    monkeypatch.setattr(cpu_dropout, "MASK_BLOCK", 3)
-
-
-@pytest.fixture
-def thread_count():
-    from npformer.kernels.cpu import threads
-    before = threads.get_num_threads()
-    yield lambda n: threads.set_num_threads(n, blas=False)    # the pool alone
-    threads.set_num_threads(before, blas=False)
-
-
 @pytest.mark.parametrize("tq, tk", [(1, 1), (1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])   # 7x3: odd Tk
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_count, tq, tk, dtype):
-    """Blocks of query rows (scores per head > 8), of several heads and of batch elements (1x1: one
-    block of both on one thread, a block each on two), on 1, 2 and 3 threads: the
-    reference's outputs and gradients, the same dropout mask bit for bit and the generator left in
-    the same state; the results bit for bit the same for every thread count."""
-    b, h, hs = 2, 3, 4
-    q, k, v = (randn(np, (b, h, t, hs), i, dtype) for i, t in enumerate((tq, tk, tk)))
-    dout = randn(np, (b, h, tq, hs), 3, dtype)
-    pad = np.zeros((b, tk), bool)
-    pad[1, -1] = True
-    kw = dict(key_padding_mask=pad, is_causal=True, causal_alignment="bottom_right", dropout_p=0.3,
-              need_weights=True)
+def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_count, tq, tk, alignment, dtype):
+    assert_blocked_attention("cpu", thread_count, tq, tk, dtype, alignment)
 
-    def run():
-        rng = default_rng(5, "numpy")
-        out, weights, cache = attention.scaled_dot_product_attention_forward(q, k, v, rng=rng, **kw)
-        grads = attention.scaled_dot_product_attention_backward(dout, cache)
-        return (out, weights, *grads), cache.dropout.keep, rng.random(3)
+
+@pytest.mark.parametrize("alignment, tq, tk", [("top_left", 9, 9), ("top_left", 4, 10), ("bottom_right", 12, 9),
+                                               ("bottom_right", 3, 10), (None, 5, 9)])
+def test_causal_blocks_compute_only_the_keys_their_rows_attend(tiny_blocks, alignment, tq, tk):
+    """FlashAttention's rule on the CPU: a block computes no score its rows may not attend. In blocks of
+    one query row (the tiny blocks at Tk > 8), the softmax and its backward see exactly the (query, key)
+    pairs the causal mask allows, in either alignment (rows that see no key: none); without the mask
+    (alignment None) every pair. The results are the reference's."""
+    from npformer.kernels.cpu.attention import NUMPY_ROWS, attention_backward, attention_forward
+    from npformer.ops.masks import causal_mask
+    seen = {"softmax": 0, "softmax_grad": 0}
+
+    def counted(name, kernel):
+        def run(*args):
+            seen[name] += args[0].size
+            return kernel(*args)
+        return run
+    rows_ = NUMPY_ROWS._replace(softmax=counted("softmax", NUMPY_ROWS.softmax),
+                                softmax_grad=counted("softmax_grad", NUMPY_ROWS.softmax_grad))
+    b, h, hs = 2, 3, 4
+    q, k, v = (randn(np, (b, h, t, hs), i, "float64") for i, t in enumerate((tq, tk, tk)))
+    dout = randn(np, (b, h, tq, hs), 3, "float64")
+    causal = alignment is not None
+    out, _, cache = attention_forward(rows_, q, k, v, None, None, causal, alignment or "top_left", 0.0, None, True,
+                                      None, False)
+    grads = attention_backward(rows_, dout, cache)
+    allowed = int((~causal_mask(tq, tk, alignment=alignment)).sum()) if causal else tq * tk
+    assert seen == {"softmax": b * h * allowed, "softmax_grad": b * h * allowed}
+    assert allowed < tq * tk or not causal
     with kernels.disabled():
-        ref, ref_mask, ref_next = run()
-    results = []
-    for n in (1, 2, 3):
-        thread_count(n)
-        got, mask, nxt = run()
-        np.testing.assert_array_equal(mask, ref_mask)
-        np.testing.assert_array_equal(nxt, ref_next)
-        for name, g, r in zip(("out", "weights", "dq", "dk", "dv"), got, ref):
-            assert_close(g, r, dtype, what=f"attention {name}, {n} threads")
-        results.append(got)
-    for other in results[1:]:
-        for g, r in zip(other, results[0]):
-            np.testing.assert_array_equal(g, r)
+        ref_out, _, ref_cache = attention.scaled_dot_product_attention_forward(
+            q, k, v, is_causal=causal, causal_alignment=alignment or "top_left")
+        ref_grads = attention.scaled_dot_product_attention_backward(dout, ref_cache)
+    for name, g, r in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads)):
+        assert_close(g, r, "float64", what=f"attention {name}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_attention_reads_no_key_in_every_rows_future(dtype):
+    assert_future_keys_unread("cpu", dtype)
 
 
 def test_attention_blocks_are_contiguous_runs_in_head_groups():

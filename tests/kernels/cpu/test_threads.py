@@ -12,13 +12,6 @@ from threadpoolctl import threadpool_limits
 from npformer.kernels.cpu import threads
 
 
-@pytest.fixture
-def thread_count():
-    before = threads.get_num_threads()
-    yield lambda n: threads.set_num_threads(n, blas=False)    # the pool alone
-    threads.set_num_threads(before, blas=False)
-
-
 def test_results_come_back_in_task_order_and_parts_run_on_other_threads(thread_count):
     thread_count(3)
     first = lambda: (time.sleep(0.2), (0, threading.current_thread().name))[1]   # the workers start meanwhile

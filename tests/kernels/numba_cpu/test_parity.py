@@ -23,8 +23,9 @@ from npformer.backend import accumulation_dtype, default_rng  # noqa: E402
 from npformer.errors import NpformerError  # noqa: E402
 from npformer.ops import activations, attention, cross_entropy, dropout, layernorm, optim, softmax  # noqa: E402
 from npformer.tools.gradcheck import gradcheck  # noqa: E402
-from tests.helpers import (assert_close, assert_fast_path_pair, assert_gradcheck, assert_packed_self_attention,  # noqa: E402
-                           padding_masks, randn, seeds)
+from tests.helpers import (assert_blocked_attention, assert_close, assert_fast_path_pair,  # noqa: E402
+                           assert_future_keys_unread, assert_gradcheck, assert_packed_self_attention, padding_masks,
+                           randn, seeds)
 
 DTYPES = ("float64", "float32")
 # the cross-entropy takes 16-bit logits too; bfloat16 where ml_dtypes (an optional extra) is installed:
@@ -369,6 +370,20 @@ def test_every_numba_fast_path_has_a_parity_case_here():
               "self_attention_backward", "adam_update", "sum_of_squares"}
     registered = {op.__name__ for op, name, _, _ in kernels.FAST_PATHS if name == "numba"}
     assert registered and registered <= tested, f"numba fast paths without a parity case: {sorted(registered - tested)}"
+
+
+@pytest.mark.parametrize("tq, tk", [(1, 2), (3, 2), (5, 4), (6, 6), (7, 3)])
+@pytest.mark.parametrize("alignment", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_blocks_and_threads_give_the_reference(tiny_blocks, thread_count, tq, tk, alignment, dtype):
+    """The compiled row loops on causal blocks of a row's first keys (strided rows, copied for the
+    loops and back): :func:`tests.helpers.assert_blocked_attention`."""
+    assert_blocked_attention("numba", thread_count, tq, tk, dtype, alignment)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_attention_reads_no_key_in_every_rows_future(dtype):
+    assert_future_keys_unread("numba", dtype)
 
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
