@@ -2,7 +2,7 @@
 PyTorch's causal attention beside it.
 
     taskset -c 0 python benchmarks/causal_attention.py [--lengths 64,256,512,1024,2048] [--batch 1]
-        [--heads 8] [--head-size 64] [--threads 1] [--no-numba] [--repeats 20] [--no-torch]
+        [--heads 8] [--head-size 64] [--threads 1] [--no-numba] [--repeats 5] [--rounds 4] [--no-torch]
 
 For each length T, npformer's ``scaled_dot_product_attention_forward`` and its backward on (B, H, T, hs)
 float32 arrays, on the CPU fast path, timed two ways in the same run:
@@ -14,14 +14,17 @@ float32 arrays, on the CPU fast path, timed two ways in the same run:
   computed and masked, as ``is_causal`` did before 2026-12-02. The results are the same to rounding.
 
 and PyTorch's ``scaled_dot_product_attention(..., is_causal=True)`` forward and backward on the same
-arrays (one thread per ``--threads``), when it is installed. Medians of ``--repeats`` calls after
-warm-up (:func:`npformer.bench.harness.time_call`) and their interquartile ranges.
+arrays (``--threads`` threads too), when it is installed. Each is timed in ``--rounds`` rounds of
+``--repeats`` calls after warm-up (:func:`npformer.bench.harness.time_call`), the three in turn and the
+order reversed every other round, so that the machine's drift reaches each alike; the table gives the
+median of the rounds' medians and their range.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import importlib.util
+import statistics
 from typing import Callable
 
 import numpy
@@ -33,9 +36,16 @@ from npformer.ops import attention
 from npformer.ops.masks import causal_mask
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> dict:
-    """time_call's summary (ms) of ``repeats`` calls after a few untimed."""
-    return time_call(fn, lambda: None, warmup=3, repeats=repeats, budget_s=120.0)
+def _alternated(steps: dict[str, Callable[[], object]], repeats: int, rounds: int) -> dict[str, dict]:
+    """Each of ``steps`` timed in ``rounds`` rounds of ``repeats`` calls (time_call: warm-up first), the
+    order reversed every other round so that a drift of the machine's speed reaches both alike:
+    ``{name: {"ms": median of the rounds' medians, "low": the lowest, "high": the highest}}``."""
+    medians: dict[str, list[float]] = {name: [] for name in steps}
+    names = list(steps)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            medians[name].append(time_call(steps[name], lambda: None, warmup=2, repeats=repeats, budget_s=120.0)["ms"])
+    return {name: {"ms": statistics.median(m), "low": min(m), "high": max(m)} for name, m in medians.items()}
 
 
 def npformer_step(q, k, v, dout, **mask) -> Callable[[], object]:
@@ -58,21 +68,20 @@ def torch_step(q, k, v, dout) -> Callable[[], object]:
     return step
 
 
-def measure(t: int, b: int, h: int, hs: int, repeats: int, with_torch: bool) -> dict:
+def measure(t: int, b: int, h: int, hs: int, repeats: int, rounds: int, with_torch: bool) -> dict:
     rng = numpy.random.default_rng(t)
     q, k, v, dout = (rng.standard_normal((b, h, t, hs), dtype=numpy.float32) for _ in range(4))
-    skipping = npformer_step(q, k, v, dout, is_causal=True)
-    masked = npformer_step(q, k, v, dout, attn_mask=causal_mask(t, t))
-    for got, want in zip(skipping(), masked()):                        # the same results, to rounding
+    steps = {"masked": npformer_step(q, k, v, dout, attn_mask=causal_mask(t, t)),
+             "causal": npformer_step(q, k, v, dout, is_causal=True)}
+    for got, want in zip(steps["causal"](), steps["masked"]()):         # the same results, to rounding
         numpy.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    row = {"T": t, "masked": _timed(masked, repeats), "causal": _timed(skipping, repeats)}
     if with_torch:
-        row["torch"] = _timed(torch_step(q, k, v, dout), repeats)
-    return row
+        steps["torch"] = torch_step(q, k, v, dout)
+    return _alternated(steps, repeats, rounds)
 
 
 def _ms(r: dict) -> str:
-    return f"{r['ms']:.2f} ({r['q1_ms']:.2f}-{r['q3_ms']:.2f})"
+    return f"{r['ms']:.2f} ({r['low']:.2f}-{r['high']:.2f})"
 
 
 def _lengths(text: str) -> list[int]:
@@ -94,7 +103,8 @@ def main(argv=None) -> int:
     parser.add_argument("--head-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1, help="npformer.set_num_threads (and PyTorch's)")
     parser.add_argument("--no-numba", action="store_true", help="the NumPy fast path alone (numba's off)")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=5, help="calls a round")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds, the order reversed every other")
     parser.add_argument("--no-torch", action="store_true", help="npformer's columns alone")
     args = parser.parse_args(argv)
     npformer.set_num_threads(args.threads)
@@ -104,8 +114,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     path = "NumPy alone" if args.no_numba else "numba's row loops where installed"
     print(f"causal attention forward + backward, float32, B={args.batch} H={args.heads} hs={args.head_size}, "
-          f"{args.threads} thread(s), npformer's CPU fast path ({path}); ms, median (quartiles) of "
-          f"{args.repeats}")
+          f"{args.threads} thread(s), npformer's CPU fast path ({path}); ms: the median of {args.rounds} "
+          f"rounds' medians of {args.repeats} calls (the lowest-highest), the ways alternated")
     print()
     print("| T | every key, masked (attn_mask) | is_causal: a block's keys only | masked / is_causal |"
           + (" PyTorch SDPA is_causal | npformer / PyTorch |" if with_torch else ""))
@@ -113,7 +123,7 @@ def main(argv=None) -> int:
     switch = kernels.disabled("numba") if args.no_numba else contextlib.nullcontext()
     with switch:
         for t in args.lengths:
-            r = measure(t, args.batch, args.heads, args.head_size, args.repeats, with_torch)
+            r = measure(t, args.batch, args.heads, args.head_size, args.repeats, args.rounds, with_torch)
             line = (f"| {t} | {_ms(r['masked'])} | {_ms(r['causal'])} | "
                     f"{r['masked']['ms'] / r['causal']['ms']:.2f}x |")
             if with_torch:

@@ -1094,7 +1094,7 @@ def test_causal_attention_times_is_causal_beside_the_same_mask_given_and_pytorch
     with_torch = importlib.util.find_spec("torch") is not None
     for extra, torch_column in (([], with_torch), (["--no-torch", "--no-numba"], False)):
         res = subprocess.run([sys.executable, script, "--lengths", "8,300", "--heads", "2", "--head-size", "4",
-                              "--repeats", "3"] + extra, capture_output=True, text=True, timeout=300)
+                              "--repeats", "3", "--rounds", "2"] + extra, capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         rows = [line for line in res.stdout.splitlines() if line.startswith(("| 8 |", "| 300 |"))]
         cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
