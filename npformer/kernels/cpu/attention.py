@@ -14,14 +14,14 @@ the product that uses them:
                           ->  dS = P * (dP - rowsum(dP * P)) * scale  ->  dq = dS k,  dk += dS^T q
 
 Under ``is_causal`` a block computes all of this over the keys its last row may attend and no further
-(:func:`keys_seen`, FlashAttention's rule for tiles wholly in the future): its P is 0 beyond them, as the
-mask makes it, and the backward reads the causal shift from the cache. A head of more than
-BLOCK_ELEMENTS scores (T > 256) is cut into runs of rows, so up to half its work goes (3/8 at T 512); a block of whole
-heads computes every key its last row sees, all of them at Tq = Tk. Keys in the future of every row of a
-block are never read (a NaN there does not reach its outputs, where the reference's full product
-spreads it). On the 2-core AMD VM (2026-12-02, ``python benchmarks/causal_attention.py``: B 1, H 8, head
-size 64, float32, one thread) the forward and backward ran 1.4-1.6x faster at T 512-2048 with numba's
-row loops, 1.1-1.8x NumPy alone.
+(:func:`keys_seen`, FlashAttention's rule for tiles wholly in the future): its P is 0 beyond them, as
+the mask makes it, and the backward reads the causal shift from the cache. A head of more than
+BLOCK_ELEMENTS scores (T > 256) is cut into runs of rows, so up to half its work goes (3/8 at T 512); a
+block of whole heads computes every key its last row sees, all of them at Tq = Tk. Keys in the future of
+every row of a block are never read (a NaN there does not reach its outputs, where the reference's full
+product spreads it). On the 2-core AMD VM (2026-12-02, ``python benchmarks/causal_attention.py``: B 1, H
+8, head size 64, float32, one thread) the forward and backward ran 1.4-1.6x faster at T 512-2048 with
+numba's row loops, 1.1-1.8x NumPy alone.
 
 Threads take contiguous runs of whole heads (a head's query-row blocks stay on one thread, so dk
 and dv sum in a fixed order), with BLAS at one thread each, also when timing leaves a single run
