@@ -38,7 +38,7 @@ from npformer.ops.masks import causal_mask
 
 def _alternated(steps: dict[str, Callable[[], object]], repeats: int, rounds: int) -> dict[str, dict]:
     """Each of ``steps`` timed in ``rounds`` rounds of ``repeats`` calls (time_call: warm-up first), the
-    order reversed every other round so that a drift of the machine's speed reaches both alike:
+    order reversed every other round so that a drift of the machine's speed reaches each alike:
     ``{name: {"ms": median of the rounds' medians, "low": the lowest, "high": the highest}}``."""
     medians: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)

@@ -120,8 +120,9 @@ def _parallel(shape: tuple, run_block) -> None:
 
 class RowKernels(NamedTuple):
     """The row operations a block runs, in place on (b', h', r, n) blocks, contiguous but for a causal
-    block's rows (n of Tk keys, :func:`keys_seen`):
-    ``softmax(s)`` (P into S's buffer), ``softmax_grad(dp, p)`` (dS into dP's buffer) and
+    block's rows of S and P (n of Tk keys, :func:`keys_seen`):
+    ``softmax(s)`` (P into S's buffer), ``softmax_grad(dp, p)`` (dS into dP's buffer, dP always a
+    fresh product) and
     ``apply_keep(out, x, keep, scale)`` (dropout's ``out = x * keep * scale``; out may be x); and
     ``keep_mask``, the :class:`~npformer.kernels.cpu.dropout.KeepMask` (sub)class that draws the mask."""
 

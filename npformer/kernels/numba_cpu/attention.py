@@ -37,11 +37,9 @@ def _softmax(s):
 
 
 def _softmax_grad(dp, p):
-    """dS = P * (dP - rowsum(dP * P)) in dP's buffer."""
-    rows = _as_rows(dp)
+    """dS = P * (dP - rowsum(dP * P)) in dP's buffer (a fresh product, contiguous: its rows are a view)."""
+    rows = dp.reshape(-1, dp.shape[-1])
     softmax_grad_rows_in_place(rows, _as_rows(p), 0, rows.shape[0])
-    if not numpy.may_share_memory(rows, dp):
-        dp[...] = rows.reshape(dp.shape)
     return dp
 
 
