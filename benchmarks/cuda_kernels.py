@@ -31,6 +31,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 if __package__ in (None, ""):
@@ -58,6 +60,10 @@ PIPES = {"FMA": ("FFMA", "FMUL", "FADD", "IMAD", "HFMA2", "HADD2", "HMUL2", "FSW
          "XU": ("MUFU", "F2F", "I2F", "F2I", "I2FP", "F2IP", "FRND"),
          "LDS": ("LDS", "LDSM", "STS")}
 LOOP_COLUMNS = ("FMA", "ALU", "XU", "LDS", "other")
+# NVRTC compiles one program at a time in this process (its guide does not promise concurrent compiles
+# for every release the wheels bring); ptxas and cuobjdump are processes of their own, so compile_all's
+# threads overlap one module's NVRTC with another's ptxas, cuobjdump and SASS parsing
+_NVRTC_LOCK = threading.Lock()
 
 
 @dataclass
@@ -116,7 +122,11 @@ def nvrtc_ptx(tools: Tools, source: str, options: tuple, name_expressions=()) ->
     """(PTX, NVRTC's log, ``{name expression: lowered name}``) of ``source`` compiled with ``options`` and the
     template instantiations ``name_expressions`` (as CuPy's RawModule asks NVRTC for them); RuntimeError
     with the log on failure."""
-    lib = ctypes.CDLL(tools.nvrtc)
+    with _NVRTC_LOCK:
+        return _nvrtc_ptx(ctypes.CDLL(tools.nvrtc), source, options, name_expressions)
+
+
+def _nvrtc_ptx(lib, source: str, options: tuple, name_expressions) -> tuple[str, str, dict[str, str]]:
     prog = ctypes.c_void_p()
     _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"npformer.cu", 0, None, None), "create")
     try:
@@ -401,20 +411,19 @@ def occupancy(k: Kernel, arch: int) -> tuple[float, str]:
 
 def compile_all(tools: Tools, archs=ARCHS, workdir: str | None = None) -> dict[int, tuple[list[Kernel], dict]]:
     """``{arch: (kernels, {module: warnings})}`` over every shipped module, each for the architectures it is
-    for (the Hopper modules: sm_90, as sm_90a)."""
+    for (the Hopper modules: sm_90, as sm_90a). The modules compile on a few threads (NVRTC one at a time,
+    ptxas and cuobjdump beside it); the result is in the modules' order whatever the threads' order."""
     from npformer.kernels.cuda.runtime import shipped_modules
-    out = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for arch in archs:
-            kernels, warnings = [], {}
-            for name, module in shipped_modules().items():
-                if arch not in module.archs:
-                    continue
-                found, warned = compile_module(tools, name, module.source, module.options, arch, workdir or tmp,
-                                               instances=module.kernels)
-                kernels += list(found.values())
-                warnings[name] = warned
-            out[arch] = (kernels, warnings)
+    jobs = [(arch, name, module) for arch in archs for name, module in shipped_modules().items()
+            if arch in module.archs]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(compile_module, tools, name, module.source, module.options, arch, workdir or tmp,
+                               instances=module.kernels) for arch, name, module in jobs]
+        out = {arch: ([], {}) for arch in archs}
+        for (arch, name, _), future in zip(jobs, futures):
+            found, warned = future.result()
+            out[arch][0].extend(found.values())
+            out[arch][1][name] = warned
     return out
 
 

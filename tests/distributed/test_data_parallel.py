@@ -7,7 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.distributed.cases import CLIPS, MODELS, STEPS_FLOAT32, float32_run, gradients_after_one_step
+from tests.distributed.cases import (CLIPS, MODELS, STEPS_FLOAT32, comparable_parts, float32_run,
+                                     gradients_after_one_step)
 from tests.distributed.launcher import mpirun
 
 GRAD_TOL = 1e-12        # float64: the all-reduced sum of weighted shares against the joined batch
@@ -78,21 +79,9 @@ def test_float32_two_ranks_of_b_train_as_one_process_of_2b(ranks, model):
     weights = [k for k in one if k.startswith("weight/")]
     for k in weights:
         np.testing.assert_array_equal(r0[prefix + k], r1[prefix + k], err_msg=f"{k}: ranks differ")
-        for part, (got, expected) in _comparable(k, r0[prefix + k], one[k]):
+        for part, (got, expected) in comparable_parts(k, r0[prefix + k], one[k]):
             err = _rel_err(got, expected)
             assert err < FLOAT32_RTOL, f"{model} {part}: relative error {err:.2e} after {STEPS_FLOAT32} steps"
-
-
-def _comparable(name, got, expected):
-    """(label, (got, expected)) pairs to compare. The key third of an attention's ``in_proj_bias`` is
-    left out: its exact gradient is 0 (q . b_k adds the same number to every score of a row, which the
-    softmax removes; the float64 test checks it), so in float32 it receives only rounding noise, which
-    Adam's m / sqrt(v) turns into steps of up to lr whatever the noise's size: its value is noise in
-    both runs, not a result that could agree."""
-    if not name.endswith("in_proj_bias"):
-        return [(name, (got, expected))]
-    d = got.shape[0] // 3
-    return [(f"{name}[q]", (got[:d], expected[:d])), (f"{name}[v]", (got[2 * d:], expected[2 * d:]))]
 
 
 def test_a_two_rank_run_resumes_exactly_from_a_checkpoint_mid_sequence(ranks):

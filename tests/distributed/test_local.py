@@ -14,6 +14,7 @@ import pytest
 
 from npformer.distributed.local import SLOT_BYTES, LocalCommunicator
 from npformer.errors import DistributedError, RangeError
+from tests.distributed.cases import comparable_parts
 from tests.distributed.interface_checks import run_interface_checks
 from tests.distributed.launcher import mpirun
 
@@ -99,7 +100,8 @@ def _weights(path):
 def test_processes_train_as_mpirun_does_and_as_one_process_to_rounding(tmp_path):
     """--processes 2 with dropout on, the same run under mpirun -n 2: the same weights bit for bit
     (the same ranks, batches, dropout streams and sums); with --dropout 0, one process's weights to
-    float32 rounding (only the order of the gradient's sum differs). Rank 0 alone logs."""
+    float32 rounding (only the order of the gradient's sum differs), the key biases aside: their exact
+    gradient is 0, so their values are rounding noise in both runs. Rank 0 alone logs."""
     two = _train("--processes", "2", "--out-dir", "two", cwd=tmp_path)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("step     4/4") == 1 and "Traceback" not in two.stderr
@@ -118,7 +120,8 @@ def test_processes_train_as_mpirun_does_and_as_one_process_to_rounding(tmp_path)
     a, b = _weights(tmp_path / "p0" / "last.npz"), _weights(tmp_path / "one" / "last.npz")
     assert a.keys() == b.keys()
     for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-6, err_msg=k)
+        for part, (got, expected) in comparable_parts(k, a[k], b[k]):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6, err_msg=part)
 
 
 def test_processes_errors_are_printed_once_and_a_checkpoint_resumes_on_its_count(tmp_path):
