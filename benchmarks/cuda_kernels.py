@@ -258,7 +258,9 @@ def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
     tiles that need no masks, beside the loop over those that do), its instructions counted by pipe
     (:data:`PIPES`) with "total" (NOPs left out, tensor instructions in) and "HMMA": the warp's m16n8k16
     products (an HGMMA.64xNx16 counts N / 8, :func:`_hmma`). Every instruction counts once, whether its
-    branch is taken or not: what the loop body is, not what one pass runs. Empty without such a loop."""
+    branch is taken or not: what the loop body is, not what one pass runs. "calls": the loop's CALLs, whose
+    callees' instructions are not in the counts (a function the compiler kept out of line); "copies": its
+    cp.async copies (LDGSTS), in the counts. Empty without such a loop."""
     bodies = _loops(instructions)
     work = {span: sum(_hmma(*i) for i in body) for span, body in bodies.items()}
     innermost = _innermost([span for span in bodies if work[span]])
@@ -267,7 +269,9 @@ def main_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
     span = min(innermost, key=lambda s: (-work[s], len(bodies[s])))
     pipe_of = {op: pipe for pipe, ops in PIPES.items() for op in ops}
     counts = collections.Counter(pipe_of.get(op, "tensor" if _hmma(op, mods) else "other") for op, mods in bodies[span])
-    return {"total": len(bodies[span]), "HMMA": work[span], **{p: counts[p] for p in LOOP_COLUMNS}}
+    opcodes = [op for op, _ in bodies[span]]
+    return {"total": len(bodies[span]), "HMMA": work[span], **{p: counts[p] for p in LOOP_COLUMNS},
+            "calls": opcodes.count("CALL"), "copies": opcodes.count("LDGSTS")}
 
 
 def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, int]:
@@ -457,15 +461,19 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
                   "Hopper's tensor cores busy only when about 5 other instructions or fewer issue per HMMA; "
                   "with time ~ instructions / issue rate, this column predicts a change's effect before a GPU "
                   "measures it. The `_wgmma` kernels' HMMA are m16n8k16 equivalents: an HGMMA.64xNx16 counts "
-                  "N / 8 (a warp's share of the warpgroup's product), itself in the instructions.", "",
+                  "N / 8 (a warp's share of the warpgroup's product), itself in the instructions. Calls: the "
+                  "CALL instructions in the loop, whose callees' instructions are not counted (the flash kernels' tile "
+                  "loaders: the dense float16 and bfloat16 kernels copy a whole tile in line, counted, and call "
+                  "only for a ragged last tile or unaligned rows, all but the forward at head size 32; the "
+                  "others call for every tile).", "",
                   "| module | kernel | regs | occupancy | loop instructions | HMMA | per HMMA | "
-                  + " | ".join(f"{c} / HMMA" for c in LOOP_COLUMNS) + " |",
-                  "|---|---|---|---|---|---|---|" + "---|" * len(LOOP_COLUMNS)]
+                  + " | ".join(f"{c} / HMMA" for c in LOOP_COLUMNS) + " | calls |",
+                  "|---|---|---|---|---|---|---|" + "---|" * (len(LOOP_COLUMNS) + 1)]
         for k in looped:
             h = k.loop["HMMA"]
             lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.occupancy:.1%} | {k.loop['total']} | {h} | "
                          f"{k.loop['total'] / h:.1f} | " + " | ".join(f"{k.loop[c] / h:.1f}" for c in LOOP_COLUMNS)
-                         + " |")
+                         + f" | {k.loop['calls']} |")
     tiled = [k for k in kernels if k.tile]
     if tiled:
         lines += ["", "## The SIMT flash kernels' tile loops", "",

@@ -633,6 +633,67 @@ __device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v
     npf_fa_load_tile_async<T, BC, D>(v_head, j0, a.Tk, a.hv, v_st, kv + BC * (D + 16 / (int)sizeof(T)));
 }
 
+// Rows [r0, r0 + N) of x and of y into s, (N, LD) then (N, LD), through npf_fa_load_tile_async: one call
+// where NpfFaTilePair's tile is not whole (fewer instructions in its callers' loops than two)
+template <typename T, int N, int D>
+__device__ __noinline__ void npf_fa_load_pair_async(const T* x, long long x_stride, int x_width, const T* y,
+                                                    long long y_stride, int y_width, int r0, int rows, T* s) {
+    npf_fa_load_tile_async<T, N, D>(x, r0, rows, x_width, x_stride, s);
+    npf_fa_load_tile_async<T, N, D>(y, r0, rows, y_width, y_stride, s + N * (D + 16 / (int)sizeof(T)));
+}
+
+// The tiles of N rows of two matrices of one head with the same rows (K and V, or Q and dO), from row r0 on:
+// rows [r0, r0 + N) of each, then [r0 + N, r0 + 2 N), ..., each tile of the pair into s as (N, LD) of the first
+// then (N, LD) of the second, through cp.async as npf_fa_load_tile_async copies them. Where both are whole (the
+// tile's N rows there, both heads' rows 16-byte aligned, the thread's 16-byte column inside both widths, a tile
+// under 2^31 elements: the common case) the copies are made in line: the thread's two sources advance by N rows
+// a tile and its copies are fixed offsets of PASS rows from there, so that a tile costs little more than its
+// copies. The rest (a ragged last tile, unaligned rows) goes to npf_fa_load_tile_async, out of line, as every
+// tile does without IN_LINE (a kernel with no registers to spare for the sources: the copies' addresses
+// worked out there, from the heads' starts).
+template <typename T, int N, int D, bool IN_LINE = true> struct NpfFaTilePair {
+    static constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E, PASS = NPF_FA_THREADS / C;
+    const T *x, *y;
+    const T *x_from, *y_from;                            // the thread's first copy of the next tile, each
+    long long x_stride, y_stride;
+    int rows, x_width, y_width, r0;                      // r0: the next tile's first row
+    int room;                                            // rows past the next tile's end; < 0: not whole
+    __device__ __forceinline__ NpfFaTilePair(const T* x_, long long x_stride_, int x_width_, const T* y_,
+                                             long long y_stride_, int y_width_, int rows_, int r0_)
+        : x(x_), y(y_), x_stride(x_stride_), y_stride(y_stride_), rows(rows_), x_width(x_width_),
+          y_width(y_width_), r0(r0_) {
+        const int first = r0 + (int)threadIdx.x / C;
+        x_from = x + first * x_stride + column();
+        y_from = y + first * y_stride + column();
+        room = whole(x, x_stride, x_width) && whole(y, y_stride, y_width) ? rows - r0 - N : -1;
+    }
+    // the thread's 16 bytes of a row: its first column (C threads a row)
+    static __device__ __forceinline__ int column() { return (int)threadIdx.x * E % D; }
+    static __device__ __forceinline__ bool whole(const T* m, long long stride, int width) {
+        return width % E == 0 && stride % E == 0 && ((unsigned long long)(size_t)m & 15) == 0 && column() < width
+               && N * stride < (1LL << 31);
+    }
+    // the next tile of each into s: (N, LD) then (N, LD)
+    __device__ __forceinline__ void next(T* s) {
+        if (IN_LINE && room >= 0) {
+            T* to = s + threadIdx.x / C * LD + threadIdx.x % C * E;    // (column(): so written, dQ at D 128 spills)
+            const int x_step = (int)(PASS * x_stride), y_step = (int)(PASS * y_stride);
+#pragma unroll
+            for (int pass = 0; pass < (N + PASS - 1) / PASS; ++pass)
+                if (N % PASS == 0 || (int)threadIdx.x / C + pass * PASS < N) {
+                    npf_cp_async_16(to + pass * PASS * LD, x_from + pass * x_step);
+                    npf_cp_async_16(to + N * LD + pass * PASS * LD, y_from + pass * y_step);
+                }
+        } else {
+            npf_fa_load_pair_async<T, N, D>(x, x_stride, x_width, y, y_stride, y_width, r0, rows, s);
+        }
+        r0 += N;
+        room = room >= N ? room - N : -1;
+        x_from += N * x_stride;
+        y_from += N * y_stride;
+    }
+};
+
 // The two 16-bit operand types of m16n8k16, float16 (unsigned short) and bfloat16 (npf_bf16): the same
 // fragment layouts (the PTX ISA's tables for .f16 and .bf16 are one), each its own mma.sync and its own
 // conversion of two floats to a pair, lo in the low 16 bits (the A fragment's order): one
@@ -1162,17 +1223,21 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
 // added once, at the end); the output accumulator is rescaled only where a row's maximum moved. The
 // row max, P as float16 A fragments and the outputs are as in npf_fa_forward_tc.
 // Traits (benchmarks/cuda_kernels.py, sm_90): the S and O accumulators take FRAGS (BC + D) floats a
-// lane: 2 fragments and 64 keys a tile up to D = 64 (233 registers at D 64: 2 blocks an SM, 12.5%; 5.6
-// instructions per HMMA in the main loop), 1 fragment and 32 keys at D = 128 (158 registers, 3 blocks,
-// 18.75%; 5.8 per HMMA: 2 fragments spilled at 32 keys, at 16 keys the output's rescale made 7.7 per
-// HMMA, and 64 keys took 85 KiB of shared memory, one block on an A100); rows of D + 8 halves in
-// shared memory (16-byte aligned, no bank conflicts); Q loaded once per head, K and V double-buffered
-// through cp.async; MIN_BLOCKS: __launch_bounds__'s blocks an SM, what the registers allow.
+// lane: 2 fragments and 64 keys a tile up to D = 64 (241-249 registers at D 64: 2 blocks an SM, 12.5%;
+// 5.8 instructions per HMMA in the main loop, the next tile's copies included), 1 fragment and 32 keys at
+// D = 128 (163 registers, 3 blocks, 18.75%; 6.1 per HMMA, of which the output's rescale, counted though
+// it runs only where a row's maximum moved, is 1: 2 fragments spilled at 32 keys, at 16 keys the rescale
+// made 7.7 per HMMA, and 64 keys took 85 KiB of shared memory, one block on an A100); rows of D + 8
+// halves in shared memory (16-byte aligned, no bank conflicts); Q loaded once per head, K and V
+// double-buffered through cp.async, the copies in line (NpfFaTilePair) but at D 32, where the causal
+// kernel's 168 registers spilled with them; MIN_BLOCKS: __launch_bounds__'s blocks an SM, what the
+// registers allow.
 template <int D_> struct NpfFaDenseTraits {
     static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 64 ? 64 : 32, LD = D + 8;
     static constexpr int MIN_BLOCKS = D <= 32 ? 3 : D <= 64 ? 2 : 3;
     static constexpr int SHARED = (BR + 4 * BC) * LD * 2;
+    static constexpr bool COPIES_IN_LINE = D > 32;
 };
 
 // One key tile of npf_fa_forward_dense for one warp: S = Q K^T for its rows, (MASKED: the causal
@@ -1273,14 +1338,11 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
 
 // Key tile kt of a head into its buffer: the next tile's copies are issued first (into the other
 // buffer), then this one's awaited, block-wide; returns the buffer (K, then V)
-template <typename T, int D, int BC>
-__device__ __forceinline__ T* npf_fa_dense_next(int kt, int n_kt, const T* k_head,
-                                                             const T* v_head, const NpfFaArgs<float>& a,
-                                                             long long k_st, long long v_st, T* KVs) {
+template <typename T, int D, int BC, bool IN_LINE>
+__device__ __forceinline__ T* npf_fa_dense_next(int kt, int n_kt, NpfFaTilePair<T, BC, D, IN_LINE>& kv_copy, T* KVs) {
     constexpr int LD = D + 8;
     if (kt + 1 < n_kt)
-        npf_fa_load_kv_async<T, BC, D>(k_head, v_head, (kt + 1) * BC, a, k_st, v_st,
-                                                    KVs + (kt + 1) % 2 * 2 * BC * LD);
+        kv_copy.next(KVs + (kt + 1) % 2 * 2 * BC * LD);
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
     __syncthreads();                                         // (everyone's), and Q's
@@ -1319,21 +1381,21 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) o[f][dn][e] = 0.0f;
         }
-        const T* k_head = k + npf_fa_head(kl, bh, a.H);
-        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        NpfFaTilePair<T, BC, D, Tr::COPIES_IN_LINE> kv_copy(k + npf_fa_head(kl, bh, a.H), kl.st, a.hs,
+                                                            v + npf_fa_head(vl, bh, a.H), vl.st, a.hv, a.Tk, 0);
         if (n_kt > 0)                                        // tile 0's copies: in flight from here
-            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
+            kv_copy.next(KVs);
         npf_cp_async_commit();
         // the main loop: tiles every row of the warp sees whole; then those that need masks (the block's
         // warps take each tile together: the barriers in npf_fa_dense_next are block-wide)
         int kt = 0;
         for (; kt < masked_from; ++kt) {
-            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
             npf_fa_dense_tile<T, D, CAUSAL, false>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; kt < n_kt; ++kt) {
-            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
             npf_fa_dense_tile<T, D, CAUSAL, true>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
             __syncthreads();
         }
@@ -1373,8 +1435,9 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
 //       floats a lane and fragment: 2 fragments at D 32, 1 above (64 queries a tile at D 64, 32 at 128);
 //       K and V once per head, Q, dO and the tile's lse and D double-buffered; 2 blocks an SM (3, with
 //       170 registers a lane, spilled the causal kernels at D 32 and 64).
-// Main loops on sm_90 (benchmarks/cuda_kernels.py): dQ 3.7-3.8 instructions per HMMA at D 64 and 128,
-// dK dV 4.5-5.0 (the _tc kernels: 60.1 and 48.2 at D 64).
+// The next tile's copies in line (NpfFaTilePair). Main loops on sm_90 (benchmarks/cuda_kernels.py, the copies
+// counted): dQ 3.9-4.3 instructions per HMMA at D 64 and 128, dK dV 4.9-5.5 (the _tc kernels: 34.9 and 28.7
+// at D 64, and their tile loaders' calls besides).
 template <int D_> struct NpfFaDenseDqTraits {
     static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 32 ? 64 : 32, LD = D + 8;
@@ -1498,19 +1561,19 @@ __device__ void npf_fa_bwd_dq_dense(const T* q, const T* k, const T* v,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dqa[f][dn][e] = 0.0f;
         }
-        const T* k_head = k + npf_fa_head(kl, bh, a.H);
-        const T* v_head = v + npf_fa_head(vl, bh, a.H);
+        NpfFaTilePair<T, BC, D> kv_copy(k + npf_fa_head(kl, bh, a.H), kl.st, a.hs, v + npf_fa_head(vl, bh, a.H),
+                                        vl.st, a.hv, a.Tk, 0);
         if (n_kt > 0)
-            npf_fa_load_kv_async<T, BC, D>(k_head, v_head, 0, a, kl.st, vl.st, KVs);
+            kv_copy.next(KVs);
         npf_cp_async_commit();
         int kt = 0;
         for (; kt < masked_from; ++kt) {                     // the main loop: no masks
-            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
             npf_fa_dense_dq_tile<T, D, CAUSAL, false>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
             __syncthreads();
         }
         for (; kt < n_kt; ++kt) {
-            const T* Ks = npf_fa_dense_next<T, D, BC>(kt, n_kt, k_head, v_head, a, kl.st, vl.st, KVs);
+            const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
             npf_fa_dense_dq_tile<T, D, CAUSAL, true>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
             __syncthreads();
         }
@@ -1618,16 +1681,15 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
 // Query tile qt of the dense dK, dV into its buffer ((qt - qt0) % 2, returned): the next tile's copies
 // are issued first (into the other buffer), then this one's awaited, block-wide
 template <typename T, int D, int BQ>
-__device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_qt, const T* q_head,
-                                                         const T* g_head, const float* lse,
-                                                         const float* dvec, long long bh, const NpfFaArgs<float>& a,
-                                                         long long q_st, long long g_st, T* QGs,
-                                                         float* LDs) {
+__device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_qt, NpfFaTilePair<T, BQ, D>& qg_copy,
+                                                         const float* lse, const float* dvec, long long bh,
+                                                         const NpfFaArgs<float>& a, T* QGs, float* LDs) {
     constexpr int LD = D + 8;
     const int buf = (qt - qt0) % 2;
-    if (qt + 1 < n_qt)
-        npf_fa_bwd_query_tile<T, D, BQ>(q_head, g_head, lse, dvec, bh, (qt + 1) * BQ, a, q_st, g_st,
-                                                     QGs + (1 - buf) * 2 * BQ * LD, LDs + (1 - buf) * 2 * BQ);
+    if (qt + 1 < n_qt) {
+        qg_copy.next(QGs + (1 - buf) * 2 * BQ * LD);
+        npf_fa_query_stats<BQ, NPF_FA_THREADS>(lse, dvec, bh, (qt + 1) * BQ, a, LDs + (1 - buf) * 2 * BQ);
+    }
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
     __syncthreads();                                         // (everyone's, its lse and D), and K's and V's
@@ -1666,15 +1728,16 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
             for (int dn = 0; dn < DN; ++dn)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dka[f][dn][e] = dva[f][dn][e] = 0.0f;
-        const T* q_head = q + npf_fa_head(ql, bh, a.H);
-        const T* g_head = dout + npf_fa_head(gl, bh, a.H);
-        if (qt0 < n_qt)                                      // its copies: in flight from here
-            npf_fa_bwd_query_tile<T, D, BQ>(q_head, g_head, lse, dvec, bh, qt0 * BQ, a, ql.st, gl.st, QGs, LDs);
+        NpfFaTilePair<T, BQ, D> qg_copy(q + npf_fa_head(ql, bh, a.H), ql.st, a.hs, dout + npf_fa_head(gl, bh, a.H),
+                                        gl.st, a.hv, a.Tq, qt0 * BQ);
+        if (qt0 < n_qt) {                                    // its copies: in flight from here
+            qg_copy.next(QGs);
+            npf_fa_query_stats<BQ, NPF_FA_THREADS>(lse, dvec, bh, qt0 * BQ, a, LDs);
+        }
         npf_cp_async_commit();
         int qt = qt0;
         for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
-            const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
-                                                              gl.st, QGs, LDs);
+            const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, qg_copy, lse, dvec, bh, a, QGs, LDs);
             const T* Qs = QGs + buf * 2 * BQ * LD;
             const float* lse_s = LDs + buf * 2 * BQ;
             npf_fa_dense_dkdv_tile<T, D, CAUSAL, true>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
@@ -1682,8 +1745,7 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; qt < n_qt; ++qt) {                            // the main loop: no masks
-            const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, q_head, g_head, lse, dvec, bh, a, ql.st,
-                                                              gl.st, QGs, LDs);
+            const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, qg_copy, lse, dvec, bh, a, QGs, LDs);
             const T* Qs = QGs + buf * 2 * BQ * LD;
             const float* lse_s = LDs + buf * 2 * BQ;
             npf_fa_dense_dkdv_tile<T, D, CAUSAL, false>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
