@@ -280,7 +280,8 @@ def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, i
     of under 200 instructions, at least 32 of them and 60% FFMA or DFMA), the innermost, the smallest of
     those (a dense kernel's loop over the tiles that need no mask). "products": how many product loops it
     holds, "product": one pass of one (instructions, on average), "rest": its other instructions (the
-    scores, softmax, stores, copies, barriers). Empty without such a loop, or with tensor-core instructions."""
+    scores, softmax, stores, copies, barriers), "calls": its CALLs (their callees not counted, as in
+    :func:`main_loop`). Empty without such a loop, or with tensor-core instructions."""
     if any(_hmma(op, mods) for _, op, _, mods in instructions):
         return {}
     bodies = {span: [op for op, _ in body] for span, body in _loops(instructions).items()}
@@ -293,7 +294,7 @@ def simt_tile_loop(instructions: list[tuple[int, str, str, str]]) -> dict[str, i
     span = min(innermost, key=lambda s: len(bodies[s]))
     product = sum(len(bodies[p]) for p in inside[span])
     return {"products": len(inside[span]), "product": product // len(inside[span]),
-            "rest": len(bodies[span]) - product}
+            "rest": len(bodies[span]) - product, "calls": bodies[span].count("CALL")}
 
 
 def compile_module(tools: Tools, name: str, source: str, options: tuple, arch: int, workdir: str,
@@ -483,13 +484,14 @@ def report(arch: int, kernels: list[Kernel], command: str) -> str:
                   "the rest of the loop's body. The general kernels' rest counts every feature's branch once, "
                   "taken or not; the dense ones (`_dense`: no masks, padding or dropout) hold only what their "
                   "tiles run. The products' loops are FFMA-dense, so the rest, run once a tile, is the overhead "
-                  "that time ~ instructions / issue rate sees.", "",
+                  "that time ~ instructions / issue rate sees. Calls as above: these kernels' tile loaders, not "
+                  "counted.", "",
                   "| module | kernel | regs | occupancy | product loops | instructions a pass "
-                  "| rest of the tile loop |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| rest of the tile loop | calls |",
+                  "|---|---|---|---|---|---|---|---|"]
         for k in tiled:
             lines.append(f"| {k.module} | {k.name} | {k.registers} | {k.occupancy:.1%} | {k.tile['products']} | "
-                         f"{k.tile['product']} | {k.tile['rest']} |")
+                         f"{k.tile['product']} | {k.tile['rest']} | {k.tile['calls']} |")
     return "\n".join(lines) + "\n"
 
 

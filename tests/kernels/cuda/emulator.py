@@ -214,11 +214,19 @@ static void npf_ldmatrix_x4_trans(unsigned* r, const void* row) { npf_ldmatrix(r
 // land newest first). Their destination's 16 bytes read 0xff (NaN in every float type) from the issue to
 // the landing: a GPU may show old bytes or new there, and a kernel that reads them, or issues a copy over
 // a tile that other threads have not yet read (a missing barrier), gets NaN here; a destination no longer
-// all 0xff when its copy lands was written meanwhile, an error.
+// all 0xff when its copy lands was written meanwhile, an error. Both addresses must be 16-byte aligned, as
+// the PTX ISA asks of a 16-byte cp.async (a GPU faults: misaligned address), the source even where none of
+// its bytes are read.
 struct NpfCopy { void* dst; const void* src; int bytes; };
 struct NpfCopies { std::vector<NpfCopy> open; std::vector<std::vector<NpfCopy>> committed; };
 static std::vector<NpfCopies> npf_copies;            // one a thread of the running block
+static bool npf_copy_misaligned;                     // a copy's source or destination was not 16-byte aligned
 static void npf_cp_async_16_zfill(void* dst, const void* src, int bytes) {
+    if ((((size_t)dst | (size_t)src) & 15) && !npf_copy_misaligned) {
+        std::fprintf(stderr, "emulator: thread %zu's cp.async from %p to %p, not 16-byte aligned\n", npf_current,
+                     src, dst);
+        npf_copy_misaligned = true;
+    }
     std::memset(dst, 0xff, 16);
     npf_copies[npf_current].open.push_back({dst, src, bytes});
 }
@@ -569,7 +577,7 @@ static int npf_resolve_warpgroups(size_t n, unsigned i, unsigned j) {
 
 // Runs the grid block by block; returns 0, or 1 when a block's threads disagreed on a barrier, 2 on a warp
 // collective, 3 on a warpgroup's (or a wgmma issued and never waited for), 4 on a cp.async never waited for
-// or whose destination was written before its wait.
+// or whose destination was written before its wait, 5 on a cp.async not 16-byte aligned.
 static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, const std::function<void()>& body) {
     gridDim = {gx, gy, 1};
     blockDim = {bx, by, 1};
@@ -581,6 +589,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
     npf_wg_descs.clear();
     npf_error = 0;
     npf_copy_race = false;
+    npf_copy_misaligned = false;
     if (npf_stacks.size() < n) npf_stacks.resize(n, std::vector<char>(1 << 16));
     for (unsigned jj = 0; jj < gy; ++jj) {
         for (unsigned ii = 0; ii < gx; ++ii) {
@@ -610,6 +619,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                         if (rc) return rc;
                     }
                     if (npf_copy_race) return 4;
+                    if (npf_copy_misaligned) return 5;
                     int resolved = npf_resolve_warpgroups(n, i, j);
                     if (resolved < 0 || npf_error) return 3;
                     if (resolved == 0) break;
@@ -638,6 +648,7 @@ static int npf_run_grid(unsigned gx, unsigned gy, unsigned bx, unsigned by, cons
                     return 4;
                 }
             }
+            if (npf_copy_misaligned) return 5;
         }
     }
     return 0;
@@ -820,6 +831,7 @@ class EmulatedKernel:
         rc = self.fn(grid[0], grid[1], block[0], block[1], pointers)
         assert rc != 4, (f"{self.name}: a thread ended with a cp.async copy it never waited for, or a copy's "
                          "destination was written before its wait (see stderr)")
+        assert rc != 5, f"{self.name}: a cp.async copy from or to an address not 16-byte aligned (see stderr)"
         assert rc == 0, (f"{self.name}: threads of one block disagreed on a __syncthreads or a warp(group) "
                          "collective (see stderr)")
         if declared is not None and declared.value:       # a flash kernel: its shared memory is what the launch gave

@@ -668,6 +668,28 @@ def test_the_dense_kernels_match_the_reference(fx, monkeypatch, hs, tq, tk, alig
     assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
 
 
+@pytest.mark.parametrize("odd", ["v", "k", "dout"])
+@pytest.mark.parametrize("hs", [64, 128])
+def test_the_dense_kernels_copy_a_pair_of_tiles_with_one_not_aligned(fx, monkeypatch, odd, hs):
+    """The dense kernels copy K and V (Q and dO in dK, dV) as a pair, in line where both are whole and
+    16-byte aligned (NpfFaTilePair); one of the two with rows an odd number of values apart (V, dO) or 2
+    bytes past alignment (K) sends every tile of the pair to the out-of-line loader: out, lse, dq, dk, dv
+    as the reference's, causal, ragged ends (the last tiles of both lengths not whole)."""
+    names = _launched(monkeypatch)
+    xp = fx.xp
+    q, k, v = qkv(xp, 1, 2, 150, 140, hs, hs, 11, "float16")
+    dout = randn(xp, (1, 2, 150, hs), 12, "float16")
+    if odd == "v":
+        v = xp.ascontiguousarray(randn(xp, (1, 2, 140, hs + 1), 13, "float16"))[..., :hs]
+    elif odd == "k":
+        flat = randn(xp, (2 * 140 * hs + 1,), 14, "float16")
+        k = flat[1:].reshape(1, 2, 140, hs)
+    else:
+        dout = randn(xp, (1, 2, 150, hs + 1), 15, "float16")[..., :hs]
+    compare(fx, q, k, v, dout, {"is_causal": True}, "float16")
+    assert names[:3] == ["fwd_dense_causal", "bwd_dkdv_dense_causal", "bwd_dq_dense_causal"], names
+
+
 def test_float16_scores_beyond_float16_on_tensor_cores(fx, monkeypatch):
     """The op test that failed on the first H200 (tests/ops/test_attention.py, float16 scores of 1e8)
     through the tensor-core kernels: emulated, dq comes out near the float32 path's 324 (the emulator's

@@ -243,6 +243,14 @@ extern "C" __global__ void npf_test_copy_never_waited_for(const float* src) {
     npf_cp_async_16(&buf[threadIdx.x * 4], src + threadIdx.x * 4);
     npf_cp_async_commit();
 }
+extern "C" __global__ void npf_test_copy_not_aligned(const float* src, float* dst, int offset) {
+    // 16 bytes from src + offset values: 16-byte aligned (src is) only where offset is a multiple of 4
+    __shared__ __align__(16) float buf[32 * 4];
+    npf_cp_async_16(&buf[threadIdx.x * 4], src + offset + threadIdx.x * 4);
+    npf_cp_async_commit();
+    npf_cp_async_wait<0>();
+    for (int i = 0; i < 4; ++i) dst[threadIdx.x * 4 + i] = buf[threadIdx.x * 4 + i];
+}
 """
 
 
@@ -278,6 +286,18 @@ def test_the_emulator_shows_a_copy_issued_over_a_tile_not_yet_read(racy_copies, 
 def test_the_emulator_refuses_a_cp_async_never_waited_for(racy_copies):
     with pytest.raises(AssertionError, match="cp.async copy it never waited for"):
         racy_copies.get_function("npf_test_copy_never_waited_for")((1,), (32,), (np.ones(128, np.float32),))
+
+
+def test_the_emulator_refuses_a_cp_async_not_16_byte_aligned(racy_copies):
+    """A GPU faults on a 16-byte cp.async from an address not 16-byte aligned (the PTX ISA: its addresses aligned
+    to its size); the emulator, whose memcpy would copy it, refuses it."""
+    src = np.arange(256, dtype=np.float32)
+    dst = np.zeros(128, np.float32)
+    copy = racy_copies.get_function("npf_test_copy_not_aligned")
+    copy((1,), (32,), (src, dst, np.int32(4)))
+    np.testing.assert_array_equal(dst, src[4:132])
+    with pytest.raises(AssertionError, match="not 16-byte aligned"):
+        copy((1,), (32,), (src, dst, np.int32(1)))
 
 
 _LEFTOVER_SHARED = r"""
