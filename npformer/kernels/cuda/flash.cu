@@ -648,9 +648,9 @@ __device__ __noinline__ void npf_fa_load_pair_async(const T* x, long long x_stri
 // tile's N rows there, both heads' rows 16-byte aligned, the thread's 16-byte column inside both widths, a tile
 // under 2^31 elements: the common case) the copies are made in line: the thread's two sources advance by N rows
 // a tile and its copies are fixed offsets of PASS rows from there, so that a tile costs little more than its
-// copies. The rest (a ragged last tile, unaligned rows) goes to npf_fa_load_tile_async, out of line, as every
-// tile does without IN_LINE (a kernel with no registers to spare for the sources: the copies' addresses
-// worked out there, from the heads' starts).
+// copies. The rest (a ragged last tile, unaligned rows) goes to npf_fa_load_pair_async, out of line, as every
+// tile does without IN_LINE (for a kernel with no registers to spare for the sources: there the copies'
+// addresses are worked out from the heads' starts, a tile at a time).
 template <typename T, int N, int D, bool IN_LINE = true> struct NpfFaTilePair {
     static constexpr int E = 16 / sizeof(T), LD = D + E, C = D / E, PASS = NPF_FA_THREADS / C;
     const T *x, *y;
