@@ -625,14 +625,6 @@ __device__ __noinline__ void npf_fa_load_tile_async(const T* x, int r0, int rows
     }
 }
 
-// Key tile [j0, j0 + BC) of K and of V into one buffer, (BC, LD) K then (BC, LD) V, through cp.async
-template <typename T, int BC, int D>
-__device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v_head, int j0,
-                                                     const NpfFaArgs<float>& a, long long k_st, long long v_st, T* kv) {
-    npf_fa_load_tile_async<T, BC, D>(k_head, j0, a.Tk, a.hs, k_st, kv);
-    npf_fa_load_tile_async<T, BC, D>(v_head, j0, a.Tk, a.hv, v_st, kv + BC * (D + 16 / (int)sizeof(T)));
-}
-
 // Rows [r0, r0 + N) of x and of y into s, (N, LD) then (N, LD), through npf_fa_load_tile_async: one call
 // where NpfFaTilePair's tile is not whole (fewer instructions in its callers' loops than two)
 template <typename T, int N, int D>
@@ -640,6 +632,13 @@ __device__ __noinline__ void npf_fa_load_pair_async(const T* x, long long x_stri
                                                     long long y_stride, int y_width, int r0, int rows, T* s) {
     npf_fa_load_tile_async<T, N, D>(x, r0, rows, x_width, x_stride, s);
     npf_fa_load_tile_async<T, N, D>(y, r0, rows, y_width, y_stride, s + N * (D + 16 / (int)sizeof(T)));
+}
+
+// Key tile [j0, j0 + BC) of K and of V into one buffer, (BC, LD) K then (BC, LD) V, through cp.async
+template <typename T, int BC, int D>
+__device__ __forceinline__ void npf_fa_load_kv_async(const T* k_head, const T* v_head, int j0,
+                                                     const NpfFaArgs<float>& a, long long k_st, long long v_st, T* kv) {
+    npf_fa_load_pair_async<T, BC, D>(k_head, k_st, a.hs, v_head, v_st, a.hv, j0, a.Tk, kv);
 }
 
 // The tiles of N rows of two matrices of one head with the same rows (K and V, or Q and dO), from row r0 on:
@@ -1083,8 +1082,16 @@ __device__ __forceinline__ void npf_fa_bwd_query_tile(const T* q_head, const T* 
                                                       const float* dvec, long long bh, int i0,
                                                       const NpfFaArgs<float>& a, long long q_st, long long g_st,
                                                       T* qg_s, float* ld_s) {
-    npf_fa_load_tile_async<T, BR, D>(q_head, i0, a.Tq, a.hs, q_st, qg_s);
-    npf_fa_load_tile_async<T, BR, D>(g_head, i0, a.Tq, a.hv, g_st, qg_s + BR * (D + 16 / (int)sizeof(T)));
+    npf_fa_load_pair_async<T, BR, D>(q_head, q_st, a.hs, g_head, g_st, a.hv, i0, a.Tq, qg_s);
+    npf_fa_query_stats<BR, NPF_FA_THREADS>(lse, dvec, bh, i0, a, ld_s);
+}
+
+// The same from a pair of the head's Q and dO tiles (NpfFaTilePair): its next tile, rows [i0, i0 + BR)
+template <typename T, int D, int BR>
+__device__ __forceinline__ void npf_fa_bwd_query_tile(NpfFaTilePair<T, BR, D>& qg_copy, const float* lse,
+                                                      const float* dvec, long long bh, int i0,
+                                                      const NpfFaArgs<float>& a, T* qg_s, float* ld_s) {
+    qg_copy.next(qg_s);
     npf_fa_query_stats<BR, NPF_FA_THREADS>(lse, dvec, bh, i0, a, ld_s);
 }
 
@@ -1436,8 +1443,8 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
 //       K and V once per head, Q, dO and the tile's lse and D double-buffered; 2 blocks an SM (3, with
 //       170 registers a lane, spilled the causal kernels at D 32 and 64).
 // The next tile's copies in line (NpfFaTilePair). Main loops on sm_90 (benchmarks/cuda_kernels.py, the copies
-// counted): dQ 3.9-4.3 instructions per HMMA at D 64 and 128, dK dV 4.9-5.5 (the _tc kernels: 34.9 and 28.7
-// at D 64, and their tile loaders' calls besides).
+// counted): dQ 3.9-4.3 instructions per HMMA at D 64 and 128, dK dV 4.9-5.6 (the _tc kernels: 34.7 and 28.7
+// at D 64, and their tile loader's call besides).
 template <int D_> struct NpfFaDenseDqTraits {
     static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 32 ? 64 : 32, LD = D + 8;
@@ -1686,10 +1693,9 @@ __device__ __forceinline__ int npf_fa_dense_next_queries(int qt, int qt0, int n_
                                                          const NpfFaArgs<float>& a, T* QGs, float* LDs) {
     constexpr int LD = D + 8;
     const int buf = (qt - qt0) % 2;
-    if (qt + 1 < n_qt) {
-        qg_copy.next(QGs + (1 - buf) * 2 * BQ * LD);
-        npf_fa_query_stats<BQ, NPF_FA_THREADS>(lse, dvec, bh, (qt + 1) * BQ, a, LDs + (1 - buf) * 2 * BQ);
-    }
+    if (qt + 1 < n_qt)
+        npf_fa_bwd_query_tile<T, D, BQ>(qg_copy, lse, dvec, bh, (qt + 1) * BQ, a, QGs + (1 - buf) * 2 * BQ * LD,
+                                        LDs + (1 - buf) * 2 * BQ);
     npf_cp_async_commit();
     npf_cp_async_wait<1>();                                  // this tile's copies have landed
     __syncthreads();                                         // (everyone's, its lse and D), and K's and V's
@@ -1730,10 +1736,8 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
                 for (int e = 0; e < 4; ++e) dka[f][dn][e] = dva[f][dn][e] = 0.0f;
         NpfFaTilePair<T, BQ, D> qg_copy(q + npf_fa_head(ql, bh, a.H), ql.st, a.hs, dout + npf_fa_head(gl, bh, a.H),
                                         gl.st, a.hv, a.Tq, qt0 * BQ);
-        if (qt0 < n_qt) {                                    // its copies: in flight from here
-            qg_copy.next(QGs);
-            npf_fa_query_stats<BQ, NPF_FA_THREADS>(lse, dvec, bh, qt0 * BQ, a, LDs);
-        }
+        if (qt0 < n_qt)                                      // its copies: in flight from here
+            npf_fa_bwd_query_tile<T, D, BQ>(qg_copy, lse, dvec, bh, qt0 * BQ, a, QGs, LDs);
         npf_cp_async_commit();
         int qt = qt0;
         for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal

@@ -281,7 +281,7 @@ def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compi
     sizes 64 and 128: their main loops (the tiles that need no mask) copy the next tile in line (NpfFaTilePair:
     its cp.async copies counted, a thread's 16-byte share of two tiles; the one call left is for a ragged last
     tile or unaligned rows) and issue at most 6 instructions per mma.sync, about what keeps Hopper's tensor
-    cores busy (the _tc kernels: 19 to 55). The forward at 128 issues 6.1: its 32-key tiles hold the rescale of
+    cores busy (the _tc kernels: 19 to 51). The forward at 128 issues 6.1: its 32-key tiles hold the rescale of
     a lane's 64 outputs, one FMUL per HMMA, counted though it runs only where a row's maximum moved (2
     fragments a warp spilled, 16-key tiles made 7.7); held at 6.2. D 32 has half the products per score, and
     the same softmax work, so it stays above."""
