@@ -25,10 +25,14 @@ steps         training steps on CuPy and PyTorch: GPT-2 124M (float32, float16  
 sweep         attention at T = 128 .. 8192, plain and flash (float16 too), and    sweep.md, .json
               flash at training shapes (B H >= 32, T 1024-8192, D 64 and 128,
               float16 and float32), beside PyTorch's SDPA
+ncu           Nsight Compute on the float16 flash kernels, B4 H16 T4096 D 64       profile.txt
+              and 128 (benchmarks/flash_profile.py): each kernel's time,
+              registers, occupancy, issue slots, instructions run per HMMA
 other-tests   the rest of the GPU tests (ops, modules, models, ...)               (gpu_tests.log)
 cpu-vs-gpu    the op cases and the gpt-small step with NumPy on this machine's    cpu_vs_gpu.md
               CPU cores beside CuPy (the report's "GPU speed-up" column)
-profile       the kernels of one GPT-2 124M training step (count, time, top 25)   profile.txt
+profile       the kernels of one GPT-2 124M training step (count, time, top 25)   (profile.txt,
+                                                                                  appended)
 ============  ==================================================================  ===============
 
 Eight files at most come back from a GPU lease, and these are eight, directly in OUT_DIR:
@@ -36,15 +40,18 @@ summary.txt holds the device facts, a line per stage (exit status, seconds, or w
 every failed or erroring test by name, and the tail of a failed stage's output; it is printed last.
 The two test stages run in parallel (xdist) with a per-test timeout and report their 15 slowest
 tests (the model gradient checks' budget is set from them). The exit status is 1 when a stage
-failed or was skipped, 0 otherwise. The machine needs CuPy, PyTorch with CUDA, pytest-xdist and
-pytest-timeout; nothing is installed.
+failed or was skipped, 0 otherwise. The machine needs CuPy, PyTorch with CUDA, pytest-xdist,
+pytest-timeout and Nsight Compute's ncu; nothing is installed. A stage that runs past its time is
+killed with every process it started (:func:`run_command`).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -55,7 +62,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARGIN_S = 10          # kept back from a stage's timeout for its files and the summary
 TAIL_LINES = 12        # of a failed stage's output, in the summary
 
-__all__ = ["Stage", "Outcome", "stages", "run_stages", "failing_tests", "summary", "main"]
+__all__ = ["Stage", "Outcome", "stages", "run_command", "run_stages", "failing_tests", "summary", "main"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,8 @@ class Stage:
     name: str
     minimum_s: float            # the least time in which it gives a useful result (else: skipped)
     cap_s: float                # the most it may take
-    command: tuple              # argv; "{out}" is replaced by the output folder, "{timeout}" by the per-test cap
+    command: tuple              # argv; "{out}" is replaced by the output folder, "{timeout}" by the per-test cap,
+                                # "{seconds}" by the stage's own timeout less MARGIN_S
     log: str | None = None      # the file (in OUT) its output goes to, appended to; None: kept for the summary
     keep: tuple = ()            # (produced path relative to OUT, name to keep it as) after it ends
 
@@ -101,13 +109,15 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
               keep=(("steps/*.md", "steps.md"), ("steps/*.json", "steps.json"))),
         Stage("sweep", 45, 240, gpu_vs_torch + ("--only", "sweep,flash-train", "--out", "{out}/sweep"),
               keep=(("sweep/*.md", "sweep.md"), ("sweep/*.json", "sweep.json"))),
+        Stage("ncu", 45, 180, (python, "benchmarks/flash_profile.py", "{out}/profile.txt",
+                                         "--timeout", "{seconds}")),
         Stage("other-tests", 60, 300, parallel + tuple(f"--ignore={t}" for t in KERNEL_TESTS) + ("tests",),
               log="gpu_tests.log"),
         Stage("cpu-vs-gpu", 60, 180, bench + ("--backends", "numpy,cupy", "--only", ops + ",gpt-small",
                                               "--out", "{out}/cpu_vs_gpu"),
               keep=(("cpu_vs_gpu/*.md", "cpu_vs_gpu.md"),)),
-        Stage("profile", 20, 120, (python, "benchmarks/profile_step.py", "--model", "gpt2-124m",
-                                   "--out", "{out}/profile.txt")),
+        Stage("profile", 20, 120, (python, "benchmarks/profile_step.py", "--model", "gpt2-124m"),
+              log="profile.txt"),
     ]
 
 
@@ -133,17 +143,30 @@ def device_facts() -> None:
     print("npformer commit", source_commit(ROOT))
 
 
-def _execute(argv: list[str], timeout: float, log_path: str | None) -> tuple[int | None, str]:
-    """Run ``argv`` in the checkout; (exit status or None when it timed out, its output)."""
+def run_command(argv: list[str], timeout: float) -> tuple[int | None, str]:
+    """Run ``argv`` in the checkout (its ``npformer`` first on the path) in a process group of its own;
+    (exit status, or None when it ran past ``timeout`` seconds, its output). A command that runs past its
+    time is killed with every process it started (pytest's workers, ncu's profiled program), so none of
+    them is left holding the GPU while the next stage runs."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            errors="replace", start_new_session=True)
     try:
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-        code, output = done.returncode, done.stdout + done.stderr
-    except subprocess.TimeoutExpired as exc:
-        code = None
-        output = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                         for x in (exc.stdout, exc.stderr))
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = proc.communicate()
+        return None, out + err
+
+
+def _execute(argv: list[str], timeout: float, log_path: str | None) -> tuple[int | None, str]:
+    """Run ``argv`` (:func:`run_command`), its output appended to ``log_path`` if given."""
+    code, output = run_command(argv, timeout)
     if log_path:
         with open(log_path, "a") as f:
             f.write(output)
@@ -168,7 +191,8 @@ def run_stages(out: str, plan: list[Stage], budget: float | None,
             continue
         timeout = stage.cap_s if left is None else min(stage.cap_s, left - MARGIN_S)
         per_test = max(30, min(300, int(timeout / 3)))
-        argv = [a.replace("{out}", out).replace("{timeout}", str(per_test)) for a in stage.command]
+        fill = {"{out}": out, "{timeout}": str(per_test), "{seconds}": str(int(timeout - MARGIN_S))}
+        argv = [functools.reduce(lambda a, kv: a.replace(*kv), fill.items(), arg) for arg in stage.command]
         log(f"{stage.name}: running (up to {timeout:.0f} s)")
         began = clock()
         code, output = execute(argv, timeout, os.path.join(out, stage.log) if stage.log else None)

@@ -611,9 +611,12 @@ def _fake_execute(clock, durations: dict, calls: list, out: str):
             os.makedirs(folder, exist_ok=True)
             for ext in ("md", "json", "png"):
                 open(os.path.join(folder, f"device_2026-11-27.{ext}"), "w").close()
+        if name == "ncu":                               # flash_profile.py writes its report itself
+            with open(os.path.join(out, "profile.txt"), "w") as f:
+                f.write("ncu report\n")
         if log_path:
             with open(log_path, "a") as f:
-                f.write(f"{name} log\n" if "tests" in name else "")
+                f.write(f"{name} log\n" if "tests" in name or name == "profile" else "")
         if took > timeout:
             return None, "line\n" * 30 + "still running"
         return (1, "Traceback\nboom") if name == "profile" else (0, "fine")
@@ -627,36 +630,37 @@ def _gpu_check_stages():
     return [gpu_check.Stage(s.name, s.minimum_s, s.cap_s, s.command + (s.name,), s.log, s.keep) for s in stages]
 
 
-STAGE_SECONDS = {"device": 5, "primitives": 15, "kernel-tests": 100, "steps": 100, "sweep": 60, "other-tests": 120,
-                 "cpu-vs-gpu": 90, "profile": 20}
+STAGE_SECONDS = {"device": 5, "primitives": 15, "kernel-tests": 100, "steps": 100, "sweep": 60, "ncu": 40,
+                 "other-tests": 120, "cpu-vs-gpu": 90, "profile": 20}
 
 
 def test_gpu_check_runs_its_stages_in_order_within_the_budget_and_skips_what_no_longer_fits(tmp_path):
-    """A fake clock: a 480 s budget; the first five stages (what the GPU issues need first) fit, the
+    """A fake clock: a 480 s budget; the first six stages (what the GPU issues need first) fit, the
     other tests run out their timeout (what is left of the budget), so NumPy beside CuPy and the
-    profile are skipped, saying so; the timeouts shrink with the budget."""
+    profile are skipped, saying so; the timeouts shrink with the budget, and the ncu stage is told its own."""
     from benchmarks import gpu_check
     clock, calls, lines = _FakeClock(), [], []
     durations = dict(STAGE_SECONDS, **{"other-tests": 10_000})
     outcomes = gpu_check.run_stages(str(tmp_path), _gpu_check_stages(), 480, clock=clock,
                                     execute=_fake_execute(clock, durations, calls, str(tmp_path)), log=lines.append)
-    first = ["device", "primitives", "kernel-tests", "steps", "sweep"]
+    first = ["device", "primitives", "kernel-tests", "steps", "sweep", "ncu"]
     assert [c[0] for c in calls] == first + ["other-tests"]
     used = sum(STAGE_SECONDS[n] for n in first)
-    left_for_steps = 480 - 120 - gpu_check.MARGIN_S          # (its cap, 360 s, is more than is left)
-    assert [c[1] for c in calls] == [60, 60, 240, left_for_steps, 240, 480 - used - gpu_check.MARGIN_S]
-    assert [(o.name, o.status) for o in outcomes][:6] == [(n, "ok") for n in first] + [("other-tests", "timed out")]
     margin = gpu_check.MARGIN_S
-    assert [o.status for o in outcomes[6:]] == [f"skipped: needs {60 + margin} s, {margin} s left",
+    left_for_steps = 480 - 120 - margin                      # (its cap, 360 s, is more than is left)
+    assert [c[1] for c in calls] == [60, 60, 240, left_for_steps, 240, 180, 480 - used - margin]
+    assert calls[5][2][2:5] == [f"{tmp_path}/profile.txt", "--timeout", str(180 - margin)]   # ncu's own time
+    assert [(o.name, o.status) for o in outcomes][:7] == [(n, "ok") for n in first] + [("other-tests", "timed out")]
+    assert [o.status for o in outcomes[7:]] == [f"skipped: needs {60 + margin} s, {margin} s left",
                                                 f"skipped: needs {20 + margin} s, {margin} s left"]
-    assert "still running" in outcomes[5].tail and len(outcomes[5].tail.splitlines()) == gpu_check.TAIL_LINES
-    per_test = next(a for a in calls[5][2] if a.startswith("--timeout="))
-    assert per_test == f"--timeout={max(30, min(300, int(calls[5][1] / 3)))}"
+    assert "still running" in outcomes[6].tail and len(outcomes[6].tail.splitlines()) == gpu_check.TAIL_LINES
+    per_test = next(a for a in calls[6][2] if a.startswith("--timeout="))
+    assert per_test == f"--timeout={max(30, min(300, int(calls[6][1] / 3)))}"
     assert clock.now - 1000.0 <= 480                                   # nothing ran past the budget
     # the files: at most 8, directly in OUT (the bench folders moved up and removed); both test stages
     # write one log
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["device.txt", "gpu_tests.log", "steps.json", "steps.md",
-                                                          "sweep.json", "sweep.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["device.txt", "gpu_tests.log", "profile.txt", "steps.json",
+                                                          "steps.md", "sweep.json", "sweep.md"]
     assert (tmp_path / "gpu_tests.log").read_text() == "kernel-tests log\nother-tests log\n"
     text = gpu_check.summary(outcomes, 480)
     assert text.splitlines()[0].startswith("gpu_check: budget 480 s") and "profile      skipped" in text
@@ -700,10 +704,12 @@ def test_gpu_check_without_a_budget_gives_each_stage_its_cap_and_reports_a_failu
                                     execute=_fake_execute(clock, STAGE_SECONDS, calls, str(tmp_path)),
                                     log=lambda _: None)
     assert [c[1] for c in calls] == [s.cap_s for s in gpu_check.stages()]
-    assert [o.status for o in outcomes] == ["ok"] * 7 + ["failed (exit 1)"]
+    assert [o.status for o in outcomes] == ["ok"] * 8 + ["failed (exit 1)"]
     assert outcomes[-1].tail == "Traceback\nboom"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_vs_gpu.md", "device.txt", "gpu_tests.log", "steps.json",
-                                                          "steps.md", "sweep.json", "sweep.md"]   # + profile.txt
+    # eight with summary.txt (main writes it); the step profile appended to the ncu report
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu_vs_gpu.md", "device.txt", "gpu_tests.log", "profile.txt",
+                                                          "steps.json", "steps.md", "sweep.json", "sweep.md"]
+    assert (tmp_path / "profile.txt").read_text() == "ncu report\nprofile log\n"
     assert "    boom" in gpu_check.summary(outcomes, None)
 
 
@@ -1108,3 +1114,28 @@ def test_causal_attention_times_is_causal_beside_the_same_mask_given_and_pytorch
         assert ("PyTorch SDPA is_causal" in res.stdout) == torch_column
     bad = subprocess.run([sys.executable, script, "--lengths", "64,x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected lengths T >= 1 such as 64,512, got '64,x'" in bad.stderr
+
+
+def test_gpu_check_kills_a_stage_that_runs_past_its_time_with_every_process_it_started(tmp_path):
+    """run_command: a command past its timeout is killed with its children (pytest's workers, the program ncu
+    profiles), so none of them holds the GPU while the next stage runs."""
+    import time
+    from benchmarks import gpu_check
+    pid_file = tmp_path / "child.pid"
+    spawn = ("import subprocess, sys, time; "
+             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(child.pid)); print('started', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    code, output = gpu_check.run_command([sys.executable, "-c", spawn], timeout=3)
+    assert code is None and "started" in output and time.monotonic() - t0 < 30
+    child = int(pid_file.read_text())
+    for _ in range(50):                                        # the kill is delivered at once; reaping may lag
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        with open(f"/proc/{child}/stat") as f:
+            assert f.read().split()[2] == "Z", "the stage's child outlived the stage"   # killed, not yet reaped
+    assert gpu_check.run_command([sys.executable, "-c", "print('fine')"], timeout=30) == (0, "fine\n")
