@@ -48,10 +48,11 @@ SGEMM_SYMBOLS = ("cblas_sgemm", "scipy_cblas_sgemm")
 SETTLE_SECONDS = 0.3      # after a library's threads ran: OpenBLAS's workers spin for about 0.1 s
 
 
-def layers(model: str = "gpt-tiny") -> list[tuple[str, int, int, int, int]]:
-    """(name, rows, in, out, times a step) of each linear layer's products in ``model``."""
+def layers(model: str = "gpt-tiny", rows: int | None = None) -> list[tuple[str, int, int, int, int]]:
+    """(name, rows, in, out, times a step) of each linear layer's products in ``model`` (a GPT), at its
+    batch's B * T rows or ``rows``."""
     m = MODELS[model]
-    rows = m.B * m.T
+    rows = rows or m.B * m.T
     return [("attention in", rows, m.d, 3 * m.d, m.L), ("attention out", rows, m.d, m.d, m.L),
             ("MLP up", rows, m.d, m.F, m.L), ("MLP down", rows, m.F, m.d, m.L), ("head", rows, m.d, m.V, 1)]
 
@@ -187,6 +188,22 @@ def check(lib, operands: list[Operands]) -> float:
         for got, want in zip(lib.results(o), o.expected()):
             worst = max(worst, float(numpy.max(numpy.abs(got - want)) / numpy.max(numpy.abs(want))))
     return worst
+
+
+def step_ms(lib, threads: int, model: str = "gpt-tiny", rows: int | None = None, rounds: int = 3) -> float:
+    """A step's worth of ``model``'s products (at ``rows`` rows: :func:`layers`) through ``lib`` at ``threads``
+    threads, timed alone (each product the median of 20 calls, its operands in the cache): the median over
+    ``rounds``, in ms. What ``benchmarks/cpu_profile.py --torch`` sets beside the products timed in a step."""
+    shapes = layers(model, rows)
+    operands = [Operands(numpy.random.default_rng(0), rows, c_in, c_out) for _, rows, c_in, c_out, _ in shapes]
+    totals = []
+    with lib.threads(threads):
+        for _ in range(rounds):
+            totals.append(sum(time_us(call) * count for o, (_, _, _, _, count) in zip(operands, shapes)
+                              for call in lib.calls(o)) / 1e3)
+    if threads > 1:
+        time.sleep(SETTLE_SECONDS)
+    return statistics.median(totals)
 
 
 def main(argv=None) -> int:

@@ -22,8 +22,10 @@ and at one token (its fixed part, as npformer's), profiles it (``torch.profiler`
 op) and prints the share of it spent in matrix products (``aten::mm``, ``addmm``, ``bmm``,
 ``baddbmm``): a step can be no faster than its products, so that share bounds what any
 implementation with the same BLAS speed can reach against PyTorch. npformer's own products are timed
-in the step too (:func:`timed_products`), so the last line compares what each library spends outside
-its matrix products: the part of the step that is npformer's own work, not BLAS's.
+in the step too (:func:`timed_products`), so the next line compares what each library spends outside
+its matrix products: the part of the step that is npformer's own work, not BLAS's. The profiler's
+bookkeeping inflates PyTorch's product times too, by a varying amount, so the last line brackets it
+from the other side: both libraries' products timed alone (:func:`products_alone`), each step less them.
 Both libraries run the model's dropout rate (the suite's: 0.1 but where a model says its own), or
 ``--dropout P`` in both.
 The pool's regions (on more than one thread): how many a step, and how their time divides between
@@ -211,9 +213,14 @@ def model_spec(model: str, dropout: float | None = None):
     return MODELS[model] if dropout is None else dataclasses.replace(MODELS[model], dropout=dropout)
 
 
+def batch(m) -> tuple[int, int]:
+    """(B, T) the profile runs ``m`` at: its own, or the suite's 8 x 128 for the models without one."""
+    return m.B or 8, m.T or 128
+
+
 def profile(model: str, steps: int, dropout: float | None = None) -> dict:
     m = model_spec(model, dropout)
-    B, T = m.B or 8, m.T or 128
+    B, T = batch(m)
     full, step = _step_ms(m, B, T, steps)
     fixed, _ = _step_ms(m, 1, 1, steps)
     calls = count_calls(step)
@@ -249,7 +256,7 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
     import benchmarks.torch_reference                                 # noqa: F401 - registers "torch"
     from npformer.bench.backends import reference_backend
     m = model_spec(model, dropout)
-    B, T = m.B or 8, m.T or 128
+    B, T = batch(m)
     ids = numpy.random.default_rng(1).integers(1, m.V, (B, T))
     torch_cpu = reference_backend("torch", "cpu", npformer.get_num_threads())
     step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m.dropout)         # npformer's rate
@@ -264,6 +271,27 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
     return {"torch": torch.__version__, "threads": torch.get_num_threads(), "step_ms": step_ms, "fixed_ms": fixed_ms,
             "profiled_ms": total, "matmul_ms": matmul_ms, "top": self_ms.most_common(10),
             "outside_ms": step_ms - matmul_ms}
+
+
+def products_alone(model: str, threads: int, dropout: float | None = None) -> dict | None:
+    """A step's worth of ``model``'s linear-layer products timed alone through NumPy's BLAS and PyTorch's
+    (:func:`benchmarks.blas_products.step_ms`), in ms; None for the seq2seq model (its products are not
+    in that list).
+
+    The two "outside the products" figures bracket the truth. The first times npformer's products in its
+    step (their operands just written: what the step pays) but takes PyTorch's from its profile, whose
+    per-op bookkeeping inflates every op's self time (the profiled ops add up to 20-40% more than the
+    step takes), the products' too, so it understates PyTorch's time outside them. Timed alone, with
+    their operands in the cache, both libraries' products take less than in a step, so this one
+    overstates both libraries' time outside them, alike."""
+    import torch
+    from benchmarks import blas_products
+    m = model_spec(model, dropout)
+    if m.kind != "gpt":
+        return None
+    B, T = batch(m)
+    return {"numpy": blas_products.step_ms(blas_products.NumpyBlas(), threads, model, B * T),
+            "torch": blas_products.step_ms(blas_products.TorchBlas(torch), threads, model, B * T)}
 
 
 def main(argv=None) -> int:
@@ -327,6 +355,12 @@ def main(argv=None) -> int:
         ours, theirs = r["outside_ms"], t["outside_ms"]
         print(f"Outside the matrix products (the step less their time): npformer {ours:.1f} ms, PyTorch "
               f"{theirs:.1f} ms (its step less their profiled self time): {ours / theirs:.2f}x")
+        alone = products_alone(args.model, r["threads"], args.dropout)
+        if alone:
+            ours, theirs = r["step_ms"] - alone["numpy"], t["step_ms"] - alone["torch"]
+            print(f"The same products timed alone (benchmarks/blas_products.py: {alone['numpy']:.1f} ms a step through "
+                  f"NumPy's BLAS, {alone['torch']:.1f} through PyTorch's), each step less them: npformer "
+                  f"{ours:.1f} ms, PyTorch {theirs:.1f} ms: {ours / theirs:.2f}x")
     return 0
 
 

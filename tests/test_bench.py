@@ -906,6 +906,15 @@ def test_cpu_profile_gives_pytorchs_matmul_share():
     # printed to 0.005
     low, high = (ours - 0.05) / (theirs + 0.05), (ours + 0.05) / (theirs - 0.05)
     assert low - 0.005 <= ratio <= high + 0.005, (ours, theirs, ratio)
+    # the other bracket: both libraries' products timed alone (blas_products), each step less them
+    alone = re.search(r"^The same products timed alone \(benchmarks/blas_products.py: ([\d.]+) ms a step through "
+                      r"NumPy's BLAS, ([\d.]+) through PyTorch's\), each step less them: npformer ([\d.]+) ms, "
+                      r"PyTorch ([\d.]+) ms: ([\d.]+)x$", res.stdout, re.M)
+    assert alone, res.stdout
+    numpy_ms, torch_ms, ours, theirs, ratio = (float(v) for v in alone.groups())
+    steps = [float(v) for v in re.findall(r"step ([\d.]+) ms \(median of 2\)", res.stdout)]
+    assert len(steps) == 2 and numpy_ms > 0 and torch_ms > 0
+    assert abs(ours - (steps[0] - numpy_ms)) <= 0.11 and abs(theirs - (steps[1] - torch_ms)) <= 0.11
 
 
 def test_flash_at_training_shapes_counts_flops_as_flashattention_does(capsys):
