@@ -78,11 +78,11 @@ KERNELS = "regex:npf_fa_"               # every flash kernel (the forward, bwd_p
 # -- the probe: what ncu profiles ------------------------------------------------------------------------------
 
 def probe(backend: str = "cupy", small: bool = False, log=print) -> int:
-    """Run every case forward and backward, warm, then again inside the profiler's range; the launches
-    profiled. On CuPy with compute capability 9.0 each case runs on the Hopper kernels too."""
+    """Run every case forward and backward, warm, then again inside the profiler's range; the number of
+    cases run. On CuPy with compute capability 9.0 every case runs again on the Hopper kernels, after the
+    dense ones, so a failure there leaves the dense kernels' launches profiled."""
     import numpy
     from npformer.backend import get_backend
-    from npformer.ops.flash_attention import flash_attention_backward, flash_attention_forward
     xp = get_backend(backend)
     on_gpu = backend == "cupy"
     hopper = False
@@ -95,30 +95,39 @@ def probe(backend: str = "cupy", small: bool = False, log=print) -> int:
     for wgmma in (False, True) if hopper else (False,):
         if on_gpu:
             cuda_flash.use_wgmma(wgmma)
-        for case in CASES:
-            case = dataclasses.replace(case, **(SMALL if small else {}))
-            q, k, v, dout = (xp.asarray(rng.standard_normal((case.B, case.H, case.T, case.D)).astype(case.dtype))
-                             for _ in range(4))
-
-            def once():
-                out, cache = flash_attention_forward(q, k, v, is_causal=case.causal)
-                dq, dk, dv = flash_attention_backward(dout, cache)
-                return out, dq, dk, dv
-
-            once()                                     # compile (NVRTC) and warm
+        try:
+            ran += _run_cases(xp, rng, small, on_gpu, wgmma, log)
+        finally:
             if on_gpu:
-                xp.cuda.Device().synchronize()
-                xp.cuda.runtime.profilerStart()
-            results = once()
-            if on_gpu:
-                xp.cuda.Device().synchronize()
-                xp.cuda.runtime.profilerStop()
-            if not all(bool(xp.isfinite(r).all()) for r in results):
-                raise RuntimeError(f"flash attention gave a non-finite result for {case.label()}")
-            log(f"profiled: {case.label()}{' (wgmma)' if wgmma else ''}")
-            ran += 1
-    if on_gpu:
-        cuda_flash.use_wgmma(False)
+                cuda_flash.use_wgmma(False)
+    return ran
+
+
+def _run_cases(xp, rng, small: bool, on_gpu: bool, wgmma: bool, log) -> int:
+    """:func:`probe`'s loop over the cases, on the kernels now chosen (dense or Hopper); the cases run."""
+    from npformer.ops.flash_attention import flash_attention_backward, flash_attention_forward
+    ran = 0
+    for case in CASES:
+        case = dataclasses.replace(case, **(SMALL if small else {}))
+        q, k, v, dout = (xp.asarray(rng.standard_normal((case.B, case.H, case.T, case.D)).astype(case.dtype))
+                         for _ in range(4))
+
+        def once():
+            out, cache = flash_attention_forward(q, k, v, is_causal=case.causal)
+            return (out, *flash_attention_backward(dout, cache))
+
+        once()                                         # compile (NVRTC) and warm
+        if on_gpu:
+            xp.cuda.Device().synchronize()
+            xp.cuda.runtime.profilerStart()
+        results = once()
+        if on_gpu:
+            xp.cuda.Device().synchronize()
+            xp.cuda.runtime.profilerStop()
+        if not all(bool(xp.isfinite(r).all()) for r in results):
+            raise RuntimeError(f"flash attention gave a non-finite result for {case.label()}")
+        log(f"profiled: {case.label()}{' (wgmma)' if wgmma else ''}")
+        ran += 1
     return ran
 
 
@@ -214,20 +223,24 @@ def profile(out_file: str, ncu: str, timeout: float) -> int:
                   "command: " + " ".join(argv).replace(report, "REPORT"),
                   "ncu --query-metrics failed: every metric asked for" if known is None else
                   "metrics this ncu does not know (not asked for): " + (", ".join(unknown) or "none"), ""]
-        if code != 0 or not os.path.exists(report + ".ncu-rep"):
-            status = "timed out" if code is None else f"failed (exit {code})"
-            text = "\n".join(header + [f"ncu {status}:", output])
+        status = "timed out" if code is None else f"failed (exit {code})"
+        rep = report + ".ncu-rep"
+        if not os.path.exists(rep):
+            text = "\n".join(header + [f"ncu {status}, no report:", output])
             _write(out_file, text, text)
             return 1
-        rep = report + ".ncu-rep"
+        # a report is read even after a failure: the launches profiled before it (the dense kernels run
+        # before the Hopper ones) are kept
         _, raw = run([ncu, "--import", rep, "--page", "raw", "--csv", "--print-units", "base"], 60)
         _, details = run([ncu, "--import", rep], 60)
     rows = read_raw_csv(raw)
     probed = [line for line in output.splitlines() if line.startswith("profiled:")]
+    failed = [] if code == 0 else [f"ncu {status}; the launches below are those profiled before it. Its output's end:",
+                                   *output.strip().splitlines()[-12:], ""]
     body = table(rows) if rows else "no launches in ncu's raw page:\n" + raw
-    summary = "\n".join(header + probed + ["", body])
+    summary = "\n".join(header + failed + probed + ["", body])
     _write(out_file, summary + "\n\n" + details, summary)
-    return 0 if rows else 1
+    return 0 if rows and code == 0 else 1
 
 
 def _write(path: str, text: str, shown: str) -> None:

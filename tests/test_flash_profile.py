@@ -129,7 +129,23 @@ def test_a_failed_profile_is_written_with_ncus_output_and_fails(tmp_path):
     out = tmp_path / "profile.txt"
     assert flash_profile.main([str(out), "--ncu", script]) == 1
     text = out.read_text()
-    assert "ncu failed (exit 7):" in text and "ERR_NVGPUCTRPERM" in text
+    assert "ncu failed (exit 7), no report:" in text and "ERR_NVGPUCTRPERM" in text
+
+
+def test_a_probe_that_fails_after_some_launches_keeps_them_and_says_so(tmp_path):
+    """The Hopper kernels run after the dense ones: if the probe dies there, ncu still writes the launches
+    it profiled, and the report gives them with the failure's output."""
+    script = _stand_in(tmp_path)
+    with open(script) as f:
+        failing = f.read().replace("    sys.exit(done.returncode)",
+                                   "    print('RuntimeError: wgmma went wrong'); sys.exit(1)")
+    with open(script, "w") as f:
+        f.write(failing)
+    out = tmp_path / "profile.txt"
+    assert flash_profile.main([str(out), "--ncu", script]) == 1
+    text = out.read_text()
+    assert "ncu failed (exit 1); the launches below are those profiled before it." in text
+    assert "RuntimeError: wgmma went wrong" in text and "| 6.00 |" in text
 
 
 def test_without_ncu_it_says_so_and_how_to_name_it(tmp_path, monkeypatch, capsys):
