@@ -31,8 +31,8 @@ ncu           Nsight Compute on the float16 flash kernels, B4 H16 T4096 D 64    
 other-tests   the rest of the GPU tests (ops, modules, models, ...)               (gpu_tests.log)
 cpu-vs-gpu    the op cases and the gpt-small step with NumPy on this machine's    cpu_vs_gpu.md
               CPU cores beside CuPy (the report's "GPU speed-up" column)
-profile       the kernels of one GPT-2 124M training step (count, time, top 25)   (profile.txt,
-                                                                                  appended)
+profile       the kernels of a GPT-2 124M training step, float32 and float16      (profile.txt,
+              mixed precision, npformer's and PyTorch's (count, time, top)        appended)
 ============  ==================================================================  ===============
 
 Eight files at most come back from a GPU lease, and these are eight, directly in OUT_DIR:
@@ -116,8 +116,7 @@ def stages(python: str = sys.executable, jobs: int | None = None) -> list[Stage]
         Stage("cpu-vs-gpu", 60, 180, bench + ("--backends", "numpy,cupy", "--only", ops + ",gpt-small",
                                               "--out", "{out}/cpu_vs_gpu"),
               keep=(("cpu_vs_gpu/*.md", "cpu_vs_gpu.md"),)),
-        Stage("profile", 20, 120, (python, "benchmarks/profile_step.py", "--model", "gpt2-124m"),
-              log="profile.txt"),
+        Stage("profile", 20, 120, (python, "benchmarks/profile_step.py"), log="profile.txt"),
     ]
 
 

@@ -459,6 +459,22 @@ def test_gpu_check_script_parses_and_the_profiler_refuses_cleanly_without_a_gpu(
     assert shutil.which("bash")
 
 
+def test_the_step_profile_builds_the_suites_steps_for_both_sides_on_the_cpu():
+    """profile_step.py --device cpu: the steps the GPU run profiles (the suite's npformer step, PyTorch's
+    nanoGPT-structured one), built and run through the profiler on the CPU, where no kernel is counted; a
+    model that is not one of the suite's GPTs is refused by name."""
+    pytest.importorskip("torch", reason="PyTorch is the other side of the profile")
+    from benchmarks import profile_step
+    report = profile_step.profile("gpt-tiny", batch=2, seq=8, device="cpu")
+    lines = report.splitlines()
+    assert lines[0] == "training step, gpt-tiny B=2 T=8, float32, dropout 0; the CPU (no kernels to count)"
+    rows = [line.split(" | ") for line in lines if line.startswith(("| npformer", "| PyTorch"))]
+    assert [r[0] for r in rows] == ["| npformer", "| PyTorch, nanoGPT's structure"]      # no --compile
+    assert all(float(r[1]) > 0 and r[2:] == ["0", "0", "0.0 |"] for r in rows)
+    with pytest.raises(SystemExit):
+        profile_step.main(["--model", "seq2seq-base", "--device", "cpu"])
+
+
 TINY = ModelSpec("gpt", d=16, H=2, L=1, F=32, V=20)
 
 
