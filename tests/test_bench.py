@@ -729,6 +729,22 @@ def test_gpu_check_without_a_budget_gives_each_stage_its_cap_and_reports_a_failu
     assert "    boom" in gpu_check.summary(outcomes, None)
 
 
+def test_gpu_check_only_runs_the_stages_named_after_the_device_facts(tmp_path, monkeypatch, capsys):
+    """--only: a second call of a lease runs the stages the first skipped, in their order, the device facts
+    first; a stage not in the plan is refused by name."""
+    from benchmarks import gpu_check
+    clock, calls = _FakeClock(), []
+    monkeypatch.setattr(gpu_check, "_execute", _fake_execute(clock, STAGE_SECONDS, calls, str(tmp_path)))
+    plan = _gpu_check_stages()
+    monkeypatch.setattr(gpu_check, "stages", lambda jobs=None: plan)
+    monkeypatch.setattr(gpu_check.time, "monotonic", clock)
+    assert gpu_check.main([str(tmp_path), "--budget", "240", "--only", "profile,sweep,ncu"]) == 1  # profile fails
+    assert [c[0] for c in calls] == ["device", "sweep", "ncu", "profile"]
+    with pytest.raises(SystemExit):
+        gpu_check.main([str(tmp_path), "--only", "sweep,flash"])
+    assert "--only: unknown stage flash; the stages are device, primitives," in capsys.readouterr().err
+
+
 def test_gpu_check_refuses_a_bad_budget_and_says_how_to_call_it(capsys):
     from benchmarks import gpu_check
     with pytest.raises(SystemExit):
