@@ -56,7 +56,7 @@ from npformer import dispatch, kernels                                # noqa: E4
 from npformer.kernels.cpu import threads                              # noqa: E402
 from npformer.backend.host_memory import retain_freed_memory          # noqa: E402
 from npformer.bench.backends import Backend                          # noqa: E402
-from npformer.bench.steps import MODELS, _npformer_step  # noqa: E402
+from npformer.bench.steps import MODELS, _npformer_step, model_batch  # noqa: E402
 from benchmarks.call_count import count_calls                         # noqa: E402
 
 def _median_ms(step: Callable[[], None], steps: int) -> float:
@@ -213,14 +213,9 @@ def model_spec(model: str, dropout: float | None = None):
     return MODELS[model] if dropout is None else dataclasses.replace(MODELS[model], dropout=dropout)
 
 
-def batch(m) -> tuple[int, int]:
-    """(B, T) the profile runs ``m`` at: its own, or the suite's 8 x 128 for the models without one."""
-    return m.B or 8, m.T or 128
-
-
 def profile(model: str, steps: int, dropout: float | None = None) -> dict:
     m = model_spec(model, dropout)
-    B, T = batch(m)
+    B, T = model_batch(m)
     full, step = _step_ms(m, B, T, steps)
     fixed, _ = _step_ms(m, 1, 1, steps)
     calls = count_calls(step)
@@ -256,7 +251,7 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
     import benchmarks.torch_reference                                 # noqa: F401 - registers "torch"
     from npformer.bench.backends import reference_backend
     m = model_spec(model, dropout)
-    B, T = batch(m)
+    B, T = model_batch(m)
     ids = numpy.random.default_rng(1).integers(1, m.V, (B, T))
     torch_cpu = reference_backend("torch", "cpu", npformer.get_num_threads())
     step = torch_cpu.train_step(m, ids, ids[:, ::-1].copy(), m.dropout)         # npformer's rate
@@ -289,7 +284,7 @@ def products_alone(model: str, threads: int, dropout: float | None = None) -> di
     m = model_spec(model, dropout)
     if m.kind != "gpt":
         return None
-    B, T = batch(m)
+    B, T = model_batch(m)
     return {"numpy": blas_products.step_ms(blas_products.NumpyBlas(), threads, model, B * T),
             "torch": blas_products.step_ms(blas_products.TorchBlas(torch), threads, model, B * T)}
 

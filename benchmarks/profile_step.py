@@ -114,14 +114,15 @@ def profile(model: str, batch: int | None = None, seq: int | None = None, compil
     """The report of ``model``'s step (a GPT of :data:`npformer.bench.steps.MODELS`) on ``device``; "cpu" runs
     the same steps on NumPy and PyTorch's CPU build, with no kernels to count (how the tests try the steps)."""
     from npformer.backend import get_backend
-    from npformer.bench.steps import MODELS
+    from npformer.bench.steps import MODELS, model_batch
     if device == "cuda":
         cp = get_backend("cupy")                     # a clear error where CuPy or a GPU is missing
         where = f"CuPy {cp.__version__} on {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}"
     else:
         where = "the CPU (no kernels to count)"
     m = MODELS[model]
-    B, T = batch or m.B or 8, seq or m.T or 128
+    B, T = model_batch(m)
+    B, T = batch or B, seq or T
     sides = _sides(m, B, T, compile_, device)
     precision = {"float32": "float32", "float16": "float16 mixed precision",
                  "bfloat16": "bfloat16 mixed precision"}[m.precision]

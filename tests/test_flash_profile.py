@@ -94,9 +94,14 @@ else:
 '''
 
 
-def _stand_in(tmp_path, **fill):
+def _stand_in(tmp_path, replace: tuple = ()):
+    """The stand-in ncu as an executable in ``tmp_path``, with ``replace`` (old, new) applied to its text."""
+    text = STAND_IN.format(python=sys.executable, raw=RAW_PAGE)
+    if replace:
+        assert replace[0] in text
+        text = text.replace(*replace)
     path = tmp_path / "ncu"
-    path.write_text(STAND_IN.format(python=sys.executable, raw=RAW_PAGE, **fill))
+    path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -120,12 +125,8 @@ def test_a_whole_run_against_a_stand_in_ncu_writes_the_table_and_ncus_report(tmp
 
 
 def test_a_failed_profile_is_written_with_ncus_output_and_fails(tmp_path):
-    script = _stand_in(tmp_path)
-    with open(script) as f:
-        failing = f.read().replace('done = subprocess.run(target + ["--backend", "numpy", "--small"])',
-                                   'print("==ERROR== ERR_NVGPUCTRPERM"); sys.exit(7)')
-    with open(script, "w") as f:
-        f.write(failing)
+    script = _stand_in(tmp_path, ('done = subprocess.run(target + ["--backend", "numpy", "--small"])',
+                                  'print("==ERROR== ERR_NVGPUCTRPERM"); sys.exit(7)'))
     out = tmp_path / "profile.txt"
     assert flash_profile.main([str(out), "--ncu", script]) == 1
     text = out.read_text()
@@ -135,12 +136,8 @@ def test_a_failed_profile_is_written_with_ncus_output_and_fails(tmp_path):
 def test_a_probe_that_fails_after_some_launches_keeps_them_and_says_so(tmp_path):
     """The Hopper kernels run after the dense ones: if the probe dies there, ncu still writes the launches
     it profiled, and the report gives them with the failure's output."""
-    script = _stand_in(tmp_path)
-    with open(script) as f:
-        failing = f.read().replace("    sys.exit(done.returncode)",
-                                   "    print('RuntimeError: wgmma went wrong'); sys.exit(1)")
-    with open(script, "w") as f:
-        f.write(failing)
+    script = _stand_in(tmp_path, ("    sys.exit(done.returncode)",
+                                  "    print('RuntimeError: wgmma went wrong'); sys.exit(1)"))
     out = tmp_path / "profile.txt"
     assert flash_profile.main([str(out), "--ncu", script]) == 1
     text = out.read_text()

@@ -22,9 +22,9 @@ from typing import Any, Callable
 
 import numpy
 
-from npformer.bench.cases import Case
+from npformer.bench.cases import FULL, Case
 
-__all__ = ["ModelSpec", "MODELS", "DROPOUT", "train_flops", "model_cases"]
+__all__ = ["ModelSpec", "MODELS", "DROPOUT", "train_flops", "model_batch", "model_cases"]
 
 DROPOUT = 0.1           # every model's but those that say their own
 
@@ -194,11 +194,18 @@ def _outputs(b, m: ModelSpec, src_ids, tgt_ids) -> dict[str, numpy.ndarray]:
     return _compared(b.to_host(logits), b.to_host(loss), {k: b.to_host(g) for k, g in model.grads().items()})
 
 
+def model_batch(m: ModelSpec, c: dict | None = None, quick: bool = False) -> tuple[int, int]:
+    """(B, T) the suite runs ``m`` at: its own in full mode (in quick mode only where ``cpu_size``), else the
+    mode's ``model_B`` and ``model_T`` (``c``: the full mode's settings by default)."""
+    c = FULL if c is None else c
+    return (m.B, m.T) if m.B is not None and (m.cpu_size or not quick) else (c["model_B"], c["model_T"])
+
+
 def model_cases(c: dict, quick: bool = False) -> list[Case]:
     """Every model case; a GPU case (``gpu_only``) takes its own B and T in full mode."""
     out = []
     for name, m in MODELS.items():
-        B, T = (m.B, m.T) if m.B is not None and (m.cpu_size or not quick) else (c["model_B"], c["model_T"])
+        B, T = model_batch(m, c, quick)
         src = numpy.random.default_rng(1).integers(1, m.V, (B, T))          # no padding tokens
         tgt = src[:, ::-1].copy()
         layers = f"{m.L}+{m.L}" if m.kind == "seq2seq" else str(m.L)
