@@ -63,6 +63,7 @@ from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARGIN_S = 10          # kept back from a stage's timeout for its files and the summary
+REAP_S = 10            # after a stage's process group is killed, the wait for the rest of its output
 TAIL_LINES = 12        # of a failed stage's output, in the summary
 
 __all__ = ["Stage", "Outcome", "stages", "run_command", "run_stages", "failing_tests", "summary", "main"]
@@ -162,7 +163,12 @@ def run_command(argv: list[str], timeout: float) -> tuple[int | None, str]:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        out, err = proc.communicate()
+        try:
+            out, err = proc.communicate(timeout=REAP_S)
+        except subprocess.TimeoutExpired as exc:         # a process that left the group holds the pipes
+            proc.wait()
+            out, err = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                        for x in (exc.stdout, exc.stderr))
         return None, out + err
 
 

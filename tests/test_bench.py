@@ -1180,3 +1180,23 @@ def test_gpu_check_kills_a_stage_that_runs_past_its_time_with_every_process_it_s
         with open(f"/proc/{child}/stat") as f:
             assert f.read().split()[2] == "Z", "the stage's child outlived the stage"   # killed, not yet reaped
     assert gpu_check.run_command([sys.executable, "-c", "print('fine')"], timeout=30) == (0, "fine\n")
+
+
+def test_gpu_check_returns_from_a_stage_whose_escaped_child_holds_its_output(tmp_path, monkeypatch):
+    """A child that left the stage's process group (a session of its own) outlives the kill and keeps the
+    output pipes open: run_command gives up on the rest of the output after REAP_S and returns what came."""
+    import signal
+    import time
+    from benchmarks import gpu_check
+    monkeypatch.setattr(gpu_check, "REAP_S", 1)
+    pid_file = tmp_path / "escaped.pid"
+    spawn = ("import subprocess, sys, time; "
+             "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True); "
+             f"open({str(pid_file)!r}, 'w').write(str(child.pid)); print('started', flush=True); time.sleep(30)")
+    t0 = time.monotonic()
+    try:
+        code, output = gpu_check.run_command([sys.executable, "-c", spawn], timeout=3)
+        assert code is None and "started" in output and time.monotonic() - t0 < 15
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
