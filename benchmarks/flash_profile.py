@@ -157,13 +157,21 @@ def ncu_command(ncu: str, report: str, known: set | None) -> list:
 
 def read_raw_csv(text: str) -> list:
     """The launches of ``ncu --import REPORT --page raw --csv --print-units base``: a dict per launch (column
-    -> value), the units row and ncu's own lines before the header left out."""
+    -> value), the units row and ncu's own lines before the header left out. The details page's long form
+    (a row per metric: "Metric Name", "Metric Value") is read too, a launch's rows gathered by its ID."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if '"Kernel Name"' in line), None)
     if start is None:
         return []
-    rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
-    return [r for r in rows if (r.get("ID") or "").strip().isdigit()]
+    rows = [r for r in csv.DictReader(io.StringIO("\n".join(lines[start:])))
+            if (r.get("ID") or "").strip().isdigit()]
+    if not rows or "Metric Name" not in rows[0]:
+        return rows
+    launches: dict = {}
+    for r in rows:
+        launch = launches.setdefault(r["ID"], {k: v for k, v in r.items() if not k.startswith(("Metric", "Section"))})
+        launch[r["Metric Name"]] = r["Metric Value"]
+    return list(launches.values())
 
 
 def _number(value):

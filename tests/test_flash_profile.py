@@ -60,6 +60,20 @@ def test_the_raw_page_gives_a_row_per_launch_with_instructions_per_hmma():
     assert flash_profile.read_raw_csv("==ERROR== no kernels were profiled") == []
 
 
+def test_the_details_pages_long_form_is_read_a_launch_a_row():
+    """Should an ncu give its details page's form (a row per metric), each launch's rows are gathered by ID."""
+    head = LAUNCH + ["Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+    launch = ["0", "566", "python3.12", "127.0.0.1", FWD, "1", "7", "(128, 1, 1)", "(32, 64, 1)", "0", "9.0"]
+    metrics = [("GPU Speed Of Light Throughput", "gpu__time_duration.sum", "nsecond", "2,370,500"),
+               ("Command line profiler metrics", "smsp__inst_executed.sum", "inst", "18,874,368"),
+               ("Command line profiler metrics", "sm__inst_executed_pipe_tensor_op_hmma.sum", "inst", "3,145,728")]
+    text = io.StringIO()
+    csv.writer(text, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([head] + [launch + list(m) for m in metrics])
+    (row,) = flash_profile.read_raw_csv(text.getvalue())
+    assert row["Kernel Name"] == FWD and row["smsp__inst_executed.sum"] == "18,874,368"
+    assert "Metric Value" not in row and flash_profile.table([row]).splitlines()[2].endswith("| 6.00 |")
+
+
 def test_the_ncu_command_asks_for_the_metrics_this_ncu_knows_and_profiles_the_probe_in_its_range():
     known = flash_profile.known_metrics("Device NVIDIA H200\nMetric Name   Metric Description\n"
                                         "smsp__inst_executed   # of warp instructions executed\n"
