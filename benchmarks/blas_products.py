@@ -41,18 +41,19 @@ from threadpoolctl import ThreadpoolController
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from npformer.bench.harness import time_call                           # noqa: E402
-from npformer.bench.steps import MODELS                                 # noqa: E402
+from npformer.bench.steps import MODELS, model_batch                    # noqa: E402
 
 CBLAS_ROW_MAJOR, CBLAS_NO_TRANS, CBLAS_TRANS = 101, 111, 112
 SGEMM_SYMBOLS = ("cblas_sgemm", "scipy_cblas_sgemm")
 SETTLE_SECONDS = 0.3      # after a library's threads ran: OpenBLAS's workers spin for about 0.1 s
 
 
-def layers(model: str = "gpt-tiny", rows: int | None = None) -> list[tuple[str, int, int, int, int]]:
-    """(name, rows, in, out, times a step) of each linear layer's products in ``model`` (a GPT), at its
-    batch's B * T rows or ``rows``."""
+def layers(model: str = "gpt-tiny") -> list[tuple[str, int, int, int, int]]:
+    """(name, rows, in, out, times a step) of each linear layer's products in ``model`` (a GPT), at the
+    B * T rows the suite runs it at."""
     m = MODELS[model]
-    rows = rows or m.B * m.T
+    B, T = model_batch(m)
+    rows = B * T
     return [("attention in", rows, m.d, 3 * m.d, m.L), ("attention out", rows, m.d, m.d, m.L),
             ("MLP up", rows, m.d, m.F, m.L), ("MLP down", rows, m.F, m.d, m.L), ("head", rows, m.d, m.V, 1)]
 
@@ -190,17 +191,17 @@ def check(lib, operands: list[Operands]) -> float:
     return worst
 
 
-def step_ms(lib, threads: int, model: str = "gpt-tiny", rows: int | None = None, rounds: int = 3) -> float:
-    """A step's worth of ``model``'s products (at ``rows`` rows: :func:`layers`) through ``lib`` at ``threads``
-    threads, timed alone (each product the median of 20 calls, its operands in the cache): the median over
-    ``rounds``, in ms. What ``benchmarks/cpu_profile.py --torch`` sets beside the products timed in a step."""
-    shapes = layers(model, rows)
-    operands = [Operands(numpy.random.default_rng(0), rows, c_in, c_out) for _, rows, c_in, c_out, _ in shapes]
+def step_ms(lib, threads: int, model: str = "gpt-tiny", rounds: int = 3) -> float:
+    """A step's worth of ``model``'s products (:func:`layers`) through ``lib`` at ``threads`` threads, timed
+    alone (each product the median of 20 calls, its operands in the cache): the median over ``rounds``, in
+    ms. What ``benchmarks/cpu_profile.py --torch`` sets beside the products timed in a step."""
+    rng, shapes = numpy.random.default_rng(0), layers(model)
+    operands = [Operands(rng, rows, c_in, c_out) for _, rows, c_in, c_out, _ in shapes]   # alive: TorchBlas keys by id
+    layer_calls = [(lib.calls(o), count) for o, (*_, count) in zip(operands, shapes)]
     totals = []
     with lib.threads(threads):
         for _ in range(rounds):
-            totals.append(sum(time_us(call) * count for o, (_, _, _, _, count) in zip(operands, shapes)
-                              for call in lib.calls(o)) / 1e3)
+            totals.append(sum(time_us(call) * count for calls, count in layer_calls for call in calls) / 1e3)
     if threads > 1:
         time.sleep(SETTLE_SECONDS)
     return statistics.median(totals)

@@ -268,7 +268,7 @@ def torch_profile(model: str, steps: int, dropout: float | None = None) -> dict:
             "outside_ms": step_ms - matmul_ms}
 
 
-def products_alone(model: str, threads: int, dropout: float | None = None) -> dict | None:
+def products_alone(model: str, threads: int) -> dict | None:
     """A step's worth of ``model``'s linear-layer products timed alone through NumPy's BLAS and PyTorch's
     (:func:`benchmarks.blas_products.step_ms`), in ms; None for the seq2seq model (its products are not
     in that list).
@@ -281,12 +281,10 @@ def products_alone(model: str, threads: int, dropout: float | None = None) -> di
     overstates both libraries' time outside them, alike."""
     import torch
     from benchmarks import blas_products
-    m = model_spec(model, dropout)
-    if m.kind != "gpt":
+    if MODELS[model].kind != "gpt":
         return None
-    B, T = model_batch(m)
-    return {"numpy": blas_products.step_ms(blas_products.NumpyBlas(), threads, model, B * T),
-            "torch": blas_products.step_ms(blas_products.TorchBlas(torch), threads, model, B * T)}
+    return {"numpy": blas_products.step_ms(blas_products.NumpyBlas(), threads, model),
+            "torch": blas_products.step_ms(blas_products.TorchBlas(torch), threads, model)}
 
 
 def main(argv=None) -> int:
@@ -350,7 +348,7 @@ def main(argv=None) -> int:
         ours, theirs = r["outside_ms"], t["outside_ms"]
         print(f"Outside the matrix products (the step less their time): npformer {ours:.1f} ms, PyTorch "
               f"{theirs:.1f} ms (its step less their profiled self time): {ours / theirs:.2f}x")
-        alone = products_alone(args.model, r["threads"], args.dropout)
+        alone = products_alone(args.model, r["threads"])
         if alone:
             ours, theirs = r["step_ms"] - alone["numpy"], t["step_ms"] - alone["torch"]
             print(f"The same products timed alone (benchmarks/blas_products.py: {alone['numpy']:.1f} ms a step through "

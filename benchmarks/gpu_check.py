@@ -50,7 +50,6 @@ killed with every process it started (:func:`run_command`).
 from __future__ import annotations
 
 import argparse
-import functools
 import glob
 import os
 import shutil
@@ -199,8 +198,8 @@ def run_stages(out: str, plan: list[Stage], budget: float | None,
             continue
         timeout = stage.cap_s if left is None else min(stage.cap_s, left - MARGIN_S)
         per_test = max(30, min(300, int(timeout / 3)))
-        fill = {"{out}": out, "{timeout}": str(per_test), "{seconds}": str(int(timeout - MARGIN_S))}
-        argv = [functools.reduce(lambda a, kv: a.replace(*kv), fill.items(), arg) for arg in stage.command]
+        argv = [arg.replace("{out}", out).replace("{timeout}", str(per_test))
+                .replace("{seconds}", str(int(timeout - MARGIN_S))) for arg in stage.command]
         log(f"{stage.name}: running (up to {timeout:.0f} s)")
         began = clock()
         code, output = execute(argv, timeout, os.path.join(out, stage.log) if stage.log else None)
@@ -257,13 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--budget: expected a positive number of seconds, got {args.budget:g}")
     plan = stages(jobs=args.jobs)
     if args.only:
-        names = [s.name for s in plan]
-        unknown = [n for n in args.only.split(",") if n not in names]
+        only, names = args.only.split(","), [s.name for s in plan]
+        unknown = [n for n in only if n not in names]
         if unknown:
             ap.error(f"--only: unknown stage {', '.join(unknown)}; the stages are {', '.join(names)}")
-        plan = [s for s in plan if s.name in args.only.split(",")]
-        if "device" not in args.only.split(","):
-            plan = [s for s in stages(jobs=args.jobs) if s.name == "device"] + plan     # the facts, always
+        plan = [s for s in plan if s.name in only or s.name == "device"]   # the device facts (first), always
     os.makedirs(args.out, exist_ok=True)
     out = os.path.abspath(args.out)
     outcomes = run_stages(out, plan, args.budget, clock=time.monotonic, execute=_execute)
