@@ -64,7 +64,7 @@ def test_matches_loops_and_gradcheck_padding_causal(xp, b, h, hs, tq, tk, causal
 
 
 @given(b=batch, h=heads, hs=head_size, tq=seq, tk=seq, seed=seeds, layout=st.sampled_from(["2d", "3d", "4d"]),
-       scale=st.sampled_from([None, 0.3, 2.0]))
+       scale=st.sampled_from([None, 0.3, 2.0, -0.3, 0.0]))
 def test_matches_loops_and_gradcheck_float_mask_and_scale(xp, b, h, hs, tq, tk, seed, layout, scale):
     shape = {"2d": (tq, tk), "3d": (b * h, tq, tk), "4d": (b, h, tq, tk)}[layout]
     mask = randn(xp, shape, seed + 5, scale=2.0)

@@ -63,7 +63,7 @@ def assert_same(a, b, tol=1e-12):
 def test_equals_plain_op_outputs_and_gradients(xp, b, h, hs, hv, tq, tk, bq, bk, causal, kind, seed, data):
     q, k, v = qkv(xp, b, h, tq, tk, hs, hv, seed)
     kw = {**draw_masks(data, xp, kind, b, h, tq, tk, seed), **causal_kw(causal)}
-    scale = data.draw(st.sampled_from([None, 0.3]))
+    scale = data.draw(st.sampled_from([None, 0.3, -0.3, 0.0]))
     ref, _, ref_cache = sdpa_forward(q, k, v, scale=scale, **kw)
     out, cache = flash_forward(q, k, v, scale=scale, block_q=bq, block_k=bk, **kw)
     assert out.dtype == q.dtype and out.shape == ref.shape

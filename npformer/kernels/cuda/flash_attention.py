@@ -240,7 +240,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, key_padding_mask=None, i
     if b * h and tq:
         variant = tensor_core_variant(q.dtype)
         args, _made = _params(xp, q, k, v, masks, scale, acc, p, draws, bool(variant), out=out, lse=lse)
-        _launch("fwd" + _kernel_suffix(variant, masks, p, q, k, v), q.dtype, d, tq, b * h, args)
+        _launch("fwd" + _kernel_suffix(variant, masks, p, scale, q, k, v), q.dtype, d, tq, b * h, args)
     return out, FlashAttentionCache(q, k, v, out, lse, masks, p, draws, scale, block_q, block_k)
 
 
@@ -283,7 +283,7 @@ def flash_attention_backward_into(dout, cache: FlashAttentionCache, dq, dk, dv) 
     if rows:                                                                      # bwd_pre: a warp per row
         threads, rows_a_block, _ = geometry("bwd_pre", q.dtype, d)
         _kernel("bwd_pre", q.dtype, d)((max(1, min(-(-rows // rows_a_block), MAX_GRID)),), (threads,), (args,))
-    suffix = _kernel_suffix(variant, masks, p, q, k, v, dout)
+    suffix = _kernel_suffix(variant, masks, p, scale, q, k, v, dout)
     _launch("bwd_dkdv" + suffix, q.dtype, d, tk, b * h, args)
     if tq:
         _launch("bwd_dq" + suffix, q.dtype, d, tq, b * h, args)
@@ -293,19 +293,22 @@ def _causal(masks) -> str:
     return "_causal" if masks.shift is not None else ""
 
 
-def dense(masks, p: float) -> bool:
-    """Whether the dense kernels run: no attention mask, no key padding, no dropout; causal or not, any
-    lengths (:func:`dense_suffix` says which)."""
-    return masks.attn is None and masks.padding is None and p == 0
+def dense(masks, p: float, scale: float) -> bool:
+    """Whether the dense kernels run: no attention mask, no key padding, no dropout, a positive scale; causal or
+    not, any lengths (:func:`dense_suffix` says which). They fold the scale into exp2 after a row's maximum of
+    the unscaled scores, which is the maximum of the scaled ones only for scale > 0 (a scale of 0 or below
+    runs the general kernels, which scale each score first)."""
+    return masks.attn is None and masks.padding is None and p == 0 and scale > 0
 
 
-def dense_suffix(variant: str, masks, p: float, q, k, v, *more) -> str:
+def dense_suffix(variant: str, masks, p: float, scale: float, q, k, v, *more) -> str:
     """The suffix of the dense kernels that take these arrays (``variant``: :func:`tensor_core_variant` of their
     dtype; ``more``: dout for the backward), "_causal" added where causal: "_wgmma" where
     :func:`wgmma_applies`, else "_dense" for float16 and bfloat16 on tensor cores and for float32 in SIMT
     arithmetic (without the TF32 opt-in, compute capability 8.0 or later: their copies are cp.async); "" where
-    the general kernels run (masks, padding or dropout; float64; float32 under TF32; older GPUs)."""
-    if not dense(masks, p):
+    the general kernels run (masks, padding or dropout; a scale of 0 or below; float64; float32 under TF32;
+    older GPUs)."""
+    if not dense(masks, p, scale):
         return ""
     if variant == "tc":
         return ("_wgmma" if wgmma_applies(q, k, v, *more) else "_dense") + _causal(masks)
@@ -314,10 +317,10 @@ def dense_suffix(variant: str, masks, p: float, q, k, v, *more) -> str:
     return ""
 
 
-def _kernel_suffix(variant: str, masks, p: float, q, k, v, *more) -> str:
+def _kernel_suffix(variant: str, masks, p: float, scale: float, q, k, v, *more) -> str:
     """The suffix of the kernels that take these arrays: the dense kernels' where they apply
     (:func:`dense_suffix`), else the general kernels' of ``variant`` ("_tc", "_tf32"; "" for SIMT)."""
-    return dense_suffix(variant, masks, p, q, k, v, *more) or (f"_{variant}" if variant else "")
+    return dense_suffix(variant, masks, p, scale, q, k, v, *more) or (f"_{variant}" if variant else "")
 
 
 def _device_masks(*masks) -> bool:

@@ -65,7 +65,7 @@ def magnitudes(q, k, v, dout, out, kw, p=0.0):
              if key in ("attn_mask", "key_padding_mask", "is_causal", "causal_alignment", "scale")}
     with disabled():
         _, probs, _ = sdpa_forward(f64["q"], f64["k"], f64["v"], need_weights=True, **masks)   # (B, H, Tq, Tk)
-    scale = masks.get("scale") or 1.0 / np.sqrt(q.shape[-1])
+    scale = 1.0 / np.sqrt(q.shape[-1]) if masks.get("scale") is None else abs(masks["scale"])
     drop = 1.0 / (1.0 - p)
     dv_abs, do_abs, out_abs = np.abs(f64["v"]), np.abs(f64["dout"]), np.abs(f64["out"])
     dp = do_abs @ dv_abs.swapaxes(-1, -2) * drop                                                  # |dP|
@@ -121,7 +121,7 @@ def against_float32(q, k, v, dout, kw, out, grads, scales, p, rng_seed):
 
 @given(b=st.integers(1, 2), h=st.integers(1, 2), tq=LENGTHS, tk=LENGTHS, hs=st.integers(1, 40),
        hv=st.integers(1, 40), dtype=st.sampled_from(DTYPES), causal=CAUSAL, kind=MASKS,
-       p=st.sampled_from([0.0, 0.0, 0.3]), scale=st.sampled_from([None, 0.3]), seed=seeds, data=st.data())
+       p=st.sampled_from([0.0, 0.0, 0.3]), scale=st.sampled_from([None, 0.3, -0.3, 0.0]), seed=seeds, data=st.data())
 def test_matches_the_reference(fx, b, h, tq, tk, hs, hv, dtype, causal, kind, p, scale, seed, data):
     q, k, v = qkv(fx.xp, b, h, tq, tk, hs, hv, seed, dtype)
     kw = {**masks(data, fx.xp, kind, b, h, tq, tk, seed), **causal_kw(causal), "scale": scale}
@@ -668,6 +668,24 @@ def test_the_dense_kernels_match_the_reference(fx, monkeypatch, hs, tq, tk, alig
     assert empty.any() == (alignment == "bottom_right" and tq > tk) and not host(out)[empty].any()
 
 
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d in ("float32", "float16", "bfloat16")])
+@pytest.mark.parametrize("scale", [-0.3, 0.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_scale_of_zero_or_below_runs_the_general_kernels(fx, monkeypatch, dtype, scale, causal):
+    """The dense kernels take a row's maximum of the unscaled scores and fold the scale into exp2 after it,
+    which holds for a positive scale only (a negative one turns the maximum into the minimum; 0 times a
+    masked score's -inf is NaN): a scale of 0 or below runs the general kernels, which scale each score
+    first, and gives the reference's numbers (0: every visible key weighted alike)."""
+    names = _launched(monkeypatch)
+    q, k, v = qkv(fx.xp, 1, 2, 70, 70, 64, 64, 5, dtype)
+    kw = {"is_causal": causal, "scale": scale}
+    out, _, _ = compare(fx, q, k, v, randn(fx.xp, (1, 2, 70, 64), 3, dtype), kw, dtype)
+    general = "" if dtype == "float32" else "_tc"
+    assert names[:3] == [f"fwd{general}", f"bwd_dkdv{general}", f"bwd_dq{general}"]
+    if scale == 0.0 and not causal:                               # each row the mean of v's rows
+        assert_close(out, fx.xp.broadcast_to(v.mean(axis=2, keepdims=True), out.shape), dtype, what="out")
+
+
 @pytest.mark.parametrize("odd", ["v", "k", "dout"])
 @pytest.mark.parametrize("hs", [64, 128])
 def test_the_dense_kernels_copy_a_pair_of_tiles_with_one_not_aligned(fx, monkeypatch, odd, hs):
@@ -783,7 +801,7 @@ def test_float32_runs_on_tf32_tensor_cores_only_under_the_opt_in(fx, monkeypatch
 @settings(max_examples=30)
 @given(b=st.integers(1, 2), h=st.integers(1, 2), tq=LENGTHS, tk=LENGTHS, hs=st.integers(1, 40),
        hv=st.integers(1, 40), causal=CAUSAL, kind=MASKS, p=st.sampled_from([0.0, 0.0, 0.3]),
-       scale=st.sampled_from([None, 0.3]), seed=seeds, data=st.data())
+       scale=st.sampled_from([None, 0.3, -0.3, 0.0]), seed=seeds, data=st.data())
 def test_float32_on_tf32_matches_the_reference(tf32, b, h, tq, tk, hs, hv, causal, kind, p, scale, seed, data):
     """TF32 keeps 10 mantissa bits of each operand, as float16 does: float16's tolerance against the
     float32 reference (lse too, scaled by its magnitude), over every mask kind, causal alignment,
