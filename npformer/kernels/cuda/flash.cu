@@ -741,6 +741,14 @@ template <typename T_> struct NpfHalfOps {      // T_: unsigned short (float16) 
     static __device__ __forceinline__ void b_cols(unsigned* b, const T* Y, int LD, int k0, int n0, int lane) {
         npf_ldmatrix_x4_trans(b, Y + (k0 + (lane / 8) % 2 * 8 + lane % 8) * LD + n0 + lane / 16 * 8);
     }
+    // the lane's part of a_rows's (and b_cols's) address and of b_rows's: a_rows reads X + a_lane + r0 LD + k0,
+    // for a kernel that works it out once, outside its loops
+    static __device__ __forceinline__ int a_lane(int LD, int lane) {
+        return ((lane / 8) % 2 * 8 + lane % 8) * LD + lane / 16 * 8;
+    }
+    static __device__ __forceinline__ int b_lane(int LD, int lane) {
+        return (lane / 16 * 8 + lane % 8) * LD + (lane / 8) % 2 * 8;
+    }
     // the C fragments of key blocks 2 ks and 2 ks + 1 are the A fragment's registers (rows g and g + 8,
     // columns 2 t and 2 t + 1 of each), as pairs of T
     static __device__ __forceinline__ void a_from_c(unsigned* a, const float (*c)[4]) {
@@ -1220,7 +1228,8 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
 }
 
 // ---- the dense kernels: the common case's own loops (FlashAttention-2's design) ----
-// No attention mask, no key padding, no dropout, causal or not: what a GPT's attention runs. float16
+// No attention mask, no key padding, no dropout, a positive scale (the row max is taken before the scale,
+// c > 0 keeps it the max), causal or not: what a GPT's attention runs. float16
 // on tensor cores like the _tc kernels above, but none of their run-time branches: a block of 4 warps,
 // a warp FRAGS 16-row A fragments of query rows (up to D = 64 two: each K and V fragment ldmatrix reads
 // feeds two mma.sync); scores go straight to exp2 with the softmax scale and log2(e) folded into one
@@ -1230,9 +1239,9 @@ __device__ void npf_fa_bwd_dkdv_tc(const typename Ops::T* q, const typename Ops:
 // added once, at the end); the output accumulator is rescaled only where a row's maximum moved. The
 // row max, P as float16 A fragments and the outputs are as in npf_fa_forward_tc.
 // Traits (benchmarks/cuda_kernels.py, sm_90): the S and O accumulators take FRAGS (BC + D) floats a
-// lane: 2 fragments and 64 keys a tile up to D = 64 (241-249 registers at D 64: 2 blocks an SM, 12.5%;
-// 5.8 instructions per HMMA in the main loop, the next tile's copies included), 1 fragment and 32 keys at
-// D = 128 (163 registers, 3 blocks, 18.75%; 6.1 per HMMA, of which the output's rescale, counted though
+// lane: 2 fragments and 64 keys a tile up to D = 64 (249-255 registers at D 64: 2 blocks an SM, 12.5%;
+// 5.3 instructions per HMMA in the main loop, the next tile's copies included), 1 fragment and 32 keys at
+// D = 128 (160-161 registers, 3 blocks, 18.75%; 5.8 per HMMA, of which the output's rescale, counted though
 // it runs only where a row's maximum moved, is 1: 2 fragments spilled at 32 keys, at 16 keys the rescale
 // made 7.7 per HMMA, and 64 keys took 85 KiB of shared memory, one block on an A100); rows of D + 8
 // halves in shared memory (16-byte aligned, no bank conflicts); Q loaded once per head, K and V
@@ -1248,17 +1257,18 @@ template <int D_> struct NpfFaDenseTraits {
 };
 
 // One key tile of npf_fa_forward_dense for one warp: S = Q K^T for its rows, (MASKED: the causal
-// and ragged-end masks), the online softmax, O += P V.
+// and ragged-end masks), the online softmax, O += P V. Ql, Kl, Vl: the lane's first row for ldmatrix in the
+// warp's rows of Q and in the tile's K and V (NpfHalfOps::a_lane, b_lane).
 template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
-                                                  const T* Vs, int j0, int w0, const NpfFaArgs<float>& a,
+__device__ __forceinline__ void npf_fa_dense_tile(const T* Ql, const T* Kl,
+                                                  const T* Vl, int j0, int w0, const NpfFaArgs<float>& a,
                                                   float c, float (&o)[NpfFaDenseTraits<D>::FRAGS][D / 8][4],
                                                   float (&m)[NpfFaDenseTraits<D>::FRAGS][2],
                                                   float (&l)[NpfFaDenseTraits<D>::FRAGS][2]) {
     typedef NpfFaDenseTraits<D> Tr;
     typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const float inf = npf_fa_inf(0.0f);
     float s[F][NB][4];                                       // S of the warp's fragments
 #pragma unroll
@@ -1271,11 +1281,11 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
     for (int kd = 0; kd < KD; ++kd) {
         unsigned aq[F][4];                                   // the warp's rows of Q, d block kd
 #pragma unroll
-        for (int f = 0; f < F; ++f) Ops::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+        for (int f = 0; f < F; ++f) npf_ldmatrix_x4(aq[f], Ql + 16 * f * LD + kd * 16);
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bk[4];                                  // two key blocks of K: each feeds every fragment
-            Ops::b_rows(bk, Ks, LD, nb2 * 16, kd * 16, lane);
+            npf_ldmatrix_x4(bk, Kl + nb2 * 16 * LD + kd * 16);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 Ops::mma(s[f][2 * nb2], aq[f], bk, s[f][2 * nb2]);
@@ -1298,22 +1308,25 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
     for (int f = 0; f < F; ++f)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-            float mx = -inf;
+            float mx = fmaxf(s[f][0][2 * r], s[f][0][2 * r + 1]);
 #pragma unroll
-            for (int nb = 0; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
+            for (int nb = 1; nb < NB; ++nb) mx = fmaxf(mx, fmaxf(s[f][nb][2 * r], s[f][nb][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float m_new = fmaxf(m[f][r], mx);
-            neg[f][r] = m_new == -inf ? 0.0f : -m_new * c;   // all -inf so far: no inf - inf
-            const float alpha = m_new == m[f][r] ? 1.0f : exp2f((m[f][r] - m_new) * c);
-            m[f][r] = m_new;
-            l[f][r] *= alpha;
-            if (alpha != 1.0f)                               // the row's maximum moved
+            // all -inf so far: the largest float, not inf, so that a masked score's 2^(-inf c + neg) is 0, not
+            // NaN (c > 0: the launcher runs these kernels for a positive scale only)
+            neg[f][r] = fminf(-m_new * c, 3.40282347e38f);
+            if (m_new != m[f][r]) {                          // the row's maximum moved: rescale by 2^(m c - m_new c)
+                const float alpha = exp2f(fmaf(m[f][r], c, neg[f][r]));
+                l[f][r] *= alpha;
 #pragma unroll
                 for (int dn = 0; dn < DN; ++dn) {
                     o[f][dn][2 * r] *= alpha;
                     o[f][dn][2 * r + 1] *= alpha;
                 }
+                m[f][r] = m_new;
+            }
         }
 #pragma unroll
     for (int f = 0; f < F; ++f)                              // s becomes P; the lane's part of each row sum
@@ -1333,7 +1346,7 @@ __device__ __forceinline__ void npf_fa_dense_tile(const T* Qs, const T* Ks,
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bv[4];                                  // V rows as B fragments: each feeds every fragment
-            Ops::b_cols(bv, Vs, LD, kb * 16, dn2 * 16, lane);
+            npf_ldmatrix_x4_trans(bv, Vl + kb * 16 * LD + dn2 * 16);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 Ops::mma(o[f][2 * dn2], ap[f], bv, o[f][2 * dn2]);
@@ -1375,6 +1388,12 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
     const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;       // the scale and log2(e): P = 2^(s c - m c)
     const float inf = npf_fa_inf(0.0f);
+    // the row each operand's ldmatrix reads for the lane, from the warp's first (K and V: of buffer 0), worked
+    // out once: in the loops a fixed offset from these (ptxas kept recomputing them from the lane a tile)
+    typedef NpfHalfOps<T> Ops;
+    const T* Ql = Qs + warp * Tr::WARP_ROWS * LD + Ops::a_lane(LD, lane);
+    const T* Kl = KVs + Ops::b_lane(LD, lane);
+    const T* Vl = KVs + BC * LD + Ops::a_lane(LD, lane);
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();                                     // the previous head's readers are done
         npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
@@ -1397,13 +1416,13 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
         // warps take each tile together: the barriers in npf_fa_dense_next are block-wide)
         int kt = 0;
         for (; kt < masked_from; ++kt) {
-            const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
-            npf_fa_dense_tile<T, D, CAUSAL, false>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
+            const int buf = (int)(npf_fa_dense_next(kt, n_kt, kv_copy, KVs) - KVs);   // the buffer's offset
+            npf_fa_dense_tile<T, D, CAUSAL, false>(Ql, Kl + buf, Vl + buf, kt * BC, w0, a, c, o, m, l);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; kt < n_kt; ++kt) {
-            const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
-            npf_fa_dense_tile<T, D, CAUSAL, true>(Qs, Ks, Ks + BC * LD, kt * BC, w0, a, c, o, m, l);
+            const int buf = (int)(npf_fa_dense_next(kt, n_kt, kv_copy, KVs) - KVs);   // the buffer's offset
+            npf_fa_dense_tile<T, D, CAUSAL, true>(Ql, Kl + buf, Vl + buf, kt * BC, w0, a, c, o, m, l);
             __syncthreads();
         }
 #pragma unroll
@@ -1442,9 +1461,10 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
 //       floats a lane and fragment: 2 fragments at D 32, 1 above (64 queries a tile at D 64, 32 at 128);
 //       K and V once per head, Q, dO and the tile's lse and D double-buffered; 2 blocks an SM (3, with
 //       170 registers a lane, spilled the causal kernels at D 32 and 64).
-// The next tile's copies in line (NpfFaTilePair). Main loops on sm_90 (benchmarks/cuda_kernels.py, the copies
-// counted): dQ 3.9-4.3 instructions per HMMA at D 64 and 128, dK dV 4.9-5.6 (the _tc kernels: 34.7 and 28.7
-// at D 64, and their tile loader's call besides).
+// The next tile's copies in line (NpfFaTilePair). dK, dV work out the lane's rows for ldmatrix once (as the
+// forward does); dQ reads them from the lane a tile (worked out once, dQ at D 128 spilled 8 bytes). Main loops on
+// sm_90 (benchmarks/cuda_kernels.py, the copies counted): dQ 3.9-4.3 instructions per HMMA at D 64 and 128,
+// dK dV 4.2-5.1 (the _tc kernels: 34.7 and 28.7 at D 64, and their tile loader's call besides).
 template <int D_> struct NpfFaDenseDqTraits {
     static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 32 ? 64 : 32, LD = D + 8;
@@ -1604,9 +1624,10 @@ __device__ void npf_fa_bwd_dq_dense(const T* q, const T* k, const T* v,
 
 // One query tile of the dense dK, dV for one warp: S^T = K Q^T, dP^T = V dO^T for its keys, (MASKED: the
 // causal mask), P^T, dS^T = P^T (dP^T - D), dV += P^T dO, dK += dS^T Q. lse_s, d_s: the tile's lse and D.
+// Kl, Vl: the lane's first row for ldmatrix in the warp's keys of K and V; Qr, Qc: in the tile's Q as B
+// fragments of rows and of columns (NpfHalfOps::b_lane, a_lane), its dO BQ rows after each.
 template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
-                                                       const T* Qs, const T* dOs,
+__device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Kl, const T* Vl, const T* Qr, const T* Qc,
                                                        const float* lse_s, const float* d_s, int i0, int k0,
                                                        const NpfFaArgs<float>& a, float c,
                                                        float (&dk)[NpfFaDenseDkdvTraits<D>::FRAGS][D / 8][4],
@@ -1614,7 +1635,8 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
     typedef NpfFaDenseDkdvTraits<D> Tr;
     typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BQ / 8, DN = D / 8, KD = D / 16, KB = Tr::BQ / 16;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const T *dOr = Qr + Tr::BQ * LD, *dOc = Qc + Tr::BQ * LD;
     float st[F][NB][4], dpt[F][NB][4];                       // rows: the warp's keys; columns: the tile's queries
 #pragma unroll
     for (int f = 0; f < F; ++f)
@@ -1627,14 +1649,14 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
         unsigned ak[F][4], av[F][4];                         // the warp's keys of K and of V, d block kd
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            Ops::a_rows(ak[f], Ks, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
-            Ops::a_rows(av[f], Vs, LD, warp * Tr::WARP_KEYS + 16 * f, kd * 16, lane);
+            npf_ldmatrix_x4(ak[f], Kl + 16 * f * LD + kd * 16);
+            npf_ldmatrix_x4(av[f], Vl + 16 * f * LD + kd * 16);
         }
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
             unsigned bq[4], bg[4];                           // Q rows and dO rows as B fragments (n: queries)
-            Ops::b_rows(bq, Qs, LD, nb2 * 16, kd * 16, lane);
-            Ops::b_rows(bg, dOs, LD, nb2 * 16, kd * 16, lane);
+            npf_ldmatrix_x4(bq, Qr + nb2 * 16 * LD + kd * 16);
+            npf_ldmatrix_x4(bg, dOr + nb2 * 16 * LD + kd * 16);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 Ops::mma(st[f][2 * nb2], ak[f], bq, st[f][2 * nb2]);
@@ -1672,8 +1694,8 @@ __device__ __forceinline__ void npf_fa_dense_dkdv_tile(const T* Ks, const T* Vs,
 #pragma unroll
         for (int dn2 = 0; dn2 < DN / 2; ++dn2) {
             unsigned bg[4], bq[4];                           // dO and Q rows, transposed (k: queries, n: d)
-            Ops::b_cols(bg, dOs, LD, kb * 16, dn2 * 16, lane);
-            Ops::b_cols(bq, Qs, LD, kb * 16, dn2 * 16, lane);
+            npf_ldmatrix_x4_trans(bg, dOc + kb * 16 * LD + dn2 * 16);
+            npf_ldmatrix_x4_trans(bq, Qc + kb * 16 * LD + dn2 * 16);
 #pragma unroll
             for (int f = 0; f < F; ++f) {
                 Ops::mma(dv[f][2 * dn2], ap[f], bg, dv[f][2 * dn2]);
@@ -1723,6 +1745,10 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
     const int qt0 = npf_fa_first_query_tile<BQ>(j0, n_qt, CAUSAL, a);
     const int unmasked_from = npf_fa_unmasked_query_tile<BC, BQ>(j0, qt0, n_qt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;
+    typedef NpfHalfOps<T> Ops;                           // the lane's rows for ldmatrix, worked out once
+    const T* Kl = Ks + warp * Tr::WARP_KEYS * LD + Ops::a_lane(LD, lane);
+    const T* Vl = Vs + warp * Tr::WARP_KEYS * LD + Ops::a_lane(LD, lane);
+    const T *Qr = QGs + Ops::b_lane(LD, lane), *Qc = QGs + Ops::a_lane(LD, lane);   // buffer 0's
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();
         npf_fa_load_tile<T, BC, D>(k + npf_fa_head(kl, bh, a.H), j0, a.Tk, a.hs, kl.st, Ks);
@@ -1742,17 +1768,17 @@ __device__ void npf_fa_bwd_dkdv_dense(const T* q, const T* k, const T* v,
         int qt = qt0;
         for (; qt < unmasked_from; ++qt) {                   // the tiles across the diagonal
             const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, qg_copy, lse, dvec, bh, a, QGs, LDs);
-            const T* Qs = QGs + buf * 2 * BQ * LD;
+            const int qg = buf * 2 * BQ * LD;                // the buffer's offset
             const float* lse_s = LDs + buf * 2 * BQ;
-            npf_fa_dense_dkdv_tile<T, D, CAUSAL, true>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
+            npf_fa_dense_dkdv_tile<T, D, CAUSAL, true>(Kl, Vl, Qr + qg, Qc + qg, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
                                                     dka, dva);
             __syncthreads();                                 // done with this buffer before it is refilled
         }
         for (; qt < n_qt; ++qt) {                            // the main loop: no masks
             const int buf = npf_fa_dense_next_queries<T, D, BQ>(qt, qt0, n_qt, qg_copy, lse, dvec, bh, a, QGs, LDs);
-            const T* Qs = QGs + buf * 2 * BQ * LD;
+            const int qg = buf * 2 * BQ * LD;                // the buffer's offset
             const float* lse_s = LDs + buf * 2 * BQ;
-            npf_fa_dense_dkdv_tile<T, D, CAUSAL, false>(Ks, Vs, Qs, Qs + BQ * LD, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
+            npf_fa_dense_dkdv_tile<T, D, CAUSAL, false>(Kl, Vl, Qr + qg, Qc + qg, lse_s, lse_s + BQ, qt * BQ, k0, a, c,
                                                      dka, dva);
             __syncthreads();
         }
@@ -2274,14 +2300,15 @@ __device__ __forceinline__ void npf_fa_wgmma_softmax(float (&s)[NpfFaWgmmaTraits
         }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        float mx = -inf;
+        float mx = fmaxf(s[2 * r], s[2 * r + 1]);
 #pragma unroll
-        for (int i = 0; i < BC / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
+        for (int i = 1; i < BC / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * r], s[4 * i + 2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(m[r], mx);
-        const float neg = m_new == -inf ? 0.0f : -m_new * c; // the exponent's offset; all -inf so far: no inf - inf
-        alpha[r] = m_new == m[r] ? 1.0f : exp2f((m[r] - m_new) * c);
+        // the exponent's offset; all -inf so far: the largest float, so that a masked -inf gives 2^-inf = 0, not NaN
+        const float neg = fminf(-m_new * c, 3.40282347e38f);
+        alpha[r] = m_new == m[r] ? 1.0f : exp2f(fmaf(m[r], c, neg));
         m[r] = m_new;
         float sum = 0.0f;
 #pragma unroll

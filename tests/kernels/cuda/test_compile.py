@@ -105,7 +105,7 @@ def test_the_hopper_kernels_run_on_wgmma_and_issue_few_instructions_per_product(
     64xDx16 for dV += P^T dO and dK += dS^T Q; bfloat16's .BF16; the pipelined kernels' first and last
     tiles' wgmmas outside the loops: all but dK dV at head size 128), no mma.sync; 256
     threads at 12.5% occupancy; and each main loop (the tiles without masks) issues at most 5 instructions
-    per m16n8k16 a warp's share of the wgmmas stands for (the dense mma.sync kernels: 3.8-6.1 per HMMA,
+    per m16n8k16 a warp's share of the wgmmas stands for (the dense mma.sync kernels: 3.8-5.8 per HMMA,
     each HMMA a quarter of the issue rate's product)."""
     assert not any("wgmma" in k.name for k in compiled[80][0])
     kernels = {k.name: k for k in compiled[90][0] if "_wgmma" in k.name}
@@ -281,10 +281,10 @@ def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compi
     sizes 64 and 128: their main loops (the tiles that need no mask) copy the next tile in line (NpfFaTilePair:
     its cp.async copies counted, a thread's 16-byte share of two tiles; the one call left is for a ragged last
     tile or unaligned rows) and issue at most 6 instructions per mma.sync, about what keeps Hopper's tensor
-    cores busy (the _tc kernels: 19 to 51). The forward at 128 issues 6.1: its 32-key tiles hold the rescale of
-    a lane's 64 outputs, one FMUL per HMMA, counted though it runs only where a row's maximum moved (2
-    fragments a warp spilled, 16-key tiles made 7.7); held at 6.2. D 32 has half the products per score, and
-    the same softmax work, so it stays above."""
+    cores busy (the _tc kernels: 19 to 51). The forward at 128 is the closest, at 6.0: its 32-key tiles hold the
+    rescale of a lane's 64 outputs, one FMUL per HMMA, counted though it runs only where a row's maximum moved
+    (2 fragments a warp spilled, 16-key tiles made 7.7). D 32 has half the products per score, and the same
+    softmax work, so it stays above."""
     rows = {"fwd": {64: 64, 128: 32}, "bwd_dq": {64: 32, 128: 32}, "bwd_dkdv": {64: 64, 128: 32}}   # a tile's
     for arch in cuda_kernels.ARCHS:
         kernels, _ = compiled[arch]
@@ -296,7 +296,7 @@ def test_the_dense_attention_kernels_issue_at_most_6_instructions_per_hmma(compi
             copies = 2 * rows[kind][int(d)] * int(d) * 2 // 16 // 128     # 2 tiles of 16-bit values, 128 threads
             assert k.loop["copies"] == copies, (arch, name, k.loop)
         over = {name: round(k.loop["total"] / k.loop["HMMA"], 2) for name, k in dense.items()
-                if k.loop["total"] > (6.2 if re.match(r"npf_fa_fwd_.*_d128_", name) else 6) * k.loop["HMMA"]}
+                if k.loop["total"] > 6 * k.loop["HMMA"]}
         assert not over, (arch, over)
 
 
