@@ -2,7 +2,9 @@
 time, registers, occupancy, issue-slot use and the instructions it executed per HMMA, the figure that
 ``benchmarks/cuda_kernels.py`` predicts from the SASS without a GPU (its "instructions per HMMA" column counts
 the main loop's instructions once each; the executed count here includes every branch taken and the work
-outside the loop, so it is the figure the prediction is checked against).
+outside the loop, so it is the figure the prediction is checked against). The table gives that prediction
+beside each launch ("SASS loop per HMMA", for the device's compute capability, from the report as committed
+in ``benchmarks/results``).
 
     python benchmarks/flash_profile.py OUT_FILE [--ncu PATH] [--timeout SECONDS]
     python benchmarks/flash_profile.py --probe [--backend numpy] [--small]
@@ -37,7 +39,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = ["Case", "CASES", "SECTIONS", "WANTED_METRICS", "probe", "known_metrics", "ncu_command",
-           "read_raw_csv", "table", "main"]
+           "read_raw_csv", "sass_per_hmma", "table", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,13 +189,39 @@ def _short_name(kernel: str) -> str:
     return found.group(1) if found else kernel.split("(")[0]
 
 
-def table(rows: list) -> str:
-    """A markdown table, a row per launch: the kernel (its traits), grid, then :data:`COLUMNS`, and
-    instructions per HMMA where both counts are there."""
+def sass_per_hmma(arch: int, results: str = os.path.join(ROOT, "benchmarks", "results")) -> dict:
+    """The main loop's instructions per HMMA that ``benchmarks/cuda_kernels.py`` read from the SASS for
+    ``sm_<arch>`` (its report in ``results``, as committed), by kernel as ncu names it (:func:`_short_name`,
+    spaces dropped): ``{"NpfFaFwdDense<unsignedshort,64,true>": "5.3", ...}``; empty without the report."""
+    from npformer.kernels.cuda.runtime import shipped_modules
+    path = os.path.join(results, f"cuda-kernels-sm{arch}.md")
+    if not os.path.exists(path):
+        return {}
+    traits = {name: re.sub(r"^npf_fa_kernel<(.*)>$", r"\1", expression).replace(" ", "")
+              for module in shipped_modules().values() for name, expression in module.kernels.items()}
+    found, column = {}, None
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if "per HMMA" in cells and "loop instructions" in cells:         # the main loops' table
+                column = cells.index("per HMMA")
+            elif column is None or not line.startswith("|"):
+                column = None
+            elif len(cells) > column and cells[1] in traits:
+                found[traits[cells[1]]] = cells[column]
+    return found
+
+
+def table(rows: list, sass: dict | None = None) -> str:
+    """A markdown table, a row per launch: the kernel (its traits), grid, then :data:`COLUMNS`, instructions
+    per HMMA where both counts are there, and beside them what the SASS predicted (``sass``:
+    :func:`sass_per_hmma`; the main loop's body counted once, every branch in it, where ncu counts what ran:
+    the loop, the masked tiles and the work around them)."""
     def pick(row, names):
         return next((_number(row[n]) for n in names if n in row and _number(row[n]) is not None), None)
 
-    heads = ["kernel", "grid x block"] + [h for h, _ in COLUMNS] + ["per HMMA"]
+    sass = sass or {}
+    heads = ["kernel", "grid x block"] + [h for h, _ in COLUMNS] + ["per HMMA", "SASS loop per HMMA"]
     out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for row in rows:
         values = [pick(row, names) for _, names in COLUMNS]
@@ -204,6 +232,7 @@ def table(rows: list) -> str:
                          f"{v:.0f}" if head in ("registers", "instructions", "HMMA") else f"{v:.1f}")
         inst, hmma = values[-2], values[-1]
         cells.append(f"{inst / hmma:.2f}" if inst and hmma else "-")
+        cells.append(sass.get(cells[0].replace(" ", ""), "-"))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -242,10 +271,15 @@ def profile(out_file: str, ncu: str, timeout: float) -> int:
         _, raw = run([ncu, "--import", rep, "--page", "raw", "--csv", "--print-units", "base"], 60)
         _, details = run([ncu, "--import", rep], 60)
     rows = read_raw_csv(raw)
-    probed = [line for line in output.splitlines() if line.startswith("profiled:")]
+    arch = _number(rows[0].get("CC")) if rows else None         # the device's compute capability, "9.0"
+    try:
+        sass, unread = (sass_per_hmma(round(arch * 10)) if arch else {}), []
+    except Exception as error:                                   # the measurements are kept without it
+        sass, unread = {}, [f"the SASS's figures could not be read: {type(error).__name__}: {error}"]
+    probed = [line for line in output.splitlines() if line.startswith("profiled:")] + unread
     failed = [] if code == 0 else [f"ncu {status}; the launches below are those profiled before it. Its output's end:",
                                    *output.strip().splitlines()[-12:], ""]
-    body = table(rows) if rows else "no launches in ncu's raw page:\n" + raw
+    body = table(rows, sass) if rows else "no launches in ncu's raw page:\n" + raw
     summary = "\n".join(header + failed + probed + ["", body])
     _write(out_file, summary + "\n\n" + details, summary)
     return 0 if rows and code == 0 else 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import re
 import stat
 import sys
 
@@ -50,14 +51,29 @@ def test_the_probe_runs_every_case_forward_and_backward_on_the_cpu():
 def test_the_raw_page_gives_a_row_per_launch_with_instructions_per_hmma():
     rows = flash_profile.read_raw_csv(RAW_PAGE)
     assert [r["ID"] for r in rows] == ["0", "1"]                        # ncu's line and the units row left out
-    lines = flash_profile.table(rows).splitlines()
-    assert lines[0].split(" | ")[-1] == "per HMMA |" and len(lines) == 4
+    lines = flash_profile.table(rows, {"NpfFaFwdDense<unsignedshort,64,true>": "5.3"}).splitlines()
+    assert lines[0].endswith("| per HMMA | SASS loop per HMMA |") and len(lines) == 4
     fwd = [c.strip() for c in lines[2].strip("|").split("|")]
     assert fwd[:2] == ["NpfFaFwdDense<unsigned short, 64, true>", "(32, 64, 1) x (128, 1, 1)"]
-    # time in us from base nanoseconds, registers, occupancy, achieved, issue, tensor pipe (not asked), counts
-    assert fwd[2:] == ["2370.5", "128", "25.0", "24.6", "55.7", "-", "18874368", "3145728", "6.00"]
-    assert lines[3].rstrip(" |").endswith("| 0 | -")                   # bwd_pre: no HMMA, no ratio
+    # time in us from base nanoseconds, registers, occupancy, achieved, issue, tensor pipe (not asked), counts,
+    # their ratio, the SASS's
+    assert fwd[2:] == ["2370.5", "128", "25.0", "24.6", "55.7", "-", "18874368", "3145728", "6.00", "5.3"]
+    assert lines[3].rstrip(" |").endswith("| 0 | - | -")               # bwd_pre: no HMMA, no ratio, no loop
     assert flash_profile.read_raw_csv("==ERROR== no kernels were profiled") == []
+
+
+def test_the_sass_figures_are_the_committed_reports_by_the_kernels_ncu_names():
+    """benchmarks/cuda_kernels.py's main-loop column, per architecture, keyed as ncu names a launch (its
+    traits, spaces dropped): every dense and Hopper float16 and bfloat16 kernel at head sizes 64 and 128, at
+    most 6 (what test_compile.py holds them to); none for an architecture without a report."""
+    from npformer.kernels.cuda.runtime import shipped_modules
+    names = {e.removeprefix("npf_fa_kernel<")[:-1].replace(" ", "") for m in shipped_modules().values()
+             for n, e in m.kernels.items() if re.search(r"_(dense|wgmma).*_d(64|128)_b?f16$", n)}
+    for arch in (80, 90):
+        sass = flash_profile.sass_per_hmma(arch)
+        wanted = {n for n in names if arch == 90 or "Wgmma" not in n}
+        assert wanted <= set(sass) and all(float(sass[n]) <= 6 for n in wanted), arch
+    assert flash_profile.sass_per_hmma(75) == {}
 
 
 def test_the_details_pages_long_form_is_read_a_launch_a_row():
@@ -71,7 +87,7 @@ def test_the_details_pages_long_form_is_read_a_launch_a_row():
     csv.writer(text, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows([head] + [launch + list(m) for m in metrics])
     (row,) = flash_profile.read_raw_csv(text.getvalue())
     assert row["Kernel Name"] == FWD and row["smsp__inst_executed.sum"] == "18,874,368"
-    assert "Metric Value" not in row and flash_profile.table([row]).splitlines()[2].endswith("| 6.00 |")
+    assert "Metric Value" not in row and flash_profile.table([row]).splitlines()[2].endswith("| 6.00 | - |")
 
 
 def test_the_ncu_command_asks_for_the_metrics_this_ncu_knows_and_profiles_the_probe_in_its_range():
@@ -133,9 +149,23 @@ def test_a_whole_run_against_a_stand_in_ncu_writes_the_table_and_ncus_report(tmp
         "profiled: float16 B1 H2 T80 D64 causal", "profiled: float16 B1 H2 T80 D64",
         "profiled: float16 B1 H2 T80 D128 causal"]
     assert "| NpfFaFwdDense<unsigned short, 64, true> |" in text and "| 6.00 |" in text
+    # beside ncu's ratio, the SASS's for the device's compute capability (the raw page's CC, 9.0)
+    fwd = next(line for line in text.splitlines() if line.startswith("| NpfFaFwdDense<unsigned short, 64, true>"))
+    assert fwd.endswith(f"| 6.00 | {flash_profile.sass_per_hmma(90)['NpfFaFwdDense<unsignedshort,64,true>']} |")
     assert text.rstrip().endswith("Section: GPU Speed Of Light Throughput")
     shown = capsys.readouterr().out
     assert "| 6.00 |" in shown and "Speed Of Light" not in shown            # the table printed, not ncu's report
+
+
+def test_a_report_that_cannot_be_read_costs_the_column_not_the_measurements(tmp_path, monkeypatch):
+    def unreadable(arch, results=None):
+        raise OSError("cuda-kernels-sm90.md: unreadable")
+    monkeypatch.setattr(flash_profile, "sass_per_hmma", unreadable)
+    out = tmp_path / "profile.txt"
+    assert flash_profile.main([str(out), "--ncu", _stand_in(tmp_path), "--timeout", "120"]) == 0
+    text = out.read_text()
+    assert "the SASS's figures could not be read: OSError: cuda-kernels-sm90.md: unreadable" in text
+    assert "| 6.00 | - |" in text
 
 
 def test_a_failed_profile_is_written_with_ncus_output_and_fails(tmp_path):
