@@ -1462,9 +1462,10 @@ __device__ void npf_fa_forward_dense(const T* q, const T* k, const T* v,
 //       K and V once per head, Q, dO and the tile's lse and D double-buffered; 2 blocks an SM (3, with
 //       170 registers a lane, spilled the causal kernels at D 32 and 64).
 // The next tile's copies in line (NpfFaTilePair). dK, dV work out the lane's rows for ldmatrix once (as the
-// forward does); dQ reads them from the lane a tile (worked out once, dQ at D 128 spilled 8 bytes). Main loops on
-// sm_90 (benchmarks/cuda_kernels.py, the copies counted): dQ 3.9-4.3 instructions per HMMA at D 64 and 128,
-// dK dV 4.2-5.1 (the _tc kernels: 34.7 and 28.7 at D 64, and their tile loader's call besides).
+// forward does); dQ those of Q and dO, and K's and V's from the lane a tile (worked out once too, they spilled
+// 8 bytes at D 128). Main loops on sm_90 (benchmarks/cuda_kernels.py, the copies counted): dQ 3.9-4.1
+// instructions per HMMA at D 64 and 128, dK dV 4.2-5.1 (the _tc kernels: 34.7 and 28.7 at D 64, and their tile
+// loader's call besides).
 template <int D_> struct NpfFaDenseDqTraits {
     static constexpr int D = D_, WARPS = 4, THREADS = 32 * WARPS, FRAGS = D <= 64 ? 2 : 1;
     static constexpr int WARP_ROWS = 16 * FRAGS, BR = WARPS * WARP_ROWS, BC = D <= 32 ? 64 : 32, LD = D + 8;
@@ -1479,10 +1480,10 @@ template <int D_> struct NpfFaDenseDkdvTraits {
 };
 
 // One key tile of the dense dQ for one warp: S = Q K^T, dP = dO V^T for its rows, (MASKED: the causal
-// and ragged-end masks), dS = P (dP - D), dQ += dS K. nl: -lse log2 e per row, dd: D per row.
+// and ragged-end masks), dS = P (dP - D), dQ += dS K. nl: -lse log2 e per row, dd: D per row. Ql: the lane's
+// first row for ldmatrix in the warp's rows of Q (NpfHalfOps::a_lane), its dO's BR rows after.
 template <typename T, int D, bool CAUSAL, bool MASKED>
-__device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
-                                                     const T* Ks, const T* Vs, int j0, int w0,
+__device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Ql, const T* Ks, const T* Vs, int j0, int w0,
                                                      const NpfFaArgs<float>& a, float c,
                                                      const float (&nl)[NpfFaDenseDqTraits<D>::FRAGS][2],
                                                      const float (&dd)[NpfFaDenseDqTraits<D>::FRAGS][2],
@@ -1490,7 +1491,7 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
     typedef NpfFaDenseDqTraits<D> Tr;
     typedef NpfHalfOps<T> Ops;                               // float16 or bfloat16 operands
     constexpr int F = Tr::FRAGS, LD = Tr::LD, NB = Tr::BC / 8, DN = D / 8, KD = D / 16, KB = Tr::BC / 16;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     float s[F][NB][4], dp[F][NB][4];
 #pragma unroll
     for (int f = 0; f < F; ++f)
@@ -1503,8 +1504,8 @@ __device__ __forceinline__ void npf_fa_dense_dq_tile(const T* Qs, const T* dOs,
         unsigned aq[F][4], ag[F][4];                         // the warp's rows of Q and of dO, d block kd
 #pragma unroll
         for (int f = 0; f < F; ++f) {
-            Ops::a_rows(aq[f], Qs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
-            Ops::a_rows(ag[f], dOs, LD, warp * Tr::WARP_ROWS + 16 * f, kd * 16, lane);
+            npf_ldmatrix_x4(aq[f], Ql + 16 * f * LD + kd * 16);
+            npf_ldmatrix_x4(ag[f], Ql + Tr::BR * LD + 16 * f * LD + kd * 16);
         }
 #pragma unroll
         for (int nb2 = 0; nb2 < NB / 2; ++nb2) {
@@ -1570,6 +1571,7 @@ __device__ void npf_fa_bwd_dq_dense(const T* q, const T* k, const T* v,
     const int masked_from = npf_fa_masked_from<BC>(i0, n_kt, CAUSAL, a);
     const float c = a.scale * 1.4426950408889634f;
     const float inf = npf_fa_inf(0.0f);
+    const T* Ql = Qs + warp * Tr::WARP_ROWS * LD + NpfHalfOps<T>::a_lane(LD, lane);   // dO's: BR rows on
     for (long long bh = blockIdx.y; bh < a.bh_count; bh += gridDim.y) {
         __syncthreads();
         npf_fa_load_tile<T, BR, D>(q + npf_fa_head(ql, bh, a.H), i0, a.Tq, a.hs, ql.st, Qs);
@@ -1596,12 +1598,12 @@ __device__ void npf_fa_bwd_dq_dense(const T* q, const T* k, const T* v,
         int kt = 0;
         for (; kt < masked_from; ++kt) {                     // the main loop: no masks
             const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
-            npf_fa_dense_dq_tile<T, D, CAUSAL, false>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
+            npf_fa_dense_dq_tile<T, D, CAUSAL, false>(Ql, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
             __syncthreads();
         }
         for (; kt < n_kt; ++kt) {
             const T* Ks = npf_fa_dense_next(kt, n_kt, kv_copy, KVs);
-            npf_fa_dense_dq_tile<T, D, CAUSAL, true>(Qs, dOs, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
+            npf_fa_dense_dq_tile<T, D, CAUSAL, true>(Ql, Ks, Ks + BC * LD, kt * BC, w0, a, c, nl, dd, dqa);
             __syncthreads();
         }
 #pragma unroll
