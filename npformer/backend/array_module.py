@@ -183,16 +183,16 @@ def scatter_add(target: Any, indices: Any, values: Any) -> None:
     """``target[indices] += values`` with repeated indices summed, in the same order on every backend.
 
     Rows of a 2-d target indexed by a 1-d array (the embedding backward) are sorted by index (a
-    stable sort), and each index's total is the difference of a float64 running sum of the sorted
-    rows at the ends of its run: a fixed order of additions, where ``cupyx.scatter_add``'s atomics
-    add in whatever order the threads arrive (a GPU gradient check once failed and then passed on the
-    same example). The float64 sum keeps the differences exact to the rows' own precision. Other
-    shapes use ``numpy.add.at`` / ``cupyx.scatter_add``.
+    stable sort), and each index's rows are added up in float64 by :func:`run_sums`, which adds only
+    rows of the same index, in a fixed order of additions: where ``cupyx.scatter_add``'s atomics add
+    in whatever order the threads arrive (a GPU gradient check once failed and then passed on the
+    same example). Each index's total is rounded once to the target's dtype and added to its row.
+    Other shapes use ``numpy.add.at`` / ``cupyx.scatter_add``.
 
-    NumPy gathers the run ends (``flatnonzero``: as many as there are distinct indices). CuPy forms
-    the same differences at every position, keeps them at the run ends, zeros elsewhere, and adds
-    all N rows (adding 0.0 changes nothing, so the order of the atomics does not matter): the same
-    totals with no data-dependent shape, so no host sync, and the op can be captured in a CUDA graph.
+    NumPy gathers the run ends (``flatnonzero``: as many as there are distinct indices). CuPy keeps
+    the sums at the run ends, zeros elsewhere, and adds all N rows (adding 0.0 changes nothing, so the
+    order of the atomics does not matter): the same totals with no data-dependent shape, so no host
+    sync, and the op can be captured in a CUDA graph.
     """
     xp = get_array_module(target, indices, values)
     if not (target.ndim == 2 and getattr(indices, "ndim", 0) == 1 and indices.size
@@ -206,36 +206,43 @@ def scatter_add(target: Any, indices: Any, values: Any) -> None:
     order = xp.argsort(ids, kind="stable")                                  # (N,)
     ids = ids[order]                                                        # (N,) sorted
     last = xp.concatenate([ids[1:] != ids[:-1], xp.ones(1, dtype=bool)])    # (N,) the last row of its run
-    running = _running_sums(xp, values[order])                               # (N, C) float64
+    sums = run_sums(values[order], xp.searchsorted(ids, ids, side="left"))  # (N, C) float64
     if xp is numpy:
         ends = xp.flatnonzero(last)                                         # (U,)
-        totals = running[ends]                                              # (U, C) everything up to each run's end
-        totals[1:] -= running[ends[:-1]]                                    # less the runs before it
-        target[ids[ends]] += totals.astype(target.dtype, copy=False)        # (U, C), unique rows: no collisions
+        target[ids[ends]] += sums[ends].astype(target.dtype, copy=False)    # (U, C), unique rows: no collisions
     else:
-        scatter_add_fixed_shapes(target, ids, last, running)
+        scatter_add_run_ends(target, ids, last, sums)
 
 
-def _running_sums(xp, rows):
-    """The float64 running sum down the rows of an (N, C) array: ``cumsum(rows, axis=0)``. On NumPy
-    one vectorised add per row (the same additions in the same order: the same bits), 3.7-5x faster
-    than NumPy's cumsum along axis 0, which walks each column with a stride and casts through a buffer;
-    on CuPy one cumsum kernel, where a launch per row would cost far more."""
-    if xp is not numpy:
-        return xp.cumsum(rows, axis=0, dtype=xp.float64)
-    running = rows.astype(numpy.float64)                                     # (N, C)
-    for i in range(1, running.shape[0]):
-        numpy.add(running[i - 1], running[i], out=running[i])
-    return running
+def run_sums(rows: Any, starts: Any) -> Any:
+    """The float64 sum of each run of rows up to each row: ``out[i] = rows[starts[i]] + ... + rows[i]``
+    for (N, C) ``rows`` and ``starts`` (N,), the first row of row i's run (runs are contiguous).
+
+    A segmented scan in ceil(log2 N) passes (Hillis and Steele's): after the pass of distance d, row i
+    holds the sum of the last 2d rows of its run up to it, so the pass adds row i - d's partial sum
+    where that row is in the same run. Only rows of one run are ever added together, so a run's
+    error is bounded by its own terms (ceil(log2 N) roundings of float64 on the sum of their
+    magnitudes), whatever the other runs hold: a large or infinite row elsewhere costs it nothing,
+    where a difference of running sums over all rows would cancel. Elementwise passes of fixed
+    shapes: the same bits on NumPy and CuPy, no host sync."""
+    xp = get_array_module(rows, starts)
+    sums = rows.astype(xp.float64)                                          # (N, C) a copy
+    n = sums.shape[0]
+    position = xp.arange(n)                                                 # (N,)
+    d = 1
+    while d < n:
+        same_run = (position[d:] - d >= starts[d:])[:, None]                # (N - d, 1) row i - d in i's run
+        xp.add(sums[d:], xp.where(same_run, sums[:-d], 0.0), out=sums[d:])  # where reads before the add writes
+        d *= 2
+    return sums
 
 
-def scatter_add_fixed_shapes(target: Any, ids: Any, last: Any, running: Any) -> None:
+def scatter_add_run_ends(target: Any, ids: Any, last: Any, sums: Any) -> None:
     """The CuPy half of :func:`scatter_add` (any backend takes it: a test holds it to NumPy's half):
-    ``ids`` (N,) sorted, ``last`` (N,) marking the end of each run, ``running`` (N, C) float64."""
-    xp = get_array_module(target, ids, running)
-    starts = xp.searchsorted(ids, ids, side="left")                        # (N,) first row of each row's run
-    before = xp.where((starts > 0)[:, None], running[starts - 1], 0.0)      # (N, C) the runs before it
-    totals = xp.where(last[:, None], running - before, 0.0)                 # (N, C) a run's total at its end
+    ``ids`` (N,) sorted, ``last`` (N,) marking the end of each run, ``sums`` (N, C) float64 from
+    :func:`run_sums`, whose row at a run's end is the run's total."""
+    xp = get_array_module(target, ids, sums)
+    totals = xp.where(last[:, None], sums, 0.0)                             # (N, C) a run's total at its end
     if xp is numpy:
         numpy.add.at(target, ids, totals.astype(target.dtype, copy=False))
     else:

@@ -296,7 +296,7 @@ def test_scatter_add_rows_matches_add_at():
 
 
 def test_scatter_add_rows_are_summed_in_a_fixed_order_to_float32_precision():
-    """The row path (sorted runs, float64 running sums) against np.add.at in float64: skewed id
+    """The row path (sorted runs, float64 sums of each run) against np.add.at in float64: skewed id
     frequencies (one id takes half the rows), negative ids counting from the end; every call the
     same bits (no order-dependent atomics)."""
     rng = np.random.default_rng(5)
@@ -312,10 +312,10 @@ def test_scatter_add_rows_are_summed_in_a_fixed_order_to_float32_precision():
     np.testing.assert_allclose(got[0], exact.astype(np.float32), rtol=2e-7, atol=1e-9)
 
 
-def test_scatter_add_fixed_shapes_gives_the_run_ends_totals_bit_for_bit():
+def test_scatter_add_run_ends_gives_numpys_totals_bit_for_bit():
     """CuPy's half of the row path (no data-dependent shape: capturable in a CUDA graph), run on NumPy
     arrays, against NumPy's half: the same bits, skewed and negative ids, a non-zero start."""
-    from npformer.backend.array_module import scatter_add_fixed_shapes
+    from npformer.backend.array_module import run_sums, scatter_add_run_ends
     rng = np.random.default_rng(6)
     for n, v in ((1, 3), (1000, 7), (3000, 400)):
         ids = np.where(rng.random(n) < 0.3, 2, rng.integers(-v, v, n))
@@ -326,5 +326,33 @@ def test_scatter_add_fixed_shapes_gives_the_run_ends_totals_bit_for_bit():
         sorted_ids = np.sort(np.where(ids < 0, ids + v, ids), kind="stable")
         order = np.argsort(np.where(ids < 0, ids + v, ids), kind="stable")
         last = np.concatenate([sorted_ids[1:] != sorted_ids[:-1], [True]])
-        scatter_add_fixed_shapes(got, sorted_ids, last, np.cumsum(vals[order], axis=0, dtype=np.float64))
+        sums = run_sums(vals[order], np.searchsorted(sorted_ids, sorted_ids, side="left"))
+        scatter_add_run_ends(got, sorted_ids, last, sums)
         np.testing.assert_array_equal(got, want)
+
+
+def test_run_sums_adds_each_run_alone():
+    """Every row's sum from its run's first row, against a plain loop in float64, for runs of every
+    length up to past a power of two (each pass of the scan's distance met)."""
+    from npformer.backend.array_module import run_sums
+    rng = np.random.default_rng(7)
+    lengths = [1, 2, 3, 4, 5, 8, 9, 16, 17, 1]
+    starts = np.repeat(np.cumsum([0] + lengths[:-1]), lengths)              # (N,)
+    rows = rng.standard_normal((starts.size, 3))
+    want = rows.copy()
+    for i in range(1, starts.size):
+        if starts[i] == starts[i - 1]:
+            want[i] += want[i - 1]
+    np.testing.assert_allclose(run_sums(rows, starts), want, rtol=1e-15, atol=1e-15)
+    assert run_sums(rows[:1], starts[:1]).tolist() == rows[:1].tolist()
+
+
+def test_scatter_add_totals_do_not_depend_on_the_other_ids_rows():
+    """A huge or infinite row of one id must not reach another id's total (a difference of running
+    sums over all rows gave id 1 [0, 2] for [3, 2] beside a 1e17, and NaN beside an inf)."""
+    ids = np.array([0, 1, 1, 2])
+    for dtype, big in ((np.float64, 1e17), (np.float32, np.inf)):
+        rows = np.array([[big, 1.0], [1.0, 1.0], [2.0, 1.0], [3.0, 1.0]], dtype)
+        got = np.zeros((3, 2), dtype)
+        scatter_add(got, ids, rows)
+        assert got.tolist() == [[big, 1.0], [3.0, 2.0], [3.0, 1.0]]

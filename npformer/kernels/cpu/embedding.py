@@ -4,12 +4,11 @@ to rounding).
 
     dW[v] = sum of dout[n] over the positions n where ids[n] == v
 
-The reference's ``scatter_add`` forms each id's sum as the difference of a float64 running sum down
-all the rows, one row at a time in Python (the same order on every backend); here the rows of each
-id are summed directly, in float64, in the order they came, by one call. Both are float64 sums of
-the same values, rounded as the reference rounds them (once to the gradient's dtype; for 16-bit
-gradients to float32 first, the reference's accumulation dtype). Measured on the default ``npformer train``
-step: 0.42 against 2.1 ms for 2048 rows of 128.
+The reference's ``scatter_add`` adds each id's rows up in float64 by a segmented scan of
+ceil(log2 N) elementwise passes over all N rows (fixed shapes, for CuPy); here the rows of each id
+are summed in the order they came, in float64, by one call. Both are float64 sums of the same
+values, rounded as the reference rounds them (once to the gradient's dtype; for 16-bit gradients to
+float32 first, the reference's accumulation dtype), so they agree to float64 rounding before that.
 """
 from __future__ import annotations
 
