@@ -17,6 +17,13 @@ Backward, key blocks outer and query blocks inner; P is recomputed from lse, nev
     dS = P * (dP - D_i),  D_i = rowsum(dout_i * out_i)   (= rowsum(P * dP): FlashAttention-2's trick)
     dq_i += dS k_j * scale;   dk_j += dS^T q_i * scale
 
+The scale multiplies the product, q k^T * scale, where the plain op scales q first, (q * scale) k^T;
+the CUDA kernels fold it into the exponent after the product as well. The two orders round
+differently (the tests compare them to rounding), and they part where q k^T itself overflows:
+float32 scores beyond 3.4e38 before scaling (|q|, |k| about 1e19 and more) are inf here and NaN in
+the softmax, which a small scale would have kept finite in the plain op. 16-bit inputs cannot reach
+that (their products are at most hs 65504^2 in float32).
+
 Memory: the cache holds q, k, v, out and lse (B, H, Tq, 1): O(T), where the plain op keeps the
 (B, H, Tq, Tk) probabilities; the temporaries are a few (B, H, bq, bk) tiles. With ``is_causal`` a
 key block wholly in the future of a query block is skipped, and only tiles that straddle the
