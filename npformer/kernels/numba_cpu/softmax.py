@@ -132,9 +132,9 @@ def log_softmax_rows(z, x, start, stop):
         s = xr.dtype.type(0)
         for j in range(xr.size):
             s += vexp(xr[j] - m)
-        shift = m + (math.log(s) if s > 0 else xr.dtype.type(0))          # all -inf: stays -inf
+        ls = math.log(s) if s > 0 else xr.dtype.type(0)                  # all -inf: stays -inf
         for j in range(xr.size):
-            zr[j] = xr[j] - shift
+            zr[j] = (xr[j] - m) - ls                   # the reference's order: m + ls would lose ls when |m| >> ls
 
 
 @njit(nogil=True, fastmath=FASTMATH, error_model="numpy", cache=True)

@@ -4,8 +4,8 @@ For each: outputs and gradients in float64 and float32 (the cross-entropy's of 1
 within ``TOL`` (tests/helpers.py) over hypothesis-drawn shapes, -inf masks and ignored targets; either
 backward on either forward's cache; a float64 central-difference gradient check through the compiled
 path; the reference's errors for bad input; the same bits whatever the thread count; NaN and
-infinities as the reference gives them. The last test fails when a compiled path is registered
-without a case here. Skipped without numba.
+infinities as the reference gives them, and its answers at extreme magnitudes (a row maximum far from
+zero). The last test fails when a compiled path is registered without a case here. Skipped without numba.
 """
 import importlib
 import importlib.util
@@ -210,6 +210,34 @@ def test_non_finite_inputs_come_out_as_the_reference_gives_them():
         ref = activations.gelu_forward(g)[0]
     assert np.isnan(got[0]) and np.isnan(ref[0]) and got[1] == ref[1] == np.inf and got[3] == 0
     assert abs(got[2]) < 1e-6 and got[4] == ref[4]
+
+
+def _fast_and_reference(fwd, bwd, x, dy, **kw):
+    """``(y, cache, dx)`` on the compiled path and on the reference path, each backward on its own cache."""
+    y, cache = fwd(x, **kw)
+    with kernels.disabled():
+        y_ref, cache_ref = fwd(x, **kw)
+        dx_ref = bwd(dy, cache_ref)
+    return (y, cache, bwd(dy, cache)), (y_ref, cache_ref, dx_ref)
+
+
+@pytest.mark.parametrize("dtype, big", [("float32", -1e4), ("float32", 1e8), ("float32", -3e38),
+                                        ("float64", 1e20), ("float64", -1e300)])
+@pytest.mark.parametrize("n", [2, 65])                  # 65: a vectorised loop and its remainder
+def test_log_softmax_keeps_the_log_sum_beside_a_large_maximum(dtype, big, n):
+    """log p = (x - max) - log sum exp(x - max), in the reference's order: max + log sum rounded the
+    log sum away beside a large max (float32 -1e4: -log 2 came out 2e-4 off; 1e8 and float64 1e20: 0).
+    A third of each row is one spacing (at least 1) below the max, so every x - max is exact and
+    log sum >= log 2."""
+    x = np.full((2, n), big, dtype)
+    x[:, 2::3] -= max(1.0, abs(float(np.spacing(x.dtype.type(big)))))
+    x[1] = x[1, ::-1]
+    dy = randn(np, x.shape, 0, dtype)
+    (y, _, dx), (y_ref, _, dx_ref) = _fast_and_reference(softmax.log_softmax_forward, softmax.log_softmax_backward,
+                                                         x, dy)
+    assert_close(y, y_ref, dtype, what="log-softmax")
+    # dx = dy - p sum(dy): the magnitudes in play are dy's and its row sums'
+    assert_close(dx, dx_ref, dtype, scale=max(1.0, float(np.abs(dy).sum(-1).max())), what="log-softmax grad")
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy",
