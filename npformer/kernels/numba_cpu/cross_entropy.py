@@ -1,8 +1,9 @@
 """Cross-entropy forward and backward, one compiled pass over each row of logits each (reference:
 :mod:`npformer.ops.cross_entropy`, whose semantics and cache these keep).
 
-Forward, per row: the maximum, ``sum exp(z - max)`` (and ``sum z`` with label smoothing) in one
-pass, then the row's loss from the target's logit; nothing of size (N, V) is written. Backward, per
+Forward, per row: the maximum, ``sum exp(z - max)`` in one pass (and ``sum (z - max)`` in another
+with label smoothing), then the row's loss from the target's logit, ``log p_t = (z_t - max) -
+log_sum`` in the reference's order; nothing of size (N, V) is written. Backward, per
 row: ``dz = (p - q) dloss / N_valid`` with ``p = exp((z - shift) - log_sum)`` recomputed as forward
 defined it, written straight into the gradient. Loss reductions are NumPy's sums over the (N,) row
 losses, as the reference. 16-bit logits (float16, bfloat16) are taken too, through a float32 copy
@@ -53,8 +54,8 @@ def _forward_rows(nll, shift, log_sum, z, targets, valid, smoothing, start, stop
         else:
             total = zr.dtype.type(0)
             for j in range(v):
-                total += zr[j]
-            sum_logp = total - v * (m + ls)            # sum_j log p_j
+                total += zr[j] - m                     # (each <= 0: sum z - V m would cancel, or overflow)
+            sum_logp = total - v * ls                  # sum_j log p_j = sum_j (z_j - m) - V log s
             nll[r] = -(1 - smoothing) * picked - (smoothing / v) * sum_logp
 
 

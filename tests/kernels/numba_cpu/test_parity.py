@@ -240,6 +240,26 @@ def test_log_softmax_keeps_the_log_sum_beside_a_large_maximum(dtype, big, n):
     assert_close(dx, dx_ref, dtype, scale=max(1.0, float(np.abs(dy).sum(-1).max())), what="log-softmax grad")
 
 
+@pytest.mark.parametrize("dtype, row", [("float32", [1e4, 1e4 + 1, 1e4]), ("float32", [3e38, 3e38, 0.0]),
+                                        ("float32", [-1e8, -1e8 + 8, -1e8]), ("float64", [1e20, 1e20]),
+                                        ("float64", [1e15, 1e15 + 1, 1e15]), ("float64", [1.7e308, 1.7e308, 0.0])])
+@pytest.mark.parametrize("smoothing", [0.0, 0.5])
+def test_cross_entropy_of_logits_far_from_zero(dtype, row, smoothing):
+    """sum_j log p_j = sum_j (z_j - max) - V log_sum, every term <= 0 as in the reference's sum of
+    log p: sum z - V (max + log_sum) cancelled (float32 [1e4, 1e4 + 1, 1e4]: 1e-4 off) or overflowed
+    (float32 [3e38, 3e38, 0]: -inf for 5e37; float64 [1e20, 1e20]: log 2 / 2 for log 2). log p_t =
+    (z_t - max) - log_sum too, never z_t - (max + log_sum)."""
+    z = np.array([row, row[::-1]], dtype)
+    targets, dloss = np.array([0, 1]), np.array([1.5, -0.5], dtype)
+    kw = dict(targets=targets, reduction="none", label_smoothing=smoothing)
+    (loss, _, dz), (loss_ref, _, dz_ref) = _fast_and_reference(cross_entropy.cross_entropy_forward,
+                                                               cross_entropy.cross_entropy_backward, z, dloss, **kw)
+    for i in range(2):                                  # each row's loss on its own scale
+        assert_close(loss[i], loss_ref[i], dtype, what=f"cross-entropy loss, row {i}")
+    # dz = (p - q) dloss, p and q in [0, 1]
+    assert_close(dz, dz_ref, dtype, scale=max(1.0, float(np.abs(dloss).max())), what="cross-entropy grad")
+
+
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy",
                                   "attention", "dropout"])
 def test_gradcheck_through_the_compiled_path(name):
