@@ -2,16 +2,15 @@
 :mod:`npformer.ops.layernorm`).
 
 Forward, per row: the mean, then ``sum (x - mu)^2`` (two passes over a row already in cache, the
-reference's two-pass variance), then ``y = xhat w + b``; the cache is the reference's (x, mu and
-rstd, no xhat). Backward, per row: ``xhat = (x - mu) rstd`` recomputed as the forward computed it,
-``g = dy w``, ``mean(g)`` and ``mean(g xhat)`` in one pass, then ``dx`` in a second. The
-parameter gradients ``dw = sum dy xhat`` and ``db = sum dy`` are summed over blocks of
-:data:`ROWS_PER_PART` rows into a (parts, C) array, then over the parts in order: the same sums
-whatever the thread count.
+reference's two-pass variance), ``rstd = 1 / sqrt(var + eps)`` correctly rounded
+(:func:`~npformer.kernels.numba_cpu.vector_math.inv_sqrt`: 0 for var = inf, as the reference), then
+``y = xhat w + b``; the cache is the reference's (x, mu and rstd, no xhat). Backward, per row:
+``xhat = (x - mu) rstd`` recomputed as the forward computed it, ``g = dy w``, ``mean(g)`` and
+``mean(g xhat)`` in one pass, then ``dx`` in a second. The parameter gradients ``dw = sum dy xhat``
+and ``db = sum dy`` are summed over blocks of :data:`ROWS_PER_PART` rows into a (parts, C) array,
+then over the parts in order: the same sums whatever the thread count.
 """
 from __future__ import annotations
-
-import math
 
 import numpy
 from numba import njit
@@ -19,7 +18,7 @@ from numba import njit
 from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.numba_cpu.rows import CHEAP, over_rows
-from npformer.kernels.numba_cpu.vector_math import FASTMATH
+from npformer.kernels.numba_cpu.vector_math import FASTMATH, inv_sqrt
 from npformer.ops.layernorm import LayerNormCache, check_layer_norm_inputs
 
 __all__ = ["layer_norm_forward", "layer_norm_backward", "ROWS_PER_PART"]
@@ -41,7 +40,7 @@ def _forward(y, mean, rstd, x, weight, bias, eps, start, stop):
         for j in range(c):
             d = xr[j] - mu
             ss += d * d
-        rs = xr.dtype.type(1) / math.sqrt(ss / n_c + eps)
+        rs = inv_sqrt(ss / n_c + eps)                  # (not FASTMATH's estimate: NaN for var = inf)
         mean[r], rstd[r] = mu, rs
         for j in range(c):
             h = (xr[j] - mu) * rs

@@ -19,6 +19,9 @@ reproduces them): relative error 1.9e-8 in float64, worst 6.7 float32 ulp (4e-7 
 in float32. No exp and one division: the cheapest form, which the NumPy fast path's GELU uses too
 (:data:`npformer.kernels.cpu.activations.ERF_P`, the coefficients' one home). float64 loops use the
 C library (``math.erfc``, ``math.exp``).
+
+One function here is there to be slower: :func:`inv_sqrt`, 1 / sqrt(v) correctly rounded where
+:data:`FASTMATH` would let the compiler estimate it (NaN for v = inf).
 """
 from __future__ import annotations
 
@@ -30,11 +33,12 @@ from numba.extending import overload
 
 from npformer.kernels.cpu.activations import ERF_P, ERF_Q
 
-__all__ = ["FASTMATH", "exp32", "sigmoid32", "erf32", "phi32", "exp64", "phi64", "vexp"]
+__all__ = ["FASTMATH", "exp32", "sigmoid32", "erf32", "phi32", "exp64", "phi64", "vexp", "inv_sqrt"]
 
-# reassociation (vectorised sums), contraction (fused multiply-add) and reciprocals. Not "nnan"/"ninf":
-# NaN and infinities in must come out as the reference gives them. Not "nsz": with it, reassociation
-# may fold exp32's (c - k ln2_hi) - k ln2_lo into c - k (ln2_hi + ln2_lo) (measured: 67 ulp instead of 0.85)
+# reassociation (vectorised sums), contraction (fused multiply-add) and reciprocals (1 / sqrt too: see
+# inv_sqrt). Not "nnan"/"ninf": NaN and infinities in must come out as the reference gives them. Not "nsz":
+# with it, reassociation may fold exp32's (c - k ln2_hi) - k ln2_lo into c - k (ln2_hi + ln2_lo)
+# (measured: 67 ulp instead of 0.85)
 FASTMATH = {"reassoc", "contract", "arcp"}
 
 F = numpy.float32
@@ -115,3 +119,18 @@ def _vexp_typed(v):
     if v == types.float32:
         return lambda v: exp32(v)
     return lambda v: exp64(v)
+
+
+def inv_sqrt(v):
+    """1 / sqrt(v) correctly rounded in v's float type, for loops compiled with :data:`FASTMATH`. Its
+    "arcp" lets LLVM turn float32 1 / sqrt(v) into the reciprocal square root estimate r and one
+    Newton step, r (3 - v r^2) / 2: NaN for v = inf (r = 0; the reference gives 0) and for v = 0
+    (inf), -inf for a subnormal v (r = inf), up to 2 ulp off elsewhere (measured). Compiled apart,
+    without FASTMATH (LLVM inlines it, its flags kept): a square root and a division."""
+    return 1.0 / math.sqrt(v)
+
+
+@overload(inv_sqrt, jit_options={"fastmath": False, "error_model": "numpy"})
+def _inv_sqrt_typed(v):
+    one = F(1.0) if v == types.float32 else 1.0
+    return lambda v: one / math.sqrt(v)

@@ -5,7 +5,8 @@ within ``TOL`` (tests/helpers.py) over hypothesis-drawn shapes, -inf masks and i
 backward on either forward's cache; a float64 central-difference gradient check through the compiled
 path; the reference's errors for bad input; the same bits whatever the thread count; NaN and
 infinities as the reference gives them, and its answers at extreme magnitudes (a row maximum far from
-zero). The last test fails when a compiled path is registered without a case here. Skipped without numba.
+zero, a variance that overflows or is subnormal). The last test fails when a compiled path is registered
+without a case here. Skipped without numba.
 """
 import importlib
 import importlib.util
@@ -258,6 +259,30 @@ def test_cross_entropy_of_logits_far_from_zero(dtype, row, smoothing):
         assert_close(loss[i], loss_ref[i], dtype, what=f"cross-entropy loss, row {i}")
     # dz = (p - q) dloss, p and q in [0, 1]
     assert_close(dz, dz_ref, dtype, scale=max(1.0, float(np.abs(dloss).max())), what="cross-entropy grad")
+
+
+@pytest.mark.parametrize("dtype, x, eps", [
+    ("float32", [[1e20, -1e20, 0.0], [3e38, -3e38, 1.0]], 1e-5),       # var overflows: rstd 0, y = b
+    ("float32", [[1e-20, -1e-20], [-3e-20, 3e-20]], 1e-45),            # var + eps subnormal
+    ("float64", [[1e160, -1e160, 0.0], [1.7e308, -1.7e308, 1.0]], 1e-5),
+    ("float64", [[1e-160, -1e-160], [-3e-160, 3e-160]], 5e-324)])
+def test_layer_norm_of_a_variance_that_overflows_or_is_subnormal(dtype, x, eps):
+    """rstd = 1 / sqrt(var + eps) correctly rounded, as the reference: FASTMATH's reciprocal square
+    root estimate (float32) gave NaN for var = inf (the reference's rstd is 0, y = b) and -inf for a
+    subnormal var + eps (the reference's xhat is +-0.99999565)."""
+    x = np.array(x, dtype)
+    w, b = randn(np, x.shape[-1:], 1, dtype), randn(np, x.shape[-1:], 2, dtype)
+    dy = randn(np, x.shape, 3, dtype)
+    with np.errstate(over="ignore"):                    # the reference's (x - mu)^2 overflows
+        (y, cache, grads), (y_ref, cache_ref, grads_ref) = _fast_and_reference(
+            lambda x: layernorm.layer_norm_forward(x, w, b, eps=eps), layernorm.layer_norm_backward, x, dy)
+    assert_close(cache.rstd, cache_ref.rstd, dtype, what="layer norm rstd")
+    assert_close(y, y_ref, dtype, what="layer norm forward")
+    # dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy w: the terms in play are rstd |g|
+    in_play = max(1.0, float((cache_ref.rstd * np.abs(dy * w)).max()))
+    assert_close(grads[0], grads_ref[0], dtype, scale=in_play, what="layer norm dx")
+    for name, g, r in zip(("dweight", "dbias"), grads[1:], grads_ref[1:]):
+        assert_close(g, r, dtype, what=f"layer norm {name}")
 
 
 @pytest.mark.parametrize("name", ["softmax", "log_softmax", "gelu", "gelu_tanh", "layer_norm", "cross_entropy",
