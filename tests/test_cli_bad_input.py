@@ -538,6 +538,29 @@ def test_overwrite_trains_afresh_over_another_run_and_says_what_it_removed(paths
     assert out.startswith("--overwrite: removed")
 
 
+def test_overwrite_removes_nothing_when_the_new_runs_checkpoint_cannot_be_written(paths, tmp_path, monkeypatch):
+    """--overwrite with a --checkpoint the new run could not write (a directory, a path under a file, a
+    place no file can be created in, a folder that cannot be made): refused before the earlier run's
+    files are removed, which used to be lost with the new run failing at its first save."""
+    run = _copy_run(paths, tmp_path)
+    before = _tree(str(run))
+    (tmp_path / "adir").mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and real(p, mode, **kw))
+    bad = {str(tmp_path / "adir"): "is a directory", paths["file"] + "/c.npz": "which is a file",
+           str(locked / "new" / "c.npz"): f"its directory cannot be created in '{locked}'"}
+    if os.path.isdir("/proc/self"):
+        bad["/proc/npformer-test.npz"] = "creating a file in '/proc' failed"     # not even root can
+    for checkpoint, message in bad.items():
+        code, out, err = _run(["train", *TINY, "--out-dir", str(run), "--overwrite", "--checkpoint", checkpoint])
+        assert code == USAGE and out == "" and len(err.splitlines()) == 1, (checkpoint, code, err)
+        assert err.startswith("npformer train: error: ") and checkpoint in err and message in err, err
+        assert _tree(str(run)) == before, checkpoint
+    assert list(locked.iterdir()) == []
+
+
 def test_resume_continues_its_own_run_and_a_copy_of_it_without_overwrite(tmp_path):
     run = tmp_path / "run"
     _ok(["train", *TINY, "--out-dir", str(run)])

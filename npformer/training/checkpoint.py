@@ -64,18 +64,18 @@ class Checkpoint(dict):
 
 
 # -- writing -----------------------------------------------------------------------------------------
-def _check_target(path: Path) -> None:
+def _check_target(path: Path, create: bool = True) -> None:
     """Refuse a path that names no file, is a directory or other non-file, or lies under a file;
-    create its missing directories."""
+    create its missing directories (``create``), else check that they could be created."""
     try:
-        _check_target_unguarded(path)
+        _check_target_unguarded(path, create)
     except CheckpointError:
         raise
     except OSError as exc:           # a parent that cannot be searched, and the like
         raise CheckpointError(f"checkpoint path {str(path)!r} cannot be used: {os_reason(exc)}") from exc
 
 
-def _check_target_unguarded(path: Path) -> None:
+def _check_target_unguarded(path: Path, create: bool) -> None:
     if path.name in ("", ".", ".."):
         raise CheckpointError(f"checkpoint path {str(path)!r} names no file; give one such as 'run.npz'")
     if path.is_dir():
@@ -89,6 +89,11 @@ def _check_target_unguarded(path: Path) -> None:
     if not ancestor.is_dir():
         raise CheckpointError(f"checkpoint path {str(path)!r} lies under {str(ancestor)!r}, which is a file, "
                               "not a directory")
+    if not create:
+        if ancestor != path.parent and not os.access(ancestor, os.W_OK | os.X_OK):
+            raise CheckpointError(f"cannot write checkpoint {str(path)!r}: its directory cannot be created in "
+                                  f"{str(ancestor)!r} (permission denied, or a read-only file system)")
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -96,13 +101,17 @@ def _check_target_unguarded(path: Path) -> None:
                               f"{str(path)!r}: {os_reason(exc)}") from exc
 
 
-def check_checkpoint_path(path: str | Path) -> Path:
+def check_checkpoint_path(path: str | Path, *, create: bool = True) -> Path:
     """Check that a checkpoint can be written at ``path`` before any work is done: it is not a
     directory, no parent is a file, its directory exists (it is created if missing) and a file can
-    be created in it (tried with the temporary's name, then removed). Raises
-    :class:`CheckpointError` with one line saying what is wrong; returns the path."""
+    be created in it (tried with the temporary's name, then removed). With ``create=False`` (the
+    command line's check, before it removes anything) no directory is made: a missing one must be
+    one that can be made (its nearest existing ancestor writable). Raises :class:`CheckpointError`
+    with one line saying what is wrong; returns the path."""
     path = Path(path)
-    _check_target(path)
+    _check_target(path, create)
+    if not path.parent.is_dir():              # (create=False: checked above, where it would be made)
+        return path
     try:
         try_creating(path)
     except OSError as exc:

@@ -120,9 +120,14 @@ def check_run_target(config, where: str, *, resumed_from: str | Path | None = No
     refuses them when they belong to another run (another config outside :data:`RESUMABLE`). With
     ``overwrite`` (``npformer train --overwrite``) they are returned instead: the files the run
     removes when it starts. A path where a folder stands for a file, or the reverse, is refused
-    either way."""
+    either way, as is a ``--checkpoint`` that cannot be written (a directory, a path under a file, a
+    read-only place): all before anything is removed."""
+    from npformer.training.checkpoint import check_checkpoint_path
+
     run = RunDirectory(config.out_dir, config.log_to)
     run.check_paths()
+    if config.checkpoint is not None:
+        check_checkpoint_path(config.checkpoint, create=False)
     mine = asdict(config)
     source = Path(resumed_from).resolve() if resumed_from is not None else None
     others: list[Path] = []

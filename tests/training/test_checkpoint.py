@@ -12,6 +12,7 @@ import sys
 import time
 import tracemalloc
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,7 +190,7 @@ def _bad_paths(tmp_path) -> dict[str, tuple]:
 @pytest.mark.parametrize("case", ["under a file", "deeper under a file", "a directory"])
 def test_unwritable_paths_are_refused_with_what_is_wrong(tmp_path, case):
     path, message = _bad_paths(tmp_path)[case]
-    for call in (ckpt.check_checkpoint_path, _save):
+    for call in (ckpt.check_checkpoint_path, _save, lambda p: ckpt.check_checkpoint_path(p, create=False)):
         with pytest.raises(CheckpointError, match=message):
             call(path)
     if case == "a directory":
@@ -230,8 +231,20 @@ def test_a_directory_that_refuses_new_files_is_found_by_trying_one(tmp_path, mon
 
 def test_the_check_creates_missing_directories_and_leaves_no_file(tmp_path):
     path = tmp_path / "runs" / "a" / "c.npz"
+    assert ckpt.check_checkpoint_path(path, create=False) == path     # the command line's, before it removes files
+    assert list(tmp_path.iterdir()) == []
     assert ckpt.check_checkpoint_path(path) == path
     assert path.parent.is_dir() and list(path.parent.iterdir()) == []
+
+
+def test_the_check_without_creating_refuses_a_folder_that_cannot_be_made(tmp_path, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != locked and real(p, mode, **kw))
+    with pytest.raises(CheckpointError, match="its directory cannot be created in .*locked'"):
+        ckpt.check_checkpoint_path(locked / "runs" / "c.npz", create=False)
+    assert list(locked.iterdir()) == []
 
 
 def test_the_trainer_checks_the_path_before_the_first_step(tmp_path):
