@@ -23,6 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from npformer import cli
@@ -631,6 +632,24 @@ def test_a_metrics_file_that_cannot_be_written_is_one_line(paths, tmp_path, monk
     code, _, err = _run(["train", *TINY, "--out-dir", str(tmp_path / "run")])
     assert code == USAGE and err == (f"npformer train: error: could not write the run's metrics in {tmp_path / 'run'}: "
                                      "the disk is full (No space left on device)\n")
+
+
+def test_a_full_disk_under_last_npz_still_writes_the_checkpoint_on_another_disk(paths, tmp_path, monkeypatch):
+    """The run directory's disk is full when the trained weights are saved: --checkpoint, on another disk,
+    is written all the same (each path is tried), and the one error names both: the file that failed and
+    the one written. Its weights are the run's own: those of the same run written without the failure."""
+    run, other = tmp_path / "run", tmp_path / "other" / "c.npz"
+    _full_disk(monkeypatch, when=lambda path: path.startswith(str(run / ".last.npz.")))
+    code, _, err = _run(["train", *TINY, "--out-dir", str(run), "--checkpoint", str(other)])
+    monkeypatch.undo()
+    assert code == USAGE and err == (f"npformer train: error: could not write checkpoint '{run / 'last.npz'}': the "
+                                     "disk is full (No space left on device); no checkpoint was written; the weights "
+                                     f"of step 6 were written to '{other}'\n")
+    assert sorted(p.name for p in run.iterdir()) == ["config.json", "metrics.jsonl"]      # nothing half-written
+    from npformer.training.checkpoint import load_checkpoint
+    got, expected = load_checkpoint(other), load_checkpoint(paths["s2s"])                # the same TINY run
+    assert got.meta["step"] == 6 and got.model.keys() == expected.model.keys()
+    assert all(np.array_equal(got.model[k], expected.model[k]) for k in got.model)
 
 
 def test_bench_checks_its_output_folder_before_measuring(paths, capsys, monkeypatch):

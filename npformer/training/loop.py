@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from npformer.backend import get_backend, set_float32_matmul_precision
 from npformer.distributed import Communicator, DataParallel, shard_rows, take_shard
-from npformer.errors import DistributedError, InputTypeError, RangeError
+from npformer.errors import CheckpointError, DistributedError, InputTypeError, RangeError
 from npformer.nn.flat import flatten_parameters
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.progress import TIMES, interactive
@@ -297,6 +297,22 @@ class Trainer:
             save_checkpoint(path, self.model_state(), self.meta(), self.opt.state_dict())
         return Path(path)
 
+    def _save_all(self, paths: list[Path]) -> list[Path]:
+        """Write the checkpoint to every path of ``paths`` (last.npz, ``--checkpoint``), each tried even
+        when one before it failed: a full disk under one costs nothing on another. Returns the paths;
+        after a failure, one :class:`CheckpointError` names every path that failed and those written."""
+        written, failed = [], []
+        for path in paths:
+            try:
+                written.append(self.save(path))
+            except CheckpointError as exc:
+                failed.append(exc)
+        if failed:
+            kept = ", ".join(repr(str(p)) for p in written)
+            raise CheckpointError("; ".join(str(e) for e in failed) + (
+                f"; the weights of step {self.step} were written to {kept}" if written else "")) from failed[0]
+        return written
+
     def load(self, path: str | Path) -> None:
         # the kind, then names, shapes and dtypes are checked before any tensor is read
         ck = load_checkpoint(path, kind=self.kind, expected=self.model_state())
@@ -363,16 +379,13 @@ class Trainer:
                     say("  " + self._evaluate(run, limit=c.eval_limit)[1] + self._train_estimate(since_eval))
                     since_eval = []
                 if c.checkpoint_every and self.step % c.checkpoint_every == 0 and self.step < c.steps:
-                    for path in saves:
-                        self.save(path)
-        for path in saves:                                   # the trained weights first: nothing after costs them
-            self.save(path)
+                    self._save_all(saves)
+        self._save_all(saves)                                # the trained weights first: nothing after costs them
         best_before = self.best_loss
         result, line = self._evaluate(run, limit=c.eval_limit, final=c.final_eval)
         line += self._train_estimate(since_eval)
         if self.best_loss != best_before:                    # last.npz records the best loss too
-            for path in saves:
-                self.save(path)
+            self._save_all(saves)
         log(line + f"  ({time.perf_counter() - start:.0f}s)")
         return result
 
