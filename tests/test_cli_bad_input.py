@@ -562,6 +562,48 @@ def test_overwrite_removes_nothing_when_the_new_runs_checkpoint_cannot_be_writte
     assert list(locked.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["config.json", "metrics.jsonl", "best.npz", "train.csv"])
+def test_a_checkpoint_naming_a_file_of_the_run_directory_is_refused(paths, tmp_path, monkeypatch, name):
+    """--checkpoint RUN/metrics.jsonl (config.json, best.npz, a --log-to file), however spelled, would be
+    replaced by the checkpoint, after which the run could not be resumed or plotted: refused before any
+    work, whether the run is new, trains afresh with --overwrite or is resumed from that very file."""
+    monkeypatch.chdir(tmp_path)
+    run = _copy_run(paths, tmp_path)
+    (run / "link").symlink_to(run)
+    before = _tree(str(run))
+    for out_dir, extra in (("new", []), ("run", ["--overwrite"]), (str(run), ["--overwrite"])):
+        shown = Path(out_dir).name if out_dir == str(run) else out_dir
+        spellings = [f"{shown}/{name}", f"./{shown}/./{name}", str(tmp_path / shown / ".." / shown / name)]
+        if shown == "run":
+            spellings.append(str(run / "link" / name))                   # a symbolic link to the run directory
+        for checkpoint in spellings:
+            code, out, err = _run(["train", *TINY, "--out-dir", out_dir, *extra, "--checkpoint", checkpoint])
+            assert code == USAGE and out == "" and len(err.splitlines()) == 1, (out_dir, checkpoint, err)
+            assert err.startswith(f"npformer train: error: --checkpoint {checkpoint} is the {name} of the run "
+                                  f"directory {out_dir}, which the run writes itself"), err
+            assert "give a file outside" in err
+            assert _tree(str(run)) == before and not (tmp_path / "new").exists()
+    if name == "best.npz":                            # resumed from best.npz, the run would write over it
+        for where in (["--out-dir", "run"], []):     # [] : the out_dir the copy's checkpoint names, paths["run"]
+            code, _, err = _run(["train", "--resume", "--checkpoint", "run/best.npz", "--steps", "9", *where])
+            assert code == USAGE, err
+            assert err.startswith("npformer train: error: --resume --checkpoint run/best.npz: a resumed run writes "
+                                  "its checkpoints to the --checkpoint it continues from, and this is the best.npz of "
+                                  "the run directory run;"), err
+            assert "continue from its last.npz (--resume --out-dir run)" in err and _tree(str(run)) == before
+
+
+def test_a_checkpoint_naming_the_runs_own_last_npz_is_written_once(tmp_path, monkeypatch):
+    """--checkpoint RUN/last.npz, spelled another way, is the file the run writes anyway: allowed,
+    written once at each save."""
+    from npformer.training.loop import Trainer
+    monkeypatch.chdir(tmp_path)
+    saved, save = [], Trainer.save
+    monkeypatch.setattr(Trainer, "save", lambda self, path: saved.append(str(path)) or save(self, path))
+    _ok(["train", *TINY, "--out-dir", "run", "--checkpoint", str(tmp_path / "run" / "." / "last.npz")])
+    assert saved == ["run/last.npz", "run/best.npz", "run/last.npz"]     # the end; the final validation's best
+
+
 def test_resume_continues_its_own_run_and_a_copy_of_it_without_overwrite(tmp_path):
     run = tmp_path / "run"
     _ok(["train", *TINY, "--out-dir", str(run)])

@@ -44,7 +44,7 @@ from npformer.training.checkpoint import check_checkpoint_path, load_checkpoint,
 from npformer.training.config import CONFIGS, TrainConfig
 from npformer.kernels.cpu.threads import get_num_threads, set_num_threads, within_cpus
 from npformer.training.optim import AdamW, clip_grad_norm
-from npformer.training.run import RunDirectory, scalars
+from npformer.training.run import RunDirectory, check_not_a_run_file, scalars
 from npformer.training.schedules import cosine_with_warmup
 
 __all__ = ["Trainer", "StepResult", "Loss", "StepLoss"]
@@ -335,8 +335,13 @@ class Trainer:
         if c.log_to and not c.out_dir:
             raise RangeError(f"--log-to {c.log_to} writes into the run directory; give --out-dir")
         run = RunDirectory(c.out_dir, c.log_to) if c.out_dir else None
-        saves = list(dict.fromkeys(Path(p) for p in (run and run.last, c.checkpoint) if p))  # the latest checkpoint
+        saves: list[Path] = []                               # the latest checkpoint: last.npz, --checkpoint
+        for path in (run and run.last, c.checkpoint):
+            if path and Path(path).resolve() not in [s.resolve() for s in saves]:    # one file, written once
+                saves.append(Path(path))
         if self.rank0:
+            if c.checkpoint:
+                check_not_a_run_file(c.checkpoint, run)       # not a run's config, metrics or best.npz
             for path in saves + ([run.best] if run else []):      # a path that cannot be written fails now
                 check_checkpoint_path(path)
         if run and self.rank0:

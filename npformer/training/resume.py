@@ -20,7 +20,7 @@ from typing import Any
 
 from npformer.errors import RangeError
 from npformer.training.config import DEFAULT_TASK, FIELDS, config_from_dict, default_model, flag
-from npformer.training.run import RunDirectory, checkpoint_file, default_out_dir
+from npformer.training.run import RunDirectory, check_not_a_run_file, checkpoint_file, default_out_dir
 
 __all__ = ["RESUMABLE", "resume_source", "resumed_config", "check_run_target"]
 
@@ -120,16 +120,18 @@ def check_run_target(config, where: str, *, resumed_from: str | Path | None = No
     refuses them when they belong to another run (another config outside :data:`RESUMABLE`). With
     ``overwrite`` (``npformer train --overwrite``) they are returned instead: the files the run
     removes when it starts. A path where a folder stands for a file, or the reverse, is refused
-    either way, as is a ``--checkpoint`` that cannot be written (a directory, a path under a file, a
-    read-only place): all before anything is removed."""
+    either way, as is a ``--checkpoint`` that names a run directory's config, metrics or best.npz
+    (:func:`~npformer.training.run.check_not_a_run_file`) or cannot be written (a directory, a path
+    under a file, a read-only place): all before anything is removed."""
     from npformer.training.checkpoint import check_checkpoint_path
 
     run = RunDirectory(config.out_dir, config.log_to)
     run.check_paths()
+    source = Path(resumed_from).resolve() if resumed_from is not None else None
     if config.checkpoint is not None:
+        check_not_a_run_file(config.checkpoint, run, resumed=Path(config.checkpoint).resolve() == source)
         check_checkpoint_path(config.checkpoint, create=False)
     mine = asdict(config)
-    source = Path(resumed_from).resolve() if resumed_from is not None else None
     others: list[Path] = []
     present = run.files()
     if present and not (source is not None and source.parent == run.path.resolve()):
@@ -147,9 +149,10 @@ def check_run_target(config, where: str, *, resumed_from: str | Path | None = No
             others += present
     if config.checkpoint is not None:
         path = Path(config.checkpoint)
-        if path.is_file() and path.resolve() != source and path.resolve() not in [p.resolve() for p in others]:
+        target = path.resolve()                  # (new/../c.npz names c.npz before new/ is made)
+        if target.is_file() and target != source and target not in [p.resolve() for p in others]:
             from npformer.training.checkpoint import load_checkpoint
-            same = source is not None and _fixed(load_checkpoint(path).meta["train_config"]) == _fixed(mine)
+            same = source is not None and _fixed(load_checkpoint(target).meta["train_config"]) == _fixed(mine)
             if not same and not overwrite:
                 raise RangeError(f"--checkpoint {path} exists: a checkpoint this run would replace; give another "
                                  f"path, continue its run with --resume --checkpoint {path}, or --overwrite to "

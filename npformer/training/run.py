@@ -54,7 +54,7 @@ from npformer.errors import MissingExtraError, RangeError, WriteError
 from npformer.files import os_reason, read_json, read_text, write_text_atomically, written_atomically
 
 __all__ = ["RunDirectory", "CSVSink", "TensorBoardSink", "SINKS", "default_out_dir", "checkpoint_file", "read_metrics",
-           "plot_metrics", "scalars"]
+           "plot_metrics", "scalars", "check_not_a_run_file"]
 
 RUNS = "runs"                 # the folder, under the working directory, that holds the runs by default
 SPLITS = ("train", "valid")   # the records' "split"
@@ -208,6 +208,32 @@ class RunDirectory:
         except OSError as exc:
             where = f" {exc.filename}" if getattr(exc, "filename", None) else f" in {self.path}"
             raise WriteError(f"could not write the run's metrics{where}: {os_reason(exc)}") from exc
+
+
+def check_not_a_run_file(path: str | Path, run: RunDirectory | None = None, *, resumed: bool = False) -> None:
+    """Refuse a checkpoint path (``--checkpoint``) that names the config.json, metrics.jsonl, best.npz or
+    a ``--log-to`` file of ``run`` (the run's own directory: written already or not yet) or of the folder
+    it lies in when that holds a run: the checkpoint would replace it, and the run could not be resumed
+    or plotted. A last.npz is allowed (the same file written once, or a run's latest checkpoint).
+    Paths are compared resolved (``X/./best.npz``, a symbolic link, another spelling of the folder).
+    ``resumed``: the run continues from ``path`` (``--resume --checkpoint``), and would write to it."""
+    target = Path(path).resolve()
+    folder = RunDirectory(Path(path).parent)
+    for directory in ([run] if run is not None else []) + ([folder] if folder.files() else []):
+        sinks = [f for sink in SINKS.values() for f in sink.written(directory.path)]
+        own = next((f for f in (directory.config, directory.metrics, directory.best, *sinks)
+                    if f.resolve() == target), None)
+        if own is None:
+            continue
+        where = f"the {own.name} of the run directory {directory.path}"
+        if resumed:
+            raise RangeError(f"--resume --checkpoint {path}: a resumed run writes its checkpoints to the "
+                             f"--checkpoint it continues from, and this is {where}; continue from its last.npz "
+                             f"(--resume --out-dir {directory.path}), or from a copy of {own.name} outside it")
+        mine = directory is run
+        raise RangeError(f"--checkpoint {path} is {where}{', which the run writes itself' if mine else ''}: the "
+                         f"checkpoint would replace it; give a file outside {directory.path}"
+                         + (" (the run's latest checkpoint is its last.npz already)" if mine else ""))
 
 
 def checkpoint_file(path: str | Path, which: str = "best") -> Path:

@@ -71,6 +71,18 @@ def test_the_metrics_hold_each_steps_loss_and_gradient_norm(tmp_path):
     assert any(norm > 0.5 for _, norm in got)                      # the norm before clipping is what is kept
 
 
+def test_fit_refuses_a_checkpoint_that_is_a_file_of_its_own_run_directory(tmp_path):
+    """Trainer.fit, called from Python, refuses before its first step (and before it writes anything) a
+    checkpoint path that would replace the run's config, metrics or best.npz, as the command line does."""
+    for name in ("config.json", "metrics.jsonl", "best.npz"):
+        config = Seq2SeqTrainConfig(**SMALL, out_dir=str(tmp_path / "run"), checkpoint=str(tmp_path / "run" / name))
+        trainer = Seq2SeqTrainer(config, log=lambda _: None)
+        trainer.train_step = lambda: pytest.fail("trained before checking the checkpoint path")
+        with pytest.raises(RangeError, match=f"--checkpoint .*run/{name} is the {name} of the run directory"):
+            trainer.fit()
+        assert not (tmp_path / "run").exists()
+
+
 def test_a_resumed_run_keeps_the_metrics_up_to_its_checkpoint_and_its_best_loss(tmp_path):
     out = str(tmp_path / "run")
     first, _ = _fit(Seq2SeqTrainConfig(**SMALL, out_dir=out))
