@@ -39,6 +39,9 @@ Exit status:
   ``npformer COMMAND: error: ...``, naming the flag, what was expected and what came. A file that
   cannot be written midway (a full disk) ends the same way, naming the file; every output is written
   through a temporary renamed over it (:mod:`npformer.files`), so nothing is left half-written.
+* 130: Ctrl-C stopped ``npformer train`` (128 + SIGINT, what a shell reports): the step in progress
+  ends, its checkpoints are written, and one line says where and how to continue (``--resume``); a
+  second Ctrl-C stops at once, without saving that step.
 
 Anything else (a bug) is not turned into that line: it ends in a traceback.
 """
@@ -100,6 +103,7 @@ class Switch(argparse.Action):
 
 
 OTHER_RANKS_WAIT_S = 1.0
+INTERRUPTED = 130            # the exit status of a command Ctrl-C stopped: 128 + SIGINT, as a shell reports it
 
 
 def error_line(line: str) -> None:
@@ -208,6 +212,7 @@ def cmd_gradcheck(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from npformer.distributed.local import local_world
     from npformer.kernels.cpu.threads import usable_cpus
+    from npformer.training.loop import TrainingInterrupted
     from npformer.training.registry import make_trainer
 
     from_file = options_from_file(args.config) if args.config else {}    # --config FILE, then the flags
@@ -236,19 +241,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         retain_freed_memory()                     # each step's arrays reuse the last step's pages
     from npformer.distributed import world_communicator
     comm = world_communicator(config.backend)     # under mpirun -n N: data parallel (npformer.distributed)
-    trainer = make_trainer(config, comm=comm)
-    if args.resume:
-        trainer.load(source)
-        trainer.log(f"resumed from {source} at step {trainer.step}")
-    if earlier and trainer.rank0:                 # --overwrite: the other run's files go, now the run can start
-        remove_files(earlier, "a file of the earlier run")
-        trainer.log(f"--overwrite: removed the earlier run's {', '.join(str(f) for f in earlier)}")
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)
-            result = trainer.fit()
-    except FloatingPointError as exc:      # the loop's check: a non-finite loss or gradient norm
-        return _diverged(trainer, exc)
+        trainer = make_trainer(config, comm=comm)
+        if args.resume:
+            trainer.load(source)
+            trainer.log(f"resumed from {source} at step {trainer.step}")
+        if earlier and trainer.rank0:             # --overwrite: the other run's files go, now the run can start
+            remove_files(earlier, "a file of the earlier run")
+            trainer.log(f"--overwrite: removed the earlier run's {', '.join(str(f) for f in earlier)}")
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", NUMPY_FP_WARNINGS, RuntimeWarning)
+                result = trainer.fit()
+        except FloatingPointError as exc:  # the loop's check: a non-finite loss or gradient norm
+            return _diverged(trainer, exc)
+    except TrainingInterrupted as exc:     # Ctrl-C in the loop: the steps done are saved (or a second stopped it)
+        return _interrupted(trainer, exc)
+    except KeyboardInterrupt:              # Ctrl-C while the model or the data was being made
+        error_line("npformer train: interrupted before training began; nothing was trained")
+        return INTERRUPTED
     if "predictions" not in result:
         return 0
     print("\nexamples from the held-out set:")
@@ -298,6 +309,22 @@ def _check_precision(config) -> None:
         bfloat16()
     except MissingExtraError as exc:
         raise MissingExtraError(f"--precision bfloat16: {exc}; or use --precision float16") from None
+
+
+def _interrupted(trainer, exc) -> int:
+    """One line for a run that Ctrl-C stopped (:class:`~npformer.training.loop.TrainingInterrupted`): what
+    was saved and how to go on; exit status 130, a shell's for a process that SIGINT ended."""
+    resume = f"npformer train --resume --out-dir {trainer.cfg.out_dir}"
+    if trainer.ranks > 1:                              # a checkpoint resumes on its rank count
+        resume = f"mpirun -n {trainer.ranks} {resume}" if launched_by_mpi() else f"{resume} --processes {trainer.ranks}"
+    if exc.at_once:
+        how = f"; continue from it with: {resume}" if exc.written is not None else ""
+    elif exc.step < exc.steps:
+        how = f"; continue with: {resume}"
+    else:
+        how = f"; npformer eval --checkpoint {exc.saved[0]} gives its final figures"
+    error_line(f"npformer train: {exc}{how}")
+    return INTERRUPTED
 
 
 def _diverged(trainer, exc: FloatingPointError) -> int:

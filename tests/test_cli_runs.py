@@ -2,9 +2,11 @@
 directory, --resume of the default run, --config FILE (JSON, TOML, the flags winning), npformer plot,
 npformer --version, and the help generated from the config dataclasses."""
 import json
+import signal
 import sys
 from dataclasses import MISSING
 
+import numpy as np
 import pytest
 
 from npformer.cli import build_parser, main
@@ -63,6 +65,64 @@ def test_resume_continues_the_default_run_and_checkpoint_still_writes_there_too(
     assert steps == [3, 6, 9]
     assert main(["train", "--resume", "--checkpoint", "runs/copy-seq2seq", "--steps", "12"]) == 0
     assert "resumed from runs/copy-seq2seq/last.npz at step 9" in capsys.readouterr().out
+
+
+def _ctrl_c_in_step(monkeypatch, step):
+    """A Ctrl-C (a real SIGINT, to this process) while npformer train runs step ``step``."""
+    from npformer.training.loop import Trainer
+    real = Trainer.train_step
+
+    def train_step(self):
+        if self.step + 1 == step:
+            signal.raise_signal(signal.SIGINT)
+        return real(self)
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+def test_ctrl_c_saves_the_run_says_how_to_resume_in_one_line_and_exits_130(workdir, capsys, monkeypatch):
+    """Ctrl-C in step 4 of 6: exit status 130, one line naming the checkpoints written and the command
+    that continues the run (no traceback); that command ends with the weights of an uninterrupted run."""
+    assert main(["train", *TINY, "--out-dir", "straight"]) == 0
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        _ctrl_c_in_step(patch, 4)
+        assert main(["train", *TINY, "--out-dir", "run", "--checkpoint", "mine.npz"]) == 130
+    said = capsys.readouterr()
+    assert said.err == ("npformer train: interrupted at step 4 of 6; saved run/last.npz, mine.npz; continue with: "
+                        "npformer train --resume --out-dir run\n")
+    assert main(["train", "--resume", "--out-dir", "run"]) == 0
+    assert capsys.readouterr().out.startswith("resumed from run/last.npz at step 4\n")
+    with np.load("run/last.npz") as got, np.load("straight/last.npz") as expected:
+        assert sorted(got.files) == sorted(expected.files)
+        assert all(np.array_equal(got[k], expected[k]) for k in got.files if k != "meta")
+
+
+@pytest.mark.parametrize("exc, line", [
+    ((6, 6, ["run/last.npz"]), "interrupted after the last step (6), without the final evaluation; saved "
+                               "run/last.npz; npformer eval --checkpoint run/last.npz gives its final figures"),
+    ((4, 6, [], 2, True), "stopped at once (a second Ctrl-C) at step 4 of 6, without saving it; the latest checkpoint "
+                          "it wrote is of step 2; continue from it with: npformer train --resume --out-dir run"),
+    ((1, 6, [], None, True), "stopped at once (a second Ctrl-C) at step 1 of 6, without saving it; it wrote no "
+                             "checkpoint")])
+def test_ctrl_c_in_the_final_evaluation_or_twice_is_one_line_saying_what_is_left(workdir, capsys, monkeypatch, exc,
+                                                                                line):
+    from npformer.training.loop import Trainer, TrainingInterrupted
+
+    def fit(self):
+        raise TrainingInterrupted(*exc)
+    monkeypatch.setattr(Trainer, "fit", fit)
+    assert main(["train", *TINY, "--out-dir", "run"]) == 130
+    assert capsys.readouterr().err == f"npformer train: {line}\n"
+
+
+def test_ctrl_c_before_the_first_step_is_one_line_too(workdir, capsys, monkeypatch):
+    from npformer.training import registry
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(registry, "make_trainer", interrupted)
+    assert main(["train", *TINY]) == 130
+    assert capsys.readouterr().err == "npformer train: interrupted before training began; nothing was trained\n"
 
 
 def test_config_file_json_and_toml_with_the_flags_winning(workdir):

@@ -19,13 +19,20 @@ gradient norm before clipping and the tokens/s of those steps, and at each evalu
 figures, into ``Trainer.history`` and, given ``out_dir``, the run directory's metrics.jsonl beside its
 config and checkpoints (:mod:`npformer.training.run`). On a terminal the progress is a tqdm bar with
 its ETA; in a log (a pipe, a file, a notebook) one line a record, the ETA formatted by tqdm.
+
+Ctrl-C (SIGINT, in the main thread) stops :meth:`Trainer.fit` between two steps: the step in progress
+ends, the checkpoints are written (last.npz and ``checkpoint``, which resume exactly) and
+:class:`TrainingInterrupted` (a ``KeyboardInterrupt``) says which; the ranks of a data-parallel run
+agree on the step. A second Ctrl-C stops at once; a checkpoint being written is then left as it was.
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -47,7 +54,7 @@ from npformer.training.optim import AdamW, clip_grad_norm
 from npformer.training.run import RunDirectory, check_not_a_run_file, scalars
 from npformer.training.schedules import cosine_with_warmup
 
-__all__ = ["Trainer", "StepResult", "Loss", "StepLoss"]
+__all__ = ["Trainer", "StepResult", "Loss", "StepLoss", "TrainingInterrupted"]
 
 
 class Loss(NamedTuple):
@@ -344,32 +351,28 @@ class Trainer:
                 check_not_a_run_file(c.checkpoint, run)       # not a run's config, metrics or best.npz
             for path in saves + ([run.best] if run else []):      # a path that cannot be written fails now
                 check_checkpoint_path(path)
-        if run and self.rank0:
-            run.start(c, self.step)
-            log(f"run directory {run.path}: config.json, metrics.jsonl, last.npz, best.npz")
-        shown = {**asdict(c), "threads": c.threads or get_num_threads(),     # the count in use, not None
-                 **{k: v for k, v in self.resolved().items() if getattr(c, k) is None}}   # what the model fixed
-        log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in shown.items()), 110, subsequent_indent="  "))
-        log(self.describe())
         tty = self.log is print and interactive() and self.rank0     # (npformer.progress: a user's terminal)
         say = tqdm.write if tty else log
-        first, start = self.step, time.perf_counter()
-        window: dict = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
-        since_eval: list = []            # the training losses since the last validation (its estimate beside it)
-        with tqdm(total=c.steps, initial=self.step, unit="step", file=sys.stdout, disable=not tty,
-                  dynamic_ncols=True, bar_format=BAR) as bar:
-            while self.step < c.steps:
-                began = time.perf_counter()
-                result = self.train_step()
-                if not math.isfinite(result.loss):
-                    raise FloatingPointError(f"loss became {result.loss} at step {self.step}")
-                window["seconds"] += time.perf_counter() - began
-                window["loss"].append(result.loss)
-                since_eval.append(result.loss)
-                window["grad_norm"].append(result.grad_norm)
-                window["tokens"] += result.tokens
-                bar.update(1)
-                if self.step % c.log_every == 0 or self.step == c.steps:
+        written = None                   # the step of the latest checkpoint this call wrote to every path
+        # Ctrl-C (SIGINT) from here: the step in progress ends, the checkpoints of the steps done are written
+        # and TrainingInterrupted says where; a second Ctrl-C stops at once, saving nothing more (every file
+        # is written through a temporary renamed over it, so none is left half-written)
+        with _Interrupts() as interrupts:
+            try:
+                if run and self.rank0:
+                    run.start(c, self.step)
+                    log(f"run directory {run.path}: config.json, metrics.jsonl, last.npz, best.npz")
+                shown = {**asdict(c), "threads": c.threads or get_num_threads(),     # the count in use, not None
+                         **{k: v for k, v in self.resolved().items() if getattr(c, k) is None}}  # what the model fixed
+                log("config: " + textwrap.fill(" ".join(f"{k}={v}" for k, v in shown.items()), 110,
+                                               subsequent_indent="  "))
+                log(self.describe())
+                first, start = self.step, time.perf_counter()
+                window: dict = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
+                since_eval: list = []    # the training losses since the last validation (its estimate beside it)
+
+                def report(window: dict, bar) -> None:
+                    """The training line of the steps in ``window``: the metrics' record, the bar's or log's."""
                     record = self._train_record(window, time.perf_counter() - start)
                     self._record(run, record)
                     skipped = f" ({record['skipped']} skipped)" if record["skipped"] else ""
@@ -379,20 +382,59 @@ class Trainer:
                     if not tty:
                         log(f"step {self.step:5d}/{c.steps}  {figures}  " + tqdm.format_meter(
                             self.step, c.steps, record["time_s"], initial=first, bar_format=TIMES))
-                    window = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
-                if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
-                    say("  " + self._evaluate(run, limit=c.eval_limit)[1] + self._train_estimate(since_eval))
-                    since_eval = []
-                if c.checkpoint_every and self.step % c.checkpoint_every == 0 and self.step < c.steps:
+
+                with tqdm(total=c.steps, initial=self.step, unit="step", file=sys.stdout, disable=not tty,
+                          dynamic_ncols=True, bar_format=BAR) as bar:
+                    while self.step < c.steps and not self._stop_requested(interrupts):
+                        began = time.perf_counter()
+                        result = self.train_step()
+                        if not math.isfinite(result.loss):
+                            raise FloatingPointError(f"loss became {result.loss} at step {self.step}")
+                        window["seconds"] += time.perf_counter() - began
+                        window["loss"].append(result.loss)
+                        since_eval.append(result.loss)
+                        window["grad_norm"].append(result.grad_norm)
+                        window["tokens"] += result.tokens
+                        bar.update(1)
+                        if self.step % c.log_every == 0 or self.step == c.steps:
+                            report(window, bar)
+                            window = {"loss": [], "grad_norm": [], "tokens": 0, "seconds": 0.0}
+                        if c.eval_every and self.step % c.eval_every == 0 and self.step < c.steps:
+                            say("  " + self._evaluate(run, limit=c.eval_limit)[1] + self._train_estimate(since_eval))
+                            since_eval = []
+                        if c.checkpoint_every and self.step % c.checkpoint_every == 0 and self.step < c.steps:
+                            self._save_all(saves)
+                            written = self.step
+                    if window["loss"]:            # stopped by Ctrl-C between two lines: the steps since the last
+                        report(window, bar)
+                if written != self.step:          # the trained weights first: nothing after costs them
                     self._save_all(saves)
-        self._save_all(saves)                                # the trained weights first: nothing after costs them
+                    written = self.step
+            except KeyboardInterrupt:             # a second Ctrl-C (or one where no handler could be set)
+                raise TrainingInterrupted(self.step, c.steps, [], written, at_once=True) from None
+            stopped = self.step < c.steps or self._stop_requested(interrupts)
+        if stopped:
+            raise TrainingInterrupted(self.step, c.steps, saves, written)
         best_before = self.best_loss
-        result, line = self._evaluate(run, limit=c.eval_limit, final=c.final_eval)
+        try:
+            result, line = self._evaluate(run, limit=c.eval_limit, final=c.final_eval)
+            if self.best_loss != best_before:                # last.npz records the best loss too
+                self._save_all(saves)
+        except KeyboardInterrupt:                 # Ctrl-C: the weights are saved, the final figures are lost
+            raise TrainingInterrupted(self.step, c.steps, saves, written) from None
         line += self._train_estimate(since_eval)
-        if self.best_loss != best_before:                    # last.npz records the best loss too
-            self._save_all(saves)
         log(line + f"  ({time.perf_counter() - start:.0f}s)")
         return result
+
+    def _stop_requested(self, interrupts: "_Interrupts") -> bool:
+        """Whether a Ctrl-C asked the run to stop. In a data-parallel run every rank must stop after the
+        same step (a rank that went on would wait for the others in its next collective, or pair its
+        all-reduce with another's): the ranks' answers are all-reduced (max of one number), so that a
+        Ctrl-C on any rank stops them all."""
+        if self.comm is None:
+            return interrupts.requested
+        flag = self.comm.all_reduce(self.xp.asarray([float(interrupts.requested)], dtype=self.xp.float64), op="max")
+        return bool(float(flag[0]) > 0)
 
     @staticmethod
     def _train_estimate(losses: list) -> str:
@@ -435,6 +477,54 @@ class Trainer:
         self.history.append(record)
         if run and self.rank0:
             run.record(record)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped :meth:`Trainer.fit` after ``step`` of ``steps``. ``saved``: the checkpoints written
+    with that step, which ``--resume`` continues from exactly (at ``steps``: trained to the end, the final
+    evaluation stopped). ``at_once``: a second Ctrl-C stopped the run without saving the step; ``written``
+    is then the step of the latest checkpoint it wrote before (None: none)."""
+
+    def __init__(self, step: int, steps: int, saved: list[Path], written: int | None = None, at_once: bool = False):
+        super().__init__(step, steps, saved, written, at_once)
+        self.step, self.steps, self.saved, self.written, self.at_once = step, steps, list(saved), written, at_once
+
+    def __str__(self) -> str:
+        if self.at_once:
+            before = (f"the latest checkpoint it wrote is of step {self.written}" if self.written is not None else
+                      "it wrote no checkpoint")
+            return f"stopped at once (a second Ctrl-C) at step {self.step} of {self.steps}, without saving it; {before}"
+        saved = f"saved {', '.join(str(p) for p in self.saved)}" if self.saved else "no checkpoint path to save to"
+        if self.step < self.steps:
+            return f"interrupted at step {self.step} of {self.steps}; {saved}"
+        return f"interrupted after the last step ({self.step}), without the final evaluation; {saved}"
+
+
+class _Interrupts:
+    """``with _Interrupts() as interrupts``: while the block runs, a first Ctrl-C (SIGINT) sets
+    ``interrupts.requested`` (the loop stops after its step in progress and saves); a second raises
+    KeyboardInterrupt at once, as Python's own handler does. Set in the main thread alone, and only over
+    Python's default handler: a program's own handler, or SIGINT ignored (a background job), is kept."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self) -> "_Interrupts":
+        main = threading.current_thread() is threading.main_thread()
+        if main and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
 
 
 # tqdm's fields of the progress bar on a terminal (the postfix, the figures, comes after a comma); the

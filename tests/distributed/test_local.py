@@ -141,3 +141,39 @@ def test_processes_errors_are_printed_once_and_a_checkpoint_resumes_on_its_count
     more = _train("--steps", "6", "--out-dir", "run", "--resume", "--processes", "2", cwd=tmp_path)
     assert more.returncode == 0 and "step     6/6" in more.stdout, more.stderr[-3000:]
 
+
+# npformer train with a Ctrl-C in step 3, sent by rank 0 to the whole process group as a terminal sends it
+# (the launcher and both ranks get it); at module level, so each spawned rank (which imports this file as
+# its __main__) patches its loop too
+CTRL_C_IN_STEP_3 = """
+import os, signal, sys
+from npformer.training.loop import Trainer
+real = Trainer.train_step
+
+def train_step(self):
+    if self.step + 1 == 3 and self.rank0:
+        os.killpg(os.getpgrp(), signal.SIGINT)
+    return real(self)
+
+Trainer.train_step = train_step
+if __name__ == "__main__":
+    from npformer.cli import main
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_stops_every_process_after_the_same_step_and_the_run_resumes_exactly(tmp_path):
+    """Ctrl-C to --processes 2: the ranks agree on the step to stop after (a rank that went on would wait for
+    the others, or pair its all-reduce with their checkpoint's), rank 0 saves it and says once how to go on
+    (on 2 processes), exit status 130; resumed so, the run ends with an uninterrupted run's weights."""
+    (tmp_path / "ctrl_c.py").write_text(CTRL_C_IN_STEP_3)
+    stopped = subprocess.run([sys.executable, "ctrl_c.py", "train", *TINY, "--processes", "2", "--out-dir", "run"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert stopped.returncode == 130 and stopped.stderr == (
+        "npformer train: interrupted at step 3 of 4; saved run/last.npz; continue with: npformer train --resume "
+        "--out-dir run --processes 2\n"), stopped.stderr[-3000:]
+    resumed = _train("--resume", "--out-dir", "run", "--processes", "2", cwd=tmp_path)
+    straight = _train("--processes", "2", "--out-dir", "straight", cwd=tmp_path)
+    assert resumed.returncode == straight.returncode == 0, (resumed.stderr[-3000:], straight.stderr[-3000:])
+    a, b = _weights(tmp_path / "run" / "last.npz"), _weights(tmp_path / "straight" / "last.npz")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)

@@ -5,6 +5,7 @@ import fcntl
 import io
 import json
 import pty
+import signal
 import struct
 import sys
 import termios
@@ -16,6 +17,7 @@ import pytest
 from npformer.errors import RangeError
 from npformer.training.checkpoint import load_checkpoint
 from npformer.training.config import Seq2SeqTrainConfig
+from npformer.training.loop import TrainingInterrupted
 from npformer.training.run import RunDirectory, checkpoint_file, plot_metrics, read_metrics
 from npformer.training.schedules import cosine_with_warmup
 from npformer.training.seq2seq_trainer import Seq2SeqTrainer
@@ -99,6 +101,118 @@ def test_a_resumed_run_keeps_the_metrics_up_to_its_checkpoint_and_its_best_loss(
     assert json.loads(run.config.read_text())["steps"] == 12
     valid = [r for r in after if r["split"] == "valid"]
     assert load_checkpoint(run.best).meta["best_valid_loss"] == min(r["loss"] for r in valid)
+
+
+def _ctrl_c_in_step(trainer, *steps):
+    """A Ctrl-C (a real SIGINT, to this process) while ``trainer`` runs each step of ``steps``."""
+    real = trainer.train_step
+
+    def train_step():
+        if trainer.step + 1 in steps:
+            signal.raise_signal(signal.SIGINT)
+        return real()
+    trainer.train_step = train_step
+
+
+def _weights(path):
+    ck = load_checkpoint(path)
+    return {**{f"model/{k}": v for k, v in ck.model.items()}, **{f"optim/{k}": v for k, v in ck.optim.items()}}
+
+
+def test_ctrl_c_saves_the_steps_done_and_the_run_resumes_to_the_uninterrupted_weights(tmp_path):
+    """Ctrl-C in step 7 (the last checkpoint was at 4): the step ends, last.npz and --checkpoint get step 7
+    (a record of the steps since the last line too), TrainingInterrupted says so, and SIGINT's handler is
+    Python's again. Resumed from last.npz, the run ends with the weights and optimiser state of one that
+    was never interrupted, bit for bit."""
+    straight, _ = _fit(Seq2SeqTrainConfig(**SMALL, dropout=0.1, out_dir=str(tmp_path / "straight")))
+    out, copy = tmp_path / "run", tmp_path / "copy.npz"
+    config = Seq2SeqTrainConfig(**SMALL, dropout=0.1, out_dir=str(out), checkpoint=str(copy))
+    trainer = Seq2SeqTrainer(config, log=lambda _: None)
+    _ctrl_c_in_step(trainer, 7)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert (info.value.step, info.value.saved, info.value.at_once) == (7, [out / "last.npz", copy], False)
+    assert str(info.value) == f"interrupted at step 7 of 8; saved {out / 'last.npz'}, {copy}"
+    assert load_checkpoint(out / "last.npz").meta["step"] == load_checkpoint(copy).meta["step"] == 7
+    assert [r["step"] for r in read_metrics(out) if r["split"] == "train"] == [2, 4, 6, 7]
+    resumed = Seq2SeqTrainer(config, log=lambda _: None)
+    resumed.load(out / "last.npz")
+    resumed.fit()
+    got, expected = _weights(out / "last.npz"), _weights(tmp_path / "straight" / "last.npz")
+    assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in got)
+    assert [r["step"] for r in read_metrics(out) if r["split"] == "train"] == [2, 4, 6, 7, 8]
+
+
+def test_a_second_ctrl_c_while_saving_stops_at_once_and_leaves_no_half_written_file(tmp_path, monkeypatch):
+    """Ctrl-C in step 6, then again while last.npz is written: the write stops, its temporary is removed,
+    the last.npz of step 4 is kept whole, and the error says the step was not saved."""
+    from npformer.training import checkpoint as ckpt
+    out = tmp_path / "run"
+    trainer = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL, out_dir=str(out)), log=lambda _: None)
+    _ctrl_c_in_step(trainer, 6)
+    savez = ckpt.np.savez
+
+    def interrupted_savez(f, **arrays):
+        if trainer.step == 6:
+            f.write(b"half a checkpoint")
+            signal.raise_signal(signal.SIGINT)
+        savez(f, **arrays)
+    monkeypatch.setattr(ckpt.np, "savez", interrupted_savez)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert (info.value.step, info.value.saved, info.value.written, info.value.at_once) == (6, [], 4, True)
+    assert str(info.value) == ("stopped at once (a second Ctrl-C) at step 6 of 8, without saving it; the latest "
+                               "checkpoint it wrote is of step 4")
+    assert load_checkpoint(out / "last.npz").meta["step"] == 4
+    assert sorted(p.name for p in out.iterdir()) == ["best.npz", "config.json", "last.npz", "metrics.jsonl"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_the_run_directory_is_made_saves_step_0_which_resumes(tmp_path):
+    """A Ctrl-C after config.json is written but before the first step leaves a run that --resume continues
+    (its last.npz of step 0), not a directory that holds a run without a checkpoint to continue."""
+    out = tmp_path / "run"
+    trainer = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL, out_dir=str(out)), log=lambda _: None)
+    describe = trainer.describe
+    trainer.describe = lambda: signal.raise_signal(signal.SIGINT) or describe()
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert (info.value.step, info.value.saved) == (0, [out / "last.npz"])
+    resumed = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL, out_dir=str(out)), log=lambda _: None)
+    resumed.load(out / "last.npz")
+    resumed.fit()
+    straight, _ = _fit(Seq2SeqTrainConfig(**SMALL, out_dir=str(tmp_path / "straight")))
+    got, expected = _weights(out / "last.npz"), _weights(tmp_path / "straight" / "last.npz")
+    assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in got)
+
+
+def test_ctrl_c_without_a_checkpoint_path_still_stops_between_two_steps():
+    """Called from Python with no out_dir nor checkpoint: the loop stops after the step in progress, the
+    trainer whole (its step counted, its weights those of that step: trainer.save(path) keeps them)."""
+    trainer = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL), log=lambda _: None)
+    _ctrl_c_in_step(trainer, 3)
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert str(info.value) == "interrupted at step 3 of 8; no checkpoint path to save to" and trainer.step == 3
+
+
+def test_ctrl_c_in_the_final_evaluation_stops_it_with_the_trained_weights_saved(tmp_path):
+    """After the last step the checkpoints are written first; a Ctrl-C in the final evaluation (Python's
+    handler again there: it stops at once) loses its figures alone."""
+    out = tmp_path / "run"
+    trainer = Seq2SeqTrainer(Seq2SeqTrainConfig(**SMALL, out_dir=str(out)), log=lambda _: None)
+    evaluate = trainer.evaluate
+
+    def interrupted(limit=None):
+        if limit is None:                                        # the final evaluation, on the whole set
+            signal.raise_signal(signal.SIGINT)
+        return evaluate(limit=limit)
+    trainer.evaluate = interrupted
+    with pytest.raises(TrainingInterrupted) as info:
+        trainer.fit()
+    assert str(info.value) == f"interrupted after the last step (8), without the final evaluation; saved {out}/last.npz"
+    assert load_checkpoint(out / "last.npz").meta["step"] == 8
 
 
 def test_log_to_csv_writes_each_splits_records_and_keeps_them_on_resume(tmp_path):
