@@ -37,7 +37,7 @@ from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import describe, expect_grad, expect_ndim, expect_same_float, probability, real
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
-from npformer.ops.dropout import DropoutCache, dropout_forward, keep_mask
+from npformer.ops.dropout import DropoutCache, dropout_forward, keep_mask, keep_scaled
 from npformer.ops.masks import attention_bias, causal_shift
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
 
@@ -116,7 +116,7 @@ def scaled_dot_product_attention_backward(dout, cache: AttentionCache):
     acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
     q, k, v, dout = [a.astype(acc, copy=False) for a in (q, k, v, dout)]
     keep = keep_mask(drop) if drop.dropped else None    # (B, H, Tq, Tk) m
-    p_drop = p if keep is None else p * keep * drop.scale  # (B, H, Tq, Tk), the forward's
+    p_drop = p if keep is None else keep_scaled(p, keep, drop.scale)   # (B, H, Tq, Tk), the forward's
     p_drop, p = p_drop.astype(acc, copy=False), p.astype(acc, copy=False)
     # fwd: out = P_drop @ v  ->  dP_drop = dout @ v^T,  dv = P_drop^T @ dout
     dv = p_drop.swapaxes(-1, -2) @ dout                  # (B, H, Tk, hv)

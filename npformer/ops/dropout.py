@@ -19,6 +19,13 @@ bits where it uses them. Every implementation computes these same bits, so the m
 by element on every backend; the generator advances by the seed's two draws whatever the size.
 ``p = 1`` drops everything (output and gradient are zero) and draws nothing.
 
+The scale 1 / (1 - p) is a scalar of x's accumulation dtype (:func:`npformer.backend.accumulation_dtype`:
+float32 for 16-bit x), and ``x * m * scale`` is computed in that dtype and rounded to x's once
+(:func:`keep_scaled`), as the CUDA kernels compute it. In float16 the scale itself would be inf for
+p > 1 - 1/65504 (p = 0.99999: 1e5), and every dropped entry 0 * inf = NaN; this way a dropped entry is
+0 and a kept one x / (1 - p) rounded, inf only where that value itself exceeds float16's 65504. (A
+dropped inf or NaN still gives NaN, x * 0, as in PyTorch.)
+
 The backward needs the forward's mask, and a cache may hold it in either of two forms
 (:class:`DropoutCache`): the mask itself as booleans (this op and the CPU fast paths: one byte an
 entry, read back faster there than hashed again), or only the seed's two draws, the mask hashed again
@@ -31,14 +38,14 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-from npformer.backend import get_array_module
+from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import expect_float, expect_grad, probability
 from npformer.dispatch import dispatched
 from npformer.errors import RangeError
 
 __all__ = ["SPLITMIX64", "DropoutCache", "dropout_active", "seed_draws", "seed_of", "draw_seed", "keep_threshold",
-           "keep_bits", "keep_scale", "seed_mask", "dropout_mask", "keep_mask", "dropout_forward", "dropout_term",
-           "dropout_backward", "dropout_term_backward"]
+           "keep_bits", "keep_scale", "keep_scaled", "seed_mask", "dropout_mask", "keep_mask", "dropout_forward",
+           "dropout_term", "dropout_backward", "dropout_term_backward"]
 
 SPLITMIX64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)   # golden gamma, two mixers
 _GOLDEN, _MIX1, _MIX2 = SPLITMIX64
@@ -50,13 +57,14 @@ class DropoutCache(NamedTuple):
     """What the backward needs of a dropout: the keep-mask m, stored as booleans in ``keep`` (one byte
     an entry, a quarter of a float32 mask), or kept as its seed: ``keep`` None, ``draws`` the seed's
     two float64 uniforms and ``p`` the rate (:func:`keep_mask` remakes the mask; a CUDA kernel hashes
-    it where it uses it); the scale 1 / (1 - p) as a scalar of the input's dtype (0 for p = 1, where
-    nothing is kept); the input's shape and dtype (what the backward's ``dout`` must have). ``keep``,
-    ``scale`` and ``draws`` are all None when dropout was the identity. ``out = x * m * scale`` and
-    ``dx = dout * m * scale``."""
+    it where it uses it); the scale 1 / (1 - p) as a scalar of the input's accumulation dtype (0 for
+    p = 1, where nothing is kept; :func:`keep_scale`); the input's shape and dtype (what the backward's
+    ``dout`` must have). ``keep``, ``scale`` and ``draws`` are all None when dropout was the identity.
+    ``out = x * m * scale`` and ``dx = dout * m * scale``, each computed in the scale's dtype and
+    rounded to x's (:func:`keep_scaled`)."""
 
     keep: Any           # bool (same shape as x), or None: kept as its seed, or the identity
-    scale: Any          # x's dtype scalar 1 / (1 - p), or None for the identity
+    scale: Any          # 1 / (1 - p), a scalar of x's accumulation dtype, or None for the identity
     x_shape: tuple
     x_dtype: Any
     draws: Any = None   # (2,) float64: the seed's draws when the mask is not stored
@@ -135,8 +143,17 @@ def keep_bits(seed, n, p: float):
 
 
 def keep_scale(p: float, dtype):
-    """1 / (1 - p) rounded to ``dtype``, the factor kept entries are scaled by (0 for p = 1)."""
-    return dtype.type(0.0 if p == 1.0 else 1.0 / (1.0 - p))
+    """1 / (1 - p), the factor kept entries are scaled by (0 for p = 1), as a scalar of ``dtype``'s
+    accumulation dtype: float32 for 16-bit floats, where float16 would round it to inf for
+    p > 1 - 1/65504 (module docstring)."""
+    return accumulation_dtype(dtype).type(0.0 if p == 1.0 else 1.0 / (1.0 - p))
+
+
+def keep_scaled(x, keep, scale):
+    """``x * m * scale`` (``keep`` the booleans m, ``scale`` from :func:`keep_scale`) computed in the
+    scale's dtype and rounded once to x's: 0 where dropped (for a finite x), x / (1 - p) rounded where
+    kept."""
+    return (x.astype(scale.dtype, copy=False) * keep * scale).astype(x.dtype, copy=False)   # (same as x)
 
 
 def seed_mask(draws, shape: tuple, p: float):
@@ -169,7 +186,7 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     if not dropout_active(x, p, rng, training):
         return x.copy(), DropoutCache.identity(x)
     keep, scale = dropout_mask(x, p, rng)                # (same as x), scalar
-    return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
+    return keep_scaled(x, keep, scale), DropoutCache(keep, scale, x.shape, x.dtype)
 
 
 def dropout_term(x, p: float, rng=None, training: bool = True):
@@ -188,7 +205,7 @@ def dropout_backward(dout, cache: DropoutCache):
     # fwd: out = x * m / (1 - p)  ->  dx = dout * m / (1 - p)
     if not cache.dropped:
         return dout.copy()
-    return dout * keep_mask(cache) * cache.scale
+    return keep_scaled(dout, keep_mask(cache), cache.scale)
 
 
 def dropout_term_backward(dout, cache: DropoutCache):

@@ -34,7 +34,7 @@ from npformer.checks import describe, expect_float, expect_grad, expect_ndim, ex
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.attention import check_attention_inputs
-from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward, keep_mask
+from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward, keep_mask, keep_scaled
 from npformer.ops.masks import attention_bias
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
 
@@ -151,7 +151,7 @@ def relative_attention_backward(dout, cache: RelativeAttentionCache):
     q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     h, tk, hs = rk.shape
-    p_drop = p * keep_mask(drop) * drop.scale if drop.dropped else p              # (B, H, Tq, Tk), recomputed
+    p_drop = keep_scaled(p, keep_mask(drop), drop.scale) if drop.dropped else p    # (B, H, Tq, Tk), recomputed
     # fwd: out = P_drop @ values  ->  dP_drop = dout @ values^T,  dvalues = P_drop^T @ dout
     dv = matmul(p_drop.swapaxes(-1, -2), dout)                                      # (B, H, Tk, hv)
     dp_drop = matmul(dout, v.swapaxes(-1, -2))                                      # (B, H, Tq, Tk)

@@ -118,6 +118,67 @@ def test_p1_drops_everything(xp):
     assert np.all(np.isfinite(host(out)))
 
 
+NEAR_ONE = 0.99999          # 1 / (1 - p) = 1e5, beyond float16's 65504
+
+
+def _kept_at(xp, shape, p, seed, values):
+    """A float16 x of ``shape`` that holds ``values`` at the first entries dropout(p, seed) keeps and
+    small values elsewhere (the mask depends on the seed and the shape alone), and those entries."""
+    _, cache = dropout_forward(xp.zeros(shape, xp.float16), p, rng=default_rng(seed, backend_name(xp)))
+    kept = np.flatnonzero(host(keep_mask(cache)))
+    assert kept.size >= len(values), "a seed whose mask keeps enough entries"
+    x = host(randn(np, shape, seed, "float16", scale=1e-3))
+    x.reshape(-1)[kept[:len(values)]] = values
+    return xp.asarray(x), kept
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_float16_dropout_scales_in_float32_where_1_over_1_minus_p_overflows(xp, fast):
+    """p = 0.99999: 1 / (1 - p) = 1e5 would round to inf in float16 and every dropped entry be
+    0 * inf = NaN. The scale is a float32 scalar and x m / (1 - p) is computed in float32, rounded
+    once: a dropped entry is 0, a kept one x * 1e5 rounded to float16, inf only where that exceeds
+    float16's range (+-1 -> +-inf, 1e-3 -> 100, -0.375 -> -37500, 0 -> 0); the gradient the same."""
+    values = [1.0, -1.0, 1e-3, -0.375, 0.0]
+    shape = (1 << 20,)                                   # about 10 kept; the CPU fast path's size
+    x, kept = _kept_at(xp, shape, NEAR_ONE, 3, values)
+    with contextlib.nullcontext() if fast else disabled(), np.errstate(over="ignore"):   # +-1e5: inf
+        out, cache = dropout_forward(x, NEAR_ONE, rng=default_rng(3, backend_name(xp)))
+        dx = dropout_backward(x, cache)
+    assert cache.scale.dtype == np.float32 and cache.scale == np.float32(1e5)
+    for got in (host(out), host(dx)):
+        assert got.dtype == np.float16 and not np.isnan(got).any()
+        dropped = np.ones(got.shape, bool)
+        dropped[kept] = False
+        assert not got[dropped].any()
+        with np.errstate(over="ignore"):
+            want = (host(x)[kept].astype(np.float64) / (1 - NEAR_ONE)).astype(np.float16)   # inf beyond 65504
+        np.testing.assert_array_equal(got[kept], want)
+        # 1e-3 is 0.0010004 in float16 (x 1e5: 100.0625), -37500 rounds to -37504
+        np.testing.assert_array_equal(got[kept[:len(values)]], [np.inf, -np.inf, 100.0625, -37504, 0])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_float16_attention_dropout_where_1_over_1_minus_p_overflows(xp, fast):
+    """The attention's weights dropped at p = 0.99999 in float16: the kept weights are P * 1e5 (P
+    about 1/Tk: finite), the rest 0; output and gradients are the float64 formula's on the forward's
+    mask, within float16 rounding (they were all NaN)."""
+    b, h, t, hs = 2, 4, 256, 4
+    q, k, v, dout = (randn(xp, (b, h, t, hs), s, "float16", scale=0.5) for s in range(4))
+    with contextlib.nullcontext() if fast else disabled():
+        out, _, cache = scaled_dot_product_attention_forward(q, k, v, dropout_p=NEAR_ONE,
+                                                             rng=default_rng(5, backend_name(xp)))
+        dq, dk, dv = scaled_dot_product_attention_backward(dout, cache)
+    m = host(keep_mask(cache.dropout))
+    assert m.any()
+    p_drop = host(cache.p).astype(np.float64) * m / (1 - NEAR_ONE)        # (B, H, T, T)
+    v64, g64 = host(v).astype(np.float64), host(dout).astype(np.float64)
+    for got, want in ((out, p_drop @ v64), (dv, p_drop.swapaxes(-1, -2) @ g64)):
+        got = host(got)
+        assert got.dtype == np.float16 and np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=4e-3, atol=4e-3 * np.abs(want).max())
+    assert all(np.isfinite(host(g)).all() for g in (dq, dk))
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_dropout_preserves_dtype(xp, dtype):
     x = randn(xp, (4, 5), 0, dtype=dtype)

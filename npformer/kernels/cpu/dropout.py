@@ -12,11 +12,12 @@ block by block, and 34 once glibc's thresholds put each block's temporaries in f
 The mask is the reference's bit for bit, and the caller's generator advances by the seed's two
 draws, whatever the number of parts (tested).
 
-The mask is kept as booleans with the scale 1 / (1 - p) beside it, as the reference keeps it; the
-forward's ``x * keep * scale`` runs block by block, each block right after its mask, over the
-threads. ``forward_with`` takes that product as an argument, so the compiled CPU path
-(:mod:`npformer.kernels.numba_cpu.dropout`) reuses the rest. The backward has no NumPy fast path:
-the reference's ``dout * keep * scale`` was faster than any blocking of it measured here.
+The mask is kept as booleans with the scale 1 / (1 - p) beside it (a scalar of the accumulation
+dtype), as the reference keeps it; the forward's ``x * keep * scale`` runs block by block, each block
+right after its mask, over the threads. ``forward_with`` takes that product as an argument, so the
+compiled CPU path (:mod:`npformer.kernels.numba_cpu.dropout`) reuses the rest. The backward has no
+NumPy fast path: the reference's ``dout * keep * scale`` was faster than any blocking of it measured
+here.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, MIN_THREAD_ELEMENTS
 from npformer.kernels.cpu.threads import run_parallel, split, threads_for
 from npformer.ops.dropout import (SPLITMIX64, DropoutCache, dropout_active, dropout_mask, draw_seed, keep_scale,
-                                  keep_threshold)
+                                  keep_scaled, keep_threshold)
 
 __all__ = ["MIN_BLOCKED_ELEMENTS", "MASK_BLOCK", "numpy_generator", "accepts", "apply_keep", "KeepMask", "draw_keep",
            "forward_with", "dropout_forward"]
@@ -57,9 +58,11 @@ def accepts(x, rng) -> bool:
 
 
 def apply_keep(out, x, keep, scale) -> None:
-    """``out = x * keep * scale`` (keep booleans, scale a scalar of x's dtype), in ``out``."""
+    """``out = x * keep * scale`` (keep booleans, scale a scalar of x's accumulation dtype), in ``out``:
+    the reference's :func:`~npformer.ops.dropout.keep_scaled`, the product in the scale's dtype and
+    rounded to out's."""
     numpy.multiply(x, keep, out=out)
-    out *= scale
+    numpy.multiply(out, scale, out=out, dtype=scale.dtype)
 
 
 @functools.cache
@@ -134,7 +137,7 @@ def forward_with(apply, mask_type: type, x, p: float, rng, training: bool):
         return x.copy(), DropoutCache.identity(x)
     if p == 1.0:                                         # nothing kept, nothing drawn: the reference's mask
         keep, scale = dropout_mask(x, p, rng)
-        return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
+        return keep_scaled(x, keep, scale), DropoutCache(keep, scale, x.shape, x.dtype)
     scale = keep_scale(p, x.dtype)
     mask = mask_type(rng, p)
     keep = numpy.empty(x.shape, dtype=bool)              # (same as x)

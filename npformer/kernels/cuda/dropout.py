@@ -3,7 +3,7 @@
     seed: made of two float64 uniforms drawn from the Generator passed in, as the plain op makes it
           (drawn on the GPU, one launch; the kernel makes the seed of them: npf_seed)
     keep_n = splitmix64(seed + n golden) >> 40 >= keep_threshold(p)   (npf_keep, for element n)
-    m = keep / (1 - p)  (1 / (1 - p) rounded to x's dtype),   out = x m
+    m = keep / (1 - p)  (1 / (1 - p) in the accumulation type A),   out = x m, rounded to x's dtype
     dx = dout m
 
 so one seed gives the plain op's mask bit for bit. Each thread hashes its own elements' indices,
@@ -26,7 +26,7 @@ from npformer.backend import accumulation_dtype
 from npformer.checks import expect_grad
 from npformer.kernels.cuda.runtime import contiguous, device_xp, launch_elements
 from npformer.kernels.cuda.source import DROP_FLAGS
-from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale, keep_threshold, seed_draws
+from npformer.ops.dropout import DropoutCache, dropout_active, keep_scale, keep_scaled, keep_threshold, seed_draws
 
 __all__ = ["dropout_forward", "dropout_backward", "keep_draws", "no_keep_draws", "keep_arguments", "DROP_NONE",
            "DROP_STORED", "DROP_HASHED"]
@@ -40,10 +40,9 @@ def keep_draws(x, p: float, rng) -> tuple:
     """What a fused kernel needs to drop exactly the entries the reference drops for ``x`` (0 < p < 1):
     ``(draws, keep_min, scale)``: the two float64 uniforms the reference makes its seed of, drawn from
     ``rng`` on the GPU (the kernel makes the seed: no value goes to the host, and the draw is the one
-    launch besides the kernel's), ``keep_threshold(p)`` as an int32, and ``1 / (1 - p)`` rounded to
-    x's dtype as a scalar of the accumulation type."""
-    return (seed_draws(rng, x, device_xp(x)), numpy.int32(keep_threshold(p)),
-            accumulation_dtype(x.dtype).type(keep_scale(p, x.dtype)))
+    launch besides the kernel's), ``keep_threshold(p)`` as an int32, and ``1 / (1 - p)`` as a scalar
+    of the accumulation type (:func:`~npformer.ops.dropout.keep_scale`)."""
+    return seed_draws(rng, x, device_xp(x)), numpy.int32(keep_threshold(p)), keep_scale(p, x.dtype)
 
 
 def no_keep_draws(xp, dtype) -> tuple:
@@ -77,7 +76,7 @@ def dropout_forward(x, p: float, rng=None, training: bool = True):
     xp = device_xp(x)
     if p == 1.0:
         keep, scale = xp.zeros(x.shape, dtype=bool), keep_scale(p, x.dtype)   # (same as x)
-        return x * keep * scale, DropoutCache(keep, scale, x.shape, x.dtype)
+        return keep_scaled(x, keep, scale), DropoutCache(keep, scale, x.shape, x.dtype)
     draws, keep_min, scale = keep_draws(x, p, rng)
     x = contiguous(xp, x)
     out = xp.empty(x.shape, dtype=x.dtype)               # (same as x)

@@ -208,7 +208,7 @@ __device__ void npf_bias_add(const T* x, const T* b, T* y, long long total, int 
     NPF_FOR_EACH(k, total) npf_store(y + k, npf_load(x[k]) + npf_load(b[k % n]));
 }
 // inverted dropout: keep = npf_keep(seed, k) written as the mask, out = x m, m = keep ? scale : 0
-// (scale = 1 / (1 - p) rounded to T)
+// (scale = 1 / (1 - p) in A, as ops.dropout.keep_scale; the product rounded to T once)
 template <typename T, typename A>
 __device__ void npf_dropout_fwd(const T* x, const double* draws, T* y, bool* keep, long long total,
                                 int keep_min, A scale) {

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from npformer.backend import accumulation_dtype
 from npformer.kernels import cuda, disabled
 from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward, seed_draws
 from npformer.tools.gradcheck import gradcheck
@@ -20,8 +21,9 @@ def rng(fx, seed):
 @given(shape=shapes, p=st.sampled_from([0.1, 0.5, 0.7, 0.9]), dtype=st.sampled_from(DTYPES), seed=seeds)
 def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, seed):
     """Both make the seed of the generator's two draws and keep element n by the top 24 bits of
-    splitmix64(seed + n golden) (the kernel hashing in its threads), scale by 1/(1-p) rounded to the
-    dtype and multiply once: every value is the same IEEE result, and the generator ends the same."""
+    splitmix64(seed + n golden) (the kernel hashing in its threads), scale by 1/(1-p) in the
+    accumulation dtype and round the product once: every value is the same IEEE result, and the
+    generator ends the same."""
     x = randn(fx.xp, shape, seed, dtype=dtype, scale=3.0)
     rng_ref, rng_kernel = rng(fx, seed), rng(fx, seed)
     with disabled():
@@ -30,7 +32,7 @@ def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, 
     np.testing.assert_array_equal(host(rng_kernel.random(3)), host(rng_ref.random(3)))
     assert out.dtype == x.dtype and cache.keep.dtype == bool and out.shape == x.shape
     np.testing.assert_array_equal(host(cache.keep), host(cache_ref.keep))
-    assert cache.scale == cache_ref.scale and cache.scale.dtype == x.dtype
+    assert cache.scale == cache_ref.scale and cache.scale.dtype == accumulation_dtype(x.dtype)
     np.testing.assert_array_equal(host(out), host(out_ref))
     dout = randn(fx.xp, shape, seed + 1, dtype=dtype)
     with disabled():
@@ -46,6 +48,32 @@ def test_same_seed_gives_the_plain_mask_and_output_exactly(fx, shape, p, dtype, 
         dx = cuda.dropout_backward(dout, c)
         assert dx.dtype == x.dtype
         np.testing.assert_array_equal(host(dx), dx_ref)
+
+
+def test_float16_where_1_over_1_minus_p_overflows_float16(fx):
+    """p = 0.99999: 1 / (1 - p) = 1e5 is beyond float16's 65504; the kernels take it in float32, as
+    the plain op keeps it, and give the plain op's values bit for bit, forward and backward, from a
+    stored mask and one hashed again: 0 where dropped, x * 1e5 rounded where kept (a kept 1e-3 is
+    100.0625, a kept 1 inf), no NaN."""
+    p, xp = 0.99999, fx.xp
+    x = randn(xp, (1 << 20,), 0, dtype="float16", scale=1e-3)
+    with disabled():
+        _, cache_ref = dropout_forward(x, p, rng=rng(fx, 4))
+    kept = np.flatnonzero(host(cache_ref.keep))
+    assert kept.size >= 2
+    x_host = host(x)
+    x_host[kept[:2]] = [1.0, 1e-3]
+    x = xp.asarray(x_host)
+    with disabled(), np.errstate(over="ignore"):
+        out_ref, cache_ref = dropout_forward(x, p, rng=rng(fx, 4))
+        dx_ref = host(dropout_backward(x, cache_ref))
+    out, cache = cuda.dropout_forward(x, p, rng=rng(fx, 4))
+    np.testing.assert_array_equal(host(out), host(out_ref))
+    assert not np.isnan(host(out)).any() and np.count_nonzero(host(out)) == kept.size - (x_host[kept] == 0).sum()
+    np.testing.assert_array_equal(host(out)[kept[:2]], [np.inf, 100.0625])
+    seeded = DropoutCache.of_seed(seed_draws(rng(fx, 4), x, xp), p, x)
+    for c in (cache, seeded):
+        np.testing.assert_array_equal(host(cuda.dropout_backward(x, c)), dx_ref)
 
 
 def test_backward_of_non_finite_and_non_contiguous_gradients(fx):

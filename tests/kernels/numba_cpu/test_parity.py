@@ -137,7 +137,7 @@ def test_dropout(shape, seed, dtype, p):
             dx_ref = dropout.dropout_backward(dout, cache_ref)
         dx, dx_on_ref = dropout.dropout_backward(dout, cache), dropout.dropout_backward(dout, cache_ref)
     np.testing.assert_array_equal(cache.keep, cache_ref.keep)
-    assert cache.scale == cache_ref.scale and cache.scale.dtype == x.dtype
+    assert cache.scale == cache_ref.scale and cache.scale.dtype == accumulation_dtype(x.dtype)
     for got, ref in ((out, out_ref), (dx, dx_ref), (dx_on_ref, dx_ref)):
         assert got.dtype == x.dtype
         np.testing.assert_array_equal(got.view(f"i{got.itemsize}"), ref.view(f"i{ref.itemsize}"))   # -0 too
