@@ -24,17 +24,23 @@ Backward (dS = softmax backward of dP, as in ``ops.attention``):
     dq = dAC k + dBD_raw rk,   du = sum_{B, Tq} dAC k,   d(bias v) = sum_{B, Tq} dBD_raw rk
     dk = dAC^T (q + u),   dvalues = dropout(P)^T dout,   drk = sum_B dBD_raw^T (q + v)
     dW_r = drk^T r,   dr = drk W_r                                          (rk = r W_r^T per head)
+
+16-bit inputs are computed in float32, as in ``ops.attention``: the scores (a float16 score beyond
+65,504 would be inf and the softmax NaN), the softmax and each product, forward and backward; they are
+rounded to the inputs' dtype where they are kept or returned: rk (the projection r W_r^T, as a linear
+layer's output), P (the cache), the output and the gradients. So float16 relative attention is finite
+wherever the float32 result is, and within float16 rounding of it.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from npformer.backend import accumulated_sum, get_array_module, matmul
+from npformer.backend import accumulation_dtype, get_array_module, matmul
 from npformer.checks import describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape
 from npformer.dispatch import dispatched
 from npformer.errors import ShapeError
 from npformer.ops.attention import check_attention_inputs
-from npformer.ops.dropout import DropoutCache, dropout_backward, dropout_forward, keep_mask, keep_scaled
+from npformer.ops.dropout import DropoutCache, dropout_forward, keep_mask, keep_scaled
 from npformer.ops.masks import attention_bias
 from npformer.ops.softmax import SoftmaxCache, softmax_backward, softmax_forward
 
@@ -125,23 +131,25 @@ def relative_attention_forward(q, k, v, r, r_weight, bias_u, bias_v, *, attn_mas
     xp = get_array_module(q, k, v)
     b, h, tq, hs = q.shape
     tk = k.shape[2]
-    bias = attention_bias((b, h, tq, tk), q.dtype, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+    acc = accumulation_dtype(q.dtype)                    # float32 for 16-bit inputs (module docstring)
+    bias = attention_bias((b, h, tq, tk), acc, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                           is_causal=True, causal_alignment="bottom_right", xp=xp)   # (.., .., Tq, Tk)
-    rk = matmul(r, r_weight.T).reshape(tk, h, hs).transpose(1, 0, 2)                # (H, Tk, hs)
-    # the queries are scaled before the products (a float16 q k^T may overflow where the scaled one fits),
-    # by the scale in q's dtype (a Python float would make NumPy's bfloat16 float32)
-    sc = xp.asarray(scale, dtype=q.dtype)
-    ac = matmul((q + bias_u[:, None, :]) * sc, k.swapaxes(-1, -2))                  # (B, H, Tq, Tk) AC * scale
-    bd_raw = matmul((q + bias_v[:, None, :]) * sc, rk.swapaxes(-1, -2))             # (B, H, Tq, Tk) BD_raw * scale
+    rk = matmul(r, r_weight.T).reshape(tk, h, hs).transpose(1, 0, 2)                # (H, Tk, hs), in q's dtype
+    qa, ka, rka = (a.astype(acc, copy=False) for a in (q, k, rk))
+    # the queries are scaled before the products (a float16 q k^T may overflow where the scaled one fits)
+    qu = (qa + bias_u.astype(acc, copy=False)[:, None, :]) * scale                  # (B, H, Tq, hs) (q + u) * scale
+    qv = (qa + bias_v.astype(acc, copy=False)[:, None, :]) * scale                  # (B, H, Tq, hs) (q + v) * scale
+    ac = qu @ ka.swapaxes(-1, -2)                                                   # (B, H, Tq, Tk) AC * scale
+    bd_raw = qv @ rka.swapaxes(-1, -2)                                              # (B, H, Tq, Tk) BD_raw * scale
     bd, shift = rel_shift_forward(bd_raw)                                           # (B, H, Tq, Tk)
     s = ac + bd                                                                     # (B, H, Tq, Tk)
     s += bias                                                                       # -inf where blocked
-    p, _ = softmax_forward(s)                                                       # (B, H, Tq, Tk)
+    p = softmax_forward(s)[0].astype(q.dtype, copy=False)                           # (B, H, Tq, Tk)
     if training and dropout_p > 0:
         p_drop, drop = dropout_forward(p, dropout_p, rng=rng, training=True)        # (B, H, Tq, Tk)
     else:
         p_drop, drop = p, DropoutCache.identity(p)
-    out = matmul(p_drop, v)                                                         # (B, H, Tq, hv)
+    out = (p_drop.astype(acc, copy=False) @ v.astype(acc, copy=False)).astype(q.dtype, copy=False)   # (B, H, Tq, hv)
     return out, RelativeAttentionCache(q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale)
 
 
@@ -151,30 +159,34 @@ def relative_attention_backward(dout, cache: RelativeAttentionCache):
     q, k, v, r, r_weight, rk, bias_u, bias_v, p, drop, shift, scale = cache
     expect_grad(dout, "dout", q.shape[:3] + v.shape[3:], q.dtype)
     h, tk, hs = rk.shape
-    p_drop = keep_scaled(p, keep_mask(drop), drop.scale) if drop.dropped else p    # (B, H, Tq, Tk), recomputed
+    dtype, acc = q.dtype, accumulation_dtype(q.dtype)    # float32 for 16-bit inputs (module docstring)
+    keep = keep_mask(drop) if drop.dropped else None                                # (B, H, Tq, Tk) m
+    p_drop = p if keep is None else keep_scaled(p, keep, drop.scale)               # (B, H, Tq, Tk), the forward's
+    p_drop, p = p_drop.astype(acc, copy=False), p.astype(acc, copy=False)
+    q, k, v, dout, rk = (a.astype(acc, copy=False) for a in (q, k, v, dout, rk))
     # fwd: out = P_drop @ values  ->  dP_drop = dout @ values^T,  dvalues = P_drop^T @ dout
-    dv = matmul(p_drop.swapaxes(-1, -2), dout)                                      # (B, H, Tk, hv)
-    dp_drop = matmul(dout, v.swapaxes(-1, -2))                                      # (B, H, Tq, Tk)
-    # fwd: P_drop = dropout(P)
-    dp = dropout_backward(dp_drop, drop) if drop.dropped else dp_drop              # (B, H, Tq, Tk)
+    dv = p_drop.swapaxes(-1, -2) @ dout                                             # (B, H, Tk, hv)
+    dp = dout @ v.swapaxes(-1, -2)                                                  # (B, H, Tq, Tk) dP_drop
+    if keep is not None:                                                            # fwd: P_drop = P * m / (1 - p)
+        dp = keep_scaled(dp, keep, drop.scale)                                      # (B, H, Tq, Tk)
     # fwd: P = softmax(S)  (0 at blocked keys and fully masked rows)
     ds = softmax_backward(dp, SoftmaxCache(p))                                      # (B, H, Tq, Tk)
     # fwd: S = (AC + BD) * scale + bias  ->  dAC = dBD = dS * scale
-    ds *= get_array_module(ds).asarray(scale, dtype=ds.dtype)                      # ds is fresh
+    ds *= acc.type(scale)                                                           # ds is fresh
     # fwd: BD = rel_shift(BD_raw)
     dbd_raw = rel_shift_backward(ds, shift)                                         # (B, H, Tq, Tk)
     # fwd: AC = (q + u) @ k^T  ->  d(q + u) = dAC @ k,  dk = dAC^T @ (q + u)
-    dqu = matmul(ds, k)                                                             # (B, H, Tq, hs)
-    dk = matmul(ds.swapaxes(-1, -2), q + bias_u[:, None, :])                        # (B, H, Tk, hs)
+    dqu = ds @ k                                                                    # (B, H, Tq, hs)
+    dk = ds.swapaxes(-1, -2) @ (q + bias_u.astype(acc, copy=False)[:, None, :])    # (B, H, Tk, hs)
     # fwd: BD_raw = (q + v) @ rk^T  ->  d(q + v) = dBD_raw @ rk,  drk = sum_B dBD_raw^T @ (q + v)
-    dqv = matmul(dbd_raw, rk)                                                       # (B, H, Tq, hs)
-    drk = accumulated_sum(matmul(dbd_raw.swapaxes(-1, -2), q + bias_v[:, None, :]), axis=0)   # (H, Tk, hs)
+    dqv = dbd_raw @ rk                                                              # (B, H, Tq, hs)
+    drk = (dbd_raw.swapaxes(-1, -2) @ (q + bias_v.astype(acc, copy=False)[:, None, :])).sum(axis=0)   # (H, Tk, hs)
     # fwd: q + u, q + v (u, v broadcast over B and Tq)  ->  dq = both,  du, dv summed over B and Tq
     dq = dqu + dqv                                                                  # (B, H, Tq, hs)
-    dbias_u = accumulated_sum(dqu, axis=(0, 2))                                     # (H, hs)
-    dbias_v = accumulated_sum(dqv, axis=(0, 2))                                     # (H, hs)
+    dbias_u = dqu.sum(axis=(0, 2))                                                  # (H, hs)
+    dbias_v = dqv.sum(axis=(0, 2))                                                  # (H, hs)
     # fwd: rk = split_heads(r @ W_r^T)  ->  dr = drk2 @ W_r,  dW_r = drk2^T @ r
     drk2 = drk.transpose(1, 0, 2).reshape(tk, h * hs)                               # (Tk, H*hs)
-    dr = matmul(drk2, r_weight)                                                     # (Tk, C)
-    dr_weight = matmul(drk2.T, r)                                                   # (H*hs, C)
-    return dq, dk, dv, dr, dr_weight, dbias_u, dbias_v
+    dr = drk2 @ r_weight.astype(acc, copy=False)                                    # (Tk, C)
+    dr_weight = drk2.T @ r.astype(acc, copy=False)                                  # (H*hs, C)
+    return tuple(g.astype(dtype, copy=False) for g in (dq, dk, dv, dr, dr_weight, dbias_u, dbias_v))

@@ -1,7 +1,7 @@
 """Transformer-XL's relative attention and its relative shift: a loop reference built from distances,
 gradchecks of all seven inputs over shapes, memory lengths 0..3, padding and dropout with a fixed seed,
 invariants (plain causal attention when the positional terms vanish, blocked memory changes nothing),
-fully masked rows, float32, views, huge scores and every bad input."""
+fully masked rows, float32, views, huge scores (float16 ones computed in float32) and every bad input."""
 import math
 
 import numpy as np
@@ -14,7 +14,8 @@ from npformer.ops.relative_attention import (rel_shift_backward, rel_shift_forwa
                                              relative_attention_backward as rel_backward,
                                              relative_attention_forward as rel_forward)
 from npformer.tools.gradcheck import gradcheck
-from tests.helpers import assert_gradcheck, batch, head_size, heads, host, padding_masks, randn, seeds, seq
+from tests.helpers import (assert_close, assert_gradcheck, batch, head_size, heads, host, padding_masks, randn, seeds,
+                           seq)
 
 mems = st.integers(0, 3)
 
@@ -138,6 +139,28 @@ def test_huge_scores_stay_finite_and_pick_the_largest(xp, dtype):
     grads = rel_backward(xp.ones_like(out), cache)
     assert all(np.isfinite(host(g)).all() for g in (out, *grads))
     np.testing.assert_array_equal(host(out), np.broadcast_to(host(x["v"])[:, :, 0:1], out.shape))
+
+
+def test_float16_scores_beyond_its_range_are_computed_in_float32(xp):
+    """|q|, |k| ~ 300 with hs = 8 give scores of about 1e5, beyond float16's 65504: the scores, the
+    softmax and the products are computed in float32 (as ops.attention computes them) and rounded where
+    returned, so the float16 output and all seven gradients are the float64 op's on the same values
+    within float16 rounding (they were NaN)."""
+    x = inputs(xp, 2, 2, 3, 2, 8, 4, 0, dtype="float16")
+    x["q"], x["k"] = randn(xp, (2, 2, 3, 8), 7, "float16", 300.0), randn(xp, (2, 2, 5, 8), 8, "float16", 300.0)
+    x64 = {n: a.astype(xp.float64) for n, a in x.items()}   # the same values, in float64
+    s = host(x64["q"] + x64["bias_u"][:, None, :]) @ host(x64["k"]).swapaxes(-1, -2) / math.sqrt(8)
+    assert np.abs(s).max() > 65504
+    dout = randn(xp, (2, 2, 3, 3), 9, "float16")
+    with np.errstate(over="raise", invalid="raise"):     # nothing overflows on the way
+        out, cache = rel_forward(**x)
+        grads = rel_backward(dout, cache)
+    out64, cache64 = rel_forward(**x64)
+    grads64 = rel_backward(dout.astype(xp.float64), cache64)
+    names = ("out", "dq", "dk", "dv", "dr", "dr_weight", "dbias_u", "dbias_v")
+    for name, got, want in zip(names, (out, *grads), (out64, *grads64)):
+        assert got.dtype == xp.float16 and np.isfinite(host(got)).all(), name
+        assert_close(got, want.astype(xp.float16), "float16", what=name)   # 4 float16 ulp at the largest
 
 
 def test_float32_preserved_views_and_no_mutation(xp):
