@@ -391,7 +391,8 @@ class AdamW(Adam):
 
 def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6,
                    error_if_nonfinite: bool = True) -> float:
-    """Scale every grad in place by min(1, max_norm/(norm + eps)); return the norm before clipping.
+    """Scale every grad in place by min(1, max_norm/(norm + eps)) (:func:`clip_coefficient`: 1 for a
+    zero norm, even with eps 0); return the norm before clipping.
 
     ``params``: Parameters or (name, Parameter) pairs. Grads that are None are skipped, a parameter
     listed twice counts once, and with no grads at all the norm is 0.0. Squares are summed in
@@ -431,8 +432,11 @@ def clip_grad_norm(params: Any, max_norm: float, eps: float = 1e-6,
 
 def clip_coefficient(norm: float, max_norm: float, eps: float = 1e-6) -> float:
     """What clipping multiplies the gradients by: ``max_norm / (norm + eps)`` when that is below 1,
-    else 1 (``max_norm`` inf: never clips)."""
+    else 1 (``max_norm`` inf: never clips; a zero norm with eps 0: every gradient is zero, nothing to
+    clip, whatever ``max_norm``)."""
     if not (isinstance(max_norm, Real) and max_norm == INF):
         max_norm = real(max_norm, "max_norm", 0, what="inf (no clipping) or a number")
+    if norm + eps == 0.0:                                # no division by zero
+        return 1.0
     coef = max_norm / (norm + eps)
     return coef if coef < 1.0 else 1.0

@@ -472,6 +472,22 @@ def test_clip_grad_norm_edge_cases(xp):
         clip_grad_norm([ps[0].grad], 1.0)
 
 
+@pytest.mark.parametrize("max_norm", [1.0, 0.0, math.inf])
+def test_clip_grad_norm_with_eps_0(xp, max_norm):
+    """eps = 0 is allowed: zero grads have norm 0 and nothing to clip, whatever max_norm (the
+    coefficient was 0/0 or max_norm/0); nonzero grads are scaled by max_norm / norm exactly (0 for
+    max_norm 0, untouched for inf)."""
+    zero = Parameter(xp.ones((2, 3), xp.float32))
+    zero.grad = xp.zeros((2, 3), xp.float32)
+    assert clip_grad_norm([zero], max_norm, eps=0.0) == 0.0
+    assert not host(zero.grad).any()
+    ps = with_grads(xp, [(3, 4)], 0)
+    g = host(ps[0].grad).copy()
+    norm = float(np.linalg.norm(g))
+    assert clip_grad_norm(ps, max_norm, eps=0.0) == pytest.approx(norm, rel=1e-13)
+    np.testing.assert_allclose(host(ps[0].grad), g * min(1.0, max_norm / norm), rtol=1e-13)
+
+
 # -- torch as an oracle ----------------------------------------------------------------------------
 def torch_trajectory(torch, make_opt, p0s, grads, lrs):
     ts = [torch.tensor(p, dtype=torch.float64, requires_grad=True) for p in p0s]
