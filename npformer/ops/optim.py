@@ -36,15 +36,46 @@ import math
 from typing import Any
 
 from npformer.backend import get_array_module, is_float_dtype
-from npformer.checks import checked_by_caller, describe, expect_float, expect_same_dtype, expect_shape
+from npformer.checks import (checked_by_caller, describe, expect_float, expect_same_dtype, expect_shape,
+                             positive_int, real)
 from npformer.dispatch import dispatched
 from npformer.errors import InputTypeError
 
 __all__ = ["adam_update", "sgd_update", "sum_of_squares", "check_update_arrays", "grad_dtype_fits", "scaled_grad",
-           "add_squares_to_lanes", "sum_lanes", "SQUARES_CHUNK", "SQUARES_LANES"]
+           "RULES", "PAIRS", "hyperparameter", "adam_corrections", "add_squares_to_lanes", "sum_lanes",
+           "SQUARES_CHUNK", "SQUARES_LANES"]
 
 SQUARES_CHUNK = 1 << 20     # elements converted to float64 at a time by sum_of_squares (8 MB)
 SQUARES_LANES = 64          # the sum's lanes (module docstring); SQUARES_CHUNK is a multiple of it
+INF = math.inf
+# hyperparameter -> (low, high, low excluded, high excluded): the update ops' checks and the optimisers'
+# (npformer.training.optim checks every group by them); a pair (PAIRS) is checked per item
+RULES = {"lr": (0, INF, False, False), "weight_decay": (0, INF, False, False),
+         "momentum": (0, INF, False, False), "dampening": (0, 1, False, False),
+         "betas": (0, 1, False, True), "eps": (0, INF, True, False)}
+PAIRS = ("betas",)          # hyperparameters given as a pair, each item checked by its rule
+
+
+def hyperparameter(v: Any, name: str, rule: str | None = None) -> float:
+    """``v`` as a ``float`` within the bounds of ``RULES[rule or name]`` (``rule``: "betas" for one
+    of the pair, named "beta1" or "betas[0]")."""
+    low, high, low_open, high_open = RULES[rule or name]
+    return real(v, name, low, high, low_open=low_open, high_open=high_open)
+
+
+def adam_corrections(step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+                     grad_scale: float) -> tuple[float, float]:
+    """The checks of :func:`adam_update`'s numbers, which every implementation runs before it writes
+    anything: each by the optimisers' :data:`RULES` (betas in [0, 1), eps > 0), ``step`` an int >= 1,
+    ``grad_scale`` >= 0. Returns the bias corrections sqrt(1 - b2^t) and lr / (1 - b1^t), both finite
+    and the second's divisor > 0 once checked."""
+    step = positive_int(step, "step")
+    lr = hyperparameter(lr, "lr")
+    beta1, beta2 = hyperparameter(beta1, "beta1", "betas"), hyperparameter(beta2, "beta2", "betas")
+    hyperparameter(eps, "eps")
+    hyperparameter(weight_decay, "weight_decay")
+    real(grad_scale, "grad_scale", 0)
+    return math.sqrt(1.0 - beta2 ** step), lr / (1.0 - beta1 ** step)
 
 
 def check_update_arrays(param, grad, **arrays) -> None:
@@ -85,10 +116,12 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
     """One Adam (``decoupled=False``, L2 in the gradient) or AdamW step, in place; ``step`` is t >= 1,
     the number of this update. ``param_copy`` (optional, the parameter's shape, another dtype)
     receives the new parameter rounded to its dtype: mixed precision's 16-bit model weights. The
-    gradient is ``grad * grad_scale`` (:func:`scaled_grad`)."""
+    gradient is ``grad * grad_scale`` (:func:`scaled_grad`). Every argument is checked before anything
+    is written (:func:`adam_corrections`)."""
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     xp = get_array_module(param, grad, exp_avg, exp_avg_sq)
     grad = scaled_grad(grad, param, grad_scale)                     # (same as p)
     if weight_decay != 0 and not decoupled:
@@ -103,10 +136,10 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
     tmp *= 1.0 - beta2
     exp_avg_sq += tmp
     denom = xp.sqrt(exp_avg_sq, out=tmp)                            # sqrt(v_hat) + eps, v_hat = v/(1 - b2^t)
-    denom /= math.sqrt(1.0 - beta2 ** step)
+    denom /= bias2                                                  # sqrt(1 - b2^t)
     denom += eps
     update = xp.divide(exp_avg, denom, out=tmp)                     # lr m_hat / (sqrt(v_hat) + eps)
-    update *= lr / (1.0 - beta1 ** step)
+    update *= step_size                                             # lr / (1 - b1^t)
     param -= update
     if param_copy is not None:
         param_copy[...] = param                                     # rounded to the copy's dtype

@@ -35,16 +35,11 @@ from npformer.dispatch import enabled
 from npformer.errors import InputTypeError
 from npformer.nn.module import Module, Parameter, clear_grads
 from npformer.training.flat_runs import FlatRuns
-from npformer.ops.optim import adam_update, grad_dtype_fits, sgd_update, sum_of_squares
+from npformer.ops.optim import PAIRS, RULES, adam_update, grad_dtype_fits, hyperparameter, sgd_update, sum_of_squares
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "clip_grad_norm", "clip_coefficient", "covered_buffers"]
 
 INF = math.inf
-# hyperparameter -> (low, high, low excluded, high excluded); a pair (PAIRS) is checked per item
-RULES = {"lr": (0, INF, False, False), "weight_decay": (0, INF, False, False),
-         "momentum": (0, INF, False, False), "dampening": (0, 1, False, False),
-         "betas": (0, 1, False, True), "eps": (0, INF, True, False)}
-PAIRS = ("betas",)              # hyperparameters given as a pair, each item checked by its rule
 
 
 def _entries(items: Any, where: str) -> list:
@@ -122,17 +117,17 @@ class Optimizer:
         self._flat = FlatRuns()        # the flat-buffer path's moment buffers (npformer.training.flat_runs)
 
     def _checked(self, group: dict) -> dict:
-        """The group with every hyperparameter validated and made a Python number."""
+        """The group with every hyperparameter validated (by the update ops' :data:`RULES`) and made a
+        Python number."""
         out = dict(group)
-        for k, (low, high, low_open, high_open) in RULES.items():
+        for k in RULES:
             if k in out and k in PAIRS:
                 v = out[k]
                 if not isinstance(v, (tuple, list)) or len(v) != 2:
                     raise InputTypeError(f"{k}: expected a pair, got {describe(v)}")
-                out[k] = tuple(real(x, f"{k}[{n}]", low, high, low_open=low_open, high_open=high_open)
-                               for n, x in enumerate(v))
+                out[k] = tuple(hyperparameter(x, f"{k}[{n}]", k) for n, x in enumerate(v))
             elif k in out:
-                out[k] = real(out[k], k, low, high, low_open=low_open, high_open=high_open)
+                out[k] = hyperparameter(out[k], k)
         return out
 
     def _indexed(self):

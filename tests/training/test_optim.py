@@ -1,4 +1,5 @@
 """SGD / Adam / AdamW / clip_grad_norm: float64 reference loops, state dicts, in-place updates, errors."""
+import contextlib
 import io
 import math
 
@@ -6,8 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from npformer.errors import RangeError
+from npformer.errors import InputTypeError, RangeError
+from npformer.kernels import disabled
 from npformer.nn.module import Module, Parameter
+from npformer.ops.optim import adam_update
 from npformer.training import SGD, Adam, AdamW, clip_grad_norm
 from tests.helpers import batch, host, randn, seeds, seq
 
@@ -394,6 +397,39 @@ def test_bad_hyperparameters_and_params_raise(xp):
     opt.param_groups[0]["lr"] = -5.0            # edited by hand: caught at the next step
     with pytest.raises(ValueError, match="lr: expected a finite number >= 0, got -5.0"):
         opt.step()
+
+
+ADAM = dict(step=3, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, decoupled=True)
+BAD_ADAM = [({"step": 0}, RangeError, "step: expected an int >= 1, got 0"),
+            ({"step": -1}, RangeError, "step: expected an int >= 1, got -1"),
+            ({"step": 1.5}, InputTypeError, "step: expected an int, got float 1.5"),
+            ({"step": True}, InputTypeError, "step: expected an int, got bool"),
+            ({"beta1": 1.0}, RangeError, r"beta1: expected a finite number in \[0, 1\), got 1.0"),
+            ({"beta2": -0.5}, RangeError, r"beta2: expected a finite number in \[0, 1\), got -0.5"),
+            ({"lr": math.nan}, RangeError, "lr: expected a finite number >= 0, got nan"),
+            ({"lr": -1e-3}, RangeError, "lr: expected a finite number >= 0"),
+            ({"eps": -1.0}, RangeError, "eps: expected a finite number > 0, got -1.0"),
+            ({"eps": 0.0}, RangeError, "eps: expected a finite number > 0, got 0.0"),
+            ({"weight_decay": math.inf}, RangeError, "weight_decay: expected a finite number >= 0, got inf"),
+            ({"grad_scale": -1.0}, RangeError, "grad_scale: expected a finite number >= 0, got -1.0")]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("bad, exc, match", BAD_ADAM)
+def test_adam_update_checks_its_numbers_before_writing(xp, fast, bad, exc, match):
+    """The op checks every number by the optimisers' rules, on every path, and raises npformer's
+    errors before anything is written (step 0 divided by 1 - b1^0 = 0 after the reference had
+    rewritten param and both moments); one good step after it is the usual one."""
+    p, g = xp.ones(4, dtype=xp.float32), xp.full(4, 0.5, dtype=xp.float32)
+    m, v = xp.zeros(4, dtype=xp.float32), xp.zeros(4, dtype=xp.float32)
+    with contextlib.nullcontext() if fast else disabled():
+        with pytest.raises(exc, match=match):
+            adam_update(p, g, m, v, **{**ADAM, **bad})
+        assert not host(m).any() and not host(v).any() and (host(p) == 1).all()
+        adam_update(p, g, m, v, **{**ADAM, "step": 1})
+    np.testing.assert_allclose(host(m), 0.05, rtol=1e-6)                 # (1 - b1) g
+    np.testing.assert_allclose(host(v), 0.00025, rtol=1e-6)              # (1 - b2) g^2
+    np.testing.assert_allclose(host(p), 1 - 1e-4 - 1e-3, rtol=1e-6)      # decay, then -lr g / |g|
 
 
 def test_bad_grads_raise_before_any_update(xp):

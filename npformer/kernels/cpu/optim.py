@@ -9,14 +9,13 @@ order and precision, so the bits are the same.
 """
 from __future__ import annotations
 
-import math
-
 import numpy
 
 from npformer.checks import expect_float, expect_shape
 from npformer.kernels.cpu import numpy_floats
 from npformer.kernels.cpu.blocks import BLOCK_ELEMENTS, blockwise
-from npformer.ops.optim import SQUARES_LANES, add_squares_to_lanes, check_update_arrays, scaled_grad, sum_lanes
+from npformer.ops.optim import (SQUARES_LANES, adam_corrections, add_squares_to_lanes, check_update_arrays, scaled_grad,
+                                sum_lanes)
 
 __all__ = ["adam_update", "sum_of_squares", "accepts_adam"]
 
@@ -34,8 +33,8 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
-    bias2, step_size = math.sqrt(1.0 - beta2 ** step), lr / (1.0 - beta1 ** step)
 
     def block(p, g, m, v, *copy):
         g = scaled_grad(g, p, grad_scale)                           # g = grad * grad_scale, in p's dtype

@@ -19,14 +19,12 @@ The CUDA C is in :mod:`npformer.kernels.cuda.optim_source`.
 """
 from __future__ import annotations
 
-import math
-
 import numpy
 
 from npformer.checks import expect_float, expect_shape
 from npformer.kernels.cuda.optim_source import SQUARES_THREADS
 from npformer.kernels.cuda.runtime import contiguous, device_floats, device_xp, kernel, launch_elements
-from npformer.ops.optim import check_update_arrays
+from npformer.ops.optim import adam_corrections, check_update_arrays
 
 __all__ = ["adam_update", "sum_of_squares", "accepts_adam", "SQUARES_BLOCKS"]
 
@@ -61,6 +59,7 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
+    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     xp = device_xp(param, grad, exp_avg, exp_avg_sq, param_copy)
     if param.size == 0:
         return
@@ -75,7 +74,7 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     launch_elements(entry, param.dtype, param.size, (
         param, grad, exp_avg, exp_avg_sq, copy, numpy.int64(param.size), t(grad_scale),
         t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2), t(weight_decay), t(1.0 - lr * weight_decay),
-        t(math.sqrt(1.0 - beta2 ** step)), t(eps), t(lr / (1.0 - beta1 ** step)),
+        t(bias2), t(eps), t(step_size),
         numpy.int32(l2), numpy.int32(decoupled_decay), numpy.int32(param_copy is not None)))
 
 

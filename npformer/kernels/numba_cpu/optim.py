@@ -15,7 +15,7 @@ from numba import njit
 
 from npformer.checks import expect_float
 from npformer.kernels.numba_cpu.rows import over_rows
-from npformer.ops.optim import SQUARES_LANES, check_update_arrays, sum_lanes
+from npformer.ops.optim import SQUARES_LANES, adam_corrections, check_update_arrays, sum_lanes
 
 __all__ = ["adam_update", "sum_of_squares"]
 
@@ -56,12 +56,13 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
                 grad_scale: float = 1.0) -> None:
     """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
+    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     t = param.dtype.type
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]       # (N,) views (C-contiguous)
     over_rows(_adam, flat[0].size, 1, *flat, t(grad_scale), l2, t(weight_decay),
               t(1.0 - lr * weight_decay) if decay else t(1.0), t(beta1), t(1.0 - beta1), t(beta2), t(1.0 - beta2),
-              t(math.sqrt(1.0 - beta2 ** step)), t(eps), t(lr / (1.0 - beta1 ** step)))
+              t(bias2), t(eps), t(step_size))
 
 
 def sum_of_squares(x):
