@@ -43,9 +43,9 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer",
-           "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real", "probability",
-           "one_of", "values_checked", "values_unchecked", "float_dtype", "OP_DEPTH", "checked_by_caller",
-           "inputs_checked", "arrays_unchecked"]
+           "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real",
+           "positive_in_dtype", "probability", "one_of", "values_checked", "values_unchecked", "float_dtype",
+           "OP_DEPTH", "checked_by_caller", "inputs_checked", "arrays_unchecked"]
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
 _ARRAYS = contextvars.ContextVar("npformer_array_checks", default=True)
@@ -347,6 +347,16 @@ def real(v: Any, name: str, low: float = -math.inf, high: float = math.inf, *, l
     inside = (low < f if low_open else low <= f) and (f < high if high_open else f <= high)
     if not math.isfinite(f) or not inside:
         raise RangeError(f"{name}: expected {what}{_span(low, high, low_open, high_open)}, got {v!r}")
+    return f
+
+
+def positive_in_dtype(v: Any, name: str, dtype: Any) -> float:
+    """``v`` as a finite ``float`` > 0 that stays > 0 rounded to ``dtype``, the dtype it is added in
+    (an eps: 1e-50 > 0, but float32 rounds it to 0, and a constant row's 0 / sqrt(0 + 0) is NaN)."""
+    f = real(v, name, 0.0, low_open=True)
+    if not dtype.type(f) > 0:
+        raise RangeError(f"{name}: expected a number that stays > 0 in {dtype}, the dtype it is added in, "
+                         f"got {v!r}, which {dtype} rounds to 0")
     return f
 
 

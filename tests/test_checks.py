@@ -1,10 +1,13 @@
 """The combined input check of an op's arrays, npformer.checks.expect_same_float: the same errors as the
-three checks it stands for (expect_float on each array, expect_same_dtype, get_array_module)."""
+three checks it stands for (expect_float on each array, expect_same_dtype, get_array_module); the
+checks' switches; positive_in_dtype (an eps that stays > 0 in its dtype)."""
+import math
+
 import numpy as np
 import pytest
 
-from npformer.checks import expect_float, expect_same_dtype, expect_same_float
-from npformer.errors import InputTypeError
+from npformer.checks import expect_float, expect_same_dtype, expect_same_float, positive_in_dtype
+from npformer.errors import InputTypeError, RangeError
 from tests.helpers import posing_as_cupy
 
 
@@ -124,3 +127,17 @@ def test_array_checks_can_be_switched_off():
     assert out.shape == (2, 5) and not checked_by_caller()
     with pytest.raises(InputTypeError, match="dtype mismatch"):
         linear_forward(x, w)
+
+
+def test_positive_in_dtype_refuses_what_the_dtype_rounds_to_0():
+    """An eps > 0 must stay > 0 in the dtype it is added in: float32's subnormals pass, 1e-50 does not;
+    1e-8 is 0 in float16; the non-positive and non-finite are refused as by real()."""
+    assert positive_in_dtype(1e-40, "eps", np.dtype(np.float32)) == 1e-40
+    assert positive_in_dtype(1e-300, "eps", np.dtype(np.float64)) == 1e-300
+    for v, dtype in ((1e-50, np.float32), (1e-8, np.float16)):
+        with pytest.raises(RangeError, match=f"eps: expected a number that stays > 0 in {np.dtype(dtype)}, the "
+                                             f"dtype it is added in, got {v!r}, which {np.dtype(dtype)} rounds to 0"):
+            positive_in_dtype(v, "eps", np.dtype(dtype))
+    for v in (0.0, -1.0, math.inf):
+        with pytest.raises(RangeError, match="eps: expected a finite number > 0"):
+            positive_in_dtype(v, "eps", np.dtype(np.float64))

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
 from npformer.checks import (describe, expect_float, expect_grad, expect_ndim, expect_same_dtype, expect_shape,
-                             probability, real)
+                             positive_in_dtype, probability)
 from npformer.errors import InputTypeError, RangeError, ShapeError
 from npformer.dispatch import dispatched
 
@@ -71,7 +71,7 @@ def _check(x, weight, bias, running, training, momentum, eps, padding_mask):
         expect_shape(running[1], "running var", (c,), "(C,)")
     r_mean, r_var = (None, None) if running is None else running
     expect_same_dtype(x=x, weight=weight, bias=bias, running_mean=r_mean, running_var=r_var)
-    real(eps, "eps", 0.0, low_open=True)                 # > 0 keeps constant features finite
+    positive_in_dtype(eps, "eps", accumulation_dtype(x.dtype))   # > 0 in var + eps keeps constant features finite
     probability(momentum, "momentum")
     if not training and running is None:
         raise RangeError("eval mode normalises with the running statistics: pass running=RunningStats(mean, var)")

@@ -13,15 +13,16 @@ does; the backward recomputes xhat = (x - mu) * rstd from them, the forward's ar
 are the forward's. For 16-bit input that keeps 2 bytes an element where a float32 xhat took 4 (and
 the GPU kernels write no xhat: 4 bytes an element less written, 2 less read). Since x is kept, not
 copied, changing it in place before the backward changes the gradient, as for a linear layer's input.
-A constant row has var = 0, so xhat = 0 and y = b (eps > 0 keeps rstd finite). 16-bit inputs
-are normalised in float32 and rounded back.
+A constant row has var = 0, so xhat = 0 and y = b (eps > 0 keeps rstd finite: eps must stay > 0
+rounded to the dtype var + eps is computed in, so 1e-50 is refused for float32). 16-bit inputs are
+normalised in float32 and rounded back.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
 from npformer.backend import accumulation_dtype, get_array_module
-from npformer.checks import expect_grad, expect_rows, expect_same_float, expect_shape, real
+from npformer.checks import expect_grad, expect_rows, expect_same_float, expect_shape, positive_in_dtype
 from npformer.dispatch import dispatched
 
 __all__ = ["LayerNormCache", "normalised", "check_layer_norm_inputs", "check_layer_norm_grad", "layer_norm_forward",
@@ -53,7 +54,7 @@ def check_layer_norm_inputs(x, weight, bias, eps) -> None:
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             expect_shape(p, name, (c,), "(C,) matching the last axis of x")
-    real(eps, "eps", 0.0, low_open=True)                 # eps > 0 keeps constant rows finite
+    positive_in_dtype(eps, "eps", accumulation_dtype(x.dtype))   # eps > 0 where var + eps is added: constant rows
 
 
 @dispatched

@@ -37,7 +37,7 @@ from typing import Any
 
 from npformer.backend import get_array_module, is_float_dtype
 from npformer.checks import (checked_by_caller, describe, expect_float, expect_same_dtype, expect_shape,
-                             positive_int, real)
+                             positive_in_dtype, positive_int, real)
 from npformer.dispatch import dispatched
 from npformer.errors import InputTypeError
 
@@ -63,16 +63,16 @@ def hyperparameter(v: Any, name: str, rule: str | None = None) -> float:
     return real(v, name, low, high, low_open=low_open, high_open=high_open)
 
 
-def adam_corrections(step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
+def adam_corrections(dtype, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
                      grad_scale: float) -> tuple[float, float]:
     """The checks of :func:`adam_update`'s numbers, which every implementation runs before it writes
-    anything: each by the optimisers' :data:`RULES` (betas in [0, 1), eps > 0), ``step`` an int >= 1,
-    ``grad_scale`` >= 0. Returns the bias corrections sqrt(1 - b2^t) and lr / (1 - b1^t), both finite
-    and the second's divisor > 0 once checked."""
+    anything: each by the optimisers' :data:`RULES` (betas in [0, 1), eps > 0 and still > 0 in the
+    parameter's ``dtype``), ``step`` an int >= 1, ``grad_scale`` >= 0. Returns the bias corrections
+    sqrt(1 - b2^t) and lr / (1 - b1^t), both finite and the second's divisor > 0 once checked."""
     step = positive_int(step, "step")
     lr = hyperparameter(lr, "lr")
     beta1, beta2 = hyperparameter(beta1, "beta1", "betas"), hyperparameter(beta2, "beta2", "betas")
-    hyperparameter(eps, "eps")
+    positive_in_dtype(hyperparameter(eps, "eps"), "eps", dtype)
     hyperparameter(weight_decay, "weight_decay")
     real(grad_scale, "grad_scale", 0)
     return math.sqrt(1.0 - beta2 ** step), lr / (1.0 - beta1 ** step)
@@ -121,7 +121,7 @@ def adam_update(param: Any, grad: Any, exp_avg: Any, exp_avg_sq: Any, *, step: i
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
-    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
+    bias2, step_size = adam_corrections(param.dtype, step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     xp = get_array_module(param, grad, exp_avg, exp_avg_sq)
     grad = scaled_grad(grad, param, grad_scale)                     # (same as p)
     if weight_decay != 0 and not decoupled:

@@ -30,7 +30,7 @@ from numbers import Real
 from typing import Any
 
 from npformer.backend import backend_name, get_array_module, to_device
-from npformer.checks import describe, expect_float, real
+from npformer.checks import describe, expect_float, positive_in_dtype, real
 from npformer.dispatch import enabled
 from npformer.errors import InputTypeError
 from npformer.nn.module import Module, Parameter, clear_grads
@@ -110,15 +110,15 @@ class Optimizer:
                 raise ValueError(f"param group {j}: " + ("a parameter appears more than once"
                                                           if entries else "empty parameter list"))
             seen.update(ids)
-            group = self._checked({**self.defaults, **g})
-            group.update(params=[p for _, p in entries], names=[n for n, _ in entries])
+            group = self._checked({**self.defaults, **g, "params": [p for _, p in entries],
+                                   "names": [n for n, _ in entries]})
             self.param_groups.append(group)
         self.state: dict[int, dict[str, Any]] = {}
         self._flat = FlatRuns()        # the flat-buffer path's moment buffers (npformer.training.flat_runs)
 
     def _checked(self, group: dict) -> dict:
         """The group with every hyperparameter validated (by the update ops' :data:`RULES`) and made a
-        Python number."""
+        Python number; ``group["params"]``, its Parameters, where the checks need their dtypes."""
         out = dict(group)
         for k in RULES:
             if k in out and k in PAIRS:
@@ -248,7 +248,7 @@ class Optimizer:
             new = {k: tuple(sd[f"group.{j}.{k}.{n}"] for n in range(len(g[k])))
                    if isinstance(g[k], tuple) else sd[f"group.{j}.{k}"] for k in self.defaults}
             try:
-                groups.append(self._checked(new))
+                groups.append(self._checked({**new, "params": g["params"]}))
             except (TypeError, ValueError) as exc:
                 problems.append(f"group {j}: {exc}")
         if problems:
@@ -319,7 +319,9 @@ class SGD(Optimizer):
 class Adam(Optimizer):
     """``Adam(params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)``, L2 in the grad.
 
-    State: "step" (t), "exp_avg" (m) and "exp_avg_sq" (v), the moments in the parameter's dtype.
+    State: "step" (t), "exp_avg" (m) and "exp_avg_sq" (v), the moments in the parameter's dtype, in
+    which the update is computed: eps must stay > 0 there (1e-8 is 0 in float16; a 16-bit model steps
+    float32 masters, :mod:`npformer.training.amp`).
     """
 
     moments = ("exp_avg", "exp_avg_sq")
@@ -327,6 +329,15 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(params, lr, {"betas": betas, "eps": eps, "weight_decay": weight_decay})
+
+    def _checked(self, group):
+        """The base checks, then eps against the dtype of each of the group's parameters, which Adam
+        computes in: eps > 0 may still round to 0 there (1e-50 in float32), and a zero gradient's
+        update be 0 / 0 = NaN."""
+        out = super()._checked(group)
+        for dtype in {p.dtype for p in out.get("params", ())}:
+            positive_in_dtype(out["eps"], "eps", dtype)
+        return out
 
     def _decays(self, p: Parameter) -> bool:
         return True

@@ -206,6 +206,11 @@ def test_batch_norm_bad_input(xp):
         batch_norm_forward(x, training=False)
     with pytest.raises(ValueError, match="eps: expected a finite number > 0"):
         batch_norm_forward(x, eps=0.0)
+    with pytest.raises(ValueError, match="eps: expected a number that stays > 0 in float32, .* got 1e-50, which "
+                                         "float32 rounds to 0"):   # a constant feature's xhat would be NaN
+        batch_norm_forward(x.astype(xp.float32), eps=1e-50)
+    y, _, _ = batch_norm_forward(xp.full((4, 2), 3.0), eps=1e-50)   # float64 keeps it: xhat = 0
+    assert not host(y).any()
     with pytest.raises(ValueError, match=r"momentum: expected a probability in \[0, 1\]"):
         batch_norm_forward(x, momentum=1.5)
     with pytest.raises(TypeError, match="dtype mismatch"):

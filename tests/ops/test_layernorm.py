@@ -1,9 +1,12 @@
 """layer_norm_forward / layer_norm_backward: reference, invariants, gradcheck, the cache (the input and
 row statistics), extreme rows, bad input."""
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from npformer.errors import RangeError
 from npformer.kernels import disabled
 from npformer.ops.layernorm import layer_norm_backward, layer_norm_forward, normalised
 from npformer.tools.gradcheck import gradcheck
@@ -54,6 +57,23 @@ def test_constant_rows_give_the_bias_and_no_nan(xp, dtype):
     np.testing.assert_array_equal(host(y), np.broadcast_to(host(b), (3, 6)))
     dx, dw, db = layer_norm_backward(xp.ones_like(x), cache)
     assert all(np.isfinite(host(g)).all() for g in (dx, dw, db))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_eps_must_stay_positive_where_var_plus_eps_is_added(xp, fast):
+    """eps = 1e-50 is > 0 but float32 rounds it to 0, and a constant row's xhat is then 0 * inf = NaN:
+    refused for float32 x (and float16, normalised in float32), on every path; float64 keeps it, and
+    a constant row gives y = b as for any eps (float16 x takes an eps as small as float32 holds)."""
+    with contextlib.nullcontext() if fast else disabled():
+        for dtype in ("float32", "float16"):
+            with pytest.raises(RangeError, match="eps: expected a number that stays > 0 in float32, the dtype "
+                                                 "it is added in, got 1e-50, which float32 rounds to 0"):
+                layer_norm_forward(xp.full((1, 3), 5.0, dtype=dtype), eps=1e-50)
+        b = xp.asarray([1.0, -2.0, 3.0])
+        y, _ = layer_norm_forward(xp.full((2, 3), 5.0), xp.ones(3), b, eps=1e-50)
+        np.testing.assert_array_equal(host(y), np.broadcast_to(host(b), (2, 3)))
+        y, _ = layer_norm_forward(xp.full((2, 3), 5.0, dtype=xp.float16), eps=1e-40)   # a float32 subnormal
+        assert not host(y).any()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

@@ -410,6 +410,7 @@ BAD_ADAM = [({"step": 0}, RangeError, "step: expected an int >= 1, got 0"),
             ({"lr": -1e-3}, RangeError, "lr: expected a finite number >= 0"),
             ({"eps": -1.0}, RangeError, "eps: expected a finite number > 0, got -1.0"),
             ({"eps": 0.0}, RangeError, "eps: expected a finite number > 0, got 0.0"),
+            ({"eps": 1e-50}, RangeError, "eps: expected a number that stays > 0 in float32, .* float32 rounds to 0"),
             ({"weight_decay": math.inf}, RangeError, "weight_decay: expected a finite number >= 0, got inf"),
             ({"grad_scale": -1.0}, RangeError, "grad_scale: expected a finite number >= 0, got -1.0")]
 
@@ -430,6 +431,33 @@ def test_adam_update_checks_its_numbers_before_writing(xp, fast, bad, exc, match
     np.testing.assert_allclose(host(m), 0.05, rtol=1e-6)                 # (1 - b1) g
     np.testing.assert_allclose(host(v), 0.00025, rtol=1e-6)              # (1 - b2) g^2
     np.testing.assert_allclose(host(p), 1 - 1e-4 - 1e-3, rtol=1e-6)      # decay, then -lr g / |g|
+
+
+def test_adam_eps_must_stay_positive_in_the_parameters_dtype(xp):
+    """eps = 1e-50 is > 0 but float32 rounds it to 0, and a zero gradient's update is then 0 / 0 =
+    NaN: refused for float32 parameters when the optimiser is made, loaded or stepped after an edit,
+    before anything is written; float64 parameters keep it and stay finite."""
+    ps = make_params(xp, dtype="float32")
+    with pytest.raises(RangeError, match="eps: expected a number that stays > 0 in float32, the dtype it is added "
+                                         "in, got 1e-50, which float32 rounds to 0"):
+        Adam(ps, eps=1e-50)
+    with pytest.raises(RangeError, match="which float32 rounds to 0"):
+        AdamW([{"params": ps[:1], "eps": 1e-8}, {"params": ps[1:], "eps": 1e-50}])
+    opt = AdamW(ps, eps=1e-8)
+    for p in ps:
+        p.grad = xp.zeros(p.shape, dtype=xp.float32)
+    before = [host(p.data).copy() for p in ps]
+    opt.param_groups[0]["eps"] = 1e-50
+    with pytest.raises(RangeError, match="which float32 rounds to 0"):
+        opt.step()
+    assert opt.state == {} and all(np.array_equal(host(p.data), b) for p, b in zip(ps, before))
+    sd = {**AdamW(ps, eps=1e-8).state_dict(), "group.0.eps": 1e-50}
+    with pytest.raises(ValueError, match="group 0: eps: .* which float32 rounds to 0"):
+        AdamW(ps, eps=1e-8).load_state_dict(sd)
+    p64 = Parameter(xp.ones((2, 3)))
+    p64.grad = xp.zeros((2, 3))
+    Adam([p64], lr=1e-3, eps=1e-50).step()
+    np.testing.assert_array_equal(host(p64.data), 1.0)
 
 
 def test_bad_grads_raise_before_any_update(xp):

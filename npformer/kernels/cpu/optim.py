@@ -33,7 +33,7 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")
-    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
+    bias2, step_size = adam_corrections(param.dtype, step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
 
     def block(p, g, m, v, *copy):

@@ -56,7 +56,7 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, *, step: int, lr: float, beta1
                 grad_scale: float = 1.0) -> None:
     """One Adam/AdamW step in place, as the reference op (its arguments and checks)."""
     check_update_arrays(param, grad, exp_avg=exp_avg, exp_avg_sq=exp_avg_sq)
-    bias2, step_size = adam_corrections(step, lr, beta1, beta2, eps, weight_decay, grad_scale)
+    bias2, step_size = adam_corrections(param.dtype, step, lr, beta1, beta2, eps, weight_decay, grad_scale)
     t = param.dtype.type
     l2, decay = weight_decay != 0 and not decoupled, weight_decay != 0 and decoupled
     flat = [a.reshape(-1) for a in (param, grad, exp_avg, exp_avg_sq)]       # (N,) views (C-contiguous)
