@@ -130,8 +130,9 @@ def sample_next(logits, rng, *, temperature: float = 1.0, top_k: int | None = No
                 top_p: float | None = None):
     """One token id per row of ``logits`` (B, V): softmax(logits / temperature), restricted to the
     ``top_k`` most likely tokens and/or the smallest set whose probability reaches ``top_p``
-    (nucleus sampling, Holtzman et al. 2020). ``temperature = 0`` is the arg-max. Logits may hold
-    -inf (a token that may not come) but no NaN or +inf, and every row needs a possible token."""
+    (nucleus sampling, Holtzman et al. 2020). ``temperature = 0`` is the arg-max; a tiny temperature
+    draws among the row's largest logits alone, as its limit. Logits may hold -inf (a token that may
+    not come) but no NaN or +inf, and every row needs a possible token."""
     expect_float(logits, "logits")
     expect_ndim(logits, "logits", 2, "(B, V)")
     xp = get_array_module(logits)
@@ -145,7 +146,10 @@ def sample_next(logits, rng, *, temperature: float = 1.0, top_k: int | None = No
         raise RangeError("logits: a row whose every token is -inf has no token to sample")
     if temperature == 0:
         return logits.argmax(axis=-1)                                             # (B,)
-    z = logits.astype(xp.float64) / temperature                                   # (B, V)
+    # the row max subtracted first (softmax does not change): the largest scaled logit is 0, the rest
+    # are -inf or finite, where logits / temperature overflows to inf for a tiny temperature (1e-308)
+    z = logits.astype(xp.float64)                                                 # (B, V)
+    z = (z - z.max(axis=-1, keepdims=True)) / temperature                         # (B, V)
     if top_k is not None:
         k = min(top_k, z.shape[-1])
         kth = xp.sort(z, axis=-1)[:, -k][:, None]                                 # (B, 1)

@@ -268,6 +268,24 @@ def test_sampling_temperature_top_k_top_p(xp):
         sample_next(xp.full((2, 4), -xp.inf), rng)
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-308, 1e-320])
+def test_sampling_at_a_tiny_temperature_is_the_arg_max(xp, temperature):
+    """logits / temperature overflowed to inf for a temperature below about 1e-308 / max|logit|, the
+    softmax gave NaN and the inverse CDF the wrong token; the row max is subtracted first, so only the
+    largest logits keep any probability: the arg-max (tied maxima share it), -inf logits never drawn,
+    with top-k and top-p too."""
+    from npformer.backend import default_rng
+    from npformer.models.decoding import sample_next
+    logits = xp.asarray([[0.0, 5.0, 10.0, 1.0], [-xp.inf, 3.0, -2.0, 3.0], [-1e4, -2e4, -3e4, -xp.inf]] * 50,
+                        dtype=xp.float32)
+    rng = default_rng(0, xp.__name__)
+    for kw in ({}, {"top_k": 2}, {"top_p": 0.9}):
+        with np.errstate(over="ignore"):                     # (logits - max) / temperature: -inf, wanted
+            ids = host(sample_next(logits, rng, temperature=temperature, **kw)).reshape(50, 3)
+        assert (ids[:, 0] == 2).all() and (ids[:, 2] == 0).all()
+        assert set(ids[:, 1]) == {1, 3}                      # the two tied maxima, each about half the time
+
+
 def test_gpt_generate_with_and_without_cache_agree(xp):
     from npformer.backend import default_rng
     from npformer.models.decoding import generate
