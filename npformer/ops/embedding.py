@@ -59,7 +59,7 @@ def embedding_backward(dout, cache: EmbeddingCache):
     c = dout.shape[-1]
     dweight = xp.zeros((v, c), dtype=accumulation_dtype(dout.dtype))   # (V, C)
     # fwd: out = W[ids]  ->  dW[ids] += dout  (repeated ids summed)
-    rows = dout.reshape(-1, c).astype(dweight.dtype, copy=False)       # (N, C), N = ids.size
+    rows = dout.reshape(ids.size, c).astype(dweight.dtype, copy=False)   # (N, C), N = ids.size (C may be 0)
     scatter_add(dweight, ids.reshape(-1), rows)          # (V, C) in place on the fresh dweight
     if padding_idx is not None:
         dweight[padding_idx] = 0                         # fresh array: no input is touched

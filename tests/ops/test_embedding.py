@@ -1,9 +1,12 @@
 """embedding_forward / embedding_backward: loop references, repeated ids, padding_idx, gradcheck,
 dtypes, views, float16 accumulation, torch oracle, bad input."""
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
+from npformer.kernels import disabled
 from npformer.ops.embedding import embedding_backward, embedding_forward
 from npformer.tools.gradcheck import gradcheck
 from tests.helpers import NO_TORCH, assert_gradcheck, batch, host, randn, seeds, seq
@@ -150,6 +153,21 @@ def test_empty_and_scalar_ids(xp):
     assert out.shape == (2,) and xp.array_equal(out, weight[2])
     dw = embedding_backward(xp.asarray(np.array([1.5, -2.0])), cache)
     np.testing.assert_array_equal(host(dw), [[0, 0], [0, 0], [1.5, -2.0]])
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_embedding_dim_0(xp, fast):
+    """A table of C = 0 columns (V, 0): the output is (..., 0) and the gradient the (V, 0) zeros, on
+    every path (reshape(-1, 0) of the gradient was ambiguous and raised), padding row or not; an empty
+    batch of ids too."""
+    weight = xp.ones((4, 0), dtype=xp.float32)
+    with contextlib.nullcontext() if fast else disabled():
+        for ids, pad in ((ids_array(xp, [[1, 2, 2]]), None), (ids_array(xp, [3, 0]), 0),
+                         (xp.zeros((2, 0), dtype=xp.int64), None)):
+            out, cache = embedding_forward(ids, weight, padding_idx=pad)
+            assert out.shape == ids.shape + (0,) and out.dtype == xp.float32
+            dw = embedding_backward(xp.ones_like(out), cache)
+            assert dw.shape == (4, 0) and dw.dtype == xp.float32
 
 
 def test_float16_repeated_ids_accumulate_in_float32(xp):

@@ -36,7 +36,7 @@ def embedding_backward(dout, cache: EmbeddingCache):
         order = numpy.argsort(flat, kind="stable")                             # (N,) each id's rows in order
         sorted_ids = flat[order]
         starts = numpy.flatnonzero(numpy.concatenate([[True], sorted_ids[1:] != sorted_ids[:-1]]))   # (U,)
-        rows = dout.reshape(-1, dim)[order]                                    # (N, C) grouped by id
+        rows = dout.reshape(flat.size, dim)[order]                             # (N, C) grouped by id (C may be 0)
         # fwd: out = W[ids]  ->  dW[v] = sum of the rows of id v
         dweight[sorted_ids[starts]] = numpy.add.reduceat(rows, starts, axis=0, dtype=numpy.float64)
     if padding_idx is not None:
