@@ -146,10 +146,11 @@ def sample_next(logits, rng, *, temperature: float = 1.0, top_k: int | None = No
         raise RangeError("logits: a row whose every token is -inf has no token to sample")
     if temperature == 0:
         return logits.argmax(axis=-1)                                             # (B,)
-    # the row max subtracted first (softmax does not change): the largest scaled logit is 0, the rest
-    # are -inf or finite, where logits / temperature overflows to inf for a tiny temperature (1e-308)
+    # the row max subtracted first (softmax does not change it): the largest scaled logit is 0, where
+    # logits / temperature overflowed to inf for a tiny temperature (1e-308); the gaps floored at 800
+    # temperatures, beyond which exp is 0 all the same (-inf logits too), so no division overflows
     z = logits.astype(xp.float64)                                                 # (B, V)
-    z = (z - z.max(axis=-1, keepdims=True)) / temperature                         # (B, V)
+    z = xp.maximum(z - z.max(axis=-1, keepdims=True), -800.0 * temperature) / temperature   # (B, V) in [-800, 0]
     if top_k is not None:
         k = min(top_k, z.shape[-1])
         kth = xp.sort(z, axis=-1)[:, -k][:, None]                                 # (B, 1)
