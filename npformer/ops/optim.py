@@ -150,7 +150,11 @@ def sgd_update(param: Any, grad: Any, momentum_buffer: Any, *, lr: float, moment
                grad_scale: float = 1.0) -> None:
     """One SGD step, in place. ``momentum_buffer`` is None when ``momentum`` is 0; on the ``first``
     step it is overwritten with d (torch's rule), later it is blended. The gradient is
-    ``grad * grad_scale`` (:func:`scaled_grad`)."""
+    ``grad * grad_scale`` (:func:`scaled_grad`). Its numbers are checked by the optimisers' :data:`RULES`
+    before anything is written."""
+    lr, momentum = hyperparameter(lr, "lr"), hyperparameter(momentum, "momentum")
+    dampening, weight_decay = hyperparameter(dampening, "dampening"), hyperparameter(weight_decay, "weight_decay")
+    real(grad_scale, "grad_scale", 0)
     check_update_arrays(param, grad, momentum_buffer=momentum_buffer)
     if param_copy is not None:
         expect_shape(param_copy, "param_copy", tuple(param.shape), "(the parameter's shape)")

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 from npformer.errors import InputTypeError, RangeError
 from npformer.kernels import disabled
 from npformer.nn.module import Module, Parameter
-from npformer.ops.optim import adam_update
+from npformer.ops.optim import adam_update, sgd_update
 from npformer.training import SGD, Adam, AdamW, clip_grad_norm
 from tests.helpers import batch, host, randn, seeds, seq
 
@@ -431,6 +431,28 @@ def test_adam_update_checks_its_numbers_before_writing(xp, fast, bad, exc, match
     np.testing.assert_allclose(host(m), 0.05, rtol=1e-6)                 # (1 - b1) g
     np.testing.assert_allclose(host(v), 0.00025, rtol=1e-6)              # (1 - b2) g^2
     np.testing.assert_allclose(host(p), 1 - 1e-4 - 1e-3, rtol=1e-6)      # decay, then -lr g / |g|
+
+
+SGD_STEP = dict(lr=0.1, momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0, first=True)
+BAD_SGD = [({"lr": math.nan}, "lr: expected a finite number >= 0, got nan"),
+           ({"lr": -1.0}, "lr: expected a finite number >= 0, got -1.0"),
+           ({"momentum": math.inf}, "momentum: expected a finite number >= 0, got inf"),
+           ({"dampening": 2.0}, r"dampening: expected a finite number in \[0, 1\], got 2.0"),
+           ({"weight_decay": -0.1}, "weight_decay: expected a finite number >= 0, got -0.1"),
+           ({"grad_scale": math.nan}, "grad_scale: expected a finite number >= 0, got nan")]
+
+
+@pytest.mark.parametrize("bad, match", BAD_SGD)
+def test_sgd_update_checks_its_numbers_before_writing(xp, bad, match):
+    """As adam_update: npformer's error before the parameter or the momentum buffer is written (a NaN
+    lr made every parameter NaN); one good step after it is the usual one."""
+    p, g, buf = xp.ones(4, dtype=xp.float32), xp.full(4, 0.5, dtype=xp.float32), xp.zeros(4, dtype=xp.float32)
+    with pytest.raises(RangeError, match=match):
+        sgd_update(p, g, buf, **{**SGD_STEP, **bad})
+    assert not host(buf).any() and (host(p) == 1).all()
+    sgd_update(p, g, buf, **SGD_STEP)
+    np.testing.assert_allclose(host(buf), 0.5)                           # buf = d on the first step
+    np.testing.assert_allclose(host(p), 0.95, rtol=1e-6)                 # p - lr buf
 
 
 def test_adam_eps_must_stay_positive_in_the_parameters_dtype(xp):
