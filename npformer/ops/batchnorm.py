@@ -37,6 +37,7 @@ from npformer.checks import (describe, expect_float, expect_grad, expect_ndim, e
                              positive_in_dtype, probability)
 from npformer.errors import InputTypeError, RangeError, ShapeError
 from npformer.dispatch import dispatched
+from npformer.ops.linear import as_rows
 
 __all__ = ["RunningStats", "BatchNormCache", "batch_norm_forward", "batch_norm_backward"]
 
@@ -94,8 +95,7 @@ def batch_norm_forward(x, weight=None, bias=None, running: RunningStats | None =
     _check(x, weight, bias, running, training, momentum, eps, padding_mask)
     xp = get_array_module(x, weight, bias, padding_mask)
     acc = accumulation_dtype(x.dtype)
-    c = x.shape[-1]
-    rows = x.reshape(-1, c).astype(acc, copy=True)                      # (N, C) fresh
+    rows = as_rows(x).astype(acc, copy=True)                            # (N, C) fresh (C may be 0)
     scale = None
     if training:
         m = None if padding_mask is None else (~padding_mask).reshape(-1, 1).astype(acc)   # (N, 1)
@@ -138,8 +138,7 @@ def batch_norm_backward(dy, cache: BatchNormCache):
     """Returns ``(dx, dweight, dbias)``; None for an absent weight or bias."""
     xhat, rstd, scale, weight, has_bias, shape, dtype = cache
     expect_grad(dy, "dy", shape, dtype)
-    c = shape[-1]
-    dya = dy.reshape(-1, c).astype(xhat.dtype, copy=False)              # (N, C)
+    dya = as_rows(dy).astype(xhat.dtype, copy=False)                    # (N, C) (C may be 0)
     # fwd: y = xhat * w + b  ->  dw = sum dy * xhat,  db = sum dy,  dxhat = dy * w
     dweight = (dya * xhat).sum(axis=0).astype(dtype) if weight is not None else None
     dbias = dya.sum(axis=0).astype(dtype) if has_bias else None

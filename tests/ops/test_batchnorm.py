@@ -217,3 +217,14 @@ def test_batch_norm_bad_input(xp):
         batch_norm_forward(x, xp.ones(4, dtype=xp.float32))
     with pytest.raises(TypeError, match="x: expected a floating-point array"):
         batch_norm_forward(xp.ones((2, 4), dtype=xp.int32))
+
+
+def test_zero_features_give_empty_results(xp):
+    """A layer of 0 features (x (..., 0)) is well defined: empty y and gradients of the right shapes,
+    in training and in eval, where ``reshape(-1, 0)`` raised NumPy's ambiguity error."""
+    x = xp.ones((4, 3, 0))
+    running = RunningStats(xp.zeros(0), xp.ones(0))
+    for training in (True, False):
+        y, _, cache = batch_norm_forward(x, xp.ones(0), xp.zeros(0), running, training=training)
+        dx, dw, db = batch_norm_backward(xp.ones((4, 3, 0)), cache)
+        assert (y.shape, dx.shape, dw.shape, db.shape) == ((4, 3, 0), (4, 3, 0), (0,), (0,))
