@@ -15,7 +15,9 @@ the GPU kernels write no xhat: 4 bytes an element less written, 2 less read). Si
 copied, changing it in place before the backward changes the gradient, as for a linear layer's input.
 A constant row has var = 0, so xhat = 0 and y = b (eps > 0 keeps rstd finite: eps must stay > 0
 rounded to the dtype var + eps is computed in, so 1e-50 is refused for float32). 16-bit inputs are
-normalised in float32 and rounded back.
+normalised in float32 and rounded back. A row whose squared deviations overflow that dtype (float32:
+|x - mu| beyond about 1.8e19) has var = inf, rstd = 0 and so y = b, on every path (PyTorch's float32
+layer norm overflows there too); float64 input keeps such rows normalised.
 """
 from __future__ import annotations
 
