@@ -344,7 +344,8 @@ def _diverged(trainer, exc: FloatingPointError) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """The validation figures of a checkpoint (a run directory: its best.npz), on the whole held-out
-    set of its task, as its run's final evaluation computes them."""
+    set of its task, as its run's final evaluation computes them. The data are made or read again (a
+    charlm run's --text file), and must give the checkpoint's vocabulary (Trainer.load checks it)."""
     import json
 
     from npformer.training.checkpoint import load_checkpoint
@@ -353,6 +354,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     meta = load_checkpoint(args.checkpoint).meta
     config = config_from_dict(meta["train_config"], meta.get("kind"))
+    text = getattr(config, "text", None)             # a character model's --text FILE
+    if text is not None and not Path(text).exists():
+        raise FileNotFoundError(f"{args.checkpoint} was trained on --text {text}, which eval reads again for its "
+                                "held-out part: no such file (a relative path is read from the working directory; "
+                                "run eval where the run was trained)")
     trainer = make_trainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
     trainer.load(args.checkpoint)
     result = trainer.evaluate()
@@ -410,21 +416,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.model:
         return _generate_pretrained(args)
     from npformer.training.checkpoint import load_checkpoint
-    from npformer.training.lm_trainer import LM_KINDS, sample_text
-    from npformer.training.registry import make_trainer
+    from npformer.training.lm_trainer import LM_KINDS, default_prompt, sample_text
+    from npformer.training.trained_models import load_trained
 
     meta = load_checkpoint(args.checkpoint).meta
+    need = f"generate needs a GPT checkpoint ({', '.join(LM_KINDS)}) from 'npformer train --task charlm'"
     if meta.get("kind") not in LM_KINDS:
-        raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; generate needs a GPT "
-                         f"checkpoint ({', '.join(LM_KINDS)}) from 'npformer train --task charlm'")
-    config = config_from_dict(meta["train_config"], meta["kind"])     # the trainer (and preset) that wrote it
-    config = replace(config, backend=args.backend or config.backend)
-    trainer = make_trainer(config, log=lambda _: None)
-    trainer.load(args.checkpoint)
-    prompt = trainer.sample_prompt() if args.prompt is None else args.prompt     # the text's own start, if need be
-    print(sample_text(trainer.model, trainer.vocab, prompt, args.tokens, seed=args.seed,
-                      backend=config.backend, temperature=args.temperature, top_k=args.top_k,
-                      top_p=args.top_p))
+        raise RangeError(f"{args.checkpoint} holds a {meta.get('kind')!r} model; {need}")
+    config = config_from_dict(meta["train_config"], meta["kind"])
+    backend = args.backend or config.backend
+    # the model and its vocabulary from the checkpoint alone: the training text is not read again
+    trained = load_trained(args.checkpoint, backend=backend, kinds=LM_KINDS, need=need)
+    if config.precision != "float32":        # as the run computed: 16-bit weights rounded from its masters
+        trained.model.to(dtype=config.precision)
+    (vocab,) = trained.vocabs
+    prompt = default_prompt(meta, vocab, args.checkpoint) if args.prompt is None else args.prompt
+    print(sample_text(trained.model, vocab, prompt, args.tokens, seed=args.seed, backend=backend,
+                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p))
     return 0
 
 
@@ -618,7 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="the validation figures of a checkpoint or run directory",
                         description="Evaluates a checkpoint of npformer train (a run directory: its best.npz) "
                                     "on its task's whole held-out set and prints the figures of the run's "
-                                    "final validation.")
+                                    "final validation. A --task charlm checkpoint reads its training text "
+                                    "(--text) again, which must give the checkpoint's vocabulary.")
     ev.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     ev.add_argument("--backend", choices=BACKENDS)
     ev.add_argument("--json", action="store_true", help="print the figures as one JSON object")

@@ -183,3 +183,43 @@ def test_npformer_reads_its_own_exports(ck, capsys, tmp_path, name):
     else:
         assert main(["generate", "--model", str(tmp_path), "--prompt", "The ", "--tokens", "20"]) == 0
         assert capsys.readouterr().out.startswith("The ")
+
+
+def test_a_checkpoint_alone_samples_and_eval_or_resume_refuse_a_text_rewritten_since(tmp_path, monkeypatch, capsys):
+    """generate rebuilt the vocabulary from the run's --text file: from another directory a relative
+    path failed, and a text rewritten with other characters of the same count silently mapped the ids
+    to other characters ("LINEEEE..."). It reads the checkpoint's vocabulary (and its default prompt)
+    now; eval and --resume, which need the data, refuse a text whose vocabulary is not the checkpoint's."""
+    monkeypatch.chdir(tmp_path)
+    text = tmp_path / "texts" / "mine.txt"
+    text.parent.mkdir()
+    original = "LINE one, a line of my text.\n" * 30                      # no 'T': the default prompt is "LINE"
+    text.write_text(original)
+    assert main(["train", *COMMON, *LM, "--text", "texts/mine.txt", "--out-dir", "run"]) == 0
+    greedy = ["--prompt", "LINE", "--temperature", "0", "--tokens", "20"]
+    capsys.readouterr()
+    assert main(["generate", "--checkpoint", "run", *greedy]) == 0
+    sample = capsys.readouterr().out
+    assert sample.startswith("LINE") and len(sample) == 25
+    text.write_text(original.swapcase())              # as many characters, other ones: ids would mean others
+    (tmp_path / "elsewhere").mkdir()
+    for where in (tmp_path, tmp_path / "elsewhere"):
+        monkeypatch.chdir(where)
+        assert main(["generate", "--checkpoint", str(tmp_path / "run"), *greedy]) == 0
+        assert capsys.readouterr().out == sample
+        assert main(["generate", "--checkpoint", str(tmp_path / "run"), "--tokens", "0"]) == 0
+        assert capsys.readouterr().out == "LINE\n"                    # the text's start, from the checkpoint
+    msg = _err(capsys, ["eval", "--checkpoint", str(tmp_path / "run")])
+    assert ("was trained on --text texts/mine.txt, which eval reads again for its held-out part: no such file "
+            "(a relative path is read from the working directory") in msg
+    monkeypatch.chdir(tmp_path)
+    changed = ("was trained with another vocabulary than its text, --text texts/mine.txt, gives now (the characters "
+               "'afmotxy' gone, 'AFMOTXY' new): the model's ids would stand for other characters")
+    assert changed in _err(capsys, ["eval", "--checkpoint", "run"])
+    assert changed in _err(capsys, ["train", "--resume", "--checkpoint", "run", "--steps", "5"])
+    text.unlink()
+    assert main(["generate", "--checkpoint", "run", *greedy]) == 0
+    assert capsys.readouterr().out == sample
+    text.write_text(original)
+    assert main(["eval", "--checkpoint", "run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step"] == 3

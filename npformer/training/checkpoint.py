@@ -30,7 +30,7 @@ import time
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -270,13 +270,17 @@ def _finite(key: str, arr: np.ndarray, fail) -> None:
 
 
 def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = None, kind: str | None = None,
-                    require_meta: Mapping[str, type] | None = None, allow_nonfinite: bool = False) -> Checkpoint:
+                    require_meta: Mapping[str, type] | None = None, allow_nonfinite: bool = False,
+                    check_meta: Callable[[dict], None] | None = None) -> Checkpoint:
     """Read a checkpoint written by :func:`save_checkpoint` (host arrays; no pickle, ever).
 
     ``expected``: the model's state dict (or ``{name: shape}``); the ``model/`` members must have
     exactly its names, shapes and (for arrays) dtypes, checked before any data is read.
     ``kind``: the model kind ``meta["kind"]`` must name (checked before ``expected``, so a checkpoint of
     another model kind is reported as such rather than as a list of missing tensors).
+    ``check_meta``: called with the meta after ``kind``, before ``expected`` and before any tensor is
+    read; it raises to refuse the checkpoint for what its meta says (a trainer's vocabulary that is
+    not the checkpoint's, which would also show as tensors of other sizes).
     ``require_meta``: the meta keys and their types that must be present (default
     :data:`META_KEYS`, what every checkpoint of ``npformer train`` has; ``{}`` for none).
     ``allow_nonfinite``: load NaN or infinite values instead of refusing them (for debugging).
@@ -312,6 +316,8 @@ def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = No
             meta = _meta(_read(zf, members["meta"], *headers["meta"], fail), require_meta, fail)
             if kind is not None and meta.get("kind") != kind:
                 raise fail(f"holds a {meta.get('kind')!r} checkpoint, not a {kind} one")
+            if check_meta is not None:
+                check_meta(meta)
             if expected is not None:
                 _check_expected(members, expected, fail)
             headers.update({key: _header(zf, info, fail) for key, info in members.items() if key != "meta"})

@@ -246,6 +246,10 @@ class TrainConfig:
             return f"{self.backend} {self.dtype}"
         return f"{self.backend} {self.precision} (mixed precision, {self.dtype} masters)"
 
+    def data_source(self) -> str:
+        """Where the run's examples and vocabularies come from, for a message: "--task dates"."""
+        return f"--task {self.task}"
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TrainConfig":
         """The config of ``cls`` from a dict such as ``asdict(config)``; keys that are not fields of
@@ -299,6 +303,9 @@ class CharLMTrainConfig(BlockSize, TrainConfig):
     """A character model of a text: the GPTs (next character), BERT (masked characters)."""
 
     text: str | None = option(None, "train on this UTF-8 text (default: the shipped corpus)", _path, metavar="FILE")
+
+    def data_source(self) -> str:
+        return f"its text, --text {self.text}," if self.text else "the shipped corpus"
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -21,14 +21,14 @@ import math
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.corpus import SAMPLE_PROMPT, CharLMData, load_corpus
 from npformer.data.vocab import SPECIALS, CharVocab
-from npformer.errors import RangeError
+from npformer.errors import CheckpointError, RangeError
 from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
 from npformer.training.config import CharLMTrainConfig
 from npformer.training.loop import StepLoss, Trainer
 
-__all__ = ["LMTrainer", "GPT1Trainer", "GPT2Trainer", "LM_KINDS", "sample_text"]
+__all__ = ["LMTrainer", "GPT1Trainer", "GPT2Trainer", "LM_KINDS", "default_prompt", "sample_text"]
 
 LM_KINDS = ("gpt", "gpt1", "gpt2")    # checkpoint kinds that npformer generate samples from
 
@@ -112,8 +112,11 @@ class LMTrainer(Trainer):
             return SAMPLE_PROMPT
         return self.vocab.decode(self.data.train_ids[:len(SAMPLE_PROMPT)])
 
+    def vocabularies(self):
+        return {"vocab": self.vocab}
+
     def meta(self) -> dict:
-        return {**super().meta(), "vocab": self.vocab.to_dict()}
+        return {**super().meta(), "sample_prompt": self.sample_prompt()}    # npformer generate's default prompt
 
     def describe(self) -> str:
         c = self.cfg
@@ -143,6 +146,23 @@ class GPT2Trainer(LMTrainer):
     kind = "gpt2"
     label = "GPT-2 (pre-norm)"
     preset = {"norm_first": True, "activation": "gelu_tanh", "scaled_residual_init": True}
+
+
+def default_prompt(meta: dict, vocab: CharVocab, path) -> str:
+    """What ``npformer generate --checkpoint path`` continues without ``--prompt``: the prompt the run's
+    samples continued (:meth:`LMTrainer.sample_prompt`, kept in the checkpoint's meta), so the text is
+    never read again. A checkpoint from before it was kept: "The ", where its vocabulary has those
+    characters; else an error asking for --prompt."""
+    saved = meta.get("sample_prompt")
+    if saved is not None:
+        if not isinstance(saved, str):
+            raise CheckpointError(f"checkpoint {str(path)!r}: meta['sample_prompt'] is {saved!r}; expected a str")
+        return saved
+    if all(ch in vocab for ch in SAMPLE_PROMPT):
+        return SAMPLE_PROMPT
+    raise RangeError(f"--prompt: the vocabulary of {path} lacks the characters of the default prompt "
+                     f"{SAMPLE_PROMPT!r}, and the checkpoint does not say how its text starts (it was written before "
+                     "checkpoints kept that); give --prompt")
 
 
 def sample_text(model: GPT, vocab: CharVocab, prompt: str, n: int, *, seed: int = 0, backend: str = "numpy",

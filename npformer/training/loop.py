@@ -41,6 +41,7 @@ from typing import Any, Callable, NamedTuple
 from tqdm import tqdm
 
 from npformer.backend import get_backend, set_float32_matmul_precision
+from npformer.data.vocab import CharVocab
 from npformer.distributed import Communicator, DataParallel, shard_rows, take_shard
 from npformer.errors import CheckpointError, DistributedError, InputTypeError, RangeError
 from npformer.nn.flat import flatten_parameters
@@ -171,10 +172,16 @@ class Trainer:
     def report(self, result: dict, quick: bool) -> str:
         raise NotImplementedError
 
+    def vocabularies(self) -> dict[str, CharVocab]:
+        """The vocabularies the trainer's data gave, by their checkpoint meta key (``vocab``, or
+        ``src_vocab`` and ``tgt_vocab``): what turns the model's ids back into text."""
+        return {}
+
     def meta(self) -> dict:
         meta = {"kind": self.kind, "step": self.step, "train_config": asdict(self.cfg),
                 "model_config": self.model.config.to_dict(), "ranks": self.ranks,
-                "best_valid_loss": self.best_loss if math.isfinite(self.best_loss) else None}
+                "best_valid_loss": self.best_loss if math.isfinite(self.best_loss) else None,
+                **{key: vocab.to_dict() for key, vocab in self.vocabularies().items()}}
         if self.amp and self.amp.scaler is not None:       # float16's; bfloat16 has none
             meta["loss_scaler"] = self.amp.scaler.state_dict()
         return meta
@@ -320,9 +327,29 @@ class Trainer:
                 f"; the weights of step {self.step} were written to {kept}" if written else "")) from failed[0]
         return written
 
+    def check_vocabularies(self, meta: dict, path) -> None:
+        """The checkpoint's vocabularies are the ones this trainer's data give now: with others (a
+        --text file rewritten since the run) the model's ids would stand for other characters."""
+        for key, vocab in self.vocabularies().items():
+            saved = meta.get(key)
+            if saved is None or saved == vocab.to_dict():
+                continue
+            symbols = saved.get("symbols") if isinstance(saved, dict) else None
+            if not isinstance(symbols, list) or not all(isinstance(c, str) for c in symbols):
+                raise CheckpointError(f"checkpoint {str(path)!r}: meta[{key!r}] is not a vocabulary of npformer "
+                                      f"train: {str(saved)[:60]}")
+            gone = "".join(sorted(set(symbols) - set(vocab.symbols)))
+            new = "".join(sorted(set(vocab.symbols) - set(symbols)))
+            changes = ([f"the characters {gone!r} gone"] if gone else []) + ([f"{new!r} new"] if new else [])
+            how = ", ".join(changes) or "the same characters in another order"
+            raise CheckpointError(f"checkpoint {str(path)!r} was trained with another vocabulary than "
+                                  f"{self.cfg.data_source()} gives now ({how}): the model's ids would stand for other "
+                                  "characters; give it the data it was trained on")
+
     def load(self, path: str | Path) -> None:
-        # the kind, then names, shapes and dtypes are checked before any tensor is read
-        ck = load_checkpoint(path, kind=self.kind, expected=self.model_state())
+        # the kind, the vocabularies, then names, shapes and dtypes are checked before any tensor is read
+        ck = load_checkpoint(path, kind=self.kind, expected=self.model_state(),
+                             check_meta=lambda meta: self.check_vocabularies(meta, path))
         self.check_ranks(ck.meta, path)
         self.load_model_state(ck.model, ck.meta)
         self.opt.load_state_dict(ck.optim)

@@ -175,8 +175,11 @@ class MLMTrainer(Trainer):
         shown = "".join("_" if i == self.mask_id else self.vocab.decode([int(i)]) for i in inputs[0])
         return shown, self.vocab.decode(filled)
 
+    def vocabularies(self):
+        return {"vocab": self.vocab}
+
     def meta(self) -> dict:
-        return {**super().meta(), "vocab": self.vocab.to_dict(), "mask_id": self.mask_id}
+        return {**super().meta(), "mask_id": self.mask_id}
 
     def describe(self) -> str:
         c = self.cfg

@@ -100,9 +100,8 @@ class Seq2SeqTrainer(Trainer):
                               length_penalty=length_penalty)
         return [self.task.tgt_vocab.decode(r) for r in ids]
 
-    def meta(self) -> dict:
-        return {**super().meta(), "src_vocab": self.task.src_vocab.to_dict(),
-                "tgt_vocab": self.task.tgt_vocab.to_dict()}
+    def vocabularies(self):
+        return {"src_vocab": self.task.src_vocab, "tgt_vocab": self.task.tgt_vocab}
 
     def describe(self) -> str:
         c = self.cfg

@@ -4,9 +4,10 @@ checkpoint (its config and vocabularies are in the checkpoint's meta), and maske
     trained = load_trained("bert.npz")            # kind, model (eval mode), vocabularies, meta
     fill_mask_text(trained, "The riv[MASK]r")     # the candidates for each [MASK]
 
-``npformer export``, ``npformer fill-mask`` and ``npformer study attention`` read checkpoints this
-way. Text given to a trained model is checked against its vocabulary (:meth:`CharVocab.check_text`):
-a character the model never saw is an error naming it, never a silent ``<unk>``.
+``npformer generate``, ``npformer export``, ``npformer fill-mask`` and ``npformer study attention``
+read checkpoints this way, never the training text. Text given to a trained model is checked against
+its vocabulary (:meth:`CharVocab.check_text`): a character the model never saw is an error naming
+it, never a silent ``<unk>``.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np   # host side only: ids built from text, candidates handed ba
 from npformer.backend import get_backend, to_device
 from npformer.checks import positive_int
 from npformer.data.vocab import SPECIALS, CharVocab
-from npformer.errors import RangeError
+from npformer.errors import CheckpointError, RangeError
 from npformer.models.albert import ALBERT, ALBERTConfig
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.gpt import GPT, GPTConfig
@@ -31,6 +32,7 @@ __all__ = ["MODELS", "MASK_TOKEN", "Trained", "load_trained", "encode_masked", "
 MODELS = {"seq2seq": (Seq2Seq, Seq2SeqConfig), "gpt": (GPT, GPTConfig), "gpt1": (GPT, GPTConfig),
           "gpt2": (GPT, GPTConfig), "bert": (BERT, BERTConfig), "albert": (ALBERT, ALBERTConfig),
           "transformer-xl": (TransformerXL, TransformerXLConfig)}
+VOCABULARIES = {"seq2seq": ("src_vocab", "tgt_vocab"), "transformer-xl": ()}    # the meta keys; others: "vocab"
 MASK_TOKEN = "[MASK]"      # how a masked position is written in the text given to fill-mask
 
 
@@ -77,8 +79,20 @@ def load_trained(path, *, backend: str | None = None, kinds: tuple[str, ...] | N
     dtype = meta.get("train_config", {}).get("dtype", "float32")
     model = model_cls(_config(config_cls, meta["model_config"]), dtype=dtype, backend=backend or "numpy", rng=0)
     model.load_state_dict(ck.model)
-    vocabs = tuple(CharVocab.from_dict(meta[k]) for k in ("vocab", "src_vocab", "tgt_vocab") if k in meta)
+    vocabs = tuple(_vocab(meta, key, path) for key in VOCABULARIES.get(kind, ("vocab",)))
     return Trained(kind, model.eval(), vocabs, meta)
+
+
+def _vocab(meta: dict, key: str, path) -> CharVocab:
+    """The vocabulary ``meta[key]`` of the checkpoint ``path``; a missing or damaged one is a
+    CheckpointError naming the file."""
+    if key not in meta:
+        raise CheckpointError(f"checkpoint {str(path)!r}: meta lacks {key!r}, the vocabulary of its model, which "
+                              "every checkpoint of npformer train holds")
+    try:
+        return CharVocab.from_dict(meta[key])
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r}: meta[{key!r}] is not a vocabulary ({exc})") from None
 
 
 def encode_masked(vocab: CharVocab, text: str, mask_id: int) -> list[int]:

@@ -181,3 +181,37 @@ def test_the_lm_step_takes_its_head_and_loss_in_chunks(monkeypatch, precision):
     got = [chunked.train_step().loss for _ in range(5)]
     assert rows == [4] * 32 * 5
     np.testing.assert_allclose(got, expected, rtol={"float32": 1e-5, "float16": 2e-3}[precision])
+
+
+def _forged(src, dst, **changes):
+    """A copy of the checkpoint ``src`` at ``dst`` whose meta has ``changes`` (None: the key removed)."""
+    ck = ckpt.load_checkpoint(src)
+    meta = {**ck.meta, **changes}
+    ckpt.save_checkpoint(dst, ck.model, {k: v for k, v in meta.items() if v is not None}, ck.optim)
+    return dst
+
+
+def test_a_checkpoint_of_another_vocabulary_than_the_data_give_is_refused_before_its_tensors(tmp_path):
+    """Ids mean characters only under the vocabulary they were trained with: a trainer whose data
+    give another (a rewritten --text, a task changed since) refuses the checkpoint, saying so, before
+    its tensors are compared (a vocabulary of another size would show as tensors of other sizes)."""
+    from npformer.training.trained_models import load_trained
+    cfg = Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1})
+    trainer = _quiet(cfg)
+    trainer.save(tmp_path / "run.npz")
+    symbols = list(trainer.task.tgt_vocab.symbols)
+    for name, tgt, how in [("swapped", symbols[1::-1] + symbols[2:], "the same characters in another order"),
+                           ("fewer", symbols[1:], f"{symbols[0]!r} new")]:
+        tgt_vocab = {**trainer.task.tgt_vocab.to_dict(), "symbols": tgt}
+        path = _forged(tmp_path / "run.npz", tmp_path / f"{name}.npz", tgt_vocab=tgt_vocab)
+        with pytest.raises(CheckpointError) as exc:
+            _quiet(cfg).load(path)
+        assert str(exc.value) == (f"checkpoint '{path}' was trained with another vocabulary than --task copy gives "
+                                  f"now ({how}): the model's ids would stand for other characters; give it the data "
+                                  "it was trained on")
+    path = _forged(tmp_path / "run.npz", tmp_path / "novocab.npz", tgt_vocab=None)
+    with pytest.raises(CheckpointError, match=f"checkpoint '{path}': meta lacks 'tgt_vocab', the vocabulary of"):
+        load_trained(path)
+    path = _forged(tmp_path / "run.npz", tmp_path / "badvocab.npz", tgt_vocab={"symbols": "abc"})
+    with pytest.raises(CheckpointError, match=f"checkpoint '{path}': meta\\['tgt_vocab'\\] is not a vocabulary"):
+        load_trained(path)
