@@ -360,7 +360,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                 "held-out part: no such file (a relative path is read from the working directory; "
                                 "run eval where the run was trained)")
     trainer = make_trainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
-    trainer.load(args.checkpoint)
+    trainer.load(args.checkpoint, resume=False)      # the weights alone: a checkpoint of any rank count
     result = trainer.evaluate()
     if args.json:
         print(json.dumps({"checkpoint": args.checkpoint, "model": config.model, "task": config.task,
@@ -392,7 +392,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     config = config_from_dict(meta["train_config"], meta["kind"])
     positive_int(args.beam, "--beam")
     trainer = Seq2SeqTrainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
-    trainer.load(args.checkpoint)
+    trainer.load(args.checkpoint, resume=False)      # the weights alone: a checkpoint of any rank count
     for src, out in zip(args.text, trainer.translate(args.text, beam=args.beam)):
         print(f"{src}\t{out}")
     return 0

@@ -223,3 +223,31 @@ def test_a_checkpoint_alone_samples_and_eval_or_resume_refuse_a_text_rewritten_s
     text.write_text(original)
     assert main(["eval", "--checkpoint", "run", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["step"] == 3
+
+
+def test_a_checkpoint_of_a_data_parallel_run_is_used_in_one_process(ck, tmp_path, monkeypatch, capsys):
+    """eval, translate and generate refused a checkpoint of --processes 2 ("written by a run on 2
+    rank(s); resume it on 2"): the rank count binds a resumed run alone (each rank's dropout stream is
+    its own). The same checkpoint with meta ranks 2, as a 2-rank run writes it, gives the same output;
+    --resume still refuses it in one process."""
+    from npformer.training.checkpoint import load_checkpoint, save_checkpoint
+    monkeypatch.chdir(tmp_path)
+    xl = ["--model", "transformer-xl", "--task", "recall", "--block-size", "8", "--n-train", "8", "--n-valid", "4",
+          "--batch-size", "4", "--ff", "8"]
+    assert main(["train", *COMMON, *xl, "--checkpoint", str(tmp_path / "xl.npz"), "--out-dir", "xl"]) == 0
+    paths = {"xl": tmp_path / "xl.npz", **{name: ck / f"{name}.npz" for name in ("dates", "gpt2", "bert")}}
+    commands = [("dates", ["translate", "3 March 1997", "--beam", "2"]), ("gpt2", ["generate", "--tokens", "10"]),
+                ("gpt2", ["eval", "--json"]), ("xl", ["eval", "--json"]), ("bert", ["fill-mask", "a[MASK]c"])]
+    for name, (command, *argv) in commands:
+        ck_ = load_checkpoint(paths[name])
+        assert ck_.meta["ranks"] == 1
+        two = save_checkpoint(tmp_path / f"{name}-2.npz", ck_.model, {**ck_.meta, "ranks": 2}, ck_.optim)
+        outputs = []
+        for path in (paths[name], two):
+            capsys.readouterr()
+            assert main([command, "--checkpoint", str(path), *argv]) == 0, capsys.readouterr().err
+            out = capsys.readouterr().out
+            outputs.append({**json.loads(out), "checkpoint": None} if "--json" in argv else out)
+        assert outputs[0] == outputs[1], (name, command)
+    msg = _err(capsys, ["train", "--resume", "--checkpoint", str(tmp_path / "gpt2-2.npz"), "--steps", "5"])
+    assert "gpt2-2.npz was written by a run on 2 rank(s); resume it on 2 (--processes 2 or mpirun -n 2), not 1" in msg

@@ -346,11 +346,16 @@ class Trainer:
                                   f"{self.cfg.data_source()} gives now ({how}): the model's ids would stand for other "
                                   "characters; give it the data it was trained on")
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, resume: bool = True) -> None:
+        """The weights, optimiser state, step and best validation loss of the checkpoint ``path``.
+        ``resume``: the run goes on from it (``npformer train --resume``), on the number of ranks that
+        wrote it (:meth:`check_ranks`); False (eval, translate): the weights alone are used, from a run
+        on any number of ranks."""
         # the kind, the vocabularies, then names, shapes and dtypes are checked before any tensor is read
         ck = load_checkpoint(path, kind=self.kind, expected=self.model_state(),
                              check_meta=lambda meta: self.check_vocabularies(meta, path))
-        self.check_ranks(ck.meta, path)
+        if resume:
+            self.check_ranks(ck.meta, path)
         self.load_model_state(ck.model, ck.meta)
         self.opt.load_state_dict(ck.optim)
         self.step = int(ck.meta["step"])

@@ -138,11 +138,13 @@ class XLTrainer(Trainer):
             save_checkpoint(path, state, self.meta(), self.opt.state_dict())
         return Path(path)
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, resume: bool = True) -> None:
+        """As :meth:`Trainer.load`, the memory too (this rank's rows of it)."""
         ck = load_checkpoint(path)
         if ck.meta.get("kind") != self.kind:
             raise ValueError(f"{path} holds a {ck.meta.get('kind')!r} checkpoint, not a {self.kind} one")
-        self.check_ranks(ck.meta, path)
+        if resume:
+            self.check_ranks(ck.meta, path)
         mems = {k: v for k, v in ck.model.items() if k.startswith("mems.")}
         self.load_model_state({k: v for k, v in ck.model.items() if k not in mems}, ck.meta)
         self.opt.load_state_dict(ck.optim)
