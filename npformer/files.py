@@ -7,6 +7,7 @@
         f.write(data)
     with staged_directory("export", "export") as stage:   # every file written there, then moved in at once
         ...
+    append_whole(path, line)                    # a line added to a log whole, or the log left as it was
 
 Reading: each problem is one error naming what the file is for and its path, so the command line
 turns it into its one-line usage error: a missing file is a ``FileNotFoundError``; a directory, a
@@ -19,7 +20,8 @@ directory, an interrupt) leaves the earlier file as it was and no temporary behi
 :class:`~npformer.errors.WriteError` (or the caller's error type, as checkpoints' CheckpointError),
 names the path and the reason and says whether an earlier file was kept. A directory of several
 files (an export) is written whole into a hidden folder inside it, then its files are renamed into
-place, so a failure leaves the directory as it was. A file's permissions follow the umask.
+place, so a failure leaves the directory as it was. A record appended to a log (a run's metrics)
+is written whole or cut off again. A file's permissions follow the umask.
 
 Host-only code: the standard library alone.
 """
@@ -37,7 +39,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 from npformer.errors import RangeError, WriteError
 
 __all__ = ["read_text", "read_json", "check_output_dir", "written_atomically", "write_text_atomically",
-           "staged_directory", "remove_files", "os_reason", "temporary_path", "try_creating"]
+           "append_whole", "staged_directory", "remove_files", "os_reason", "temporary_path", "try_creating"]
 
 
 def os_reason(exc: OSError) -> str:
@@ -185,6 +187,28 @@ def write_text_atomically(path: str | os.PathLike, text: str, what: str = "file"
     with written_atomically(path, what) as f:
         f.write(text.encode("utf-8"))
     return Path(path)
+
+
+def append_whole(path: str | os.PathLike, data: bytes) -> None:
+    """``data`` appended to the file ``path`` (created if need be) whole or not at all: a write that
+    fails part way (a full disk, an interrupt) is undone, the file cut back to its length before, so
+    a log of one record a line never ends in half a line (which its reader would refuse). The error
+    propagates as it came, an ``OSError`` for the caller to word."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            written = 0
+            while written < len(data):                   # os.write may write part of it and return
+                written += os.write(fd, data[written:])
+        except BaseException:
+            try:
+                os.ftruncate(fd, before)
+            except OSError:
+                pass                                     # the first error is the one to report
+            raise
+    finally:
+        os.close(fd)
 
 
 def remove_files(paths: Iterable[Path], what: str) -> None:

@@ -35,7 +35,8 @@ appends to them.
 
 Every file is written through :mod:`npformer.files`: config.json and the kept metrics replace their
 files whole, and a record that cannot be appended (a full disk) is a
-:class:`~npformer.errors.WriteError` naming the file, never a traceback.
+:class:`~npformer.errors.WriteError` naming the file, never a traceback; what was written of it is
+cut off again (:func:`npformer.files.append_whole`), so the file never ends in half a line.
 
 This module reads and writes files only; it imports no model and no trainer (the command line uses
 it to find a run's checkpoint), and matplotlib only inside :func:`plot_metrics`.
@@ -43,6 +44,7 @@ it to find a run's checkpoint), and matplotlib only inside :func:`plot_metrics`.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import time
@@ -51,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from npformer.errors import MissingExtraError, RangeError, WriteError
-from npformer.files import os_reason, read_json, read_text, write_text_atomically, written_atomically
+from npformer.files import append_whole, os_reason, read_json, read_text, write_text_atomically, written_atomically
 
 __all__ = ["RunDirectory", "CSVSink", "TensorBoardSink", "SINKS", "default_out_dir", "checkpoint_file", "read_metrics",
            "plot_metrics", "scalars", "check_not_a_run_file"]
@@ -92,12 +94,12 @@ class CSVSink:
     def record(self, record: dict) -> None:
         file = self.files[record["split"]]
         row = {k: v for k, v in record.items() if k != "split"}
-        new = not file.exists()
-        with open(file, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row), extrasaction="ignore")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, fieldnames=list(row), extrasaction="ignore")
+        if not file.exists() or file.stat().st_size == 0:     # (0: a first row that could not be written)
+            writer.writeheader()
+        writer.writerow(row)
+        append_whole(file, text.getvalue().encode("utf-8"))
 
 
 class TensorBoardSink:
@@ -198,8 +200,7 @@ class RunDirectory:
             self._writing(sink.record, record)
 
     def _append(self, record: dict) -> None:
-        with open(self.metrics, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_whole(self.metrics, (json.dumps(record) + "\n").encode("utf-8"))
 
     def _writing(self, write, *args) -> None:
         """``write(*args)``, an ``OSError`` (a full disk) turned into a WriteError naming the run's file."""

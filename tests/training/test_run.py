@@ -269,6 +269,40 @@ def test_start_keeps_the_lines_up_to_the_step(tmp_path):
     assert read_metrics(run.path) == []
 
 
+@pytest.mark.parametrize("file", ["metrics.jsonl", "train.csv"])
+def test_a_record_that_fails_part_way_is_cut_off_again(tmp_path, monkeypatch, file):
+    """A full disk during an append left half a line in metrics.jsonl: once space was freed, --resume
+    and plot refused the run for good. The file is cut back to what it held, the error names the run,
+    and the next record appends as if nothing had happened (train.csv of --log-to csv alike)."""
+    import errno
+    import os
+    from npformer.errors import WriteError
+    run = RunDirectory(tmp_path / "run", log_to="csv")
+    run.start(Seq2SeqTrainConfig(**SMALL), 0)
+    for step in (2, 4):
+        run.record({"split": "train", "step": step, "loss": 1.5})
+    path = run.path / file
+    before = path.read_bytes()
+    real = os.write
+
+    def full_after_3_bytes(fd, data):             # the disk fills up in the middle of the record
+        if not os.readlink(f"/proc/self/fd/{fd}").endswith(file):
+            return real(fd, data)
+        if path.stat().st_size == len(before):
+            return real(fd, data[:3])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "write", full_after_3_bytes)
+    with pytest.raises(WriteError, match=f"could not write the run's metrics in {run.path}: the disk is full"):
+        run.record({"split": "train", "step": 6, "loss": 1.25})
+    assert path.read_bytes() == before
+    monkeypatch.undo()                                    # space freed
+    run.record({"split": "train", "step": 8, "loss": 1.0})
+    with open(run.path / "train.csv", newline="") as f:
+        in_csv = [int(row["step"]) for row in csv.DictReader(f)]
+    in_metrics = [r["step"] for r in read_metrics(run.path)]        # (metrics.jsonl is written before the sinks)
+    assert (in_metrics, in_csv) == ([2, 4, 6, 8] if file == "train.csv" else [2, 4, 8], [2, 4, 8])
+
+
 def test_checkpoint_file_finds_a_run_directorys_checkpoints(tmp_path):
     run = RunDirectory(tmp_path / "run")
     run.path.mkdir()
