@@ -110,10 +110,11 @@ CASES = [
     # -- train: the character models' and Transformer-XL's own flags ----------------------------------
     *(lm("--block-size", v, names="--block-size" if v != "100000000" else "block_size") for v in ("0", "-1", "100000000")),
     lm("--batch-size", "100000000", names="--batch-size"),
-    lm("--text", "{dir}/missing.txt", names="missing.txt"),
-    lm("--text", "{empty}", names="empty.txt"),
+    lm("--text", "{dir}/missing.txt", names="--text {dir}/missing.txt: no such file"),
+    lm("--text", "{empty}", names="--text {empty} is empty"),
     lm("--text", "{short}", names="block_size"),
-    lm("--text", "{dir}", names="is not a file"),
+    lm("--text", "{dir}", names="--text {dir}: is a directory; expected a file"),
+    lm("--text", "/proc/self/mem", names="--text /proc/self/mem: cannot be read: Input/output error (EIO)"),
     lm("--model", "albert", "--embedding-size", "-1", names="--embedding-size"),
     lm("--model", "albert", "--share", "some", names="--share"),
     xl("--mem-len", "-1", names="--mem-len"),
@@ -142,7 +143,7 @@ CASES = [
     train("--config", "{bad_value}", names="bad_value.json: lr: expected a real number"),
     train("--config", "{bad_toml}", names="not valid TOML"),
     train("--config", "{binary}", names="--config {binary}: not UTF-8 text (byte 0xbf at offset 0)"),
-    lm("--text", "{binary}", names="is not UTF-8 text"),
+    lm("--text", "{binary}", names="--text {binary}: not UTF-8 text (byte 0xbf at offset 0)"),
     # -- where a run writes: another run's files are never replaced (--resume continues, --overwrite
     #    replaces); an empty path is an error before any step ---------------------------------------
     train("--out-dir", "{run}", names="--out-dir {run} holds a run (config.json, metrics.jsonl, last.npz, best.npz), "
@@ -372,6 +373,24 @@ def test_precision_bfloat16_without_ml_dtypes_is_one_line_naming_the_extra(tmp_p
     assert err.startswith("npformer train: error: --precision bfloat16: bfloat16 needs the ml_dtypes package"), err
     assert 'pip install "npformer[bfloat16]"; or use --precision float16' in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_text_that_cannot_be_read_is_one_line_naming_the_flag_before_the_run(tmp_path, monkeypatch):
+    """--text of a file that exists but cannot be read (no permission; /proc/self/mem's EIO is in the
+    table) ended in a traceback: it is read as --config is, through npformer.files.read_text."""
+    path = tmp_path / "locked.txt"
+    path.write_text("a text to train on. " * 40)
+    real = Path.read_bytes
+
+    def no_permission(self):
+        if self == path:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real(self)
+    monkeypatch.setattr(Path, "read_bytes", no_permission)
+    got, out, err = _run(["train", *LM, "--text", str(path), "--out-dir", str(tmp_path / "run")])
+    assert got == USAGE and out == ""
+    assert err == f"npformer train: error: --text {path}: cannot be read: Permission denied (EACCES)\n"
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_table_covers_every_subcommand():

@@ -18,7 +18,7 @@ import numpy as np
 from npformer.data.vocab import CharVocab
 from npformer.errors import InputTypeError, RangeError
 
-__all__ = ["CharLMData", "load_corpus", "SAMPLE_PROMPT"]
+__all__ = ["CharLMData", "load_corpus", "check_corpus", "SAMPLE_PROMPT"]
 SPLITS = ("train", "valid")
 SAMPLE_PROMPT = "The "      # what a character model's samples continue (npformer train, npformer generate)
 
@@ -122,7 +122,8 @@ class CharLMData:
 def load_corpus(path: str | Path | None = None) -> str:
     """The text shipped with npformer (``path=None``) or the UTF-8 text of the file at ``path``.
 
-    ValueError naming the path when it does not exist, is not a file, is not UTF-8 or is empty.
+    ValueError naming the path when it does not exist, is not a file, is not UTF-8 or is empty; the
+    OSError of a file that cannot be read.
     """
     if path is None:
         return resources.files("npformer.data").joinpath("corpus.txt").read_text(encoding="utf-8")
@@ -137,6 +138,13 @@ def load_corpus(path: str | Path | None = None) -> str:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"corpus file {str(p)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return check_corpus(text, f"corpus file {str(p)!r}")
+
+
+def check_corpus(text: str, where: str) -> str:
+    """``text`` if it holds something to train on, else a ValueError saying that ``where`` (the file)
+    is empty. ``npformer train --text FILE`` reads the file through :func:`npformer.files.read_text`
+    (its errors name --text), then checks it here."""
     if not text.strip():
-        raise ValueError(f"corpus file {str(p)!r} is empty (or only whitespace)")
+        raise ValueError(f"{where} is empty (or only whitespace)")
     return text

@@ -47,6 +47,7 @@ from typing import Any, Callable, Mapping
 
 from npformer.backend import BACKENDS
 from npformer.checks import describe, non_negative_int, one_of, positive_int, real
+from npformer.data.corpus import check_corpus, load_corpus
 from npformer.data.long_range import RecallTask
 from npformer.data.tasks import TASKS as SEQ2SEQ_TASKS
 from npformer.data.tasks import default_sizes
@@ -306,6 +307,14 @@ class CharLMTrainConfig(BlockSize, TrainConfig):
 
     def data_source(self) -> str:
         return f"its text, --text {self.text}," if self.text else "the shipped corpus"
+
+    def corpus(self) -> str:
+        """The text to train on: the shipped corpus, or the file --text names, read as --config is (a
+        missing, unreadable or non-UTF-8 file is one error naming --text) and not empty."""
+        if self.text is None:
+            return load_corpus()
+        where = f"--text {self.text}"
+        return check_corpus(read_text(self.text, where), where)
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from npformer.backend import default_rng, to_device, to_numpy
-from npformer.data.corpus import SAMPLE_PROMPT, CharLMData, load_corpus
+from npformer.data.corpus import SAMPLE_PROMPT, CharLMData
 from npformer.data.vocab import SPECIALS, CharVocab
 from npformer.errors import CheckpointError, RangeError
 from npformer.models.decoding import eval_mode, generate
@@ -49,7 +49,7 @@ class LMTrainer(Trainer):
         if "norm_first" in p and c.norm_first is not None and c.norm_first != p["norm_first"]:
             raise ValueError(f"--model {self.kind} is {'pre' if p['norm_first'] else 'post'}-norm by "
                              "definition; use --model gpt to choose the norm placement")
-        self.data = CharLMData(load_corpus(c.text), block_size=c.block_size, seed=c.seed)
+        self.data = CharLMData(c.corpus(), block_size=c.block_size, seed=c.seed)
         blocks = self.data.num_windows("train")        # a larger batch only repeats blocks (10**8 fills the memory)
         if c.batch_size > blocks:
             raise RangeError(f"--batch-size {c.batch_size} exceeds the {blocks:,} distinct blocks of --block-size "

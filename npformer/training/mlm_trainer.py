@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from npformer.backend import default_rng, to_device, to_numpy
-from npformer.data.corpus import CharLMData, load_corpus
+from npformer.data.corpus import CharLMData
 from npformer.data.vocab import PAD_ID, SPECIALS
 from npformer.errors import RangeError
 from npformer.models.albert import ALBERT, ALBERTConfig
@@ -92,7 +92,7 @@ class MLMTrainer(Trainer):
                              f"[--text FILE] (got --task {c.task})")
         if c.norm_first:
             raise ValueError(f"{self.kind} layers are post-norm (as the paper's); --norm-first does not apply")
-        self.data = CharLMData(load_corpus(c.text), block_size=c.block_size, seed=c.seed)
+        self.data = CharLMData(c.corpus(), block_size=c.block_size, seed=c.seed)
         blocks = self.data.num_windows("train")        # a larger batch only repeats blocks (10**8 fills the memory)
         if c.batch_size > blocks:
             raise RangeError(f"--batch-size {c.batch_size} exceeds the {blocks:,} distinct blocks of --block-size "
