@@ -5,6 +5,7 @@ import json
 import signal
 import sys
 from dataclasses import MISSING
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from npformer.training.run import RunDirectory, read_metrics
 from npformer.version import __version__
 from tests.helpers import NO_MATPLOTLIB
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--task", "copy", "--n-train", "200", "--n-valid", "30", "--steps", "6", "--warmup", "1", "--d-model", "16",
         "--heads", "2", "--layers", "1", "--ff", "32", "--batch-size", "8", "--eval-every", "0", "--log-every", "3"]
 
@@ -65,6 +67,30 @@ def test_resume_continues_the_default_run_and_checkpoint_still_writes_there_too(
     assert steps == [3, 6, 9]
     assert main(["train", "--resume", "--checkpoint", "runs/copy-seq2seq", "--steps", "12"]) == 0
     assert "resumed from runs/copy-seq2seq/last.npz at step 9" in capsys.readouterr().out
+
+
+def test_resume_with_a_larger_steps_recomputes_the_schedule_as_the_training_page_says(workdir, capsys):
+    """docs/pages/training.md said --steps 700, then --steps 1500 --resume gave "the same losses as one
+    run of 1500"; the cosine spans --steps, so the resumed steps take a run of 1500's learning rates, a
+    jump up from --min-lr where the first run ended, after a first part on the shorter schedule."""
+    from npformer.training.config import make_config
+    from npformer.training.schedules import cosine_with_warmup
+    each = ["--log-every", "1", "--warmup", "2"]
+    assert main(["train", *TINY, *each, "--steps", "8", "--out-dir", "a"]) == 0
+    assert main(["train", "--resume", "--out-dir", "a", "--task", "copy", "--steps", "16"]) == 0
+    assert main(["train", *TINY, *each, "--steps", "16", "--out-dir", "b"]) == 0
+    resumed, straight = ([r for r in read_metrics(d) if r["split"] == "train"] for d in ("a", "b"))
+    assert [r["step"] for r in resumed] == [r["step"] for r in straight] == list(range(1, 17))
+    min_lr = make_config({}).min_lr
+    assert resumed[7]["lr"] == min_lr < resumed[8]["lr"] == straight[8]["lr"]          # steps 8 and 9
+    assert [r["lr"] for r in resumed[8:]] == [r["lr"] for r in straight[8:]]
+    assert resumed[8]["loss"] != straight[8]["loss"]
+    c = make_config({"task": "charlm", "steps": 1500})
+    assert (c.warmup, round(cosine_with_warmup(701, c.lr, c.warmup, 1500, c.min_lr) / c.lr, 1)) == (100, 0.6)
+    page = " ".join((ROOT / "docs" / "pages" / "training.md").read_text().split())
+    assert "(about 0.6 of `--lr` with the default warm-up, 100 steps)" in page
+    assert "the same losses as one run of 1500" not in page
+
 
 
 def _ctrl_c_in_step(monkeypatch, step):
