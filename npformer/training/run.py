@@ -56,7 +56,7 @@ from npformer.errors import MissingExtraError, RangeError, WriteError
 from npformer.files import append_whole, os_reason, read_json, read_text, write_text_atomically, written_atomically
 
 __all__ = ["RunDirectory", "CSVSink", "TensorBoardSink", "SINKS", "default_out_dir", "checkpoint_file", "read_metrics",
-           "plot_metrics", "scalars", "check_not_a_run_file"]
+           "PLOTTED", "plot_metrics", "scalars", "check_not_a_run_file"]
 
 RUNS = "runs"                 # the folder, under the working directory, that holds the runs by default
 SPLITS = ("train", "valid")   # the records' "split"
@@ -259,8 +259,14 @@ def scalars(result: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a metrics file, or of the metrics.jsonl of the run directory ``path``."""
+# the fields of each split's records that npformer plot draws: each must be a number (NaN included)
+PLOTTED = {"train": ("loss", "lr", "grad_norm"), "valid": ("loss",)}
+
+
+def read_metrics(path: str | Path, numbers: dict[str, tuple[str, ...]] | None = None) -> list[dict]:
+    """The records of a metrics file, or of the metrics.jsonl of the run directory ``path``; each
+    must have an integer ``step``, and each record of a split in ``numbers`` (``{"train": ("loss",
+    ...)}``, :data:`PLOTTED`) those fields as numbers. A RangeError names the file, the line and the field."""
     p = Path(path)
     if p.is_dir():
         p = RunDirectory(p).metrics
@@ -277,8 +283,15 @@ def read_metrics(path: str | Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RangeError(f"{p}: {what}; line {number} is not a JSON record ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
             raise RangeError(f"{p}: {what}; line {number} has no integer 'step': {line[:60]!r}")
+        for field in (numbers or {}).get(record.get("split"), ()):
+            value = record.get(field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                got = f"has no {field!r}" if field not in record else f"has {field!r} {json.dumps(value)[:40]}"
+                raise RangeError(f"{p}: line {number}, a {record['split']} record, {got}; expected a number there, as "
+                                 "npformer train writes it")
         records.append(record)
     return records
 
@@ -287,7 +300,7 @@ def plot_metrics(path: str | Path, out: str | Path | None = None) -> Path:
     """Draw a run's training and validation loss, learning rate and gradient norm against the step,
     three panels in one PNG (default: ``metrics.png`` in the run directory); returns its path.
     Needs matplotlib (``pip install "npformer[plot]"``); without it, an ImportError saying so."""
-    records = read_metrics(path)
+    records = read_metrics(path, numbers=PLOTTED)
     train = [r for r in records if r.get("split") == "train"]
     if not train:
         raise RangeError(f"{path}: the metrics hold no training line yet; nothing to plot")

@@ -18,7 +18,7 @@ from npformer.errors import RangeError
 from npformer.training.checkpoint import load_checkpoint
 from npformer.training.config import Seq2SeqTrainConfig
 from npformer.training.loop import TrainingInterrupted
-from npformer.training.run import RunDirectory, checkpoint_file, plot_metrics, read_metrics
+from npformer.training.run import PLOTTED, RunDirectory, checkpoint_file, plot_metrics, read_metrics
 from npformer.training.schedules import cosine_with_warmup
 from npformer.training.seq2seq_trainer import Seq2SeqTrainer
 from tests.helpers import NO_MATPLOTLIB
@@ -330,6 +330,30 @@ def test_bad_metrics_files_are_named_with_the_line(tmp_path):
     with pytest.raises(RangeError, match=r"config.json: not a metrics file .*give the run directory or its "
                                          r"metrics.jsonl\); line 1 is not a JSON record"):
         read_metrics(config)
+
+
+@pytest.mark.parametrize("line, number, said", [
+    ('{"step": 1, "split": "train"}', 2, "line 2, a train record, has no 'loss'"),
+    ('{"step": 1, "split": "train", "loss": 1, "lr": 0.1, "grad_norm": null}', 2,
+     "line 2, a train record, has 'grad_norm' null"),
+    ('{"step": 1, "split": "train", "loss": "1.5", "lr": 0.1, "grad_norm": 1}', 2,
+     "line 2, a train record, has 'loss' \"1.5\""),
+    ('{"step": 1, "split": "valid", "loss": [1]}', 3, "line 3, a valid record, has 'loss' [1]"),
+    ('{"step": 1, "split": "train", "loss": 1, "lr": true, "grad_norm": 1}', 2,
+     "line 2, a train record, has 'lr' true")])
+def test_plot_names_the_line_and_field_of_a_record_it_cannot_draw(tmp_path, line, number, said):
+    """plot read only 'step' of each record: a training line without its loss, or with a null
+    grad_norm, ended in a KeyError or TypeError (a string loss was even drawn, as a category). Each
+    field plot draws is a number, or an error naming the file, the line and the field."""
+    path = tmp_path / "metrics.jsonl"
+    good = '{"step": 1, "split": "train", "loss": 1.5, "lr": 0.1, "grad_norm": NaN, "skipped": 1}'
+    path.write_text("\n".join([good, line] if number == 2 else [good, "", line]) + "\n")
+    assert [r["step"] for r in read_metrics(path)] == [1, 1]                       # what resume reads: a step
+    with pytest.raises(RangeError) as exc:
+        plot_metrics(path)
+    assert str(exc.value) == f"{path}: {said}; expected a number there, as npformer train writes it"
+    path.write_text(good + "\n")                                                  # NaN is a number (a skipped step)
+    assert read_metrics(path, numbers=PLOTTED)[0]["loss"] == 1.5
 
 
 def test_plot_draws_a_png_of_the_curves(tmp_path):
