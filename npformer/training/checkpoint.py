@@ -38,8 +38,8 @@ from npformer.backend import to_numpy
 from npformer.errors import CheckpointError, InputTypeError
 from npformer.files import os_reason, try_creating, written_atomically
 
-__all__ = ["save_checkpoint", "load_checkpoint", "check_checkpoint_path", "remove_stale_temporaries",
-           "Checkpoint", "META_KEYS"]
+__all__ = ["save_checkpoint", "load_checkpoint", "check_checkpoint_path", "check_model_state",
+           "remove_stale_temporaries", "Checkpoint", "META_KEYS"]
 
 # the meta keys every checkpoint of npformer's trainers has, and their types
 META_KEYS: dict[str, type] = {"kind": str, "step": int, "train_config": dict, "model_config": dict}
@@ -319,15 +319,12 @@ def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = No
             if check_meta is not None:
                 check_meta(meta)
             if expected is not None:
-                _check_expected(members, expected, fail)
+                _check_names({k[len("model/"):] for k in members if k.startswith("model/")}, expected, fail)
             headers.update({key: _header(zf, info, fail) for key, info in members.items() if key != "meta"})
             if expected is not None:
                 for name, value in expected.items():
-                    shape, dtype = _spec(value)
                     got_shape, _, got_dtype = headers[f"model/{name}"]
-                    if got_shape != shape or (dtype is not None and got_dtype != dtype):
-                        raise fail(f"tensor 'model/{name}' is {got_dtype} {got_shape}; the model has "
-                                   f"{'any dtype' if dtype is None else dtype} {shape}")
+                    _check_tensor(name, got_shape, got_dtype, value, fail)
             model, optim = {}, {}
             for key, info in members.items():
                 if key == "meta":
@@ -371,8 +368,28 @@ def _check_members(zf: zipfile.ZipFile, size: int, fail) -> dict[str, zipfile.Zi
     return members
 
 
-def _check_expected(members: Mapping[str, zipfile.ZipInfo], expected: Mapping[str, Any], fail) -> None:
-    have = {k[len("model/"):] for k in members if k.startswith("model/")}
+def check_model_state(path: str | Path, model_state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """The tensors of a checkpoint read without ``expected`` (``load_checkpoint(path).model``) against a
+    model built since (from its meta): the names, shapes and dtypes of ``expected``, checked and worded
+    as ``load_checkpoint(path, expected=...)`` checks them, a :class:`CheckpointError` naming the file."""
+    def fail(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {str(path)!r}: {what}")
+
+    _check_names(set(model_state), expected, fail)
+    for name, value in expected.items():
+        arr = model_state[name]
+        _check_tensor(name, tuple(int(n) for n in arr.shape), np.dtype(arr.dtype), value, fail)
+
+
+def _check_tensor(name: str, shape: tuple[int, ...], dtype: np.dtype, value, fail) -> None:
+    """The checkpoint's tensor ``model/name``, of ``shape`` and ``dtype``, against the model's ``value``."""
+    want_shape, want_dtype = _spec(value)
+    if shape != want_shape or (want_dtype is not None and dtype != want_dtype):
+        raise fail(f"tensor 'model/{name}' is {dtype} {shape}; the model has "
+                   f"{'any dtype' if want_dtype is None else want_dtype} {want_shape}")
+
+
+def _check_names(have: set[str], expected: Mapping[str, Any], fail) -> None:
     missing, unexpected = sorted(set(expected) - have), sorted(have - set(expected))
     if missing or unexpected:
         raise fail("does not fit the model: " + "; ".join(

@@ -24,7 +24,7 @@ from npformer.models.bert import BERT, BERTConfig
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
 from npformer.models.transformer_xl import TransformerXL, TransformerXLConfig
-from npformer.training.checkpoint import load_checkpoint
+from npformer.training.checkpoint import check_model_state, load_checkpoint
 
 __all__ = ["MODELS", "MASK_TOKEN", "Trained", "load_trained", "encode_masked", "fill_mask_text", "tokenizer_files"]
 
@@ -78,6 +78,7 @@ def load_trained(path, *, backend: str | None = None, kinds: tuple[str, ...] | N
     model_cls, config_cls = MODELS[kind]
     dtype = meta.get("train_config", {}).get("dtype", "float32")
     model = model_cls(_config(config_cls, meta["model_config"]), dtype=dtype, backend=backend or "numpy", rng=0)
+    check_model_state(path, ck.model, model.state_dict())      # names, shapes, dtypes: as a trainer's load
     model.load_state_dict(ck.model)
     vocabs = tuple(_vocab(meta, key, path) for key in VOCABULARIES.get(kind, ("vocab",)))
     return Trained(kind, model.eval(), vocabs, meta)

@@ -215,3 +215,29 @@ def test_a_checkpoint_of_another_vocabulary_than_the_data_give_is_refused_before
     path = _forged(tmp_path / "run.npz", tmp_path / "badvocab.npz", tgt_vocab={"symbols": "abc"})
     with pytest.raises(CheckpointError, match=f"checkpoint '{path}': meta\\['tgt_vocab'\\] is not a vocabulary"):
         load_trained(path)
+
+
+def test_load_trained_checks_the_tensors_against_the_model_as_a_trainer_does(tmp_path):
+    """generate reads checkpoints through load_trained (no trainer, no data), as fill-mask and export
+    do: a tensor of another dtype (int32 weights were cast and sampled from), a missing or an extra one
+    is refused in the words of Trainer.load, naming the checkpoint."""
+    from npformer.training.trained_models import load_trained
+    trainer = _quiet(Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1}))
+    trainer.save(tmp_path / "run.npz")
+    ck = ckpt.load_checkpoint(tmp_path / "run.npz")
+    name = next(iter(ck.model))
+    shape = ck.model[name].shape
+    for tag, model, said in [
+            ("int", {**ck.model, name: ck.model[name].astype(np.int32)},
+             f"tensor 'model/{name}' is int32 {shape}; the model has float32 {shape}"),
+            ("extra", {**ck.model, "zzz": np.zeros(3, np.float32)},
+             "does not fit the model: unexpected tensors ['zzz']"),
+            ("missing", {k: v for k, v in ck.model.items() if k != name},
+             f"does not fit the model: missing tensors ['{name}']")]:
+        path = ckpt.save_checkpoint(tmp_path / f"{tag}.npz", model, ck.meta, ck.optim)
+        with pytest.raises(CheckpointError) as exc:
+            load_trained(path)
+        assert str(exc.value) == f"checkpoint '{path}': {said}"
+        with pytest.raises(CheckpointError) as exc:
+            _quiet(Seq2SeqTrainConfig(**{**SMALL, "steps": 2, "warmup": 1})).load(path)
+        assert str(exc.value) == f"checkpoint '{path}': {said}"
