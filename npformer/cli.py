@@ -393,6 +393,10 @@ def cmd_translate(args: argparse.Namespace) -> int:
     positive_int(args.beam, "--beam")
     trainer = Seq2SeqTrainer(replace(config, backend=args.backend or config.backend), log=lambda _: None)
     trainer.load(args.checkpoint, resume=False)      # the weights alone: a checkpoint of any rank count
+    vocab = len(trainer.task.tgt_vocab)
+    if args.beam > vocab:                            # beam_search keeps at most V hypotheses
+        error_line(f"npformer translate: note: --beam {args.beam} is more than the {vocab} tokens of the target "
+                   f"vocabulary; using {vocab}")
     for src, out in zip(args.text, trainer.translate(args.text, beam=args.beam)):
         print(f"{src}\t{out}")
     return 0
@@ -643,8 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint")
     tr.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
-    tr.add_argument("--beam", type=int, default=1, metavar="N", help="beam search with N hypotheses and the "
-                    "GNMT length penalty 0.6; 1: greedy (default 1)")
+    tr.add_argument("--beam", type=int, default=1, metavar="N", help="beam search with N hypotheses (at most the "
+                    "target vocabulary's size) and the GNMT length penalty 0.6; 1: greedy (default 1)")
     tr.add_argument("--backend", choices=BACKENDS)
     tr.add_argument("text", nargs="+")
     tr.set_defaults(func=cmd_translate)

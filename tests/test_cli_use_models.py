@@ -53,6 +53,13 @@ def test_translate_with_beam_search(ck, capsys):
     assert [line.split("\t")[0] for line in lines] == ["3 March 1997", "4 July"]
     assert "--beam: expected an int >= 1, got 0" in _err(capsys, ["translate", "--checkpoint", str(ck / "dates.npz"),
                                                                   "--beam", "0", "x"])
+    vocab = len(load_trained(ck / "dates.npz").vocabs[1])               # (--beam 99999999999 never returned)
+    assert main(["translate", "--checkpoint", str(ck / "dates.npz"), "--beam", str(vocab), "3 March 1997"]) == 0
+    widest = capsys.readouterr().out
+    assert main(["translate", "--checkpoint", str(ck / "dates.npz"), "--beam", "99999999999", "3 March 1997"]) == 0
+    said = capsys.readouterr()
+    assert said.out == widest and said.err == (f"npformer translate: note: --beam 99999999999 is more than the {vocab} "
+                                               f"tokens of the target vocabulary; using {vocab}\n")
 
 
 def test_characters_outside_the_vocabulary_are_named(ck, capsys):

@@ -78,7 +78,9 @@ def _length_penalty(n: int, alpha: float) -> float:
 
 def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size: int = 4,
                 length_penalty: float = 0.6) -> list[list[int]]:
-    """The best hypothesis per source row by length-normalised log-probability."""
+    """The best hypothesis per source row by length-normalised log-probability. A ``beam_size`` above
+    the target vocabulary's size V keeps V hypotheses, as top-k sampling keeps at most V tokens (the
+    candidates of k beams are k V, so a beam without that bound grew V-fold at every step)."""
     beam_size = positive_int(beam_size, "beam_size")
     length_penalty = real(length_penalty, "length_penalty")
     max_len = positive_int(max_len, "max_len")
@@ -96,9 +98,10 @@ def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size
                 pad = xp.broadcast_to(src_pad, (k,) + src_pad.shape[1:])          # (k, S)
                 logp, _ = log_softmax_forward(model.decode(beams, mem, pad)[:, -1])   # (k, V)
                 total = (scores[:, None] + logp).ravel()                          # (k * V,)
-                n_best = min(beam_size * 2, total.size)
-                top = xp.argsort(-total)[:n_best]                                 # (n,)
                 vocab = logp.shape[1]
+                width = min(beam_size, vocab)
+                n_best = min(width * 2, total.size)
+                top = xp.argsort(-total)[:n_best]                                 # (n,)
                 keep_beams, keep_scores = [], []
                 for flat in top.tolist():
                     b, tok = divmod(flat, vocab)
@@ -109,10 +112,10 @@ def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size
                     else:
                         keep_beams.append(beams[b].tolist() + [tok])
                         keep_scores.append(s)
-                    if len(keep_beams) == beam_size:
+                    if len(keep_beams) == width:
                         break
                 best_open = max(keep_scores, default=-float("inf"))
-                if len(finished) >= beam_size and finished and \
+                if len(finished) >= width and finished and \
                         max(f[0] for f in finished) >= best_open / _length_penalty(max_len, length_penalty):
                     break   # no open beam can still beat the best finished one
                 if not keep_beams:

@@ -87,8 +87,9 @@ class Seq2SeqTrainer(Trainer):
                 "predictions": preds, "targets": [t for _, t in pairs], "sources": [s for s, _ in pairs]}
 
     def translate(self, sources: list[str], beam: int = 1, length_penalty: float = 0.6) -> list[str]:
-        """Each source decoded greedily (``beam=1``) or by beam search with ``beam`` hypotheses and the
-        GNMT length penalty. A character outside the source vocabulary is an error naming it."""
+        """Each source decoded greedily (``beam=1``) or by beam search with ``beam`` hypotheses (at most
+        the target vocabulary's size) and the GNMT length penalty. A character outside the source
+        vocabulary is an error naming it."""
         for s in sources:
             self.task.src_vocab.check_text(s, "source")
         src, _ = self.task.encode_sources(sources)

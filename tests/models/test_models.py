@@ -229,6 +229,24 @@ def test_beam_search_with_one_beam_equals_greedy(xp):
     assert len(wide) == 3 and all(isinstance(r, list) for r in wide)
 
 
+def test_a_beam_wider_than_the_vocabulary_keeps_as_many_hypotheses_as_tokens(xp):
+    """npformer translate --beam 99999999999 never returned: every step kept every candidate, V times
+    the last step's. The beam is capped at V, as top-k sampling is: the same as beam_size=V."""
+    model = Seq2Seq(Seq2SeqConfig(src_vocab_size=9, tgt_vocab_size=9, d_model=8, nhead=2,
+                                  dim_feedforward=16, max_len=16), backend=xp.__name__, rng=0)
+    src = _ids(xp, (2, 5), 9, 1)
+    widths = []
+    decode = model.decode
+
+    def counted(tgt, *args, **kwargs):
+        widths.append(tgt.shape[0])
+        return decode(tgt, *args, **kwargs)
+    model.decode = counted
+    huge = beam_search(model, src, bos_id=1, eos_id=2, max_len=4, beam_size=99999999999)
+    assert max(widths) <= 9
+    assert huge == beam_search(model, src, bos_id=1, eos_id=2, max_len=4, beam_size=9)
+
+
 def test_model_input_errors(xp):
     model = GPT(GPTConfig(vocab_size=5, block_size=4, n_layer=1, n_head=1, d_model=4), backend=xp.__name__)
     with pytest.raises(ValueError, match="exceeds block_size=4"):
