@@ -749,9 +749,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_command(argv: list[str]) -> int:
-    if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help)
+    if argv[:1] == ["bench"]:      # the suite parses its own options (npformer bench --help), with our Parser
         from npformer.bench import main as bench
-        args = argparse.Namespace(command="bench", func=lambda _: bench(argv[1:]))
+        args = argparse.Namespace(command="bench", func=lambda _: bench(argv[1:], parser_class=Parser))
     elif argv[:1] == ["study"] and argv[1:2] and argv[1] in EXPERIMENTS:
         args = experiment_parser(argv[1]).parse_args(argv[2:])
     else:

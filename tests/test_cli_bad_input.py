@@ -7,8 +7,8 @@ the work; the few rows that get as far as building a trainer use tiny sizes).
 A summary of the rows by outcome is written at the end of the module's run.
 
 Not here: a --checkpoint that is a directory or cannot be written (tests/training/test_checkpoint.py),
-and npformer bench's own options beyond its exit status (the suite, npformer.bench, parses them with
-argparse's usual usage block). After the table: the runs, checkpoints and exports a refused command
+and npformer bench's own options beyond their one line and exit status (the suite, npformer.bench,
+checks them). After the table: the runs, checkpoints and exports a refused command
 names are left byte for byte as they were, and outputs that fail midway leave nothing half-written.
 """
 import collections
@@ -400,14 +400,21 @@ def test_the_table_covers_every_subcommand():
     assert studied >= set(cli.EXPERIMENTS)
 
 
-def test_bench_options_end_in_a_usage_error_not_a_traceback(capsys):
-    """npformer bench hands its options to the suite (npformer.bench), whose parser prints argparse's
-    usage block before its error line; the status is 2 and nothing escapes."""
-    for argv in (["bench", "--threads", "0"], ["bench", "--paths", "turbo"], ["bench", "--nope"]):
+def test_bench_options_end_in_a_one_line_usage_error(capsys):
+    """npformer bench hands its options to the suite (npformer.bench), which parses them on the command
+    line's Parser: one line, as every other usage error (it printed argparse's usage block first), the
+    closest option named; the status is 2 and nothing escapes."""
+    for argv, said in [(["bench", "--threads", "0"], "--threads: expected a positive count, got 0"),
+                       (["bench", "--paths", "turbo"], "--paths: expected a comma list of fast, numpy, reference"),
+                       (["bench", "--nope"], "unrecognized arguments: --nope"),
+                       (["bench", "--skip-parrity"],
+                        "unrecognized arguments: --skip-parrity; did you mean --skip-parity?"),
+                       (["bench", "--threads", "x"], "argument --threads: invalid int value: 'x'")]:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
-        assert capsys.readouterr().err.splitlines()[-1].startswith("npformer bench: error: ")
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"npformer bench: error: {said}") and line.endswith("(see npformer bench --help)")
 
 
 # -- what must still work ----------------------------------------------------------------------------

@@ -310,8 +310,10 @@ def _names(text: str) -> list[str]:
     return [n.strip().lower() for n in text.split(",") if n.strip()]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="npformer bench", description=__doc__.split("\n")[0])
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``npformer bench``, on a parser of ``parser_class`` (the command line's, whose
+    usage errors are one line)."""
+    ap = parser_class(prog="npformer bench", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats (about a minute on CPU)")
     ap.add_argument("--backends", default="numpy,cupy,torch",
                     help="comma list of numpy, cupy, torch (PyTorch's columns: a reference registered by the "
@@ -332,8 +334,9 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+def main(argv: list[str] | None = None,
+         parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
+    ap = build_parser(parser_class)
     args = ap.parse_args(argv)
     if args.threads < 1:
         ap.error(f"--threads: expected a positive count, got {args.threads}")
