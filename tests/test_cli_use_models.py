@@ -258,3 +258,18 @@ def test_a_checkpoint_of_a_data_parallel_run_is_used_in_one_process(ck, tmp_path
         assert outputs[0] == outputs[1], (name, command)
     msg = _err(capsys, ["train", "--resume", "--checkpoint", str(tmp_path / "gpt2-2.npz"), "--steps", "5"])
     assert "gpt2-2.npz was written by a run on 2 rank(s); resume it on 2 (--processes 2 or mpirun -n 2), not 1" in msg
+
+
+@pytest.mark.parametrize("name, key, value, argv", [
+    ("gpt2", "best_valid_loss", "x", ["eval"]), ("gpt2", "ranks", "x", ["train", "--resume", "--steps", "5"]),
+    ("bert", "mask_id", "x", ["fill-mask", "a[MASK]"]), ("gpt2", "sample_prompt", 3, ["generate"])])
+def test_a_forged_meta_value_is_one_line_naming_the_checkpoint(ck, tmp_path, monkeypatch, capsys, name, key, value,
+                                                               argv):
+    """best_valid_loss "x" ended eval in a bare "could not convert string to float: 'x'"."""
+    from npformer.training.checkpoint import load_checkpoint, save_checkpoint
+    monkeypatch.chdir(tmp_path)
+    good = load_checkpoint(ck / f"{name}.npz")
+    path = save_checkpoint(tmp_path / "forged.npz", good.model, {**good.meta, key: value}, good.optim)
+    msg = _err(capsys, [argv[0], "--checkpoint", str(path), *argv[1:]])
+    assert msg.startswith(f"npformer {argv[0]}: error: checkpoint '{path}': meta[{key!r}] is {json.dumps(value)}; "
+                          "expected ") and len(msg.splitlines()) == 1

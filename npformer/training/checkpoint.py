@@ -13,7 +13,8 @@ saying the previous checkpoint is intact. :func:`check_checkpoint_path` tries th
 training starts, so a path that cannot be written fails at step 0, not after the run.
 
 Reading (:func:`load_checkpoint`) opens the zip with the standard library and checks, before
-allocating any array: that it is a zip at all; its members and the meta keys; each member's
+allocating any array: that it is a zip at all; its members, the meta keys and the values of those a
+trainer reads back (:data:`META_KEYS`, :data:`OPTIONAL_META_KEYS`); each member's
 ``.npy`` header (dtype: numbers and bools only, never pickle; shape) against the size the zip
 declares for it and, when the caller passes them, against the model's names, shapes and dtypes;
 and that the declared sizes fit in the file (members are stored uncompressed, so nothing can
@@ -39,10 +40,15 @@ from npformer.errors import CheckpointError, InputTypeError
 from npformer.files import os_reason, try_creating, written_atomically
 
 __all__ = ["save_checkpoint", "load_checkpoint", "check_checkpoint_path", "check_model_state",
-           "remove_stale_temporaries", "Checkpoint", "META_KEYS"]
+           "remove_stale_temporaries", "Checkpoint", "META_KEYS", "OPTIONAL_META_KEYS"]
 
 # the meta keys every checkpoint of npformer's trainers has, and their types
 META_KEYS: dict[str, type] = {"kind": str, "step": int, "train_config": dict, "model_config": dict}
+# the meta keys some trainers write beside them: what each must be where it is present
+OPTIONAL_META_KEYS = {"ranks": "an int >= 1", "best_valid_loss": "a finite number or null",
+                      "mask_id": "an int >= 0", "sample_prompt": "a string",
+                      "loss_scaler": 'an object {"scale": a number > 0, "growth_tracker": an int >= 0, '
+                                     '"skipped": an int >= 0}'}
 NUMBER_KINDS = "biuf"            # bool, int, uint, float: the dtypes a checkpoint may hold
 LEGACY_TMP_AGE = 3600.0          # seconds: a mkstemp temporary of an older npformer this old is stale
 
@@ -256,7 +262,29 @@ def _meta(raw: np.ndarray, require_meta: Mapping[str, type], fail) -> dict:
         v = meta[k]
         if not isinstance(v, t) or isinstance(v, bool) or (t is int and v < 0):
             raise fail(f"meta[{k!r}] is {v!r}; expected {'a non-negative int' if t is int else 'a ' + t.__name__}")
+    for k, expected in OPTIONAL_META_KEYS.items():
+        if k in meta and not _optional_fits(k, meta[k]):
+            raise fail(f"meta[{k!r}] is {json.dumps(meta[k])[:60]}; expected {expected}")
     return meta
+
+
+def _optional_fits(key: str, v: Any) -> bool:
+    """Whether ``v`` is what :data:`OPTIONAL_META_KEYS` says the meta key ``key`` holds."""
+    def is_int(x, low):
+        return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+    def is_number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    if key == "ranks":
+        return is_int(v, 1)
+    if key == "best_valid_loss":
+        return v is None or is_number(v)
+    if key == "mask_id":
+        return is_int(v, 0)
+    if key == "sample_prompt":
+        return isinstance(v, str)
+    return (isinstance(v, dict) and is_number(v.get("scale")) and v["scale"] > 0           # loss_scaler
+            and is_int(v.get("growth_tracker"), 0) and is_int(v.get("skipped"), 0))
 
 
 def _finite(key: str, arr: np.ndarray, fail) -> None:
@@ -282,7 +310,8 @@ def load_checkpoint(path: str | Path, *, expected: Mapping[str, Any] | None = No
     read; it raises to refuse the checkpoint for what its meta says (a trainer's vocabulary that is
     not the checkpoint's, which would also show as tensors of other sizes).
     ``require_meta``: the meta keys and their types that must be present (default
-    :data:`META_KEYS`, what every checkpoint of ``npformer train`` has; ``{}`` for none).
+    :data:`META_KEYS`, what every checkpoint of ``npformer train`` has; ``{}`` for none). The keys of
+    :data:`OPTIONAL_META_KEYS` are checked where present, whatever ``require_meta`` says.
     ``allow_nonfinite``: load NaN or infinite values instead of refusing them (for debugging).
     Raises ``FileNotFoundError`` for a missing file and :class:`CheckpointError` for anything else.
     """

@@ -21,7 +21,7 @@ import math
 from npformer.backend import default_rng, to_device, to_numpy
 from npformer.data.corpus import SAMPLE_PROMPT, CharLMData
 from npformer.data.vocab import SPECIALS, CharVocab
-from npformer.errors import CheckpointError, RangeError
+from npformer.errors import RangeError
 from npformer.models.decoding import eval_mode, generate
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_forward
@@ -153,11 +153,8 @@ def default_prompt(meta: dict, vocab: CharVocab, path) -> str:
     samples continued (:meth:`LMTrainer.sample_prompt`, kept in the checkpoint's meta), so the text is
     never read again. A checkpoint from before it was kept: "The ", where its vocabulary has those
     characters; else an error asking for --prompt."""
-    saved = meta.get("sample_prompt")
-    if saved is not None:
-        if not isinstance(saved, str):
-            raise CheckpointError(f"checkpoint {str(path)!r}: meta['sample_prompt'] is {saved!r}; expected a str")
-        return saved
+    if "sample_prompt" in meta:                   # a str: load_checkpoint checks it
+        return meta["sample_prompt"]
     if all(ch in vocab for ch in SAMPLE_PROMPT):
         return SAMPLE_PROMPT
     raise RangeError(f"--prompt: the vocabulary of {path} lacks the characters of the default prompt "

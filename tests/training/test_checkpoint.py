@@ -428,6 +428,29 @@ def test_meta_values_of_the_wrong_type(tmp_path, meta, message):
     _refused(_save(tmp_path / "c.npz", meta=meta), message)
 
 
+SCALER = {"scale": 65536.0, "growth_tracker": 3, "skipped": 0}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("best_valid_loss", "x"), ("best_valid_loss", float("nan")), ("best_valid_loss", True), ("ranks", "x"),
+    ("ranks", 0), ("ranks", 2.0), ("mask_id", -1), ("mask_id", "7"), ("sample_prompt", 3), ("loss_scaler", []),
+    ("loss_scaler", {**SCALER, "scale": 0}), ("loss_scaler", {**SCALER, "growth_tracker": "x"}),
+    ("loss_scaler", {"scale": 1.0})])
+def test_the_optional_meta_a_trainer_reads_back_is_checked_where_present(tmp_path, key, value):
+    """A forged best_valid_loss "x" ended eval in "could not convert string to float: 'x'", naming no
+    file; a ranks "x" resume alike. Every meta value a trainer reads back is checked as the file is
+    read, the checkpoint and the key named."""
+    path = _save(tmp_path / "c.npz", meta={**META, key: value})
+    expected = ckpt.OPTIONAL_META_KEYS[key]
+    with pytest.raises(CheckpointError) as exc:
+        ckpt.load_checkpoint(path)
+    shown = json.dumps(value, sort_keys=True)[:60]                    # (a checkpoint's meta has its keys sorted)
+    assert str(exc.value) == f"checkpoint '{path}': meta[{key!r}] is {shown}; expected {expected}"
+    for good in ({"best_valid_loss": None}, {"best_valid_loss": 1.5}, {"ranks": 2}, {"mask_id": 0},
+                 {"sample_prompt": ""}, {"loss_scaler": SCALER}):
+        assert ckpt.load_checkpoint(_save(tmp_path / "g.npz", meta={**META, **good})).meta == {**META, **good}
+
+
 @pytest.mark.parametrize("raw, message", [(b"\xff\xfe", "not UTF-8 JSON"), (b"{no json", "not UTF-8 JSON"),
                                           (b"[1, 2]", "holds a JSON list, not an object")])
 def test_meta_that_is_not_a_json_object(tmp_path, raw, message):
