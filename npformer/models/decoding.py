@@ -3,7 +3,11 @@ temperature, top-k and top-p for ``GPT`` (with its key/value cache) and ``Transf
 memory); ``GPT.generate`` and ``TransformerXL.generate`` call them.
 
 Both encode the source once and run the decoder on the growing prefix under ``no_grad`` in eval
-mode. Beam search scores a finished hypothesis by ``log p(y | x) / lp(|y|)`` with
+mode. A generated prefix has no padding: a ``pad_id`` the model emits (or a ``bos_id`` equal to it)
+is a key like any token, with the cache or without (``Seq2Seq.decode(..., tgt_padded=False)``), so
+the two paths decode alike. Both return, per source row, the tokens before the first ``eos_id``
+with the ``pad_id`` tokens left out (:func:`strip_after_eos`): padding is never part of an
+output. Beam search scores a finished hypothesis by ``log p(y | x) / lp(|y|)`` with
 ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016); ``alpha = 0`` is the plain log-probability.
 """
 from __future__ import annotations
@@ -45,7 +49,8 @@ def strip_after_eos(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
 
 def greedy_decode(model, src, *, bos_id: int, eos_id: int, max_len: int,
                   use_cache: bool = True) -> list[list[int]]:
-    """The arg-max token at each step until ``eos_id`` (or ``max_len`` tokens), per source row.
+    """The arg-max token at each step until ``eos_id`` (or ``max_len`` tokens), per source row: the
+    tokens before ``eos_id``, without ``pad_id``s (module docstring).
 
     With ``use_cache`` each step feeds only the newest token through the decoder (key/value cache);
     without, it reruns the decoder on the whole prefix (the reference the cache is tested against).
@@ -62,7 +67,7 @@ def greedy_decode(model, src, *, bos_id: int, eos_id: int, max_len: int,
             if use_cache:
                 logits = model.decode(ys[:, -1:], memory, src_pad, kv_cache=cache)[:, -1]   # (B, V)
             else:
-                logits = model.decode(ys, memory, src_pad)[:, -1]                 # (B, V)
+                logits = model.decode(ys, memory, src_pad, tgt_padded=False)[:, -1]   # (B, V)
             nxt = xp.where(done, pad, logits.argmax(axis=-1)).astype(ys.dtype)    # (B,)
             ys = xp.concatenate([ys, nxt[:, None]], axis=1)                       # (B, t + 1)
             done |= nxt == eos_id
@@ -78,13 +83,15 @@ def _length_penalty(n: int, alpha: float) -> float:
 
 def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size: int = 4,
                 length_penalty: float = 0.6) -> list[list[int]]:
-    """The best hypothesis per source row by length-normalised log-probability. A ``beam_size`` above
+    """The best hypothesis per source row by length-normalised log-probability (its tokens before
+    ``eos_id``, without ``pad_id``s, as :func:`greedy_decode` returns them). A ``beam_size`` above
     the target vocabulary's size V keeps V hypotheses, as top-k sampling keeps at most V tokens (the
     candidates of k beams are k V, so a beam without that bound grew V-fold at every step)."""
     beam_size = positive_int(beam_size, "beam_size")
     length_penalty = real(length_penalty, "length_penalty")
     max_len = positive_int(max_len, "max_len")
     xp = get_array_module(src)
+    pad_id = model.config.pad_id
     results = []
     with eval_mode(model):
         for i in range(src.shape[0]):
@@ -96,7 +103,8 @@ def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size
                 k = beams.shape[0]
                 mem = xp.broadcast_to(memory, (k,) + memory.shape[1:])            # (k, S, C)
                 pad = xp.broadcast_to(src_pad, (k,) + src_pad.shape[1:])          # (k, S)
-                logp, _ = log_softmax_forward(model.decode(beams, mem, pad)[:, -1])   # (k, V)
+                logits = model.decode(beams, mem, pad, tgt_padded=False)[:, -1]   # (k, V)
+                logp, _ = log_softmax_forward(logits)                             # (k, V)
                 total = (scores[:, None] + logp).ravel()                          # (k * V,)
                 vocab = logp.shape[1]
                 width = min(beam_size, vocab)
@@ -108,7 +116,8 @@ def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size
                     s = float(total[flat])
                     seq = beams[b].tolist()[1:] + [tok]
                     if tok == eos_id:
-                        finished.append((s / _length_penalty(len(seq), length_penalty), seq[:-1]))
+                        finished.append((s / _length_penalty(len(seq), length_penalty),
+                                         strip_after_eos(seq, eos_id, pad_id)))
                     else:
                         keep_beams.append(beams[b].tolist() + [tok])
                         keep_scores.append(s)
@@ -123,7 +132,8 @@ def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size
                 beams = xp.asarray(keep_beams, dtype=src.dtype)                   # (k', t + 1)
                 scores = xp.asarray(keep_scores, dtype=memory.dtype)              # (k',)
             if not finished:   # nothing reached eos within max_len: take the best open beam
-                finished = [(float(s) / _length_penalty(max_len, length_penalty), b[1:])
+                finished = [(float(s) / _length_penalty(max_len, length_penalty),
+                             strip_after_eos(b[1:], eos_id, pad_id))
                             for s, b in zip(scores.tolist(), beams.tolist())]
             results.append(max(finished, key=lambda f: f[0])[1])
     return results

@@ -126,16 +126,22 @@ class Seq2Seq(Module):
         x = self._embed(self.src_embed, self.src_dropout, src)
         return self.transformer.encoder(x, src_key_padding_mask=src_pad), src_pad
 
-    def decode(self, tgt_in, memory, src_pad, kv_cache: list | None = None):
+    def decode(self, tgt_in, memory, src_pad, kv_cache: list | None = None, *, tgt_padded: bool = True):
         """Logits (B, T, V) of the next tokens for every prefix of ``tgt_in``.
+
+        ``tgt_padded``: ``pad_id`` in ``tgt_in`` marks padding, masked as keys (a training batch). A
+        prefix that decoding generated has no padding (a ``pad_id`` the model emitted, or a ``bos_id``
+        equal to it, is a token like any other), so decoding passes False and every token is a key.
 
         With ``kv_cache`` (:meth:`new_cache`; inference, under ``no_grad`` in eval mode) ``tgt_in``
         holds only the new target tokens, after those already in the cache: the same logits as the
-        last rows of a decode of the whole prefix, at a cost linear in the prefix length per step."""
+        last rows of a decode of the whole prefix with ``tgt_padded=False``, at a cost linear in the
+        prefix length per step (a cached prefix is never padded)."""
         offset = 0 if kv_cache is None else len(kv_cache[0][0])
         token_ids(tgt_in, "tgt_in", self.config.tgt_vocab_size)
         self._check_length(tgt_in, "tgt_in", offset)
-        tgt_pad = None if kv_cache is not None else tgt_in == self.config.pad_id  # (B, T); decoding makes no pads
+        padded = tgt_padded and kv_cache is None
+        tgt_pad = tgt_in == self.config.pad_id if padded else None                # (B, T) True = padding
         y = self._embed(self.tgt_embed, self.tgt_dropout, tgt_in, offset)
         h = self.transformer.decoder(y, memory, tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad,
                                      tgt_is_causal=True, kv_cache=kv_cache)

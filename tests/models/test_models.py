@@ -205,6 +205,28 @@ def test_seq2seq_kv_cache_matches_uncached_decoder(xp):
         assert a == b
 
 
+def test_seq2seq_decoding_sees_the_same_prefix_with_and_without_the_cache(xp):
+    """A generated prefix has no padding: the whole-prefix decode masked every pad_id token (one the
+    model emitted, or bos_id == pad_id) while the cached one masked none, so greedy decoding gave
+    [[], []] with the cache and [[], [1, 1, 1, 1]] without; beam search decoded the whole prefix."""
+    cfg = Seq2SeqConfig(src_vocab_size=6, tgt_vocab_size=5, d_model=8, nhead=2, num_encoder_layers=1,
+                        num_decoder_layers=1, dim_feedforward=16, dropout=0.0, max_len=6)
+    model = Seq2Seq(cfg, backend=xp.__name__, rng=0)
+    src = xp.asarray([[1, 2, 3], [4, 5, 0]])
+    tgt = xp.asarray([[0, 3, 0, 1], [2, 0, 0, 3]])                       # pad_id 0 inside the prefix
+    with eval_mode(model):
+        memory, src_pad = model.encode(src)
+        full = model.decode(tgt, memory, src_pad, tgt_padded=False)      # (B, T, V)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, i:i + 1], memory, src_pad, kv_cache=cache) for i in range(4)]
+    np.testing.assert_allclose(host(xp.concatenate(steps, axis=1)), host(full), rtol=0, atol=1e-6)
+    for bos in (0, 1, 2, 3):
+        cached = greedy_decode(model, src, bos_id=bos, eos_id=4, max_len=5)
+        assert cached == greedy_decode(model, src, bos_id=bos, eos_id=4, max_len=5, use_cache=False)
+        assert cached == beam_search(model, src, bos_id=bos, eos_id=4, max_len=5, beam_size=1, length_penalty=0.0)
+        assert all(0 not in row for row in cached)                       # no pad_id in an output
+
+
 def test_gpt_kv_cache_matches_uncached_forward(xp):
     for norm_first in (True, False):
         model = GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=2, n_head=2, d_model=8,
