@@ -9,9 +9,11 @@ the two paths decode alike. Both return, per source row, the tokens before the f
 with the ``pad_id`` tokens left out (:func:`strip_after_eos`): padding is never part of an
 output. Beam search scores a finished hypothesis by ``log p(y | x) / lp(|y|)`` with
 ``lp(n) = ((5 + n) / 6) ** alpha`` (Wu et al. 2016); ``alpha = 0`` is the plain log-probability.
+Any finite ``alpha`` works: scores are compared in log space (:func:`_normalised`).
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 
 from npformer.backend import get_array_module
@@ -77,8 +79,16 @@ def greedy_decode(model, src, *, bos_id: int, eos_id: int, max_len: int,
     return [strip_after_eos(r, eos_id, pad) for r in rows]
 
 
-def _length_penalty(n: int, alpha: float) -> float:
-    return ((5.0 + n) / 6.0) ** alpha
+def _normalised(score: float, n: int, alpha: float) -> float:
+    """A key that orders hypotheses as ``score / lp(n)`` does (``score <= 0``, a log-probability),
+    for any finite ``alpha``, in log space: ``score / lp(n) = -exp(log(-score) - log lp(n))`` rises
+    with ``log lp(n) - log(-score)``, and ``log lp(n) = alpha * log((5 + n) / 6)`` is a float where
+    ``lp(n)`` itself overflowed (``alpha = 1e6``) or divided by 0 (``alpha = -1e6``). Where even the
+    log passes the float range it is +-inf, and the length alone decides, as it does in the limit."""
+    log_lp = alpha * math.log((5.0 + n) / 6.0)                                    # n >= 1: log >= 0
+    if score >= 0:          # probability 1: the best score of its length whatever lp is
+        return math.inf
+    return log_lp - math.log(-score)
 
 
 def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size: int = 4,
@@ -116,23 +126,25 @@ def beam_search(model, src, *, bos_id: int, eos_id: int, max_len: int, beam_size
                     s = float(total[flat])
                     seq = beams[b].tolist()[1:] + [tok]
                     if tok == eos_id:
-                        finished.append((s / _length_penalty(len(seq), length_penalty),
+                        finished.append((_normalised(s, len(seq), length_penalty),
                                          strip_after_eos(seq, eos_id, pad_id)))
                     else:
                         keep_beams.append(beams[b].tolist() + [tok])
                         keep_scores.append(s)
                     if len(keep_beams) == width:
                         break
-                best_open = max(keep_scores, default=-float("inf"))
-                if len(finished) >= width and finished and \
-                        max(f[0] for f in finished) >= best_open / _length_penalty(max_len, length_penalty):
-                    break   # no open beam can still beat the best finished one
                 if not keep_beams:
                     break
+                # an open beam's score only falls; it ends with eos at a length in (step, max_len], the
+                # most favourable being max_len for alpha >= 0 and step + 1 for alpha < 0
+                most = max_len if length_penalty >= 0 else min(step + 1, max_len)
+                if len(finished) >= width and \
+                        max(f[0] for f in finished) >= _normalised(max(keep_scores), most, length_penalty):
+                    break   # no open beam can still beat the best finished one
                 beams = xp.asarray(keep_beams, dtype=src.dtype)                   # (k', t + 1)
                 scores = xp.asarray(keep_scores, dtype=memory.dtype)              # (k',)
             if not finished:   # nothing reached eos within max_len: take the best open beam
-                finished = [(float(s) / _length_penalty(max_len, length_penalty),
+                finished = [(_normalised(float(s), max_len, length_penalty),
                              strip_after_eos(b[1:], eos_id, pad_id))
                             for s, b in zip(scores.tolist(), beams.tolist())]
             results.append(max(finished, key=lambda f: f[0])[1])

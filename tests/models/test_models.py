@@ -251,6 +251,25 @@ def test_beam_search_with_one_beam_equals_greedy(xp):
     assert len(wide) == 3 and all(isinstance(r, list) for r in wide)
 
 
+def test_beam_search_takes_any_finite_length_penalty(xp):
+    """length_penalty=1e6 raised a bare OverflowError ((5 + n) / 6) ** alpha, -1e6 a ZeroDivisionError:
+    the scores are compared in log space, which orders them as score / lp(n) does."""
+    from npformer.models.decoding import _normalised
+    hyps = [(-0.5, 1), (-2.0, 4), (-3.0, 6), (-1.2, 2), (0.0, 3), (-7.0, 9)]     # (log p, length)
+    for alpha in (-2.0, -0.6, 0.0, 0.6, 1.0, 3.0):
+        by_ratio = sorted(hyps, key=lambda h: h[0] / ((5 + h[1]) / 6) ** alpha)
+        assert sorted(hyps, key=lambda h: _normalised(h[0], h[1], alpha)) == by_ratio
+    assert _normalised(-1.0, 9, 1e6) > _normalised(-1e-3, 2, 1e6)              # the longer wins
+    assert _normalised(-1e-3, 9, -1e6) < _normalised(-1.0, 2, -1e6)            # the shorter wins
+    model = Seq2Seq(Seq2SeqConfig(src_vocab_size=6, tgt_vocab_size=5, d_model=8, nhead=2, num_encoder_layers=1,
+                                  num_decoder_layers=1, dim_feedforward=16, dropout=0.0, max_len=6),
+                    backend=xp.__name__, rng=0)
+    src = xp.asarray([[1, 2, 3], [4, 5, 0]])
+    for alpha in (1e6, -1e6, 1.7e308, -1.7e308):
+        out = beam_search(model, src, bos_id=1, eos_id=4, max_len=3, length_penalty=alpha)
+        assert len(out) == 2 and all(isinstance(t, int) for row in out for t in row)
+
+
 def test_a_beam_wider_than_the_vocabulary_keeps_as_many_hypotheses_as_tokens(xp):
     """npformer translate --beam 99999999999 never returned: every step kept every candidate, V times
     the last step's. The beam is capped at V, as top-k sampling is: the same as beam_size=V."""
