@@ -17,8 +17,8 @@ import math
 from contextlib import contextmanager
 
 from npformer.backend import get_array_module
-from npformer.checks import expect_float, expect_ndim, non_negative_int, positive_int, real
-from npformer.errors import RangeError
+from npformer.checks import describe, expect_float, expect_ndim, non_negative_int, positive_int, real
+from npformer.errors import InputTypeError, RangeError
 from npformer.nn.module import no_grad
 from npformer.ops.softmax import log_softmax_forward, softmax_forward
 
@@ -204,8 +204,12 @@ def _sampling_args(max_new_tokens, rng, temperature):
 
 
 def excluded_ids(exclude, vocab_size: int) -> list[int]:
-    """``exclude`` (token ids never to draw or rank, or None) checked against a vocabulary of
-    ``vocab_size``: each id in it, and at least one token left; sorted, each once."""
+    """``exclude`` (an iterable of token ids never to draw or rank, or None) checked against a
+    vocabulary of ``vocab_size``: each id in it, and at least one token left; sorted, each once.
+    A single id is refused, not taken as a one-id list: the ids are a collection everywhere."""
+    if isinstance(exclude, (str, bytes)) or exclude is not None and not _iterable(exclude):
+        raise InputTypeError(f"exclude: expected an iterable of token ids (ints), such as [3] or range(4), "
+                             f"or None, got {describe(exclude)}")
     ids = sorted({non_negative_int(i, "exclude: a token id") for i in (() if exclude is None else exclude)})
     if ids and ids[-1] >= vocab_size:
         raise RangeError(f"exclude: token id {ids[-1]} is outside the vocabulary of {vocab_size} "
@@ -213,6 +217,14 @@ def excluded_ids(exclude, vocab_size: int) -> list[int]:
     if len(ids) == vocab_size:
         raise RangeError(f"exclude: all {vocab_size} tokens of the vocabulary are excluded; none is left to sample")
     return ids
+
+
+def _iterable(v) -> bool:
+    try:
+        iter(v)        # a 0-d array has __iter__ but refuses it
+    except TypeError:
+        return False
+    return True
 
 
 def _without(logits, ids: list[int]):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from npformer.backend import default_rng
-from npformer.errors import RangeError
+from npformer.errors import InputTypeError, RangeError
 from npformer.models import GPT, GPTConfig, TransformerXL, TransformerXLConfig
 
 PROMPT = np.array([[4, 7, 1], [2, 2, 9]])
@@ -74,6 +74,11 @@ def test_excluded_tokens_are_never_drawn():
         model.generate(PROMPT, 2, temperature=0, exclude=range(11))
     with pytest.raises(RangeError, match="exclude: a token id: expected an int >= 0, got -1"):
         model.generate(PROMPT, 2, temperature=0, exclude=[-1])
+    # a single id, a string, a 0-d array: an InputTypeError (a TypeError), not "'int' object is not iterable"
+    for one in (3, 3.0, "3", np.array(3)):
+        with pytest.raises(InputTypeError, match=r"exclude: expected an iterable of token ids \(ints\), such as \[3\] "
+                                                 r"or range\(4\), or None, got "):
+            model.generate(PROMPT, 2, temperature=0, exclude=one)
 
 
 def test_generate_names_bad_arguments():

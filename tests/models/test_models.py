@@ -5,7 +5,7 @@ import pytest
 from hypothesis import strategies as st
 
 from npformer.backend import get_backend
-from npformer.errors import RangeError
+from npformer.errors import InputTypeError, RangeError
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import beam_search, eval_mode, greedy_decode
 from npformer.models.gpt import GPT, GPTConfig
@@ -286,6 +286,17 @@ def test_a_beam_wider_than_the_vocabulary_keeps_as_many_hypotheses_as_tokens(xp)
     huge = beam_search(model, src, bos_id=1, eos_id=2, max_len=4, beam_size=99999999999)
     assert max(widths) <= 9
     assert huge == beam_search(model, src, bos_id=1, eos_id=2, max_len=4, beam_size=9)
+
+
+def test_fill_mask_refuses_a_single_excluded_id(xp):
+    """fill_mask(x, 3, exclude=3) raised a bare TypeError ('int' object is not iterable): exclude is a
+    collection of ids, as its docstring says, and a single id is an InputTypeError naming it."""
+    model = BERT(BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=8, mlm_head=True), backend=xp.__name__, rng=0)
+    ids = xp.asarray([[1, 3, 2]])
+    assert len(model.fill_mask(ids, 3, top_k=2, exclude=[3])) == 1
+    with pytest.raises(InputTypeError, match=r"exclude: expected an iterable of token ids .* got int 3"):
+        model.fill_mask(ids, 3, exclude=3)
 
 
 def test_model_input_errors(xp):
