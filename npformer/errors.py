@@ -32,6 +32,9 @@ exception                  also a                       the mistake
 :class:`DistributedError`  ``RuntimeError``             a data-parallel run that cannot go on: mpi4py,
                                                         MPI or NCCL missing, ranks whose configs
                                                         differ, a checkpoint of another rank count
+:class:`CallOrderError`    ``RuntimeError``             methods called out of order: a module's
+                                                        ``backward`` with no forward call left to
+                                                        back-propagate
 =========================  ===========================  ============================================
 
 Every message names what was expected and what came (:mod:`npformer.checks` writes them).
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 __all__ = ["NpformerError", "InputTypeError", "BackendMismatchError", "ShapeError", "RangeError",
            "NonFiniteError", "StateDictError", "BackendUnavailableError", "CheckpointError", "WriteError",
-           "CaptureError", "DistributedError", "MissingExtraError"]
+           "CaptureError", "DistributedError", "MissingExtraError", "CallOrderError"]
 
 
 class NpformerError(Exception):
@@ -99,3 +102,8 @@ class CaptureError(NpformerError, RuntimeError):
 class DistributedError(NpformerError, RuntimeError):
     """A data-parallel run that cannot start or go on (:mod:`npformer.distributed`): the communication
     library is missing, or the ranks disagree (configs, the rank count of a checkpoint)."""
+
+
+class CallOrderError(NpformerError, RuntimeError):
+    """Methods called out of order: a ``backward`` without a matching ``forward`` (each forward call
+    is back-propagated once, newest first), found before any saved state is used up."""

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from npformer.errors import RangeError
+from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["SPECIALS", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID", "CharVocab"]
 
@@ -32,13 +32,13 @@ def _symbols_from(symbols: Any) -> tuple[str, ...]:
         try:
             items = list(symbols)
         except TypeError:
-            raise TypeError(f"symbols: expected a string or an iterable of 1-character strings, "
-                            f"got {type(symbols).__name__}") from None
+            raise InputTypeError(f"symbols: expected a string or an iterable of 1-character strings, "
+                                 f"got {type(symbols).__name__}") from None
     for s in items:
         if not isinstance(s, str):
-            raise TypeError(f"symbols: every symbol must be a 1-character str, got {type(s).__name__} {s!r}")
+            raise InputTypeError(f"symbols: every symbol must be a 1-character str, got {type(s).__name__} {s!r}")
         if len(s) != 1:
-            raise ValueError(f"symbols: every symbol must be exactly 1 character, got {s!r} "
+            raise RangeError(f"symbols: every symbol must be exactly 1 character, got {s!r} "
                              f"({len(s)} characters)")
     return tuple(dict.fromkeys(items))     # first occurrence wins; later duplicates are dropped
 
@@ -63,7 +63,7 @@ class CharVocab:
         texts = [texts] if isinstance(texts, str) else list(texts)
         for t in texts:
             if not isinstance(t, str):
-                raise TypeError(f"texts: expected strings, got {type(t).__name__} {t!r}"[:120])
+                raise InputTypeError(f"texts: expected strings, got {type(t).__name__} {t!r}"[:120])
         return cls(sorted(set().union(*map(set, texts))))
 
     @property
@@ -89,7 +89,7 @@ class CharVocab:
     def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Ids of the characters of ``text`` (unknown ones -> ``<unk>``), optionally framed by bos/eos."""
         if not isinstance(text, str):
-            raise TypeError(f"encode: expected a str, got {type(text).__name__}")
+            raise InputTypeError(f"encode: expected a str, got {type(text).__name__}")
         get = self._ids.get
         ids = [get(ch, UNK_ID) for ch in text]
         return ([BOS_ID] if add_bos else []) + ids + ([EOS_ID] if add_eos else [])
@@ -99,7 +99,7 @@ class CharVocab:
         :class:`RangeError` naming ``what``, the characters it does not know and the ones it does.
         For text a user gives a trained model (a prompt, a source), where ``<unk>`` would hide a typo."""
         if not isinstance(text, str):
-            raise TypeError(f"{what}: expected a str, got {type(text).__name__}")
+            raise InputTypeError(f"{what}: expected a str, got {type(text).__name__}")
         unknown = "".join(sorted(set(text) - set(self._ids)))
         if unknown:
             raise RangeError(f"{what} {text!r}: the characters {unknown!r} are not in the model's vocabulary "
@@ -114,18 +114,24 @@ class CharVocab:
         ``"<unk>"``. ``strip_special=False`` writes every id, specials by their names.
         """
         if hasattr(ids, "dtype") and not isinstance(ids, np.ndarray):
-            raise TypeError(f"decode: expected a list of ints or a numpy array, got {type(ids).__name__}; "
-                            "move device arrays to the host first (npformer.backend.to_numpy)")
+            raise InputTypeError(f"decode: expected a list of ints or a numpy array, got {type(ids).__name__}; "
+                                 "move device arrays to the host first (npformer.backend.to_numpy)")
         arr = np.asarray(ids)                                             # (n,)
+        if arr.ndim == 0:                      # None, a str, a single id: not a sequence of ids
+            raise InputTypeError(f"decode: expected a list of ints or a 1-d numpy array, got {type(ids).__name__}")
         if arr.ndim != 1:
-            raise ValueError(f"decode: expected a 1-d sequence of ids, got shape {arr.shape}")
+            raise ShapeError(f"decode: expected a 1-d sequence of ids, got shape {arr.shape}")
         if arr.size == 0:
             return ""
+        if arr.dtype == object and all(isinstance(i, int) and not isinstance(i, bool) for i in arr.tolist()):
+            big = next(i for i in arr.tolist() if not 0 <= i < len(self))   # ints beyond int64: out of range
+            raise RangeError(f"decode: id {big} is out of range for a vocabulary of "
+                             f"size {len(self)} (valid ids are 0..{len(self) - 1})")
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"decode: expected integer ids, got dtype {arr.dtype}")
+            raise InputTypeError(f"decode: expected integer ids, got dtype {arr.dtype}")
         bad = (arr < 0) | (arr >= len(self))
         if bad.any():
-            raise ValueError(f"decode: id {int(arr[bad][0])} is out of range for a vocabulary of "
+            raise RangeError(f"decode: id {int(arr[bad][0])} is out of range for a vocabulary of "
                              f"size {len(self)} (valid ids are 0..{len(self) - 1})")
         out = []
         for i in arr.tolist():
@@ -147,9 +153,9 @@ class CharVocab:
         a masked LM's) as special added tokens, and a decoder that joins the characters back.
         ``tokenizers.Tokenizer.from_file`` and ``transformers.AutoTokenizer`` read it."""
         if (mask_token is None) != (mask_id is None):
-            raise ValueError("tokenizer_json: give mask_token and mask_id together, or neither")
+            raise RangeError("tokenizer_json: give mask_token and mask_id together, or neither")
         if mask_id is not None and mask_id < len(self):
-            raise ValueError(f"tokenizer_json: mask_id {mask_id} is a character's id; expected >= {len(self)}")
+            raise RangeError(f"tokenizer_json: mask_id {mask_id} is a character's id; expected >= {len(self)}")
         specials = list(enumerate(SPECIALS)) + ([(mask_id, mask_token)] if mask_token is not None else [])
         return {
             "version": "1.0", "truncation": None, "padding": None,
@@ -168,14 +174,14 @@ class CharVocab:
     def from_dict(cls, d: Any) -> "CharVocab":
         """Inverse of :meth:`to_dict` (checks the kind and the special tokens)."""
         if not isinstance(d, dict):
-            raise TypeError(f"from_dict: expected a dict from CharVocab.to_dict(), got {type(d).__name__}")
+            raise InputTypeError(f"from_dict: expected a dict from CharVocab.to_dict(), got {type(d).__name__}")
         if d.get("kind") != _KIND:
-            raise ValueError(f"from_dict: expected kind {_KIND!r}, got {d.get('kind')!r}")
+            raise RangeError(f"from_dict: expected kind {_KIND!r}, got {d.get('kind')!r}")
         if list(d.get("specials", [])) != list(SPECIALS):
-            raise ValueError(f"from_dict: expected specials {list(SPECIALS)}, got {d.get('specials')!r}")
+            raise RangeError(f"from_dict: expected specials {list(SPECIALS)}, got {d.get('specials')!r}")
         if "symbols" not in d:
-            raise ValueError("from_dict: the dict has no 'symbols' entry")
+            raise RangeError("from_dict: the dict has no 'symbols' entry")
         vocab = cls(d["symbols"])
         if len(vocab.symbols) != len(d["symbols"]):     # a duplicate would shift every later id
-            raise ValueError("from_dict: 'symbols' holds a duplicate, so the ids would not match")
+            raise RangeError("from_dict: 'symbols' holds a duplicate, so the ids would not match")
         return vocab

@@ -20,7 +20,7 @@ import numpy   # host side only: the candidates fill_mask hands back
 
 from npformer.backend import accumulated_sum, get_array_module, to_device, to_numpy
 from npformer.checks import non_negative_int, one_of, positive_int, probability, real, token_ids
-from npformer.errors import RangeError, ShapeError, StateDictError
+from npformer.errors import CallOrderError, RangeError, ShapeError, StateDictError
 from npformer.interop import check_directory, load_weights, read_config, save_directory
 from npformer.models import hf_bert
 from npformer.nn import init
@@ -222,6 +222,13 @@ class EncoderModel(Module):
         given = [a for a in (dhidden, dpooled, dmlm_logits) if a is not None]
         if not given:
             raise RangeError("backward needs at least one of dhidden, dpooled, dmlm_logits")
+        # checked before anything is popped, so that the pooler's cache stays for a correct call
+        if dmlm_logits is not None and self.mlm is None:
+            raise RangeError(f"dmlm_logits: this {type(self).__name__} has no masked-LM head to back-propagate "
+                             f"through (build it with {type(self.config).__name__}(mlm_head=True))")
+        if dmlm_logits is not None and not self.mlm._saved:
+            raise CallOrderError(f"{type(self).__name__}.backward: dmlm_logits given, but mlm_logits has no "
+                                 "call left to back-propagate (call it on forward's hidden states first)")
         xp = get_array_module(*given)
         if dpooled is None:                                  # the pooler ran: pop its cache with zeros
             dpooled = xp.zeros((given[0].shape[0], self.config.hidden_size), dtype=given[0].dtype)

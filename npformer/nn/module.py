@@ -300,8 +300,9 @@ class Module:
 
     def _pop(self) -> Any:
         if not self._saved:
-            raise RuntimeError(f"{type(self).__name__}.backward called more times than forward "
-                               "(each forward call can be back-propagated once)")
+            from npformer.errors import CallOrderError
+            raise CallOrderError(f"{type(self).__name__}.backward called more times than forward "
+                                 "(each forward call can be back-propagated once)")
         return self._saved.pop()
 
     # -- randomness ------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from npformer.data import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, CharLMData, CharVocab, load_corpus
+from npformer.errors import InputTypeError, RangeError, ShapeError
 
 ALPHABET = "abcxyz .,é日"
 
@@ -67,26 +68,33 @@ def test_to_dict_is_json_and_round_trips():
 
 
 @pytest.mark.parametrize("bad, exc, match", [
-    (lambda: CharVocab(["ab"]), ValueError, "exactly 1 character"),
-    (lambda: CharVocab([1]), TypeError, "1-character str"),
-    (lambda: CharVocab(5), TypeError, "iterable of 1-character"),
-    (lambda: CharVocab.from_texts(["a", 1]), TypeError, "expected strings"),
-    (lambda: CharVocab("a").encode(b"a"), TypeError, "expected a str"),
-    (lambda: CharVocab("a").decode([5]), ValueError, "id 5 is out of range .* size 5"),
-    (lambda: CharVocab("a").decode([-1]), ValueError, "out of range"),
-    (lambda: CharVocab("a").decode([1.0]), TypeError, "integer ids"),
-    (lambda: CharVocab("a").decode(np.array([True])), TypeError, "integer ids"),
-    (lambda: CharVocab("a").decode([[1]]), ValueError, "1-d"),
-    (lambda: CharVocab.from_dict([]), TypeError, "expected a dict"),
-    (lambda: CharVocab.from_dict({"kind": "bpe", "specials": list(SPECIALS), "symbols": []}), ValueError, "kind"),
-    (lambda: CharVocab.from_dict({"kind": "char", "specials": ["<pad>"], "symbols": []}), ValueError, "specials"),
-    (lambda: CharVocab.from_dict({"kind": "char", "specials": list(SPECIALS)}), ValueError, "no 'symbols'"),
+    (lambda: CharVocab(["ab"]), RangeError, "exactly 1 character"),
+    (lambda: CharVocab([1]), InputTypeError, "1-character str"),
+    (lambda: CharVocab(5), InputTypeError, "iterable of 1-character"),
+    (lambda: CharVocab.from_texts(["a", 1]), InputTypeError, "expected strings"),
+    (lambda: CharVocab("a").encode(b"a"), InputTypeError, "expected a str"),
+    (lambda: CharVocab("a").decode([5]), RangeError, "id 5 is out of range .* size 5"),
+    (lambda: CharVocab("a").decode([-1]), RangeError, "out of range"),
+    (lambda: CharVocab("a").decode([1.0]), InputTypeError, "integer ids"),
+    (lambda: CharVocab("a").decode(np.array([True])), InputTypeError, "integer ids"),
+    (lambda: CharVocab("a").decode([[1]]), ShapeError, "1-d"),
+    (lambda: CharVocab("a").decode([1, 10**30]), RangeError, r"id 10{30} is out of range .* size 5"),
+    (lambda: CharVocab("a").decode([True, False]), InputTypeError, "integer ids"),
+    (lambda: CharVocab("a").decode(None), InputTypeError, "expected a list of ints .* got NoneType"),
+    (lambda: CharVocab("a").decode("ab"), InputTypeError, "expected a list of ints .* got str"),
+    (lambda: CharVocab.from_dict([]), InputTypeError, "expected a dict"),
+    (lambda: CharVocab.from_dict({"kind": "bpe", "specials": list(SPECIALS), "symbols": []}), RangeError, "kind"),
+    (lambda: CharVocab.from_dict({"kind": "char", "specials": ["<pad>"], "symbols": []}), RangeError, "specials"),
+    (lambda: CharVocab.from_dict({"kind": "char", "specials": list(SPECIALS)}), RangeError, "no 'symbols'"),
     (lambda: CharVocab.from_dict({"kind": "char", "specials": list(SPECIALS), "symbols": ["a", "a"]}),
-     ValueError, "duplicate"),
+     RangeError, "duplicate"),
 ])
 def test_bad_inputs_raise_clear_errors(bad, exc, match):
-    with pytest.raises(exc, match=match):
+    """npformer's own classes (an id beyond the vocabulary is a RangeError, a float id an
+    InputTypeError); each is also the built-in ValueError or TypeError that callers catch."""
+    with pytest.raises(exc, match=match) as info:
         bad()
+    assert isinstance(info.value, ValueError if exc in (RangeError, ShapeError) else TypeError)
 
 
 # ---- CharLMData / load_corpus

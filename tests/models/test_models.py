@@ -5,7 +5,7 @@ import pytest
 from hypothesis import strategies as st
 
 from npformer.backend import get_backend
-from npformer.errors import InputTypeError, RangeError
+from npformer.errors import CallOrderError, InputTypeError, RangeError
 from npformer.models.bert import BERT, BERTConfig
 from npformer.models.decoding import beam_search, eval_mode, greedy_decode
 from npformer.models.gpt import GPT, GPTConfig
@@ -297,6 +297,27 @@ def test_fill_mask_refuses_a_single_excluded_id(xp):
     assert len(model.fill_mask(ids, 3, top_k=2, exclude=[3])) == 1
     with pytest.raises(InputTypeError, match=r"exclude: expected an iterable of token ids .* got int 3"):
         model.fill_mask(ids, 3, exclude=3)
+
+
+def test_bert_backward_of_mlm_logits_never_called_is_refused_before_anything_is_popped(xp):
+    """backward(dmlm_logits=...) when mlm_logits was never called popped the pooler's cache, then
+    raised a plain RuntimeError: the model could no longer back-propagate its forward call."""
+    model = BERT(BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=8, dropout=0.0, mlm_head=True), backend=xp.__name__, rng=0)
+    ids = xp.asarray([[1, 3, 2]])
+    hidden, pooled = model(ids)
+    with pytest.raises(CallOrderError, match="dmlm_logits given, but mlm_logits has no call left"):
+        model.backward(dmlm_logits=xp.ones((1, 3, 9), dtype=hidden.dtype))
+    model.backward(dpooled=xp.ones_like(pooled))                        # the forward call is intact
+    assert all(not mod._saved for mod in model.modules())
+    with pytest.raises(CallOrderError, match="backward called more times than forward"):
+        model.backward(dpooled=xp.ones_like(pooled))
+    plain = BERT(BERTConfig(vocab_size=9, hidden_size=4, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=8), backend=xp.__name__, rng=0)
+    hidden, pooled = plain(ids)
+    with pytest.raises(RangeError, match="dmlm_logits: this BERT has no masked-LM head"):
+        plain.backward(dmlm_logits=xp.ones((1, 3, 9), dtype=hidden.dtype))
+    plain.backward(dhidden=xp.ones_like(hidden))
 
 
 def test_model_input_errors(xp):
