@@ -45,7 +45,9 @@ __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_boo
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer",
            "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real",
            "positive_in_dtype", "probability", "one_of", "values_checked", "values_unchecked", "float_dtype",
-           "OP_DEPTH", "checked_by_caller", "inputs_checked", "arrays_unchecked"]
+           "OP_DEPTH", "checked_by_caller", "inputs_checked", "arrays_unchecked", "NUMBER_KINDS"]
+
+NUMBER_KINDS = "biuf"    # bool, int, uint, float: the dtype kinds a checkpoint or a state dict may hold
 
 _VALUES = contextvars.ContextVar("npformer_value_checks", default=True)
 _ARRAYS = contextvars.ContextVar("npformer_array_checks", default=True)

@@ -36,7 +36,7 @@ from typing import Any, Iterator, Mapping
 
 from npformer.backend import (backend_name, default_rng, get_array_module, get_backend, is_cupy_array, is_float_dtype,
                               to_device)
-from npformer.checks import describe, float_dtype
+from npformer.checks import NUMBER_KINDS, describe, float_dtype
 from npformer.errors import ShapeError, StateDictError
 
 __all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
@@ -392,11 +392,18 @@ class Module:
                     out[dot + name] = getattr(mod, name)
         return out
 
-    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True) -> "Module":
+    def load_state_dict(self, state: Mapping[str, Any], strict: bool = True, *,
+                        allow_nonfinite: bool = False) -> "Module":
         """Copy arrays (NumPy, CuPy, or anything ``xp.asarray`` takes) into the parameters.
 
-        Values are converted to each parameter's backend and dtype. Every problem is reported at
-        once, and nothing is written unless everything fits.
+        Values are converted to each parameter's backend and dtype. A value must be a real numeric
+        array (bool, int, uint or float, the dtype kinds a checkpoint holds: no strings, complex
+        numbers, ragged lists or objects), and its dtype conversion must not change it beyond
+        rounding: a float may round to a narrower float but not overflow to inf, and an int (or a
+        value converted to an int or bool dtype) must be exactly representable. NaN and inf are
+        refused, as :func:`npformer.training.checkpoint.load_checkpoint` refuses them, unless
+        ``allow_nonfinite=True``. Every problem is reported at once in one :class:`StateDictError`
+        naming each key, and nothing is written unless everything fits.
         """
         own = dict(self.named_parameters(remove_duplicate=False))
         buffers = self._buffer_owners()
@@ -407,10 +414,11 @@ class Module:
         for k, old in current.items():
             if k not in state:
                 continue
-            xp = get_array_module(old)
-            v = xp.asarray(to_device(state[k], backend_name(old)), dtype=old.dtype)
-            if tuple(v.shape) != tuple(old.shape):
-                bad.append(f"{k}: expected shape {tuple(old.shape)}, got {tuple(v.shape)}")
+            v, problem = _converted(k, state[k], old, allow_nonfinite)
+            if problem is None and tuple(v.shape) != tuple(old.shape):
+                problem = f"{k}: expected shape {tuple(old.shape)}, got {tuple(v.shape)}"
+            if problem is not None:
+                bad.append(problem)
             staged[k] = v
         problems = bad + ([f"missing keys: {missing}"] if strict and missing else []) \
             + ([f"unexpected keys: {unexpected}"] if strict and unexpected else [])
@@ -471,3 +479,35 @@ class ModuleList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(list(self._modules.values()))
+
+
+def _converted(key: str, value: Any, like: Any, allow_nonfinite: bool) -> tuple[Any, str | None]:
+    """``(value as an array of like's backend and dtype, None)``, or ``(None, the problem)`` when
+    ``value`` is not a real numeric array, holds NaN or inf (unless ``allow_nonfinite``), or would be
+    changed by the conversion beyond a float's rounding (see :meth:`Module.load_state_dict`)."""
+    xp = get_array_module(like)
+    try:
+        src = xp.asarray(to_device(value, backend_name(like)))
+    except (ValueError, TypeError) as exc:                  # a ragged list, a dict, ...
+        return None, f"{key}: not a real numeric array ({describe(value)}: {str(exc)[:80]})"
+    src_float = is_float_dtype(src.dtype)                    # bfloat16's kind is "V", not "f"
+    if not src_float and (src.dtype.kind not in NUMBER_KINDS or src.dtype.fields is not None):
+        return None, f"{key}: not a real numeric array (dtype {src.dtype})"
+    if src_float and not allow_nonfinite:
+        nonfinite = int((~xp.isfinite(src)).sum())
+        if nonfinite:
+            return None, f"{key}: not finite ({nonfinite:,} NaN or infinite values of {src.size:,})"
+    with get_backend("numpy").errstate(all="ignore"):       # overflow is reported below, by key
+        v = src.astype(like.dtype)
+        if src_float and is_float_dtype(v.dtype):
+            changed = xp.isinf(v) & xp.isfinite(src)         # rounding is fine; overflow is not
+        else:
+            changed = v.astype(src.dtype) != src
+            if is_float_dtype(v.dtype):
+                changed |= ~xp.isfinite(v)
+    n = int(changed.sum())
+    if n:
+        return None, (f"{key}: {n:,} of {src.size:,} values ({src.dtype}) cannot be held by the parameter's "
+                      f"dtype {v.dtype} (e.g. {src[changed].ravel()[0].item()!r} would become "
+                      f"{v[changed].ravel()[0].item()!r})")
+    return v, None

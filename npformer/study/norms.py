@@ -132,7 +132,7 @@ def batch_statistics(model: NormEncoder):
         with no_grad():
             yield model
     finally:
-        model.load_state_dict(saved)
+        model.load_state_dict(saved, allow_nonfinite=True)     # its own weights back, as they were
         model.train(was)
 
 

@@ -36,6 +36,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from npformer.backend import to_numpy
+from npformer.checks import NUMBER_KINDS     # bool, int, uint, float: the dtypes a checkpoint may hold
 from npformer.errors import CheckpointError, InputTypeError
 from npformer.files import os_reason, try_creating, written_atomically
 
@@ -49,7 +50,6 @@ OPTIONAL_META_KEYS = {"ranks": "an int >= 1", "best_valid_loss": "a finite numbe
                       "mask_id": "an int >= 0", "sample_prompt": "a string",
                       "loss_scaler": 'an object {"scale": a number > 0, "growth_tracker": an int >= 0, '
                                      '"skipped": an int >= 0}'}
-NUMBER_KINDS = "biuf"            # bool, int, uint, float: the dtypes a checkpoint may hold
 LEGACY_TMP_AGE = 3600.0          # seconds: a mkstemp temporary of an older npformer this old is stale
 
 

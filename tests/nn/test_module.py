@@ -44,6 +44,33 @@ def test_load_state_dict_round_trip_and_errors():
     assert not other.a.weight.data.any()
 
 
+
+def test_load_state_dict_refuses_values_its_dtypes_cannot_hold():
+    # Found by fuzzing: 1e39 became inf in a float32 weight (a numpy RuntimeWarning only), a complex
+    # value lost its imaginary part, and strings, ragged lists and dicts raised numpy's own errors.
+    lin = Linear(2, 2, rng=0)
+    before = lin.weight.data.copy()
+    cases = [({"weight": np.full((2, 2), 1e39), "bias": np.zeros(2)},
+              r"weight: 4 of 4 values \(float64\) cannot be held by the parameter's dtype float32 "
+              r"\(e.g. 1e\+39 would become inf\)"),
+             ({"weight": np.ones((2, 2)) * (1 + 1j), "bias": np.array(["a", "b"])},
+              r"weight: not a real numeric array \(dtype complex128\); bias: not a real numeric array \(dtype <U1\)"),
+             ({"weight": [[1.0, 2.0], [3.0]], "bias": {"a": 1}},
+              r"weight: not a real numeric array \(list.*; bias: not a real numeric array \(dtype object\)"),
+             ({"weight": np.full((2, 2), np.nan), "bias": np.array([2**25 + 1, 0])},
+              r"weight: not finite \(4 NaN or infinite values of 4\); bias: 1 of 2 values \(int64\) cannot "
+              r"be held .* \(e.g. 33554433 would become 33554432.0\)")]
+    for state, message in cases:
+        with pytest.raises(StateDictError, match=message):
+            lin.load_state_dict(state)
+        np.testing.assert_array_equal(lin.weight.data, before)     # nothing written on failure
+    lin.load_state_dict({"weight": np.ones((2, 2), np.int32), "bias": np.array([True, False])})
+    np.testing.assert_array_equal(lin.bias.data, [1.0, 0.0])       # exact ints and bools load
+    lin.load_state_dict({"weight": np.full((2, 2), 1e-3), "bias": np.zeros(2)})
+    assert lin.weight.data.dtype == np.float32                     # a float rounds to a narrower one
+    lin.load_state_dict({"weight": np.full((2, 2), np.inf), "bias": np.zeros(2)}, allow_nonfinite=True)
+    assert np.isinf(lin.weight.data).all()
+
 def test_gradients_accumulate_over_calls_and_zero_grad_resets():
     m = Pair()
     x = np.random.default_rng(0).standard_normal((5, 3))
