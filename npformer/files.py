@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 from npformer.errors import RangeError, WriteError
 
-__all__ = ["read_text", "read_json", "check_output_dir", "written_atomically", "write_text_atomically",
+__all__ = ["read_text", "read_json", "json_kind", "check_output_dir", "written_atomically", "write_text_atomically",
            "append_whole", "staged_directory", "remove_files", "os_reason", "temporary_path", "try_creating"]
 
 
@@ -81,11 +81,12 @@ def read_json(path: str | os.PathLike, where: str, *, expect: type = dict) -> An
         raise RangeError(f"{where}: not valid JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
     if not isinstance(value, expect):
         kinds = {dict: "a JSON object", list: "a JSON array"}
-        raise RangeError(f"{where}: expected {kinds.get(expect, expect.__name__)}, got {_json_kind(value)}")
+        raise RangeError(f"{where}: expected {kinds.get(expect, expect.__name__)}, got {json_kind(value)}")
     return value
 
 
-def _json_kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """What a JSON value is, in words ("an object", "an array", "a string", "null", ...)."""
     return {dict: "an object", list: "an array", str: "a string", bool: "true or false", int: "a number",
             float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
 

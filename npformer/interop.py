@@ -27,14 +27,15 @@ widened to float32 exactly on reading.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy
 
 from npformer.backend import to_numpy
-from npformer.errors import CheckpointError
-from npformer.files import read_json, write_text_atomically, written_atomically
+from npformer.errors import CheckpointError, RangeError
+from npformer.files import json_kind, read_json, write_text_atomically, written_atomically
 
 __all__ = ["from_arrays", "to_numpy_state_dict", "save_safetensors", "load_safetensors_file",
            "check_directory", "read_config", "load_weights", "save_directory", "WEIGHTS", "INDEX"]
@@ -106,18 +107,16 @@ def load_safetensors_file(path) -> dict[str, numpy.ndarray]:
         header = json.loads(data[8:8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{where}: its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: its header is {json_kind(header)}, not a JSON object")
     body = memoryview(data)[8 + n:]
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
+            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+                raise CheckpointError(f"{str(path)!r}: its __metadata__ is not a JSON object of strings")
             continue
-        dtype, shape, (begin, end) = info["dtype"], tuple(info["shape"]), info["data_offsets"]
-        width = 2 if dtype == "BF16" else numpy.dtype(_DTYPES.get(dtype, "V1")).itemsize
-        if dtype not in _DTYPES and dtype != "BF16":
-            raise CheckpointError(f"{str(path)!r}: tensor {name!r} has dtype {dtype!r}, which NumPy cannot hold")
-        if not 0 <= begin <= end <= len(body) or end - begin != width * int(numpy.prod(shape)):
-            raise CheckpointError(f"{str(path)!r}: tensor {name!r} of shape {shape} and dtype {dtype} does not "
-                                  f"fit its offsets [{begin}, {end}) in {len(body)} bytes of data")
+        dtype, shape, (begin, end) = _entry(path, name, info, len(body))
         raw = body[begin:end]
         if dtype == "BF16":      # the upper half of a float32: widen exactly
             a = (numpy.frombuffer(raw, "<u2").astype(numpy.uint32) << 16).view(numpy.float32)
@@ -125,6 +124,37 @@ def load_safetensors_file(path) -> dict[str, numpy.ndarray]:
             a = numpy.frombuffer(raw, _DTYPES[dtype]).astype(numpy.dtype(_DTYPES[dtype]).newbyteorder("="))
         out[name] = a.reshape(shape)
     return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _entry(path, name: str, info: Any, size: int) -> tuple[str, tuple[int, ...], tuple[int, int]]:
+    """``(dtype, shape, (begin, end))`` of the header entry ``name``, checked: an object with a dtype
+    NumPy can hold, a shape of non-negative ints and offsets of two ints that fit the ``size`` bytes of
+    data and the tensor's size; a :class:`CheckpointError` naming the file and the entry otherwise."""
+    where = f"{str(path)!r}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: its header entry is {json_kind(info)}, not a JSON object with "
+                              "dtype, shape and data_offsets")
+    absent = [k for k in ("dtype", "shape", "data_offsets") if k not in info]
+    if absent:
+        raise CheckpointError(f"{where}: its header entry has no {', '.join(absent)}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or (dtype not in _DTYPES and dtype != "BF16"):
+        raise CheckpointError(f"{where} has dtype {dtype!r}, which NumPy cannot hold (expected one of "
+                              f"{', '.join([*_DTYPES, 'BF16'])})")
+    if not isinstance(shape, list) or not all(_is_int(d) and 0 <= d < 2**63 for d in shape):
+        raise CheckpointError(f"{where} has shape {shape!r}; expected a list of non-negative ints")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets):
+        raise CheckpointError(f"{where} has data_offsets {offsets!r}; expected two ints [begin, end]")
+    begin, end = offsets
+    width = 2 if dtype == "BF16" else numpy.dtype(_DTYPES[dtype]).itemsize
+    if not 0 <= begin <= end <= size or end - begin != width * math.prod(shape):
+        raise CheckpointError(f"{where} of shape {tuple(shape)} and dtype {dtype} does not "
+                              f"fit its offsets [{begin}, {end}) in {size} bytes of data")
+    return dtype, tuple(shape), (begin, end)
 
 
 # -- Hugging Face model directories ---------------------------------------------------------------
@@ -156,8 +186,11 @@ def load_weights(root: Path) -> dict[str, numpy.ndarray]:
     """Every tensor of the checkpoint in ``root`` (one file, or the shards its index lists) by name."""
     if (root / WEIGHTS).is_file():
         return load_safetensors_file(root / WEIGHTS)
-    index = json.loads((root / INDEX).read_text())
-    shards = sorted(set(index.get("weight_map", {}).values()))
+    index = read_json(root / INDEX, str(root / INDEX))
+    weight_map = index.get("weight_map", {})
+    if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+        raise RangeError(f"{root / INDEX}: weight_map must be a JSON object of tensor name -> shard file name")
+    shards = sorted(set(weight_map.values()))
     absent = [s for s in shards if not (root / s).is_file()]
     if not shards or absent:
         raise FileNotFoundError(f"{root / INDEX} lists shards that are not in the directory: {absent}"

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from npformer.errors import CheckpointError
-from npformer.interop import load_safetensors_file, save_safetensors
+from npformer.errors import CheckpointError, RangeError
+from npformer.interop import INDEX, load_safetensors_file, load_weights, save_safetensors
 
 DTYPES = ["float64", "float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 
@@ -81,3 +81,41 @@ def test_damaged_files_are_named(tmp_path):
         load_safetensors_file(path)
     with pytest.raises(CheckpointError, match="safetensors has no dtype for complex128"):
         save_safetensors(tmp_path / "c.safetensors", {"z": np.zeros(2, complex)})
+
+
+@pytest.mark.parametrize("header, message", [
+    ([1], r"x.safetensors' is not a safetensors file: its header is an array, not a JSON object"),
+    ({"a": 3}, r"x.safetensors': tensor 'a': its header entry is a number, not a JSON object"),
+    ({"a": {"shape": [1], "data_offsets": [0, 4]}}, r"tensor 'a': its header entry has no dtype"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4, 5]}},
+     r"tensor 'a' has data_offsets \[0, 4, 5\]; expected two ints"),
+    ({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0.0, 4.0]}},
+     r"tensor 'a' has data_offsets \[0.0, 4.0\]; expected two ints"),
+    ({"a": {"dtype": "F32", "shape": [-1, -1], "data_offsets": [0, 4]}},
+     r"tensor 'a' has shape \[-1, -1\]; expected a list of non-negative ints"),
+    ({"a": {"dtype": "F32", "shape": ["1"], "data_offsets": [0, 4]}}, r"tensor 'a' has shape \['1'\]"),
+    ({"a": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, r"tensor 'a' has shape \[True\]"),
+    ({"a": {"dtype": 3, "shape": [1], "data_offsets": [0, 4]}}, r"tensor 'a' has dtype 3, which NumPy cannot"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}},
+     r"tensor 'a' of shape \(2,\) and dtype F32 does not fit its offsets \[0, 4\) in 4 bytes"),
+    ({"__metadata__": {"format": 1}}, r"x.safetensors': its __metadata__ is not a JSON object of strings"),
+])
+def test_malformed_headers_are_named(tmp_path, header, message):
+    # Found by fuzzing: these raised AttributeError, KeyError, TypeError, ValueError and numpy's errors
+    path = tmp_path / "x.safetensors"
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + b"\0" * 4)
+    with pytest.raises(CheckpointError, match=message):
+        load_safetensors_file(path)
+
+
+def test_a_malformed_index_is_named(tmp_path):
+    save_safetensors(tmp_path / "s1.safetensors", {"w": np.zeros(2, np.float32)})
+    for text, message in [("{not", "not valid JSON"), ("[1]", "expected a JSON object, got an array"),
+                          ('{"weight_map": [1]}', "weight_map must be a JSON object"),
+                          ('{"weight_map": {"w": 3}}', "weight_map must be a JSON object")]:
+        (tmp_path / INDEX).write_text(text)
+        with pytest.raises(RangeError, match=f"{INDEX}: {message}"):
+            load_weights(tmp_path)
+    (tmp_path / INDEX).write_text('{"weight_map": {"w": "s1.safetensors"}}')
+    np.testing.assert_array_equal(load_weights(tmp_path)["w"], np.zeros(2, np.float32))
