@@ -43,7 +43,7 @@ from npformer.errors import InputTypeError, RangeError, ShapeError
 
 __all__ = ["describe", "expect_array", "expect_float", "expect_int", "expect_bool_or_float", "expect_ndim",
            "expect_shape", "expect_rows", "expect_same_dtype", "expect_same_float", "expect_grad", "expect_row_buffer",
-           "token_ids", "ids_below", "class_ids", "integer", "positive_int", "non_negative_int", "real",
+           "token_ids", "ids_below", "class_ids", "integer", "boolean", "positive_int", "non_negative_int", "real",
            "positive_in_dtype", "probability", "one_of", "values_checked", "values_unchecked", "float_dtype",
            "OP_DEPTH", "checked_by_caller", "inputs_checked", "arrays_unchecked", "NUMBER_KINDS"]
 
@@ -307,6 +307,14 @@ def integer(v: Any, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, Integral):
         raise InputTypeError(f"{name}: expected an int, got {describe(v)}")
     return int(v)
+
+
+def boolean(v: Any, name: str) -> bool:
+    """``v``, which must be a ``bool`` (a flag read from a file: the string "false" or the number 0
+    are not flags, where ``bool()`` would make "false" True)."""
+    if not isinstance(v, bool):
+        raise InputTypeError(f"{name}: expected true or false, got {describe(v)}")
+    return v
 
 
 def positive_int(v: Any, name: str) -> int:

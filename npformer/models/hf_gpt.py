@@ -47,7 +47,8 @@ from typing import Any
 import numpy as np   # host side only: arrays read from and written to files
 
 from npformer.backend import to_numpy
-from npformer.errors import RangeError, StateDictError
+from npformer.checks import boolean, describe, positive_int, probability, real
+from npformer.errors import InputTypeError, RangeError, StateDictError
 
 __all__ = ["MODEL_TYPES", "config_fields_from_hf", "hf_config", "hf_model_type", "state_from_hf", "state_to_hf"]
 
@@ -80,32 +81,43 @@ _BUFFER = re.compile(r"^h\.\d+\.attn\.(bias|masked_bias)$")   # causal-mask buff
 
 def config_fields_from_hf(cfg: dict) -> dict[str, Any]:
     """``GPTConfig`` keyword arguments from a Hugging Face ``config.json`` dictionary of model type
-    ``gpt2`` or ``openai-gpt``. Variants npformer does not implement are refused, naming the field."""
+    ``gpt2`` or ``openai-gpt``. Each field's type is checked strictly, as JSON spells it (a size is an
+    int, not 8.9 or true; a flag is true or false, not "false"; a rate or an eps is a number), and
+    variants npformer does not implement are refused: an :class:`InputTypeError` or
+    :class:`RangeError` naming config.json and the field."""
+    if not isinstance(cfg, dict):
+        raise InputTypeError(f"config.json: expected a JSON object, got {describe(cfg)}")
     kind = cfg.get("model_type", "gpt2")
     if kind not in MODEL_TYPES:
-        raise ValueError(f"config.json: expected model_type {' or '.join(map(repr, MODEL_TYPES))}, got {kind!r}")
-    size = {ours: cfg.get(ours, cfg.get(alias)) for ours, alias in _SIZES.items()}
-    absent = [k for k, v in size.items() if v is None]
+        raise RangeError(f"config.json: expected model_type {' or '.join(map(repr, MODEL_TYPES))}, got {kind!r}")
+    names = {ours: ours if ours in cfg else alias for ours, alias in _SIZES.items()}  # the field each size is in
+    absent = [ours for ours, name in names.items() if cfg.get(name) is None]
     if absent:
-        raise ValueError(f"config.json: expected the {kind} fields {list(_SIZES)}, missing {absent}")
+        raise RangeError(f"config.json: expected the {kind} fields {list(_SIZES)}, missing {absent}")
+    size = {ours: positive_int(cfg[name], f"config.json: {name}") for ours, name in names.items()}
     field, acts = _ACT_FIELD[kind], _FROM_HF_ACT[kind]
     act = cfg.get(field, "gelu_new" if kind == "gpt2" else "gelu")
-    if act not in acts:
-        raise ValueError(f"config.json: {field} must be one of {sorted(acts)}, got {act!r}")
+    if not isinstance(act, str) or act not in acts:
+        raise RangeError(f"config.json: {field} must be one of {sorted(acts)}, got {act!r}")
     if kind == "gpt2":
         for name, want in [("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
                            ("add_cross_attention", False)]:
-            if bool(cfg.get(name, want)) != want:
-                raise ValueError(f"config.json: npformer's GPT needs {name}={str(want).lower()}, got {cfg[name]!r}")
-    c, h = int(size["n_embd"]), int(size["n_head"])
-    if h < 1 or c % h:
-        raise ValueError(f"config.json: n_embd={c} must be a multiple of n_head={h}")
+            if boolean(cfg.get(name, want), f"config.json: {name}") != want:
+                raise RangeError(f"config.json: npformer's GPT needs {name}={str(want).lower()}, got {cfg[name]!r}")
+    c, h = size["n_embd"], size["n_head"]
+    if c % h:
+        raise RangeError(f"config.json: n_embd={c} must be a multiple of n_head={h}")
     gpt2 = kind == "gpt2"
-    return dict(vocab_size=int(size["vocab_size"]), block_size=int(size["n_positions"]), n_layer=int(size["n_layer"]),
-                n_head=h, d_model=c, dim_feedforward=int(cfg.get("n_inner") or 4 * c) if gpt2 else 4 * c,
-                dropout=float(cfg.get("resid_pdrop", 0.1)), activation=acts[act], norm_first=gpt2,
-                layer_norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), bias=True,
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), scaled_residual_init=gpt2)
+    inner = cfg.get("n_inner") if gpt2 else None          # null (or absent): 4 * n_embd
+    ff = 4 * c if inner is None else positive_int(inner, "config.json: n_inner")
+    return dict(vocab_size=size["vocab_size"], block_size=size["n_positions"], n_layer=size["n_layer"],
+                n_head=h, d_model=c, dim_feedforward=ff,
+                dropout=probability(cfg.get("resid_pdrop", 0.1), "config.json: resid_pdrop"), activation=acts[act],
+                norm_first=gpt2, bias=True,
+                layer_norm_eps=real(cfg.get("layer_norm_epsilon", 1e-5), "config.json: layer_norm_epsilon", 0.0,
+                                    low_open=True),
+                tie_embeddings=boolean(cfg.get("tie_word_embeddings", True), "config.json: tie_word_embeddings"),
+                scaled_residual_init=gpt2)
 
 
 def hf_model_type(config) -> str:

@@ -30,7 +30,7 @@ def gpt2_config_from_hf(cfg: dict) -> GPTConfig:
     """A :class:`GPTConfig` (pre-norm, biases, GPT-2's eps and activation) from a Hugging Face GPT-2
     ``config.json`` dictionary. Variants npformer does not implement are refused, naming the field."""
     if cfg.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json: expected model_type 'gpt2', got {cfg['model_type']!r}")
+        raise RangeError(f"config.json: expected model_type 'gpt2', got {cfg['model_type']!r}")
     return GPTConfig(**hf_gpt.config_fields_from_hf(cfg))
 
 

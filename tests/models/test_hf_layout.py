@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from npformer.errors import RangeError, StateDictError
+from npformer.errors import InputTypeError, RangeError, StateDictError
 from npformer.models import BERT, GPT, BERTConfig, GPTConfig
-from npformer.models.hf_gpt import hf_model_type
+from npformer.models.hf_gpt import config_fields_from_hf, hf_model_type
 
 ATOL64 = 1e-9
 GPTS = [  # (norm_first, activation, tie_embeddings, dim_feedforward) -> the HF class
@@ -82,6 +82,34 @@ def test_gpt_configs_without_a_match_are_refused(tmp_path):
             model.save_pretrained(tmp_path / "refused")
         assert not (tmp_path / "refused").exists()       # refused before anything is written
 
+
+
+def test_config_json_fields_are_checked_strictly(tmp_path):
+    # Found by fuzzing: n_embd 8.9 became 8 by int(), tie_word_embeddings "false" became True by bool(),
+    # and "x" or null raised a bare ValueError or TypeError naming neither the file nor the field
+    good = {"model_type": "gpt2", "vocab_size": 7, "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 5}
+    assert config_fields_from_hf({**good, "tie_word_embeddings": False})["tie_embeddings"] is False
+    assert config_fields_from_hf({**good, "n_inner": None})["dim_feedforward"] == 32
+    for change, error, message in [
+            ({"n_embd": 8.9}, InputTypeError, "n_embd: expected an int, got float 8.9"),
+            ({"n_embd": "x"}, InputTypeError, "n_embd: expected an int, got str 'x'"),
+            ({"n_head": True}, InputTypeError, "n_head: expected an int, got bool True"),
+            ({"n_head": 0}, RangeError, "n_head: expected an int >= 1, got 0"),
+            ({"tie_word_embeddings": "false"}, InputTypeError, "tie_word_embeddings: expected true or false, got str"),
+            ({"scale_attn_weights": 1}, InputTypeError, "scale_attn_weights: expected true or false, got int 1"),
+            ({"layer_norm_epsilon": None}, InputTypeError, "layer_norm_epsilon: expected a real number, got None"),
+            ({"layer_norm_epsilon": -1}, RangeError, "layer_norm_epsilon: expected a finite number > 0, got -1"),
+            ({"resid_pdrop": 2}, RangeError, r"resid_pdrop: expected a probability in \[0, 1\], got 2"),
+            ({"n_inner": 2.5}, InputTypeError, "n_inner: expected an int, got float 2.5"),
+            ({"model_type": "bert"}, RangeError, "expected model_type 'gpt2' or 'openai-gpt', got 'bert'"),
+            ({"n_embd": None}, RangeError, r"expected the gpt2 fields .*, missing \['n_embd'\]")]:
+        with pytest.raises(error, match="config.json: " + message):
+            config_fields_from_hf({**good, **change})
+    _gpt(True, "gelu_tanh", True, None).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "n_embd": 8.9}))
+    with pytest.raises(InputTypeError, match="config.json: n_embd: expected an int, got float 8.9"):
+        GPT.from_pretrained(tmp_path)
 
 def test_from_pretrained_names_what_is_wrong(tmp_path):
     _bert(False).save_pretrained(tmp_path)
