@@ -37,7 +37,7 @@ from typing import Any, Iterator, Mapping
 from npformer.backend import (backend_name, default_rng, get_array_module, get_backend, is_cupy_array, is_float_dtype,
                               to_device)
 from npformer.checks import NUMBER_KINDS, describe, float_dtype
-from npformer.errors import ShapeError, StateDictError
+from npformer.errors import CallOrderError, ShapeError, StateDictError
 
 __all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
            "is_grad_enabled"]
@@ -300,7 +300,6 @@ class Module:
 
     def _pop(self) -> Any:
         if not self._saved:
-            from npformer.errors import CallOrderError
             raise CallOrderError(f"{type(self).__name__}.backward called more times than forward "
                                  "(each forward call can be back-propagated once)")
         return self._saved.pop()
