@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np   # host side only: arrays read from and written to files
 
 from npformer.backend import to_numpy
-from npformer.errors import StateDictError
+from npformer.errors import RangeError, StateDictError
 
 __all__ = ["config_fields_from_hf", "hf_config", "has_mlm_head", "state_from_hf", "state_to_hf"]
 
@@ -52,12 +52,12 @@ def config_fields_from_hf(cfg: dict) -> dict[str, Any]:
     need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"]
     absent = [k for k in need if k not in cfg]
     if absent:
-        raise ValueError(f"config.json: expected the BERT fields {need}, missing {absent}")
+        raise RangeError(f"config.json: expected the BERT fields {need}, missing {absent}")
     act = cfg.get("hidden_act", "gelu")
     if act not in _FROM_HF_ACT:
-        raise ValueError(f"config.json: hidden_act must be one of {sorted(_FROM_HF_ACT)}, got {act!r}")
+        raise RangeError(f"config.json: hidden_act must be one of {sorted(_FROM_HF_ACT)}, got {act!r}")
     if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise ValueError("config.json: only position_embedding_type 'absolute' is supported, got "
+        raise RangeError("config.json: only position_embedding_type 'absolute' is supported, got "
                          f"{cfg['position_embedding_type']!r}")
     opt = {"max_position_embeddings": 512, "type_vocab_size": 2, "layer_norm_eps": 1e-12}
     return {**{k: cfg[k] for k in need}, **{k: cfg.get(k, d) for k, d in opt.items()},

@@ -196,3 +196,21 @@ def test_a_transformers_bert_for_masked_lm_loads_with_its_head(tmp_path, hf):
     assert [(f.row, f.position) for f in fills] == [(1, 2)]
     np.testing.assert_array_equal(fills[0].ids, np.argsort(-p)[:4])
     np.testing.assert_allclose(fills[0].probs, np.sort(p)[::-1][:4], rtol=1e-9)
+
+
+def test_bert_config_json_is_refused_with_npformers_errors():
+    """A BERT config.json npformer cannot build is a RangeError naming config.json (a plain ValueError
+    before); its sizes' types and ranges are BERTConfig's checks, an npformer error each."""
+    from npformer.models.hf_bert import config_fields_from_hf as bert_fields
+    good = dict(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    assert BERTConfig(**bert_fields(good)).hidden_size == 8
+    for change, message in (({"hidden_act": "swish"}, "config.json: hidden_act must be one of"),
+                            ({"position_embedding_type": "relative_key"}, "only position_embedding_type"),
+                            ({"hidden_size": None}, r"missing \['hidden_size'\]")):
+        cfg = {k: v for k, v in {**good, **change}.items() if v is not None}
+        with pytest.raises(RangeError, match=message):
+            bert_fields(cfg)
+    for change, error in (({"hidden_size": 8.9}, InputTypeError), ({"layer_norm_eps": None}, InputTypeError),
+                          ({"pad_token_id": 99}, RangeError)):
+        with pytest.raises(error):
+            BERTConfig(**bert_fields({**good, **change}))

@@ -20,6 +20,7 @@ import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 from npformer.cli import main  # noqa: E402
+from npformer.errors import RangeError  # noqa: E402
 from npformer.nn.module import StateDictError  # noqa: E402
 from npformer.pretrained import (REQUIRED_FILES, SentenceEncoder, bert_config_from_hf,  # noqa: E402
                                  default_minilm_path, l2_normalize, load_bert, mean_pool)
@@ -186,11 +187,11 @@ def test_mismatched_shapes_are_named(tiny_dir):
 def test_config_errors():
     good = json.loads((PATH / "config.json").read_text())
     assert bert_config_from_hf(good).activation == "gelu"
-    with pytest.raises(ValueError, match="hidden_act must be one of .* got 'swish'"):
+    with pytest.raises(RangeError, match="hidden_act must be one of .* got 'swish'"):
         bert_config_from_hf({**good, "hidden_act": "swish"})
-    with pytest.raises(ValueError, match="missing \\['hidden_size'\\]"):
+    with pytest.raises(RangeError, match="missing \\['hidden_size'\\]"):
         bert_config_from_hf({k: v for k, v in good.items() if k != "hidden_size"})
-    with pytest.raises(ValueError, match="only position_embedding_type 'absolute'"):
+    with pytest.raises(RangeError, match="only position_embedding_type 'absolute'"):
         bert_config_from_hf({**good, "position_embedding_type": "relative_key"})
 
 
