@@ -17,7 +17,9 @@ A constant row has var = 0, so xhat = 0 and y = b (eps > 0 keeps rstd finite: ep
 rounded to the dtype var + eps is computed in, so 1e-50 is refused for float32). 16-bit inputs are
 normalised in float32 and rounded back. A row whose squared deviations overflow that dtype (float32:
 |x - mu| beyond about 1.8e19) has var = inf, rstd = 0 and so y = b, on every path (PyTorch's float32
-layer norm overflows there too); float64 input keeps such rows normalised.
+layer norm gives 0 there too), and a row whose sum overflows it (float32 values near its largest,
+3.4e38) has mu = inf and y = NaN (PyTorch's float32 layer norm gives NaN there too); float64 input
+keeps such rows normalised.
 """
 from __future__ import annotations
 
