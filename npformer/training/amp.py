@@ -62,7 +62,7 @@ from typing import Any, Mapping, NamedTuple
 import numpy
 
 from npformer.backend import get_backend, resolve_dtype, to_device
-from npformer.checks import describe, one_of, positive_int, real
+from npformer.checks import describe, non_negative_int, one_of, positive_int, real
 from npformer.dispatch import enabled
 from npformer.errors import InputTypeError, RangeError
 from npformer.nn.flat import FlatParameters, flat_parameters
@@ -73,10 +73,19 @@ from npformer.training.optim import clip_coefficient
 __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]
 
 
+# The scales a float32 holds as a normal number: scaled_dloss() is S in float32 (finfo(float32).tiny, .max)
+_MIN_SCALE, _MAX_SCALE = float(numpy.finfo(numpy.float32).tiny), float(numpy.finfo(numpy.float32).max)
+
+
 class DynamicLossScaler:
     """The loss scale S: halved (``backoff_factor``) on a step with inf/NaN gradients, which is
     skipped; doubled (``growth_factor``) after ``growth_interval`` finite steps in a row.
-    Defaults are ``torch.amp.GradScaler``'s."""
+    Defaults are ``torch.amp.GradScaler``'s.
+
+    :meth:`load_state_dict` takes what :meth:`state_dict` gives: exactly the keys ``scale`` (a
+    finite number > 0 that float32 holds as a normal number: ``scaled_dloss`` is float32),
+    ``growth_tracker`` and ``skipped`` (ints >= 0). A ``growth_tracker`` at or past this scaler's
+    ``growth_interval`` (a checkpoint of a longer interval) is kept: the next finite step grows S."""
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000):
@@ -94,7 +103,7 @@ class DynamicLossScaler:
             self.skipped += 1
             return
         self.growth_tracker += 1
-        if self.growth_tracker == self.growth_interval:
+        if self.growth_tracker >= self.growth_interval:     # >=: a loaded tracker may be past it
             self.scale *= self.growth_factor
             self.growth_tracker = 0
 
@@ -102,11 +111,22 @@ class DynamicLossScaler:
         return {"scale": self.scale, "growth_tracker": self.growth_tracker, "skipped": self.skipped}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        missing = {"scale", "growth_tracker", "skipped"} - set(state)
+        """Load :meth:`state_dict`'s keys, each checked (the class docstring) before any is set."""
+        if not isinstance(state, Mapping):
+            raise InputTypeError(f"loss scaler state: expected a dict with keys 'growth_tracker', 'scale', "
+                                 f"'skipped', got {describe(state)}")
+        keys = {"scale", "growth_tracker", "skipped"}
+        missing, unexpected = keys - set(state), set(state) - keys
         if missing:
-            raise RangeError(f"loss scaler state: missing keys {sorted(missing)}, got {sorted(state)}")
-        self.scale = real(state["scale"], "scale", 0, low_open=True)
-        self.growth_tracker, self.skipped = int(state["growth_tracker"]), int(state["skipped"])
+            raise RangeError(f"loss scaler state: missing keys {sorted(missing)}, got {sorted(map(str, state))}")
+        if unexpected:
+            raise RangeError(f"loss scaler state: unexpected keys {sorted(map(str, unexpected))}, "
+                             f"expected {sorted(keys)}")
+        scale = real(state["scale"], "loss scaler state: scale", _MIN_SCALE, _MAX_SCALE,
+                     what="a finite number float32 holds (a normal float32)")
+        tracker = non_negative_int(state["growth_tracker"], "loss scaler state: growth_tracker")
+        skipped = non_negative_int(state["skipped"], "loss scaler state: skipped")
+        self.scale, self.growth_tracker, self.skipped = scale, tracker, skipped
 
 
 class AmpStep(NamedTuple):

@@ -150,6 +150,41 @@ def test_scaler_rules():
     assert t.state_dict() == {"scale": 8.0, "growth_tracker": 1, "skipped": 1}
 
 
+def test_a_loaded_tracker_past_the_interval_grows_at_the_next_finite_step():
+    """A checkpoint of a longer growth_interval (tracker 10 of an interval of 3) grew never again: the
+    tracker counted past the interval, which update compared with ==."""
+    s = DynamicLossScaler(growth_interval=3)
+    s.load_state_dict({"scale": 8.0, "growth_tracker": 10, "skipped": 0})
+    s.update(False)
+    assert (s.scale, s.growth_tracker) == (16.0, 0)
+    for _ in range(3):
+        s.update(False)
+    assert (s.scale, s.growth_tracker) == (32.0, 0)
+
+
+def test_a_bad_scaler_state_is_refused_before_anything_is_loaded():
+    good = {"scale": 8.0, "growth_tracker": 1, "skipped": 2}
+    for state, exc, msg in [
+            (None, TypeError, r"loss scaler state: expected a dict with keys .*got None"),
+            ({**good, "extra": 1}, ValueError, r"loss scaler state: unexpected keys \['extra'\]"),
+            ({**good, "growth_tracker": None}, TypeError, "loss scaler state: growth_tracker: expected an int, got None"),
+            ({**good, "growth_tracker": "x"}, TypeError, "loss scaler state: growth_tracker: expected an int, got str"),
+            ({**good, "growth_tracker": float("nan")}, TypeError, "growth_tracker: expected an int, got float nan"),
+            ({**good, "growth_tracker": -1}, ValueError, "loss scaler state: growth_tracker: expected an int >= 0, got -1"),
+            ({**good, "skipped": -2}, ValueError, "loss scaler state: skipped: expected an int >= 0, got -2"),
+            ({**good, "scale": float("nan")}, ValueError, "loss scaler state: scale: expected a finite number float32"),
+            ({**good, "scale": 0.0}, ValueError, "loss scaler state: scale: expected a finite number float32 holds"),
+            ({**good, "scale": 1e39}, ValueError, "loss scaler state: scale: expected a finite number float32 holds"),
+            ({**good, "scale": "8"}, TypeError, "loss scaler state: scale: expected a real number, got str")]:
+        s = DynamicLossScaler()
+        with pytest.raises(exc, match=msg) as info:
+            s.load_state_dict(state)
+        assert type(info.value).__module__ == "npformer.errors"
+        assert s.state_dict() == {"scale": 65536.0, "growth_tracker": 0, "skipped": 0}   # nothing half-loaded
+    s.load_state_dict({"scale": np.float32(4.0), "growth_tracker": np.int64(0), "skipped": 0})
+    assert s.state_dict() == {"scale": 4.0, "growth_tracker": 0, "skipped": 0}
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_master_checkpoint_round_trip(xp, precision):
     model = GPT(CONFIG, dtype=xp.float32, backend=backend_name(xp), rng=0)
