@@ -75,12 +75,16 @@ __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtyp
 
 # The scales a float32 holds as a normal number: scaled_dloss() is S in float32 (finfo(float32).tiny, .max)
 _MIN_SCALE, _MAX_SCALE = float(numpy.finfo(numpy.float32).tiny), float(numpy.finfo(numpy.float32).max)
+_MAX_GROWN = 2.0 ** 127          # float32's largest power of two: growth stops there (inf would skip every step)
 
 
 class DynamicLossScaler:
     """The loss scale S: halved (``backoff_factor``) on a step with inf/NaN gradients, which is
     skipped; doubled (``growth_factor``) after ``growth_interval`` finite steps in a row.
-    Defaults are ``torch.amp.GradScaler``'s.
+    Defaults are ``torch.amp.GradScaler``'s, with two bounds torch lacks: ``init_scale`` must be a
+    number float32 holds (a normal float32 up to 3.4e38: ``scaled_dloss`` is S in float32, and 1e300
+    there is inf, which would skip every step until ~870 halvings brought it back), and growth stops
+    at 2^127, float32's largest power of two (a large ``growth_factor`` took S to inf, where it stayed).
 
     :meth:`load_state_dict` takes what :meth:`state_dict` gives: exactly the keys ``scale`` (a
     finite number > 0 that float32 holds as a normal number: ``scaled_dloss`` is float32),
@@ -89,7 +93,8 @@ class DynamicLossScaler:
 
     def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000):
-        self.scale = real(init_scale, "init_scale", 0, low_open=True)
+        self.scale = real(init_scale, "init_scale", _MIN_SCALE, _MAX_SCALE,
+                          what="a finite number float32 holds (a normal float32)")
         self.growth_factor = real(growth_factor, "growth_factor", 1, low_open=True)
         self.backoff_factor = real(backoff_factor, "backoff_factor", 0, 1, low_open=True, high_open=True)
         self.growth_interval = positive_int(growth_interval, "growth_interval")
@@ -104,7 +109,7 @@ class DynamicLossScaler:
             return
         self.growth_tracker += 1
         if self.growth_tracker >= self.growth_interval:     # >=: a loaded tracker may be past it
-            self.scale *= self.growth_factor
+            self.scale = max(self.scale, min(self.scale * self.growth_factor, _MAX_GROWN))   # capped, never lowered
             self.growth_tracker = 0
 
     def state_dict(self) -> dict:

@@ -162,6 +162,24 @@ def test_a_loaded_tracker_past_the_interval_grows_at_the_next_finite_step():
     assert (s.scale, s.growth_tracker) == (32.0, 0)
 
 
+def test_the_scale_stops_growing_at_float32s_largest_power_of_two():
+    """growth_factor=1e300 took S to inf in two steps, and a skip left it inf (inf / 2): every later step
+    was skipped. Growth stops at 2^127; a scale already above it (init_scale 3e38) is not lowered by growth."""
+    s = DynamicLossScaler(growth_factor=1e300, growth_interval=1)
+    s.update(False)
+    s.update(False)
+    assert s.scale == 2.0 ** 127
+    s.update(True)
+    assert s.scale == 2.0 ** 126 and np.isfinite(np.float32(s.scale))
+    t = DynamicLossScaler(init_scale=3e38, growth_interval=1)
+    t.update(False)
+    assert t.scale == 3e38 and np.isfinite(np.float32(t.scale))
+    u = DynamicLossScaler(init_scale=2.0 ** 126, growth_interval=1)
+    for _ in range(3):
+        u.update(False)
+    assert u.scale == 2.0 ** 127
+
+
 def test_a_bad_scaler_state_is_refused_before_anything_is_loaded():
     good = {"scale": 8.0, "growth_tracker": 1, "skipped": 2}
     for state, exc, msg in [
@@ -209,8 +227,11 @@ def test_bad_input(xp):
         MixedPrecision(model, "float32")
     with pytest.raises(TypeError, match="model: expected an npformer Module"):
         MixedPrecision([1, 2], "float16")
-    for kw, exc, msg in [({"init_scale": 0}, ValueError, "init_scale: expected a finite number > 0, got 0"),
-                         ({"init_scale": float("inf")}, ValueError, "init_scale: expected a finite number > 0"),
+    for kw, exc, msg in [({"init_scale": 0}, ValueError, r"init_scale: expected a finite number float32 holds "
+                                                             r"\(a normal float32\) in \[1.17549e-38, 3.40282e\+38\], got 0"),
+                         ({"init_scale": float("inf")}, ValueError, "init_scale: expected a finite number float32"),
+                         ({"init_scale": 1e300}, ValueError, "init_scale: expected a finite number float32 holds"),
+                         ({"init_scale": -1.0}, ValueError, "init_scale: expected a finite number float32 holds"),
                          ({"init_scale": "big"}, TypeError, "init_scale: expected a real number, got str"),
                          ({"growth_factor": 1.0}, ValueError, "growth_factor: expected a finite number > 1"),
                          ({"backoff_factor": 1.0}, ValueError, r"backoff_factor: expected a finite number in \(0, 1\)"),
