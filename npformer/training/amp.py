@@ -18,7 +18,8 @@ range, and dividing by S in float32 undoes it exactly (S stays a power of two). 
 optimiser updates are float32. bfloat16 keeps float32's exponent range, so nothing flushes to zero and
 it trains without a loss scaler (as PyTorch's autocast(bfloat16) does, with no GradScaler; asking for
 one is an error), with 8 significant bits (u = 2^-8). Its gradients are those of the loss itself
-(S = 1); non-finite ones mean the run diverged, as in float32: ``step`` raises FloatingPointError.
+(S = 1); non-finite ones mean the run diverged, as in float32: ``step`` raises NonFiniteError (a
+FloatingPointError).
 
 Recipe (a GPT; the loss is computed in float32 from the float16 logits, with no float32 copy of them)::
 
@@ -64,11 +65,11 @@ import numpy
 from npformer.backend import get_backend, resolve_dtype, to_device
 from npformer.checks import describe, non_negative_int, one_of, positive_int, real
 from npformer.dispatch import enabled
-from npformer.errors import InputTypeError, RangeError
+from npformer.errors import InputTypeError, NonFiniteError, RangeError
 from npformer.nn.flat import FlatParameters, flat_parameters
 from npformer.nn.module import Module, Parameter
 from npformer.ops.optim import sum_of_squares
-from npformer.training.optim import clip_coefficient
+from npformer.training.optim import Optimizer, clip_coefficient
 
 __all__ = ["DynamicLossScaler", "MixedPrecision", "AmpStep", "low_precision_dtype"]
 
@@ -164,6 +165,9 @@ class MixedPrecision:
         self.xp = get_backend(model.backend)
         self.dtype = low_precision_dtype(dtype, self.xp)
         self.model = model
+        if scaler is not None and not isinstance(scaler, DynamicLossScaler):
+            raise InputTypeError(f"scaler: expected a DynamicLossScaler or None (float16: torch's defaults), "
+                                 f"got {describe(scaler)}")
         if self.dtype.name == "bfloat16":
             if scaler is not None:
                 raise RangeError("scaler: bfloat16 keeps float32's exponent range and trains without loss "
@@ -220,12 +224,16 @@ class MixedPrecision:
         """Check the model's gradients, skip on inf/NaN, step ``optimizer`` on the masters with the
         gradients unscaled and clipped to ``max_norm`` as it reads them, round the masters back into
         the model, and zero every gradient. Without a scaler (bfloat16) non-finite gradients raise
-        FloatingPointError: there is no scale to lower."""
+        NonFiniteError (a FloatingPointError): there is no scale to lower. ``optimizer`` must be an
+        npformer Optimizer over :meth:`named_parameters` (InputTypeError, RangeError)."""
+        if not isinstance(optimizer, Optimizer):
+            raise InputTypeError(f"optimizer: expected an npformer Optimizer built over amp.named_parameters(), "
+                                 f"got {describe(optimizer)}")
         xp, scale = self.xp, self._scale()
         masters = {id(m) for m in self.parameters()}
         foreign = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in masters]
         if foreign:
-            raise ValueError(f"optimizer holds {len(foreign)} parameters that are not this MixedPrecision's "
+            raise RangeError(f"optimizer holds {len(foreign)} parameters that are not this MixedPrecision's "
                              "float32 masters; build it over amp.named_parameters()")
         flat = self._flat_pairs()
         for _, p, m in self._pairs:              # the masters' gradients are the model's (16-bit, S g)
@@ -257,8 +265,8 @@ class MixedPrecision:
         self.model.zero_grad()
         if self.scaler is None:
             if not ok:
-                raise FloatingPointError(f"{self.dtype} gradients are not finite and there is no loss scale to "
-                                         "lower (bfloat16 trains without one): the run diverged")
+                raise NonFiniteError(f"{self.dtype} gradients are not finite and there is no loss scale to "
+                                     "lower (bfloat16 trains without one): the run diverged")
         else:
             self.scaler.update(not ok)
         return AmpStep(ok, scale, norm)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from npformer.backend import backend_name
+from npformer.errors import InputTypeError, NonFiniteError, RangeError
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.training.amp import DynamicLossScaler, MixedPrecision
@@ -90,8 +91,8 @@ def test_bfloat16_without_a_scaler_raises_on_non_finite_gradients(xp, precision)
     _, cache = cross_entropy_forward(model(x).astype(xp.float32), y)
     model.backward(cross_entropy_backward(amp.scaled_dloss(), cache).astype(amp.dtype))
     model.wpe.weight.grad[0, 0] = np.nan
-    with pytest.raises(FloatingPointError, match="bfloat16 gradients are not finite and there is no loss scale"):
-        amp.step(opt)
+    with pytest.raises(NonFiniteError, match="bfloat16 gradients are not finite and there is no loss scale"):
+        amp.step(opt)                                                # a FloatingPointError, npformer's
     assert all(np.array_equal(a, host(m.data)) for a, m in zip(masters, amp.parameters()))
     assert opt.state.keys() == state.keys() and all(p.grad is None for p in model.parameters())
 
@@ -242,8 +243,15 @@ def test_bad_input(xp):
     with pytest.raises(ValueError, match=r"loss scaler state: missing keys \['skipped'\]"):
         DynamicLossScaler().load_state_dict({"scale": 2.0, "growth_tracker": 0})
     amp = MixedPrecision(model, "float16")
-    with pytest.raises(ValueError, match="optimizer holds 1 parameters that are not this MixedPrecision's"):
+    with pytest.raises(RangeError, match="optimizer holds 1 parameters that are not this MixedPrecision's"):
         amp.step(AdamW([amp.parameters()[0], model.wpe.weight], eps=1e-4))   # an eps float16 (wpe's) holds
+    for optimizer in (None, [amp.parameters()[0]]):      # an AttributeError (param_groups) before
+        with pytest.raises(InputTypeError, match="optimizer: expected an npformer Optimizer built over "
+                                                 r"amp.named_parameters\(\), got (None|list)"):
+            amp.step(optimizer)
+    for scaler in (2.0, "dynamic", {"scale": 8.0}):      # 2.0 failed at scaled_dloss (AttributeError)
+        with pytest.raises(InputTypeError, match="scaler: expected a DynamicLossScaler or None"):
+            MixedPrecision(GPT(CONFIG, dtype=xp.float32, backend=backend_name(xp), rng=0), "float16", scaler)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS[1:])
