@@ -54,8 +54,10 @@ from typing import Any, Callable, Mapping
 
 import numpy  # host side only: sampling indices and the upstream gradient
 
-from npformer.backend import get_array_module
-from npformer.nn.module import no_grad
+from npformer.backend import get_array_module, is_array
+from npformer.checks import describe, expect_grad, non_negative_int, one_of, positive_int, real
+from npformer.errors import InputTypeError
+from npformer.nn.module import Module, no_grad
 
 EPS = 1e-4
 TOL = 1e-6
@@ -135,6 +137,27 @@ class GradcheckReport:
         return self
 
 
+def _settings(mode: Any, eps: Any, max_elements: Any, seed: Any) -> tuple[str, float, int | None, int]:
+    """The checks' settings, checked (npformer errors) and converted: ``mode`` one of the two modes,
+    ``eps`` a finite number > 0 (0 divides by zero, NaN made every element a kink), ``max_elements``
+    None or an int >= 1, ``seed`` an int >= 0 (NumPy's generator takes no negative seed)."""
+    mode = one_of(mode, "mode", ("elements", "direction"))
+    eps = real(eps, "eps", 0.0, low_open=True)
+    max_elements = None if max_elements is None else positive_int(max_elements, "max_elements")
+    return mode, eps, max_elements, non_negative_int(seed, "seed")
+
+
+def _arrays(inputs: Any, name: str) -> dict:
+    """``inputs`` as a dict of name -> array (lists and other containers are not converted)."""
+    if not isinstance(inputs, Mapping):
+        raise InputTypeError(f"{name}: expected a dict of name -> float64 array, got {describe(inputs)}")
+    for k, v in inputs.items():
+        if not is_array(v):
+            raise InputTypeError(f"{name}[{k!r}]: expected a numpy or cupy array (float64 to be checked), "
+                                 f"got {describe(v)}")
+    return dict(inputs)
+
+
 def _relative_error(a, n, xp):
     return xp.abs(a - n) / xp.maximum(xp.abs(a) + xp.abs(n), FLOOR)
 
@@ -206,24 +229,27 @@ def check_gradients(run: Callable[[], Any], arrays: Mapping[str, Any], analytic:
 
     ``run()`` computes the output from the float64 ``arrays`` (which it reads in place: inputs of an
     op, or a module's parameters); each array is perturbed in place and restored bit for bit.
-    ``analytic[name]`` is the hand-written gradient of ``arrays[name]``.
+    ``analytic[name]`` is the hand-written gradient of ``arrays[name]``. ``eps`` is a finite number > 0,
+    ``max_elements`` None or an int >= 1, ``seed`` an int >= 0 (npformer errors otherwise).
     """
-    if mode not in ("elements", "direction"):
-        raise ValueError(f"mode must be 'elements' or 'direction', got {mode!r}")
+    mode, eps, max_elements, seed = _settings(mode, eps, max_elements, seed)
+    arrays = _arrays(arrays, "arrays")
     host_rng = numpy.random.default_rng(seed)
     base = run()                                         # the unperturbed output, for kink detection
     checks = []
     for name, x in arrays.items():
         xp = get_array_module(x)
         if x.dtype != xp.float64:
-            raise TypeError(f"gradcheck needs float64 arrays; {name} is {x.dtype}")
+            raise InputTypeError(f"gradcheck needs float64 arrays; {name} is {x.dtype}")
         g = analytic.get(name)
         if g is None:
             checks.append(TensorCheck(name, tuple(x.shape), float("inf"), None, float("nan"),
                                       float("nan"), 0, "backward returned no gradient"))
             continue
         problem = ""
-        if tuple(g.shape) != tuple(x.shape):
+        if not is_array(g):
+            problem = f"backward returned {describe(g)}, not an array"
+        elif tuple(g.shape) != tuple(x.shape):
             problem = f"gradient shape {tuple(g.shape)} != input shape {tuple(x.shape)}"
         elif g.dtype != x.dtype:
             problem = f"gradient dtype {g.dtype} != input dtype {x.dtype}"
@@ -301,17 +327,30 @@ def gradcheck(forward: Callable[..., tuple], backward: Callable[[Any, Any], Any]
     gradient of an absent bias, are allowed). Integer arrays in ``inputs`` (token ids, targets) and
     everything in ``kwargs`` (masks, flags, generators factories) are held fixed. The check also
     fails when forward or backward mutates an input or backward mutates the cache.
+
+    ``inputs`` is a dict of name -> array; ``forward`` must return a tuple of at least two, the output
+    first and the cache last; ``dout`` (None: random, from ``seed``) an array of the output's shape and
+    dtype. Those, and the settings (:func:`check_gradients`), raise npformer errors before ``backward``
+    is called, so a mistake in them is never reported as the backward's.
     """
+    mode, eps, max_elements, seed = _settings(mode, eps, max_elements, seed)
     kwargs = dict(kwargs or {})
-    arrays = {k: v.copy() for k, v in inputs.items()}
+    arrays = {k: v.copy() for k, v in _arrays(inputs, "inputs").items()}
     originals = {k: v.copy() for k, v in arrays.items()}
     wrt = [k for k, v in arrays.items() if v.dtype.kind == "f"]
     xp = get_array_module(*arrays.values())
+    for k in wrt:
+        if arrays[k].dtype != xp.float64:
+            raise InputTypeError(f"gradcheck needs float64 arrays; {k} is {arrays[k].dtype}")
 
     result = forward(**arrays, **kwargs)
+    if not isinstance(result, tuple) or len(result) < 2 or not is_array(result[0]):
+        raise InputTypeError(f"forward: expected a tuple (out, ..., cache) of at least two, the output array "
+                             f"first, got {describe(result)}")
     out, cache = result[0], result[-1]
     if dout is None:
         dout = xp.asarray(numpy.random.default_rng(seed + 7919).standard_normal(out.shape))
+    expect_grad(dout, "dout", out.shape, out.dtype)
     cache_before = {k: v.copy() for k, v in _array_fields(cache).items()}
     grads = backward(dout, cache)
     if not isinstance(grads, (tuple, list)):
@@ -355,9 +394,12 @@ def gradcheck_module(module: Any, inputs: Mapping[str, Any], *,
     before every forward, so each finite-difference evaluation draws the same masks. Also fails when
     backward leaves saved caches behind (a forward that was not back-propagated).
     """
+    if not isinstance(module, Module):
+        raise InputTypeError(f"module: expected an npformer Module, got {describe(module)}")
+    mode, eps, max_elements, seed = _settings(mode, eps, max_elements, seed)
     forward = forward or (lambda m, **kw: m(*kw.values()))
     backward = backward or (lambda m, d: m.backward(d))
-    arrays = dict(inputs)
+    arrays = _arrays(inputs, "inputs")
     wrt = [k for k, v in arrays.items() if v.dtype.kind == "f"]
     xp = get_array_module(*arrays.values())
 

@@ -4,7 +4,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import pytest
 
-from npformer.tools.gradcheck import EPS, FLOOR, TOL, GradcheckError, check_gradients, gradcheck
+from npformer.errors import InputTypeError, RangeError, ShapeError
+from npformer.tools.gradcheck import EPS, FLOOR, TOL, GradcheckError, check_gradients, gradcheck, gradcheck_module
 
 
 class _Cache(NamedTuple):
@@ -83,8 +84,61 @@ def test_wrong_gradient_shape_or_count_is_reported():
 
 
 def test_float32_is_refused():
-    with pytest.raises(TypeError, match="gradcheck needs float64 arrays; x is float32"):
+    with pytest.raises(InputTypeError, match="gradcheck needs float64 arrays; x is float32"):
         gradcheck(fwd, bwd, {k: v.astype(np.float32) for k, v in _inputs().items()})
+
+
+def test_bad_arguments_are_npformer_errors_raised_before_backward_runs():
+    """Found by fuzzing: eps=0 divided by zero, eps=NaN failed every element as "at a kink", a negative
+    max_elements or a list input raised NumPy's or Python's errors, a bare-array forward was read as
+    (out, cache) = (rows of it), and a dout of the wrong shape was reported as the backward's fault."""
+    def never(dout, cache):
+        raise AssertionError("backward must not be called")
+    x = _inputs()
+    for kw, exc, msg in [
+            ({"eps": 0}, RangeError, "eps: expected a finite number > 0, got 0"),
+            ({"eps": float("nan")}, RangeError, "eps: expected a finite number > 0, got nan"),
+            ({"eps": -1e-4}, RangeError, "eps: expected a finite number > 0, got -0.0001"),
+            ({"eps": "1e-4"}, InputTypeError, "eps: expected a real number, got str"),
+            ({"max_elements": -1}, RangeError, "max_elements: expected an int >= 1, got -1"),
+            ({"max_elements": 0}, RangeError, "max_elements: expected an int >= 1, got 0"),
+            ({"seed": "a"}, InputTypeError, "seed: expected an int, got str 'a'"),
+            ({"seed": -1}, RangeError, "seed: expected an int >= 0, got -1"),
+            ({"mode": "grid"}, RangeError, "mode: expected one of 'elements', 'direction', got 'grid'"),
+            ({"dout": 1.0}, InputTypeError, "dout: expected a numpy or cupy array, got float 1.0"),
+            ({"dout": np.ones((2, 2))}, ShapeError, r"dout: expected the shape of the forward's output, \(3, 5\), "
+                                                    r"got numpy float64 array of shape \(2, 2\)"),
+            ({"dout": np.ones((3, 5), np.float32)}, InputTypeError, "dout: expected the dtype of the forward's output"),
+            ({"inputs": [x["x"], x["w"]]}, InputTypeError,
+             "inputs: expected a dict of name -> float64 array, got list"),
+            ({"inputs": {"x": [1.0, 2.0], "w": x["w"]}}, InputTypeError,
+             r"inputs\['x'\]: expected a numpy or cupy array \(float64 to be checked\), got list")]:
+        inputs = kw.pop("inputs", x)
+        with pytest.raises(exc, match=msg):
+            gradcheck(fwd, never, inputs, **kw)
+    with pytest.raises(InputTypeError, match=r"forward: expected a tuple \(out, \.\.\., cache\) of at least two, "
+                                             "the output array first, got numpy float64 array of shape"):
+        gradcheck(lambda x, w: fwd(x, w)[0], never, x)
+    with pytest.raises(InputTypeError, match="forward: expected a tuple .*got tuple"):
+        gradcheck(lambda x, w: (fwd(x, w)[0],), never, x)
+    with pytest.raises(RangeError, match="eps: expected a finite number > 0, got 0"):
+        check_gradients(lambda: x["x"] * 2, {"x": x["x"]}, {"x": 2 * np.ones((3, 4))}, np.ones((3, 4)), eps=0)
+    with pytest.raises(InputTypeError, match="arrays: expected a dict of name -> float64 array, got list"):
+        check_gradients(lambda: x["x"] * 2, [x["x"]], {"x": 2 * np.ones((3, 4))}, np.ones((3, 4)))
+    report = gradcheck(fwd, lambda d, c: ([[0.0]], bwd(d, c)[1]), x)       # a list for a gradient: reported
+    assert not report.passed and "backward returned list [[0.0]], not an array" in str(report)
+
+
+def test_gradcheck_module_needs_a_module():
+    from npformer.nn import Linear
+    with pytest.raises(InputTypeError, match="module: expected an npformer Module, got function"):
+        gradcheck_module(lambda x: x, {"x": np.ones((2, 3))})
+    linear = Linear(3, 2, dtype=np.float64, rng=0)
+    with pytest.raises(InputTypeError, match="inputs: expected a dict of name -> float64 array, got list"):
+        gradcheck_module(linear, [np.ones((2, 3))])
+    with pytest.raises(RangeError, match="eps: expected a finite number > 0, got -1"):
+        gradcheck_module(linear, {"x": np.ones((2, 3))}, eps=-1)
+    assert gradcheck_module(linear, {"x": np.random.default_rng(0).standard_normal((2, 3))}).passed
 
 
 def test_sampled_and_direction_modes():
