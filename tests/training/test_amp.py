@@ -186,10 +186,12 @@ def test_a_bad_scaler_state_is_refused_before_anything_is_loaded():
     for state, exc, msg in [
             (None, TypeError, r"loss scaler state: expected a dict with keys .*got None"),
             ({**good, "extra": 1}, ValueError, r"loss scaler state: unexpected keys \['extra'\]"),
-            ({**good, "growth_tracker": None}, TypeError, "loss scaler state: growth_tracker: expected an int, got None"),
+            ({**good, "growth_tracker": None}, TypeError,
+             "loss scaler state: growth_tracker: expected an int, got None"),
             ({**good, "growth_tracker": "x"}, TypeError, "loss scaler state: growth_tracker: expected an int, got str"),
             ({**good, "growth_tracker": float("nan")}, TypeError, "growth_tracker: expected an int, got float nan"),
-            ({**good, "growth_tracker": -1}, ValueError, "loss scaler state: growth_tracker: expected an int >= 0, got -1"),
+            ({**good, "growth_tracker": -1}, ValueError,
+             "loss scaler state: growth_tracker: expected an int >= 0, got -1"),
             ({**good, "skipped": -2}, ValueError, "loss scaler state: skipped: expected an int >= 0, got -2"),
             ({**good, "scale": float("nan")}, ValueError, "loss scaler state: scale: expected a finite number float32"),
             ({**good, "scale": 0.0}, ValueError, "loss scaler state: scale: expected a finite number float32 holds"),
@@ -229,7 +231,8 @@ def test_bad_input(xp):
     with pytest.raises(TypeError, match="model: expected an npformer Module"):
         MixedPrecision([1, 2], "float16")
     for kw, exc, msg in [({"init_scale": 0}, ValueError, r"init_scale: expected a finite number float32 holds "
-                                                             r"\(a normal float32\) in \[1.17549e-38, 3.40282e\+38\], got 0"),
+                                                             r"\(a normal float32\) in \[1.17549e-38, "
+                                                             r"3.40282e\+38\], got 0"),
                          ({"init_scale": float("inf")}, ValueError, "init_scale: expected a finite number float32"),
                          ({"init_scale": 1e300}, ValueError, "init_scale: expected a finite number float32 holds"),
                          ({"init_scale": -1.0}, ValueError, "init_scale: expected a finite number float32 holds"),
