@@ -85,7 +85,9 @@ class DynamicLossScaler:
     Defaults are ``torch.amp.GradScaler``'s, with two bounds torch lacks: ``init_scale`` must be a
     number float32 holds (a normal float32 up to 3.4e38: ``scaled_dloss`` is S in float32, and 1e300
     there is inf, which would skip every step until ~870 halvings brought it back), and growth stops
-    at 2^127, float32's largest power of two (a large ``growth_factor`` took S to inf, where it stayed).
+    at 2^127, float32's largest power of two (a large ``growth_factor`` took S to inf, where it stayed);
+    backoff stops at float32's smallest normal number, 2^-126 (a model non-finite at every scale took
+    S to 0.0 after ~1,100 skipped steps, and ``step`` divided by it).
 
     :meth:`load_state_dict` takes what :meth:`state_dict` gives: exactly the keys ``scale`` (a
     finite number > 0 that float32 holds as a normal number: ``scaled_dloss`` is float32),
@@ -104,7 +106,7 @@ class DynamicLossScaler:
 
     def update(self, found_inf: bool) -> None:
         if found_inf:
-            self.scale *= self.backoff_factor
+            self.scale = max(self.scale * self.backoff_factor, _MIN_SCALE)   # 0 would divide by zero in step
             self.growth_tracker = 0
             self.skipped += 1
             return

@@ -179,6 +179,10 @@ def test_the_scale_stops_growing_at_float32s_largest_power_of_two():
     for _ in range(3):
         u.update(False)
     assert u.scale == 2.0 ** 127
+    v = DynamicLossScaler(init_scale=1.0)               # non-finite at every scale: 0.0 after ~1,100 skips
+    for _ in range(1200):
+        v.update(True)
+    assert v.scale == 2.0 ** -126 and v.skipped == 1200
 
 
 def test_a_bad_scaler_state_is_refused_before_anything_is_loaded():
