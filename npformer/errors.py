@@ -16,8 +16,9 @@ exception                  also a                       the mistake
                                                         1, a probability outside [0, 1], a token id
                                                         beyond the vocabulary, a non-finite number,
                                                         a name that is not one of the choices
-:class:`NonFiniteError`    ``FloatingPointError``       an op produced NaN or inf (only inside
-                                                        ``npformer.detect_anomaly()``)
+:class:`NonFiniteError`    ``FloatingPointError``       an op produced NaN or inf (inside
+                                                        ``npformer.detect_anomaly()``), or bfloat16
+                                                        training's gradients are not finite
 :class:`StateDictError`    ``KeyError``, ``ValueError``  a state dict that does not fit a module
 :class:`BackendUnavailableError`  ``RuntimeError``      the backend asked for cannot run here
 :class:`CaptureError`      ``RuntimeError``             a step that CUDA cannot capture in a graph (a
@@ -67,7 +68,8 @@ class RangeError(NpformerError, ValueError):
 
 
 class NonFiniteError(NpformerError, FloatingPointError):
-    """An op returned NaN, or an infinity its inputs did not hold, under ``npformer.detect_anomaly()``."""
+    """An op returned NaN, or an infinity its inputs did not hold, under ``npformer.detect_anomaly()``;
+    or a bfloat16 mixed-precision step's gradients are not finite (it has no loss scale to lower)."""
 
 
 class StateDictError(NpformerError, KeyError, ValueError):
