@@ -26,12 +26,13 @@ with several chunks dW and db add up in that dtype too, rounded to x's dtype onc
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import Any, NamedTuple
 
-from npformer.backend import accumulation_dtype, get_array_module
+from npformer.backend import accumulation_dtype, get_array_module, is_array
 from npformer.checks import (class_ids, describe, expect_float, expect_int, expect_rows, integer, one_of,
-                             positive_int, probability, values_unchecked)
-from npformer.errors import ShapeError
+                             positive_int, probability, real, values_unchecked)
+from npformer.errors import InputTypeError, ShapeError
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward, loss_divisor
 from npformer.ops.linear import as_rows, check_linear_inputs, linear_backward, linear_forward
 
@@ -61,7 +62,21 @@ def chunk_rows_for(n_rows: int, vocab: int, itemsize: int, budget: int | None = 
     return max(1, math.ceil(n_rows / chunks))
 
 
-def _check(x, weight, bias, targets, reduction, ignore_index, label_smoothing, chunk_rows):
+def _check_dloss(dloss) -> None:
+    """A finite real number, or a 0-d float array. An array's value is not read: it may be a loss scale
+    on the device (``MixedPrecision.scaled_dloss``), and reading it would sync the host to the device."""
+    if is_array(dloss) and not isinstance(dloss, Real):
+        expect_float(dloss, "dloss")
+        if dloss.ndim != 0:
+            raise ShapeError(f"dloss: expected a number or a 0-d array (the gradient of the scalar loss), "
+                             f"got {describe(dloss)}")
+    elif isinstance(dloss, (bool, str)) or not isinstance(dloss, Real):
+        raise InputTypeError(f"dloss: expected a real number or a 0-d float array, got {describe(dloss)}")
+    else:
+        real(dloss, "dloss")                         # NaN or inf: every gradient would be NaN
+
+
+def _check(x, weight, bias, targets, dloss, reduction, ignore_index, label_smoothing, chunk_rows):
     expect_float(x, "x")
     expect_rows(x, "x", "(..., C)")
     check_linear_inputs(x, weight, bias)
@@ -74,6 +89,7 @@ def _check(x, weight, bias, targets, reduction, ignore_index, label_smoothing, c
     integer(ignore_index, "ignore_index")
     if chunk_rows is not None:
         positive_int(chunk_rows, "chunk_rows")
+    _check_dloss(dloss)
 
 
 def _chunk(x, weight, bias, targets, dloss, acc, ce_options: dict) -> tuple:
@@ -89,10 +105,10 @@ def _chunk(x, weight, bias, targets, dloss, acc, ce_options: dict) -> tuple:
 def linear_cross_entropy(x, weight, targets, bias=None, *, dloss=1.0, reduction: str = "mean",
                          ignore_index: int = -100, label_smoothing: float = 0.0,
                          chunk_rows: int | None = None) -> LinearCrossEntropy:
-    """The loss and the gradients of x, W and b times ``dloss`` (a float or a 0-d array, which stays
+    """The loss and the gradients of x, W and b times ``dloss`` (a finite number or a 0-d float array, which stays
     on the device), ``chunk_rows`` rows at a time (default :func:`chunk_rows_for`)."""
-    _check(x, weight, bias, targets, reduction, ignore_index, label_smoothing, chunk_rows)
-    xp = get_array_module(x, weight, targets)
+    _check(x, weight, bias, targets, dloss, reduction, ignore_index, label_smoothing, chunk_rows)
+    xp = get_array_module(x, weight, targets, dloss)
     acc = accumulation_dtype(x.dtype)
     v = weight.shape[0]
     x2, t = as_rows(x), targets.reshape(-1).astype(xp.int64, copy=False)        # (N, C), (N,)

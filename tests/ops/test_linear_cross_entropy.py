@@ -9,7 +9,7 @@ from hypothesis import given, strategies as st
 
 from benchmarks.head_memory import main as head_memory_main, peak_bytes
 from npformer.backend import get_array_module
-from npformer.errors import RangeError, ShapeError
+from npformer.errors import InputTypeError, RangeError, ShapeError
 from npformer.ops import linear_cross_entropy as lce_module
 from npformer.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from npformer.ops.linear import linear_backward, linear_forward
@@ -217,3 +217,22 @@ def test_bad_input_is_named(xp):
         linear_cross_entropy(x, w, xp.full((2, 3), 5, dtype=xp.int64), chunk_rows=2)
     with pytest.raises(TypeError, match="targets"):
         linear_cross_entropy(x, w, xp.zeros((2, 3)))
+
+
+def test_dloss_must_be_a_finite_number_or_a_0d_float_array(xp):
+    """dloss None became a NaN array (every gradient NaN, silently) and "a" a bare ValueError. A 0-d
+    float array is taken as it is, on its device, unread (a loss scale there)."""
+    x, w, t = randn(xp, (2, 4), 0), randn(xp, (5, 4), 1), xp.zeros((2,), dtype=xp.int64)
+    for bad in (None, "a", True, [1.0]):
+        with pytest.raises(InputTypeError, match="dloss: expected a real number or a 0-d float array, got"):
+            linear_cross_entropy(x, w, t, dloss=bad)
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(RangeError, match="dloss: expected a finite number, got"):
+            linear_cross_entropy(x, w, t, dloss=bad)
+    with pytest.raises(ShapeError, match="dloss: expected a number or a 0-d array .* shape \\(1,\\)"):
+        linear_cross_entropy(x, w, t, dloss=xp.ones((1,)))
+    with pytest.raises(InputTypeError, match="dloss: expected a floating-point array"):
+        linear_cross_entropy(x, w, t, dloss=xp.asarray(2))
+    want = linear_cross_entropy(x, w, t, dloss=2.0)
+    for good in (2, np.float64(2.0), xp.asarray(2.0)):
+        np.testing.assert_array_equal(host(linear_cross_entropy(x, w, t, dloss=good).dx), host(want.dx))
