@@ -177,6 +177,8 @@ CASES = [
     ("BatchNorm1d(0)", lambda: nn.BatchNorm1d(0), RangeError, "num_features"),
     ("PositionalEncoding(4, -2)", lambda: nn.PositionalEncoding(4, -2), RangeError, "max_len"),
     ("OutputHead(0, 4)", lambda: nn.OutputHead(0, 4), RangeError, "d_model"),
+    ("OutputHead tied to an array", lambda: nn.OutputHead(8, 10, tied=np.zeros((10, 8), F32)), InputTypeError,
+     r"tied: expected the Parameter of the weight to share \(an embedding's \.weight\), got numpy float32 array"),
     # dtypes and types
     ("softmax: integer input", lambda: softmax.softmax_forward(ids(2, 3)), InputTypeError, "floating-point"),
     ("linear: mixed dtypes", lambda: linear.linear_forward(a(2, 4), a(5, 4, dtype=np.float64)), InputTypeError,

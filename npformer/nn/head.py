@@ -11,8 +11,8 @@ a time, so the (..., V) logits never exist whole.
 """
 from __future__ import annotations
 
-from npformer.checks import positive_int
-from npformer.errors import ShapeError
+from npformer.checks import describe, positive_int
+from npformer.errors import InputTypeError, ShapeError
 from npformer.nn import init
 from npformer.nn.linear import Linear
 from npformer.nn.module import Parameter
@@ -25,6 +25,9 @@ class OutputHead(Linear):
     def __init__(self, d_model: int, vocab_size: int, bias: bool = False, *, tied: Parameter | None = None,
                  dtype=None, backend=None, rng=None):
         d_model, vocab_size = positive_int(d_model, "d_model"), positive_int(vocab_size, "vocab_size")
+        if tied is not None and not isinstance(tied, Parameter):    # a bare array: never trained nor saved
+            raise InputTypeError(f"tied: expected the Parameter of the weight to share (an embedding's "
+                                 f".weight), got {describe(tied)}")
         if tied is not None and tied.shape != (vocab_size, d_model):
             raise ShapeError(f"tied weight: expected shape (V, C)=({vocab_size}, {d_model}), got {tied.shape}")
         weight = tied if tied is not None else Parameter(
