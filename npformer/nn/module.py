@@ -32,12 +32,13 @@ import contextvars
 import copy
 from collections import OrderedDict
 from contextlib import contextmanager
+from numbers import Integral
 from typing import Any, Iterator, Mapping
 
 from npformer.backend import (backend_name, default_rng, get_array_module, get_backend, is_cupy_array, is_float_dtype,
                               to_device)
-from npformer.checks import NUMBER_KINDS, describe, float_dtype
-from npformer.errors import CallOrderError, ShapeError, StateDictError
+from npformer.checks import NUMBER_KINDS, describe, float_dtype, non_negative_int
+from npformer.errors import CallOrderError, InputTypeError, ShapeError, StateDictError
 
 __all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
            "is_grad_enabled"]
@@ -75,11 +76,25 @@ class _Generators(dict):
         return gen
 
 
+def _check_seed(seed: Any) -> None:
+    """A stream's seed: an int >= 0, a sequence of them such as ``(seed, step)``, or None, checked when
+    it is given (the generators are made at the first dropout forward, which raised NumPy's errors)."""
+    if isinstance(seed, (tuple, list)):
+        for i, s in enumerate(seed):
+            non_negative_int(s, f"seed[{i}]")
+    elif seed is not None:
+        if isinstance(seed, bool) or not isinstance(seed, Integral):
+            raise InputTypeError(f"seed: expected an int >= 0, a sequence of them such as (seed, step), "
+                                 f"or None (OS entropy), got {describe(seed)}")
+        non_negative_int(seed, "seed")
+
+
 class RandomStream:
     """A seeded stream of random numbers for dropout: one backend Generator per backend (the arrays'
     backend decides), each made from ``seed`` on first use. ``seed`` None: fresh OS entropy."""
 
     def __init__(self, seed: Any = None):
+        _check_seed(seed)
         self.generators = _Generators(seed)      # backend name -> its Generator, made on first lookup
 
     @property

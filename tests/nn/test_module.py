@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from npformer import nn
-from npformer.errors import CallOrderError
+from npformer.errors import CallOrderError, InputTypeError, RangeError
 from npformer.nn import Linear, Module, ModuleList, Parameter, StateDictError, no_grad
 
 
@@ -180,6 +180,22 @@ def test_a_seeded_model_draws_the_same_dropout_masks_whatever_else_runs():
     first = busy(idx)
     busy.manual_seed(5)
     np.testing.assert_array_equal(first, busy(idx))      # reseeding restarts it
+
+
+def test_manual_seed_takes_an_int_ints_or_none_and_refuses_the_rest():
+    """-1, "a" and 1.5 were taken, and the next dropout forward raised NumPy's own errors."""
+    d = nn.Dropout(0.5)
+    for bad, error, message in [(-1, RangeError, "seed: expected an int >= 0, got -1"),
+                                ("a", InputTypeError, "seed: expected an int >= 0, a sequence of them such as "
+                                                      "\\(seed, step\\), or None \\(OS entropy\\), got str 'a'"),
+                                (1.5, InputTypeError, "seed: expected an int >= 0, a sequence"),
+                                (True, InputTypeError, "seed: expected an int >= 0, a sequence"),
+                                ((3, -2), RangeError, "seed\\[1\\]: expected an int >= 0, got -2"),
+                                ((3, None), InputTypeError, "seed\\[1\\]: expected an int, got None")]:
+        with pytest.raises(error, match=message):
+            d.manual_seed(bad)
+    for good in (0, np.int64(7), (7, 3), [7, 3, 1], None):
+        assert d.manual_seed(good)(np.ones((2, 3))).shape == (2, 3)
 
 
 def test_the_layers_of_an_encoder_share_one_stream_not_equal_copies():
