@@ -35,9 +35,11 @@ from contextlib import contextmanager
 from numbers import Integral
 from typing import Any, Iterator, Mapping
 
+import numpy
+
 from npformer.backend import (backend_name, default_rng, get_array_module, get_backend, is_cupy_array, is_float_dtype,
                               to_device)
-from npformer.checks import NUMBER_KINDS, describe, float_dtype, non_negative_int
+from npformer.checks import NUMBER_KINDS, boolean, describe, expect_float, float_dtype, non_negative_int
 from npformer.errors import CallOrderError, InputTypeError, ShapeError, StateDictError
 
 __all__ = ["Parameter", "clear_grads", "Module", "ModuleList", "RandomStream", "StateDictError", "no_grad",
@@ -123,6 +125,10 @@ class Parameter:
     __slots__ = ("data", "grad", "decay", "_slot")
 
     def __init__(self, data: Any, *, decay: bool = True):
+        if isinstance(data, numpy.generic):          # a NumPy scalar cannot be updated in place
+            raise InputTypeError(f"Parameter data: expected a numpy or cupy array, got the NumPy scalar {data!r}; "
+                                 "numpy.asarray makes it a 0-d array")
+        expect_float(data, "Parameter data")         # a list or a string failed later, at .shape
         self._slot = None
         self.data = data
         self.grad = None
@@ -255,6 +261,9 @@ class Module:
 
     def register_parameter(self, name: str, param: Parameter | None) -> None:
         """Like setting an attribute; ``None`` records an absent optional parameter (bias=False)."""
+        if param is not None and not isinstance(param, Parameter):  # (setattr keeps it as a plain attribute)
+            raise InputTypeError(f"register_parameter {name!r}: expected a Parameter or None, got {describe(param)}"
+                                 "; wrap an array as Parameter(array)")
         if param is None:
             self._parameters.pop(name, None)
             object.__setattr__(self, name, None)
@@ -347,8 +356,9 @@ class Module:
 
     # -- modes and devices -----------------------------------------------------------------------
     def train(self, mode: bool = True) -> "Module":
+        mode = boolean(mode, "mode")                     # bool("False") is True
         for m in self.modules():
-            object.__setattr__(m, "training", bool(mode))
+            object.__setattr__(m, "training", mode)
         return self
 
     def eval(self) -> "Module":

@@ -154,6 +154,27 @@ def test_to_casts_parameters_and_train_eval_propagate():
     assert all(mod.training for mod in m.modules())
 
 
+def test_parameters_and_modes_must_be_of_their_types():
+    """register_parameter set an array as a plain attribute (left out of state_dict, never trained);
+    Parameter of a list or a string failed later with an AttributeError; train("False") trained."""
+    m = Linear(2, 2, rng=0)
+    with pytest.raises(InputTypeError, match="register_parameter 'w': expected a Parameter or None, got numpy "
+                                             "float64 array of shape \\(2,\\); wrap an array as Parameter"):
+        m.register_parameter("w", np.zeros(2))
+    assert not hasattr(m, "w") and list(m.state_dict()) == ["weight", "bias"]
+    m.register_parameter("w", Parameter(np.zeros(2)))
+    m.register_parameter("bias", None)
+    assert list(m.state_dict()) == ["weight", "w"]
+    for bad, shown in [([1.0, 2.0], "list"), ("abc", "str"), (np.zeros(2, np.int64), "numpy int64 array"),
+                       (np.float32(1.0), "the NumPy scalar")]:
+        with pytest.raises(InputTypeError, match=f"Parameter data: expected a .*, got {shown}"):
+            Parameter(bad)
+    for bad in ("False", 0, None):
+        with pytest.raises(InputTypeError, match="mode: expected true or false, got"):
+            m.train(bad)
+    assert m.training is True and m.eval().training is False and m.train().training is True
+
+
 def test_parameter_accumulate_checks_shape():
     p = Parameter(np.zeros((2, 3)))
     with pytest.raises(ValueError, match=r"gradient of shape \(3, 2\) for a parameter of shape \(2, 3\)"):
