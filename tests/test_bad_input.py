@@ -236,6 +236,9 @@ CASES = [
     ("GPT: longer than block_size", lambda: _gpt()(ids(1, 7, high=7)), RangeError, "exceeds block_size"),
     ("GPT: ids 1-d", lambda: _gpt()(ids(4, high=7)), ShapeError, "idx: expected a 2-d"),
     ("GPT: cache of another batch", _gpt_cache_of_batch_two, ShapeError, "kv_cache: holds 2 sequences"),
+    ("MultiheadAttention: kv_cache a list", lambda: nn.MultiheadAttention(4, 2)(a(1, 2, 4), kv_cache=[]),
+     InputTypeError, r"kv_cache: expected a KVCache \(npformer.nn.KVCache\(\), one per attention module; a model's "
+     r"new_cache\(\) makes them\), got list \[\]"),
     ("Seq2Seq: target id >= V", lambda: _seq2seq()(ids(1, 3, high=7), np.array([[1, 6]])), RangeError, "tgt_in"),
     ("Seq2Seq: source too long", lambda: _seq2seq()(ids(1, 7, high=7), ids(1, 2)), RangeError, "max_len"),
     ("BERT: token types (2, 1)", lambda: _bert()(ids(2, 3, high=9), np.zeros((2, 1), np.int64)), ShapeError,

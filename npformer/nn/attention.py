@@ -27,8 +27,8 @@ bottom-right; cross-attention projects its memory into the cache on the first ca
 """
 from __future__ import annotations
 
-from npformer.checks import positive_int, probability
-from npformer.errors import ShapeError
+from npformer.checks import describe, positive_int, probability
+from npformer.errors import InputTypeError, ShapeError
 from npformer.nn import init
 from npformer.nn.linear import Linear
 from npformer.nn.module import Module, Parameter
@@ -84,6 +84,9 @@ class MultiheadAttention(Module):
         self_attention = key is None and value is None
         past_key = past_value = None
         if kv_cache is not None:
+            if not isinstance(kv_cache, KVCache):
+                raise InputTypeError(f"kv_cache: expected a KVCache (npformer.nn.KVCache(), one per attention "
+                                     f"module; a model's new_cache() makes them), got {describe(kv_cache)}")
             causal_alignment = "bottom_right"
             if kv_cache.k is not None and kv_cache.k.shape[0] != query.shape[0]:
                 raise ShapeError(f"kv_cache: holds {kv_cache.k.shape[0]} sequences but the query has "
