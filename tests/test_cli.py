@@ -1,9 +1,11 @@
 """The command line: exit codes and messages for the main jobs and for bad input."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from npformer import cli
@@ -36,6 +38,33 @@ def test_train_translate_and_resume(tmp_path, capsys):
     assert main(["translate", "--checkpoint", ckpt, "abc", "jj"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split("\t")[0] for line in lines] == ["abc", "jj"]
+
+
+def test_embed_and_translate_print_each_text_on_one_line(monkeypatch, capsys):
+    """A newline in a sentence broke the one line per sentence (text TAB vector), and a tab in it was
+    taken for the one before the vector: both are escaped, and a backslash, so the text reads back."""
+    class Encoder:                                           # the model's numbers are not the point here
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def encode(self, texts):
+            return np.eye(len(texts), 2)
+    monkeypatch.setattr("npformer.pretrained.SentenceEncoder", Encoder)
+    texts = ["a\nb", "c\td", "e\\nf", "g\rh"]
+    assert main(["embed", *texts]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["a\\nb\t1.000000 0.000000", "c\\td\t0.000000 1.000000", "e\\\\nf\t0.000000 0.000000",
+                     "g\\rh\t0.000000 0.000000"]
+    escapes = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+    unescape = lambda s: re.sub(r"\\(.)", lambda m: escapes[m.group(1)], s)      # noqa: E731
+    assert [unescape(line.split("\t")[0]) for line in lines] == texts
+    assert main(["embed", "--similarity", *texts]) == 0
+    assert capsys.readouterr().out.splitlines()[-4:] == ["[0] a\\nb", "[1] c\\td", "[2] e\\\\nf", "[3] g\\rh"]
+    assert cli.one_line("x\ty") == "x\\ty"              # translate prints source and output through it
+    for command in ("embed", "translate"):                 # and both say so in their help
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        assert "newline or tab in a text is printed as \\\\, \\n or \\t" in " ".join(capsys.readouterr().out.split())
 
 
 def test_bad_input_ends_with_a_message_and_nonzero_exit(tmp_path, capsys, monkeypatch):
