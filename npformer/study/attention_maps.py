@@ -33,7 +33,7 @@ from npformer.checks import non_negative_int, positive_int
 from npformer.data.corpus import CharLMData, load_corpus
 from npformer.data.tasks import TASKS, get_task
 from npformer.data.vocab import BOS_ID, EOS_ID, SPECIALS, CharVocab
-from npformer.errors import ShapeError
+from npformer.errors import RangeError, ShapeError
 from npformer.models.decoding import eval_mode, greedy_decode
 from npformer.models.gpt import GPT, GPTConfig
 from npformer.models.seq2seq import Seq2Seq, Seq2SeqConfig
@@ -160,6 +160,10 @@ def attention_maps(kind: str, model, vocabs: tuple, text: str, target: str | Non
             raise ValueError(f"input: {len(src_ids)} characters, but the model's max_len is {limit}")
         src = to_device(numpy.asarray([src_ids]), backend)
         if target is None:        # the model's own output, without special tokens
+            if limit < 2:         # <bos> fills the decoder's positions: greedy_decode's max_len would be 0
+                raise RangeError(f"the model's max_len is {limit}, which leaves the decoder no position after "
+                                 "<bos> to write its output in: give --target TEXT, or a model with max_len >= 2 "
+                                 "(--block-size 2 or more for a fresh one)")
             out = greedy_decode(model, src, bos_id=BOS_ID, eos_id=EOS_ID, max_len=min(limit - 1, 48))[0]
             target = "".join(tgt_vocab.symbols[i - len(SPECIALS)] for i in out if i >= len(SPECIALS))
         tgt_ids = _encode(tgt_vocab, target, "target") if target else []

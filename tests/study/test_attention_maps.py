@@ -148,3 +148,7 @@ def test_errors(tmp_path, capsys, checkpoints):
     assert "--target is for Seq2Seq" in err(["--checkpoint", str(checkpoints / "gpt.npz"), "--target", "x"])
     assert "block_size=16" in err(["--checkpoint", str(checkpoints / "gpt.npz"), "--input", "The " * 5])
     assert "non-empty" in err([*TINY, "--input", ""])
+    msg = err([*TINY, "--block-size", "1", "--input", "3"])     # was: "max_len: expected an int >= 1, got 0"
+    assert "the model's max_len is 1, which leaves the decoder no position after <bos> to write its output in: " \
+           "give --target TEXT, or a model with max_len >= 2 (--block-size 2 or more for a fresh one)" in msg
+    assert "max_len: expected" not in msg
