@@ -236,6 +236,8 @@ CASES = [
     ("GPT: longer than block_size", lambda: _gpt()(ids(1, 7, high=7)), RangeError, "exceeds block_size"),
     ("GPT: ids 1-d", lambda: _gpt()(ids(4, high=7)), ShapeError, "idx: expected a 2-d"),
     ("GPT: cache of another batch", _gpt_cache_of_batch_two, ShapeError, "kv_cache: holds 2 sequences"),
+    ("GPT: kv_cache an empty list", lambda: _gpt()(ids(1, 2, high=7), kv_cache=[]), InputTypeError,
+     r"kv_cache: expected a list of \d+ KVCache, one per layer \(model.new_cache\(\)\), got list \[\]"),
     ("MultiheadAttention: kv_cache a list", lambda: nn.MultiheadAttention(4, 2)(a(1, 2, 4), kv_cache=[]),
      InputTypeError, r"kv_cache: expected a KVCache \(npformer.nn.KVCache\(\), one per attention module; a model's "
      r"new_cache\(\) makes them\), got list \[\]"),

@@ -20,8 +20,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from npformer.backend import accumulated_sum, get_array_module
-from npformer.checks import one_of, positive_int, probability, real, token_ids
-from npformer.errors import RangeError, ShapeError
+from npformer.checks import describe, one_of, positive_int, probability, real, token_ids
+from npformer.errors import InputTypeError, RangeError, ShapeError
 from npformer.interop import check_directory, load_weights, read_config, save_directory
 from npformer.models import hf_gpt
 from npformer.models.decoding import generate
@@ -127,6 +127,10 @@ class GPT(Module):
         the head, for a step that takes the head and the loss together
         (:func:`~npformer.ops.linear_cross_entropy.linear_cross_entropy`); :meth:`backward_hidden`
         is its backward."""
+        if kv_cache is not None and (not isinstance(kv_cache, (list, tuple)) or len(kv_cache) != len(self.layers)
+                                     or not all(isinstance(c, KVCache) for c in kv_cache)):
+            raise InputTypeError(f"kv_cache: expected a list of {len(self.layers)} KVCache, one per layer "
+                                 f"(model.new_cache()), got {describe(kv_cache)}")
         offset = 0 if kv_cache is None else len(kv_cache[0])
         self._check(idx, offset)
         xp = get_array_module(idx)
